@@ -1,0 +1,62 @@
+"""panqueue: a Redis-backed job queue and worker runtime for asyncio and trio.
+
+Everything public is importable from here; other modules are private.
+"""
+
+from panqueue._client import (
+    JobHandle,
+    Queue,
+    QueueClient,
+    SyncJobHandle,
+    SyncQueue,
+    SyncQueueClient,
+)
+from panqueue._job import ErrorInfo, Fail, Job, JobInfo, JobState, Retry
+from panqueue._options import Backoff, JobOptions
+from panqueue._pool import WorkerPool
+from panqueue._registry import Handler, Registry
+from panqueue._worker import Worker
+from panqueue.errors import (
+    ConfigError,
+    ConnectionError,
+    JobFailed,
+    JobNotFound,
+    LockLost,
+    PanqueueError,
+    PayloadError,
+    TimeoutError,
+)
+from panqueue.executors import Executor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backoff",
+    "ConfigError",
+    "ConnectionError",
+    "ErrorInfo",
+    "Executor",
+    "Fail",
+    "Handler",
+    "Job",
+    "JobFailed",
+    "JobHandle",
+    "JobInfo",
+    "JobNotFound",
+    "JobOptions",
+    "JobState",
+    "LockLost",
+    "PanqueueError",
+    "PayloadError",
+    "Queue",
+    "QueueClient",
+    "Registry",
+    "Retry",
+    "SyncJobHandle",
+    "SyncQueue",
+    "SyncQueueClient",
+    "TimeoutError",
+    "Worker",
+    "WorkerPool",
+    "__version__",
+]

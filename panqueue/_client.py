@@ -1,0 +1,314 @@
+"""Producing jobs and administering queues: ``QueueClient`` (async) and ``SyncQueueClient``.
+
+Both clients build the same operations (``_store.redis_store``) and differ only in how they
+drive them: awaiting an async transport, or blocking on redis-py's sync client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from panqueue._codec import encode, encode_checked
+from panqueue._job import JobInfo, JobState
+from panqueue._keys import QueueKeys, check_job_id
+from panqueue._options import Backoff, check_positive, check_priority, options_to_wire
+from panqueue._registry import Handler
+from panqueue._store import redis_store as ops
+from panqueue._store.redis_store import NewJob
+from panqueue._store.transport import AsyncTransport, Op, SyncTransport, open_async_transport
+from panqueue._url import resolve_url
+from panqueue.errors import ConfigError, PayloadError
+
+__all__ = ["JobHandle", "Queue", "QueueClient", "SyncJobHandle", "SyncQueue", "SyncQueueClient"]
+
+T = TypeVar("T")
+
+_ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
+                          "timeout"})
+_QUEUE_DEFAULTS = _ADD_OPTIONS - {"job_id", "run_at"}
+
+
+def _queue_target(queue: str | Handler[Any, Any], defaults: dict[str, Any]
+                  ) -> tuple[QueueKeys, dict[str, Any]]:
+    if isinstance(queue, Handler):
+        merged = {**queue.job_defaults, **defaults}
+        name = queue.queue
+    else:
+        merged = dict(defaults)
+        name = queue
+    unknown = set(merged) - _QUEUE_DEFAULTS
+    if unknown:
+        raise ConfigError(f"unknown queue default(s): {', '.join(sorted(unknown))} "
+                          f"(allowed: {', '.join(sorted(_QUEUE_DEFAULTS))})")
+    return QueueKeys(name), merged
+
+
+def _new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> NewJob:
+    """Validate one add's arguments (over the queue defaults) into what the add script takes."""
+    unknown = set(options) - _ADD_OPTIONS
+    if unknown:
+        raise ConfigError(f"unknown add() option(s): {', '.join(sorted(unknown))}")
+    o = {**defaults, **{k: v for k, v in options.items() if v is not None}}
+    job_id = o.get("job_id")
+    if job_id is not None:
+        check_job_id(job_id)
+    priority = check_priority(o.get("priority", 0))
+    delay_ms = 0
+    run_at_ms = 0
+    if o.get("run_at") is not None:
+        run_at = o["run_at"]
+        if not isinstance(run_at, datetime) or run_at.tzinfo is None:
+            raise ConfigError(f"run_at must be a timezone-aware datetime, got {run_at!r}")
+        run_at_ms = int(run_at.timestamp() * 1000)
+    elif o.get("delay") is not None:
+        delay_ms = int(check_positive(o["delay"], "delay", allow_zero=True) * 1000)
+    wire = options_to_wire(o.get("attempts"), o.get("backoff"), o.get("timeout"))
+    return NewJob(
+        job_id=job_id,
+        data=encode_checked(data, "data"),
+        priority=priority,
+        delay_ms=delay_ms,
+        run_at_ms=run_at_ms,
+        options=encode(wire) if wire else b"",
+    )
+
+
+def _new_jobs(defaults: dict[str, Any], items: Iterable[Any]) -> list[NewJob]:
+    jobs = []
+    for index, item in enumerate(items):
+        try:
+            jobs.append(_new_job(defaults, item, {}))
+        except PayloadError as exc:
+            raise PayloadError(f"item {index}: {exc}") from None
+    return jobs
+
+
+# --------------------------------------------------------------------------- async
+
+
+class JobHandle:
+    """A job added through :class:`QueueClient`: its id, and ways to read it back."""
+
+    __slots__ = ("_client", "_keys", "created", "id", "queue")
+
+    def __init__(self, client: QueueClient, keys: QueueKeys, job_id: str, created: bool) -> None:
+        self._client = client
+        self._keys = keys
+        self.id = job_id
+        self.queue = keys.name
+        self.created = created
+
+    async def info(self) -> JobInfo:
+        return await self._client._run(ops.get_job(self._keys, self.id))
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """Wait for the job to finish and return its result.
+
+        Raises :class:`JobFailed` if it ended FAILED or CANCELLED, and :class:`TimeoutError`
+        after ``timeout`` seconds. Waits on the queue's event stream, not by polling.
+        """
+        return await self._client._run(ops.wait_result(self._keys, self.id, timeout))
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.queue}/{self.id}>"
+
+
+class Queue:
+    """A queue handle with per-queue defaults; ``add`` arguments override them."""
+
+    def __init__(self, client: QueueClient, keys: QueueKeys, defaults: dict[str, Any]) -> None:
+        self._client = client
+        self.keys = keys
+        self.name = keys.name
+        self.defaults = defaults
+
+    async def add(self, data: Any = None, *, job_id: str | None = None,
+                  delay: float | None = None, run_at: datetime | None = None,
+                  priority: int | None = None, attempts: int | None = None,
+                  backoff: Backoff | None = None, timeout: float | None = None) -> JobHandle:
+        """Add one job. With ``job_id``, adding an existing id returns that job unchanged."""
+        job = _new_job(self.defaults, data, dict(job_id=job_id, delay=delay, run_at=run_at,
+                                                 priority=priority, attempts=attempts,
+                                                 backoff=backoff, timeout=timeout))
+        [(job_id_, created)] = await self._client._run(ops.add_jobs(self.keys, [job]))
+        return JobHandle(self._client, self.keys, job_id_, created)
+
+    async def add_bulk(self, items: Iterable[Any]) -> list[JobHandle]:
+        """Add many jobs (each item is one job's data) in one round trip. Every item is
+        validated first: one bad item raises PayloadError and nothing is written."""
+        jobs = _new_jobs(self.defaults, items)
+        if not jobs:
+            return []
+        added = await self._client._run(ops.add_jobs(self.keys, jobs))
+        return [JobHandle(self._client, self.keys, i, c) for i, c in added]
+
+    def job(self, job_id: str) -> JobHandle:
+        """A handle on an existing job, by id."""
+        return JobHandle(self._client, self.keys, job_id, False)
+
+
+class QueueClient:
+    """The async client: ``async with QueueClient(url) as client: ...``."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = resolve_url(url)
+        self._transport: AsyncTransport | None = None
+
+    async def __aenter__(self) -> QueueClient:
+        self._connect()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    def _connect(self) -> AsyncTransport:
+        if self._transport is None:
+            self._transport = open_async_transport(self.url)
+        return self._transport
+
+    async def _run(self, op: Op[T]) -> T:
+        return await self._connect().run(op)
+
+    async def aclose(self) -> None:
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            await transport.aclose()
+
+    def queue(self, queue: str | Handler[Any, Any], **defaults: Any) -> Queue:
+        keys, merged = _queue_target(queue, defaults)
+        return Queue(self, keys, merged)
+
+    async def get_job(self, queue: str, job_id: str) -> JobInfo:
+        return await self._run(ops.get_job(QueueKeys(queue), job_id))
+
+    async def counts(self, queue: str) -> dict[JobState, int]:
+        return await self._run(ops.counts(QueueKeys(queue)))
+
+    async def pause(self, queue: str) -> None:
+        await self._run(ops.pause(QueueKeys(queue), True))
+
+    async def resume(self, queue: str) -> None:
+        await self._run(ops.pause(QueueKeys(queue), False))
+
+    async def cancel(self, queue: str, job_id: str) -> JobState:
+        return await self._run(ops.cancel(QueueKeys(queue), job_id))
+
+    async def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        return await self._run(ops.retry_failed(QueueKeys(queue), ids))
+
+    async def remove(self, queue: str, job_id: str) -> bool:
+        return await self._run(ops.remove(QueueKeys(queue), job_id))
+
+
+# --------------------------------------------------------------------------- sync
+
+
+class SyncJobHandle:
+    """:class:`JobHandle` for :class:`SyncQueueClient` (blocking methods)."""
+
+    __slots__ = ("_client", "_keys", "created", "id", "queue")
+
+    def __init__(self, client: SyncQueueClient, keys: QueueKeys, job_id: str,
+                 created: bool) -> None:
+        self._client = client
+        self._keys = keys
+        self.id = job_id
+        self.queue = keys.name
+        self.created = created
+
+    def info(self) -> JobInfo:
+        return self._client._run(ops.get_job(self._keys, self.id))
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._client._run(ops.wait_result(self._keys, self.id, timeout))
+
+    def __repr__(self) -> str:
+        return f"<SyncJobHandle {self.queue}/{self.id}>"
+
+
+class SyncQueue(Generic[T]):
+    """:class:`Queue` for :class:`SyncQueueClient`."""
+
+    def __init__(self, client: SyncQueueClient, keys: QueueKeys, defaults: dict[str, Any]) -> None:
+        self._client = client
+        self.keys = keys
+        self.name = keys.name
+        self.defaults = defaults
+
+    def add(self, data: Any = None, *, job_id: str | None = None, delay: float | None = None,
+            run_at: datetime | None = None, priority: int | None = None,
+            attempts: int | None = None, backoff: Backoff | None = None,
+            timeout: float | None = None) -> SyncJobHandle:
+        job = _new_job(self.defaults, data, dict(job_id=job_id, delay=delay, run_at=run_at,
+                                                 priority=priority, attempts=attempts,
+                                                 backoff=backoff, timeout=timeout))
+        [(job_id_, created)] = self._client._run(ops.add_jobs(self.keys, [job]))
+        return SyncJobHandle(self._client, self.keys, job_id_, created)
+
+    def add_bulk(self, items: Iterable[Any]) -> list[SyncJobHandle]:
+        jobs = _new_jobs(self.defaults, items)
+        if not jobs:
+            return []
+        added = self._client._run(ops.add_jobs(self.keys, jobs))
+        return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
+
+    def job(self, job_id: str) -> SyncJobHandle:
+        return SyncJobHandle(self._client, self.keys, job_id, False)
+
+
+class SyncQueueClient:
+    """The blocking client, for scripts, web apps without an event loop, and Spark executors."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = resolve_url(url)
+        self._transport: SyncTransport | None = None
+
+    def __enter__(self) -> SyncQueueClient:
+        self._connect()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _connect(self) -> SyncTransport:
+        if self._transport is None:
+            self._transport = SyncTransport(self.url)
+        return self._transport
+
+    def _run(self, op: Op[T]) -> T:
+        return self._connect().run(op)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            transport.close()
+
+    def queue(self, queue: str | Handler[Any, Any], **defaults: Any) -> SyncQueue[Any]:
+        keys, merged = _queue_target(queue, defaults)
+        return SyncQueue(self, keys, merged)
+
+    def get_job(self, queue: str, job_id: str) -> JobInfo:
+        return self._run(ops.get_job(QueueKeys(queue), job_id))
+
+    def counts(self, queue: str) -> dict[JobState, int]:
+        return self._run(ops.counts(QueueKeys(queue)))
+
+    def pause(self, queue: str) -> None:
+        self._run(ops.pause(QueueKeys(queue), True))
+
+    def resume(self, queue: str) -> None:
+        self._run(ops.pause(QueueKeys(queue), False))
+
+    def cancel(self, queue: str, job_id: str) -> JobState:
+        return self._run(ops.cancel(QueueKeys(queue), job_id))
+
+    def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        return self._run(ops.retry_failed(QueueKeys(queue), ids))
+
+    def remove(self, queue: str, job_id: str) -> bool:
+        return self._run(ops.remove(QueueKeys(queue), job_id))

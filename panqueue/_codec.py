@@ -1,0 +1,120 @@
+"""Payload validation and the msgpack encoding of everything panqueue stores.
+
+Job data and results must be JSON-compatible values (None, bool, int, float, str, list, dict with
+str keys). They are checked before anything is written and stored as msgpack. Nothing here can
+construct an arbitrary Python object from bytes: ext types are refused on decode.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import msgpack
+
+from panqueue.errors import PayloadError
+
+__all__ = ["check_json_compatible", "decode", "encode", "encode_checked"]
+
+_MAX_DEPTH = 100
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise PayloadError(f"stored value uses msgpack extension type {code}, which panqueue never writes")
+
+
+def encode(value: Any) -> bytes:
+    """Encode an already-validated value."""
+    data: bytes = _packer.pack(value)
+    return data
+
+
+def decode(blob: bytes | None) -> Any:
+    """Decode a stored value; ``None`` (a missing field) decodes to ``None``."""
+    if blob is None:
+        return None
+    return msgpack.unpackb(blob, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+
+
+def encode_checked(value: Any, what: str = "data") -> bytes:
+    """Validate ``value`` as JSON-compatible, then encode it."""
+    check_json_compatible(value, what)
+    return encode(value)
+
+
+def check_json_compatible(value: Any, path: str = "data") -> None:
+    """Raise :class:`PayloadError` naming the first path whose value is not JSON-compatible."""
+    try:
+        _check(value, 0)
+    except _Invalid as bad:
+        where = path + "".join(reversed(bad.segments))
+        raise PayloadError(f"{where}: {bad.problem}") from None
+
+
+class _Invalid(Exception):
+    """Raised deep in the walk; each level adds its path segment on the way out."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        self.segments: list[str] = []
+
+
+def _check(value: Any, depth: int) -> None:
+    # The happy path builds no strings: paths are assembled only when something is wrong.
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return
+    if kind is int:
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise _Invalid(f"integer {value} does not fit in 64 bits")
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise _Invalid(f"{value!r} is not JSON-compatible (not a finite number)")
+        return
+    if depth >= _MAX_DEPTH:
+        raise _Invalid(f"nested deeper than {_MAX_DEPTH} levels")
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _Invalid(
+                    f"key {key!r} is {type(key).__name__}; only str keys are JSON-compatible"
+                )
+            try:
+                _check(item, depth + 1)
+            except _Invalid as bad:
+                bad.segments.append(f"[{json.dumps(key)}]")
+                raise
+        return
+    if kind is list or kind is tuple:
+        for index, item in enumerate(value):
+            try:
+                _check(item, depth + 1)
+            except _Invalid as bad:
+                bad.segments.append(f"[{index}]")
+                raise
+        return
+    # Subclasses of the plain types (IntEnum, OrderedDict, ...) are accepted by value.
+    if isinstance(value, (str, int, float, dict, list, tuple)):
+        _check(_plain(value), depth)
+        return
+    raise _Invalid(f"{kind.__name__} is not JSON-compatible")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return list(value)

@@ -1,0 +1,68 @@
+"""The Redis key layout of one queue.
+
+Every key of queue ``X`` starts with ``{q:X}:`` so that Redis Cluster keeps them in one hash slot
+and a Lua script can touch all of them atomically. Scripts receive the prefix as their only key
+and derive the rest (see ``_store/scripts/README.md`` for the full layout).
+"""
+
+from __future__ import annotations
+
+from panqueue.errors import ConfigError
+
+__all__ = ["QueueKeys", "check_job_id", "check_queue_name"]
+
+_MAX_NAME = 200
+_MAX_JOB_ID = 256
+
+
+def check_queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue id, else raise :class:`ConfigError`."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"queue name must be a non-empty str, got {name!r}")
+    if len(name) > _MAX_NAME:
+        raise ConfigError(f"queue name {name[:40]!r}... is longer than {_MAX_NAME} characters")
+    if any(c in name for c in "{}") or not name.isprintable() or name != name.strip():
+        raise ConfigError(
+            f"queue name {name!r} may not contain braces, control characters or "
+            "leading/trailing spaces"
+        )
+    return name
+
+
+def check_job_id(job_id: object) -> str:
+    """Return a custom job id if valid. Purely numeric ids are reserved for generated ids."""
+    if not isinstance(job_id, str) or not job_id:
+        raise ConfigError(f"job_id must be a non-empty str, got {job_id!r}")
+    if len(job_id) > _MAX_JOB_ID:
+        raise ConfigError(f"job_id {job_id[:40]!r}... is longer than {_MAX_JOB_ID} characters")
+    if job_id.isdigit():
+        raise ConfigError(
+            f"job_id {job_id!r} is all digits; those ids are reserved for generated ids "
+            "(prefix it, for example 'order-" + job_id + "')"
+        )
+    if not job_id.isprintable():
+        raise ConfigError(f"job_id {job_id!r} contains control characters")
+    return job_id
+
+
+class QueueKeys:
+    """Names of the keys and the notify channel of one queue."""
+
+    __slots__ = ("active", "cancelled", "completed", "delayed", "events", "failed", "meta",
+                 "name", "notify", "prefix", "wait")
+
+    def __init__(self, name: str) -> None:
+        self.name = check_queue_name(name)
+        self.prefix = f"{{q:{name}}}:"
+        self.meta = self.prefix + "meta"
+        self.wait = self.prefix + "wait"
+        self.delayed = self.prefix + "delayed"
+        self.active = self.prefix + "active"
+        self.completed = self.prefix + "completed"
+        self.failed = self.prefix + "failed"
+        self.cancelled = self.prefix + "cancelled"
+        self.events = self.prefix + "events"
+        self.notify = self.prefix + "notify"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"

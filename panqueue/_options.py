@@ -1,0 +1,133 @@
+"""Job options: retry policy (attempts, backoff), timeout; validation and the stored form.
+
+A job's options come from, lowest first: the handler's defaults (worker side), the queue
+handle's defaults, and the arguments of ``add``. Only what the producer set explicitly is stored
+with the job; the worker merges it over the handler's defaults when it runs the job.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from panqueue.errors import ConfigError
+
+__all__ = ["Backoff", "JobOptions", "check_positive", "check_priority"]
+
+MAX_PRIORITY = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait before retrying a failed attempt.
+
+    ``Backoff.exponential(1.0, max=60.0)`` waits 1, 2, 4, ... seconds, at most 60; with
+    ``jitter`` (the default for exponential) each delay is drawn uniformly from its upper half,
+    so that jobs failing together do not retry together.
+    """
+
+    kind: Literal["fixed", "exponential"]
+    delay: float
+    max: float | None = None
+    jitter: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "exponential"):
+            raise ConfigError(f"backoff kind must be 'fixed' or 'exponential', got {self.kind!r}")
+        check_positive(self.delay, "backoff delay", allow_zero=True)
+        if self.max is not None:
+            check_positive(self.max, "backoff max")
+
+    @classmethod
+    def exponential(cls, base: float = 1.0, *, max: float | None = 60.0,
+                    jitter: bool = True) -> Backoff:
+        return cls("exponential", base, max, jitter)
+
+    @classmethod
+    def fixed(cls, delay: float, *, jitter: bool = False) -> Backoff:
+        return cls("fixed", delay, None, jitter)
+
+    def delay_for(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        if self.kind == "fixed":
+            delay = self.delay
+        else:
+            delay = self.delay * (2.0 ** min(attempt - 1, 62))
+        if self.max is not None:
+            delay = min(delay, self.max)
+        if self.jitter:
+            delay = random.uniform(delay / 2, delay)
+        return delay
+
+    def to_wire(self) -> list[Any]:
+        return [self.kind, self.delay, self.max, self.jitter]
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> Backoff:
+        kind, delay, maximum, jitter = wire
+        return cls(kind, float(delay), None if maximum is None else float(maximum), bool(jitter))
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """The retry and timeout policy of one job, as the worker applies it.
+
+    ``attempts``: how many times the job may run before it fails finally (1 = no retry).
+    ``backoff``: delay between attempts. ``timeout``: seconds one attempt may take.
+    """
+
+    attempts: int = 1
+    backoff: Backoff = field(default_factory=lambda: DEFAULT_BACKOFF)
+    timeout: float | None = None
+
+    def merged(self, wire: dict[str, Any] | None) -> JobOptions:
+        """These options (a handler's defaults) overridden by a job's stored options."""
+        if not wire:
+            return self
+        return JobOptions(
+            attempts=int(wire.get("attempts", self.attempts)),
+            backoff=Backoff.from_wire(wire["backoff"]) if "backoff" in wire else self.backoff,
+            timeout=float(wire["timeout"]) if wire.get("timeout") is not None else self.timeout,
+        )
+
+
+def check_positive(value: object, what: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero) or value != value:
+        raise ConfigError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def check_attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"attempts must be an int >= 1, got {value!r}")
+    return value
+
+
+def check_priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"priority must be an int, got {value!r}")
+    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise ConfigError(f"priority must be between -{MAX_PRIORITY} and {MAX_PRIORITY}, "
+                          f"got {value}")
+    return value
+
+
+def options_to_wire(attempts: int | None, backoff: Backoff | None,
+                    timeout: float | None) -> dict[str, Any]:
+    """The explicitly set options of one job, validated, in their stored form."""
+    wire: dict[str, Any] = {}
+    if attempts is not None:
+        wire["attempts"] = check_attempts(attempts)
+    if backoff is not None:
+        if not isinstance(backoff, Backoff):
+            raise ConfigError(f"backoff must be a panqueue.Backoff, got {backoff!r}")
+        wire["backoff"] = backoff.to_wire()
+    if timeout is not None:
+        wire["timeout"] = check_positive(timeout, "timeout")
+    return wire
+
+
+DEFAULT_BACKOFF = Backoff.exponential(1.0, max=60.0)

@@ -1,0 +1,87 @@
+"""WorkerPool: several Workers (one per queue) sharing one Redis connection pool and one
+shutdown."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from panqueue._registry import Registry
+from panqueue._store.transport import AsyncTransport, open_async_transport
+from panqueue._url import resolve_url
+from panqueue._worker import Worker
+
+__all__ = ["WorkerPool"]
+
+
+class WorkerPool:
+    """Runs a Worker for each queue (default: every queue of the registry).
+
+    Use ``await pool.run()`` to run until :meth:`shutdown`, or embed it in a service with
+    ``async with WorkerPool(...) as pool:`` (workers run inside the block; leaving it shuts
+    them down with the default grace).
+    """
+
+    def __init__(self, registry: Registry, *, url: str | None = None,
+                 queues: Sequence[str] | None = None, concurrency: int | None = None,
+                 grace: float = 30.0, **worker_options: Any) -> None:
+        self.url = resolve_url(url)
+        names = list(queues) if queues is not None else registry.queues
+        self.grace = grace
+        self.workers = [
+            Worker(registry, name, url=self.url, concurrency=concurrency, grace=grace,
+                   **worker_options)
+            for name in names
+        ]
+        self._transport: AsyncTransport | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stopped = anyio.Event()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Run every worker until :meth:`shutdown`; returns when all have stopped."""
+        self._transport = open_async_transport(self.url)
+        try:
+            async with anyio.create_task_group() as tg:
+                for worker in self.workers:
+                    worker._shared_transport = self._transport
+                    await tg.start(worker.run)
+                task_status.started()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._transport.aclose()
+            self._stopped.set()
+
+    async def __aenter__(self) -> WorkerPool:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._tg.start(self.run)
+        except BaseException as exc:
+            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        assert self._tg is not None
+        if exc is not None and not isinstance(exc, Exception):
+            self._tg.cancel_scope.cancel()
+        else:
+            await self.shutdown()
+        return await self._tg.__aexit__(exc_type, exc, tb)
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Two-phase shutdown of every worker at once (see :meth:`Worker.shutdown`)."""
+        async with anyio.create_task_group() as tg:
+            for worker in self.workers:
+                tg.start_soon(worker.shutdown, self.grace if grace is None else grace)
+
+    def force(self) -> None:
+        """Skip the rest of the grace period of every worker."""
+        for worker in self.workers:
+            worker.force()

@@ -1,0 +1,166 @@
+"""The app registry: which handler serves which queue, with what options."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from panqueue._keys import check_queue_name
+from panqueue._options import (
+    Backoff,
+    JobOptions,
+    check_attempts,
+    check_positive,
+    check_priority,
+)
+from panqueue.errors import ConfigError
+
+__all__ = ["Handler", "HandlerOptions", "Registry"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_PRODUCER_DEFAULTS = frozenset({"priority", "delay"})
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerOptions:
+    """How a worker runs one queue's jobs."""
+
+    executor: Any
+    concurrency: int | None
+    job: JobOptions
+    lock_ttl: float
+    max_stalls: int
+    keep_completed: int
+    keep_failed: int
+
+
+class Handler(Generic[P, R]):
+    """A registered handler: still callable like the decorated function."""
+
+    def __init__(self, queue: str, fn: Callable[P, R], options: HandlerOptions,
+                 job_defaults: dict[str, Any]) -> None:
+        self.queue = queue
+        self.fn = fn
+        self.options = options
+        self.job_defaults = job_defaults
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    @property
+    def import_path(self) -> str:
+        """``module:qualname`` of the function (how a child process finds it again)."""
+        return f"{self.fn.__module__}:{self.fn.__qualname__}"
+
+    def __repr__(self) -> str:
+        return f"<Handler {self.queue!r} -> {self.import_path}>"
+
+
+class Registry:
+    """Maps queue ids to handlers. ``panqueue worker app:queues`` loads one of these."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler[Any, Any]] = {}
+
+    def handler(
+        self,
+        queue_id: str,
+        *,
+        executor: Any = None,
+        concurrency: int | None = None,
+        attempts: int = 1,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        lock_ttl: float = 30.0,
+        max_stalls: int = 1,
+        keep_completed: int = 1000,
+        keep_failed: int = 10_000,
+        **job_defaults: Any,
+    ) -> Callable[[Callable[P, R]], Handler[P, R]]:
+        """Register the decorated function as the handler of ``queue_id``.
+
+        ``concurrency``: at most this many of its jobs run at once in one worker (default: the
+        worker's ``--concurrency``, else 1).
+        ``attempts``/``backoff``/``timeout``: the retry policy for jobs that set none.
+        ``lock_ttl``: seconds a worker's claim stays valid without renewal (renewed every third
+        of it while the job runs); a worker that dies loses its jobs to the stalled sweep after
+        this long. ``max_stalls``: how often a job may stall before it fails with "stalled".
+        ``keep_completed``/``keep_failed``: how many finished jobs the queue keeps (-1: all).
+        Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
+        ``client.queue(handler)``.
+        """
+        name = check_queue_name(queue_id)
+        if name in self._handlers:
+            raise ConfigError(f"queue {name!r} already has a handler "
+                              f"({self._handlers[name].import_path})")
+        unknown = set(job_defaults) - _PRODUCER_DEFAULTS
+        if unknown:
+            raise ConfigError(f"unknown handler option(s) for queue {name!r}: "
+                              f"{', '.join(sorted(unknown))}")
+        if "priority" in job_defaults:
+            check_priority(job_defaults["priority"])
+        if "delay" in job_defaults:
+            check_positive(job_defaults["delay"], "delay", allow_zero=True)
+        if concurrency is not None and (isinstance(concurrency, bool)
+                                        or not isinstance(concurrency, int) or concurrency < 1):
+            raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if isinstance(max_stalls, bool) or not isinstance(max_stalls, int) or max_stalls < 0:
+            raise ConfigError(f"max_stalls must be an int >= 0, got {max_stalls!r}")
+        for what, keep in (("keep_completed", keep_completed), ("keep_failed", keep_failed)):
+            if isinstance(keep, bool) or not isinstance(keep, int) or keep < -1:
+                raise ConfigError(f"{what} must be an int >= -1 (-1 keeps all), got {keep!r}")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise ConfigError(f"backoff must be a panqueue.Backoff, got {backoff!r}")
+        job_options = JobOptions(
+            attempts=check_attempts(attempts),
+            backoff=backoff if backoff is not None else JobOptions().backoff,
+            timeout=None if timeout is None else check_positive(timeout, "timeout"),
+        )
+        options = HandlerOptions(
+            executor=executor,
+            concurrency=concurrency,
+            job=job_options,
+            lock_ttl=check_positive(lock_ttl, "lock_ttl"),
+            max_stalls=max_stalls,
+            keep_completed=keep_completed,
+            keep_failed=keep_failed,
+        )
+
+        def register(fn: Callable[P, R]) -> Handler[P, R]:
+            if not callable(fn):
+                raise ConfigError(f"handler for queue {name!r} must be callable, got {fn!r}")
+            from panqueue.executors import check_executor
+
+            check_executor(options.executor, fn, name)
+            handler = Handler(name, fn, options, dict(job_defaults))
+            self._handlers[name] = handler
+            return handler
+
+        return register
+
+    def get(self, queue_id: str) -> Handler[Any, Any]:
+        try:
+            return self._handlers[queue_id]
+        except KeyError:
+            known = ", ".join(sorted(self._handlers)) or "none"
+            raise ConfigError(f"unknown queue {queue_id!r} (registered: {known})") from None
+
+    @property
+    def queues(self) -> list[str]:
+        return list(self._handlers)
+
+    def __iter__(self) -> Iterator[Handler[Any, Any]]:
+        return iter(self._handlers.values())
+
+    def __contains__(self, queue_id: object) -> bool:
+        return queue_id in self._handlers
+
+    def __len__(self) -> int:
+        return len(self._handlers)

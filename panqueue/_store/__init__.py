@@ -1,0 +1,1 @@
+"""Storage: the Lua scripts, the Redis transport, and the operations built on them."""

@@ -1,0 +1,223 @@
+"""Operations on one queue's Redis data, written once for the sync and the async clients.
+
+Each operation is a generator that yields requests (script calls, commands, batches) and
+returns a Python value; a transport drives it (``transport.run(op)``). Reply parsing for the
+worker's hot path (claims) lives here too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from panqueue._codec import decode, encode
+from panqueue._job import ErrorInfo, JobInfo, JobState
+from panqueue._keys import QueueKeys
+from panqueue._store.scripts import SCRIPTS, Script
+from panqueue._store.transport import Batch, Command, Op, ScriptCall
+from panqueue.errors import JobFailed, JobNotFound, PanqueueError, TimeoutError
+
+__all__ = [
+    "ClaimedJob",
+    "NewJob",
+    "add_jobs",
+    "cancel",
+    "counts",
+    "get_job",
+    "list_ids",
+    "parse_claim",
+    "pause",
+    "remove",
+    "retry_failed",
+    "wait_result",
+]
+
+# The layout version written to {q:X}:meta field v (a later layout change migrates from it).
+SCHEMA_VERSION = 1
+# How many finished jobs a queue keeps by default (completed, and failed/cancelled each).
+DEFAULT_KEEP_COMPLETED = 1000
+DEFAULT_KEEP_FAILED = 10_000
+# How long one blocking read of the event stream may take before re-checking.
+_RESULT_POLL_CHUNK = 1.0
+
+
+def script_call(script: Script, keys: QueueKeys, *args: Any) -> ScriptCall:
+    return ScriptCall(script, (keys.prefix,), args)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job to add, validated and encoded."""
+
+    job_id: str | None
+    data: bytes
+    priority: int = 0
+    delay_ms: int = 0
+    run_at_ms: int = 0
+    options: bytes = b""
+
+
+def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob]) -> Op[list[tuple[str, bool]]]:
+    args: list[Any] = [len(jobs)]
+    for job in jobs:
+        args += [job.job_id or "", job.data, job.priority, job.delay_ms, job.run_at_ms,
+                 job.options]
+    reply = yield ScriptCall(SCRIPTS.add, (keys.prefix,), tuple(args))
+    return [(reply[i].decode(), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def get_job(keys: QueueKeys, job_id: str) -> Op[JobInfo]:
+    jkey = keys.job(job_id)
+    h, logs = yield Batch((Command(("HGETALL", jkey)), Command(("LRANGE", jkey + ":logs", 0, -1))))
+    if not h:
+        raise JobNotFound(keys.name, job_id)
+    return JobInfo.from_hash(keys.name, job_id, h, logs)
+
+
+_COUNTED = (
+    (JobState.WAITING, "wait"),
+    (JobState.DELAYED, "delayed"),
+    (JobState.ACTIVE, "active"),
+    (JobState.COMPLETED, "completed"),
+    (JobState.FAILED, "failed"),
+    (JobState.CANCELLED, "cancelled"),
+)
+
+
+def counts(keys: QueueKeys) -> Op[dict[JobState, int]]:
+    replies = yield Batch(tuple(Command(("ZCARD", getattr(keys, attr))) for _, attr in _COUNTED))
+    result = {state: int(n) for (state, _), n in zip(_COUNTED, replies, strict=True)}
+    result[JobState.BLOCKED] = 0
+    return result
+
+
+def is_paused(keys: QueueKeys) -> Op[bool]:
+    reply = yield Command(("HEXISTS", keys.meta, "paused"))
+    return bool(reply)
+
+
+def known_queue(keys: QueueKeys) -> Op[bool]:
+    """Whether the queue has ever been used (its meta hash exists)."""
+    reply = yield Command(("EXISTS", keys.meta))
+    return bool(reply)
+
+
+def list_ids(keys: QueueKeys, state: JobState, limit: int = 100) -> Op[list[str]]:
+    key = {JobState.WAITING: keys.wait, JobState.DELAYED: keys.delayed,
+           JobState.ACTIVE: keys.active, JobState.COMPLETED: keys.completed,
+           JobState.FAILED: keys.failed, JobState.CANCELLED: keys.cancelled}[state]
+    reply = yield Command(("ZRANGE", key, 0, limit - 1))
+    return [member.decode() for member in reply]
+
+
+def pause(keys: QueueKeys, paused: bool) -> Op[None]:
+    yield script_call(SCRIPTS.pause, keys, "1" if paused else "0")
+
+
+def cancel(keys: QueueKeys, job_id: str) -> Op[JobState]:
+    """Cancel a job; returns the state it was in (an active job is cancelled by its worker)."""
+    reply = yield script_call(SCRIPTS.cancel, keys, job_id, DEFAULT_KEEP_FAILED)
+    if not reply:
+        raise JobNotFound(keys.name, job_id)
+    return JobState(reply.decode())
+
+
+def retry_failed(keys: QueueKeys, ids: Sequence[str] | None, limit: int = 10_000) -> Op[int]:
+    reply = yield script_call(SCRIPTS.retry, keys, limit, *(ids or ()))
+    return int(reply)
+
+
+def remove(keys: QueueKeys, job_id: str) -> Op[bool]:
+    reply = yield script_call(SCRIPTS.remove, keys, job_id)
+    if reply == -1:
+        raise PanqueueError(f"job {job_id!r} in queue {keys.name!r} is active; cancel it first")
+    return bool(reply)
+
+
+def wait_result(keys: QueueKeys, job_id: str, timeout: float | None) -> Op[Any]:
+    """Wait until the job is final and return its result (raise JobFailed if it failed).
+
+    Reads the queue's event stream with blocking XREAD, so it wakes on the completion event
+    rather than polling the job. The stream position is taken *before* the job's state is read:
+    a completion after that read is then always in the part of the stream still to be read.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    jkey = keys.job(job_id)
+    last, fields = yield Batch((
+        Command(("XREVRANGE", keys.events, "+", "-", "COUNT", 1)),
+        Command(("HMGET", jkey, "s", "r", "e")),
+    ))
+    position = last[0][0] if last else b"0-0"
+    while True:
+        state, result, error = fields
+        if state is None:
+            raise JobNotFound(keys.name, job_id)
+        outcome = _final_outcome(keys, job_id, state, result, error)
+        if outcome is not None:
+            return outcome[0]
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError(f"job {job_id!r} in queue {keys.name!r} did not finish within "
+                               f"{timeout} s")
+        block = _RESULT_POLL_CHUNK if remaining is None else min(remaining, _RESULT_POLL_CHUNK)
+        reply = yield Command(("XREAD", "COUNT", 1000, "BLOCK", max(1, int(block * 1000)),
+                               "STREAMS", keys.events, position))
+        for _stream, entries in reply or ():
+            for entry_id, entry in entries:
+                position = entry_id
+                event = entry.get(b"ev")
+                if entry.get(b"id") == job_id.encode() and event in _FINAL_EVENTS:
+                    # The event carries the outcome: retention may already have deleted the job.
+                    state = {b"completed": b"completed", b"failed": b"failed"}.get(
+                        event, b"cancelled")
+                    outcome = _final_outcome(keys, job_id, state, entry.get(b"r"),
+                                             entry.get(b"e"))
+                    if outcome is not None:
+                        return outcome[0]
+        if not reply:
+            # A quiet chunk passed: re-read the job itself (covers a trimmed stream).
+            fields = yield Command(("HMGET", jkey, "s", "r", "e"))
+
+
+_FINAL_EVENTS = frozenset({b"completed", b"failed", b"cancelled"})
+
+
+def _final_outcome(keys: QueueKeys, job_id: str, state: bytes, result: bytes | None,
+                   error: bytes | None) -> tuple[Any] | None:
+    name = state.decode()
+    if name == JobState.COMPLETED:
+        return (decode(result),)
+    if name in (JobState.FAILED, JobState.CANCELLED):
+        raise JobFailed(keys.name, job_id, name, ErrorInfo.from_wire(decode(error)))
+    return None
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    id: str
+    data: bytes
+    attempt: int
+    enqueued_at_ms: int
+    options: bytes
+
+
+def parse_claim(reply: list[Any], offset: int = 0) -> tuple[list[ClaimedJob], int]:
+    """Parse the claim part of a claim/complete/fail reply: (jobs, wake_in ms or -1)."""
+    count = int(reply[offset])
+    wake_in = int(reply[offset + 1])
+    jobs = []
+    i = offset + 2
+    for _ in range(count):
+        jobs.append(ClaimedJob(reply[i].decode(), reply[i + 1], int(reply[i + 2]),
+                               int(reply[i + 3] or 0), reply[i + 4]))
+        i += 5
+    return jobs, wake_in
+
+
+def encode_error(error: ErrorInfo) -> bytes:
+    return encode(error.to_wire())

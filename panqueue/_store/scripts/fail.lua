@@ -1,0 +1,66 @@
+--!include _lib.lua
+-- fail: an attempt failed. Retry (WAITING, or DELAYED by the backoff) while attempts remain,
+-- else FAILED (the dead-letter set) with the error, reason and attempt history. A job whose
+-- cancellation was requested ends CANCELLED instead. Then claim the next jobs for the slot.
+--
+-- KEYS[1]  queue prefix
+-- ARGV[1]  job id   ARGV[2] lock token   ARGV[3] error (msgpack {type, message, traceback})
+-- ARGV[4]  history entry (msgpack)   ARGV[5] max attempts   ARGV[6] retry delay ms
+-- ARGV[7]  final (1: never retry)    ARGV[8] reason if this ends the job ('' = attempts ran out)
+-- ARGV[9]  keep failed (-1 = all)    ARGV[10] claim n   ARGV[11] new lock token
+-- ARGV[12] lock ttl ms
+-- Returns  {status, count, wake_in, jobs...}; status 1 retry now, 2 retry delayed, 3 failed,
+--          4 cancelled; or {-1} when the token does not match (nothing changed).
+
+local id = ARGV[1]
+local jkey = job_key(id)
+if redis.call('HGET', jkey, 'tk') ~= ARGV[2] then
+  return {-1}
+end
+local now = now_ms()
+local keep = tonumber(ARGV[9])
+redis.call('ZREM', K_ACTIVE, id)
+redis.call('HDEL', jkey, 'tk')
+local history = redis.call('HGET', jkey, 'h') or ''
+redis.call('HSET', jkey, 'e', ARGV[3], 'h', history .. ARGV[4])
+
+local status
+local attempts = tonumber(redis.call('HGET', jkey, 'a'))
+if redis.call('HEXISTS', jkey, 'cx') == 1 then
+  status = 4
+  redis.call('HSET', jkey, 'fr', 'cancelled')
+  emit('cancelled', id)
+  finish(jkey, id, K_CANCELLED, 'cancelled', now, keep)
+elseif ARGV[7] == '1' or attempts >= tonumber(ARGV[5]) then
+  status = 3
+  local reason = ARGV[8]
+  if reason == '' then
+    reason = 'max_attempts_exceeded'
+  end
+  redis.call('HSET', jkey, 'fr', reason)
+  emit('failed', id, 'e', ARGV[3], 'fr', reason)
+  finish(jkey, id, K_FAILED, 'failed', now, keep)
+else
+  local delay = tonumber(ARGV[6])
+  if delay > 0 then
+    status = 2
+    redis.call('HSET', jkey, 's', 'delayed')
+    redis.call('ZADD', K_DELAYED, now + delay, id)
+    emit('retried', id, 's', 'delayed', 'a', attempts)
+    local first = redis.call('ZRANGE', K_DELAYED, 0, 0)
+    if first[1] == id then
+      wake_workers()
+    end
+  else
+    status = 1
+    local was_empty = redis.call('ZCARD', K_WAIT) == 0
+    enqueue_waiting(jkey, id)
+    emit('retried', id, 's', 'waiting', 'a', attempts)
+    if was_empty then
+      wake_workers()
+    end
+  end
+end
+local reply = {status}
+claim(now, ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[10]), reply)
+return reply

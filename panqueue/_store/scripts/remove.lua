@@ -1,0 +1,21 @@
+--!include _lib.lua
+-- remove: delete a job that is not active.
+--
+-- KEYS[1]  queue prefix
+-- ARGV[1]  job id
+-- Returns  1 removed, 0 no such job, -1 the job is active (cancel it first; nothing changed)
+local id = ARGV[1]
+local jkey = job_key(id)
+local state = redis.call('HGET', jkey, 's')
+if not state then
+  return 0
+end
+if state == 'active' then
+  return -1
+end
+for _, set in ipairs({K_WAIT, K_DELAYED, K_COMPLETED, K_FAILED, K_CANCELLED}) do
+  redis.call('ZREM', set, id)
+end
+delete_job(id)
+emit('removed', id)
+return 1

@@ -1,0 +1,43 @@
+--!include _lib.lua
+-- stalled: the sweep. Active jobs whose lock deadline has passed (their worker died or hung)
+-- go back to WAITING at their old position, or to FAILED with reason "stalled" once they have
+-- stalled more than the allowed number of times. Reads only past-deadline members.
+--
+-- KEYS[1]  queue prefix
+-- ARGV[1]  max stalls   ARGV[2] limit per call   ARGV[3] keep failed   ARGV[4] error (msgpack)
+-- Returns  {requeued, failed}
+-- Invariant: any number of workers may sweep at once; each move is check-and-move, so a job
+--          is requeued at most once per expiry. A stalled attempt does not count as an attempt.
+
+local now = now_ms()
+local expired = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local requeued, failed = 0, 0
+local was_empty = redis.call('ZCARD', K_WAIT) == 0
+for _, id in ipairs(expired) do
+  local jkey = job_key(id)
+  redis.call('ZREM', K_ACTIVE, id)
+  if redis.call('EXISTS', jkey) == 1 then
+    local stalls = redis.call('HINCRBY', jkey, 'sc', 1)
+    local attempt = tonumber(redis.call('HGET', jkey, 'a'))
+    local started = tonumber(redis.call('HGET', jkey, 'st') or now)
+    redis.call('HDEL', jkey, 'tk')
+    local entry = cmsgpack.pack({attempt = attempt, type = 'Stalled',
+      message = 'lock expired (worker lost or blocked)', duration_ms = now - started})
+    redis.call('HSET', jkey, 'h', (redis.call('HGET', jkey, 'h') or '') .. entry)
+    if stalls > tonumber(ARGV[1]) then
+      redis.call('HSET', jkey, 'e', ARGV[4], 'fr', 'stalled')
+      emit('failed', id, 'e', ARGV[4], 'fr', 'stalled')
+      finish(jkey, id, K_FAILED, 'failed', now, tonumber(ARGV[3]))
+      failed = failed + 1
+    else
+      redis.call('HINCRBY', jkey, 'a', -1)
+      requeue_waiting(jkey, id)
+      emit('stalled', id)
+      requeued = requeued + 1
+    end
+  end
+end
+if requeued > 0 and was_empty then
+  wake_workers()
+end
+return {requeued, failed}

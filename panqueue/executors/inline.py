@@ -1,0 +1,27 @@
+"""The inline executor: async handlers on the worker's own event loop (the fastest tier)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from panqueue._job import Job
+from panqueue.executors.base import Executor, JobTimeout
+
+__all__ = ["InlineExecutor"]
+
+
+class InlineExecutor(Executor):
+    """Awaits the handler coroutine directly. Forced shutdown is plain cancellation."""
+
+    name = "inline"
+
+    async def run(self, job: Job, timeout: float | None) -> Any:
+        if timeout is None:
+            return await self.handler.fn(job)
+        with anyio.move_on_after(timeout) as scope:
+            return await self.handler.fn(job)
+        if scope.cancelled_caught:
+            raise JobTimeout(timeout)
+        return None  # pragma: no cover - the handler returned inside the scope
