@@ -1,0 +1,28 @@
+"""Helpers for tests that run panqueue in child processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = ROOT / "tests" / "apps"
+
+
+def panqueue_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "panqueue", *args]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes: the tests directory importable, no inherited URL."""
+    env = {k: v for k, v in os.environ.items() if k != "PANQUEUE_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "apps"), str(ROOT)])
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(panqueue_command(*args), capture_output=True, text=True,
+                          timeout=timeout, env=subprocess_env(**env), cwd=ROOT)
