@@ -18,7 +18,13 @@ from panqueue._options import Backoff, check_positive, check_priority, options_t
 from panqueue._registry import Handler
 from panqueue._store import redis_store as ops
 from panqueue._store.redis_store import NewJob
-from panqueue._store.transport import AsyncTransport, Op, SyncTransport, open_async_transport
+from panqueue._store.transport import (
+    AsyncTransport,
+    Op,
+    SyncTransport,
+    check_url,
+    open_async_transport,
+)
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, PayloadError
 
@@ -154,7 +160,7 @@ class QueueClient:
     """The async client: ``async with QueueClient(url) as client: ...``."""
 
     def __init__(self, url: str | None = None) -> None:
-        self.url = resolve_url(url)
+        self.url = check_url(resolve_url(url))
         self._transport: AsyncTransport | None = None
 
     async def __aenter__(self) -> QueueClient:
@@ -264,7 +270,7 @@ class SyncQueueClient:
     """The blocking client, for scripts, web apps without an event loop, and Spark executors."""
 
     def __init__(self, url: str | None = None) -> None:
-        self.url = resolve_url(url)
+        self.url = check_url(resolve_url(url))
         self._transport: SyncTransport | None = None
 
     def __enter__(self) -> SyncQueueClient:

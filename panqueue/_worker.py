@@ -105,6 +105,7 @@ class Worker:
         self._wake = anyio.Event()
         self._stopping = False
         self._force = anyio.Event()
+        self._claim_scope = anyio.CancelScope()
         self._started = anyio.Event()
         self._done = anyio.Event()
         self._token_counter = 0
@@ -136,7 +137,8 @@ class Worker:
                                executor=self._executor.name)
                 self._started.set()
                 task_status.started()
-                await self._claim_loop()
+                with self._claim_scope:
+                    await self._claim_loop()
                 await self._drain()
                 tg.cancel_scope.cancel()
         finally:
@@ -170,7 +172,9 @@ class Worker:
             self._log.info("worker stopping", running=len(self._running), grace=self.grace)
             if self._executor is not None:
                 self._executor.request_stop()
-        self._wake.set()
+        # Interrupts the claim loop wherever it waits (for a slot or for work); the claim call
+        # itself is shielded, so jobs already claimed in Redis are never dropped.
+        self._claim_scope.cancel()
 
     async def wait_started(self) -> None:
         await self._started.wait()
@@ -202,8 +206,9 @@ class Worker:
             wake = self._wake = anyio.Event()
             token = self._new_token()
             try:
-                reply = await transport.script(SCRIPTS.claim, keys,
-                                               (token, self._lock_ttl_ms, free))
+                with anyio.CancelScope(shield=True):
+                    reply = await transport.script(SCRIPTS.claim, keys,
+                                                   (token, self._lock_ttl_ms, free))
             except ConnectionError as exc:
                 self._release_slots(free)
                 self._log.warning("claim failed; retrying", error=str(exc))

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ROOT / "tests" / "apps"
@@ -26,3 +30,23 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 def run_cli(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(panqueue_command(*args), capture_output=True, text=True,
                           timeout=timeout, env=subprocess_env(**env), cwd=ROOT)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
+               interval: float = 0.01, what: str = "condition") -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+async def async_wait_until(predicate: Callable[[], Awaitable[object]], timeout: float = 10.0,
+                           interval: float = 0.01, what: str = "condition") -> None:
+    """Async :func:`wait_until` (the predicate is awaited)."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await anyio.sleep(interval)

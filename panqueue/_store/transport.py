@@ -11,6 +11,7 @@ command, or a batch of commands) and receive replies; :meth:`SyncTransport.run` 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
@@ -25,6 +26,9 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry as SyncRetry
 
 from panqueue._store.scripts import Script
 from panqueue.errors import ConfigError
@@ -36,6 +40,7 @@ __all__ = [
     "Batch",
     "Command",
     "Op",
+    "check_url",
     "ScriptCall",
     "SyncTransport",
     "open_async_transport",
@@ -91,6 +96,12 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
 
 
+def check_url(url: str) -> str:
+    """Validate a URL's form (without connecting); returns it."""
+    _parse(url)
+    return url
+
+
 def _parse(url: str) -> tuple[bool, str]:
     """Return (is_cluster, URL as redis-py understands it)."""
     if not isinstance(url, str) or "://" not in url:
@@ -103,6 +114,30 @@ def _parse(url: str) -> tuple[bool, str]:
     if scheme.endswith("+cluster"):
         return True, scheme.removesuffix("+cluster") + url[len(scheme) :]
     return False, url
+
+
+def _standalone_options(retry_class: Any) -> dict[str, Any]:
+    """Connection options for standalone servers (a URL's query string may override them).
+
+    A pooled connection the server closed while it sat idle (restart, CLIENT KILL, idle
+    timeout) is replaced and the command sent again, once. The rare command that reached the
+    server before its connection broke may so run twice: workers tolerate that (at-least-once,
+    lock tokens), and producers that need exactly-once adds pass a ``job_id``.
+    """
+    return {
+        "retry": retry_class(NoBackoff(), 1),
+        "retry_on_error": [redis.exceptions.ConnectionError],
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+    }
+
+
+def _node_url(redis_url: str, host: str, port: int) -> str:
+    """``redis_url`` (credentials, TLS options and all) pointed at one cluster node."""
+    parts = urlsplit(redis_url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{address}"))
 
 
 def _connection_error(url: str, exc: BaseException) -> PanqueueConnectionError:
@@ -123,7 +158,7 @@ class SyncTransport:
             if self.is_cluster:
                 self.client: Any = redis.cluster.RedisCluster.from_url(redis_url)
             else:
-                self.client = redis.Redis.from_url(redis_url)
+                self.client = redis.Redis.from_url(redis_url, **_standalone_options(SyncRetry))
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(url, exc) from exc
         except ValueError as exc:
@@ -161,8 +196,13 @@ class SyncTransport:
             return result
 
     def pubsub(self, channel: str) -> Any:
-        ps = self.client.pubsub()
         try:
+            if self.is_cluster:
+                # See _AsyncioTransport.subscribe: a plain pub/sub on the channel's master.
+                node = self.client.get_node_from_key(channel)
+                ps = self.client.get_redis_connection(node).pubsub()
+            else:
+                ps = self.client.pubsub()
             ps.ssubscribe(channel)
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self.url, exc) from exc
@@ -194,6 +234,21 @@ class AsyncSubscriber(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         ...
+
+
+def _pubsub_connections(pubsub: Any) -> list[Any]:
+    """The connections a (cluster) PubSub reads from, to watch them for reconnects."""
+    connection = getattr(pubsub, "connection", None)
+    if connection is not None:
+        return [connection]
+    shards = getattr(pubsub, "node_pubsub_mapping", None) or {}
+    return [p.connection for p in shards.values() if getattr(p, "connection", None) is not None]
+
+
+# redis-py re-subscribes by itself when a subscriber connection breaks; messages published in
+# between are lost. Subscribers therefore watch their connections and, after a reconnect, report
+# one synthetic wake-up so the worker claims again instead of waiting for the next poll.
+WAKE = b"w"
 
 
 def _payload(message: Any) -> bytes | None:
@@ -243,11 +298,13 @@ class _AsyncioTransport(AsyncTransport):
     def __init__(self, url: str) -> None:
         self.url = url
         self.is_cluster, redis_url = _parse(url)
+        self._redis_url = redis_url
         try:
             if self.is_cluster:
                 self.client: Any = redis.asyncio.cluster.RedisCluster.from_url(redis_url)
             else:
-                self.client = redis.asyncio.Redis.from_url(redis_url)
+                self.client = redis.asyncio.Redis.from_url(
+                    redis_url, **_standalone_options(AsyncRetry))
         except ValueError as exc:
             raise ConfigError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from exc
 
@@ -272,24 +329,46 @@ class _AsyncioTransport(AsyncTransport):
             raise _connection_error(self.url, exc) from exc
 
     async def subscribe(self, channel: str) -> AsyncSubscriber:
-        ps = self.client.pubsub()
+        owner: Any = None
+        ps: Any = None
         try:
+            if self.is_cluster:
+                # redis-py's ClusterPubSub delivers sharded messages only through
+                # get_sharded_message() and sends PING on another connection, so neither the
+                # wake-ups nor the health check would arrive. Subscribe with a plain client on
+                # the master that owns the channel's slot instead (same credentials and TLS).
+                await self.client.initialize()
+                node = self.client.get_node_from_key(channel)
+                owner = redis.asyncio.Redis.from_url(
+                    _node_url(self._redis_url, node.host, node.port))
+            ps = (owner or self.client).pubsub()
             await ps.ssubscribe(channel)
         except _CONNECTION_ERRORS as exc:
-            await ps.aclose()
+            await _AsyncioSubscriber(self.url, ps, owner).aclose()
             raise _connection_error(self.url, exc) from exc
-        return _AsyncioSubscriber(self.url, ps)
+        return _AsyncioSubscriber(self.url, ps, owner)
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
 
 class _AsyncioSubscriber(AsyncSubscriber):
-    def __init__(self, url: str, pubsub: Any) -> None:
+    def __init__(self, url: str, pubsub: Any, owner: Any = None) -> None:
         self._url = url
         self._pubsub = pubsub
+        self._owner = owner  # the client made for this subscription alone (cluster), if any
+        self._reconnected = False
+        self._connections = _pubsub_connections(pubsub)
+        for connection in self._connections:
+            connection.register_connect_callback(self._on_connect)
+
+    async def _on_connect(self, connection: Any) -> None:
+        self._reconnected = True
 
     async def get(self, timeout: float) -> bytes | None:
+        if self._reconnected:
+            self._reconnected = False
+            return WAKE
         try:
             message = await self._pubsub.get_message(ignore_subscribe_messages=True,
                                                       timeout=timeout)
@@ -304,11 +383,13 @@ class _AsyncioSubscriber(AsyncSubscriber):
             raise _connection_error(self._url, exc) from exc
 
     async def aclose(self) -> None:
+        for connection in self._connections:
+            connection.deregister_connect_callback(self._on_connect)
         with anyio.CancelScope(shield=True):
-            try:
-                await self._pubsub.aclose()
-            except _CONNECTION_ERRORS:
-                pass
+            for resource in (self._pubsub, self._owner):
+                if resource is not None:
+                    with contextlib.suppress(*_CONNECTION_ERRORS):
+                        await resource.aclose()
 
 
 class _ThreadTransport(AsyncTransport):
@@ -334,6 +415,13 @@ class _ThreadSubscriber(AsyncSubscriber):
     def __init__(self, url: str, pubsub: Any) -> None:
         self._url = url
         self._pubsub = pubsub
+        self._reconnected = False
+        self._connections = _pubsub_connections(pubsub)
+        for connection in self._connections:
+            connection.register_connect_callback(self._on_connect)
+
+    def _on_connect(self, connection: Any) -> None:
+        self._reconnected = True
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -343,6 +431,9 @@ class _ThreadSubscriber(AsyncSubscriber):
             raise _connection_error(self._url, exc) from exc
 
     async def get(self, timeout: float) -> bytes | None:
+        if self._reconnected:
+            self._reconnected = False
+            return WAKE
         fn = functools.partial(self._pubsub.get_message, ignore_subscribe_messages=True,
                                timeout=timeout)
         return _payload(await self._call(fn))
@@ -352,10 +443,8 @@ class _ThreadSubscriber(AsyncSubscriber):
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
-            try:
+            with contextlib.suppress(*_CONNECTION_ERRORS):
                 await anyio.to_thread.run_sync(self._pubsub.close, abandon_on_cancel=True)
-            except _CONNECTION_ERRORS:
-                pass
 
 
 def _running_on_trio() -> bool:

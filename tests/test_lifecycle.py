@@ -1,0 +1,494 @@
+"""The core job lifecycle, end to end through a real server, on asyncio and trio."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import (
+    Backoff,
+    ConfigError,
+    Fail,
+    Job,
+    JobFailed,
+    JobNotFound,
+    JobState,
+    PanqueueError,
+    PayloadError,
+    QueueClient,
+    Registry,
+    Retry,
+    SyncQueueClient,
+    TimeoutError,
+    Worker,
+)
+from tests.helpers import async_wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def running(registry: Registry, queue: str, url: str, **options: Any
+                  ) -> AsyncIterator[Worker]:
+    worker = Worker(registry, queue, url=url, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            await worker.shutdown(grace=5)
+
+
+async def test_job_runs_and_its_result_is_returned(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def double(job: Job) -> dict[str, int]:
+        await job.progress(50)
+        await job.log("doubling")
+        return {"value": job.data["n"] * 2}
+
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(queue_name).add({"n": 21})
+        assert (await handle.info()).state is JobState.WAITING
+        async with running(registry, queue_name, redis_url):
+            assert await handle.result(timeout=10) == {"value": 42}
+        info = await handle.info()
+        assert info.state is JobState.COMPLETED
+        assert info.attempts == 1
+        assert info.progress == 50
+        assert info.logs == ["doubling"]
+        assert info.data == {"n": 21}
+        assert info.enqueued_at is not None and info.started_at is not None
+        assert info.finished_at is not None
+        assert info.enqueued_at <= info.started_at <= info.finished_at
+        assert info.finished_at.tzinfo is UTC
+
+
+async def test_sync_client_adds_and_reads_like_the_async_one(redis_url: str,
+                                                             queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=4)
+    async def echo(job: Job) -> Any:
+        return job.data
+
+    def produce() -> list[Any]:
+        with SyncQueueClient(redis_url) as client:
+            queue = client.queue(queue_name)
+            handles = [queue.add({"i": 0}), *queue.add_bulk([{"i": i} for i in range(1, 10)])]
+            return [h.result(timeout=10) for h in handles]
+
+    async with running(registry, queue_name, redis_url):
+        results = await anyio.to_thread.run_sync(produce)
+    assert results == [{"i": i} for i in range(10)]
+
+
+async def test_higher_priority_runs_first_and_fifo_within_a_priority(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = Registry()
+    order_key = f"{queue_name}:order"
+
+    @registry.handler(queue_name, concurrency=1)
+    async def record(job: Job) -> None:
+        redis_client.rpush(order_key, job.data)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        handles = []
+        for name, priority in [("low-1", -5), ("mid-1", 0), ("high-1", 10), ("mid-2", 0),
+                               ("high-2", 10), ("low-2", -5), ("top", 1_000_000)]:
+            handles.append(await queue.add(name, priority=priority))
+        handles.append(await queue.add("mid-3"))
+        async with running(registry, queue_name, redis_url):
+            for handle in handles:
+                await handle.result(timeout=10)
+    order = [v.decode() for v in redis_client.lrange(order_key, 0, -1)]
+    assert order == ["top", "high-1", "high-2", "mid-1", "mid-2", "mid-3", "low-1", "low-2"]
+
+
+async def test_delayed_job_waits_until_due(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def noop(job: Job) -> str:
+        return "done"
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url,
+                                                         poll_interval=30):
+        queue = client.queue(queue_name)
+        handle = await queue.add(None, delay=0.5)
+        assert (await handle.info()).state is JobState.DELAYED
+        assert await handle.result(timeout=10) == "done"
+        info = await handle.info()
+        assert info.started_at is not None and info.enqueued_at is not None
+        # The server clock decides: the job may not start before its delay has passed.
+        assert info.started_at - info.enqueued_at >= timedelta(milliseconds=500)
+        at = await queue.add("at", run_at=datetime.now(UTC) + timedelta(seconds=0.3))
+        assert (await at.info()).state is JobState.DELAYED
+        assert await at.result(timeout=10) == "done"
+
+
+async def test_custom_job_id_is_idempotent(redis_url: str, queue_name: str) -> None:
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        first = await queue.add({"v": 1}, job_id="welcome-1")
+        again = await queue.add({"v": 2}, job_id="welcome-1")
+        assert first.id == again.id == "welcome-1"
+        assert first.created and not again.created
+        assert (await again.info()).data == {"v": 1}
+        counts = await client.counts(queue_name)
+        assert counts[JobState.WAITING] == 1
+        with pytest.raises(ConfigError, match="all digits"):
+            await queue.add(None, job_id="123")
+
+
+async def test_invalid_payload_writes_nothing(redis_url: str, queue_name: str,
+                                              redis_client: redis.Redis) -> None:
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        with pytest.raises(PayloadError, match=r'data\["items"\]\[3\]: set is not JSON'):
+            await queue.add({"items": [1, 2, 3, {4}]})
+        with pytest.raises(PayloadError, match=r"item 2: data: bytes is not JSON-compatible"):
+            await queue.add_bulk([{"ok": 1}, {"ok": 2}, b"raw", {"ok": 4}])
+        with pytest.raises(PayloadError, match="not a finite number"):
+            await queue.add({"x": float("nan")})
+        with pytest.raises(PayloadError, match="only str keys"):
+            await queue.add({1: "int key"})
+        with pytest.raises(ConfigError, match="priority"):
+            await queue.add({}, priority=10**9)
+    assert redis_client.dbsize() == 0
+
+
+async def test_failed_attempts_retry_with_backoff_then_fail_with_history(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, attempts=3, backoff=Backoff.fixed(0.05))
+    async def always_fails(job: Job) -> None:
+        raise ValueError(f"boom {job.attempt}")
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+        handle = await client.queue(queue_name).add({})
+        with pytest.raises(JobFailed) as failed:
+            await handle.result(timeout=10)
+    assert failed.value.error is not None
+    assert failed.value.error.type == "ValueError"
+    assert failed.value.error.message == "boom 3"
+    info = await QueueClient(redis_url).get_job(queue_name, handle.id)
+    assert info.state is JobState.FAILED
+    assert info.failure_reason == "max_attempts_exceeded"
+    assert info.attempts == 3
+    assert [(h["attempt"], h["message"]) for h in info.history] == [
+        (1, "boom 1"), (2, "boom 2"), (3, "boom 3")]
+    assert info.error is not None and "ValueError: boom 3" in (info.error.traceback or "")
+
+
+async def test_retry_and_fail_exceptions(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, attempts=5)
+    async def control(job: Job) -> int:
+        if job.data == "fail":
+            raise Fail("not worth retrying")
+        if job.attempt < 3:
+            raise Retry(delay=0.01)
+        return job.attempt
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+        queue = client.queue(queue_name)
+        retried = await queue.add("retry")
+        failed = await queue.add("fail")
+        assert await retried.result(timeout=10) == 3
+        with pytest.raises(JobFailed, match="not worth retrying"):
+            await failed.result(timeout=10)
+        info = await failed.info()
+        assert info.failure_reason == "explicit_fail"
+        assert info.attempts == 1
+
+
+async def test_per_job_options_override_handler_defaults(redis_url: str,
+                                                         queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, attempts=1, timeout=30)
+    async def slow_first(job: Job) -> int:
+        if job.attempt == 1:
+            await anyio.sleep(5)
+        return job.attempt
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+        handle = await client.queue(queue_name).add(
+            {}, attempts=2, timeout=0.2, backoff=Backoff.fixed(0))
+        assert await handle.result(timeout=10) == 2
+        info = await handle.info()
+        assert info.history[0]["type"] == "JobTimeout"
+
+
+async def test_timeout_fails_the_attempt_with_reason_timeout(redis_url: str,
+                                                             queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, timeout=0.1)
+    async def hangs(job: Job) -> None:
+        await anyio.sleep(30)
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+        handle = await client.queue(queue_name).add({})
+        with pytest.raises(JobFailed):
+            await handle.result(timeout=10)
+        assert (await handle.info()).failure_reason == "timeout"
+
+
+async def test_result_timeout_and_missing_job(redis_url: str, queue_name: str) -> None:
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(queue_name).add({})
+        with anyio.fail_after(5):
+            with pytest.raises(TimeoutError):
+                await handle.result(timeout=0.2)
+        with pytest.raises(JobNotFound):
+            await client.get_job(queue_name, "nope")
+        with pytest.raises(JobNotFound):
+            await client.queue(queue_name).job("nope").result(timeout=1)
+
+
+async def test_concurrency_bound_is_never_exceeded(redis_url: str, queue_name: str,
+                                                   redis_client: redis.Redis) -> None:
+    """Measured in Redis: each handler increments a gauge and records the maximum."""
+    registry = Registry()
+    gauge, peak = f"{queue_name}:running", f"{queue_name}:peak"
+    enter = redis_client.register_script(
+        "local n = redis.call('INCR', KEYS[1]) "
+        "if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end"
+        " return n")
+
+    @registry.handler(queue_name, concurrency=4)
+    async def busy(job: Job) -> None:
+        enter(keys=[gauge, peak])
+        await anyio.sleep(0.02)
+        redis_client.decr(gauge)
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(queue_name).add_bulk([{"i": i} for i in range(60)])
+        # Two workers of concurrency 4 each: at most 8 at once across them.
+        async with running(registry, queue_name, redis_url), \
+                running(registry, queue_name, redis_url):
+            for h in handles:
+                await h.result(timeout=20)
+    assert int(redis_client.get(peak) or 0) == 8
+    assert int(redis_client.get(gauge) or 0) == 0
+
+
+async def test_pause_stops_claiming_and_resume_wakes_workers(redis_url: str,
+                                                             queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def noop(job: Job) -> str:
+        return "ran"
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url,
+                                                         poll_interval=30):
+        await client.pause(queue_name)
+        handle = await client.queue(queue_name).add({})
+        with pytest.raises(TimeoutError):
+            await handle.result(timeout=0.5)
+        assert (await handle.info()).state is JobState.WAITING
+        await client.resume(queue_name)
+        # poll_interval is 30 s: only the resume's wake-up can explain a prompt start.
+        assert await handle.result(timeout=5) == "ran"
+
+
+async def test_cancel_waiting_delayed_and_active_jobs(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+    started = anyio.Event()
+
+    @registry.handler(queue_name)
+    async def long_job(job: Job) -> None:
+        if job.data == "long":
+            started.set()
+            await anyio.sleep(30)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        delayed = await queue.add("d", delay=60)
+        assert await client.cancel(queue_name, delayed.id) is JobState.DELAYED
+        assert (await delayed.info()).state is JobState.CANCELLED
+        async with running(registry, queue_name, redis_url):
+            active = await queue.add("long")
+            with anyio.fail_after(10):
+                await started.wait()
+            assert await client.cancel(queue_name, active.id) is JobState.ACTIVE
+            with pytest.raises(JobFailed, match="cancelled"):
+                await active.result(timeout=10)
+            info = await active.info()
+            assert info.state is JobState.CANCELLED
+            assert info.failure_reason == "cancelled"
+        waiting = await queue.add("w")
+        await client.pause(queue_name)
+        assert await client.cancel(queue_name, waiting.id) is JobState.WAITING
+        counts = await client.counts(queue_name)
+        assert counts[JobState.CANCELLED] == 3
+        assert counts[JobState.WAITING] == 0
+        with pytest.raises(JobNotFound):
+            await client.cancel(queue_name, "missing")
+
+
+async def test_retry_failed_and_remove(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def flaky(job: Job) -> str:
+        if job.data["fail"]:
+            raise RuntimeError("first time")
+        return "ok"
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        handle = await queue.add({"fail": True})
+        async with running(registry, queue_name, redis_url):
+            with pytest.raises(JobFailed):
+                await handle.result(timeout=10)
+        assert await client.retry_failed(queue_name) == 1
+        info = await handle.info()
+        assert info.state is JobState.WAITING and info.attempts == 0
+        assert len(info.history) == 1  # the history survives the retry
+        assert await client.remove(queue_name, handle.id) is True
+        assert await client.remove(queue_name, handle.id) is False
+        counts = await client.counts(queue_name)
+        assert sum(counts.values()) == 0
+
+
+async def test_retention_keeps_only_the_newest_finished_jobs(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=5, keep_completed=5)
+    async def noop(job: Job) -> None:
+        return None
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(queue_name).add_bulk(list(range(40)))
+        async with running(registry, queue_name, redis_url):
+            await handles[-1].result(timeout=10)
+            await async_wait_until(
+                lambda: _completed_total(client, queue_name), what="all completions")
+        assert (await client.counts(queue_name))[JobState.COMPLETED] == 5
+    job_keys = list(redis_client.scan_iter(match=f"{{q:{queue_name}}}:job:*"))
+    assert len(job_keys) == 5
+
+
+async def _completed_total(client: QueueClient, queue: str) -> bool:
+    counts = await client.counts(queue)
+    return counts[JobState.WAITING] == 0 and counts[JobState.ACTIVE] == 0
+
+
+async def test_graceful_shutdown_lets_running_jobs_finish(redis_url: str,
+                                                          queue_name: str) -> None:
+    registry = Registry()
+    started = anyio.Event()
+
+    @registry.handler(queue_name)
+    async def short(job: Job) -> str:
+        started.set()
+        await anyio.sleep(0.3)
+        return "finished"
+
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(queue_name).add({})
+        worker = Worker(registry, queue_name, url=redis_url)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            with anyio.fail_after(10):
+                await started.wait()
+            await worker.shutdown(grace=10)
+        assert (await handle.info()).state is JobState.COMPLETED
+
+
+async def test_forced_shutdown_releases_jobs_back_to_waiting(redis_url: str,
+                                                             queue_name: str) -> None:
+    registry = Registry()
+    started = anyio.Event()
+
+    @registry.handler(queue_name, lock_ttl=60)
+    async def stuck(job: Job) -> None:
+        started.set()
+        await anyio.sleep(60)
+
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(queue_name).add({})
+        worker = Worker(registry, queue_name, url=redis_url)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            with anyio.fail_after(10):
+                await started.wait()
+            with anyio.fail_after(5):
+                await worker.shutdown(grace=0.2)
+        # Back at once (not after the 60 s lock), and the interrupted attempt does not count.
+        info = await handle.info()
+        assert info.state is JobState.WAITING
+        assert info.attempts == 0
+        assert (await client.counts(queue_name))[JobState.ACTIVE] == 0
+
+
+async def test_idle_worker_recovers_when_its_connections_are_killed(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def noop(job: Job) -> str:
+        return "picked up"
+
+    async with QueueClient(redis_url) as client:
+        # Polling every 30 s cannot explain a pickup within 5 s: the wake-up path must work.
+        async with running(registry, queue_name, redis_url, poll_interval=30,
+                           health_interval=0.5):
+            first = await client.queue(queue_name).add({})
+            assert await first.result(timeout=5) == "picked up"
+            own_id = redis_client.client_id()
+            killed = 0
+            for entry in redis_client.client_list():
+                if int(entry["id"]) != own_id:
+                    redis_client.client_kill_filter(_id=int(entry["id"]))
+                    killed += 1
+            assert killed >= 2  # at least the subscriber and a command connection
+            handle = await client.queue(queue_name).add({})
+            assert await handle.result(timeout=5) == "picked up"
+
+
+async def test_registry_and_option_errors_are_clear() -> None:
+    registry = Registry()
+
+    @registry.handler("a")
+    async def a(job: Job) -> None: ...
+
+    with pytest.raises(ConfigError, match="already has a handler"):
+        registry.handler("a")(a.fn)
+    with pytest.raises(ConfigError, match="inline executor runs async functions only"):
+        registry.handler("b", executor="inline")(lambda job: None)
+    with pytest.raises(ConfigError, match="concurrency"):
+        registry.handler("c", concurrency=0)
+    with pytest.raises(ConfigError, match="queue name"):
+        registry.handler("bad{name}")
+    with pytest.raises(ConfigError, match="unknown queue 'zzz'"):
+        Worker(registry, "zzz")
+    with pytest.raises(ConfigError, match="scheme"):
+        QueueClient("http://localhost")
+    with pytest.raises(PanqueueError):
+        registry.handler("d", attempts=0)
+    assert a.queue == "a" and "a" in registry
+
+
+async def test_unreachable_redis_raises_connection_error(queue_name: str) -> None:
+    from panqueue import ConnectionError as PQConnectionError
+    from panqueue.embedded import free_port
+
+    async with QueueClient(f"redis://127.0.0.1:{free_port()}/0") as client:
+        with pytest.raises(PQConnectionError, match="cannot reach Redis"):
+            await client.queue(queue_name).add({})
