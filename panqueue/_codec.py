@@ -25,7 +25,8 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
-    raise PayloadError(f"stored value uses msgpack extension type {code}, which panqueue never writes")
+    raise PayloadError(
+        f"stored value uses msgpack extension type {code}, which panqueue never writes")
 
 
 def encode(value: Any) -> bytes:

@@ -50,10 +50,8 @@ class Backoff:
 
     def delay_for(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        if self.kind == "fixed":
-            delay = self.delay
-        else:
-            delay = self.delay * (2.0 ** min(attempt - 1, 62))
+        exponent = 0 if self.kind == "fixed" else min(attempt - 1, 62)
+        delay = self.delay * 2.0**exponent
         if self.max is not None:
             delay = min(delay, self.max)
         if self.jitter:
@@ -78,7 +76,7 @@ class JobOptions:
     """
 
     attempts: int = 1
-    backoff: Backoff = field(default_factory=lambda: DEFAULT_BACKOFF)
+    backoff: Backoff = field(default_factory=lambda: Backoff.exponential(1.0, max=60.0))
     timeout: float | None = None
 
     def merged(self, wire: dict[str, Any] | None) -> JobOptions:
@@ -129,5 +127,3 @@ def options_to_wire(attempts: int | None, backoff: Backoff | None,
         wire["timeout"] = check_positive(timeout, "timeout")
     return wire
 
-
-DEFAULT_BACKOFF = Backoff.exponential(1.0, max=60.0)

@@ -39,7 +39,6 @@ class WorkerPool:
         ]
         self._transport: AsyncTransport | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._stopped = anyio.Event()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -54,7 +53,6 @@ class WorkerPool:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._transport.aclose()
-            self._stopped.set()
 
     async def __aenter__(self) -> WorkerPool:
         self._tg = anyio.create_task_group()

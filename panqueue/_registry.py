@@ -49,7 +49,7 @@ class Handler(Generic[P, R]):
         self.options = options
         self.job_defaults = job_defaults
         self.is_async = inspect.iscoroutinefunction(fn)
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)

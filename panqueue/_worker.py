@@ -98,16 +98,15 @@ class Worker:
         self._executor: Executor | None = None
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
         self._running: dict[str, _Running] = {}
-        self._slots = anyio.Semaphore(self.concurrency)
         self._busy_slots = 0
-        self._idle = anyio.Event()
-        self._idle.set()
-        self._wake = anyio.Event()
         self._stopping = False
-        self._force = anyio.Event()
-        self._claim_scope = anyio.CancelScope()
-        self._started = anyio.Event()
-        self._done = anyio.Event()
+        # anyio primitives need a running event loop: they are made in run().
+        self._slots: anyio.Semaphore
+        self._idle: anyio.Event
+        self._wake: anyio.Event
+        self._force: anyio.Event
+        self._claim_scope: anyio.CancelScope
+        self._done: anyio.Event | None = None
         self._token_counter = 0
         self._lock_ttl_ms = max(1, int(self.lock_ttl * 1000))
         self._keep_completed = options.keep_completed
@@ -122,6 +121,16 @@ class Worker:
         """Run until :meth:`shutdown` (or cancellation). Raises ConnectionError if Redis is
         unreachable at start. With ``task_group.start(worker.run)`` it returns once the worker
         listens for work."""
+        self._slots = anyio.Semaphore(self.concurrency)
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._wake = anyio.Event()
+        self._force = anyio.Event()
+        self._claim_scope = anyio.CancelScope()
+        self._started = started = anyio.Event()
+        self._done = done = anyio.Event()
+        if self._stopping:  # shutdown() was called before run()
+            self._claim_scope.cancel()
         transport = self._shared_transport or open_async_transport(self.url)
         self._transport = transport
         try:
@@ -135,7 +144,7 @@ class Worker:
                 tg.start_soon(self._maintenance_loop)
                 self._log.info("worker started", concurrency=self.concurrency,
                                executor=self._executor.name)
-                self._started.set()
+                started.set()
                 task_status.started()
                 with self._claim_scope:
                     await self._claim_loop()
@@ -148,7 +157,7 @@ class Worker:
                 if self._shared_transport is None:
                     await transport.aclose()
             self._stopping = True
-            self._done.set()
+            done.set()
             self._log.info("worker stopped", processed=self.processed, failed=self.failed)
 
     async def shutdown(self, grace: float | None = None) -> None:
@@ -157,14 +166,15 @@ class Worker:
         if grace is not None:
             self.grace = grace
         self._begin_stop()
-        if not self._started.is_set() and self._transport is None:
+        if self._done is None:
             return  # never ran
         await self._done.wait()
 
     def force(self) -> None:
         """Skip the rest of the grace period (a second signal)."""
         self._begin_stop()
-        self._force.set()
+        if self._done is not None:
+            self._force.set()
 
     def _begin_stop(self) -> None:
         if not self._stopping:
@@ -174,10 +184,9 @@ class Worker:
                 self._executor.request_stop()
         # Interrupts the claim loop wherever it waits (for a slot or for work); the claim call
         # itself is shielded, so jobs already claimed in Redis are never dropped.
-        self._claim_scope.cancel()
+        if self._done is not None:
+            self._claim_scope.cancel()
 
-    async def wait_started(self) -> None:
-        await self._started.wait()
 
     # ------------------------------------------------------------------ claiming
 

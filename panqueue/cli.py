@@ -25,6 +25,7 @@ from panqueue._log import configure_logging
 from panqueue._pool import WorkerPool
 from panqueue._registry import Registry
 from panqueue._store import redis_store as ops
+from panqueue._store.transport import Command
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, PanqueueError
 
@@ -67,7 +68,7 @@ def load_registry(spec: str) -> Registry:
 
 def _client(args: argparse.Namespace) -> SyncQueueClient:
     client = SyncQueueClient(args.url)
-    client._connect().execute(ops.Command(("PING",)))  # fail fast and clearly
+    client._connect().execute(Command(("PING",)))  # fail fast and clearly
     return client
 
 
@@ -231,20 +232,23 @@ def cmd_server(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     server = RedisServer(port=args.port, directory=directory,
                          log_to=str(directory.resolve() / "server.log"))
-    server.start()
-    print(f"panqueue: {Path(server.binary).name} listening on {server.url} "
-          f"(data in {directory}, append-only); Ctrl-C stops it", flush=True)
 
-    async def wait_for_signal() -> None:
+    async def serve() -> None:
+        # Listen for signals before the server starts: a SIGTERM or Ctrl-C that arrives while
+        # it starts is then queued instead of killing us, which would leave the server (in a
+        # session of its own, out of the signal's reach) running with nobody to stop it.
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
-                return
+            server.start()
+            try:
+                print(f"panqueue: {Path(server.binary).name} listening on {server.url} "
+                      f"(data in {directory}, append-only); Ctrl-C stops it", flush=True)
+                async for _ in signals:
+                    return
+            finally:
+                server.stop()
+                print("panqueue: server stopped", file=sys.stderr)
 
-    try:
-        anyio.run(wait_for_signal)
-    finally:
-        server.stop()
-        print("panqueue: server stopped", file=sys.stderr)
+    anyio.run(serve)
     return 0
 
 

@@ -14,6 +14,7 @@ import redis
 
 from panqueue.embedded import RedisServer
 
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -40,9 +40,9 @@ __all__ = [
     "Batch",
     "Command",
     "Op",
-    "check_url",
     "ScriptCall",
     "SyncTransport",
+    "check_url",
     "open_async_transport",
     "redact_url",
 ]

@@ -1,0 +1,141 @@
+"""Real worker processes: crashes, shutdown signals, several workers sharing a queue."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from panqueue import JobState, SyncQueueClient
+from tests.helpers import panqueue_command, subprocess_env, wait_until
+
+
+class Workers:
+    """Worker child processes started by one test; every one is stopped by PID at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *queues: str, backend: str = "asyncio",
+              extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+        args = ["worker", "proc_app:queues", "--url", self.url, "--backend", backend,
+                "--log-level", "warning", *extra]
+        for queue in queues:
+            args += ["-q", queue]
+        proc = subprocess.Popen(panqueue_command(*args), env=subprocess_env(
+            PANQUEUE_URL=self.url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture
+def workers(redis_url: str) -> Iterator[Workers]:
+    group = Workers(redis_url)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def test_job_of_a_killed_worker_is_completed_by_another_after_its_lock_expires(
+        redis_url: str, workers: Workers, redis_client: redis.Redis) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handle = client.queue("crashy").add({"n": 1})
+        first = workers.start("crashy")
+        wait_until(lambda: redis_client.llen(f"started:{handle.id}") == 1, timeout=20,
+                   what="the first worker to start the job")
+        assert handle.info().state is JobState.ACTIVE
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        second = workers.start("crashy", backend="trio")
+        result = handle.result(timeout=30)
+        assert result == {"pid": second.pid}
+        info = handle.info()
+        assert info.state is JobState.COMPLETED
+        assert info.attempts == 1  # the stalled run does not count as an attempt
+        assert [h["type"] for h in info.history] == ["Stalled"]
+        started = [int(p) for p in redis_client.lrange(f"started:{handle.id}", 0, -1)]
+        assert started == [first.pid, second.pid]
+
+
+def test_three_worker_processes_complete_500_jobs_exactly_once(
+        redis_url: str, workers: Workers, redis_client: redis.Redis) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handles = client.queue("shared").add_bulk([{"i": i} for i in range(500)])
+        procs = [workers.start("shared"), workers.start("shared", backend="trio"),
+                 workers.start("shared")]
+        pids = [handle.result(timeout=60) for handle in handles]
+        counts = client.counts("shared")
+    executions = {k.decode(): int(v) for k, v in redis_client.hgetall("executions").items()}
+    assert len(executions) == 500
+    assert set(executions.values()) == {1}
+    assert counts[JobState.COMPLETED] == 500
+    assert counts[JobState.ACTIVE] == counts[JobState.WAITING] == 0
+    # The work was shared: every process ran some of it.
+    assert {p.pid for p in procs} == set(pids)
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    assert [proc.wait(30) for proc in procs] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sigterm_lets_the_running_job_finish_and_exits_0(
+        redis_url: str, workers: Workers, redis_client: redis.Redis, backend: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handle = client.queue("graceful").add({"seconds": 1.0})
+        proc = workers.start("graceful", backend=backend, extra=("--grace", "20"))
+        wait_until(lambda: redis_client.llen(f"started:{handle.id}") == 1, timeout=20,
+                   what="the job to start")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        info = handle.info()
+        assert info.state is JobState.COMPLETED
+        assert info.result == "finished"
+        _, stderr = proc.communicate()
+        assert "SIGTERM received" in stderr
+        assert "Traceback" not in stderr
+
+
+def test_second_signal_forces_shutdown_and_releases_the_job(
+        redis_url: str, workers: Workers, redis_client: redis.Redis) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handle = client.queue("graceful").add({"seconds": 60})
+        proc = workers.start("graceful", extra=("--grace", "60"))
+        wait_until(lambda: redis_client.llen(f"started:{handle.id}") == 1, timeout=20,
+                   what="the job to start")
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: b"SIGTERM received" in _peek_stderr(proc), timeout=10,
+                   what="the first signal to be handled")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(15) == 0
+        info = handle.info()
+        assert info.state is JobState.WAITING  # released at once, not after lock expiry
+        assert info.attempts == 0
+
+
+def _peek_stderr(proc: subprocess.Popen[str]) -> bytes:
+    """Read what the child has written to stderr so far (non-blocking)."""
+    import os
+
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    os.set_blocking(fd, False)
+    chunk = os.read(fd, 65536) if _readable(fd) else b""
+    proc._peeked = getattr(proc, "_peeked", b"") + chunk  # type: ignore[attr-defined]
+    return proc._peeked  # type: ignore[attr-defined,no-any-return]
+
+
+def _readable(fd: int) -> bool:
+    import select
+
+    return bool(select.select([fd], [], [], 0)[0])
