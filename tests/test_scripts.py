@@ -1,0 +1,242 @@
+"""The Lua scripts on their own: lock tokens, the stalled sweep, and invariants under random
+interleavings of every transition (hypothesis)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from panqueue._codec import encode
+from panqueue._job import ErrorInfo
+from panqueue._keys import QueueKeys
+from panqueue._store.redis_store import NewJob, add_jobs, encode_error, parse_claim
+from panqueue._store.scripts import SCRIPTS, Script
+from panqueue._store.transport import ScriptCall, SyncTransport
+
+ERR = encode_error(ErrorInfo("ValueError", "boom"))
+STALL_ERR = encode_error(ErrorInfo("Stalled", "stalled"))
+
+
+class Store:
+    """Direct script calls for one queue."""
+
+    def __init__(self, transport: SyncTransport, keys: QueueKeys) -> None:
+        self.t = transport
+        self.keys = keys
+
+    def call(self, script: Script, *args: Any) -> Any:
+        return self.t.execute(ScriptCall(script, (self.keys.prefix,), args))
+
+    def add(self, n: int = 1, **options: Any) -> list[str]:
+        jobs = [NewJob(None, encode(i), **options) for i in range(n)]
+        return [job_id for job_id, _ in self.t.run(add_jobs(self.keys, jobs))]
+
+    def claim(self, token: str, n: int = 1, ttl_ms: int = 30_000) -> list[str]:
+        jobs, _ = parse_claim(self.call(SCRIPTS.claim, token, ttl_ms, n))
+        return [j.id for j in jobs]
+
+    def complete(self, job_id: str, token: str) -> int:
+        return int(self.call(SCRIPTS.complete, job_id, token, encode("ok"), -1, 0, "", 1000)[0])
+
+    def fail(self, job_id: str, token: str, max_attempts: int = 1, delay_ms: int = 0) -> int:
+        entry = encode({"attempt": 1, "type": "ValueError", "message": "boom"})
+        reply = self.call(SCRIPTS.fail, job_id, token, ERR, entry, max_attempts, delay_ms, 0, "",
+                          -1, 0, "", 1000)
+        return int(reply[0])
+
+    def extend(self, ttl_ms: int, *pairs: str) -> list[str]:
+        return [x.decode() for x in self.call(SCRIPTS.extend, ttl_ms, *pairs)]
+
+    def sweep(self, max_stalls: int = 1) -> tuple[int, int]:
+        requeued, failed = self.call(SCRIPTS.stalled, max_stalls, 1000, -1, STALL_ERR)
+        return int(requeued), int(failed)
+
+    def state(self, job_id: str) -> str | None:
+        raw = self.t.client.hget(self.keys.job(job_id), "s")
+        return None if raw is None else raw.decode()
+
+    def expire_locks(self) -> None:
+        """Make every lock deadline past (as if the lock TTL elapsed)."""
+        for member in self.t.client.zrange(self.keys.active, 0, -1):
+            self.t.client.zadd(self.keys.active, {member: 0})
+
+
+@pytest.fixture
+def store(redis_url: str, queue_name: str) -> Iterator[Store]:
+    transport = SyncTransport(redis_url)
+    yield Store(transport, QueueKeys(queue_name))
+    transport.close()
+
+
+def test_worker_that_lost_its_lock_cannot_finish_a_reclaimed_job(store: Store) -> None:
+    [job_id] = store.add()
+    assert store.claim("worker-a:1") == [job_id]
+    store.expire_locks()
+    assert store.sweep() == (1, 0)
+    assert store.state(job_id) == "waiting"
+    assert store.claim("worker-b:1") == [job_id]
+    # Worker A comes back: every finishing script refuses its stale token, and changes nothing.
+    before = store.t.client.hgetall(store.keys.job(job_id))
+    assert store.complete(job_id, "worker-a:1") == -1
+    assert store.fail(job_id, "worker-a:1") == -1
+    assert store.extend(30_000, job_id, "worker-a:1") == [job_id]
+    assert store.t.client.hgetall(store.keys.job(job_id)) == before
+    assert store.complete(job_id, "worker-b:1") == 1
+    assert store.state(job_id) == "completed"
+
+
+def test_stalled_sweep_fails_a_job_after_too_many_stalls(store: Store) -> None:
+    [job_id] = store.add()
+    for round_ in range(3):
+        assert store.claim(f"w:{round_}") == [job_id]
+        store.expire_locks()
+        requeued, failed = store.sweep(max_stalls=2)
+        if round_ < 2:
+            assert (requeued, failed) == (1, 0)
+        else:
+            assert (requeued, failed) == (0, 1)
+    assert store.state(job_id) == "failed"
+    assert store.t.client.hget(store.keys.job(job_id), "fr") == b"stalled"
+    assert store.t.client.zscore(store.keys.failed, job_id) is not None
+
+
+def test_sweep_leaves_jobs_with_live_locks_alone(store: Store) -> None:
+    ids = store.add(3)
+    assert store.claim("w:1", n=3, ttl_ms=60_000) == ids
+    assert store.sweep() == (0, 0)
+    assert store.extend(60_000, ids[0], "w:1", ids[1], "w:1") == []
+    assert [store.state(i) for i in ids] == ["active"] * 3
+
+
+def test_claim_takes_up_to_n_jobs_in_one_call_and_nothing_while_paused(store: Store) -> None:
+    ids = store.add(5)
+    store.call(SCRIPTS.pause, "1")
+    assert store.claim("w:1", n=5) == []
+    store.call(SCRIPTS.pause, "0")
+    assert store.claim("w:2", n=3) == ids[:3]
+    assert store.claim("w:3", n=3) == ids[3:]
+
+
+def test_complete_claims_the_next_job_in_the_same_call(store: Store) -> None:
+    first, second = store.add(2)
+    assert store.claim("w:1") == [first]
+    reply = store.call(SCRIPTS.complete, first, "w:1", encode(1), -1, 1, "w:2", 1000)
+    jobs, _ = parse_claim(reply, 1)
+    assert [j.id for j in jobs] == [second]
+    assert store.state(second) == "active"
+    assert store.t.client.hget(store.keys.job(second), "tk") == b"w:2"
+
+
+def test_claim_reports_when_the_next_delayed_job_is_due(store: Store) -> None:
+    store.add(delay_ms=5_000)
+    reply = store.call(SCRIPTS.claim, "w:1", 1000, 1)
+    jobs, wake_in = parse_claim(reply)
+    assert jobs == []
+    assert 4_000 < wake_in <= 5_000
+
+
+def test_retry_with_delay_goes_through_delayed(store: Store) -> None:
+    [job_id] = store.add()
+    store.claim("w:1")
+    assert store.fail(job_id, "w:1", max_attempts=3, delay_ms=60_000) == 2
+    assert store.state(job_id) == "delayed"
+    assert store.fail(job_id, "w:1") == -1  # the token is gone once the attempt is recorded
+
+
+# ----------------------------------------------------------------------------- invariants
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 3), st.integers(-1, 1), st.booleans()),
+        st.tuples(st.just("claim"), st.integers(1, 3)),
+        st.tuples(st.just("complete"), st.integers(0, 20)),
+        st.tuples(st.just("fail"), st.integers(0, 20), st.integers(1, 3)),
+        st.tuples(st.just("stale"), st.integers(0, 20)),
+        st.tuples(st.just("expire_and_sweep"),),
+        st.tuples(st.just("promote_all"),),
+        st.tuples(st.just("cancel"), st.integers(0, 20)),
+        st.tuples(st.just("retry_failed"),),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+_SETS = {"waiting": "wait", "delayed": "delayed", "active": "active", "completed": "completed",
+         "failed": "failed", "cancelled": "cancelled"}
+
+
+def check_invariants(store: Store, all_ids: set[str], completions: dict[str, int]) -> None:
+    client = store.t.client
+    members: dict[str, list[str]] = {}
+    for state, attr in _SETS.items():
+        for member in client.zrange(getattr(store.keys, attr), 0, -1):
+            members.setdefault(member.decode(), []).append(state)
+    # No job is lost and none is in two places: each is in exactly the set its state names.
+    assert set(members) == all_ids
+    for job_id in all_ids:
+        h = client.hgetall(store.keys.job(job_id))
+        state = h[b"s"].decode()
+        assert members[job_id] == [state], (job_id, members[job_id], state)
+        assert (b"tk" in h) == (state == "active")
+    # None completed twice.
+    assert all(n == 1 for n in completions.values())
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_no_job_is_lost_or_completed_twice_under_any_interleaving(
+        redis_url: str, ops: list[tuple[Any, ...]]) -> None:
+    transport = SyncTransport(redis_url)
+    transport.client.flushdb()
+    store = Store(transport, QueueKeys("prop"))
+    all_ids: set[str] = set()
+    active: list[tuple[str, str]] = []  # (job id, token) as workers believe
+    stale: list[tuple[str, str]] = []  # tokens of workers that lost their lock
+    completions: dict[str, int] = {}
+    counter = 0
+    try:
+        for op in ops:
+            kind = op[0]
+            if kind == "add":
+                _, n, priority, delayed = op
+                all_ids.update(store.add(n, priority=priority, delay_ms=60_000 if delayed else 0))
+            elif kind == "claim":
+                counter += 1
+                token = f"w:{counter}"
+                active += [(i, token) for i in store.claim(token, n=op[1])]
+            elif kind in ("complete", "fail", "stale") and (active or stale):
+                pool = stale if kind == "stale" and stale else active
+                if not pool:
+                    continue
+                job_id, token = pool.pop(op[1] % len(pool))
+                if kind == "fail":
+                    result = store.fail(job_id, token, max_attempts=op[2])
+                else:
+                    result = store.complete(job_id, token)
+                    if result == 1:
+                        completions[job_id] = completions.get(job_id, 0) + 1
+                if pool is stale:
+                    assert result == -1
+            elif kind == "expire_and_sweep":
+                store.expire_locks()
+                store.sweep(max_stalls=1)
+                stale += active
+                active = []
+            elif kind == "promote_all":
+                for member in transport.client.zrange(store.keys.delayed, 0, -1):
+                    transport.client.zadd(store.keys.delayed, {member: 0})
+                store.call(SCRIPTS.promote)
+            elif kind == "cancel" and all_ids:
+                job_id = sorted(all_ids)[op[1] % len(all_ids)]
+                store.call(SCRIPTS.cancel, job_id, -1)
+            elif kind == "retry_failed":
+                store.call(SCRIPTS.retry, 1000)
+            check_invariants(store, all_ids, completions)
+    finally:
+        transport.close()
+
