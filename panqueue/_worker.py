@@ -28,7 +28,7 @@ from panqueue._keys import QueueKeys
 from panqueue._log import get_logger
 from panqueue._registry import Registry
 from panqueue._store.redis_store import SCHEMA_VERSION, ClaimedJob, encode_error, parse_claim
-from panqueue._store.scripts import SCRIPTS
+from panqueue._store.scripts import SCRIPTS, Script
 from panqueue._store.transport import (
     AsyncSubscriber,
     AsyncTransport,
@@ -305,9 +305,11 @@ class Worker:
             except PayloadError as exc:
                 error = exc
         if error is None:
-            reply = await transport.script(SCRIPTS.complete, (self.keys.prefix,), (
+            reply = await self._record(SCRIPTS.complete, (
                 claimed.id, token, result_blob, self._keep_completed, fetch, next_token,
                 self._lock_ttl_ms))
+            if reply is None:
+                return None
             if reply[0] == -1:
                 log.warning("lock lost before completion; result discarded",
                             error=str(LockLost(self.keys.name, claimed.id)))
@@ -346,9 +348,11 @@ class Worker:
                         "duration_ms": round(duration * 1000)})
         transport = self._transport
         assert transport is not None
-        reply: list[Any] = await transport.script(SCRIPTS.fail, (self.keys.prefix,), (
+        reply = await self._record(SCRIPTS.fail, (
             claimed.id, token, encode_error(info), entry, attempts, int(delay * 1000), final,
             reason, self._keep_failed, fetch, next_token, self._lock_ttl_ms))
+        if reply is None:
+            return None
         status = reply[0]
         if status == -1:
             log.warning("lock lost before failure was recorded",
@@ -364,6 +368,27 @@ class Worker:
             log.error("job failed", error=info.message, error_type=info.type,
                       reason=reason or "max_attempts_exceeded")
         return reply
+
+    async def _record(self, script: Script, args: tuple[Any, ...]) -> list[Any] | None:
+        """Record a job's outcome, riding out a Redis outage for up to half the lock TTL.
+
+        If Redis stays away longer, the outcome is dropped: the lock then expires and the
+        stalled sweep runs the job again (at-least-once), which is the documented guarantee.
+        """
+        assert self._transport is not None
+        delay = 0.05
+        deadline = time.monotonic() + self.lock_ttl / 2
+        while True:
+            try:
+                reply: list[Any] = await self._transport.script(script, (self.keys.prefix,), args)
+                return reply
+            except ConnectionError as exc:
+                if time.monotonic() + delay > deadline:
+                    self._log.error("could not record a job's outcome; it will run again",
+                                    job_id=args[0], error=str(exc))
+                    return None
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _report(self, job_id: str, kind: str, value: Any) -> None:
         """Progress and log lines from a running job (only while this worker holds the lock)."""

@@ -99,6 +99,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             import trio  # noqa: F401
         except ImportError:
             raise _UserError("--backend trio needs trio: pip install 'panqueue[trio]'") from None
+    # An unreachable Redis is one error line, not worker start/stop logs followed by it.
+    _client(args).close()
     pool = WorkerPool(registry, url=args.url, queues=queues, concurrency=args.concurrency,
                       grace=args.grace, poll_interval=args.poll_interval)
     anyio.run(_serve, pool, args.grace, backend=args.backend)
@@ -351,7 +353,10 @@ def _find_error(exc: BaseException) -> BaseException | None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if hasattr(args, "url"):
+    if args.command == "demo":
+        # The demo starts its own private server unless a URL is given explicitly.
+        args.url = args.url or os.environ.get("PANQUEUE_URL")
+    elif hasattr(args, "url"):
         args.url = resolve_url(args.url)
     try:
         code: int = args.func(args)

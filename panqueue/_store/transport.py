@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry as SyncRetry
 
 from panqueue._store.scripts import Script
-from panqueue.errors import ConfigError
+from panqueue.errors import ConfigError, PanqueueError
 from panqueue.errors import ConnectionError as PanqueueConnectionError
 
 __all__ = [
@@ -116,7 +116,7 @@ def _parse(url: str) -> tuple[bool, str]:
     return False, url
 
 
-def _standalone_options(retry_class: Any) -> dict[str, Any]:
+def _standalone_options(url: str, retry_class: Any) -> dict[str, Any]:
     """Connection options for standalone servers (a URL's query string may override them).
 
     A pooled connection the server closed while it sat idle (restart, CLIENT KILL, idle
@@ -124,12 +124,14 @@ def _standalone_options(retry_class: Any) -> dict[str, Any]:
     server before its connection broke may so run twice: workers tolerate that (at-least-once,
     lock tokens), and producers that need exactly-once adds pass a ``job_id``.
     """
-    return {
+    options: dict[str, Any] = {
         "retry": retry_class(NoBackoff(), 1),
         "retry_on_error": [redis.exceptions.ConnectionError],
-        "socket_keepalive": True,
         "health_check_interval": 30,
     }
+    if not url.startswith("unix:"):
+        options["socket_keepalive"] = True  # TCP only: unix sockets reject the option
+    return options
 
 
 def _node_url(redis_url: str, host: str, port: int) -> str:
@@ -138,6 +140,11 @@ def _node_url(redis_url: str, host: str, port: int) -> str:
     userinfo, at, _ = parts.netloc.rpartition("@")
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{address}"))
+
+
+def _server_error(url: str, exc: BaseException) -> PanqueueError:
+    """Redis refused a command (ACL permissions, OOM, a wrong server version, ...)."""
+    return PanqueueError(f"Redis at {redact_url(url)} refused a command: {exc}")
 
 
 def _connection_error(url: str, exc: BaseException) -> PanqueueConnectionError:
@@ -158,7 +165,8 @@ class SyncTransport:
             if self.is_cluster:
                 self.client: Any = redis.cluster.RedisCluster.from_url(redis_url)
             else:
-                self.client = redis.Redis.from_url(redis_url, **_standalone_options(SyncRetry))
+                self.client = redis.Redis.from_url(redis_url,
+                                                   **_standalone_options(redis_url, SyncRetry))
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(url, exc) from exc
         except ValueError as exc:
@@ -176,6 +184,8 @@ class SyncTransport:
             return pipe.execute()
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self.url, exc) from exc
+        except redis.exceptions.ResponseError as exc:
+            raise _server_error(self.url, exc) from exc
 
     def _script(self, call: ScriptCall) -> Any:
         s = call.script
@@ -304,7 +314,7 @@ class _AsyncioTransport(AsyncTransport):
                 self.client: Any = redis.asyncio.cluster.RedisCluster.from_url(redis_url)
             else:
                 self.client = redis.asyncio.Redis.from_url(
-                    redis_url, **_standalone_options(AsyncRetry))
+                    redis_url, **_standalone_options(redis_url, AsyncRetry))
         except ValueError as exc:
             raise ConfigError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from exc
 
@@ -327,6 +337,8 @@ class _AsyncioTransport(AsyncTransport):
             return await pipe.execute()
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self.url, exc) from exc
+        except redis.exceptions.ResponseError as exc:
+            raise _server_error(self.url, exc) from exc
 
     async def subscribe(self, channel: str) -> AsyncSubscriber:
         owner: Any = None

@@ -16,6 +16,7 @@ end
 local now = now_ms()
 redis.call('ZREM', K_ACTIVE, id)
 redis.call('HSET', jkey, 'r', ARGV[3])
+redis.call('HDEL', jkey, 'e')  -- earlier attempts' errors stay in the history
 emit('completed', id, 'r', ARGV[3])
 finish(jkey, id, K_COMPLETED, 'completed', now, tonumber(ARGV[4]))
 local reply = {1}

@@ -1,0 +1,92 @@
+"""Every examples/*.py runs to completion against the test session's private server.
+
+Examples are found by glob, so a new example is tested without touching this file: it must exit
+0 and print ``done`` as its last line. The examples listed in EXPECTED must also print the lines
+that show what they teach.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, subprocess_env
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+EXPECTED: dict[str, list[str]] = {
+    "quickstart.py": [
+        "added 3 jobs",
+        "job 1: hello, ada",
+        "job 3: hello, linus",
+        "is completed, progress 100, logs ['greeting ada']",
+        "worker stopped after 3 jobs",
+    ],
+    "sync_producer.py": [
+        "added 50 invoice jobs in one call",
+        "job_id 'order-C-7' added twice: created=[True, False]",
+        "is delayed",
+        "result: {'invoice': 'A-1', 'total': 12.0}",
+        "batch results: total 1530.00",
+        "reminder result: 'reminded ada@example.com'",
+        "invoices completed: 52, waiting: 0",
+        "worker pool stopped",
+    ],
+    "retries.py": [
+        "flaky: completed: charged on attempt 3",
+        "rate-limited: completed: charged on attempt 2",
+        "invalid: failed: Fail",
+        "state=failed attempts=1 failure_reason=explicit_fail",
+        "state=failed attempts=2 failure_reason=max_attempts_exceeded",
+        "history: attempt 2 ValueError: unexpected currency 'XXX'",
+        "state=failed attempts=1 failure_reason=timeout",
+        "broken: the traceback is kept",
+        "outage: retry_failed moved 1 job back to waiting",
+        "outage: completed: charged on attempt 1",
+    ],
+    "queue_admin.py": [
+        "while paused: waiting=6",
+        "(it was waiting)",
+        "run order: urgent-1 > urgent-2 > weekly > monthly > low",
+        "while it was active: it ended cancelled",
+        "counts: completed=5, cancelled=2",
+        "reading it now raises JobNotFound",
+    ],
+}
+
+
+def run_example(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=90, cwd=ROOT, env=subprocess_env(**env))
+
+
+def check_output(path: Path, proc: subprocess.CompletedProcess[str]) -> list[str]:
+    assert proc.returncode == 0, (
+        f"{path.name} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n"
+        f"{proc.stderr}")
+    lines = proc.stdout.splitlines()
+    assert lines and lines[-1] == "done", f"{path.name} must print 'done' last:\n{proc.stdout}"
+    for expected in EXPECTED.get(path.name, []):
+        assert expected in proc.stdout, f"{path.name}: missing {expected!r} in:\n{proc.stdout}"
+    return lines
+
+
+def test_examples_are_found() -> None:
+    assert {p.name for p in EXAMPLES} >= set(EXPECTED)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_runs_against_the_url_in_panqueue_url(path: Path, redis_url: str) -> None:
+    proc = run_example(path, PANQUEUE_URL=redis_url)
+    check_output(path, proc)
+    assert "started a private server" not in proc.stdout
+
+
+def test_example_starts_its_own_server_without_panqueue_url() -> None:
+    path = ROOT / "examples" / "quickstart.py"
+    proc = run_example(path)  # subprocess_env() drops an inherited PANQUEUE_URL
+    lines = check_output(path, proc)
+    assert lines[0].startswith("started a private server on redis://127.0.0.1:")
