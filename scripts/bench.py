@@ -1,0 +1,417 @@
+"""panqueue baseline benchmark: enqueue rate, process rate, pickup latency.
+
+    .venv/bin/python scripts/bench.py [--quick] [--backend asyncio|trio] [--json FILE]
+
+Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
+snapshots off), runs every measurement against it, and stops it. The Redis on 6379 is never
+touched. What each figure means is written up in docs/performance.md.
+
+* enqueue, single: N sequential ``await queue.add(...)`` (QueueClient), and the same with
+  ``SyncQueueClient``.
+* enqueue, bulk: ``add_bulk`` in batches of 1000.
+* process rate: the queue is pre-filled with no-op jobs, then ONE worker process
+  (``python -m panqueue worker bench_app:queues --concurrency 50``) is started; the rate is
+  jobs / (last finished_at - first started_at), both from the server clock. The worker's CPU
+  time (utime + stime from /proc/<pid>/stat, all threads) over the same window gives µs/job.
+* pickup latency: an idle worker (concurrency 1); one job at a time, each awaited with
+  ``handle.result()`` and followed by a short idle gap; latency = started_at - enqueued_at as
+  Redis recorded them (millisecond resolution), plus the handler's own start time (ns) against
+  the moment ``add`` was called, and the add -> result round trip.
+
+``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
+async client on trio too. The sync client is the same in both modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis
+
+import panqueue
+from panqueue import QueueClient, SyncQueueClient
+from panqueue.embedded import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+# The worker processes import the same panqueue as this process (a PYTHONPATH checkout too).
+PANQUEUE_ROOT = Path(panqueue.__file__).resolve().parent.parent
+APP = "bench_app:queues"
+NOOP_QUEUE = "bench-noop"
+LATENCY_QUEUE = "bench-latency"
+BATCH = 1000
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def log(message: str) -> None:
+    print(f"  .. {message}", file=sys.stderr, flush=True)
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * p // 100))  # ceil(n * p / 100)
+    return ordered[int(rank) - 1]
+
+
+def machine_info(server: RedisServer) -> dict[str, Any]:
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    version = subprocess.run([server.binary, "--version"], capture_output=True, text=True,
+                             check=False).stdout.strip()
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "redis_server": version,
+        "redis_py": redis.__version__,
+        "hiredis": _hiredis_version(),
+        "panqueue": f"{panqueue.__version__} from {PANQUEUE_ROOT}{_git_state()}",
+    }
+
+
+def _git_state() -> str:
+    """The commit of the checkout being measured (and whether it has local changes)."""
+    try:
+        head = subprocess.run(["git", "-C", str(PANQUEUE_ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(PANQUEUE_ROOT), "status", "--porcelain",
+                                "--", "panqueue"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return f" (git {head}{', modified' if dirty else ''})"
+
+
+def _hiredis_version() -> str | None:
+    try:
+        import hiredis
+    except ImportError:
+        return None
+    return str(getattr(hiredis, "__version__", "installed"))
+
+
+def start_worker(url: str, queue: str, concurrency: int, backend: str,
+                 log_file: Any) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SCRIPTS), str(PANQUEUE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    args = [sys.executable, "-m", "panqueue", "worker", APP, "-q", queue,
+            "--concurrency", str(concurrency), "--log-level", "warning", "--url", url,
+            "--backend", backend]
+    return subprocess.Popen(args, cwd=SCRIPTS, env=env, stdin=subprocess.DEVNULL,
+                            stdout=log_file, stderr=log_file)
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float, what: str,
+             proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"worker exited with code {proc.returncode} while waiting for "
+                               f"{what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------- enqueue
+
+
+async def enqueue_async(url: str, n: int) -> float:
+    async with QueueClient(url) as client:
+        queue = client.queue("bench-enqueue-async")
+        for i in range(100):  # warm-up: connection, script cache
+            await queue.add({"i": i})
+        start = time.perf_counter()
+        for i in range(n):
+            await queue.add({"i": i})
+        return n / (time.perf_counter() - start)
+
+
+def enqueue_sync(url: str, n: int) -> float:
+    with SyncQueueClient(url) as client:
+        queue = client.queue("bench-enqueue-sync")
+        for i in range(100):
+            queue.add({"i": i})
+        start = time.perf_counter()
+        for i in range(n):
+            queue.add({"i": i})
+        return n / (time.perf_counter() - start)
+
+
+async def enqueue_bulk(url: str, n: int) -> float:
+    async with QueueClient(url) as client:
+        queue = client.queue("bench-enqueue-bulk")
+        await queue.add_bulk([{"i": i} for i in range(BATCH)])  # warm-up
+        batches = [[{"i": i} for i in range(b, min(b + BATCH, n))] for b in range(0, n, BATCH)]
+        start = time.perf_counter()
+        for batch in batches:
+            await queue.add_bulk(batch)
+        return n / (time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- process rate
+
+
+def process_rate(url: str, r: redis.Redis, server_pid: int, n: int, backend: str,
+                 log_file: Any) -> dict[str, Any]:
+    prefix = f"{{q:{NOOP_QUEUE}}}:"
+    wait_key, active_key = prefix + "wait", prefix + "active"
+    with SyncQueueClient(url) as client:
+        queue = client.queue(NOOP_QUEUE)
+        first_id: str | None = None
+        for b in range(0, n, BATCH):
+            handles = queue.add_bulk([{"i": i} for i in range(b, min(b + BATCH, n))])
+            first_id = first_id or handles[0].id
+    assert r.zcard(wait_key) == n
+    assert first_id is not None
+
+    proc = start_worker(url, NOOP_QUEUE, 50, backend, log_file)
+    try:
+        # The window opens at the first claim: poll the wait set tightly until it shrinks.
+        wait_for(lambda: r.zcard(wait_key) < n, 60, 0.0005, "the first claim", proc)
+        cpu0, redis_cpu0, t0 = (proc_cpu_seconds(proc.pid), proc_cpu_seconds(server_pid),
+                                time.monotonic())
+        first_started = int(r.hget(prefix + f"job:{first_id}", "st") or 0)
+
+        def drained() -> bool:
+            pipe = r.pipeline(transaction=False)
+            pipe.zcard(wait_key)
+            pipe.zcard(active_key)
+            return sum(pipe.execute()) == 0
+
+        wait_for(drained, 600, 0.005, "the queue to drain", proc)
+        cpu1, redis_cpu1, t1 = (proc_cpu_seconds(proc.pid), proc_cpu_seconds(server_pid),
+                                time.monotonic())
+        [(_, last_finished)] = r.zrange(prefix + "completed", -1, -1, withscores=True)
+        failed = r.zcard(prefix + "failed")
+    finally:
+        code = stop_worker(proc)
+    span_ms = int(last_finished) - first_started
+    if failed:
+        raise RuntimeError(f"{failed} no-op jobs failed")
+    return {
+        "jobs": n,
+        "jobs_per_s": n / (span_ms / 1000),
+        "span_s": span_ms / 1000,
+        "jobs_per_s_polled": n / (t1 - t0),
+        "worker_cpu_us_per_job": (cpu1 - cpu0) / n * 1e6,
+        "worker_cpu_utilisation": (cpu1 - cpu0) / (t1 - t0),
+        "redis_cpu_us_per_job": (redis_cpu1 - redis_cpu0) / n * 1e6,
+        "worker_exit_code": code,
+    }
+
+
+# --------------------------------------------------------------------------- latency
+
+
+async def latency_run(url: str, n: int, gap: float) -> dict[str, list[float]]:
+    server_ms: list[float] = []
+    handler_ms: list[float] = []
+    roundtrip_ms: list[float] = []
+    async with QueueClient(url) as client:
+        queue = client.queue(LATENCY_QUEUE)
+        for i in range(n + 10):  # the first 10 are warm-up
+            await anyio.sleep(gap)  # let the worker go idle again
+            t_add = time.time_ns()
+            handle = await queue.add({"i": i})
+            started_ns = await handle.result(timeout=10)
+            t_done = time.time_ns()
+            info = await handle.info()
+            if i < 10:
+                continue
+            assert info.started_at is not None and info.enqueued_at is not None
+            server_ms.append((info.started_at - info.enqueued_at).total_seconds() * 1000)
+            handler_ms.append((started_ns - t_add) / 1e6)
+            roundtrip_ms.append((t_done - t_add) / 1e6)
+    return {"server": server_ms, "handler": handler_ms, "roundtrip": roundtrip_ms}
+
+
+def pickup_latency(url: str, r: redis.Redis, n: int, backend: str,
+                   log_file: Any) -> dict[str, Any]:
+    channel = f"{{q:{LATENCY_QUEUE}}}:notify"
+    proc = start_worker(url, LATENCY_QUEUE, 1, backend, log_file)
+    try:
+        def subscribed() -> bool:
+            reply = r.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+            return int(reply[1]) > 0
+
+        wait_for(subscribed, 60, 0.01, "the worker to subscribe", proc)
+        time.sleep(0.5)  # its first claim finds nothing: the worker is idle
+        samples = anyio.run(latency_run, url, n, 0.02, backend=backend)
+    finally:
+        code = stop_worker(proc)
+
+    def summary(values: list[float]) -> dict[str, float]:
+        return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+                "p99": percentile(values, 99), "max": max(values)}
+
+    return {
+        "jobs": n,
+        "server_ms": summary(samples["server"]),
+        "handler_ms": summary(samples["handler"]),
+        "roundtrip_ms": summary(samples["roundtrip"]),
+        "worker_exit_code": code,
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="smaller N everywhere")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
+                        help="event loop for the worker processes and the async client")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+
+    n_single = 3_000 if args.quick else 10_000
+    n_bulk = 20_000 if args.quick else 100_000
+    n_process = 10_000 if args.quick else 20_000
+    n_latency = 100 if args.quick else 200
+    backend = args.backend
+
+    server = RedisServer(appendonly=False)
+    server.start()
+    log_path = Path(tempfile.mkstemp(prefix="panqueue-bench-worker-", suffix=".log")[1])
+    try:
+        assert server.pid is not None
+        machine = machine_info(server)
+        r = redis.Redis.from_url(server.url)
+        print(f"panqueue benchmark, {machine['date']}  (mode: {'quick' if args.quick else 'full'}"
+              f", backend: {backend})")
+        print(f"machine: {machine['nproc']} CPUs, {machine['cpu_model']}, Linux "
+              f"{machine['kernel']}; Python {machine['python']}; redis-py {machine['redis_py']}"
+              f" (hiredis {machine['hiredis'] or 'not installed'})")
+        print(f"panqueue {machine['panqueue']}")
+        print(f"server:  {machine['redis_server']}")
+        print(f"         private instance on 127.0.0.1:{server.port}, appendonly OFF, "
+              "RDB snapshots off (figures exclude persistence cost)")
+        print()
+
+        with open(log_path, "ab") as log_file:
+            log(f"enqueue: {n_single} single adds (async client on {backend})")
+            single_async = anyio.run(enqueue_async, server.url, n_single, backend=backend)
+            log(f"enqueue: {n_single} single adds (sync client)")
+            single_sync = enqueue_sync(server.url, n_single)
+            log(f"enqueue: {n_bulk} jobs with add_bulk, {BATCH} per batch")
+            bulk = anyio.run(enqueue_bulk, server.url, n_bulk, backend=backend)
+            r.flushdb()
+            log(f"process: {n_process} no-op jobs, one worker process, concurrency 50")
+            proc = process_rate(server.url, r, server.pid, n_process, backend, log_file)
+            r.flushdb()
+            log(f"latency: {n_latency} jobs, one at a time, idle worker (concurrency 1)")
+            lat = pickup_latency(server.url, r, n_latency, backend, log_file)
+    except BaseException:
+        sys.stderr.write(f"worker log ({log_path}):\n{log_path.read_text()}\n")
+        raise
+    finally:
+        server.cleanup()
+    worker_log = log_path.read_text().strip()
+    log_path.unlink()
+
+    rows = [
+        ("enqueue, single, QueueClient", f"{single_async:,.0f}", "jobs/s",
+         f"{n_single:,} sequential await add() ({backend})"),
+        ("enqueue, single, SyncQueueClient", f"{single_sync:,.0f}", "jobs/s",
+         f"{n_single:,} sequential add()"),
+        ("enqueue, bulk", f"{bulk:,.0f}", "jobs/s",
+         f"{n_bulk:,} jobs, add_bulk x {BATCH}"),
+        ("process rate, 1 worker process", f"{proc['jobs_per_s']:,.0f}", "jobs/s",
+         f"{n_process:,} no-op jobs, concurrency 50, {proc['span_s']:.2f} s "
+         f"(polled: {proc['jobs_per_s_polled']:,.0f}/s)"),
+        ("worker CPU per job", f"{proc['worker_cpu_us_per_job']:,.0f}", "µs/job",
+         f"worker process at {proc['worker_cpu_utilisation']:.0%} of one core"),
+        ("redis-server CPU per job", f"{proc['redis_cpu_us_per_job']:,.0f}", "µs/job",
+         "same window (add excluded)"),
+        ("pickup latency p50 / p95 / p99",
+         "{p50:.0f} / {p95:.0f} / {p99:.0f}".format(**lat["server_ms"]), "ms",
+         f"started_at - enqueued_at in Redis (1 ms resolution), n={n_latency}"),
+        ("pickup, add() call -> handler start",
+         "{p50:.2f} / {p95:.2f} / {p99:.2f}".format(**lat["handler_ms"]), "ms",
+         "p50 / p95 / p99, wall clock, includes the add round trip"),
+        ("round trip add -> result() p50",
+         "{p50:.2f}".format(**lat["roundtrip_ms"]), "ms",
+         "p95 {p95:.2f}, p99 {p99:.2f}".format(**lat["roundtrip_ms"])),
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    header = ("figure", "value", "unit", "notes")
+    widths = [max(w, len(h)) for w, h in zip(widths, header, strict=False)]
+    line = f"{header[0]:<{widths[0]}}  {header[1]:>{widths[1]}}  {header[2]:<{widths[2]}}  " \
+           f"{header[3]}"
+    print(line)
+    print("-" * (len(line) + max(len(row[3]) for row in rows) - len(header[3])))
+    for name, value, unit, note in rows:
+        print(f"{name:<{widths[0]}}  {value:>{widths[1]}}  {unit:<{widths[2]}}  {note}")
+    if worker_log:
+        print()
+        print("worker output (warnings and errors):")
+        print(worker_log)
+
+    if args.json:
+        payload = {
+            "machine": machine,
+            "mode": "quick" if args.quick else "full",
+            "backend": backend,
+            "appendonly": False,
+            "command": " ".join([".venv/bin/python", "scripts/bench.py",
+                                 *(sys.argv[1:] if argv is None else argv)]),
+            "enqueue": {"single_async_jobs_per_s": single_async,
+                        "single_sync_jobs_per_s": single_sync,
+                        "bulk_jobs_per_s": bulk, "n_single": n_single, "n_bulk": n_bulk,
+                        "bulk_batch": BATCH},
+            "process": proc,
+            "latency": lat,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"\nfigures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
