@@ -12,7 +12,7 @@ from panqueue._client import (
     SyncQueueClient,
 )
 from panqueue._job import ErrorInfo, Fail, Job, JobInfo, JobState, Retry
-from panqueue._options import Backoff, JobOptions
+from panqueue._options import Backoff, JobOptions, Limits
 from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
 from panqueue._worker import Worker
@@ -45,6 +45,7 @@ __all__ = [
     "JobNotFound",
     "JobOptions",
     "JobState",
+    "Limits",
     "LockLost",
     "PanqueueError",
     "PayloadError",

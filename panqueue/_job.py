@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -13,7 +13,7 @@ import msgpack
 from panqueue._codec import decode
 from panqueue._options import JobOptions
 
-__all__ = ["ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry", "from_ms"]
+__all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry", "from_ms"]
 
 
 class JobState(enum.StrEnum):
@@ -138,32 +138,67 @@ def _no_ext(code: int, data: bytes) -> Any:
     return None
 
 
-Reporter = Callable[[str, str, Any], Awaitable[None]]
+class _Done:
+    """An awaitable that is already complete: what ``job.progress()`` returns in a thread or a
+    child process, where the report was made synchronously (awaiting it is harmless)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # pragma: no cover - makes this a generator
+
+
+DONE = _Done()
+
+# How a Job reports progress/log lines: (kind 'p' or 'l', value) -> awaitable.
+Sink = Callable[[str, Any], Awaitable[None]]
+
+
+def _never() -> bool:
+    return False
 
 
 class Job:
-    """The job a handler runs: its data and a way to report progress and log lines."""
+    """The job a handler runs: its data, and ways to report progress and ask whether to stop.
 
-    __slots__ = ("_report", "attempt", "data", "enqueued_at", "id", "options", "queue", "token")
+    In async handlers ``await job.progress(50)``; in thread and subprocess handlers the same
+    methods are plain calls (``job.progress(50)``): they report at once and return an awaitable
+    that is already done.
+    """
+
+    __slots__ = ("_sink", "_stop", "attempt", "data", "enqueued_at", "id", "options", "queue")
 
     def __init__(self, *, id: str, queue: str, data: Any, attempt: int, options: JobOptions,
-                 enqueued_at: datetime | None, token: str, report: Reporter) -> None:
+                 enqueued_at: datetime | None, sink: Sink,
+                 should_stop: Callable[[], bool] = _never) -> None:
         self.id = id
         self.queue = queue
         self.data = data
         self.attempt = attempt
         self.options = options
         self.enqueued_at = enqueued_at
-        self.token = token
-        self._report = report
+        self._sink = sink
+        self._stop = should_stop
 
-    async def progress(self, value: Any) -> None:
+    def progress(self, value: Any) -> Awaitable[None]:
         """Record progress (0..100 or any JSON-compatible value); visible in ``info()``."""
-        await self._report(self.id, "p", value)
+        return self._sink("p", value)
 
-    async def log(self, message: str) -> None:
+    def log(self, message: str) -> Awaitable[None]:
         """Append a line to the job's log (the newest lines are kept, up to a cap)."""
-        await self._report(self.id, "l", str(message))
+        return self._sink("l", str(message))
+
+    def should_stop(self) -> bool:
+        """True once the worker is shutting down or the job was cancelled: a long-running
+        handler should return (or raise) soon. Always cheap; no I/O."""
+        return self._stop()
+
+    def rebind(self, sink: Sink, should_stop: Callable[[], bool]) -> Job:
+        """The same job with another way to report (used by executors)."""
+        return Job(id=self.id, queue=self.queue, data=self.data, attempt=self.attempt,
+                   options=self.options, enqueued_at=self.enqueued_at, sink=sink,
+                   should_stop=should_stop)
 
     def __repr__(self) -> str:
         return f"<Job {self.queue}/{self.id} attempt={self.attempt}>"

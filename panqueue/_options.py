@@ -127,3 +127,40 @@ def options_to_wire(attempts: int | None, backoff: Backoff | None,
         wire["timeout"] = check_positive(timeout, "timeout")
     return wire
 
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits of a subprocess handler's child process (``resource.setrlimit``).
+
+    ``memory_mb``: address-space limit (RLIMIT_AS); allocations beyond it fail with MemoryError.
+    ``cpu_seconds``: CPU time of the child (RLIMIT_CPU); the kernel kills it past the limit.
+    ``open_files``: file descriptors (RLIMIT_NOFILE).
+    """
+
+    memory_mb: int | None = None
+    cpu_seconds: int | None = None
+    open_files: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("memory_mb", "cpu_seconds", "open_files"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"Limits.{name} must be an int >= 1, got {value!r}")
+
+
+# What a subprocess handler's child inherits from the worker's environment when env= is not
+# given: enough to find programs and decode text, nothing that could hold a secret.
+DEFAULT_CHILD_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Isolation:
+    """How the subprocess executor isolates a handler (see docs/executors.md)."""
+
+    env: tuple[str, ...] = DEFAULT_CHILD_ENV
+    cwd: str | None = None
+    limits: Limits | None = None
+    max_jobs_per_child: int | None = None
+    new_session: bool = True

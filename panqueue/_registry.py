@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from panqueue._keys import check_queue_name
 from panqueue._options import (
+    DEFAULT_CHILD_ENV,
     Backoff,
+    Isolation,
     JobOptions,
+    Limits,
     check_attempts,
     check_positive,
     check_priority,
@@ -37,6 +40,7 @@ class HandlerOptions:
     max_stalls: int
     keep_completed: int
     keep_failed: int
+    isolation: Isolation | None = None
 
 
 class Handler(Generic[P, R]):
@@ -82,6 +86,11 @@ class Registry:
         max_stalls: int = 1,
         keep_completed: int = 1000,
         keep_failed: int = 10_000,
+        limits: Limits | None = None,
+        env: Sequence[str] | None = None,
+        cwd: str | None = None,
+        max_jobs_per_child: int | None = None,
+        new_session: bool = True,
         **job_defaults: Any,
     ) -> Callable[[Callable[P, R]], Handler[P, R]]:
         """Register the decorated function as the handler of ``queue_id``.
@@ -93,6 +102,8 @@ class Registry:
         of it while the job runs); a worker that dies loses its jobs to the stalled sweep after
         this long. ``max_stalls``: how often a job may stall before it fails with "stalled".
         ``keep_completed``/``keep_failed``: how many finished jobs the queue keeps (-1: all).
+        ``limits``, ``env`` (the environment variables a child may inherit), ``cwd``,
+        ``max_jobs_per_child`` and ``new_session`` configure ``executor="subprocess"``.
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
         ``client.queue(handler)``.
         """
@@ -123,6 +134,7 @@ class Registry:
             backoff=backoff if backoff is not None else JobOptions().backoff,
             timeout=None if timeout is None else check_positive(timeout, "timeout"),
         )
+        isolation = _isolation(name, limits, env, cwd, max_jobs_per_child, new_session)
         options = HandlerOptions(
             executor=executor,
             concurrency=concurrency,
@@ -131,6 +143,7 @@ class Registry:
             max_stalls=max_stalls,
             keep_completed=keep_completed,
             keep_failed=keep_failed,
+            isolation=isolation,
         )
 
         def register(fn: Callable[P, R]) -> Handler[P, R]:
@@ -138,7 +151,7 @@ class Registry:
                 raise ConfigError(f"handler for queue {name!r} must be callable, got {fn!r}")
             from panqueue.executors import check_executor
 
-            check_executor(options.executor, fn, name)
+            check_executor(options.executor, fn, name, isolated=isolation is not None)
             handler = Handler(name, fn, options, dict(job_defaults))
             self._handlers[name] = handler
             return handler
@@ -164,3 +177,23 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._handlers)
+
+
+def _isolation(queue: str, limits: Limits | None, env: Sequence[str] | None, cwd: str | None,
+               max_jobs_per_child: int | None, new_session: bool) -> Isolation | None:
+    """The subprocess options, validated; None when none was given."""
+    if limits is None and env is None and cwd is None and max_jobs_per_child is None \
+            and new_session:
+        return None
+    if limits is not None and not isinstance(limits, Limits):
+        raise ConfigError(f"limits for queue {queue!r} must be a panqueue.Limits, got {limits!r}")
+    if env is not None and (isinstance(env, str) or not all(isinstance(v, str) for v in env)):
+        raise ConfigError(f"env for queue {queue!r} must be a list of variable names, "
+                          f"got {env!r}")
+    if max_jobs_per_child is not None and (isinstance(max_jobs_per_child, bool) or not
+                                           isinstance(max_jobs_per_child, int)
+                                           or max_jobs_per_child < 1):
+        raise ConfigError(f"max_jobs_per_child must be an int >= 1, got {max_jobs_per_child!r}")
+    return Isolation(env=DEFAULT_CHILD_ENV if env is None else tuple(env), cwd=cwd,
+                     limits=limits, max_jobs_per_child=max_jobs_per_child,
+                     new_session=new_session)

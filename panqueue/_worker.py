@@ -16,6 +16,7 @@ import socket
 import time
 import traceback
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ from panqueue._url import resolve_url
 from panqueue.errors import ConnectionError, LockLost, PayloadError
 from panqueue.executors import create_executor
 from panqueue.executors.base import Executor, JobTimeout
+from panqueue.executors.subprocess import ChildCrashed, RemoteError
 
 __all__ = ["Worker"]
 
@@ -58,6 +60,10 @@ class _Running:
     lost: bool = False  # lock lost: another worker may own the job now; do not finish it
     forced: bool = False  # forced shutdown: release the job back to waiting
     cancel_requested: bool = False  # cancel(queue, id) was called for this job
+    stopping: bool = False  # the worker is shutting down
+
+    def should_stop(self) -> bool:
+        return self.stopping or self.cancel_requested or self.lost
 
 
 class Worker:
@@ -180,6 +186,8 @@ class Worker:
         if not self._stopping:
             self._stopping = True
             self._log.info("worker stopping", running=len(self._running), grace=self.grace)
+            for running in self._running.values():
+                running.stopping = True
             if self._executor is not None:
                 self._executor.request_stop()
         # Interrupts the claim loop wherever it waits (for a slot or for work); the claim call
@@ -258,17 +266,22 @@ class Worker:
         """Run one job and record the outcome; returns the next job claimed for this slot."""
         handler_options = self.handler.options.job
         job_options = handler_options.merged(decode(claimed.options) if claimed.options else None)
-        running = _Running(token)
+        running = _Running(token, stopping=self._stopping)
         self._running[claimed.id] = running
         log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt)
         started = time.monotonic()
         outcome: Any = None
         error: BaseException | None = None
         try:
-            job = Job(id=claimed.id, queue=self.keys.name, data=decode(claimed.data),
+            job_id = claimed.id
+
+            def sink(kind: str, value: Any) -> Awaitable[None]:
+                return self._report(job_id, kind, value)
+
+            job = Job(id=job_id, queue=self.keys.name, data=decode(claimed.data),
                       attempt=claimed.attempt, options=job_options,
-                      enqueued_at=from_ms(claimed.enqueued_at_ms), token=token,
-                      report=self._report)
+                      enqueued_at=from_ms(claimed.enqueued_at_ms), sink=sink,
+                      should_stop=running.should_stop)
             with running.scope:
                 outcome = await self._executor.run(job, job_options.timeout)  # type: ignore[union-attr]
         except Exception as exc:
@@ -338,12 +351,15 @@ class Worker:
             delay = error.delay
         elif claimed.attempt < attempts:
             delay = backoff.delay_for(claimed.attempt)
-        info = ErrorInfo(
-            type=type(error).__name__,
-            message=str(error),
-            traceback=None if isinstance(error, (Fail, Retry, JobTimeout)) else "".join(
-                traceback.format_exception(error)),
-        )
+        if isinstance(error, RemoteError):  # raised in a subprocess handler's child
+            info = ErrorInfo(error.type_name, str(error), error.traceback)
+        else:
+            info = ErrorInfo(
+                type=type(error).__name__,
+                message=str(error),
+                traceback=None if isinstance(error, (Fail, Retry, JobTimeout, ChildCrashed))
+                else "".join(traceback.format_exception(error)),
+            )
         entry = encode({"attempt": claimed.attempt, "type": info.type, "message": info.message,
                         "duration_ms": round(duration * 1000)})
         transport = self._transport

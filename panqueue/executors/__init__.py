@@ -1,4 +1,5 @@
-"""Executors run handlers: ``inline`` (event loop), plus plug-ins by name.
+"""Executors run handlers: ``inline`` (the event loop), ``thread`` (a pool of threads for
+blocking code), ``subprocess`` (isolated child processes), plus plug-ins by name.
 
 Third-party executors register a subclass of :class:`Executor` under the entry-point group
 ``panqueue.executors`` and are then selected with ``executor="<name>"``.
@@ -13,13 +14,27 @@ from typing import TYPE_CHECKING, Any
 from panqueue.errors import ConfigError
 from panqueue.executors.base import Executor, JobTimeout
 from panqueue.executors.inline import InlineExecutor
+from panqueue.executors.subprocess import SubprocessExecutor
+from panqueue.executors.thread import ThreadExecutor
 
 if TYPE_CHECKING:
     from panqueue._registry import Handler
 
-__all__ = ["Executor", "InlineExecutor", "JobTimeout", "check_executor", "create_executor"]
+__all__ = [
+    "Executor",
+    "InlineExecutor",
+    "JobTimeout",
+    "SubprocessExecutor",
+    "ThreadExecutor",
+    "check_executor",
+    "create_executor",
+]
 
-_BUILTIN: dict[str, type[Executor]] = {"inline": InlineExecutor}
+_BUILTIN: dict[str, type[Executor]] = {
+    "inline": InlineExecutor,
+    "thread": ThreadExecutor,
+    "subprocess": SubprocessExecutor,
+}
 
 
 def _lookup(name: str) -> type[Executor]:
@@ -45,14 +60,14 @@ def _resolve(spec: Any, fn: Any) -> type[Executor]:
     raise ConfigError(f"executor must be a name or an Executor subclass, got {spec!r}")
 
 
-def check_executor(spec: Any, fn: Any, queue: str) -> None:
+def check_executor(spec: Any, fn: Any, queue: str, *, isolated: bool = False) -> None:
     """Validate at registration time that ``spec`` can run ``fn``."""
     cls = _resolve(spec, fn)
-    if cls is InlineExecutor and not inspect.iscoroutinefunction(fn):
+    if isolated and not getattr(cls, "isolates", False):
         raise ConfigError(
-            f"handler for queue {queue!r} is a plain function; the inline executor runs "
-            "async functions only (use executor='thread' for blocking code)"
-        )
+            f"limits/env/cwd/max_jobs_per_child/new_session for queue {queue!r} apply to "
+            f"executor='subprocess' only (this handler uses {cls.name!r})")
+    cls.check_handler(fn, queue)
 
 
 def create_executor(handler: Handler[Any, Any]) -> Executor:

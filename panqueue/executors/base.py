@@ -31,11 +31,17 @@ class Executor(ABC):
     """
 
     name: ClassVar[str] = "executor"
+    #: Whether the executor honours the subprocess isolation options (limits, env, cwd, ...).
+    isolates: ClassVar[bool] = False
 
     def __init__(self, handler: Handler[Any, Any]) -> None:
         self.handler = handler
 
-    async def start(self) -> None:  # noqa: B027 - optional hook
+    @classmethod
+    def check_handler(cls, fn: Any, queue: str) -> None:
+        """Raise ConfigError at registration if this executor cannot run ``fn``."""
+
+    async def start(self) -> None:
         """Prepare resources (pools, child processes). Default: nothing."""
 
     @abstractmethod
@@ -45,8 +51,8 @@ class Executor(ABC):
         Raises what the handler raised, or :class:`JobTimeout` after ``timeout`` seconds.
         """
 
-    def request_stop(self) -> None:  # noqa: B027 - optional hook
+    def request_stop(self) -> None:
         """Phase one of shutdown: ask running jobs to finish. Default: nothing."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
+    async def aclose(self) -> None:
         """Release resources once no job runs. Default: nothing."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import anyio
 
 from panqueue._job import Job
+from panqueue.errors import ConfigError
 from panqueue.executors.base import Executor, JobTimeout
 
 __all__ = ["InlineExecutor"]
@@ -16,6 +18,13 @@ class InlineExecutor(Executor):
     """Awaits the handler coroutine directly. Forced shutdown is plain cancellation."""
 
     name = "inline"
+
+    @classmethod
+    def check_handler(cls, fn: Any, queue: str) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigError(
+                f"handler for queue {queue!r} is a plain function; the inline executor runs "
+                "async functions only (use executor='thread' for blocking code)")
 
     async def run(self, job: Job, timeout: float | None) -> Any:
         if timeout is None:

@@ -1,0 +1,165 @@
+"""The child side of the subprocess executor (runs in the child process only).
+
+Protocol: frames of a 4-byte big-endian length and a msgpack map, over the child's original
+stdin/stdout (the handler's own prints go to stderr). The parent's first frame configures the
+child; the child answers ``ready``. Then, per job: parent ``run`` -> child ``p``/``l``
+(progress, log) ... ``done``. A ``stop`` frame at any time makes ``job.should_stop()`` true.
+The handler is imported by its module path from the parent's registry: no code ever travels
+through the frames or through Redis.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import queue
+import resource
+import struct
+import sys
+import threading
+import traceback
+from typing import Any, BinaryIO
+
+import msgpack
+
+_HEADER = struct.Struct(">I")
+
+
+class FrameIO:
+    """Length-prefixed msgpack frames over two file objects."""
+
+    def __init__(self, reader: BinaryIO, writer: BinaryIO) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._write_lock = threading.Lock()
+
+    def read(self) -> dict[str, Any] | None:
+        header = self._reader.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return None
+        (size,) = _HEADER.unpack(header)
+        body = self._reader.read(size)
+        frame: dict[str, Any] = msgpack.unpackb(body, raw=False)
+        return frame
+
+    def write(self, frame: dict[str, Any]) -> None:
+        body = msgpack.packb(frame, use_bin_type=True)
+        with self._write_lock:
+            self._writer.write(_HEADER.pack(len(body)) + body)
+            self._writer.flush()
+
+
+def _apply_limits(limits: dict[str, Any]) -> None:
+    if limits.get("memory_mb"):
+        size = int(limits["memory_mb"]) * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (size, size))
+    if limits.get("open_files"):
+        n = int(limits["open_files"])
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def _limit_cpu_for_next_job(cpu_seconds: int | None) -> None:
+    """RLIMIT_CPU counts the child's whole life: give each job its own budget from now."""
+    if not cpu_seconds:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = int(usage.ru_utime + usage.ru_stime) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = used + int(cpu_seconds)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _load_handler(path: str) -> Any:
+    module_name, _, qualname = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return getattr(obj, "fn", obj)  # a registered Handler wraps the function
+
+
+def main() -> None:
+    # Keep the protocol's pipes private: fd 0 becomes /dev/null, fd 1 the same as stderr.
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    frames = FrameIO(proto_in, proto_out)
+
+    config = frames.read()
+    if config is None:
+        return
+    _apply_limits(config.get("limits") or {})
+    from panqueue._codec import check_json_compatible
+    from panqueue._job import DONE, Job
+    from panqueue._options import JobOptions
+
+    fn = _load_handler(config["handler"])
+    cpu_seconds = (config.get("limits") or {}).get("cpu_seconds")
+    frames.write({"t": "ready", "pid": os.getpid()})
+
+    jobs: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def read_frames() -> None:
+        while True:
+            frame = frames.read()
+            if frame is None:
+                jobs.put(None)
+                return
+            if frame.get("t") == "stop":
+                stop.set()
+            elif frame.get("t") == "run":
+                jobs.put(frame)
+
+    threading.Thread(target=read_frames, daemon=True).start()
+
+    while True:
+        frame = jobs.get()
+        if frame is None:
+            return
+        _limit_cpu_for_next_job(cpu_seconds)
+
+        def sink(kind: str, value: Any) -> Any:
+            if kind == "p":
+                check_json_compatible(value, "progress")
+            frames.write({"t": kind, "v": value})
+            return DONE
+
+        job = Job(id=frame["id"], queue=frame["queue"], data=frame["data"],
+                  attempt=frame["attempt"], options=JobOptions(),
+                  enqueued_at=None, sink=sink, should_stop=stop.is_set)
+        frames.write(_run_one(fn, job, check_json_compatible))
+
+
+def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
+    from panqueue._job import Fail, Retry
+
+    try:
+        if inspect.iscoroutinefunction(fn):
+            import asyncio
+
+            result = asyncio.run(fn(job))
+        else:
+            result = fn(job)
+        check(result, "result")
+        return {"t": "done", "ok": True, "r": result}
+    except BaseException as exc:
+        error = {"type": type(exc).__name__, "message": str(exc),
+                 "traceback": "".join(traceback.format_exception(exc))}
+        frame: dict[str, Any] = {"t": "done", "ok": False, "e": error}
+        if isinstance(exc, Retry):
+            frame["retry"] = exc.delay
+        elif isinstance(exc, Fail):
+            frame["fail"] = exc.reason
+        elif isinstance(exc, MemoryError):
+            frame["recycle"] = True  # the interpreter may be in a bad state: use a fresh child
+        return frame
+
+
+if __name__ == "__main__":
+    main()

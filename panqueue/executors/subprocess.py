@@ -1,0 +1,234 @@
+"""The subprocess executor: handlers in long-lived child processes, isolated per handler.
+
+Isolation (the Python counterpart of Deno's permission scoping): the child inherits only the
+environment variables named in ``env`` (default: PATH, LANG, LC_*, TZ), starts in ``cwd``, runs
+under ``resource.setrlimit`` limits (memory, CPU seconds per job, open files) and, by default,
+in a session of its own. Children start on demand, one per running job at most, and are replaced
+after ``max_jobs_per_child`` jobs or any crash. A child that dies mid-job fails the attempt with
+a message naming what happened; the retry policy then applies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgpack
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from panqueue._job import Fail, Job, Retry
+from panqueue._options import Isolation
+from panqueue.errors import ConfigError
+from panqueue.executors.base import Executor, JobTimeout
+
+__all__ = ["ChildCrashed", "RemoteError", "SubprocessExecutor"]
+
+_HEADER = struct.Struct(">I")
+# Seconds a child gets between SIGTERM and SIGKILL when it has to go.
+_TERM_GRACE = 1.0
+# The child's bootstrap: it needs panqueue and the handler's module importable without any
+# inherited PYTHONPATH, so the parent's sys.path travels as an argument.
+_BOOTSTRAP = (
+    "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+    "from panqueue.executors._child import main; main()"
+)
+
+
+class ChildCrashed(Exception):
+    """The child process died while running the job."""
+
+
+class RemoteError(Exception):
+    """An exception raised by the handler in the child, as the child reported it."""
+
+    def __init__(self, type_name: str, message: str, traceback: str | None) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.traceback = traceback
+
+
+def describe_exit(returncode: int, isolation: Isolation) -> str:
+    limits = isolation.limits
+    if returncode < 0:
+        signum = -returncode
+        if signum == signal.SIGXCPU and limits is not None and limits.cpu_seconds:
+            return f"child exceeded CPU limit {limits.cpu_seconds} s (SIGXCPU)"
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"child killed by {name}"
+    return f"child exited with code {returncode}"
+
+
+class _Child:
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        assert process.stdout is not None and process.stdin is not None
+        self._reader = BufferedByteReceiveStream(process.stdout)
+        self._writer = process.stdin
+        self.jobs = 0
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        body = msgpack.packb(frame, use_bin_type=True)
+        await self._writer.send(_HEADER.pack(len(body)) + body)
+
+    async def receive(self) -> dict[str, Any]:
+        (size,) = _HEADER.unpack(await self._reader.receive_exactly(_HEADER.size))
+        frame: dict[str, Any] = msgpack.unpackb(await self._reader.receive_exactly(size),
+                                                raw=False)
+        return frame
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def terminate(self) -> None:
+        """SIGTERM, then SIGKILL after a short grace; always reaps the process."""
+        with anyio.CancelScope(shield=True):
+            if self.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.terminate()
+                with anyio.move_on_after(_TERM_GRACE):
+                    await self.process.wait()
+                if self.process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.process.kill()
+                    await self.process.wait()
+            await self.process.aclose()
+
+
+class SubprocessExecutor(Executor):
+    """Runs each job in a child process; see the module docstring for the isolation model."""
+
+    name = "subprocess"
+    isolates = True
+
+    @classmethod
+    def check_handler(cls, fn: Any, queue: str) -> None:
+        if "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+            raise ConfigError(
+                f"handler for queue {queue!r} must be a module-level function for "
+                "executor='subprocess' (the child imports it by name)")
+
+    def __init__(self, handler: Any) -> None:
+        super().__init__(handler)
+        self.isolation: Isolation = handler.options.isolation or Isolation()
+        self._idle: list[_Child] = []
+        self._stopping: anyio.Event | None = None
+
+    async def start(self) -> None:
+        self._stopping = anyio.Event()
+
+    def _env(self) -> dict[str, str]:
+        return {name: os.environ[name] for name in self.isolation.env if name in os.environ}
+
+    async def _spawn(self) -> _Child:
+        process = await anyio.open_process(
+            [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+            env=self._env(), cwd=self.isolation.cwd,
+            start_new_session=self.isolation.new_session)
+        child = _Child(process)
+        limits = self.isolation.limits
+        try:
+            await child.send({
+                "handler": self.handler.import_path,
+                "limits": None if limits is None else {
+                    "memory_mb": limits.memory_mb, "cpu_seconds": limits.cpu_seconds,
+                    "open_files": limits.open_files},
+            })
+            ready = await child.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead):
+            await child.terminate()
+            raise ChildCrashed(
+                f"child could not start: {describe_exit(process.returncode or -1, self.isolation)}"
+                f" (is {self.handler.import_path} importable?)") from None
+        if ready.get("t") != "ready":
+            await child.terminate()
+            raise ChildCrashed(f"child sent {ready!r} instead of 'ready'")
+        return child
+
+    async def run(self, job: Job, timeout: float | None) -> Any:
+        assert self._stopping is not None, "start() was not called"
+        stopping = self._stopping
+        child = self._idle.pop() if self._idle else await self._spawn()
+        healthy = False
+        try:
+            await child.send({"t": "run", "id": job.id, "queue": job.queue, "data": job.data,
+                              "attempt": job.attempt})
+            with anyio.move_on_after(timeout) as scope:
+                async with anyio.create_task_group() as tg:
+
+                    async def relay_stop() -> None:
+                        await stopping.wait()
+                        await child.send({"t": "stop"})
+
+                    tg.start_soon(relay_stop)
+                    try:
+                        frame = await self._until_done(child, job)
+                    except Exception as exc:  # re-raised below, outside the task group
+                        error: Exception | None = exc
+                    else:
+                        error = None
+                    tg.cancel_scope.cancel()
+                if error is not None:
+                    raise error
+            if scope.cancelled_caught:
+                raise JobTimeout(timeout or 0)
+            child.jobs += 1
+            healthy = not frame.get("recycle")
+            return self._outcome(frame)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead):
+            with anyio.CancelScope(shield=True):
+                returncode = await child.process.wait()
+            raise ChildCrashed(describe_exit(returncode, self.isolation)) from None
+        finally:
+            limit = self.isolation.max_jobs_per_child
+            if healthy and child.alive and (limit is None or child.jobs < limit):
+                self._idle.append(child)
+            else:
+                # Cancelled (forced shutdown, cancel request), timed out, crashed or used up.
+                await child.terminate()
+
+    async def _until_done(self, child: _Child, job: Job) -> dict[str, Any]:
+        while True:
+            frame = await child.receive()
+            kind = frame.get("t")
+            if kind == "done":
+                return frame
+            if kind in ("p", "l"):
+                await job._sink(kind, frame.get("v"))
+
+    def _outcome(self, frame: dict[str, Any]) -> Any:
+        if frame.get("ok"):
+            return frame.get("r")
+        if "retry" in frame:
+            raise Retry(frame["retry"])
+        if "fail" in frame:
+            raise Fail(str(frame["fail"]))
+        error = frame.get("e") or {}
+        type_name = str(error.get("type", "Exception"))
+        message = str(error.get("message", ""))
+        limits = self.isolation.limits
+        if type_name == "MemoryError" and limits is not None and limits.memory_mb:
+            message = f"child exceeded memory limit {limits.memory_mb} MB"
+        raise RemoteError(type_name, message, error.get("traceback"))
+
+    def request_stop(self) -> None:
+        """Phase one: tell every busy child that its job should stop (``job.should_stop()``)."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def aclose(self) -> None:
+        children, self._idle = self._idle, []
+        for child in children:
+            await child.terminate()

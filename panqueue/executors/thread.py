@@ -1,0 +1,129 @@
+"""The thread executor: sync (blocking) handlers in daemon threads, off the event loop.
+
+The worker's async code (claiming, lock renewal, wake-ups) is never blocked by a handler. A
+Python thread cannot be killed: when an attempt times out, is cancelled or outlives the forced
+shutdown phase, the executor stops waiting for it and ``job.should_stop()`` turns true; the
+thread is a daemon thread, so it never keeps the process alive.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+from panqueue._job import DONE, Job
+from panqueue.errors import ConfigError
+from panqueue.executors.base import Executor, JobTimeout
+
+__all__ = ["ThreadExecutor"]
+
+
+class _DaemonThreads:
+    """Reusable daemon threads; grows when all are busy (the worker's semaphore bounds how many
+    jobs run, so the pool only exceeds the concurrency by threads that were abandoned)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                self._threads += 1
+                threading.Thread(target=self._loop, daemon=True,
+                                 name=f"{self._name}-{self._threads}").start()
+        self._work.put(fn)
+
+    def _loop(self) -> None:
+        while True:
+            fn = self._work.get()
+            if fn is None:
+                return
+            fn()
+            with self._lock:
+                self._idle += 1
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._work.put(None)
+
+
+async def _await(awaitable: Awaitable[None]) -> None:
+    await awaitable
+
+
+class ThreadExecutor(Executor):
+    """Runs sync handlers in threads; ``job.progress()``/``job.log()`` are plain calls there."""
+
+    name = "thread"
+
+    @classmethod
+    def check_handler(cls, fn: Any, queue: str) -> None:
+        import inspect
+
+        if inspect.iscoroutinefunction(fn):
+            raise ConfigError(f"handler for queue {queue!r} is async; the thread executor runs "
+                              "plain functions (use the default inline executor)")
+
+    def __init__(self, handler: Any) -> None:
+        super().__init__(handler)
+        self._threads = _DaemonThreads(f"panqueue-{handler.queue}")
+
+    async def run(self, job: Job, timeout: float | None) -> Any:
+        token = anyio.lowlevel.current_token()
+        done = anyio.Event()
+        outcome: list[tuple[bool, Any]] = []
+        abandoned = False
+        async_sink = job._sink
+
+        def sink(kind: str, value: Any) -> Awaitable[None]:
+            # Report from the handler's thread through the event loop, and wait for it.
+            if not abandoned:
+                anyio.from_thread.run(_await, async_sink(kind, value), token=token)
+            return DONE
+
+        def should_stop() -> bool:
+            return abandoned or job.should_stop()
+
+        thread_job = job.rebind(sink, should_stop)
+        fn = self.handler.fn
+
+        def work() -> None:
+            try:
+                outcome.append((True, fn(thread_job)))
+            except BaseException as exc:  # handed to the event loop, which re-raises it
+                outcome.append((False, exc))
+            try:
+                anyio.from_thread.run_sync(done.set, token=token)
+            except anyio.RunFinishedError:
+                pass  # the worker is gone; nobody waits for this thread any more
+
+        self._threads.submit(work)
+        try:
+            with anyio.move_on_after(timeout) as scope:
+                await done.wait()
+        finally:
+            if not done.is_set():
+                abandoned = True  # cancelled (shutdown, cancel request, lock lost) or timeout
+        if scope.cancelled_caught:
+            raise JobTimeout(timeout or 0)
+        ok, value = outcome[0]
+        if ok:
+            return value
+        raise value
+
+    async def aclose(self) -> None:
+        self._threads.close()

@@ -1,0 +1,324 @@
+"""The thread and subprocess executors: parallelism, isolation, limits, crashes, timeouts,
+reporting, and the two-phase shutdown, on asyncio and trio."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import (
+    ConfigError,
+    Executor,
+    Job,
+    JobFailed,
+    JobState,
+    Limits,
+    QueueClient,
+    Registry,
+    Worker,
+)
+from tests.helpers import APPS, async_wait_until
+
+sys.path.insert(0, str(APPS))
+import exec_app  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def app_url(redis_url: str) -> Iterator[None]:
+    os.environ["EXEC_APP_URL"] = redis_url
+    yield
+    os.environ.pop("EXEC_APP_URL", None)
+
+
+@asynccontextmanager
+async def running(queue: str, url: str, registry: Registry = exec_app.queues,
+                  **options: Any) -> AsyncIterator[Worker]:
+    worker = Worker(registry, queue, url=url, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            await worker.shutdown(grace=5)
+
+
+async def add_and_wait(url: str, queue: str, data: Any = None, timeout: float = 20) -> Any:
+    async with QueueClient(url) as client:
+        handle = await client.queue(queue).add(data)
+        return await handle.result(timeout=timeout)
+
+
+async def failure_of(url: str, queue: str, data: Any = None) -> tuple[JobFailed, Any]:
+    async with QueueClient(url) as client:
+        handle = await client.queue(queue).add(data)
+        with pytest.raises(JobFailed) as failed:
+            await handle.result(timeout=30)
+        return failed.value, await handle.info()
+
+
+# ----------------------------------------------------------------------------- thread
+
+
+async def test_thread_pool_runs_handlers_in_parallel(redis_url: str,
+                                                     redis_client: redis.Redis) -> None:
+    async with QueueClient(redis_url) as client, running("t-parallel", redis_url):
+        handles = await client.queue("t-parallel").add_bulk(list(range(8)))
+        for handle in handles:
+            await handle.result(timeout=20)
+    assert int(redis_client.get("t-parallel:peak") or 0) == 4
+
+
+async def test_thread_handler_reports_progress_and_logs(redis_url: str) -> None:
+    async with QueueClient(redis_url) as client, running("t-report", redis_url):
+        handle = await client.queue("t-report").add({})
+        assert await handle.result(timeout=10) == "ok"
+        info = await handle.info()
+    assert info.progress == 40
+    assert info.logs == ["from a thread"]
+
+
+async def test_thread_timeout_fails_the_attempt(redis_url: str) -> None:
+    async with running("t-timeout", redis_url):
+        failed, info = await failure_of(redis_url, "t-timeout")
+    assert info.failure_reason == "timeout"
+    assert failed.error is not None and failed.error.type == "JobTimeout"
+
+
+async def test_thread_stuck_past_grace_is_abandoned_and_its_job_released(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue("t-stuck").add({})
+        worker = Worker(exec_app.queues, "t-stuck", url=redis_url)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            await async_wait_until(_started(redis_client, "t-stuck:started"), what="job start")
+            started = time.monotonic()
+            await worker.shutdown(grace=0.2)
+            assert time.monotonic() - started < 3  # does not wait for the sleeping thread
+        info = await handle.info()
+    assert info.state is JobState.WAITING
+    assert info.attempts == 0
+
+
+async def test_thread_handler_checking_should_stop_finishes_in_phase_one(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue("t-cooperative").add({})
+        worker = Worker(exec_app.queues, "t-cooperative", url=redis_url)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            await async_wait_until(_started(redis_client, "t-cooperative:started"),
+                                   what="job start")
+            await worker.shutdown(grace=10)
+        info = await handle.info()
+    assert info.state is JobState.COMPLETED
+    assert info.result == "stopped cleanly"
+
+
+# ----------------------------------------------------------------------------- subprocess
+
+
+async def test_child_sees_only_allowed_environment_variables(redis_url: str) -> None:
+    os.environ["PANQUEUE_TEST_SECRET"] = "hunter2"
+    os.environ["PANQUEUE_VISIBLE"] = "yes"
+    try:
+        async with running("s-env", redis_url):
+            result = await add_and_wait(redis_url, "s-env")
+    finally:
+        del os.environ["PANQUEUE_TEST_SECRET"], os.environ["PANQUEUE_VISIBLE"]
+    assert result["secret"] is None
+    assert result["visible"] == "yes"
+    assert int(result["pid"]) != os.getpid()
+
+
+async def test_child_reports_progress_and_logs_and_prints_do_not_break_it(
+        redis_url: str) -> None:
+    async with QueueClient(redis_url) as client, running("s-report", redis_url):
+        handle = await client.queue("s-report").add({})
+        pid = await handle.result(timeout=20)
+        info = await handle.info()
+    assert pid != os.getpid()
+    assert info.progress == {"step": 1}
+    assert info.logs == ["from a child"]
+
+
+async def test_child_over_its_memory_limit_fails_with_a_clear_error(redis_url: str) -> None:
+    async with running("s-memory", redis_url):
+        failed, _ = await failure_of(redis_url, "s-memory")
+    assert failed.error is not None
+    assert failed.error.type == "MemoryError"
+    assert failed.error.message == "child exceeded memory limit 256 MB"
+
+
+async def test_child_over_its_cpu_limit_is_killed_with_a_clear_error(redis_url: str) -> None:
+    async with running("s-cpu-limit", redis_url):
+        failed, _ = await failure_of(redis_url, "s-cpu-limit")
+    assert failed.error is not None
+    assert failed.error.type == "ChildCrashed"
+    assert failed.error.message == "child exceeded CPU limit 1 s (SIGXCPU)"
+
+
+async def test_child_crashes_fail_the_job_and_the_worker_carries_on(redis_url: str) -> None:
+    async with running("s-crash", redis_url):
+        failed, _ = await failure_of(redis_url, "s-crash", {"how": "exit"})
+        assert failed.error is not None and failed.error.message == "child exited with code 3"
+        failed, _ = await failure_of(redis_url, "s-crash", {"how": "kill"})
+        assert failed.error is not None and failed.error.message == "child killed by SIGKILL"
+        pid = await add_and_wait(redis_url, "s-crash", {"how": "fine"})
+    assert isinstance(pid, int) and pid != os.getpid()
+
+
+async def test_child_ignoring_sigterm_is_killed_after_grace_and_job_released(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue("s-ignore-term").add({})
+        worker = Worker(exec_app.queues, "s-ignore-term", url=redis_url)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            await async_wait_until(_started(redis_client, "s-ignore-term:started"),
+                                   timeout=20, what="job start")
+            child_pid = int(redis_client.lindex("s-ignore-term:started", 0) or 0)
+            started = time.monotonic()
+            await worker.shutdown(grace=0.3)
+            # grace + SIGTERM grace (1 s) + a small bound
+            assert time.monotonic() - started < 4
+        info = await handle.info()
+    assert info.state is JobState.WAITING
+    assert not _pid_alive(child_pid)
+
+
+async def test_child_checking_should_stop_finishes_in_phase_one(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue("s-cooperative").add({})
+        worker = Worker(exec_app.queues, "s-cooperative", url=redis_url)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            await async_wait_until(_started(redis_client, "s-cooperative:started"),
+                                   timeout=20, what="job start")
+            await worker.shutdown(grace=10)
+        info = await handle.info()
+    assert info.state is JobState.COMPLETED
+    assert info.result == "stopped cleanly"
+
+
+async def test_child_timeout_kills_the_child_and_fails_the_attempt(redis_url: str) -> None:
+    async with running("s-timeout", redis_url):
+        started = time.monotonic()
+        failed, info = await failure_of(redis_url, "s-timeout")
+        assert time.monotonic() - started < 4
+    assert info.failure_reason == "timeout"
+
+
+async def test_children_are_recycled_after_max_jobs(redis_url: str) -> None:
+    async with running("s-recycle", redis_url):
+        pids = [await add_and_wait(redis_url, "s-recycle") for _ in range(5)]
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
+
+
+async def test_async_handler_runs_in_a_child_too(redis_url: str) -> None:
+    async with running("s-async", redis_url):
+        assert await add_and_wait(redis_url, "s-async", 7) == "async in child 7"
+
+
+# ----------------------------------------------------------------------------- no false stalls
+
+
+@pytest.mark.parametrize("queue", ["t-cpu", "s-cpu"])
+async def test_cpu_bound_job_longer_than_its_lock_ttl_runs_exactly_once(
+        redis_url: str, redis_client: redis.Redis, queue: str, anyio_backend: str) -> None:
+    # 10 s of CPU with lock_ttl=2: renewal must not depend on the handler yielding. The trio
+    # run uses 5 s to keep the suite short; both are well past the lock TTL.
+    seconds = 10.0 if anyio_backend == "asyncio" else 5.0
+    async with QueueClient(redis_url) as client, running(queue, redis_url):
+        handle = await client.queue(queue).add({"seconds": seconds})
+        await handle.result(timeout=60)
+        info = await handle.info()
+    assert info.state is JobState.COMPLETED
+    assert info.history == []  # never stalled
+    assert redis_client.hget("cpu-runs", handle.id) == b"1"
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+async def test_registration_errors_name_the_problem() -> None:
+    registry = Registry()
+    with pytest.raises(ConfigError, match="subprocess' only"):
+        registry.handler("a", limits=Limits(memory_mb=64))(_async_noop)
+    with pytest.raises(ConfigError, match="module-level function"):
+        def nested(job: Job) -> None: ...
+        registry.handler("b", executor="subprocess")(nested)
+    with pytest.raises(ConfigError, match="async; the thread executor"):
+        registry.handler("c", executor="thread")(_async_noop)
+    with pytest.raises(ConfigError, match="unknown executor 'warp'"):
+        registry.handler("d", executor="warp")(_async_noop)
+    with pytest.raises(ConfigError, match="memory_mb"):
+        Limits(memory_mb=0)
+    # A plain function without executor= gets the thread executor.
+    handler = registry.handler("e")(_sync_noop)
+    assert handler.options.executor is None
+
+
+async def _async_noop(job: Job) -> None: ...
+
+
+def _sync_noop(job: Job) -> None: ...
+
+
+async def test_third_party_executor_is_selected_by_entry_point_name(
+        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pq_plugin.py").write_text(
+        "from panqueue import Executor\n"
+        "class Doubling(Executor):\n"
+        "    name = 'doubling'\n"
+        "    async def run(self, job, timeout):\n"
+        "        return 2 * await self.handler.fn(job)\n")
+    dist = tmp_path / "pq_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pq-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[panqueue.executors]\ndoubling = pq_plugin:Doubling\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry()
+
+    @registry.handler("plugged", executor="doubling")
+    async def answer(job: Job) -> int:
+        return 21
+
+    async with running("plugged", redis_url, registry=registry):
+        assert await add_and_wait(redis_url, "plugged") == 42
+    assert issubclass(type(Executor), type)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _started(client: redis.Redis, key: str) -> Any:
+    async def check() -> bool:
+        return bool(client.llen(key))
+
+    return check
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is not running either.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
