@@ -37,7 +37,7 @@ from panqueue._store.transport import (
     open_async_transport,
 )
 from panqueue._url import resolve_url
-from panqueue.errors import ConnectionError, LockLost, PayloadError
+from panqueue.errors import ConnectionError, LockLost, PanqueueError, PayloadError
 from panqueue.executors import create_executor
 from panqueue.executors.base import Executor, JobTimeout
 from panqueue.executors.subprocess import ChildCrashed, RemoteError
@@ -143,9 +143,12 @@ class Worker:
             await transport.execute(Command(("HSETNX", self.keys.meta, "v", SCHEMA_VERSION)))
             self._executor = create_executor(self.handler)
             await self._executor.start()
+            # Subscribed before the first claim (no lost wake-up), and outside the task group so
+            # that a refusal at start is raised as itself.
+            subscriber = await transport.subscribe(self.keys.notify)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                await tg.start(self._listen)
+                tg.start_soon(self._listen, subscriber)
                 tg.start_soon(self._renew_loop)
                 tg.start_soon(self._maintenance_loop)
                 self._log.info("worker started", concurrency=self.concurrency,
@@ -453,19 +456,18 @@ class Worker:
 
     # ------------------------------------------------------------------ background tasks
 
-    async def _listen(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    async def _listen(self, first: AsyncSubscriber) -> None:
         """Wake-up listener. The subscription exists before the first claim, is pinged when
         quiet and replaced when it breaks or stops answering."""
         transport = self._transport
         assert transport is not None
-        subscriber: AsyncSubscriber | None = await transport.subscribe(self.keys.notify)
-        task_status.started()
+        subscriber: AsyncSubscriber | None = first
         delay = 0.1
         while True:
             if subscriber is None:
                 try:
                     subscriber = await transport.subscribe(self.keys.notify)
-                except ConnectionError as exc:
+                except PanqueueError as exc:
                     self._log.warning("wake-up channel unavailable; polling", error=str(exc))
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 5.0)
@@ -475,7 +477,7 @@ class Worker:
                 self._wake.set()  # anything published while we were away: look now
             try:
                 await self._listen_until_broken(subscriber)
-            except ConnectionError as exc:
+            except PanqueueError as exc:
                 self._log.warning("wake-up channel broken; reconnecting", error=str(exc))
             finally:
                 await subscriber.aclose()

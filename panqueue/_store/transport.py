@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -84,16 +86,25 @@ _CONNECTION_ERRORS = (
 )
 
 
+_SECRET_PARAMS = re.compile(r"((?:^|&)(?:password|ssl_password)=)[^&]*", re.IGNORECASE)
+
+
 def redact_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
+    """The URL without its passwords (user:pass@ and ?password=), for messages and logs."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
+    netloc = parts.netloc
+    if parts.password is not None:
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        netloc = f"{parts.username or ''}:***@{host}"
+    query = _SECRET_PARAMS.sub(r"\1***", parts.query)
+    if netloc == parts.netloc and query == parts.query:
+        return url  # nothing to hide
+    redacted = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    if not netloc:  # unix:///path: urlunsplit would drop the empty authority
+        redacted = redacted.replace(":", "://", 1)
+    return redacted
 
 
 def check_url(url: str) -> str:
@@ -214,8 +225,11 @@ class SyncTransport:
             else:
                 ps = self.client.pubsub()
             ps.ssubscribe(channel)
+            _confirm_subscription(ps.get_message)
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self.url, exc) from exc
+        except redis.exceptions.ResponseError as exc:
+            raise _server_error(self.url, exc) from exc
         return ps
 
     def close(self) -> None:
@@ -259,6 +273,21 @@ def _pubsub_connections(pubsub: Any) -> list[Any]:
 # between are lost. Subscribers therefore watch their connections and, after a reconnect, report
 # one synthetic wake-up so the worker claims again instead of waiting for the next poll.
 WAKE = b"w"
+
+
+_SUBSCRIBE_TIMEOUT = 10.0
+_SUBSCRIBED = ("ssubscribe", b"ssubscribe")
+
+
+def _confirm_subscription(get_message: Callable[..., Any]) -> None:
+    """Read until the server confirms the subscription; a refusal (ACL: no channel access)
+    raises here, at subscribe time, instead of surfacing later as a broken wake-up path."""
+    deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
+    while time.monotonic() < deadline:
+        message = get_message(timeout=0.5)
+        if message is not None and message.get("type") in _SUBSCRIBED:
+            return
+    raise redis.exceptions.TimeoutError("no confirmation of the subscription")
 
 
 def _payload(message: Any) -> bytes | None:
@@ -355,9 +384,19 @@ class _AsyncioTransport(AsyncTransport):
                     _node_url(self._redis_url, node.host, node.port))
             ps = (owner or self.client).pubsub()
             await ps.ssubscribe(channel)
+            deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
+            while time.monotonic() < deadline:
+                message = await ps.get_message(timeout=0.5)
+                if message is not None and message.get("type") in _SUBSCRIBED:
+                    break
+            else:
+                raise redis.exceptions.TimeoutError("no confirmation of the subscription")
         except _CONNECTION_ERRORS as exc:
             await _AsyncioSubscriber(self.url, ps, owner).aclose()
             raise _connection_error(self.url, exc) from exc
+        except redis.exceptions.ResponseError as exc:
+            await _AsyncioSubscriber(self.url, ps, owner).aclose()
+            raise _server_error(self.url, exc) from exc
         return _AsyncioSubscriber(self.url, ps, owner)
 
     async def aclose(self) -> None:
@@ -386,6 +425,8 @@ class _AsyncioSubscriber(AsyncSubscriber):
                                                       timeout=timeout)
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self._url, exc) from exc
+        except redis.exceptions.ResponseError as exc:
+            raise _server_error(self._url, exc) from exc
         return _payload(message)
 
     async def ping(self) -> None:
@@ -393,6 +434,8 @@ class _AsyncioSubscriber(AsyncSubscriber):
             await self._pubsub.ping()
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self._url, exc) from exc
+        except redis.exceptions.ResponseError as exc:
+            raise _server_error(self._url, exc) from exc
 
     async def aclose(self) -> None:
         for connection in self._connections:
@@ -441,6 +484,8 @@ class _ThreadSubscriber(AsyncSubscriber):
             return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self._url, exc) from exc
+        except redis.exceptions.ResponseError as exc:
+            raise _server_error(self._url, exc) from exc
 
     async def get(self, timeout: float) -> bytes | None:
         if self._reconnected:
