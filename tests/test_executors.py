@@ -29,7 +29,7 @@ from panqueue import (
 from tests.helpers import APPS, async_wait_until
 
 sys.path.insert(0, str(APPS))
-import exec_app  # noqa: E402
+import exec_app
 
 pytestmark = pytest.mark.anyio
 
@@ -216,7 +216,7 @@ async def test_child_checking_should_stop_finishes_in_phase_one(
 async def test_child_timeout_kills_the_child_and_fails_the_attempt(redis_url: str) -> None:
     async with running("s-timeout", redis_url):
         started = time.monotonic()
-        failed, info = await failure_of(redis_url, "s-timeout")
+        _, info = await failure_of(redis_url, "s-timeout")
         assert time.monotonic() - started < 4
     assert info.failure_reason == "timeout"
 
