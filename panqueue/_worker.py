@@ -37,6 +37,7 @@ from panqueue._store.transport import (
     open_async_transport,
 )
 from panqueue._url import resolve_url
+from panqueue._watchdog import BEAT_INTERVAL, LoopWatchdog
 from panqueue.errors import ConnectionError, LockLost, PanqueueError, PayloadError
 from panqueue.executors import create_executor
 from panqueue.executors.base import Executor, JobTimeout
@@ -102,6 +103,7 @@ class Worker:
         self._shared_transport = transport
         self._transport: AsyncTransport | None = None
         self._executor: Executor | None = None
+        self._watchdog: LoopWatchdog | None = None
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
         self._running: dict[str, _Running] = {}
         self._busy_slots = 0
@@ -146,8 +148,16 @@ class Worker:
             # Subscribed before the first claim (no lost wake-up), and outside the task group so
             # that a refusal at start is raised as itself.
             subscriber = await transport.subscribe(self.keys.notify)
+            watchdog = LoopWatchdog(
+                url=self.url, prefix=self.keys.prefix, handler_name=self.handler.import_path,
+                executor_name=self._executor.name, lock_ttl=self.lock_ttl,
+                running=lambda: [(job_id, r.token) for job_id, r in list(self._running.items())],
+                log=self._log)
+            watchdog.start()
+            self._watchdog = watchdog
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                tg.start_soon(self._heartbeat, watchdog)
                 tg.start_soon(self._listen, subscriber)
                 tg.start_soon(self._renew_loop)
                 tg.start_soon(self._maintenance_loop)
@@ -160,6 +170,8 @@ class Worker:
                 await self._drain()
                 tg.cancel_scope.cancel()
         finally:
+            if self._watchdog is not None:
+                self._watchdog.stop()
             with anyio.CancelScope(shield=True):
                 if self._executor is not None:
                     await self._executor.aclose()
@@ -507,6 +519,11 @@ class Worker:
         if running is not None:
             running.cancel_requested = True
             running.scope.cancel()
+
+    async def _heartbeat(self, watchdog: LoopWatchdog) -> None:
+        while True:
+            watchdog.beat()
+            await anyio.sleep(BEAT_INTERVAL)
 
     async def _renew_loop(self) -> None:
         transport = self._transport

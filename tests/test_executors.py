@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
+import structlog.testing
 
 from panqueue import (
     ConfigError,
@@ -322,3 +324,48 @@ def _pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_inline_handler_blocking_the_loop_is_reported_and_keeps_its_lock(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    registry = Registry()
+
+    @registry.handler("blocking", lock_ttl=1)
+    async def blocking(job: Job) -> str:
+        redis_client.hincrby("runs", job.id, 1)
+        time.sleep(3)  # blocks the event loop: lock renewal on the loop cannot run
+        return "done"
+
+    # Another "worker" sweeps for stalled jobs all along, from its own thread.
+    sweeping = threading.Event()
+    sweeps = 0
+
+    def sweep() -> None:
+        nonlocal sweeps
+        from panqueue._keys import QueueKeys
+        from panqueue._store.scripts import SCRIPTS
+
+        prefix = QueueKeys("blocking").prefix
+        script = redis_client.register_script(SCRIPTS.stalled.body)
+        while not sweeping.wait(0.1):
+            script(keys=[prefix], args=[1, 1000, -1, b""])
+            sweeps += 1
+
+    sweeper = threading.Thread(target=sweep, daemon=True)
+    with structlog.testing.capture_logs() as logs:
+        sweeper.start()
+        try:
+            async with QueueClient(redis_url) as client, \
+                    running("blocking", redis_url, registry=registry):
+                handle = await client.queue("blocking").add({})
+                assert await handle.result(timeout=20) == "done"
+                info = await handle.info()
+        finally:
+            sweeping.set()
+            sweeper.join()
+    assert sweeps > 10
+    assert info.history == []  # never stalled
+    assert redis_client.hget("runs", handle.id) == b"1"
+    warnings = [e for e in logs if e["event"].startswith("handler is blocking the event loop")]
+    assert warnings and "executor='thread'" in warnings[0]["event"]
+    assert warnings[0]["handler"].endswith("blocking")

@@ -1,0 +1,92 @@
+"""A thread that notices when a handler blocks the worker's event loop, and keeps locks alive.
+
+An inline handler that runs blocking code (``time.sleep``, CPU work) stops the event loop:
+nothing else runs, including lock renewal, so the job would be declared stalled and run twice.
+The watchdog lives in its own thread, which such a handler cannot starve. When the loop has not
+answered for ``threshold`` seconds it logs a warning naming the handler, and while the loop stays
+blocked it renews the running jobs' locks itself, over a connection of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from panqueue._store.scripts import SCRIPTS
+from panqueue._store.transport import ScriptCall, SyncTransport
+from panqueue.errors import PanqueueError
+
+__all__ = ["LoopWatchdog"]
+
+BEAT_INTERVAL = 0.1
+
+
+class LoopWatchdog:
+    def __init__(self, *, url: str, prefix: str, handler_name: str, executor_name: str,
+                 lock_ttl: float, running: Callable[[], list[tuple[str, str]]],
+                 log: Any, threshold: float = 1.0) -> None:
+        self._url = url
+        self._prefix = prefix
+        self._handler_name = handler_name
+        self._executor_name = executor_name
+        self._lock_ttl_ms = max(1, int(lock_ttl * 1000))
+        self._renew_every = lock_ttl / 3
+        self._running = running
+        self._log = log
+        self._threshold = threshold
+        self._last_beat = time.monotonic()
+        self._stop = threading.Event()
+        self._transport: SyncTransport | None = None
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                         name=f"panqueue-watchdog-{handler_name}")
+
+    def beat(self) -> None:
+        """Called from the event loop every BEAT_INTERVAL seconds."""
+        self._last_beat = time.monotonic()
+
+    def start(self) -> None:
+        self._last_beat = time.monotonic()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _watch(self) -> None:
+        warned_for = 0.0  # the beat time of the blockage already reported
+        last_renewal = 0.0
+        while not self._stop.wait(BEAT_INTERVAL):
+            beat = self._last_beat
+            blocked = time.monotonic() - beat
+            if blocked < self._threshold:
+                continue
+            try:
+                jobs = self._running()
+            except RuntimeError:  # the loop changed the dict under us: it is not blocked
+                continue
+            if not jobs:
+                continue
+            if warned_for != beat:
+                warned_for = beat
+                advice = (" (use executor='thread' for blocking code)"
+                          if self._executor_name == "inline" else "")
+                self._log.warning(
+                    "handler is blocking the event loop" + advice,
+                    handler=self._handler_name, blocked_s=round(blocked, 2),
+                    job_ids=[job_id for job_id, _ in jobs])
+            if time.monotonic() - last_renewal >= self._renew_every:
+                last_renewal = time.monotonic()
+                self._renew(jobs)
+
+    def _renew(self, jobs: list[tuple[str, str]]) -> None:
+        try:
+            if self._transport is None:
+                self._transport = SyncTransport(self._url)
+            flat = [item for pair in jobs for item in pair]
+            self._transport.execute(ScriptCall(SCRIPTS.extend, (self._prefix,),
+                                               (self._lock_ttl_ms, *flat)))
+        except PanqueueError as exc:
+            self._log.warning("lock renewal from the watchdog failed", error=str(exc))
