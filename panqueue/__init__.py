@@ -12,9 +12,11 @@ from panqueue._client import (
     SyncQueueClient,
 )
 from panqueue._job import ErrorInfo, Fail, Job, JobInfo, JobState, Retry
-from panqueue._options import Backoff, JobOptions, Limits
+from panqueue._options import Backoff, JobOptions, Limits, Retention
 from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
+from panqueue._schedule import Schedule
+from panqueue._store.redis_store import Event, ScheduleInfo
 from panqueue._worker import Worker
 from panqueue.errors import (
     ConfigError,
@@ -35,6 +37,7 @@ __all__ = [
     "ConfigError",
     "ConnectionError",
     "ErrorInfo",
+    "Event",
     "Executor",
     "Fail",
     "Handler",
@@ -52,7 +55,10 @@ __all__ = [
     "Queue",
     "QueueClient",
     "Registry",
+    "Retention",
     "Retry",
+    "Schedule",
+    "ScheduleInfo",
     "SyncJobHandle",
     "SyncQueue",
     "SyncQueueClient",

@@ -6,10 +6,13 @@ drive them: awaiting an async transport, or blocking on redis-py's sync client.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
+
+import anyio
 
 from panqueue._codec import encode, encode_checked
 from panqueue._job import JobInfo, JobState
@@ -17,7 +20,7 @@ from panqueue._keys import QueueKeys, check_job_id
 from panqueue._options import Backoff, check_positive, check_priority, options_to_wire
 from panqueue._registry import Handler
 from panqueue._store import redis_store as ops
-from panqueue._store.redis_store import NewJob
+from panqueue._store.redis_store import Event, NewJob, ScheduleInfo
 from panqueue._store.transport import (
     AsyncTransport,
     Op,
@@ -26,11 +29,15 @@ from panqueue._store.transport import (
     open_async_transport,
 )
 from panqueue._url import resolve_url
-from panqueue.errors import ConfigError, PayloadError
+from panqueue.errors import ConfigError, ConnectionError, PayloadError
 
 __all__ = ["JobHandle", "Queue", "QueueClient", "SyncJobHandle", "SyncQueue", "SyncQueueClient"]
 
 T = TypeVar("T")
+
+_EVENTS_BLOCK_MS = 1000
+_RECONNECT_MIN = 0.05
+_RECONNECT_MAX = 5.0
 
 _ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
                           "timeout"})
@@ -209,6 +216,39 @@ class QueueClient:
     async def remove(self, queue: str, job_id: str) -> bool:
         return await self._run(ops.remove(QueueKeys(queue), job_id))
 
+    async def schedules(self, queue: str) -> list[ScheduleInfo]:
+        """The queue's schedules as registered in Redis, with their next run times."""
+        return await self._run(ops.list_schedules(QueueKeys(queue)))
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        """Delete a schedule from Redis (a worker whose registry still defines it registers
+        it again when it starts)."""
+        return await self._run(ops.remove_schedule(QueueKeys(queue), name))
+
+    async def events(self, queue: str, *, after: str | None = None) -> AsyncIterator[Event]:
+        """Lifecycle events of a queue, as they happen, forever.
+
+        ``after``: a stream id to resume from (an :attr:`Event.id`); default: only new events.
+        A broken connection is re-established and reading resumes where it stopped, so no
+        event is skipped (unless the capped stream dropped it meanwhile).
+        """
+        keys = QueueKeys(queue)
+        position = after
+        delay = _RECONNECT_MIN
+        while True:
+            try:
+                if position is None:
+                    position = await self._run(ops.last_event_id(keys))
+                batch = await self._run(ops.read_events(keys, position, _EVENTS_BLOCK_MS))
+            except ConnectionError:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, _RECONNECT_MAX)
+                continue
+            delay = _RECONNECT_MIN
+            for event in batch:
+                position = event.id
+                yield event
+
 
 # --------------------------------------------------------------------------- sync
 
@@ -318,3 +358,28 @@ class SyncQueueClient:
 
     def remove(self, queue: str, job_id: str) -> bool:
         return self._run(ops.remove(QueueKeys(queue), job_id))
+
+    def schedules(self, queue: str) -> list[ScheduleInfo]:
+        return self._run(ops.list_schedules(QueueKeys(queue)))
+
+    def remove_schedule(self, queue: str, name: str) -> bool:
+        return self._run(ops.remove_schedule(QueueKeys(queue), name))
+
+    def events(self, queue: str, *, after: str | None = None) -> Iterator[Event]:
+        """Blocking :meth:`QueueClient.events`."""
+        keys = QueueKeys(queue)
+        position = after
+        delay = _RECONNECT_MIN
+        while True:
+            try:
+                if position is None:
+                    position = self._run(ops.last_event_id(keys))
+                batch = self._run(ops.read_events(keys, position, _EVENTS_BLOCK_MS))
+            except ConnectionError:
+                time.sleep(delay)
+                delay = min(delay * 2, _RECONNECT_MAX)
+                continue
+            delay = _RECONNECT_MIN
+            for event in batch:
+                position = event.id
+                yield event

@@ -49,7 +49,7 @@ class QueueKeys:
     """Names of the keys and the notify channel of one queue."""
 
     __slots__ = ("active", "cancelled", "completed", "delayed", "events", "failed", "meta",
-                 "name", "notify", "prefix", "wait")
+                 "name", "notify", "prefix", "schedules", "wait")
 
     def __init__(self, name: str) -> None:
         self.name = check_queue_name(name)
@@ -63,6 +63,10 @@ class QueueKeys:
         self.cancelled = self.prefix + "cancelled"
         self.events = self.prefix + "events"
         self.notify = self.prefix + "notify"
+        self.schedules = self.prefix + "schedules"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
+
+    def schedule(self, name: str) -> str:
+        return f"{self.prefix}sched:{name}"

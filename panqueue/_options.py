@@ -164,3 +164,34 @@ class Isolation:
     limits: Limits | None = None
     max_jobs_per_child: int | None = None
     new_session: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long a queue keeps finished jobs (with their results, errors and logs).
+
+    ``completed`` / ``failed``: keep at most this many (the newest); ``-1`` keeps all.
+    Failed jobs are the dead-letter set; cancelled jobs follow the ``failed`` limits.
+    ``completed_for`` / ``failed_for``: also delete them this many seconds after they finished.
+    The defaults bound Redis memory under any stream of jobs.
+    """
+
+    completed: int = 1000
+    failed: int = 10_000
+    completed_for: float | None = None
+    failed_for: float | None = 7 * 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        for name in ("completed", "failed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise ConfigError(f"Retention.{name} must be an int >= -1 (-1 keeps all), "
+                                  f"got {value!r}")
+        for name in ("completed_for", "failed_for"):
+            value = getattr(self, name)
+            if value is not None:
+                check_positive(value, f"Retention.{name}")
+
+    @staticmethod
+    def age_ms(seconds: float | None) -> int:
+        return -1 if seconds is None else int(seconds * 1000)

@@ -15,10 +15,12 @@ from panqueue._options import (
     Isolation,
     JobOptions,
     Limits,
+    Retention,
     check_attempts,
     check_positive,
     check_priority,
 )
+from panqueue._schedule import Schedule
 from panqueue.errors import ConfigError
 
 __all__ = ["Handler", "HandlerOptions", "Registry"]
@@ -38,8 +40,7 @@ class HandlerOptions:
     job: JobOptions
     lock_ttl: float
     max_stalls: int
-    keep_completed: int
-    keep_failed: int
+    retention: Retention
     isolation: Isolation | None = None
 
 
@@ -72,6 +73,26 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler[Any, Any]] = {}
+        self._schedules: dict[str, Schedule] = {}
+
+    def schedule(self, name: str, queue: str, *, cron: str | None = None,
+                 every: float | None = None, tz: str = "UTC", data: Any = None,
+                 priority: int = 0, attempts: int | None = None, backoff: Backoff | None = None,
+                 timeout: float | None = None) -> Schedule:
+        """Enqueue a job on ``queue`` on a schedule: ``cron="0 3 * * *"`` (in ``tz``) or
+        ``every=60.0`` seconds. Workers of the queue register it in Redis when they start; each
+        tick enqueues exactly one job (id ``schedule:<name>:<tick ms>``), however many workers
+        run. A schedule overdue while no worker ran runs once on catch-up."""
+        if name in self._schedules:
+            raise ConfigError(f"schedule {name!r} is already defined")
+        schedule = Schedule.create(name, queue, cron=cron, every=every, tz=tz, data=data,
+                                   priority=priority, attempts=attempts, backoff=backoff,
+                                   timeout=timeout)
+        self._schedules[name] = schedule
+        return schedule
+
+    def schedules_for(self, queue: str) -> list[Schedule]:
+        return [s for s in self._schedules.values() if s.queue == queue]
 
     def handler(
         self,
@@ -84,8 +105,7 @@ class Registry:
         timeout: float | None = None,
         lock_ttl: float = 30.0,
         max_stalls: int = 1,
-        keep_completed: int = 1000,
-        keep_failed: int = 10_000,
+        retention: Retention | None = None,
         limits: Limits | None = None,
         env: Sequence[str] | None = None,
         cwd: str | None = None,
@@ -101,7 +121,7 @@ class Registry:
         ``lock_ttl``: seconds a worker's claim stays valid without renewal (renewed every third
         of it while the job runs); a worker that dies loses its jobs to the stalled sweep after
         this long. ``max_stalls``: how often a job may stall before it fails with "stalled".
-        ``keep_completed``/``keep_failed``: how many finished jobs the queue keeps (-1: all).
+        ``retention``: how many finished jobs the queue keeps, and for how long.
         ``limits``, ``env`` (the environment variables a child may inherit), ``cwd``,
         ``max_jobs_per_child`` and ``new_session`` configure ``executor="subprocess"``.
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
@@ -124,9 +144,8 @@ class Registry:
             raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
         if isinstance(max_stalls, bool) or not isinstance(max_stalls, int) or max_stalls < 0:
             raise ConfigError(f"max_stalls must be an int >= 0, got {max_stalls!r}")
-        for what, keep in (("keep_completed", keep_completed), ("keep_failed", keep_failed)):
-            if isinstance(keep, bool) or not isinstance(keep, int) or keep < -1:
-                raise ConfigError(f"{what} must be an int >= -1 (-1 keeps all), got {keep!r}")
+        if retention is not None and not isinstance(retention, Retention):
+            raise ConfigError(f"retention must be a panqueue.Retention, got {retention!r}")
         if backoff is not None and not isinstance(backoff, Backoff):
             raise ConfigError(f"backoff must be a panqueue.Backoff, got {backoff!r}")
         job_options = JobOptions(
@@ -141,8 +160,7 @@ class Registry:
             job=job_options,
             lock_ttl=check_positive(lock_ttl, "lock_ttl"),
             max_stalls=max_stalls,
-            keep_completed=keep_completed,
-            keep_failed=keep_failed,
+            retention=retention or Retention(),
             isolation=isolation,
         )
 

@@ -58,10 +58,12 @@ class LoopWatchdog:
     def _watch(self) -> None:
         warned_for = 0.0  # the beat time of the blockage already reported
         last_renewal = 0.0
-        while not self._stop.wait(BEAT_INTERVAL):
+        # Renewal must start before a lock renewed just before the blockage can expire.
+        act_after = min(self._threshold, self._renew_every)
+        while not self._stop.wait(BEAT_INTERVAL / 2):
             beat = self._last_beat
             blocked = time.monotonic() - beat
-            if blocked < self._threshold:
+            if blocked < act_after:
                 continue
             try:
                 jobs = self._running()
@@ -69,7 +71,10 @@ class LoopWatchdog:
                 continue
             if not jobs:
                 continue
-            if warned_for != beat:
+            if time.monotonic() - last_renewal >= self._renew_every:
+                last_renewal = time.monotonic()
+                self._renew(jobs)
+            if blocked >= self._threshold and warned_for != beat:
                 warned_for = beat
                 advice = (" (use executor='thread' for blocking code)"
                           if self._executor_name == "inline" else "")
@@ -77,9 +82,6 @@ class LoopWatchdog:
                     "handler is blocking the event loop" + advice,
                     handler=self._handler_name, blocked_s=round(blocked, 2),
                     job_ids=[job_id for job_id, _ in jobs])
-            if time.monotonic() - last_renewal >= self._renew_every:
-                last_renewal = time.monotonic()
-                self._renew(jobs)
 
     def _renew(self, jobs: list[tuple[str, str]]) -> None:
         try:

@@ -27,8 +27,16 @@ from panqueue._codec import check_json_compatible, decode, encode
 from panqueue._job import ErrorInfo, Fail, Job, Retry, from_ms
 from panqueue._keys import QueueKeys
 from panqueue._log import get_logger
+from panqueue._options import Retention
 from panqueue._registry import Registry
-from panqueue._store.redis_store import SCHEMA_VERSION, ClaimedJob, encode_error, parse_claim
+from panqueue._store import redis_store as ops
+from panqueue._store.redis_store import (
+    SCHEMA_VERSION,
+    ClaimedJob,
+    NewJob,
+    encode_error,
+    parse_claim,
+)
 from panqueue._store.scripts import SCRIPTS, Script
 from panqueue._store.transport import (
     AsyncSubscriber,
@@ -90,6 +98,7 @@ class Worker:
         transport: AsyncTransport | None = None,
     ) -> None:
         self.handler = registry.get(queue)
+        self.schedules = {s.name: s for s in registry.schedules_for(queue)}
         self.keys = QueueKeys(queue)
         self.url = resolve_url(url)
         options = self.handler.options
@@ -117,8 +126,8 @@ class Worker:
         self._done: anyio.Event | None = None
         self._token_counter = 0
         self._lock_ttl_ms = max(1, int(self.lock_ttl * 1000))
-        self._keep_completed = options.keep_completed
-        self._keep_failed = options.keep_failed
+        self._keep_completed = options.retention.completed
+        self._keep_failed = options.retention.failed
         self.processed = 0
         self.failed = 0
 
@@ -161,6 +170,8 @@ class Worker:
                 tg.start_soon(self._listen, subscriber)
                 tg.start_soon(self._renew_loop)
                 tg.start_soon(self._maintenance_loop)
+                if self.schedules:
+                    tg.start_soon(self._schedule_loop)
                 self._log.info("worker started", concurrency=self.concurrency,
                                executor=self._executor.name)
                 started.set()
@@ -553,6 +564,7 @@ class Worker:
         transport = self._transport
         assert transport is not None
         max_stalls = self.handler.options.max_stalls
+        retention = self.handler.options.retention
         while True:
             await anyio.sleep(self.stalled_interval)
             try:
@@ -562,6 +574,50 @@ class Worker:
                 if requeued or failed:
                     self._log.warning("stalled jobs recovered", requeued=requeued, failed=failed)
                 await transport.script(SCRIPTS.promote, (self.keys.prefix,), ())
+                await transport.run(ops.clean(self.keys, Retention.age_ms(retention.completed_for),
+                                              Retention.age_ms(retention.failed_for)))
             except ConnectionError as exc:
                 self._log.warning("maintenance failed", error=str(exc))
+
+    async def _schedule_loop(self) -> None:
+        """Register this queue's schedules, then enqueue each tick when it is due. Every worker
+        of the queue does this; the tick script lets exactly one of them enqueue each tick."""
+        transport = self._transport
+        assert transport is not None
+        while True:
+            try:
+                now = await transport.run(ops.server_time_ms())
+                for definition in self.schedules.values():
+                    if await transport.run(ops.schedule_set(
+                            self.keys, definition.name, definition.definition(),
+                            definition.next_after(now))):
+                        self._log.info("schedule registered", schedule=definition.name)
+                break
+            except ConnectionError as exc:
+                self._log.warning("could not register schedules; retrying", error=str(exc))
+                await anyio.sleep(1.0)
+        while True:
+            sleep_for = 1.0
+            try:
+                now, entries = await transport.run(ops.schedule_times(self.keys))
+                for name, run_ms in entries:
+                    schedule = self.schedules.get(name)
+                    if schedule is None:
+                        continue  # defined by another deployment sharing the queue
+                    if run_ms > now:
+                        sleep_for = min(sleep_for, (run_ms - now) / 1000)
+                        continue
+                    job = NewJob(schedule.job_id(run_ms), encode(schedule.data),
+                                 schedule.priority, 0, 0,
+                                 encode(schedule.options) if schedule.options else b"")
+                    # Overdue ticks collapse into this one: the next run is after now.
+                    following = schedule.next_after(max(run_ms, now))
+                    if await transport.run(ops.schedule_tick(self.keys, name, run_ms,
+                                                             following, job)):
+                        self._log.info("schedule enqueued a job", schedule=name,
+                                       job_id=job.job_id)
+                    sleep_for = min(sleep_for, max(0.0, (following - now) / 1000))
+            except ConnectionError as exc:
+                self._log.warning("schedule check failed", error=str(exc))
+            await anyio.sleep(max(0.005, sleep_for))
 

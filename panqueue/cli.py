@@ -228,6 +228,32 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schedules(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.remove:
+            if not args.queue:
+                raise _UserError("--remove needs the QUEUE the schedule belongs to")
+            if not client.remove_schedule(args.queue, args.remove):
+                raise _UserError(f"no schedule {args.remove!r} in queue {args.queue!r}")
+            print(f"schedule {args.remove!r} removed from {args.queue!r}")
+            return 0
+        queues = [args.queue] if args.queue else _all_queues(client)
+        if args.queue:
+            _require_queue(client, args.queue)
+        found = [info for queue in queues for info in client.schedules(queue)]
+    if args.json:
+        _print_json([{"name": i.name, "queue": i.queue, "next_run": i.next_run.isoformat(),
+                      **i.definition} for i in found])
+    elif not found:
+        print("no schedules")
+    else:
+        for i in found:
+            when = i.definition.get("cron") or f"every {i.definition.get('every')} s"
+            print(f"{i.queue}\t{i.name}\t{when} ({i.definition.get('tz')})\t"
+                  f"next {i.next_run.isoformat()}")
+    return 0
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     from panqueue.embedded import RedisServer
 
@@ -325,6 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(name, text)
         p.add_argument("queue")
         p.set_defaults(func=cmd_pause)
+
+    p = add("schedules", "list schedules (repeatable and cron jobs), or remove one")
+    p.add_argument("queue", nargs="?")
+    p.add_argument("--remove", metavar="NAME", help="delete this schedule from Redis")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_schedules)
 
     p = add("server", "run a private Redis-compatible server for development", url=False)
     p.add_argument("--port", type=_positive_int, default=6390)

@@ -1,6 +1,7 @@
 """panqueue baseline benchmark: enqueue rate, process rate, pickup latency.
 
-    .venv/bin/python scripts/bench.py [--quick] [--backend asyncio|trio] [--json FILE]
+    .venv/bin/python scripts/bench.py [--quick] [--executors] [--backend asyncio|trio]
+                                      [--json FILE]
 
 Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
 snapshots off), runs every measurement against it, and stops it. The Redis on 6379 is never
@@ -17,6 +18,14 @@ touched. What each figure means is written up in docs/performance.md.
   ``handle.result()`` and followed by a short idle gap; latency = started_at - enqueued_at as
   Redis recorded them (millisecond resolution), plus the handler's own start time (ns) against
   the moment ``add`` was called, and the add -> result round trip.
+
+* executors (``--executors`` alone, and part of the full run; not of ``--quick`` alone): the
+  same process-rate measurement (``bench_app:executors``, ONE worker process) for the inline,
+  thread and subprocess executors: a no-op handler at concurrency 50 (inline, thread) and 2 and
+  8 (subprocess), and a handler burning 10 ms of CPU at concurrency 2. Warm-up jobs run first
+  (they start the subprocess children), then the window opens. CPU per job counts the worker
+  process and its children (live ones from /proc/<pid>/stat, reaped ones from cutime/cstime).
+  ``--quick --executors`` uses smaller N.
 
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
@@ -50,6 +59,7 @@ SCRIPTS = ROOT / "scripts"
 # The worker processes import the same panqueue as this process (a PYTHONPATH checkout too).
 PANQUEUE_ROOT = Path(panqueue.__file__).resolve().parent.parent
 APP = "bench_app:queues"
+EXECUTORS_APP = "bench_app:executors"
 NOOP_QUEUE = "bench-noop"
 LATENCY_QUEUE = "bench-latency"
 BATCH = 1000
@@ -63,11 +73,46 @@ def log(message: str) -> None:
     print(f"  .. {message}", file=sys.stderr, flush=True)
 
 
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()  # fields[0] is field 3 (state)
+
+
 def proc_cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = _stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of a process (of any of its threads)."""
+    pids: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                pids.extend(int(p) for p in f.read().split())
+        except OSError:
+            pass  # the thread is gone
+    return pids
+
+
+def tree_cpu_seconds(pid: int) -> tuple[float, float, int]:
+    """(the process's own CPU, its children's CPU, live children): the children's figure is
+    the live children's utime + stime plus the reaped children's (cutime + cstime)."""
+    fields = _stat_fields(pid)
+    own = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    children = (int(fields[13]) + int(fields[14])) / CLK_TCK
+    live = child_pids(pid)
+    for child in live:
+        try:
+            children += proc_cpu_seconds(child)
+        except OSError:  # exited in between: counted in cutime/cstime next time
+            pass
+    return own, children, len(live)
+
+
+def thread_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -124,11 +169,11 @@ def _hiredis_version() -> str | None:
 
 
 def start_worker(url: str, queue: str, concurrency: int, backend: str,
-                 log_file: Any) -> subprocess.Popen[bytes]:
+                 log_file: Any, app: str = APP) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SCRIPTS), str(PANQUEUE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    args = [sys.executable, "-m", "panqueue", "worker", APP, "-q", queue,
+    args = [sys.executable, "-m", "panqueue", "worker", app, "-q", queue,
             "--concurrency", str(concurrency), "--log-level", "warning", "--url", url,
             "--backend", backend]
     return subprocess.Popen(args, cwd=SCRIPTS, env=env, stdin=subprocess.DEVNULL,
@@ -246,6 +291,118 @@ def process_rate(url: str, r: redis.Redis, server_pid: int, n: int, backend: str
     }
 
 
+# --------------------------------------------------------------------------- executors
+
+
+def executor_rate(url: str, r: redis.Redis, kind: str, executor: str, concurrency: int,
+                  n: int, warmup: int, backend: str, log_file: Any) -> dict[str, Any]:
+    """ONE worker process drains ``warmup`` + ``n`` pre-filled jobs of a ``bench-x-*`` queue.
+
+    The window opens once the warm-up jobs are claimed (the first measured job has started; the
+    subprocess children exist by then) and closes when the queue is empty. Jobs in the window =
+    waiting + active when it opens (all of them complete inside it).
+    """
+    name = f"bench-x-{kind}-{executor}"
+    prefix = f"{{q:{name}}}:"
+    wait_key, active_key = prefix + "wait", prefix + "active"
+    total = warmup + n
+    with SyncQueueClient(url) as client:
+        queue = client.queue(name)
+        ids: list[str] = []
+        for b in range(0, total, BATCH):
+            ids += [h.id for h in queue.add_bulk([{"i": i}
+                                                   for i in range(b, min(b + BATCH, total))])]
+    assert r.zcard(wait_key) == total
+    first_id = ids[warmup]
+
+    def counts() -> tuple[int, int]:
+        pipe = r.pipeline(transaction=True)
+        pipe.zcard(wait_key)
+        pipe.zcard(active_key)
+        waiting, active = pipe.execute()
+        return int(waiting), int(active)
+
+    proc = start_worker(url, name, concurrency, backend, log_file, app=EXECUTORS_APP)
+    try:
+        wait_for(lambda: r.zcard(wait_key) < n, 120, 0.0005, "the warm-up jobs", proc)
+        (own0, kids0, _), t0 = tree_cpu_seconds(proc.pid), time.monotonic()
+        waiting0, active0 = counts()
+        first_started = int(r.hget(prefix + f"job:{first_id}", "st") or 0)
+        wait_for(lambda: sum(counts()) == 0, 600, 0.005, "the queue to drain", proc)
+        (own1, kids1, children), t1 = tree_cpu_seconds(proc.pid), time.monotonic()
+        threads = thread_count(proc.pid)
+        [(_, last_finished)] = r.zrange(prefix + "completed", -1, -1, withscores=True)
+        failed = r.zcard(prefix + "failed")
+    finally:
+        code = stop_worker(proc)
+    if failed:
+        raise RuntimeError(f"{failed} jobs of {name} failed")
+    if not first_started:
+        raise RuntimeError(f"{name}: the first measured job's start time was already trimmed")
+    jobs = waiting0 + active0
+    span_s = (int(last_finished) - first_started) / 1000
+    return {
+        "executor": executor,
+        "handler": kind,
+        "concurrency": concurrency,
+        "jobs": n,
+        "warmup_jobs": warmup,
+        "jobs_per_s": n / span_s,
+        "span_s": span_s,
+        "jobs_in_cpu_window": jobs,
+        "jobs_per_s_polled": jobs / (t1 - t0),
+        "worker_cpu_us_per_job": (own1 - own0) / jobs * 1e6,
+        "children_cpu_us_per_job": (kids1 - kids0) / jobs * 1e6,
+        "total_cpu_us_per_job": (own1 - own0 + kids1 - kids0) / jobs * 1e6,
+        "worker_cores": (own1 - own0) / (t1 - t0),
+        "children_cores": (kids1 - kids0) / (t1 - t0),
+        "children": children,
+        "worker_threads": threads,
+        "worker_exit_code": code,
+    }
+
+
+# (handler, executor, concurrency) in the order measured and printed.
+EXECUTOR_CASES = [
+    ("noop", "inline", 50),
+    ("noop", "thread", 50),
+    ("noop", "subprocess", 2),
+    ("noop", "subprocess", 8),
+    ("cpu", "inline", 2),
+    ("cpu", "thread", 2),
+    ("cpu", "subprocess", 2),
+]
+
+
+def executor_rows(results: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    rows = []
+    for res in results:
+        handler = "no-op" if res["handler"] == "noop" else "10 ms CPU"
+        children = f"{res['children_cpu_us_per_job']:,.0f}" if res["children"] else "-"
+        rows.append((
+            handler, res["executor"], str(res["concurrency"]), f"{res['jobs']:,}",
+            f"{res['jobs_per_s']:,.0f}", f"{res['worker_cpu_us_per_job']:,.0f}", children,
+            f"{res['total_cpu_us_per_job']:,.0f}",
+            f"{res['worker_cores']:.2f} + {res['children_cores']:.2f}",
+            str(res["worker_threads"]),
+        ))
+    return rows
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+                right: Sequence[bool]) -> None:
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(f"{c:>{w}}" if r else f"{c:<{w}}"
+                         for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
+
+    print(fmt(header))
+    print("-" * len(fmt(header)))
+    for row in rows:
+        print(fmt(row))
+
+
 # --------------------------------------------------------------------------- latency
 
 
@@ -304,7 +461,11 @@ def pickup_latency(url: str, r: redis.Redis, n: int, backend: str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="smaller N everywhere")
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller N everywhere (and no executor comparison unless "
+                             "--executors is given too)")
+    parser.add_argument("--executors", action="store_true",
+                        help="only the executor comparison (inline / thread / subprocess)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -314,17 +475,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_bulk = 20_000 if args.quick else 100_000
     n_process = 10_000 if args.quick else 20_000
     n_latency = 100 if args.quick else 200
+    n_x_noop, warm_x_noop = (1_000, 200) if args.quick else (5_000, 500)
+    n_x_cpu, warm_x_cpu = (200, 20) if args.quick else (1_000, 20)
     backend = args.backend
+    run_baseline = not args.executors
+    run_executors = args.executors or not args.quick
+    mode = ("quick" if args.quick else "full") + (", executors only" if args.executors else "")
 
     server = RedisServer(appendonly=False)
     server.start()
     log_path = Path(tempfile.mkstemp(prefix="panqueue-bench-worker-", suffix=".log")[1])
+    started = time.monotonic()
+    xres: list[dict[str, Any]] = []
     try:
         assert server.pid is not None
         machine = machine_info(server)
         r = redis.Redis.from_url(server.url)
-        print(f"panqueue benchmark, {machine['date']}  (mode: {'quick' if args.quick else 'full'}"
-              f", backend: {backend})")
+        print(f"panqueue benchmark, {machine['date']}  (mode: {mode}, backend: {backend})")
         print(f"machine: {machine['nproc']} CPUs, {machine['cpu_model']}, Linux "
               f"{machine['kernel']}; Python {machine['python']}; redis-py {machine['redis_py']}"
               f" (hiredis {machine['hiredis'] or 'not installed'})")
@@ -335,79 +502,108 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
 
         with open(log_path, "ab") as log_file:
-            log(f"enqueue: {n_single} single adds (async client on {backend})")
-            single_async = anyio.run(enqueue_async, server.url, n_single, backend=backend)
-            log(f"enqueue: {n_single} single adds (sync client)")
-            single_sync = enqueue_sync(server.url, n_single)
-            log(f"enqueue: {n_bulk} jobs with add_bulk, {BATCH} per batch")
-            bulk = anyio.run(enqueue_bulk, server.url, n_bulk, backend=backend)
-            r.flushdb()
-            log(f"process: {n_process} no-op jobs, one worker process, concurrency 50")
-            proc = process_rate(server.url, r, server.pid, n_process, backend, log_file)
-            r.flushdb()
-            log(f"latency: {n_latency} jobs, one at a time, idle worker (concurrency 1)")
-            lat = pickup_latency(server.url, r, n_latency, backend, log_file)
+            if run_baseline:
+                log(f"enqueue: {n_single} single adds (async client on {backend})")
+                single_async = anyio.run(enqueue_async, server.url, n_single, backend=backend)
+                log(f"enqueue: {n_single} single adds (sync client)")
+                single_sync = enqueue_sync(server.url, n_single)
+                log(f"enqueue: {n_bulk} jobs with add_bulk, {BATCH} per batch")
+                bulk = anyio.run(enqueue_bulk, server.url, n_bulk, backend=backend)
+                r.flushdb()
+                log(f"process: {n_process} no-op jobs, one worker process, concurrency 50")
+                proc = process_rate(server.url, r, server.pid, n_process, backend, log_file)
+                r.flushdb()
+                log(f"latency: {n_latency} jobs, one at a time, idle worker (concurrency 1)")
+                lat = pickup_latency(server.url, r, n_latency, backend, log_file)
+            if run_executors:
+                for kind, executor, concurrency in EXECUTOR_CASES:
+                    n, warmup = (n_x_noop, warm_x_noop) if kind == "noop" else (n_x_cpu,
+                                                                               warm_x_cpu)
+                    r.flushdb()
+                    log(f"executors: {n} {kind} jobs (+{warmup} warm-up), {executor}, "
+                        f"concurrency {concurrency}")
+                    xres.append(executor_rate(server.url, r, kind, executor, concurrency, n,
+                                              warmup, backend, log_file))
     except BaseException:
         sys.stderr.write(f"worker log ({log_path}):\n{log_path.read_text()}\n")
         raise
     finally:
         server.cleanup()
-    worker_log = log_path.read_text().strip()
+    # The shutdown notice every worker prints on the benchmark's SIGTERM is not news.
+    worker_log = "\n".join(line for line in log_path.read_text().splitlines()
+                           if "SIGTERM received; finishing running jobs" not in line).strip()
     log_path.unlink()
+    log(f"done in {time.monotonic() - started:.0f} s")
 
-    rows = [
-        ("enqueue, single, QueueClient", f"{single_async:,.0f}", "jobs/s",
-         f"{n_single:,} sequential await add() ({backend})"),
-        ("enqueue, single, SyncQueueClient", f"{single_sync:,.0f}", "jobs/s",
-         f"{n_single:,} sequential add()"),
-        ("enqueue, bulk", f"{bulk:,.0f}", "jobs/s",
-         f"{n_bulk:,} jobs, add_bulk x {BATCH}"),
-        ("process rate, 1 worker process", f"{proc['jobs_per_s']:,.0f}", "jobs/s",
-         f"{n_process:,} no-op jobs, concurrency 50, {proc['span_s']:.2f} s "
-         f"(polled: {proc['jobs_per_s_polled']:,.0f}/s)"),
-        ("worker CPU per job", f"{proc['worker_cpu_us_per_job']:,.0f}", "µs/job",
-         f"worker process at {proc['worker_cpu_utilisation']:.0%} of one core"),
-        ("redis-server CPU per job", f"{proc['redis_cpu_us_per_job']:,.0f}", "µs/job",
-         "same window (add excluded)"),
-        ("pickup latency p50 / p95 / p99",
-         "{p50:.0f} / {p95:.0f} / {p99:.0f}".format(**lat["server_ms"]), "ms",
-         f"started_at - enqueued_at in Redis (1 ms resolution), n={n_latency}"),
-        ("pickup, add() call -> handler start",
-         "{p50:.2f} / {p95:.2f} / {p99:.2f}".format(**lat["handler_ms"]), "ms",
-         "p50 / p95 / p99, wall clock, includes the add round trip"),
-        ("round trip add -> result() p50",
-         "{p50:.2f}".format(**lat["roundtrip_ms"]), "ms",
-         "p95 {p95:.2f}, p99 {p99:.2f}".format(**lat["roundtrip_ms"])),
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    header = ("figure", "value", "unit", "notes")
-    widths = [max(w, len(h)) for w, h in zip(widths, header, strict=False)]
-    line = f"{header[0]:<{widths[0]}}  {header[1]:>{widths[1]}}  {header[2]:<{widths[2]}}  " \
-           f"{header[3]}"
-    print(line)
-    print("-" * (len(line) + max(len(row[3]) for row in rows) - len(header[3])))
-    for name, value, unit, note in rows:
-        print(f"{name:<{widths[0]}}  {value:>{widths[1]}}  {unit:<{widths[2]}}  {note}")
+    if run_baseline:
+        rows = [
+            ("enqueue, single, QueueClient", f"{single_async:,.0f}", "jobs/s",
+             f"{n_single:,} sequential await add() ({backend})"),
+            ("enqueue, single, SyncQueueClient", f"{single_sync:,.0f}", "jobs/s",
+             f"{n_single:,} sequential add()"),
+            ("enqueue, bulk", f"{bulk:,.0f}", "jobs/s",
+             f"{n_bulk:,} jobs, add_bulk x {BATCH}"),
+            ("process rate, 1 worker process", f"{proc['jobs_per_s']:,.0f}", "jobs/s",
+             f"{n_process:,} no-op jobs, concurrency 50, {proc['span_s']:.2f} s "
+             f"(polled: {proc['jobs_per_s_polled']:,.0f}/s)"),
+            ("worker CPU per job", f"{proc['worker_cpu_us_per_job']:,.0f}", "µs/job",
+             f"worker process at {proc['worker_cpu_utilisation']:.0%} of one core"),
+            ("redis-server CPU per job", f"{proc['redis_cpu_us_per_job']:,.0f}", "µs/job",
+             "same window (add excluded)"),
+            ("pickup latency p50 / p95 / p99",
+             "{p50:.0f} / {p95:.0f} / {p99:.0f}".format(**lat["server_ms"]), "ms",
+             f"started_at - enqueued_at in Redis (1 ms resolution), n={n_latency}"),
+            ("pickup, add() call -> handler start",
+             "{p50:.2f} / {p95:.2f} / {p99:.2f}".format(**lat["handler_ms"]), "ms",
+             "p50 / p95 / p99, wall clock, includes the add round trip"),
+            ("round trip add -> result() p50",
+             "{p50:.2f}".format(**lat["roundtrip_ms"]), "ms",
+             "p95 {p95:.2f}, p99 {p99:.2f}".format(**lat["roundtrip_ms"])),
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        header = ("figure", "value", "unit", "notes")
+        widths = [max(w, len(h)) for w, h in zip(widths, header, strict=False)]
+        line = f"{header[0]:<{widths[0]}}  {header[1]:>{widths[1]}}  " \
+               f"{header[2]:<{widths[2]}}  {header[3]}"
+        print(line)
+        print("-" * (len(line) + max(len(row[3]) for row in rows) - len(header[3])))
+        for name, value, unit, note in rows:
+            print(f"{name:<{widths[0]}}  {value:>{widths[1]}}  {unit:<{widths[2]}}  {note}")
+    if xres:
+        if run_baseline:
+            print()
+        print("executors: ONE worker process (bench_app:executors); CPU in µs per job, "
+              "cores = CPU s per wall s")
+        print_table(
+            ("handler", "executor", "conc.", "jobs", "jobs/s", "worker µs", "children µs",
+             "total µs", "cores (worker + children)", "threads"),
+            executor_rows(xres),
+            (False, False, True, True, True, True, True, True, True, True))
     if worker_log:
         print()
         print("worker output (warnings and errors):")
         print(worker_log)
 
     if args.json:
-        payload = {
+        payload: dict[str, Any] = {
             "machine": machine,
-            "mode": "quick" if args.quick else "full",
+            "mode": mode,
             "backend": backend,
             "appendonly": False,
             "command": " ".join([".venv/bin/python", "scripts/bench.py",
                                  *(sys.argv[1:] if argv is None else argv)]),
-            "enqueue": {"single_async_jobs_per_s": single_async,
-                        "single_sync_jobs_per_s": single_sync,
-                        "bulk_jobs_per_s": bulk, "n_single": n_single, "n_bulk": n_bulk,
-                        "bulk_batch": BATCH},
-            "process": proc,
-            "latency": lat,
         }
+        if run_baseline:
+            payload.update({
+                "enqueue": {"single_async_jobs_per_s": single_async,
+                            "single_sync_jobs_per_s": single_sync,
+                            "bulk_jobs_per_s": bulk, "n_single": n_single, "n_bulk": n_bulk,
+                            "bulk_batch": BATCH},
+                "process": proc,
+                "latency": lat,
+            })
+        if xres:
+            payload["executors"] = xres
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"\nfigures written to {args.json}")
     return 0

@@ -15,7 +15,8 @@ import pytest
 
 from tests.helpers import ROOT, subprocess_env
 
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+# Files starting with "_" are helper modules of the examples, not examples.
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 
 EXPECTED: dict[str, list[str]] = {
     "quickstart.py": [
@@ -54,6 +55,29 @@ EXPECTED: dict[str, list[str]] = {
         "while it was active: it ended cancelled",
         "counts: completed=5, cancelled=2",
         "reading it now raises JobNotFound",
+    ],
+    "executor_thread.py": [
+        "worker started (executor thread, concurrency 4)",
+        "all 8 thumbnails done: {'image': 'photo-1.jpg', 'size': '128x128'}",
+        "at most 4 handlers ran at once",
+        "job 1: completed, progress 100, log 'resizing photo-1.jpg'",
+        "worker stopped after 8 jobs",
+    ],
+    "executor_subprocess.py": [
+        "handler _executor_handlers:build_report",
+        "sees REPORT_LOCALE='en_GB' and EXAMPLE_API_TOKEN=None",
+        "report: 40 rows, progress 100, in the same child",
+        "huge: failed: MemoryError: child exceeded memory limit 256 MB",
+        "spin: failed: ChildCrashed: child exceeded CPU limit 2 s (SIGXCPU)",
+        "after the failures: 3 rows in a fresh child (new pid)",
+        "worker stopped: 3 completed, 2 failed",
+    ],
+    "executor_inline.py": [
+        "fast: looked up ada",
+        "slow: failed after 2 attempts, failure_reason=timeout, error JobTimeout",
+        "export: completed during shutdown with {'batches': ",
+        "'complete': False}, log ['stopping early after ",
+        "workers stopped",
     ],
 }
 

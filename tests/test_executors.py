@@ -229,6 +229,15 @@ async def test_children_are_recycled_after_max_jobs(redis_url: str) -> None:
     assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
 
 
+async def test_child_job_carries_its_options_and_enqueue_time(redis_url: str) -> None:
+    async with QueueClient(redis_url) as client, running("s-options", redis_url):
+        handle = await client.queue("s-options").add({}, attempts=3, timeout=7.0)
+        seen = await handle.result(timeout=20)
+        info = await handle.info()
+    assert seen["attempts"] == 3 and seen["timeout"] == 7.0
+    assert info.enqueued_at is not None and seen["enqueued_at"] == info.enqueued_at.isoformat()
+
+
 async def test_async_handler_runs_in_a_child_too(redis_url: str) -> None:
     async with running("s-async", redis_url):
         assert await add_and_wait(redis_url, "s-async", 7) == "async in child 7"
@@ -262,6 +271,11 @@ async def test_registration_errors_name_the_problem() -> None:
     with pytest.raises(ConfigError, match="module-level function"):
         def nested(job: Job) -> None: ...
         registry.handler("b", executor="subprocess")(nested)
+    with pytest.raises(ConfigError, match="cannot be imported again"):
+        def script_level(job: Job) -> None: ...
+        script_level.__module__ = "__main__"
+        script_level.__qualname__ = "script_level"
+        registry.handler("b2", executor="subprocess")(script_level)
     with pytest.raises(ConfigError, match="async; the thread executor"):
         registry.handler("c", executor="thread")(_async_noop)
     with pytest.raises(ConfigError, match="unknown executor 'warp'"):

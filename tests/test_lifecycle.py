@@ -23,6 +23,7 @@ from panqueue import (
     PayloadError,
     QueueClient,
     Registry,
+    Retention,
     Retry,
     SyncQueueClient,
     TimeoutError,
@@ -369,7 +370,7 @@ async def test_retention_keeps_only_the_newest_finished_jobs(
         redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
     registry = Registry()
 
-    @registry.handler(queue_name, concurrency=5, keep_completed=5)
+    @registry.handler(queue_name, concurrency=5, retention=Retention(completed=5))
     async def noop(job: Job) -> None:
         return None
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from panqueue._codec import decode, encode
-from panqueue._job import ErrorInfo, JobInfo, JobState
+from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.scripts import SCRIPTS, Script
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
@@ -221,3 +222,122 @@ def parse_claim(reply: list[Any], offset: int = 0) -> tuple[list[ClaimedJob], in
 
 def encode_error(error: ErrorInfo) -> bytes:
     return encode(error.to_wire())
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """A schedule as stored in Redis."""
+
+    name: str
+    queue: str
+    next_run: datetime
+    definition: dict[str, Any]
+
+
+def server_time_ms() -> Op[int]:
+    seconds, micros = yield Command(("TIME",))
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def schedule_set(keys: QueueKeys, name: str, definition: bytes, first_run_ms: int) -> Op[bool]:
+    reply = yield script_call(SCRIPTS.schedule, keys, "set", name, definition, first_run_ms)
+    return bool(reply)
+
+
+def schedule_tick(keys: QueueKeys, name: str, expected_ms: int, next_ms: int, job: NewJob
+                  ) -> Op[bool]:
+    reply = yield script_call(SCRIPTS.schedule, keys, "tick", name, expected_ms, next_ms,
+                              job.job_id or "", job.data, job.priority, job.options)
+    return bool(reply)
+
+
+def schedule_times(keys: QueueKeys) -> Op[tuple[int, list[tuple[str, int]]]]:
+    """The server's time and every schedule's next run (ms)."""
+    (seconds, micros), entries = yield Batch((
+        Command(("TIME",)),
+        Command(("ZRANGE", keys.schedules, 0, -1, "WITHSCORES")),
+    ))
+    now = int(seconds) * 1000 + int(micros) // 1000
+    return now, [(name.decode(), int(float(score))) for name, score in entries]
+
+
+def list_schedules(keys: QueueKeys) -> Op[list[ScheduleInfo]]:
+    _, entries = yield from schedule_times(keys)
+    if not entries:
+        return []
+    definitions = yield Batch(tuple(Command(("HGET", keys.schedule(name), "def"))
+                                    for name, _ in entries))
+    return [ScheduleInfo(name, keys.name, from_ms(ms) or datetime.now(UTC), decode(d) or {})
+            for (name, ms), d in zip(entries, definitions, strict=True)]
+
+
+def remove_schedule(keys: QueueKeys, name: str) -> Op[bool]:
+    reply = yield script_call(SCRIPTS.schedule, keys, "remove", name)
+    return bool(reply)
+
+
+def clean(keys: QueueKeys, completed_age_ms: int, failed_age_ms: int, limit: int = 1000
+          ) -> Op[int]:
+    reply = yield script_call(SCRIPTS.clean, keys, completed_age_ms, failed_age_ms, limit)
+    return int(reply)
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One lifecycle event from a queue's event stream.
+
+    ``type``: added, active, progress, completed, failed, retried, stalled, cancelled, waiting,
+    removed, paused, resumed. ``id`` is the stream id: pass it as ``after=`` to resume.
+    ``fields`` holds the rest (``result``, ``error``, ``progress``, ``attempt``, ``state``,
+    ``reason``), decoded.
+    """
+
+    id: str
+    type: str
+    queue: str
+    job_id: str
+    fields: dict[str, Any]
+
+
+_EVENT_FIELDS = {b"r": "result", b"e": "error", b"pg": "progress", b"a": "attempt",
+                 b"s": "state", b"fr": "reason", b"why": "why"}
+_ENCODED_FIELDS = frozenset({b"r", b"e", b"pg"})
+
+
+def _event(queue: str, entry_id: bytes, entry: dict[bytes, bytes]) -> Event:
+    fields: dict[str, Any] = {}
+    for raw_key, raw_value in entry.items():
+        if raw_key in (b"ev", b"id"):
+            continue
+        key = _EVENT_FIELDS.get(raw_key, raw_key.decode())
+        if raw_key in _ENCODED_FIELDS:
+            value: Any = decode(raw_value)
+            if raw_key == b"e":
+                value = ErrorInfo.from_wire(value)
+        elif raw_key == b"a":
+            value = int(raw_value)
+        else:
+            value = raw_value.decode()
+        fields[key] = value
+    return Event(entry_id.decode(), entry[b"ev"].decode(), queue,
+                 entry.get(b"id", b"").decode(), fields)
+
+
+def last_event_id(keys: QueueKeys) -> Op[str]:
+    reply = yield Command(("XREVRANGE", keys.events, "+", "-", "COUNT", 1))
+    return reply[0][0].decode() if reply else "0-0"
+
+
+def read_events(keys: QueueKeys, after: str, block_ms: int, count: int = 500
+                ) -> Op[list[Event]]:
+    """Events after stream id ``after``, waiting up to ``block_ms`` for the first one."""
+    reply = yield Command(("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", keys.events,
+                           after))
+    return [_event(keys.name, entry_id, entry)
+            for _stream, entries in reply or () for entry_id, entry in entries]

@@ -53,6 +53,8 @@ class _Scripts:
         self.retry = _load("retry")
         self.remove = _load("remove")
         self.progress = _load("progress")
+        self.schedule = _load("schedule")
+        self.clean = _load("clean")
 
 
 SCRIPTS = _Scripts()

@@ -114,10 +114,12 @@ class SubprocessExecutor(Executor):
 
     @classmethod
     def check_handler(cls, fn: Any, queue: str) -> None:
-        if "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+        if "<locals>" in getattr(fn, "__qualname__", "<locals>") or \
+                getattr(fn, "__module__", "__main__") == "__main__":
             raise ConfigError(
-                f"handler for queue {queue!r} must be a module-level function for "
-                "executor='subprocess' (the child imports it by name)")
+                f"handler for queue {queue!r} must be a module-level function of an importable "
+                "module for executor='subprocess' (the child imports it by name; a script's "
+                "__main__ cannot be imported again)")
 
     def __init__(self, handler: Any) -> None:
         super().__init__(handler)
@@ -148,10 +150,17 @@ class SubprocessExecutor(Executor):
             })
             ready = await child.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_TERM_GRACE):
+                await process.wait()  # it exited: report how, rather than our own SIGTERM
+            returncode = process.returncode
             await child.terminate()
-            raise ChildCrashed(
-                f"child could not start: {describe_exit(process.returncode or -1, self.isolation)}"
-                f" (is {self.handler.import_path} importable?)") from None
+            how = "did not answer" if returncode is None else describe_exit(returncode,
+                                                                             self.isolation)
+            raise ChildCrashed(f"child could not start: {how} (is {self.handler.import_path} "
+                               "importable? its traceback is on the worker's stderr)") from None
+        except BaseException:
+            await child.terminate()  # cancelled while starting: never leave a child behind
+            raise
         if ready.get("t") != "ready":
             await child.terminate()
             raise ChildCrashed(f"child sent {ready!r} instead of 'ready'")
@@ -163,8 +172,15 @@ class SubprocessExecutor(Executor):
         child = self._idle.pop() if self._idle else await self._spawn()
         healthy = False
         try:
-            await child.send({"t": "run", "id": job.id, "queue": job.queue, "data": job.data,
-                              "attempt": job.attempt})
+            options = job.options
+            await child.send({
+                "t": "run", "id": job.id, "queue": job.queue, "data": job.data,
+                "attempt": job.attempt,
+                "options": {"attempts": options.attempts, "backoff": options.backoff.to_wire(),
+                            "timeout": options.timeout},
+                "enqueued_at": None if job.enqueued_at is None else int(
+                    job.enqueued_at.timestamp() * 1000),
+            })
             with anyio.move_on_after(timeout) as scope:
                 async with anyio.create_task_group() as tg:
 

@@ -146,3 +146,23 @@ def child_cooperative(job: Job) -> str:
 @queues.handler("s-async", executor="subprocess")
 async def child_async(job: Job) -> str:
     return f"async in child {job.data}"
+
+
+@queues.handler("t-cancel", executor="thread", lock_ttl=60)
+def thread_until_cancelled(job: Job) -> str:
+    _redis().rpush("t-cancel:started", job.id)
+    while not job.should_stop():
+        time.sleep(0.01)
+    return "saw should_stop"
+
+
+@queues.handler("s-cancel", executor="subprocess", lock_ttl=60, env=["PATH", "EXEC_APP_URL"])
+def child_until_cancelled(job: Job) -> None:
+    _redis().rpush("s-cancel:started", os.getpid())
+    time.sleep(60)
+
+
+@queues.handler("s-options", executor="subprocess")
+def child_sees_options(job: Job) -> dict[str, object]:
+    return {"attempts": job.options.attempts, "timeout": job.options.timeout,
+            "enqueued_at": None if job.enqueued_at is None else job.enqueued_at.isoformat()}

@@ -35,3 +35,12 @@ async def graceful(job: Job) -> str:
     _redis.rpush(f"started:{job.id}", os.getpid())
     await anyio.sleep(job.data["seconds"])
     return "finished"
+
+
+queues.schedule("every-second", "ticks", every=1.0, data={"kind": "tick"})
+
+
+@queues.handler("ticks", concurrency=5)
+async def tick(job: Job) -> str:
+    _redis.hincrby("tick-runs", job.id, 1)
+    return job.id

@@ -161,3 +161,32 @@ local function finish(jkey, id, set, state, now, keep)
   redis.call('ZADD', set, now, id)
   trim_finished(set, keep)
 end
+
+-- Create one job (WAITING or DELAYED). Returns id, created (0 when a job with that id exists:
+-- it is left unchanged), and whether idle workers must be woken.
+local function add_job(now, id, data, priority, delay, run_at, options, wait_was_empty)
+  if id == '' then
+    id = tostring(redis.call('HINCRBY', K_META, 'id', 1))
+  elseif redis.call('EXISTS', job_key(id)) == 1 then
+    return id, 0, false
+  end
+  local jkey = job_key(id)
+  if run_at == 0 and delay > 0 then
+    run_at = now + delay
+  end
+  redis.call('HSET', jkey, 'd', data, 'p', priority, 'et', now, 'a', 0)
+  if options ~= '' then
+    redis.call('HSET', jkey, 'o', options)
+  end
+  if run_at > now then
+    redis.call('HSET', jkey, 's', 'delayed')
+    redis.call('ZADD', K_DELAYED, run_at, id)
+    emit('added', id, 's', 'delayed')
+    -- Idle workers sleep until the earliest delayed job: tell them when that moves.
+    local first = redis.call('ZRANGE', K_DELAYED, 0, 0)
+    return id, 1, first[1] == id
+  end
+  enqueue_waiting(jkey, id)
+  emit('added', id, 's', 'waiting')
+  return id, 1, wait_was_empty
+end

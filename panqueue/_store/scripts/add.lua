@@ -14,48 +14,17 @@
 local n = tonumber(ARGV[1])
 local now = now_ms()
 local wait_was_empty = redis.call('ZCARD', K_WAIT) == 0
-local woke = false
+local wake = false
 local reply = {}
 for i = 0, n - 1 do
   local base = 2 + i * 6
-  local id = ARGV[base]
-  local created = 1
-  if id == '' then
-    id = tostring(redis.call('HINCRBY', K_META, 'id', 1))
-  elseif redis.call('EXISTS', job_key(id)) == 1 then
-    created = 0
-  end
-  if created == 1 then
-    local jkey = job_key(id)
-    local priority = tonumber(ARGV[base + 2])
-    local delay = tonumber(ARGV[base + 3])
-    local run_at = tonumber(ARGV[base + 4])
-    if run_at == 0 and delay > 0 then
-      run_at = now + delay
-    end
-    redis.call('HSET', jkey, 'd', ARGV[base + 1], 'p', priority, 'et', now, 'a', 0)
-    if ARGV[base + 5] ~= '' then
-      redis.call('HSET', jkey, 'o', ARGV[base + 5])
-    end
-    if run_at > now then
-      redis.call('HSET', jkey, 's', 'delayed')
-      redis.call('ZADD', K_DELAYED, run_at, id)
-      emit('added', id, 's', 'delayed')
-      local first = redis.call('ZRANGE', K_DELAYED, 0, 0)
-      if first[1] == id and not woke then
-        wake_workers()
-        woke = true
-      end
-    else
-      enqueue_waiting(jkey, id)
-      emit('added', id, 's', 'waiting')
-      if wait_was_empty and not woke then
-        wake_workers()
-        woke = true
-      end
-    end
-  end
+  local id, created, woke = add_job(now, ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]),
+    tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), ARGV[base + 5], wait_was_empty)
+  wake = wake or woke
   reply[#reply + 1] = id
   reply[#reply + 1] = created
+end
+if wake then
+  wake_workers()
 end
 return reply

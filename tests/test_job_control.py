@@ -1,0 +1,273 @@
+"""Schedules, cancellation in every executor, retention, and the event stream."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import (
+    ConfigError,
+    Job,
+    JobFailed,
+    JobState,
+    PayloadError,
+    QueueClient,
+    Registry,
+    Retention,
+    SyncQueueClient,
+    Worker,
+)
+from panqueue._keys import QueueKeys
+from tests.helpers import (
+    APPS,
+    async_wait_until,
+    panqueue_command,
+    run_cli,
+    subprocess_env,
+    wait_until,
+)
+
+sys.path.insert(0, str(APPS))
+import itertools
+
+import exec_app
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def running(registry: Registry, queue: str, url: str, **options: Any
+                  ) -> AsyncIterator[Worker]:
+    worker = Worker(registry, queue, url=url, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            await worker.shutdown(grace=5)
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def test_every_second_schedule_with_two_workers_enqueues_one_job_per_tick(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    env = subprocess_env(PANQUEUE_URL=redis_url)
+    procs = [subprocess.Popen(panqueue_command("worker", "proc_app:queues", "-q", "ticks",
+                                               "--url", redis_url, "--log-level", "warning",
+                                               "--backend", backend), env=env)
+             for backend in ("asyncio", "trio")]
+    try:
+        wait_until(lambda: redis_client.hlen("tick-runs") >= 5, timeout=30,
+                   what="five ticks to run")
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(30) for proc in procs]
+    assert codes == [0, 0]
+    runs = {k.decode(): int(v) for k, v in redis_client.hgetall("tick-runs").items()}
+    assert set(runs.values()) == {1}  # no tick ran twice
+    ticks = sorted(int(job_id.rsplit(":", 1)[1]) for job_id in runs)
+    assert all(job_id.startswith("schedule:every-second:") for job_id in runs)
+    # One job per tick: consecutive ticks, one second apart, none missing, none doubled.
+    assert [b - a for a, b in itertools.pairwise(ticks)] == [1000] * (len(ticks) - 1)
+    with SyncQueueClient(redis_url) as client:
+        counts = client.counts("ticks")
+        [info] = client.schedules("ticks")
+    assert counts[JobState.COMPLETED] == len(runs)
+    assert info.name == "every-second" and info.definition["every"] == 1.0
+
+
+async def test_overdue_schedule_runs_once_on_catch_up(redis_url: str, queue_name: str,
+                                                      redis_client: redis.Redis) -> None:
+    registry = Registry()
+    registry.schedule("hourly", queue_name, cron="0 * * * *", data={"n": 1})
+
+    @registry.handler(queue_name)
+    async def record(job: Job) -> str:
+        return job.id
+
+    keys = QueueKeys(queue_name)
+    # Registered by an earlier worker; then no worker ran for three hours.
+    overdue = int((datetime.now(UTC) - timedelta(hours=3)).replace(
+        minute=0, second=0, microsecond=0).timestamp() * 1000)
+    redis_client.hset(keys.schedule("hourly"), "def", registry.schedules_for(queue_name)[0]
+                      .definition())
+    redis_client.zadd(keys.schedules, {"hourly": overdue})
+    async with QueueClient(redis_url) as client:
+        async with running(registry, queue_name, redis_url):
+            handle = client.queue(queue_name).job(f"schedule:hourly:{overdue}")
+
+            async def enqueued() -> bool:
+                return bool(redis_client.exists(keys.job(handle.id)))
+
+            await async_wait_until(enqueued, what="the overdue tick's job")
+            assert await handle.result(timeout=10) == handle.id
+            [info] = await client.schedules(queue_name)
+        assert info.next_run > datetime.now(UTC)
+        assert info.next_run.minute == 0
+        counts = await client.counts(queue_name)
+    assert counts[JobState.COMPLETED] == 1  # not one per missed hour
+
+
+async def test_schedule_definitions_are_validated() -> None:
+    registry = Registry()
+    with pytest.raises(ConfigError, match="invalid cron expression '61 \\* \\* \\* \\*'"):
+        registry.schedule("bad", "q", cron="61 * * * *")
+    with pytest.raises(ConfigError, match="exactly one of cron= or every="):
+        registry.schedule("both", "q", cron="* * * * *", every=5)
+    with pytest.raises(ConfigError, match="unknown time zone 'Mars/Olympus'"):
+        registry.schedule("tz", "q", every=5, tz="Mars/Olympus")
+    with pytest.raises(PayloadError, match="schedule 'data': data: set is not JSON"):
+        registry.schedule("data", "q", every=5, data={1, 2})
+    schedule = registry.schedule("paris", "q", cron="30 9 * * *", tz="Europe/Paris")
+    with pytest.raises(ConfigError, match="already defined"):
+        registry.schedule("paris", "q", every=1)
+    # 09:30 in Paris on a winter day is 08:30 UTC.
+    start = int(datetime(2026, 1, 10, 12, 0, tzinfo=UTC).timestamp() * 1000)
+    following = datetime.fromtimestamp(schedule.next_after(start) / 1000, UTC)
+    assert following == datetime(2026, 1, 11, 8, 30, tzinfo=UTC)
+
+
+def test_cli_lists_and_removes_schedules(redis_url: str, redis_client: redis.Redis) -> None:
+    keys = QueueKeys("reports")
+    redis_client.hset(keys.meta, "v", 1)
+    redis_client.hset(keys.schedule("nightly"), "def",
+                      Registry().schedule("nightly", "reports", cron="0 3 * * *").definition())
+    redis_client.zadd(keys.schedules, {"nightly": 4_102_444_800_000})
+    listed = run_cli("schedules", "--url", redis_url)
+    assert listed.returncode == 0, listed.stderr
+    assert "reports\tnightly\t0 3 * * * (UTC)" in listed.stdout
+    removed = run_cli("schedules", "reports", "--remove", "nightly", "--url", redis_url)
+    assert removed.returncode == 0 and "removed" in removed.stdout
+    again = run_cli("schedules", "reports", "--remove", "nightly", "--url", redis_url)
+    assert again.returncode == 2 and "no schedule 'nightly'" in again.stderr
+    assert redis_client.zcard(keys.schedules) == 0
+
+
+# ----------------------------------------------------------------------------- cancellation
+
+
+@pytest.mark.parametrize("queue", ["t-cancel", "s-cancel"])
+async def test_cancelling_an_active_job_in_thread_and_subprocess_executors(
+        redis_url: str, redis_client: redis.Redis, queue: str) -> None:
+    os.environ["EXEC_APP_URL"] = redis_url
+    async with QueueClient(redis_url) as client, running(exec_app.queues, queue, redis_url):
+        handle = await client.queue(queue).add({})
+
+        async def started() -> bool:
+            return bool(redis_client.llen(f"{queue}:started"))
+
+        await async_wait_until(started, timeout=20, what="the job to start")
+        assert await client.cancel(queue, handle.id) is JobState.ACTIVE
+        with pytest.raises(JobFailed, match="cancelled"):
+            await handle.result(timeout=10)
+        info = await handle.info()
+    assert info.state is JobState.CANCELLED
+    assert info.attempts == 1  # not retried
+    if queue == "s-cancel":
+        child = int(redis_client.lindex("s-cancel:started", 0) or 0)
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+
+
+# ----------------------------------------------------------------------------- retention
+
+
+async def test_retention_bounds_a_stream_of_10000_jobs(redis_url: str, queue_name: str,
+                                                       redis_client: redis.Redis) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=50, retention=Retention(completed=100))
+    async def noop(job: Job) -> int:
+        return 1
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        async with running(registry, queue_name, redis_url):
+            for start in range(0, 10_000, 1000):
+                handles = await queue.add_bulk(list(range(start, start + 1000)))
+            await handles[-1].result(timeout=60)
+
+            async def drained() -> bool:
+                counts = await client.counts(queue_name)
+                return counts[JobState.WAITING] + counts[JobState.ACTIVE] == 0
+
+            await async_wait_until(drained, timeout=60, what="all 10,000 jobs")
+        counts = await client.counts(queue_name)
+    assert counts[JobState.COMPLETED] == 100
+    jobs = sum(1 for _ in redis_client.scan_iter(match=f"{{q:{queue_name}}}:job:*", count=1000))
+    assert jobs == 100
+    assert redis_client.xlen(QueueKeys(queue_name).events) < 12_000  # capped
+
+
+async def test_finished_jobs_older_than_their_age_limit_are_deleted(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, retention=Retention(completed_for=0.3), lock_ttl=0.6)
+    async def noop(job: Job) -> None:
+        return None
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+        handle = await client.queue(queue_name).add({})
+        await handle.result(timeout=10)
+
+        async def gone() -> bool:
+            return (await client.counts(queue_name))[JobState.COMPLETED] == 0
+
+        await async_wait_until(gone, timeout=10, what="the completed job to be cleaned")
+
+
+# ----------------------------------------------------------------------------- events
+
+
+async def test_events_iterator_resumes_after_a_disconnect_without_loss(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=5)
+    async def work(job: Job) -> int:
+        await job.progress(50)
+        return int(job.data)
+
+    seen: list[Any] = []
+    async with QueueClient(redis_url) as client, QueueClient(redis_url) as reader:
+        first = await client.queue(queue_name).add(-1)
+        start = await reader.events(queue_name, after="0-0").__anext__()
+        assert (start.type, start.job_id) == ("added", first.id)
+        async with running(registry, queue_name, redis_url):
+            async with anyio.create_task_group() as tg:
+
+                async def collect() -> None:
+                    async for event in reader.events(queue_name, after=start.id):
+                        seen.append(event)
+                        if event.type == "completed" and event.fields["result"] == 39:
+                            return
+
+                tg.start_soon(collect)
+                for n in range(40):
+                    await client.queue(queue_name).add(n)
+                    if n in (10, 25):  # cut every connection, readers' included
+                        own = redis_client.client_id()
+                        for entry in redis_client.client_list():
+                            if int(entry["id"]) != own:
+                                redis_client.client_kill_filter(_id=int(entry["id"]))
+    stream = redis_client.xrange(QueueKeys(queue_name).events, min=f"({start.id}")
+    expected = [entry_id.decode() for entry_id, _ in stream]
+    got = [event.id for event in seen]
+    assert got == expected[: len(got)]  # every event, in order, none skipped or repeated
+    completed = [e.fields["result"] for e in seen if e.type == "completed"]
+    assert sorted(completed) == [-1, *range(40)]
+    types = {e.type for e in seen}
+    assert {"added", "active", "progress", "completed"} <= types
