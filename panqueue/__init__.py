@@ -4,6 +4,7 @@ Everything public is importable from here; other modules are private.
 """
 
 from panqueue._client import (
+    FlowJob,
     JobHandle,
     Queue,
     QueueClient,
@@ -12,7 +13,7 @@ from panqueue._client import (
     SyncQueueClient,
 )
 from panqueue._job import ErrorInfo, Fail, Job, JobInfo, JobState, Retry
-from panqueue._options import Backoff, JobOptions, Limits, Retention
+from panqueue._options import Backoff, Dedup, JobOptions, Limits, RateLimit, Retention
 from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
 from panqueue._schedule import Schedule
@@ -36,10 +37,12 @@ __all__ = [
     "Backoff",
     "ConfigError",
     "ConnectionError",
+    "Dedup",
     "ErrorInfo",
     "Event",
     "Executor",
     "Fail",
+    "FlowJob",
     "Handler",
     "Job",
     "JobFailed",
@@ -54,6 +57,7 @@ __all__ = [
     "PayloadError",
     "Queue",
     "QueueClient",
+    "RateLimit",
     "Registry",
     "Retention",
     "Retry",

@@ -7,7 +7,9 @@ drive them: awaiting an async transport, or blocking on redis-py's sync client.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -17,7 +19,7 @@ import anyio
 from panqueue._codec import encode, encode_checked
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, check_job_id
-from panqueue._options import Backoff, check_positive, check_priority, options_to_wire
+from panqueue._options import Backoff, Dedup, check_positive, check_priority, options_to_wire
 from panqueue._registry import Handler
 from panqueue._store import redis_store as ops
 from panqueue._store.redis_store import Event, NewJob, ScheduleInfo
@@ -31,7 +33,8 @@ from panqueue._store.transport import (
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, ConnectionError, PayloadError
 
-__all__ = ["JobHandle", "Queue", "QueueClient", "SyncJobHandle", "SyncQueue", "SyncQueueClient"]
+__all__ = ["FlowJob", "JobHandle", "Queue", "QueueClient", "SyncJobHandle", "SyncQueue",
+           "SyncQueueClient"]
 
 T = TypeVar("T")
 
@@ -40,23 +43,41 @@ _RECONNECT_MIN = 0.05
 _RECONNECT_MAX = 5.0
 
 _ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
-                          "timeout"})
-_QUEUE_DEFAULTS = _ADD_OPTIONS - {"job_id", "run_at"}
+                          "timeout", "key", "dedup", "depends_on"})
+_QUEUE_DEFAULTS = frozenset({"delay", "priority", "attempts", "backoff", "timeout"})
+# How long ``add(..., durable=True)`` waits for the server's fsync.
+DURABLE_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class FlowJob:
+    """One job of a flow (``queue.add_flow``): ``depends_on`` names earlier jobs of the same
+    flow by index, or existing jobs of the queue by id."""
+
+    data: Any = None
+    depends_on: Sequence[int | str] = ()
+    job_id: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def _queue_target(queue: str | Handler[Any, Any], defaults: dict[str, Any]
-                  ) -> tuple[QueueKeys, dict[str, Any]]:
+                  ) -> tuple[QueueKeys, dict[str, Any], str]:
+    """Keys, producer defaults and declared mode ('' = whatever the queue has) of a handle."""
+    mode = defaults.pop("mode", "")
     if isinstance(queue, Handler):
         merged = {**queue.job_defaults, **defaults}
         name = queue.queue
+        mode = mode or queue.options.mode
     else:
         merged = dict(defaults)
         name = queue
+    if mode not in ("", "global", "keyed"):
+        raise ConfigError(f"mode must be 'global' or 'keyed', got {mode!r}")
     unknown = set(merged) - _QUEUE_DEFAULTS
     if unknown:
         raise ConfigError(f"unknown queue default(s): {', '.join(sorted(unknown))} "
                           f"(allowed: {', '.join(sorted(_QUEUE_DEFAULTS))})")
-    return QueueKeys(name), merged
+    return QueueKeys(name), merged, mode
 
 
 def _new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> NewJob:
@@ -79,6 +100,15 @@ def _new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> Ne
     elif o.get("delay") is not None:
         delay_ms = int(check_positive(o["delay"], "delay", allow_zero=True) * 1000)
     wire = options_to_wire(o.get("attempts"), o.get("backoff"), o.get("timeout"))
+    key = o.get("key") or ""
+    if not isinstance(key, str) or (key and not key.isprintable()):
+        raise ConfigError(f"key must be a printable str, got {key!r}")
+    dedup = o.get("dedup")
+    if dedup is not None and not isinstance(dedup, Dedup):
+        raise ConfigError(f"dedup must be a panqueue.Dedup, got {dedup!r}")
+    depends_on = o.get("depends_on") or ()
+    if isinstance(depends_on, str) or not all(isinstance(d, str) and d for d in depends_on):
+        raise ConfigError(f"depends_on must be a list of job ids, got {depends_on!r}")
     return NewJob(
         job_id=job_id,
         data=encode_checked(data, "data"),
@@ -86,6 +116,11 @@ def _new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> Ne
         delay_ms=delay_ms,
         run_at_ms=run_at_ms,
         options=encode(wire) if wire else b"",
+        key=key,
+        depends_on=tuple(depends_on),
+        dedup_key="" if dedup is None else dedup.key,
+        dedup_ttl_ms=0 if dedup is None else max(1, int(dedup.ttl * 1000)),
+        dedup_strategy="" if dedup is None else dedup.strategy,
     )
 
 
@@ -96,6 +131,34 @@ def _new_jobs(defaults: dict[str, Any], items: Iterable[Any]) -> list[NewJob]:
             jobs.append(_new_job(defaults, item, {}))
         except PayloadError as exc:
             raise PayloadError(f"item {index}: {exc}") from None
+    return jobs
+
+
+def _flow_jobs(defaults: dict[str, Any], flow: Sequence[FlowJob]) -> list[NewJob]:
+    """Give every job of a flow an id and turn index references into ids. A job may only
+    depend on earlier ones, so a flow is always acyclic."""
+    prefix = f"flow:{uuid.uuid4().hex[:16]}"
+    ids: list[str] = []
+    jobs = []
+    for index, node in enumerate(flow):
+        if not isinstance(node, FlowJob):
+            raise ConfigError(f"flow item {index} must be a panqueue.FlowJob, got {node!r}")
+        deps = []
+        for ref in node.depends_on:
+            if isinstance(ref, int) and not isinstance(ref, bool):
+                if not 0 <= ref < index:
+                    raise ConfigError(f"flow item {index}: depends_on index {ref} must point to "
+                                      "an earlier item")
+                deps.append(ids[ref])
+            else:
+                deps.append(str(ref))
+        job_id = node.job_id or f"{prefix}:{index}"
+        try:
+            jobs.append(_new_job(defaults, node.data,
+                                 {**node.options, "job_id": job_id, "depends_on": deps}))
+        except PayloadError as exc:
+            raise PayloadError(f"flow item {index}: {exc}") from None
+        ids.append(job_id)
     return jobs
 
 
@@ -132,21 +195,31 @@ class JobHandle:
 class Queue:
     """A queue handle with per-queue defaults; ``add`` arguments override them."""
 
-    def __init__(self, client: QueueClient, keys: QueueKeys, defaults: dict[str, Any]) -> None:
+    def __init__(self, client: QueueClient, keys: QueueKeys, defaults: dict[str, Any],
+                 mode: str = "") -> None:
         self._client = client
         self.keys = keys
         self.name = keys.name
         self.defaults = defaults
+        self.mode = mode
 
     async def add(self, data: Any = None, *, job_id: str | None = None,
                   delay: float | None = None, run_at: datetime | None = None,
                   priority: int | None = None, attempts: int | None = None,
-                  backoff: Backoff | None = None, timeout: float | None = None) -> JobHandle:
-        """Add one job. With ``job_id``, adding an existing id returns that job unchanged."""
-        job = _new_job(self.defaults, data, dict(job_id=job_id, delay=delay, run_at=run_at,
-                                                 priority=priority, attempts=attempts,
-                                                 backoff=backoff, timeout=timeout))
-        [(job_id_, created)] = await self._client._run(ops.add_jobs(self.keys, [job]))
+                  backoff: Backoff | None = None, timeout: float | None = None,
+                  key: str | None = None, dedup: Dedup | None = None,
+                  depends_on: Sequence[str] | None = None, durable: bool = False) -> JobHandle:
+        """Add one job. With ``job_id``, adding an existing id returns that job unchanged.
+
+        ``key``: the concurrency key (keyed queues). ``dedup``: see :class:`Dedup`.
+        ``depends_on``: ids of jobs of this queue that must complete first (the job is BLOCKED
+        until then). ``durable``: return only once the server has fsynced the write.
+        """
+        job = _new_job(self.defaults, data, dict(
+            job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
+            backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on))
+        [(job_id_, created)] = await self._client._run(ops.add_jobs(
+            self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
         return JobHandle(self._client, self.keys, job_id_, created)
 
     async def add_bulk(self, items: Iterable[Any]) -> list[JobHandle]:
@@ -155,8 +228,18 @@ class Queue:
         jobs = _new_jobs(self.defaults, items)
         if not jobs:
             return []
-        added = await self._client._run(ops.add_jobs(self.keys, jobs))
+        added = await self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
         return [JobHandle(self._client, self.keys, i, c) for i, c in added]
+
+    async def add_flow(self, flow: Sequence[FlowJob]) -> list[JobHandle]:
+        """Add a tree (or any DAG) of jobs with their dependencies in one atomic call."""
+        added = await self._client._run(ops.add_jobs(self.keys, _flow_jobs(self.defaults, flow),
+                                                     self.mode))
+        return [JobHandle(self._client, self.keys, i, c) for i, c in added]
+
+    async def add_chain(self, items: Iterable[Any]) -> list[JobHandle]:
+        """Add jobs that run one after another: each depends on the one before."""
+        return await self.add_flow(_chain(items))
 
     def job(self, job_id: str) -> JobHandle:
         """A handle on an existing job, by id."""
@@ -192,8 +275,11 @@ class QueueClient:
             await transport.aclose()
 
     def queue(self, queue: str | Handler[Any, Any], **defaults: Any) -> Queue:
-        keys, merged = _queue_target(queue, defaults)
-        return Queue(self, keys, merged)
+        """A handle on a queue with producer defaults (``priority``, ``delay``, ``attempts``,
+        ``backoff``, ``timeout``) and optionally ``mode`` ('global' or 'keyed': adds fail
+        if the queue's stored mode differs)."""
+        keys, merged, mode = _queue_target(queue, defaults)
+        return Queue(self, keys, merged, mode)
 
     async def get_job(self, queue: str, job_id: str) -> JobInfo:
         return await self._run(ops.get_job(QueueKeys(queue), job_id))
@@ -279,28 +365,40 @@ class SyncJobHandle:
 class SyncQueue(Generic[T]):
     """:class:`Queue` for :class:`SyncQueueClient`."""
 
-    def __init__(self, client: SyncQueueClient, keys: QueueKeys, defaults: dict[str, Any]) -> None:
+    def __init__(self, client: SyncQueueClient, keys: QueueKeys, defaults: dict[str, Any],
+                 mode: str = "") -> None:
         self._client = client
         self.keys = keys
         self.name = keys.name
         self.defaults = defaults
+        self.mode = mode
 
     def add(self, data: Any = None, *, job_id: str | None = None, delay: float | None = None,
             run_at: datetime | None = None, priority: int | None = None,
             attempts: int | None = None, backoff: Backoff | None = None,
-            timeout: float | None = None) -> SyncJobHandle:
-        job = _new_job(self.defaults, data, dict(job_id=job_id, delay=delay, run_at=run_at,
-                                                 priority=priority, attempts=attempts,
-                                                 backoff=backoff, timeout=timeout))
-        [(job_id_, created)] = self._client._run(ops.add_jobs(self.keys, [job]))
+            timeout: float | None = None, key: str | None = None, dedup: Dedup | None = None,
+            depends_on: Sequence[str] | None = None, durable: bool = False) -> SyncJobHandle:
+        job = _new_job(self.defaults, data, dict(
+            job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
+            backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on))
+        [(job_id_, created)] = self._client._run(ops.add_jobs(
+            self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
         return SyncJobHandle(self._client, self.keys, job_id_, created)
 
     def add_bulk(self, items: Iterable[Any]) -> list[SyncJobHandle]:
         jobs = _new_jobs(self.defaults, items)
         if not jobs:
             return []
-        added = self._client._run(ops.add_jobs(self.keys, jobs))
+        added = self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
         return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
+
+    def add_flow(self, flow: Sequence[FlowJob]) -> list[SyncJobHandle]:
+        added = self._client._run(ops.add_jobs(self.keys, _flow_jobs(self.defaults, flow),
+                                               self.mode))
+        return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
+
+    def add_chain(self, items: Iterable[Any]) -> list[SyncJobHandle]:
+        return self.add_flow(_chain(items))
 
     def job(self, job_id: str) -> SyncJobHandle:
         return SyncJobHandle(self._client, self.keys, job_id, False)
@@ -335,8 +433,8 @@ class SyncQueueClient:
             transport.close()
 
     def queue(self, queue: str | Handler[Any, Any], **defaults: Any) -> SyncQueue[Any]:
-        keys, merged = _queue_target(queue, defaults)
-        return SyncQueue(self, keys, merged)
+        keys, merged, mode = _queue_target(queue, defaults)
+        return SyncQueue(self, keys, merged, mode)
 
     def get_job(self, queue: str, job_id: str) -> JobInfo:
         return self._run(ops.get_job(QueueKeys(queue), job_id))
@@ -383,3 +481,8 @@ class SyncQueueClient:
             for event in batch:
                 position = event.id
                 yield event
+
+
+def _chain(items: Iterable[Any]) -> list[FlowJob]:
+    return [FlowJob(data, depends_on=(index - 1,) if index else ())
+            for index, data in enumerate(items)]

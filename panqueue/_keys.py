@@ -48,7 +48,8 @@ def check_job_id(job_id: object) -> str:
 class QueueKeys:
     """Names of the keys and the notify channel of one queue."""
 
-    __slots__ = ("active", "cancelled", "completed", "delayed", "events", "failed", "meta",
+    __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "failed",
+                 "meta",
                  "name", "notify", "prefix", "schedules", "wait")
 
     def __init__(self, name: str) -> None:
@@ -57,6 +58,7 @@ class QueueKeys:
         self.meta = self.prefix + "meta"
         self.wait = self.prefix + "wait"
         self.delayed = self.prefix + "delayed"
+        self.blocked = self.prefix + "blocked"
         self.active = self.prefix + "active"
         self.completed = self.prefix + "completed"
         self.failed = self.prefix + "failed"

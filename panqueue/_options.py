@@ -195,3 +195,47 @@ class Retention:
     @staticmethod
     def age_ms(seconds: float | None) -> int:
         return -1 if seconds is None else int(seconds * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``max`` jobs of the queue start in any window of ``per`` seconds, across all
+    workers and hosts (a sliding window, so no burst of 2 x max across a window boundary).
+    With ``per_key=True`` (keyed queues) the limit applies to each key separately."""
+
+    max: int
+    per: float = 1.0
+    per_key: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1:
+            raise ConfigError(f"RateLimit.max must be an int >= 1, got {self.max!r}")
+        check_positive(self.per, "RateLimit.per")
+        if self.per < 0.001:
+            raise ConfigError(f"RateLimit.per must be at least 0.001 s, got {self.per!r}")
+
+
+DEDUP_STRATEGIES = ("keep", "replace", "extend")
+
+
+@dataclass(frozen=True, slots=True)
+class Dedup:
+    """Deduplicate adds by ``key`` for ``ttl`` seconds.
+
+    While a job added under the same key exists and the key is live: ``keep`` returns the
+    existing job unchanged; ``extend`` does too and restarts the TTL; ``replace`` deletes the
+    existing job if it has not started yet (waiting, delayed or blocked) and adds the new one,
+    and adds the new one beside it if it has already started or finished.
+    """
+
+    key: str
+    ttl: float = 60.0
+    strategy: str = "keep"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key or not self.key.isprintable():
+            raise ConfigError(f"Dedup.key must be a non-empty printable str, got {self.key!r}")
+        check_positive(self.ttl, "Dedup.ttl")
+        if self.strategy not in DEDUP_STRATEGIES:
+            raise ConfigError(f"Dedup.strategy must be one of {', '.join(DEDUP_STRATEGIES)}, "
+                              f"got {self.strategy!r}")

@@ -15,6 +15,7 @@ from panqueue._options import (
     Isolation,
     JobOptions,
     Limits,
+    RateLimit,
     Retention,
     check_attempts,
     check_positive,
@@ -42,6 +43,9 @@ class HandlerOptions:
     max_stalls: int
     retention: Retention
     isolation: Isolation | None = None
+    mode: str = "global"
+    key_concurrency: int = 1
+    rate_limit: RateLimit | None = None
 
 
 class Handler(Generic[P, R]):
@@ -111,6 +115,9 @@ class Registry:
         cwd: str | None = None,
         max_jobs_per_child: int | None = None,
         new_session: bool = True,
+        mode: str = "global",
+        key_concurrency: int = 1,
+        rate_limit: RateLimit | None = None,
         **job_defaults: Any,
     ) -> Callable[[Callable[P, R]], Handler[P, R]]:
         """Register the decorated function as the handler of ``queue_id``.
@@ -124,6 +131,9 @@ class Registry:
         ``retention``: how many finished jobs the queue keeps, and for how long.
         ``limits``, ``env`` (the environment variables a child may inherit), ``cwd``,
         ``max_jobs_per_child`` and ``new_session`` configure ``executor="subprocess"``.
+        ``mode="keyed"`` with ``key_concurrency=M``: at most M running jobs per concurrency key
+        (``add(..., key=...)``), keys served round-robin. ``rate_limit``: at most
+        ``RateLimit.max`` starts per ``RateLimit.per`` seconds across all workers.
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
         ``client.queue(handler)``.
         """
@@ -154,6 +164,15 @@ class Registry:
             timeout=None if timeout is None else check_positive(timeout, "timeout"),
         )
         isolation = _isolation(name, limits, env, cwd, max_jobs_per_child, new_session)
+        if mode not in ("global", "keyed"):
+            raise ConfigError(f"mode for queue {name!r} must be 'global' or 'keyed', got {mode!r}")
+        if isinstance(key_concurrency, bool) or not isinstance(key_concurrency, int) \
+                or key_concurrency < 1:
+            raise ConfigError(f"key_concurrency must be an int >= 1, got {key_concurrency!r}")
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise ConfigError(f"rate_limit must be a panqueue.RateLimit, got {rate_limit!r}")
+        if rate_limit is not None and rate_limit.per_key and mode != "keyed":
+            raise ConfigError(f"RateLimit(per_key=True) for queue {name!r} needs mode='keyed'")
         options = HandlerOptions(
             executor=executor,
             concurrency=concurrency,
@@ -162,6 +181,9 @@ class Registry:
             max_stalls=max_stalls,
             retention=retention or Retention(),
             isolation=isolation,
+            mode=mode,
+            key_concurrency=key_concurrency,
+            rate_limit=rate_limit,
         )
 
         def register(fn: Callable[P, R]) -> Handler[P, R]:

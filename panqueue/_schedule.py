@@ -80,7 +80,7 @@ class Schedule:
     def next_after(self, ms: int) -> int:
         """The first run time strictly after ``ms`` (epoch milliseconds)."""
         if self.every is not None:
-            step = max(1, int(self.every * 1000))
+            step = max(1, round(self.every * 1000))
             return (ms // step + 1) * step
         assert self.cron is not None
         start = datetime.fromtimestamp(ms / 1000, ZoneInfo(self.tz))

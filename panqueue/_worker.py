@@ -31,7 +31,6 @@ from panqueue._options import Retention
 from panqueue._registry import Registry
 from panqueue._store import redis_store as ops
 from panqueue._store.redis_store import (
-    SCHEMA_VERSION,
     ClaimedJob,
     NewJob,
     encode_error,
@@ -41,7 +40,6 @@ from panqueue._store.scripts import SCRIPTS, Script
 from panqueue._store.transport import (
     AsyncSubscriber,
     AsyncTransport,
-    Command,
     open_async_transport,
 )
 from panqueue._url import resolve_url
@@ -58,6 +56,13 @@ _MAX_LOG_LINES = 1000
 _STALL_ERROR = encode_error(
     ErrorInfo("Stalled", "the job's lock expired too many times (its worker died or hung)")
 )
+
+
+class _Cancelled(Fail):
+    """The handler was stopped because ``cancel(queue, id)`` was called for its job."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled")
 
 
 @dataclass(slots=True)
@@ -151,7 +156,12 @@ class Worker:
         transport = self._shared_transport or open_async_transport(self.url)
         self._transport = transport
         try:
-            await transport.execute(Command(("HSETNX", self.keys.meta, "v", SCHEMA_VERSION)))
+            options = self.handler.options
+            rate = options.rate_limit
+            await transport.run(ops.setup_queue(
+                self.keys, options.mode, options.key_concurrency,
+                0 if rate is None else rate.max, 0 if rate is None else int(rate.per * 1000),
+                rate is not None and rate.per_key))
             self._executor = create_executor(self.handler)
             await self._executor.start()
             # Subscribed before the first claim (no lost wake-up), and outside the task group so
@@ -331,7 +341,7 @@ class Worker:
             log.warning("job released at forced shutdown")
             return None
         if running.cancel_requested and running.scope.cancelled_caught:
-            error = Fail("cancelled")
+            error = _Cancelled()
 
         fetch = 0 if self._stopping else 1
         next_token = self._new_token()
@@ -371,8 +381,10 @@ class Worker:
         delay = 0.0
         if isinstance(error, JobTimeout):
             reason = "timeout"
-        if isinstance(error, Fail):
-            final, reason = 1, ("cancelled" if str(error) == "cancelled" else "explicit_fail")
+        if isinstance(error, _Cancelled):
+            final, reason = 1, "cancelled"
+        elif isinstance(error, Fail):
+            final, reason = 1, "explicit_fail"
         elif isinstance(error, Retry) and error.delay is not None:
             delay = error.delay
         elif claimed.attempt < attempts:

@@ -79,6 +79,33 @@ EXPECTED: dict[str, list[str]] = {
         "'complete': False}, log ['stopping early after ",
         "workers stopped",
     ],
+    "schedules.py": [
+        "2 workers started on queue 'maintenance'",
+        "tick 1: job schedule:heartbeat:",
+        "tick 3: job schedule:heartbeat:",
+        "tick time is a whole second: True",
+        "each tick ran once: True",
+        "schedule 'heartbeat': every 1.0 s, data {'check': 'disk'}",
+        "schedule 'nightly-report': cron '0 3 * * *' (Europe/Paris), next run at 03:00 "
+        "Europe/Paris",
+        "removed schedule 'heartbeat': True",
+        "schedules left: []",
+    ],
+    "job_control.py": [
+        "event progress  job 1 {'progress': 25}",
+        "progress 100",
+        "logs: ['rendered page 1 of 4', 'rendered page 2 of 4', 'rendered page 3 of 4', "
+        "'rendered page 4 of 4']",
+        "cancel() while the job was active: result() raised JobFailed, state cancelled",
+        ": cancelled, failure_reason=cancelled, attempts=1, stopped at ",
+        "events: added > active > progress (4x) > completed",
+        "events: added > active > progress",
+        "> cancelled",
+        "after 5 more jobs: completed=3, cancelled=1",
+        "was trimmed by retention: info() raises JobNotFound",
+        "next event is 'added' for job ",
+        "(the first ping: True)",
+    ],
 }
 
 

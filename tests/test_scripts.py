@@ -104,6 +104,16 @@ def test_stalled_sweep_fails_a_job_after_too_many_stalls(store: Store) -> None:
     assert store.t.client.zscore(store.keys.failed, job_id) is not None
 
 
+def test_cancelled_active_job_whose_worker_died_ends_cancelled_not_rerun(store: Store) -> None:
+    [job_id] = store.add()
+    store.claim("w:1")
+    assert store.call(SCRIPTS.cancel, job_id, -1) == b"active"
+    store.expire_locks()
+    assert store.sweep() == (0, 1)
+    assert store.state(job_id) == "cancelled"
+    assert store.claim("w:2") == []
+
+
 def test_sweep_leaves_jobs_with_live_locks_alone(store: Store) -> None:
     ids = store.add(3)
     assert store.claim("w:1", n=3, ttl_ms=60_000) == ids

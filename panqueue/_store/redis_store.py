@@ -18,7 +18,7 @@ from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.scripts import SCRIPTS, Script
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
-from panqueue.errors import JobFailed, JobNotFound, PanqueueError, TimeoutError
+from panqueue.errors import ConfigError, JobFailed, JobNotFound, PanqueueError, TimeoutError
 
 __all__ = [
     "ClaimedJob",
@@ -58,15 +58,69 @@ class NewJob:
     delay_ms: int = 0
     run_at_ms: int = 0
     options: bytes = b""
+    key: str = ""
+    depends_on: tuple[str, ...] = ()
+    dedup_key: str = ""
+    dedup_ttl_ms: int = 0
+    dedup_strategy: str = ""
 
 
-def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob]) -> Op[list[tuple[str, bool]]]:
-    args: list[Any] = [len(jobs)]
+def _refused(reply: Any) -> str | None:
+    """The message of a script's ``{'!', message}`` refusal, if that is what ``reply`` is."""
+    if isinstance(reply, list) and len(reply) == 2 and reply[0] == b"!":
+        return str(reply[1].decode())
+    return None
+
+
+def add_call(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "") -> ScriptCall:
+    args: list[Any] = [len(jobs), mode]
     for job in jobs:
         args += [job.job_id or "", job.data, job.priority, job.delay_ms, job.run_at_ms,
-                 job.options]
-    reply = yield ScriptCall(SCRIPTS.add, (keys.prefix,), tuple(args))
+                 job.options, job.key, encode(list(job.depends_on)) if job.depends_on else "",
+                 job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy]
+    return ScriptCall(SCRIPTS.add, (keys.prefix,), tuple(args))
+
+
+def parse_added(keys: QueueKeys, reply: Any) -> list[tuple[str, bool]]:
+    problem = _refused(reply)
+    if problem is not None:
+        raise ConfigError(f"queue {keys.name!r}: {problem}")
     return [(reply[i].decode(), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
+             durable_timeout_ms: int | None = None) -> Op[list[tuple[str, bool]]]:
+    """Add jobs in one script call. With ``durable_timeout_ms``, also wait (on the same
+    connection) until the server reports the write fsynced to its append-only file."""
+    call = add_call(keys, jobs, mode)
+    if durable_timeout_ms is None:
+        reply = yield call
+        return parse_added(keys, reply)
+    [supported] = yield Command(("COMMAND", "INFO", "WAITAOF"))
+    if not supported:
+        raise ConfigError("durable=True needs a server with WAITAOF (Redis >= 7.2 or Valkey >= "
+                          "8.0); this one has none, so nothing was added")
+    # WAITAOF waits for the writes of *this connection*: send both in one pipeline. EVAL (not
+    # EVALSHA) so that a server without the script cached cannot fail the pipeline.
+    reply, persisted = yield Batch((
+        Command(("EVAL", call.script.body, len(call.keys), *call.keys, *call.args)),
+        Command(("WAITAOF", 1, 0, durable_timeout_ms)),
+    ))
+    added = parse_added(keys, reply)
+    if int(persisted[0]) < 1:
+        raise PanqueueError(
+            f"queue {keys.name!r}: the add was not persisted to the append-only file within "
+            f"{durable_timeout_ms} ms (is appendonly enabled on the server?)")
+    return added
+
+
+def setup_queue(keys: QueueKeys, mode: str, key_concurrency: int, rate_max: int,
+                rate_per_ms: int, rate_per_key: bool) -> Op[None]:
+    reply = yield script_call(SCRIPTS.setup, keys, mode, key_concurrency, rate_max, rate_per_ms,
+                              1 if rate_per_key else 0, SCHEMA_VERSION)
+    problem = _refused(reply)
+    if problem is not None:
+        raise ConfigError(f"queue {keys.name!r}: {problem}")
 
 
 def get_job(keys: QueueKeys, job_id: str) -> Op[JobInfo]:
@@ -80,6 +134,7 @@ def get_job(keys: QueueKeys, job_id: str) -> Op[JobInfo]:
 _COUNTED = (
     (JobState.WAITING, "wait"),
     (JobState.DELAYED, "delayed"),
+    (JobState.BLOCKED, "blocked"),
     (JobState.ACTIVE, "active"),
     (JobState.COMPLETED, "completed"),
     (JobState.FAILED, "failed"),
@@ -88,9 +143,10 @@ _COUNTED = (
 
 
 def counts(keys: QueueKeys) -> Op[dict[JobState, int]]:
-    replies = yield Batch(tuple(Command(("ZCARD", getattr(keys, attr))) for _, attr in _COUNTED))
-    result = {state: int(n) for (state, _), n in zip(_COUNTED, replies, strict=True)}
-    result[JobState.BLOCKED] = 0
+    replies = yield Batch((*(Command(("ZCARD", getattr(keys, attr))) for _, attr in _COUNTED),
+                           Command(("HGET", keys.meta, "kw"))))
+    result = {state: int(n) for (state, _), n in zip(_COUNTED, replies, strict=False)}
+    result[JobState.WAITING] += int(replies[-1] or 0)  # waiting in keyed mode's per-key lists
     return result
 
 
@@ -107,6 +163,7 @@ def known_queue(keys: QueueKeys) -> Op[bool]:
 
 def list_ids(keys: QueueKeys, state: JobState, limit: int = 100) -> Op[list[str]]:
     key = {JobState.WAITING: keys.wait, JobState.DELAYED: keys.delayed,
+           JobState.BLOCKED: keys.blocked,
            JobState.ACTIVE: keys.active, JobState.COMPLETED: keys.completed,
            JobState.FAILED: keys.failed, JobState.CANCELLED: keys.cancelled}[state]
     reply = yield Command(("ZRANGE", key, 0, limit - 1))

@@ -55,6 +55,7 @@ class _Scripts:
         self.progress = _load("progress")
         self.schedule = _load("schedule")
         self.clean = _load("clean")
+        self.setup = _load("setup")
 
 
 SCRIPTS = _Scripts()

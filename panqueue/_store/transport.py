@@ -208,10 +208,16 @@ class SyncTransport:
                                                *call.args)
 
     def run(self, op: Op[T]) -> T:
+        """Drive an operation; errors are thrown into it, so it can explain or handle them."""
         try:
             request = next(op)
             while True:
-                request = op.send(self.execute(request))
+                try:
+                    reply = self.execute(request)
+                except PanqueueError as exc:
+                    request = op.throw(exc)
+                else:
+                    request = op.send(reply)
         except StopIteration as done:
             result: T = done.value
             return result
@@ -313,10 +319,16 @@ class AsyncTransport(ABC):
         ...
 
     async def run(self, op: Op[T]) -> T:
+        """Drive an operation; errors are thrown into it, so it can explain or handle them."""
         try:
             request = next(op)
             while True:
-                request = op.send(await self.execute(request))
+                try:
+                    reply = await self.execute(request)
+                except PanqueueError as exc:
+                    request = op.throw(exc)
+                else:
+                    request = op.send(reply)
         except StopIteration as done:
             result: T = done.value
             return result

@@ -3,7 +3,7 @@
 Protocol: frames of a 4-byte big-endian length and a msgpack map, over the child's original
 stdin/stdout (the handler's own prints go to stderr). The parent's first frame configures the
 child; the child answers ``ready``. Then, per job: parent ``run`` -> child ``p``/``l``
-(progress, log) ... ``done``. A ``stop`` frame at any time makes ``job.should_stop()`` true.
+(progress, log) ... ``done``. SIGUSR1 at any time makes ``job.should_stop()`` true.
 The handler is imported by its module path from the parent's registry: no code ever travels
 through the frames or through Redis.
 """
@@ -15,6 +15,7 @@ import inspect
 import os
 import queue
 import resource
+import signal
 import struct
 import sys
 import threading
@@ -100,10 +101,11 @@ def main() -> None:
 
     fn = _load_handler(config["handler"])
     cpu_seconds = (config.get("limits") or {}).get("cpu_seconds")
-    frames.write({"t": "ready", "pid": os.getpid()})
-
     jobs: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
     stop = threading.Event()
+    # The worker's shutdown, phase one: SIGUSR1 makes job.should_stop() true.
+    signal.signal(signal.SIGUSR1, lambda signum, frame: stop.set())
+    frames.write({"t": "ready", "pid": os.getpid()})
 
     def read_frames() -> None:
         while True:
@@ -111,9 +113,7 @@ def main() -> None:
             if frame is None:
                 jobs.put(None)
                 return
-            if frame.get("t") == "stop":
-                stop.set()
-            elif frame.get("t") == "run":
+            if frame.get("t") == "run":
                 jobs.put(frame)
 
     threading.Thread(target=read_frames, daemon=True).start()

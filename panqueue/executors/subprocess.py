@@ -87,6 +87,12 @@ class _Child:
                                                 raw=False)
         return frame
 
+    def request_stop(self) -> None:
+        """Make ``job.should_stop()`` true in the child (SIGUSR1: synchronous, no frame)."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGUSR1)
+
     @property
     def alive(self) -> bool:
         return self.process.returncode is None
@@ -125,10 +131,8 @@ class SubprocessExecutor(Executor):
         super().__init__(handler)
         self.isolation: Isolation = handler.options.isolation or Isolation()
         self._idle: list[_Child] = []
-        self._stopping: anyio.Event | None = None
-
-    async def start(self) -> None:
-        self._stopping = anyio.Event()
+        self._busy: set[_Child] = set()
+        self._stopping = False
 
     def _env(self) -> dict[str, str]:
         return {name: os.environ[name] for name in self.isolation.env if name in os.environ}
@@ -167,8 +171,6 @@ class SubprocessExecutor(Executor):
         return child
 
     async def run(self, job: Job, timeout: float | None) -> Any:
-        assert self._stopping is not None, "start() was not called"
-        stopping = self._stopping
         child = self._idle.pop() if self._idle else await self._spawn()
         healthy = False
         try:
@@ -181,23 +183,11 @@ class SubprocessExecutor(Executor):
                 "enqueued_at": None if job.enqueued_at is None else int(
                     job.enqueued_at.timestamp() * 1000),
             })
+            self._busy.add(child)
+            if self._stopping:
+                child.request_stop()
             with anyio.move_on_after(timeout) as scope:
-                async with anyio.create_task_group() as tg:
-
-                    async def relay_stop() -> None:
-                        await stopping.wait()
-                        await child.send({"t": "stop"})
-
-                    tg.start_soon(relay_stop)
-                    try:
-                        frame = await self._until_done(child, job)
-                    except Exception as exc:  # re-raised below, outside the task group
-                        error: Exception | None = exc
-                    else:
-                        error = None
-                    tg.cancel_scope.cancel()
-                if error is not None:
-                    raise error
+                frame = await self._until_done(child, job)
             if scope.cancelled_caught:
                 raise JobTimeout(timeout or 0)
             child.jobs += 1
@@ -208,6 +198,7 @@ class SubprocessExecutor(Executor):
                 returncode = await child.process.wait()
             raise ChildCrashed(describe_exit(returncode, self.isolation)) from None
         finally:
+            self._busy.discard(child)
             limit = self.isolation.max_jobs_per_child
             if healthy and child.alive and (limit is None or child.jobs < limit):
                 self._idle.append(child)
@@ -241,8 +232,9 @@ class SubprocessExecutor(Executor):
 
     def request_stop(self) -> None:
         """Phase one: tell every busy child that its job should stop (``job.should_stop()``)."""
-        if self._stopping is not None:
-            self._stopping.set()
+        self._stopping = True
+        for child in list(self._busy):
+            child.request_stop()
 
     async def aclose(self) -> None:
         children, self._idle = self._idle, []

@@ -61,6 +61,19 @@ class _DaemonThreads:
             self._work.put(None)
 
 
+def _call_soon(token: anyio.lowlevel.EventLoopToken, fn: Callable[[], None]) -> None:
+    """Schedule ``fn`` on the event loop without waiting for it (so the thread is free for the
+    next job at once). Does nothing if the loop is gone: nobody waits any more."""
+    native: Any = token.native_token
+    try:
+        if hasattr(native, "call_soon_threadsafe"):  # asyncio: the loop itself
+            native.call_soon_threadsafe(fn)
+        else:  # trio: a TrioToken
+            native.run_sync_soon(fn)
+    except RuntimeError:  # loop closed / trio.RunFinishedError
+        pass
+
+
 async def _await(awaitable: Awaitable[None]) -> None:
     await awaitable
 
@@ -106,10 +119,7 @@ class ThreadExecutor(Executor):
                 outcome.append((True, fn(thread_job)))
             except BaseException as exc:  # handed to the event loop, which re-raises it
                 outcome.append((False, exc))
-            try:
-                anyio.from_thread.run_sync(done.set, token=token)
-            except anyio.RunFinishedError:
-                pass  # the worker is gone; nobody waits for this thread any more
+            _call_soon(token, done.set)
 
         self._threads.submit(work)
         try:

@@ -9,20 +9,35 @@
 --   tk lock token (while active)                     o  job options (msgpack, optional)
 --   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
 --   fr failure reason          sc times stalled      cx cancel requested
---   pg progress (msgpack)
--- Job logs: list KEYS[1] .. "job:" .. id .. ":logs" (capped).
+--   pg progress (msgpack)      k  concurrency key (keyed mode)
+--   dp dependencies not yet completed (blocked jobs)  dd dedup key
+-- Per job: "job:<id>:logs" (LIST, capped), "deps:<id>" (SET of jobs waiting for it).
+--
+-- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
+-- seq (wait order), id (generated ids), paused, kw (waiting jobs in keyed lists),
+-- rlm / rlp / rlk (rate limit: max, per ms, per key), rls (rate-limit entry counter).
+--
+-- Waiting jobs: global mode, ZSET "wait" (priority, then FIFO); keyed mode, the spec's layout:
+-- LIST "k:wait:<key>" per key, HASH "k:active" key -> running count, ZSET "k:ready" of keys
+-- that have waiting jobs and free capacity (score = seq: round robin), ZSET "k:limited" of keys
+-- paused by their per-key rate limit (score = when they may start again).
 -- All times come from the server clock (TIME), never from a worker host.
 
 local P = KEYS[1]
 local K_META = P .. 'meta'
 local K_WAIT = P .. 'wait'
 local K_DELAYED = P .. 'delayed'
+local K_BLOCKED = P .. 'blocked'
 local K_ACTIVE = P .. 'active'
 local K_COMPLETED = P .. 'completed'
 local K_FAILED = P .. 'failed'
 local K_CANCELLED = P .. 'cancelled'
 local K_EVENTS = P .. 'events'
 local K_NOTIFY = P .. 'notify'
+local K_READY = P .. 'k:ready'
+local K_KACTIVE = P .. 'k:active'
+local K_LIMITED = P .. 'k:limited'
+local K_RATE = P .. 'rl'
 local EVENTS_MAXLEN = 10000
 local PROMOTE_BATCH = 1000
 
@@ -30,10 +45,14 @@ local function job_key(id)
   return P .. 'job:' .. id
 end
 
--- A job is its hash plus its log list.
+local function key_list(key)
+  return P .. 'k:wait:' .. key
+end
+
+-- A job is its hash plus its log list (and the set of jobs that wait for it).
 local function delete_job(id)
   local jkey = job_key(id)
-  redis.call('DEL', jkey, jkey .. ':logs')
+  redis.call('DEL', jkey, jkey .. ':logs', P .. 'deps:' .. id)
 end
 
 local function now_ms()
@@ -45,11 +64,40 @@ local function emit(ev, id, ...)
   redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'ev', ev, 'id', id, ...)
 end
 
--- Wake idle workers. Callers publish only when the wait set goes from empty to non-empty:
--- a worker goes idle only after a claim saw nothing to take, so the next add after that sees an
--- empty set and publishes (see docs/concepts.md, "Wake-up").
+-- The queue's settings, read once per script.
+local META = nil
+local function meta()
+  if not META then
+    local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk')
+    META = {mode = m[1] or 'global', kc = tonumber(m[2] or '1'), paused = m[3],
+            rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
+            rate_per_key = m[6] == '1'}
+  end
+  return META
+end
+
+local function keyed()
+  return meta().mode == 'keyed'
+end
+
+-- How many claimable units there are (jobs in global mode, ready keys in keyed mode). Idle
+-- workers are woken when this goes from zero to non-zero: a worker goes idle only after a claim
+-- found nothing, so the change after that is always announced (see docs/concepts.md).
+local function claimable()
+  if keyed() then
+    return redis.call('ZCARD', K_READY)
+  end
+  return redis.call('ZCARD', K_WAIT)
+end
+
 local function wake_workers()
   redis.call('SPUBLISH', K_NOTIFY, 'w')
+end
+
+local function wake_if_work_appeared(before)
+  if before == 0 and claimable() > 0 then
+    wake_workers()
+  end
 end
 
 -- Higher priority first, FIFO (by seq) within a priority. Exact in a double: the priority part
@@ -58,17 +106,50 @@ local function wait_score(priority, seq)
   return string.format('%d', (1000000 - priority) * 4294967296 + (seq % 4294967296))
 end
 
--- Put a job into the wait set at the back of its priority.
+-- The readiness invariant of keyed mode, checked on every path that changes a key: a key is in
+-- the ready set exactly when it has waiting jobs, free capacity and no rate-limit pause. A key
+-- with nothing waiting and nothing running leaves no structures behind.
+local function refresh_key(key)
+  local waiting = redis.call('LLEN', key_list(key))
+  local active = tonumber(redis.call('HGET', K_KACTIVE, key) or '0')
+  if waiting > 0 and active < meta().kc and not redis.call('ZSCORE', K_LIMITED, key) then
+    if not redis.call('ZSCORE', K_READY, key) then
+      redis.call('ZADD', K_READY, redis.call('HINCRBY', K_META, 'seq', 1), key)
+    end
+  else
+    redis.call('ZREM', K_READY, key)
+  end
+  if waiting == 0 and active <= 0 then
+    redis.call('HDEL', K_KACTIVE, key)
+  end
+end
+
+-- Put a job into waiting, behind the others (of its priority / of its key).
 local function enqueue_waiting(jkey, id)
+  redis.call('HSET', jkey, 's', 'waiting')
+  if keyed() then
+    local key = redis.call('HGET', jkey, 'k')
+    redis.call('RPUSH', key_list(key), id)
+    redis.call('HINCRBY', K_META, 'kw', 1)
+    refresh_key(key)
+    return
+  end
   local priority = tonumber(redis.call('HGET', jkey, 'p') or '0') or 0
-  local seq = redis.call('HINCRBY', K_META, 'seq', 1)
-  local ws = wait_score(priority, seq)
-  redis.call('HSET', jkey, 's', 'waiting', 'ws', ws)
+  local ws = wait_score(priority, redis.call('HINCRBY', K_META, 'seq', 1))
+  redis.call('HSET', jkey, 'ws', ws)
   redis.call('ZADD', K_WAIT, ws, id)
 end
 
--- Put a job back at the position it had (stalled or released jobs go before later arrivals).
+-- Put a job back at the front (a stalled or released job goes before later arrivals).
 local function requeue_waiting(jkey, id)
+  if keyed() then
+    redis.call('HSET', jkey, 's', 'waiting')
+    local key = redis.call('HGET', jkey, 'k')
+    redis.call('LPUSH', key_list(key), id)
+    redis.call('HINCRBY', K_META, 'kw', 1)
+    refresh_key(key)
+    return
+  end
   local ws = redis.call('HGET', jkey, 'ws')
   if not ws then
     enqueue_waiting(jkey, id)
@@ -78,17 +159,56 @@ local function requeue_waiting(jkey, id)
   redis.call('ZADD', K_WAIT, ws, id)
 end
 
--- Move due delayed jobs into the wait set. Returns how many moved.
+-- Take a job out of waiting (cancel, remove, dedup replace).
+local function unwait(jkey, id)
+  if keyed() then
+    local key = redis.call('HGET', jkey, 'k')
+    if redis.call('LREM', key_list(key), 1, id) > 0 then
+      redis.call('HINCRBY', K_META, 'kw', -1)
+    end
+    refresh_key(key)
+    return
+  end
+  redis.call('ZREM', K_WAIT, id)
+end
+
+-- A running job stops running (finished, failed, stalled, released): free its key's slot.
+local function leave_active(jkey, id)
+  redis.call('ZREM', K_ACTIVE, id)
+  redis.call('HDEL', jkey, 'tk')
+  if keyed() then
+    local key = redis.call('HGET', jkey, 'k')
+    if key then
+      if redis.call('HINCRBY', K_KACTIVE, key, -1) < 0 then
+        redis.call('HSET', K_KACTIVE, key, 0)
+      end
+      refresh_key(key)
+    end
+  end
+end
+
+-- Take a job out of whatever non-active state it is in (for cancel / remove / replace).
+local function detach(jkey, id, state)
+  if state == 'waiting' then
+    unwait(jkey, id)
+  elseif state == 'delayed' then
+    redis.call('ZREM', K_DELAYED, id)
+  elseif state == 'blocked' then
+    redis.call('ZREM', K_BLOCKED, id)
+  end
+end
+
+-- Move due delayed jobs into waiting. Returns how many moved.
 local function promote_due(now)
   local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, PROMOTE_BATCH)
   if #due == 0 then
     return 0
   end
+  redis.call('ZREM', K_DELAYED, unpack(due))
   for _, id in ipairs(due) do
     enqueue_waiting(job_key(id), id)
     emit('waiting', id)
   end
-  redis.call('ZREM', K_DELAYED, unpack(due))
   return #due
 end
 
@@ -101,46 +221,138 @@ local function wake_in(now)
   return math.max(0, tonumber(first[2]) - now)
 end
 
--- Claim up to n waiting jobs: each moves WAITING -> ACTIVE with the lock token and a lock
--- deadline in the active set, in this one atomic step (a sweeper can never see a job that is
--- claimed but not yet locked). Appends to `out`: count, wake_in, then per job
--- id, data, attempt, enqueued_at, options.
+local function earliest(a, b)
+  if a < 0 then
+    return b
+  end
+  if b < 0 then
+    return a
+  end
+  return math.min(a, b)
+end
+
+-- Sliding-window rate limit: how many more starts the window allows now, and when (ms from
+-- now) the next start is allowed when none is. Entries older than the window are dropped.
+local function rate_allowance(rkey, now)
+  local m = meta()
+  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', now - m.rate_per)
+  local room = m.rate_max - redis.call('ZCARD', rkey)
+  if room > 0 then
+    return room, -1
+  end
+  local oldest = redis.call('ZRANGE', rkey, 0, 0, 'WITHSCORES')
+  return 0, math.max(1, tonumber(oldest[2]) + m.rate_per - now)
+end
+
+local function rate_record(rkey, now)
+  redis.call('ZADD', rkey, now, redis.call('HINCRBY', K_META, 'rls', 1))
+  redis.call('PEXPIRE', rkey, meta().rate_per + 1000)
+end
+
+-- Keys paused by their per-key rate limit whose pause is over become claimable again.
+local function release_limited_keys(now)
+  local due = redis.call('ZRANGEBYSCORE', K_LIMITED, '-inf', now, 'LIMIT', 0, PROMOTE_BATCH)
+  for _, key in ipairs(due) do
+    redis.call('ZREM', K_LIMITED, key)
+    refresh_key(key)
+  end
+end
+
+-- WAITING -> ACTIVE with the lock token and a lock deadline, in one step (a sweeper can never
+-- see a job that is claimed but not yet locked). Appends the job to `out`.
+local function activate(id, now, token, ttl, out)
+  local jkey = job_key(id)
+  local attempt = redis.call('HINCRBY', jkey, 'a', 1)
+  redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token)
+  redis.call('ZADD', K_ACTIVE, now + ttl, id)
+  local f = redis.call('HMGET', jkey, 'd', 'et', 'o')
+  out[#out + 1] = id
+  out[#out + 1] = f[1]
+  out[#out + 1] = attempt
+  out[#out + 1] = f[2]
+  out[#out + 1] = f[3] or ''
+  emit('active', id, 'a', attempt)
+end
+
+-- Claim up to n jobs for one worker (its free slots). Appends to `out`: count, wake_in (when
+-- nothing was claimed: ms until something may be claimable, -1 unknown), then per job
+-- id, data, attempt, enqueued_at, options. Honours pause, the rate limit and keyed mode.
 local function claim(now, token, ttl, n, out)
   local count_at = #out + 1
   out[count_at] = 0
   out[count_at + 1] = -1
-  if n <= 0 then
-    return
-  end
-  if redis.call('HEXISTS', K_META, 'paused') == 1 then
+  local m = meta()
+  if n <= 0 or m.paused then
     return
   end
   promote_due(now)
-  local popped = redis.call('ZPOPMIN', K_WAIT, n)
+  local next_in = wake_in(now)
+  local global_limit = m.rate_max > 0 and not m.rate_per_key
+  if global_limit then
+    local room, retry_in = rate_allowance(K_RATE, now)
+    if room == 0 then
+      out[count_at + 1] = earliest(retry_in, next_in)
+      return
+    end
+    n = math.min(n, room)
+  end
   local count = 0
-  for i = 1, #popped, 2 do
-    local id = popped[i]
-    local jkey = job_key(id)
-    local attempt = redis.call('HINCRBY', jkey, 'a', 1)
-    redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token)
-    redis.call('ZADD', K_ACTIVE, now + ttl, id)
-    local f = redis.call('HMGET', jkey, 'd', 'et', 'o')
-    out[#out + 1] = id
-    out[#out + 1] = f[1]
-    out[#out + 1] = attempt
-    out[#out + 1] = f[2]
-    out[#out + 1] = f[3] or ''
-    emit('active', id, 'a', attempt)
-    count = count + 1
+  if keyed() then
+    local key_limit = m.rate_max > 0 and m.rate_per_key
+    if key_limit then
+      release_limited_keys(now)
+    end
+    while count < n do
+      local popped = redis.call('ZPOPMIN', K_READY)
+      if #popped == 0 then
+        break
+      end
+      local key = popped[1]
+      local id = redis.call('LPOP', key_list(key))
+      if id then
+        redis.call('HINCRBY', K_META, 'kw', -1)
+        redis.call('HINCRBY', K_KACTIVE, key, 1)
+        activate(id, now, token, ttl, out)
+        count = count + 1
+        if global_limit then
+          rate_record(K_RATE, now)
+        end
+        if key_limit then
+          local rkey = K_RATE .. ':' .. key
+          rate_record(rkey, now)
+          local room, retry_in = rate_allowance(rkey, now)
+          if room == 0 then
+            redis.call('ZADD', K_LIMITED, now + retry_in, key)
+          end
+        end
+      end
+      -- Back of the round robin with a new sequence number, if still eligible.
+      refresh_key(key)
+    end
+    if count == 0 and key_limit then
+      local first = redis.call('ZRANGE', K_LIMITED, 0, 0, 'WITHSCORES')
+      if #first > 0 then
+        next_in = earliest(next_in, math.max(1, tonumber(first[2]) - now))
+      end
+    end
+  else
+    local popped = redis.call('ZPOPMIN', K_WAIT, n)
+    for i = 1, #popped, 2 do
+      activate(popped[i], now, token, ttl, out)
+      count = count + 1
+      if global_limit then
+        rate_record(K_RATE, now)
+      end
+    end
   end
   out[count_at] = count
   if count == 0 then
-    out[count_at + 1] = wake_in(now)
+    out[count_at + 1] = next_in
   end
 end
 
 -- Keep at most `keep` members in a finished set (completed / failed / cancelled), deleting the
--- oldest jobs' hashes. keep < 0 keeps everything.
+-- oldest jobs. keep < 0 keeps everything.
 local function trim_finished(set, keep)
   if keep < 0 then
     return
@@ -157,36 +369,140 @@ end
 -- Record a finished job in its final set.
 local function finish(jkey, id, set, state, now, keep)
   redis.call('HSET', jkey, 's', state, 'ft', now)
-  redis.call('HDEL', jkey, 'tk')
   redis.call('ZADD', set, now, id)
   trim_finished(set, keep)
 end
 
--- Create one job (WAITING or DELAYED). Returns id, created (0 when a job with that id exists:
--- it is left unchanged), and whether idle workers must be woken.
-local function add_job(now, id, data, priority, delay, run_at, options, wait_was_empty)
+-- Dependencies: a job that completed releases the jobs blocked on it (the last dependency to
+-- complete moves a blocked job to waiting).
+local function release_dependents(id)
+  local dkey = P .. 'deps:' .. id
+  for _, dependent in ipairs(redis.call('SMEMBERS', dkey)) do
+    local djkey = job_key(dependent)
+    if redis.call('HGET', djkey, 's') == 'blocked'
+        and redis.call('HINCRBY', djkey, 'dp', -1) <= 0 then
+      redis.call('ZREM', K_BLOCKED, dependent)
+      enqueue_waiting(djkey, dependent)
+      emit('waiting', dependent, 'why', 'dependencies_completed')
+    end
+  end
+  redis.call('DEL', dkey)
+end
+
+-- A job that will never complete (failed, cancelled, removed) fails every job blocked on it,
+-- transitively, with reason "dependency_failed".
+local function fail_dependents(id, now, keep)
+  local pending = {id}
+  local i = 1
+  while i <= #pending do
+    local dkey = P .. 'deps:' .. pending[i]
+    for _, dependent in ipairs(redis.call('SMEMBERS', dkey)) do
+      local djkey = job_key(dependent)
+      if redis.call('HGET', djkey, 's') == 'blocked' then
+        redis.call('ZREM', K_BLOCKED, dependent)
+        local err = cmsgpack.pack({type = 'DependencyFailed',
+          message = 'dependency ' .. pending[i] .. ' did not complete'})
+        redis.call('HSET', djkey, 'e', err, 'fr', 'dependency_failed')
+        emit('failed', dependent, 'e', err, 'fr', 'dependency_failed')
+        finish(djkey, dependent, K_FAILED, 'failed', now, keep)
+        pending[#pending + 1] = dependent
+      end
+    end
+    redis.call('DEL', dkey)
+    i = i + 1
+  end
+end
+
+-- The queue's concurrency mode for an add: the stored one, else the producer's declaration,
+-- else global. Returns mode or nil, error message.
+local function resolve_mode(declared)
+  local stored = redis.call('HGET', K_META, 'mode')
+  if stored and declared ~= '' and declared ~= stored then
+    return nil, 'queue mode mismatch: the queue is ' .. stored .. ', the producer says ' .. declared
+  end
+  return stored or (declared ~= '' and declared) or 'global', nil
+end
+
+-- Create one job: WAITING, DELAYED or BLOCKED (or FAILED at once when a dependency already
+-- failed). `f` holds the fields the add script validated. Returns id, created (0 when a job
+-- with that id, or a live duplicate under its dedup key, exists: it is returned unchanged).
+local function add_job(now, f)
+  local dkey = nil
+  if f.dedup ~= '' then
+    dkey = P .. 'dd:' .. f.dedup
+    local existing = redis.call('GET', dkey)
+    if existing and redis.call('EXISTS', job_key(existing)) == 1 then
+      if f.strategy == 'keep' then
+        return existing, 0
+      elseif f.strategy == 'extend' then
+        redis.call('PEXPIRE', dkey, f.ttl)
+        return existing, 0
+      end
+      -- replace: a job that has not started yet is replaced; a started one is left to run.
+      local ejkey = job_key(existing)
+      local state = redis.call('HGET', ejkey, 's')
+      if state == 'waiting' or state == 'delayed' or state == 'blocked' then
+        detach(ejkey, existing, state)
+        fail_dependents(existing, now, -1)
+        delete_job(existing)
+        emit('removed', existing, 'why', 'replaced')
+      end
+    end
+  end
+  local id = f.id
   if id == '' then
     id = tostring(redis.call('HINCRBY', K_META, 'id', 1))
   elseif redis.call('EXISTS', job_key(id)) == 1 then
-    return id, 0, false
+    return id, 0
   end
   local jkey = job_key(id)
-  if run_at == 0 and delay > 0 then
-    run_at = now + delay
+  local run_at = f.run_at
+  if run_at == 0 and f.delay > 0 then
+    run_at = now + f.delay
   end
-  redis.call('HSET', jkey, 'd', data, 'p', priority, 'et', now, 'a', 0)
-  if options ~= '' then
-    redis.call('HSET', jkey, 'o', options)
+  redis.call('HSET', jkey, 'd', f.data, 'p', f.priority, 'et', now, 'a', 0)
+  if f.options ~= '' then
+    redis.call('HSET', jkey, 'o', f.options)
   end
-  if run_at > now then
+  if f.key ~= '' then
+    redis.call('HSET', jkey, 'k', f.key)
+  end
+  if dkey then
+    redis.call('HSET', jkey, 'dd', f.dedup)
+    redis.call('SET', dkey, id, 'PX', f.ttl)
+  end
+  local pending, failed_dep = 0, nil
+  for _, dep in ipairs(f.deps) do
+    local state = redis.call('HGET', job_key(dep), 's')
+    if state == 'failed' or state == 'cancelled' then
+      failed_dep = dep
+    elseif state ~= 'completed' then
+      pending = pending + 1
+      redis.call('SADD', P .. 'deps:' .. dep, id)
+    end
+  end
+  if failed_dep then
+    local err = cmsgpack.pack({type = 'DependencyFailed',
+      message = 'dependency ' .. failed_dep .. ' did not complete'})
+    redis.call('HSET', jkey, 'e', err, 'fr', 'dependency_failed')
+    emit('added', id, 's', 'failed')
+    finish(jkey, id, K_FAILED, 'failed', now, -1)
+  elseif pending > 0 then
+    redis.call('HSET', jkey, 's', 'blocked', 'dp', pending)
+    redis.call('ZADD', K_BLOCKED, now, id)
+    emit('added', id, 's', 'blocked')
+  elseif run_at > now then
     redis.call('HSET', jkey, 's', 'delayed')
     redis.call('ZADD', K_DELAYED, run_at, id)
     emit('added', id, 's', 'delayed')
     -- Idle workers sleep until the earliest delayed job: tell them when that moves.
     local first = redis.call('ZRANGE', K_DELAYED, 0, 0)
-    return id, 1, first[1] == id
+    if first[1] == id then
+      wake_workers()
+    end
+  else
+    enqueue_waiting(jkey, id)
+    emit('added', id, 's', 'waiting')
   end
-  enqueue_waiting(jkey, id)
-  emit('added', id, 's', 'waiting')
-  return id, 1, wait_was_empty
+  return id, 1
 end

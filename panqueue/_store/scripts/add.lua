@@ -1,30 +1,59 @@
 --!include _lib.lua
--- add: create jobs, WAITING or DELAYED. Idempotent for custom ids.
+-- add: create jobs, WAITING, DELAYED or BLOCKED. Idempotent for custom ids; deduplicated by
+-- dedup keys. All of a batch or none of it: every job is validated before anything is written.
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  number of jobs n, then n groups of six:
---          id ('' = generate), data (msgpack), priority, delay ms, run_at ms (epoch, 0 = none),
---          options (msgpack, '' = none)
--- Returns  {id1, created1, id2, created2, ...}; created is 0 when the id already existed (the
---          existing job is returned unchanged).
--- Invariants: a job is in exactly one of wait / delayed; generated ids are decimal and never
---          collide with custom ids (custom ids may not be all digits); idle workers are woken
---          when the wait set goes from empty to non-empty, or the earliest delayed time moves.
+-- ARGV[1]  number of jobs n   ARGV[2] the producer's declared mode ('' | global | keyed)
+--          then n groups of 11: id ('' = generate), data (msgpack), priority, delay ms,
+--          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
+--          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy
+-- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written).
+-- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
+--          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
+--          idle workers are woken when claimable work appears.
 
 local n = tonumber(ARGV[1])
-local now = now_ms()
-local wait_was_empty = redis.call('ZCARD', K_WAIT) == 0
-local wake = false
-local reply = {}
+local mode, problem = resolve_mode(ARGV[2])
+if not mode then
+  return {'!', problem}
+end
+local jobs = {}
+local batch_ids = {}
 for i = 0, n - 1 do
-  local base = 2 + i * 6
-  local id, created, woke = add_job(now, ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]),
-    tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), ARGV[base + 5], wait_was_empty)
-  wake = wake or woke
+  local b = 3 + i * 11
+  local f = {id = ARGV[b], data = ARGV[b + 1], priority = tonumber(ARGV[b + 2]),
+             delay = tonumber(ARGV[b + 3]), run_at = tonumber(ARGV[b + 4]),
+             options = ARGV[b + 5], key = ARGV[b + 6], deps = {}, dedup = ARGV[b + 8],
+             ttl = tonumber(ARGV[b + 9]), strategy = ARGV[b + 10]}
+  if mode == 'keyed' and f.key == '' then
+    return {'!', 'item ' .. i .. ': queue is keyed: add(..., key=...) is required'}
+  elseif mode == 'global' and f.key ~= '' then
+    return {'!', 'item ' .. i .. ": key= needs a keyed queue (mode='keyed'); this queue is global"}
+  end
+  if ARGV[b + 7] ~= '' then
+    f.deps = cmsgpack.unpack(ARGV[b + 7])
+    for _, dep in ipairs(f.deps) do
+      if not batch_ids[dep] and redis.call('EXISTS', job_key(dep)) == 0 then
+        return {'!', 'item ' .. i .. ': dependency ' .. dep .. ' is not a job of this queue'}
+      end
+    end
+  end
+  if f.id ~= '' then
+    batch_ids[f.id] = true
+  end
+  jobs[#jobs + 1] = f
+end
+if not redis.call('HGET', K_META, 'mode') then
+  redis.call('HSET', K_META, 'mode', mode)
+  META = nil
+end
+local now = now_ms()
+local before = claimable()
+local reply = {}
+for _, f in ipairs(jobs) do
+  local id, created = add_job(now, f)
   reply[#reply + 1] = id
   reply[#reply + 1] = created
 end
-if wake then
-  wake_workers()
-end
+wake_if_work_appeared(before)
 return reply

@@ -1,23 +1,25 @@
 --!include _lib.lua
--- cancel: WAITING / DELAYED -> CANCELLED at once. An ACTIVE job is marked (cx) and its worker is
--- told over the notify channel; it ends CANCELLED when the handler stops (fail.lua).
+-- cancel: WAITING / DELAYED / BLOCKED -> CANCELLED at once (jobs that depended on it fail).
+-- An ACTIVE job is marked (cx) and its worker is told over the notify channel; it ends
+-- CANCELLED when the handler stops (fail.lua).
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id   ARGV[2] keep cancelled (-1 = all)
--- Returns  the state the job was in ('waiting', 'delayed', 'active', or a final state, which is
---          left unchanged), or false when there is no such job.
+-- Returns  the state the job was in (a final state is left unchanged), or false when there is
+--          no such job.
 local id = ARGV[1]
 local jkey = job_key(id)
 local state = redis.call('HGET', jkey, 's')
 if not state then
   return false
 end
-if state == 'waiting' or state == 'delayed' then
-  redis.call('ZREM', K_WAIT, id)
-  redis.call('ZREM', K_DELAYED, id)
+if state == 'waiting' or state == 'delayed' or state == 'blocked' then
+  local now = now_ms()
+  detach(jkey, id, state)
   redis.call('HSET', jkey, 'fr', 'cancelled')
   emit('cancelled', id)
-  finish(jkey, id, K_CANCELLED, 'cancelled', now_ms(), tonumber(ARGV[2]))
+  fail_dependents(id, now, tonumber(ARGV[2]))
+  finish(jkey, id, K_CANCELLED, 'cancelled', now, tonumber(ARGV[2]))
 elseif state == 'active' then
   redis.call('HSET', jkey, 'cx', 1)
   redis.call('SPUBLISH', K_NOTIFY, 'c:' .. id)

@@ -1,5 +1,6 @@
 --!include _lib.lua
--- complete: ACTIVE -> COMPLETED, then claim the next jobs for the freed slot in the same call.
+-- complete: ACTIVE -> COMPLETED, release jobs that depended on it, then claim the next jobs
+-- for the freed slot in the same call.
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id   ARGV[2] lock token   ARGV[3] result (msgpack)
@@ -14,11 +15,14 @@ if redis.call('HGET', jkey, 'tk') ~= ARGV[2] then
   return {-1}
 end
 local now = now_ms()
-redis.call('ZREM', K_ACTIVE, id)
+local before = claimable()
+leave_active(jkey, id)
 redis.call('HSET', jkey, 'r', ARGV[3])
 redis.call('HDEL', jkey, 'e')  -- earlier attempts' errors stay in the history
 emit('completed', id, 'r', ARGV[3])
+release_dependents(id)
 finish(jkey, id, K_COMPLETED, 'completed', now, tonumber(ARGV[4]))
 local reply = {1}
 claim(now, ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[5]), reply)
+wake_if_work_appeared(before)
 return reply

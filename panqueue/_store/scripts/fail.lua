@@ -1,7 +1,8 @@
 --!include _lib.lua
 -- fail: an attempt failed. Retry (WAITING, or DELAYED by the backoff) while attempts remain,
--- else FAILED (the dead-letter set) with the error, reason and attempt history. A job whose
--- cancellation was requested ends CANCELLED instead. Then claim the next jobs for the slot.
+-- else FAILED (the dead-letter set) with the error, reason and attempt history; jobs that
+-- depended on it fail too. A job whose cancellation was requested ends CANCELLED instead.
+-- Then claim the next jobs for the slot.
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id   ARGV[2] lock token   ARGV[3] error (msgpack {type, message, traceback})
@@ -19,8 +20,8 @@ if redis.call('HGET', jkey, 'tk') ~= ARGV[2] then
 end
 local now = now_ms()
 local keep = tonumber(ARGV[9])
-redis.call('ZREM', K_ACTIVE, id)
-redis.call('HDEL', jkey, 'tk')
+local before = claimable()
+leave_active(jkey, id)
 local history = redis.call('HGET', jkey, 'h') or ''
 redis.call('HSET', jkey, 'e', ARGV[3], 'h', history .. ARGV[4])
 
@@ -30,6 +31,7 @@ if redis.call('HEXISTS', jkey, 'cx') == 1 then
   status = 4
   redis.call('HSET', jkey, 'fr', 'cancelled')
   emit('cancelled', id)
+  fail_dependents(id, now, keep)
   finish(jkey, id, K_CANCELLED, 'cancelled', now, keep)
 elseif ARGV[7] == '1' or attempts >= tonumber(ARGV[5]) then
   status = 3
@@ -39,6 +41,7 @@ elseif ARGV[7] == '1' or attempts >= tonumber(ARGV[5]) then
   end
   redis.call('HSET', jkey, 'fr', reason)
   emit('failed', id, 'e', ARGV[3], 'fr', reason)
+  fail_dependents(id, now, keep)
   finish(jkey, id, K_FAILED, 'failed', now, keep)
 else
   local delay = tonumber(ARGV[6])
@@ -53,14 +56,11 @@ else
     end
   else
     status = 1
-    local was_empty = redis.call('ZCARD', K_WAIT) == 0
     enqueue_waiting(jkey, id)
     emit('retried', id, 's', 'waiting', 'a', attempts)
-    if was_empty then
-      wake_workers()
-    end
   end
 end
 local reply = {status}
 claim(now, ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[10]), reply)
+wake_if_work_appeared(before)
 return reply

@@ -4,9 +4,7 @@
 -- KEYS[1]  queue prefix
 -- Returns  {promoted, wake_in}
 local now = now_ms()
-local was_empty = redis.call('ZCARD', K_WAIT) == 0
+local before = claimable()
 local moved = promote_due(now)
-if moved > 0 and was_empty then
-  wake_workers()
-end
+wake_if_work_appeared(before)
 return {moved, wake_in(now)}

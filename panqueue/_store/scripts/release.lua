@@ -1,26 +1,31 @@
 --!include _lib.lua
--- release: a worker gives jobs back (forced shutdown): ACTIVE -> WAITING at their old position,
--- at once rather than after the lock expires. The interrupted attempt does not count.
+-- release: a worker gives jobs back (forced shutdown): ACTIVE -> WAITING at the front, at once
+-- rather than after the lock expires. The interrupted attempt does not count.
 --
 -- KEYS[1]  queue prefix
 -- ARGV     pairs: job id, lock token
 -- Returns  how many jobs were released (a job whose token no longer matches is left alone).
 
 local released = 0
-local was_empty = redis.call('ZCARD', K_WAIT) == 0
+local before = claimable()
 for i = 1, #ARGV, 2 do
   local id = ARGV[i]
   local jkey = job_key(id)
   if redis.call('HGET', jkey, 'tk') == ARGV[i + 1] then
-    redis.call('ZREM', K_ACTIVE, id)
-    redis.call('HDEL', jkey, 'tk')
-    redis.call('HINCRBY', jkey, 'a', -1)
-    requeue_waiting(jkey, id)
-    emit('waiting', id, 'why', 'released')
+    leave_active(jkey, id)
+    if redis.call('HEXISTS', jkey, 'cx') == 1 then
+      redis.call('HSET', jkey, 'fr', 'cancelled')  -- cancellation was requested: honour it
+      emit('cancelled', id)
+      local now = now_ms()
+      fail_dependents(id, now, -1)
+      finish(jkey, id, K_CANCELLED, 'cancelled', now, -1)
+    else
+      redis.call('HINCRBY', jkey, 'a', -1)
+      requeue_waiting(jkey, id)
+      emit('waiting', id, 'why', 'released')
+    end
     released = released + 1
   end
 end
-if released > 0 and was_empty then
-  wake_workers()
-end
+wake_if_work_appeared(before)
 return released

@@ -1,5 +1,5 @@
 --!include _lib.lua
--- remove: delete a job that is not active.
+-- remove: delete a job that is not active (jobs that depended on it fail).
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id
@@ -13,9 +13,11 @@ end
 if state == 'active' then
   return -1
 end
-for _, set in ipairs({K_WAIT, K_DELAYED, K_COMPLETED, K_FAILED, K_CANCELLED}) do
+detach(jkey, id, state)
+for _, set in ipairs({K_COMPLETED, K_FAILED, K_CANCELLED}) do
   redis.call('ZREM', set, id)
 end
+fail_dependents(id, now_ms(), -1)
 delete_job(id)
 emit('removed', id)
 return 1

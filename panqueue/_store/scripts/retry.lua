@@ -12,19 +12,17 @@ if #ARGV > 1 then
 else
   ids = redis.call('ZRANGE', K_FAILED, 0, tonumber(ARGV[1]) - 1)
 end
-local was_empty = redis.call('ZCARD', K_WAIT) == 0
+local before = claimable()
 local moved = 0
 for _, id in ipairs(ids) do
   if redis.call('ZREM', K_FAILED, id) == 1 then
     local jkey = job_key(id)
     redis.call('HSET', jkey, 'a', 0, 'sc', 0)
-    redis.call('HDEL', jkey, 'e', 'fr', 'ft', 'r')
+    redis.call('HDEL', jkey, 'e', 'fr', 'ft', 'r', 'dp')
     enqueue_waiting(jkey, id)
     emit('waiting', id, 'why', 'retried')
     moved = moved + 1
   end
 end
-if moved > 0 and was_empty then
-  wake_workers()
-end
+wake_if_work_appeared(before)
 return moved

@@ -30,12 +30,15 @@ elseif op == 'tick' then
     return 0  -- not due yet by the server's clock
   end
   redis.call('ZADD', K_SCHEDULES, ARGV[4], name)
-  local wait_was_empty = redis.call('ZCARD', K_WAIT) == 0
-  local _, created, wake = add_job(now, ARGV[5], ARGV[6], tonumber(ARGV[7]), 0, 0, ARGV[8],
-    wait_was_empty)
-  if wake then
-    wake_workers()
+  local before = claimable()
+  local key = ''
+  if keyed() then
+    key = 'schedule:' .. name  -- a keyed queue's ticks share one key per schedule
   end
+  local _, created = add_job(now, {id = ARGV[5], data = ARGV[6], priority = tonumber(ARGV[7]),
+    delay = 0, run_at = 0, options = ARGV[8], key = key, deps = {}, dedup = '', ttl = 0,
+    strategy = ''})
+  wake_if_work_appeared(before)
   return created
 elseif op == 'remove' then
   redis.call('DEL', skey)

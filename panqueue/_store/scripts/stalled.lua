@@ -1,7 +1,8 @@
 --!include _lib.lua
 -- stalled: the sweep. Active jobs whose lock deadline has passed (their worker died or hung)
--- go back to WAITING at their old position, or to FAILED with reason "stalled" once they have
--- stalled more than the allowed number of times. Reads only past-deadline members.
+-- go back to WAITING at the front, or to FAILED with reason "stalled" once they have stalled
+-- more than the allowed number of times (or CANCELLED, if that was requested). Reads only
+-- past-deadline members.
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  max stalls   ARGV[2] limit per call   ARGV[3] keep failed   ARGV[4] error (msgpack)
@@ -12,21 +13,28 @@
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local requeued, failed = 0, 0
-local was_empty = redis.call('ZCARD', K_WAIT) == 0
+local before = claimable()
 for _, id in ipairs(expired) do
   local jkey = job_key(id)
-  redis.call('ZREM', K_ACTIVE, id)
   if redis.call('EXISTS', jkey) == 1 then
+    leave_active(jkey, id)
     local stalls = redis.call('HINCRBY', jkey, 'sc', 1)
     local attempt = tonumber(redis.call('HGET', jkey, 'a'))
     local started = tonumber(redis.call('HGET', jkey, 'st') or now)
-    redis.call('HDEL', jkey, 'tk')
     local entry = cmsgpack.pack({attempt = attempt, type = 'Stalled',
       message = 'lock expired (worker lost or blocked)', duration_ms = now - started})
     redis.call('HSET', jkey, 'h', (redis.call('HGET', jkey, 'h') or '') .. entry)
-    if stalls > tonumber(ARGV[1]) then
+    if redis.call('HEXISTS', jkey, 'cx') == 1 then
+      -- Its cancellation was requested and its worker is gone: it ends cancelled, not re-run.
+      redis.call('HSET', jkey, 'fr', 'cancelled')
+      emit('cancelled', id)
+      fail_dependents(id, now, tonumber(ARGV[3]))
+      finish(jkey, id, K_CANCELLED, 'cancelled', now, tonumber(ARGV[3]))
+      failed = failed + 1
+    elseif stalls > tonumber(ARGV[1]) then
       redis.call('HSET', jkey, 'e', ARGV[4], 'fr', 'stalled')
       emit('failed', id, 'e', ARGV[4], 'fr', 'stalled')
+      fail_dependents(id, now, tonumber(ARGV[3]))
       finish(jkey, id, K_FAILED, 'failed', now, tonumber(ARGV[3]))
       failed = failed + 1
     else
@@ -35,9 +43,9 @@ for _, id in ipairs(expired) do
       emit('stalled', id)
       requeued = requeued + 1
     end
+  else
+    redis.call('ZREM', K_ACTIVE, id)
   end
 end
-if requeued > 0 and was_empty then
-  wake_workers()
-end
+wake_if_work_appeared(before)
 return {requeued, failed}

@@ -1,0 +1,34 @@
+--!include _lib.lua
+-- setup: a worker declares how it runs the queue, before it claims anything.
+--
+-- KEYS[1]  queue prefix
+-- ARGV[1]  mode (global | keyed)   ARGV[2] key concurrency   ARGV[3] rate max (0 = no limit)
+-- ARGV[4]  rate window ms   ARGV[5] rate limit per key (1/0)   ARGV[6] schema version
+-- Returns  {'ok'} or {'!', message} when the queue's stored mode differs (nothing changed).
+local stored = redis.call('HGET', K_META, 'mode')
+if stored and stored ~= ARGV[1] then
+  return {'!', 'queue mode mismatch: the queue is ' .. stored .. ', this worker runs it as '
+    .. ARGV[1]}
+end
+if not stored and ARGV[1] == 'keyed' and redis.call('ZCARD', K_WAIT) > 0 then
+  return {'!', 'queue has unkeyed waiting jobs; it cannot become keyed'}
+end
+redis.call('HSETNX', K_META, 'v', ARGV[6])
+redis.call('HSET', K_META, 'mode', ARGV[1], 'kc', ARGV[2])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('HSET', K_META, 'rlm', ARGV[3], 'rlp', ARGV[4], 'rlk', ARGV[5])
+else
+  redis.call('HDEL', K_META, 'rlm', 'rlp', 'rlk')
+end
+META = nil
+-- A changed key concurrency can make keys eligible (or not): re-check the ready set.
+if ARGV[1] == 'keyed' then
+  local before = redis.call('ZCARD', K_READY)
+  for _, key in ipairs(redis.call('HKEYS', K_KACTIVE)) do
+    refresh_key(key)
+  end
+  if before == 0 and redis.call('ZCARD', K_READY) > 0 then
+    wake_workers()
+  end
+end
+return {'ok'}
