@@ -250,3 +250,108 @@ def test_no_job_is_lost_or_completed_twice_under_any_interleaving(
     finally:
         transport.close()
 
+
+
+# ----------------------------------------------------------------------------- keyed mode
+
+KEYED_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.sampled_from("abc"), st.integers(1, 3)),
+        st.tuples(st.just("claim"), st.integers(1, 4)),
+        st.tuples(st.just("complete"), st.integers(0, 30)),
+        st.tuples(st.just("fail"), st.integers(0, 30), st.integers(1, 2)),
+        st.tuples(st.just("expire_and_sweep"),),
+        st.tuples(st.just("cancel"), st.integers(0, 30)),
+        st.tuples(st.just("retry_failed"),),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+def check_keyed_invariants(store: Store, all_ids: set[str], completions: dict[str, int],
+                           limit: int) -> None:
+    client = store.t.client
+    prefix = store.keys.prefix
+    jobs = {i: client.hgetall(store.keys.job(i)) for i in all_ids}
+    assert all(jobs.values()), "a job was lost"
+    by_key_active: dict[str, int] = {}
+    listed: dict[str, list[str]] = {}
+    for h in jobs.values():
+        key = h[b"k"].decode()
+        if h[b"s"] == b"active":
+            by_key_active[key] = by_key_active.get(key, 0) + 1
+    for key in "abc":
+        listed[key] = [x.decode() for x in client.lrange(prefix + "k:wait:" + key, 0, -1)]
+    counters = {k.decode(): int(v) for k, v in client.hgetall(prefix + "k:active").items()}
+    ready = {k.decode() for k in client.zrange(prefix + "k:ready", 0, -1)}
+    for key in "abc":
+        active = by_key_active.get(key, 0)
+        assert active <= limit, f"key {key} runs {active} jobs, more than {limit}"
+        assert counters.get(key, 0) == active
+        waiting = [i for i, h in jobs.items() if h[b"k"].decode() == key and h[b"s"] == b"waiting"]
+        assert sorted(listed[key]) == sorted(waiting)  # each waiting job listed exactly once
+        eligible = bool(waiting) and active < limit
+        assert (key in ready) == eligible, f"readiness of key {key}"
+        if not waiting and not active:
+            assert key not in counters  # structures of an idle key are removed
+    assert int(client.hget(store.keys.meta, "kw") or 0) == sum(len(v) for v in listed.values())
+    assert all(n == 1 for n in completions.values())
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=KEYED_OPS, limit=st.integers(1, 2))
+def test_keyed_mode_invariants_under_any_interleaving(
+        redis_url: str, ops: list[tuple[Any, ...]], limit: int) -> None:
+    transport = SyncTransport(redis_url)
+    transport.client.flushdb()
+    store = Store(transport, QueueKeys("keyed-prop"))
+    store.call(SCRIPTS.setup, "keyed", limit, 0, 0, 0, 1)
+    all_ids: set[str] = set()
+    active: list[tuple[str, str]] = []
+    completions: dict[str, int] = {}
+    counter = 0
+    try:
+        for op in ops:
+            kind = op[0]
+            if kind == "add":
+                _, key, n = op
+                jobs = [NewJob(None, encode(key), key=key) for _ in range(n)]
+                all_ids.update(i for i, _ in transport.run(add_jobs(store.keys, jobs)))
+            elif kind == "claim":
+                counter += 1
+                token = f"w:{counter}"
+                active += [(i, token) for i in store.claim(token, n=op[1])]
+            elif kind in ("complete", "fail") and active:
+                job_id, token = active.pop(op[1] % len(active))
+                if kind == "complete":
+                    if store.complete(job_id, token) == 1:
+                        completions[job_id] = completions.get(job_id, 0) + 1
+                else:
+                    store.fail(job_id, token, max_attempts=op[2])
+            elif kind == "expire_and_sweep":
+                store.expire_locks()
+                store.sweep(max_stalls=5)
+                active = []
+            elif kind == "cancel" and all_ids:
+                store.call(SCRIPTS.cancel, sorted(all_ids)[op[1] % len(all_ids)], -1)
+            elif kind == "retry_failed":
+                store.call(SCRIPTS.retry, 1000)
+            check_keyed_invariants(store, all_ids, completions, limit)
+    finally:
+        transport.close()
+
+
+def test_keyed_round_robin_does_not_starve_a_small_key(store: Store) -> None:
+    store.call(SCRIPTS.setup, "keyed", 1, 0, 0, 0, 1)
+    big = [i for i, _ in store.t.run(add_jobs(
+        store.keys, [NewJob(None, encode(n), key="big") for n in range(1000)]))]
+    small = [i for i, _ in store.t.run(add_jobs(
+        store.keys, [NewJob(None, encode(n), key="small") for n in range(2)]))]
+    served = []
+    for n in range(6):
+        [job_id] = store.claim(f"w:{n}")
+        served.append(job_id)
+        assert store.complete(job_id, f"w:{n}") == 1
+    assert served == [big[0], small[0], big[1], small[1], big[2], big[3]]

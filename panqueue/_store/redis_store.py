@@ -96,8 +96,9 @@ def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
     if durable_timeout_ms is None:
         reply = yield call
         return parse_added(keys, reply)
-    [supported] = yield Command(("COMMAND", "INFO", "WAITAOF"))
-    if not supported:
+    info = yield Command(("INFO", "server"))
+    version = tuple(int(part) for part in str(info.get("redis_version", "0.0")).split(".")[:2])
+    if version < (7, 2):  # Valkey reports 7.2.x here too, and has WAITAOF
         raise ConfigError("durable=True needs a server with WAITAOF (Redis >= 7.2 or Valkey >= "
                           "8.0); this one has none, so nothing was added")
     # WAITAOF waits for the writes of *this connection*: send both in one pipeline. EVAL (not

