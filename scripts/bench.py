@@ -1,6 +1,6 @@
 """panqueue baseline benchmark: enqueue rate, process rate, pickup latency.
 
-    .venv/bin/python scripts/bench.py [--quick] [--executors] [--backend asyncio|trio]
+    .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed] [--backend asyncio|trio]
                                       [--json FILE]
 
 Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
@@ -27,6 +27,13 @@ touched. What each figure means is written up in docs/performance.md.
   process and its children (live ones from /proc/<pid>/stat, reaped ones from cutime/cstime).
   ``--quick --executors`` uses smaller N.
 
+* keyed mode (``--keyed`` only; not part of the full run): for a global queue and keyed queues
+  (key_concurrency 1) with 10, 1,000 and 100,000 keys, pre-fill 40,000 + 2K + 2,000 jobs with the
+  add script directly, then (a) claim (n=50) + complete 20,000 jobs from this process, reading
+  redis-server's main-thread CPU (INFO cpu) around each script call, and (b) claim 20,000 with
+  ONE worker process (``bench_app:keyed``, concurrency 50). ``--keyed --quick``: 5,000 jobs per
+  phase, 10,000 keys at most.
+
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
 """
@@ -52,6 +59,19 @@ import redis
 
 import panqueue
 from panqueue import QueueClient, SyncQueueClient
+from panqueue._codec import encode
+from panqueue._keys import QueueKeys
+from panqueue._store.redis_store import (
+    DEFAULT_KEEP_COMPLETED,
+    NewJob,
+    add_call,
+    parse_added,
+    parse_claim,
+    setup_queue,
+)
+from panqueue._store.scripts import SCRIPTS as LUA
+from panqueue._store.scripts import Script
+from panqueue._store.transport import SyncTransport
 from panqueue.embedded import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +80,8 @@ SCRIPTS = ROOT / "scripts"
 PANQUEUE_ROOT = Path(panqueue.__file__).resolve().parent.parent
 APP = "bench_app:queues"
 EXECUTORS_APP = "bench_app:executors"
+KEYED_APP = "bench_app:keyed"
+KEYED_CLAIM_N = 50
 NOOP_QUEUE = "bench-noop"
 LATENCY_QUEUE = "bench-latency"
 BATCH = 1000
@@ -456,6 +478,206 @@ def pickup_latency(url: str, r: redis.Redis, n: int, backend: str,
     }
 
 
+# --------------------------------------------------------------------------- keyed mode
+
+
+def _main_thread_cpu(info: dict[str, Any]) -> float:
+    """redis-server's main-thread CPU (user + sys, s) from an ``INFO cpu`` reply: getrusage
+    with µs resolution, where /proc/<pid>/stat only counts 10 ms ticks."""
+    return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+
+
+def _eval(pipe: Any, script: Script, prefix: str, *args: Any) -> None:
+    pipe.execute_command("EVALSHA", script.sha, 1, prefix, *args)
+
+
+def keyed_fill(r: redis.Redis, name: str, mode: str, n: int, n_keys: int) -> float:
+    """Add ``n`` no-op jobs to queue ``name`` (keys ``key-<i mod n_keys>``, round robin, in
+    keyed mode): the add script with 1000 jobs per call, 10 calls per pipeline. Returns s."""
+    keys = QueueKeys(name)
+    data = encode({"i": 0})
+    r.script_load(LUA.add.body)
+    start = time.perf_counter()
+    pipe = r.pipeline(transaction=False)
+    for b in range(0, n, BATCH):
+        jobs = [NewJob(None, data, key=f"key-{i % n_keys}" if mode == "keyed" else "")
+                for i in range(b, min(b + BATCH, n))]
+        call = add_call(keys, jobs, mode)
+        pipe.execute_command("EVALSHA", call.script.sha, 1, *call.keys, *call.args)
+        if len(pipe) == 10 or b + BATCH >= n:
+            for reply in pipe.execute():
+                parse_added(keys, reply)  # raises on a refused batch
+    return time.perf_counter() - start
+
+
+def _waiting(r: redis.Redis, keys: QueueKeys, mode: str) -> int:
+    if mode == "keyed":
+        return int(r.hget(keys.meta, "kw") or 0)
+    return int(r.zcard(keys.wait))
+
+
+def keyed_raw(r: redis.Redis, name: str, mode: str, m: int) -> dict[str, Any]:
+    """Claim and complete ``m`` jobs from this process, calling the scripts directly: one claim
+    script call for up to KEYED_CLAIM_N jobs, then one complete call per job (no claim in it),
+    all the completes of a round in one pipeline. The server's main-thread CPU is read with
+    ``INFO cpu`` right before and after each claim call (and each completion pipeline), in the
+    same pipeline, so it covers that script work alone (minus a calibrated INFO overhead)."""
+    keys = QueueKeys(name)
+    prefix = keys.prefix
+    for script in (LUA.claim, LUA.complete):
+        r.script_load(script.body)
+    result_blob = encode(None)
+    ttl = 30_000
+
+    pipe = r.pipeline(transaction=False)
+    for _ in range(200):  # INFO's own CPU, seen by two back-to-back reads
+        pipe.info("cpu")
+        pipe.info("cpu")
+    infos = pipe.execute()
+    overhead = sum(_main_thread_cpu(b) - _main_thread_cpu(a)
+                   for a, b in zip(infos[::2], infos[1::2], strict=True)) / 200
+
+    claimed = rounds = 0
+    claim_cpu = complete_cpu = 0.0
+    seq = 0
+
+    def one_round() -> tuple[int, float, float]:
+        nonlocal seq
+        seq += 1
+        token = f"bench-{seq}"
+        pipe = r.pipeline(transaction=False)
+        pipe.info("cpu")
+        _eval(pipe, LUA.claim, prefix, token, ttl, KEYED_CLAIM_N)
+        pipe.info("cpu")
+        a, reply, b = pipe.execute()
+        jobs, _ = parse_claim(reply)
+        if not jobs:
+            raise RuntimeError(f"{name}: the claim found nothing")
+        pipe = r.pipeline(transaction=False)
+        pipe.info("cpu")
+        for job in jobs:
+            _eval(pipe, LUA.complete, prefix, job.id, token, result_blob,
+                  DEFAULT_KEEP_COMPLETED, 0, "", ttl)
+        pipe.info("cpu")
+        replies = pipe.execute()
+        if any(done[0] != 1 for done in replies[1:-1]):
+            raise RuntimeError(f"{name}: a completion lost its lock")
+        return (len(jobs), _main_thread_cpu(b) - _main_thread_cpu(a) - overhead,
+                _main_thread_cpu(replies[-1]) - _main_thread_cpu(replies[0]) - overhead)
+
+    for _ in range(5):  # warm-up
+        one_round()
+    r.config_resetstat()
+    start = time.perf_counter()
+    while claimed < m:
+        jobs, c1, c2 = one_round()
+        claimed += jobs
+        claim_cpu += c1
+        complete_cpu += c2
+        rounds += 1
+    elapsed = time.perf_counter() - start
+    stats = r.info("commandstats")
+
+    def per_call(command: str) -> float | None:
+        entry = stats.get(f"cmdstat_{command}")
+        return None if entry is None else float(entry["usec_per_call"])
+
+    return {
+        "jobs": claimed,
+        "jobs_per_claim": claimed / rounds,
+        "jobs_per_s": claimed / elapsed,
+        "claim_server_us_per_job": claim_cpu / claimed * 1e6,
+        "complete_server_us_per_job": complete_cpu / claimed * 1e6,
+        "server_us_per_job": (claim_cpu + complete_cpu) / claimed * 1e6,
+        "info_overhead_us": overhead * 1e6,
+        "commandstats_us_per_call": {c: per_call(c) for c in
+                                     ("zpopmin", "zadd", "zrem", "zscore", "lpop", "hincrby",
+                                      "xadd", "hset")},
+    }
+
+
+def keyed_worker(url: str, r: redis.Redis, name: str, mode: str, m: int,
+                 backend: str, log_file: Any) -> dict[str, Any]:
+    """ONE worker process (bench_app:keyed, concurrency 50) claims from the pre-filled queue;
+    the window opens at its first claim and closes once ``m`` more jobs were claimed (polled
+    every 5 ms from the waiting count); then the worker is stopped, jobs are left over."""
+    keys = QueueKeys(name)
+    waiting0 = _waiting(r, keys, mode)
+    proc = start_worker(url, name, 50, backend, log_file, app=KEYED_APP)
+    try:
+        wait_for(lambda: _waiting(r, keys, mode) < waiting0, 60, 0.0005, "the first claim",
+                 proc)
+        cpu0, server0, t0 = (proc_cpu_seconds(proc.pid), _main_thread_cpu(r.info("cpu")),
+                             time.monotonic())
+        waiting_a = _waiting(r, keys, mode)
+        wait_for(lambda: waiting_a - _waiting(r, keys, mode) >= m, 300, 0.005,
+                 f"{m} claims", proc)
+        cpu1, server1, t1 = (proc_cpu_seconds(proc.pid), _main_thread_cpu(r.info("cpu")),
+                             time.monotonic())
+        jobs = waiting_a - _waiting(r, keys, mode)
+        failed = r.zcard(keys.failed)
+    finally:
+        code = stop_worker(proc)
+    if failed:
+        raise RuntimeError(f"{failed} jobs of {name} failed")
+    return {
+        "jobs": jobs,
+        "jobs_per_s": jobs / (t1 - t0),
+        "worker_cpu_us_per_job": (cpu1 - cpu0) / jobs * 1e6,
+        "server_us_per_job": (server1 - server0) / jobs * 1e6,
+        "worker_exit_code": code,
+    }
+
+
+def keyed_case(url: str, r: redis.Redis, n_keys: int | None, m: int,
+               backend: str, log_file: Any) -> dict[str, Any]:
+    """One row: a global queue (``n_keys`` None) or a keyed queue with ``n_keys`` keys."""
+    mode = "global" if n_keys is None else "keyed"
+    name = "bench-keyed-global" if n_keys is None else "bench-keyed"
+    # Enough jobs that every key still has waiting jobs after both phases (2 * m claims): the
+    # ready set keeps its size, and each completion puts its key back into it.
+    n = 2 * m + 2 * (n_keys or 0) + 2_000
+    r.flushdb()
+    transport = SyncTransport(url)  # the worker's own setup call: mode, key concurrency 1
+    try:
+        transport.run(setup_queue(QueueKeys(name), mode, 1, 0, 0, False))
+    finally:
+        transport.close()
+    label = "global" if n_keys is None else f"{n_keys:,} keys"
+    log(f"keyed: {label}: filling {n:,} jobs")
+    fill_s = keyed_fill(r, name, mode, n, n_keys or 1)
+    if mode == "keyed":
+        ready = int(r.zcard(QueueKeys(name).prefix + "k:ready"))
+        if ready != n_keys:
+            raise RuntimeError(f"{name}: {ready} ready keys after the fill, expected {n_keys}")
+    log(f"keyed: {label}: {m:,} claims + completions from this process")
+    raw = keyed_raw(r, name, mode, m)
+    log(f"keyed: {label}: {m:,} jobs, one worker process, concurrency 50")
+    worker = keyed_worker(url, r, name, mode, m, backend, log_file)
+    return {"mode": mode, "keys": n_keys, "jobs_filled": n, "fill_s": fill_s,
+            "fill_jobs_per_s": n / fill_s, "raw": raw, "worker": worker}
+
+
+def keyed_rows(results: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    rows = []
+    for res in results:
+        raw, worker = res["raw"], res["worker"]
+        zpopmin = raw["commandstats_us_per_call"]["zpopmin"]
+        rows.append((
+            "global" if res["keys"] is None else f"keyed, {res['keys']:,} keys",
+            f"{res['jobs_filled']:,} in {res['fill_s']:.1f} s",
+            f"{raw['jobs_per_claim']:.0f}",
+            f"{raw['jobs_per_s']:,.0f}",
+            f"{raw['claim_server_us_per_job']:.1f}",
+            f"{raw['complete_server_us_per_job']:.1f}",
+            "-" if zpopmin is None else f"{zpopmin:.2f}",
+            f"{worker['jobs_per_s']:,.0f}",
+            f"{worker['server_us_per_job']:.0f}",
+            f"{worker['worker_cpu_us_per_job']:.0f}",
+        ))
+    return rows
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -466,6 +688,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "--executors is given too)")
     parser.add_argument("--executors", action="store_true",
                         help="only the executor comparison (inline / thread / subprocess)")
+    parser.add_argument("--keyed", action="store_true",
+                        help="only the keyed-mode comparison: claim cost against the number of "
+                             "distinct keys (not part of the full run)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -478,15 +703,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_x_noop, warm_x_noop = (1_000, 200) if args.quick else (5_000, 500)
     n_x_cpu, warm_x_cpu = (200, 20) if args.quick else (1_000, 20)
     backend = args.backend
-    run_baseline = not args.executors
-    run_executors = args.executors or not args.quick
+    keyed_counts: list[int | None] = [None, 10, 1_000, 10_000 if args.quick else 100_000]
+    n_keyed = 5_000 if args.quick else 20_000
+    run_keyed = args.keyed
+    run_baseline = not args.executors and not args.keyed
+    run_executors = args.executors or (not args.quick and not args.keyed)
     mode = ("quick" if args.quick else "full") + (", executors only" if args.executors else "")
+    if args.keyed:
+        mode = ("quick" if args.quick else "full") + ", keyed mode only"
 
     server = RedisServer(appendonly=False)
     server.start()
     log_path = Path(tempfile.mkstemp(prefix="panqueue-bench-worker-", suffix=".log")[1])
     started = time.monotonic()
     xres: list[dict[str, Any]] = []
+    kres: list[dict[str, Any]] = []
     try:
         assert server.pid is not None
         machine = machine_info(server)
@@ -524,6 +755,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"concurrency {concurrency}")
                     xres.append(executor_rate(server.url, r, kind, executor, concurrency, n,
                                               warmup, backend, log_file))
+            if run_keyed:
+                # A fresh redis-server is measurably slower for its first ~10,000 script calls
+                # (the first keyed case came out 1.5x dearer on the server than the same case
+                # repeated): warm it up with an unmeasured keyed fill and claim phase.
+                log("keyed: warm-up (not measured)")
+                r.flushdb()
+                keyed_fill(r, "bench-keyed", "keyed", 2 * n_keyed, 10)
+                keyed_raw(r, "bench-keyed", "keyed", n_keyed)
+                for n_keys in keyed_counts:
+                    kres.append(keyed_case(server.url, r, n_keys, n_keyed, backend, log_file))
     except BaseException:
         sys.stderr.write(f"worker log ({log_path}):\n{log_path.read_text()}\n")
         raise
@@ -579,6 +820,16 @@ def main(argv: Sequence[str] | None = None) -> int:
              "total µs", "cores (worker + children)", "threads"),
             executor_rows(xres),
             (False, False, True, True, True, True, True, True, True, True))
+    if kres:
+        print(f"keyed mode: key_concurrency 1, keys round robin; {n_keyed:,} jobs per phase. "
+              f"'this process': claim {KEYED_CLAIM_N} + complete each (pipelined), scripts "
+              "called directly; server µs = redis-server main-thread CPU per job (INFO cpu); "
+              "'worker': ONE worker process (bench_app:keyed), concurrency 50")
+        print_table(
+            ("queue", "filled", "jobs/claim", "claims/s", "claim µs", "complete µs",
+             "ZPOPMIN µs/call", "worker jobs/s", "server µs", "worker µs"),
+            keyed_rows(kres),
+            (False, True, True, True, True, True, True, True, True, True))
     if worker_log:
         print()
         print("worker output (warnings and errors):")
@@ -604,6 +855,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             })
         if xres:
             payload["executors"] = xres
+        if kres:
+            payload["keyed"] = kres
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"\nfigures written to {args.json}")
     return 0

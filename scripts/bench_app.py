@@ -1,5 +1,5 @@
-"""Handlers for scripts/bench.py (loaded by the worker process as ``bench_app:queues`` and
-``bench_app:executors``).
+"""Handlers for scripts/bench.py (loaded by the worker process as ``bench_app:queues``,
+``bench_app:executors`` and ``bench_app:keyed``).
 
 ``queues`` (the baseline figures):
 
@@ -12,6 +12,11 @@
 
 * ``bench-x-noop-{inline,thread,subprocess}``: a no-op on each executor.
 * ``bench-x-cpu-{inline,thread,subprocess}``: 10 ms of pure-Python CPU work on each executor.
+
+``keyed`` (``--keyed``: claim cost against the number of distinct concurrency keys):
+
+* ``bench-keyed``: an async no-op on a keyed queue, ``key_concurrency=1``.
+* ``bench-keyed-global``: the same no-op on a global queue, the baseline.
 
 All keep the default retention (1000 completed jobs), as a real deployment would.
 Subprocess handlers are module-level functions: the child imports them by name.
@@ -28,6 +33,7 @@ CPU_JOB_SECONDS = 0.010
 
 queues = Registry()
 executors = Registry()
+keyed = Registry()
 
 
 @queues.handler("bench-noop", concurrency=50)
@@ -84,3 +90,13 @@ def cpu_thread(job: Job) -> None:
 @executors.handler("bench-x-cpu-subprocess", executor="subprocess")
 def cpu_subprocess(job: Job) -> None:
     burn_cpu()
+
+
+@keyed.handler("bench-keyed", mode="keyed", key_concurrency=1)
+async def noop_keyed(job: Job) -> None:
+    return None
+
+
+@keyed.handler("bench-keyed-global")
+async def noop_keyed_baseline(job: Job) -> None:
+    return None

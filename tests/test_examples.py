@@ -106,6 +106,39 @@ EXPECTED: dict[str, list[str]] = {
         "next event is 'added' for job ",
         "(the first ping: True)",
     ],
+    "keyed_rate_limit.py": [
+        "added 9 jobs: 6 for acme first, then 3 for globex",
+        "first six starts: 3 acme, 3 globex (round robin between the tenants)",
+        "most jobs running at once per tenant: acme 1, globex 1",
+        "most starts in any 1.0 s window: 4 (limit 4)",
+    ],
+    "workflows.py": [
+        "chain states before a worker runs: ['waiting', 'blocked', 'blocked']",
+        "chain ran in order: extract > transform > load",
+        "tree: download-a and download-b before merge before publish",
+        "merge: completed, result 'merge ok'",
+        "parse: failed, failure_reason=explicit_fail, error Fail",
+        "index: failed, failure_reason=dependency_failed, error DependencyFailed: dependency "
+        "parse-",
+        "report: failed, failure_reason=dependency_failed, error DependencyFailed",
+        "index and report never ran: True",
+        "depends on a completed job: waiting",
+        "depends on a failed job: failed, dependency_failed",
+        "depends on an unknown id: ConfigError: ",
+        "counts: completed=7, failed=4, waiting=1, blocked=0",
+    ],
+    "dedup.py": [
+        "created=False, data {'report': 1, 'version': 1}",
+        "still job 2 (same: True)",
+        "the key expired: new job 3, created=True",
+        "was deleted, job 6 replaces it (created=True)",
+        "which depended on the replaced job: failed, dependency_failed",
+        "keep after the job was removed: new job 7, created=True",
+        "added beside it (created=True)",
+        "both ran: ['report 4 v1', 'report 4 v2']",
+        "job_id: second add returned 'report-5', created=False",
+        "job_id data unchanged: {'report': 5, 'version': 1}",
+    ],
 }
 
 
