@@ -169,8 +169,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if not rows:
         print("no queues")
         return 0
-    states = [JobState.WAITING, JobState.DELAYED, JobState.ACTIVE, JobState.COMPLETED,
-              JobState.FAILED, JobState.CANCELLED]
+    states = [JobState.WAITING, JobState.DELAYED, JobState.BLOCKED, JobState.ACTIVE,
+              JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED]
     width = max(5, *(len(q) for q, _, _ in rows))
     print(f"{'queue':<{width}}  " + "  ".join(f"{s.value:>9}" for s in states))
     for queue, counts, paused in rows:
