@@ -139,6 +139,16 @@ EXPECTED: dict[str, list[str]] = {
         "job_id: second add returned 'report-5', created=False",
         "job_id data unchanged: {'report': 5, 'version': 1}",
     ],
+    "spark_enqueue.py": [
+        "first run: added=200, existing=0",
+        "second run: added=0, existing=200",
+        "without id_column: added=5; warning: enqueue_dataframe without id_column",
+        "read_jobs: 205 jobs",
+        "  delayed: 50",
+        "  waiting: 155",
+        'job customer_id:7: state=waiting, data={"customer_id": 7, "email": '
+        '"user7@example.com", "signed_up": "2026-01-08", "delay_s": null}',
+    ],
 }
 
 

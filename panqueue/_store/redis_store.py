@@ -96,11 +96,15 @@ def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
     if durable_timeout_ms is None:
         reply = yield call
         return parse_added(keys, reply)
-    info = yield Command(("INFO", "server"))
-    version = tuple(int(part) for part in str(info.get("redis_version", "0.0")).split(".")[:2])
+    server, persistence = yield Batch((Command(("INFO", "server")),
+                                       Command(("INFO", "persistence"))))
+    version = tuple(int(part) for part in str(server.get("redis_version", "0.0")).split(".")[:2])
     if version < (7, 2):  # Valkey reports 7.2.x here too, and has WAITAOF
         raise ConfigError("durable=True needs a server with WAITAOF (Redis >= 7.2 or Valkey >= "
                           "8.0); this one has none, so nothing was added")
+    if not int(persistence.get("aof_enabled", 0)):
+        raise ConfigError("durable=True needs the server's append-only file (appendonly yes); "
+                          "it is off, so nothing was added")
     # WAITAOF waits for the writes of *this connection*: send both in one pipeline. EVAL (not
     # EVALSHA) so that a server without the script cached cannot fail the pipeline.
     reply, persisted = yield Batch((
@@ -110,8 +114,8 @@ def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
     added = parse_added(keys, reply)
     if int(persisted[0]) < 1:
         raise PanqueueError(
-            f"queue {keys.name!r}: the add was not persisted to the append-only file within "
-            f"{durable_timeout_ms} ms (is appendonly enabled on the server?)")
+            f"queue {keys.name!r}: the job(s) {', '.join(i for i, _ in added)} were added, but "
+            f"the server did not confirm an fsync within {durable_timeout_ms} ms")
     return added
 
 

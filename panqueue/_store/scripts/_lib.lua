@@ -11,6 +11,7 @@
 --   fr failure reason          sc times stalled      cx cancel requested
 --   pg progress (msgpack)      k  concurrency key (keyed mode)
 --   dp dependencies not yet completed (blocked jobs)  dd dedup key
+--   ra run-at of a blocked job that was added with a delay
 -- Per job: "job:<id>:logs" (LIST, capped), "deps:<id>" (SET of jobs waiting for it).
 --
 -- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
@@ -299,9 +300,7 @@ local function claim(now, token, ttl, n, out)
   local count = 0
   if keyed() then
     local key_limit = m.rate_max > 0 and m.rate_per_key
-    if key_limit then
-      release_limited_keys(now)
-    end
+    release_limited_keys(now)
     while count < n do
       local popped = redis.call('ZPOPMIN', K_READY)
       if #popped == 0 then
@@ -311,7 +310,7 @@ local function claim(now, token, ttl, n, out)
       local id = redis.call('LPOP', key_list(key))
       if id then
         redis.call('HINCRBY', K_META, 'kw', -1)
-        redis.call('HINCRBY', K_KACTIVE, key, 1)
+        local running = redis.call('HINCRBY', K_KACTIVE, key, 1)
         activate(id, now, token, ttl, out)
         count = count + 1
         if global_limit then
@@ -325,9 +324,14 @@ local function claim(now, token, ttl, n, out)
             redis.call('ZADD', K_LIMITED, now + retry_in, key)
           end
         end
+        -- Back of the round robin with a new sequence number, if still eligible (a key now
+        -- at capacity is not: it was popped and stays out until a job of it finishes).
+        if running < m.kc then
+          refresh_key(key)
+        end
+      else
+        refresh_key(key)
       end
-      -- Back of the round robin with a new sequence number, if still eligible.
-      refresh_key(key)
     end
     if count == 0 and key_limit then
       local first = redis.call('ZRANGE', K_LIMITED, 0, 0, 'WITHSCORES')
@@ -375,15 +379,22 @@ end
 
 -- Dependencies: a job that completed releases the jobs blocked on it (the last dependency to
 -- complete moves a blocked job to waiting).
-local function release_dependents(id)
+local function release_dependents(id, now)
   local dkey = P .. 'deps:' .. id
   for _, dependent in ipairs(redis.call('SMEMBERS', dkey)) do
     local djkey = job_key(dependent)
     if redis.call('HGET', djkey, 's') == 'blocked'
         and redis.call('HINCRBY', djkey, 'dp', -1) <= 0 then
       redis.call('ZREM', K_BLOCKED, dependent)
-      enqueue_waiting(djkey, dependent)
-      emit('waiting', dependent, 'why', 'dependencies_completed')
+      local run_at = tonumber(redis.call('HGET', djkey, 'ra') or '0')
+      if run_at > now then
+        redis.call('HSET', djkey, 's', 'delayed')
+        redis.call('ZADD', K_DELAYED, run_at, dependent)
+        emit('delayed', dependent, 'why', 'dependencies_completed')
+      else
+        enqueue_waiting(djkey, dependent)
+        emit('waiting', dependent, 'why', 'dependencies_completed')
+      end
     end
   end
   redis.call('DEL', dkey)
@@ -427,6 +438,9 @@ end
 -- failed). `f` holds the fields the add script validated. Returns id, created (0 when a job
 -- with that id, or a live duplicate under its dedup key, exists: it is returned unchanged).
 local function add_job(now, f)
+  if f.id ~= '' and redis.call('EXISTS', job_key(f.id)) == 1 then
+    return f.id, 0  -- idempotent custom id: checked first, so a dedup replace cannot lose it
+  end
   local dkey = nil
   if f.dedup ~= '' then
     dkey = P .. 'dd:' .. f.dedup
@@ -452,8 +466,6 @@ local function add_job(now, f)
   local id = f.id
   if id == '' then
     id = tostring(redis.call('HINCRBY', K_META, 'id', 1))
-  elseif redis.call('EXISTS', job_key(id)) == 1 then
-    return id, 0
   end
   local jkey = job_key(id)
   local run_at = f.run_at
@@ -489,6 +501,9 @@ local function add_job(now, f)
     finish(jkey, id, K_FAILED, 'failed', now, -1)
   elseif pending > 0 then
     redis.call('HSET', jkey, 's', 'blocked', 'dp', pending)
+    if run_at > now then
+      redis.call('HSET', jkey, 'ra', run_at)  -- released into DELAYED if still in the future
+    end
     redis.call('ZADD', K_BLOCKED, now, id)
     emit('added', id, 's', 'blocked')
   elseif run_at > now then

@@ -20,7 +20,7 @@ leave_active(jkey, id)
 redis.call('HSET', jkey, 'r', ARGV[3])
 redis.call('HDEL', jkey, 'e')  -- earlier attempts' errors stay in the history
 emit('completed', id, 'r', ARGV[3])
-release_dependents(id)
+release_dependents(id, now)
 finish(jkey, id, K_COMPLETED, 'completed', now, tonumber(ARGV[4]))
 local reply = {1}
 claim(now, ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[5]), reply)

@@ -21,9 +21,17 @@ else
   redis.call('HDEL', K_META, 'rlm', 'rlp', 'rlk')
 end
 META = nil
--- A changed key concurrency can make keys eligible (or not): re-check the ready set.
+-- A changed key concurrency can make keys eligible (or not): re-check the ready set. Keys held
+-- back by a per-key rate limit that no longer applies are released.
 if ARGV[1] == 'keyed' then
   local before = redis.call('ZCARD', K_READY)
+  if ARGV[5] ~= '1' then
+    local held = redis.call('ZRANGE', K_LIMITED, 0, -1)
+    redis.call('DEL', K_LIMITED)
+    for _, key in ipairs(held) do
+      refresh_key(key)
+    end
+  end
   for _, key in ipairs(redis.call('HKEYS', K_KACTIVE)) do
     refresh_key(key)
   end
