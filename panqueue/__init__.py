@@ -13,6 +13,7 @@ from panqueue._client import (
     SyncQueueClient,
 )
 from panqueue._job import ErrorInfo, Fail, Job, JobInfo, JobState, Retry
+from panqueue._log import configure_logging
 from panqueue._options import Backoff, Dedup, JobOptions, Limits, RateLimit, Retention
 from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
@@ -70,4 +71,5 @@ __all__ = [
     "Worker",
     "WorkerPool",
     "__version__",
+    "configure_logging",
 ]

@@ -7,20 +7,23 @@ own with append-only persistence, listens on loopback only, and is stopped by th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
 from panqueue.errors import ConfigError
 from panqueue.errors import ConnectionError as PanqueueConnectionError
 
-__all__ = ["RedisServer", "find_server_binary", "free_port"]
+__all__ = ["RedisServer", "find_server_binary", "free_port", "url_or_private_server"]
 
 
 def find_server_binary() -> str:
@@ -138,3 +141,18 @@ class RedisServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.cleanup()
+
+
+@contextlib.contextmanager
+def url_or_private_server(*, announce: bool = True) -> Iterator[str]:
+    """``$PANQUEUE_URL`` if it is set, else the URL of a private server started for the
+    duration of the block (and stopped after it). For scripts, examples and notebooks."""
+    url = os.environ.get("PANQUEUE_URL")
+    if url:
+        yield url
+        return
+    with RedisServer(appendonly=False) as server:
+        if announce:
+            print(f"started a private {Path(server.binary).name} on {server.url}",
+                  file=sys.stderr)
+        yield server.url

@@ -34,6 +34,16 @@ touched. What each figure means is written up in docs/performance.md.
   ONE worker process (``bench_app:keyed``, concurrency 50). ``--keyed --quick``: 5,000 jobs per
   phase, 10,000 keys at most.
 
+* spark mode (``--spark`` only; not part of the full run; needs the ``spark`` extra and Java
+  17): on a fresh server with ``maxmemory 0`` (unlimited), (a) the single-process baseline:
+  1,000,000 jobs with ``SyncQueueClient`` ``add_bulk`` in batches of 1000 (the job data built
+  before the clock starts), then FLUSHDB; (b) ``panqueue.spark.enqueue_dataframe`` of the same
+  1,000,000 rows on a ``local[2]`` SparkSession (``spark.range`` with 4 partitions and a few
+  derived columns, ``id_column="order_id"``, ``batch_size=1000``), the session start and a
+  10,000-row warm-up excluded; (c) ``read_jobs(...).count()`` over those 1,000,000 jobs, split
+  into the driver's id listing (the ``read_jobs`` call) and the distributed read (``count()``).
+  ``--spark --quick``: 100,000 rows.
+
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
 """
@@ -311,6 +321,106 @@ def process_rate(url: str, r: redis.Redis, server_pid: int, n: int, backend: str
         "redis_cpu_us_per_job": (redis_cpu1 - redis_cpu0) / n * 1e6,
         "worker_exit_code": code,
     }
+
+
+# --------------------------------------------------------------------------- spark
+
+SPARK_QUEUE = "bench-spark"
+
+
+def spark_order(i: int) -> dict[str, Any]:
+    """The job data of row ``i`` in the Spark benchmark (the same as the DataFrame's rows)."""
+    return {"order_id": i, "customer": f"customer-{i % 50_000}", "amount": (i % 100_000) / 100,
+            "country": ("FR", "DE", "GB", "US")[i % 4]}
+
+
+def spark_bench(url: str, r: redis.Redis, server_pid: int, n: int) -> dict[str, Any]:
+    """add_bulk baseline, then enqueue_dataframe and read_jobs on a local[2] SparkSession."""
+    import warnings
+
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from panqueue.spark import enqueue_dataframe, read_jobs
+
+    result: dict[str, Any] = {"rows": n, "batch": BATCH, "partitions": 4}
+    # (a) the single-process baseline: add_bulk, 1000 jobs a call, data built beforehand.
+    log(f"spark: {n:,} jobs with add_bulk (SyncQueueClient), {BATCH} per batch")
+    batches = [[spark_order(i) for i in range(b, min(b + BATCH, n))] for b in range(0, n, BATCH)]
+    with SyncQueueClient(url) as client:
+        queue = client.queue(SPARK_QUEUE + "-bulk")
+        queue.add_bulk(batches[0][:10])  # warm-up: connection, script cache
+        redis_cpu, start = proc_cpu_seconds(server_pid), time.perf_counter()
+        for batch in batches:
+            queue.add_bulk(batch)
+        elapsed = time.perf_counter() - start
+        result["add_bulk_redis_cpu_us_per_row"] = (proc_cpu_seconds(server_pid)
+                                                   - redis_cpu) / n * 1e6
+    result["add_bulk_s"] = elapsed
+    result["add_bulk_rows_per_s"] = n / elapsed
+    result["redis_used_memory_mb"] = int(r.info("memory")["used_memory"]) / 2**20
+    del batches
+    r.flushdb()
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    log("spark: starting a local[2] SparkSession (not measured)")
+    spark = (SparkSession.builder.master("local[2]").appName("panqueue-bench")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "4")
+             .config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("OFF")
+    try:
+        def orders(count: int) -> Any:
+            return (spark.range(0, count, numPartitions=4)
+                    .withColumnRenamed("id", "order_id")
+                    .withColumn("customer", F.format_string("customer-%d",
+                                                            F.col("order_id") % 50_000))
+                    .withColumn("amount", (F.col("order_id") % 100_000) / 100)
+                    .withColumn("country", F.element_at(F.array(*[F.lit(c) for c in
+                                                                  ("FR", "DE", "GB", "US")]),
+                                                        (F.col("order_id") % 4 + 1).cast("int"))))
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enqueue_dataframe(orders(10_000), SPARK_QUEUE + "-warmup", url=url,
+                              id_column="order_id", batch_size=BATCH)  # Python workers, JIT
+        r.flushdb()
+        log(f"spark: enqueue_dataframe of {n:,} rows, local[2], 4 partitions")
+        redis_cpu, start = proc_cpu_seconds(server_pid), time.perf_counter()
+        stats = enqueue_dataframe(orders(n), SPARK_QUEUE, url=url, id_column="order_id",
+                                  batch_size=BATCH)
+        elapsed = time.perf_counter() - start
+        result["enqueue_redis_cpu_us_per_row"] = (proc_cpu_seconds(server_pid)
+                                                  - redis_cpu) / n * 1e6
+        if (stats.added, stats.existing) != (n, 0):
+            raise RuntimeError(f"enqueue_dataframe: {stats}, expected {n} added")
+        result["enqueue_s"] = elapsed
+        result["enqueue_rows_per_s"] = n / elapsed
+        with SyncQueueClient(url) as client:
+            result["sample_data"] = client.get_job(SPARK_QUEUE, "order_id:77").data
+
+        log(f"spark: read_jobs(...).count() over {n:,} jobs")
+        redis_cpu, start = proc_cpu_seconds(server_pid), time.perf_counter()
+        jobs = read_jobs(spark, SPARK_QUEUE, url=url)
+        listed = time.perf_counter()
+        count = jobs.count()
+        done = time.perf_counter()
+        result["read_redis_cpu_us_per_row"] = (proc_cpu_seconds(server_pid)
+                                               - redis_cpu) / n * 1e6
+        if count != n:
+            raise RuntimeError(f"read_jobs counted {count} jobs, expected {n}")
+        result["read_list_s"] = listed - start
+        result["read_count_s"] = done - listed
+        result["read_s"] = done - start
+        result["read_rows_per_s"] = n / (done - start)
+        result["read_partitions"] = jobs.rdd.getNumPartitions()
+    finally:
+        spark.stop()
+    return result
 
 
 # --------------------------------------------------------------------------- executors
@@ -691,6 +801,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keyed", action="store_true",
                         help="only the keyed-mode comparison: claim cost against the number of "
                              "distinct keys (not part of the full run)")
+    parser.add_argument("--spark", action="store_true",
+                        help="only the Spark figures: enqueue_dataframe and read_jobs on "
+                             "local[2] against add_bulk, 1,000,000 rows (not part of the full "
+                             "run; needs the spark extra and Java 17)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -706,18 +820,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     keyed_counts: list[int | None] = [None, 10, 1_000, 10_000 if args.quick else 100_000]
     n_keyed = 5_000 if args.quick else 20_000
     run_keyed = args.keyed
-    run_baseline = not args.executors and not args.keyed
-    run_executors = args.executors or (not args.quick and not args.keyed)
+    run_spark = args.spark
+    n_spark = 100_000 if args.quick else 1_000_000
+    run_baseline = not args.executors and not args.keyed and not args.spark
+    run_executors = args.executors or (not args.quick and not args.keyed and not args.spark)
     mode = ("quick" if args.quick else "full") + (", executors only" if args.executors else "")
     if args.keyed:
         mode = ("quick" if args.quick else "full") + ", keyed mode only"
+    if args.spark:
+        mode = ("quick" if args.quick else "full") + ", spark only"
 
-    server = RedisServer(appendonly=False)
+    server = RedisServer(appendonly=False, extra_args=("--maxmemory", "0"))
     server.start()
     log_path = Path(tempfile.mkstemp(prefix="panqueue-bench-worker-", suffix=".log")[1])
     started = time.monotonic()
     xres: list[dict[str, Any]] = []
     kres: list[dict[str, Any]] = []
+    sres: dict[str, Any] | None = None
     try:
         assert server.pid is not None
         machine = machine_info(server)
@@ -765,6 +884,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keyed_raw(r, "bench-keyed", "keyed", n_keyed)
                 for n_keys in keyed_counts:
                     kres.append(keyed_case(server.url, r, n_keys, n_keyed, backend, log_file))
+            if run_spark:
+                r.flushdb()
+                sres = spark_bench(server.url, r, server.pid, n_spark)
     except BaseException:
         sys.stderr.write(f"worker log ({log_path}):\n{log_path.read_text()}\n")
         raise
@@ -830,6 +952,23 @@ def main(argv: Sequence[str] | None = None) -> int:
              "ZPOPMIN µs/call", "worker jobs/s", "server µs", "worker µs"),
             keyed_rows(kres),
             (False, True, True, True, True, True, True, True, True, True))
+    if sres is not None:
+        print(f"spark: {sres['rows']:,} rows/jobs, batches of {sres['batch']}; "
+              "enqueue_dataframe on local[2] (spark.range, 4 partitions, id_column), session "
+              "start and warm-up excluded")
+        print_table(
+            ("figure", "rows/s", "seconds", "redis-server CPU µs/row", "notes"),
+            [("add_bulk, SyncQueueClient, 1 process", f"{sres['add_bulk_rows_per_s']:,.0f}",
+              f"{sres['add_bulk_s']:.1f}", f"{sres['add_bulk_redis_cpu_us_per_row']:.1f}",
+              f"server-assigned ids; Redis used_memory {sres['redis_used_memory_mb']:,.0f} MB"),
+             ("enqueue_dataframe, local[2]", f"{sres['enqueue_rows_per_s']:,.0f}",
+              f"{sres['enqueue_s']:.1f}", f"{sres['enqueue_redis_cpu_us_per_row']:.1f}",
+              "ids order_id:<n>"),
+             ("read_jobs + count()", f"{sres['read_rows_per_s']:,.0f}", f"{sres['read_s']:.1f}",
+              f"{sres['read_redis_cpu_us_per_row']:.1f}",
+              f"listing ids on the driver {sres['read_list_s']:.1f} s, count() "
+              f"{sres['read_count_s']:.1f} s over {sres['read_partitions']} partitions")],
+            (False, True, True, True, False))
     if worker_log:
         print()
         print("worker output (warnings and errors):")
@@ -857,6 +996,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             payload["executors"] = xres
         if kres:
             payload["keyed"] = kres
+        if sres is not None:
+            payload["spark"] = sres
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"\nfigures written to {args.json}")
     return 0

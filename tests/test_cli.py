@@ -156,11 +156,11 @@ def test_stats_lists_every_queue_or_one(redis_url: str) -> None:
     table = run_cli("stats", "--url", redis_url)
     assert table.returncode == 0, table.stderr
     header, *rows = table.stdout.strip().splitlines()
-    assert header.split() == ["queue", "waiting", "delayed", "active", "completed", "failed",
-                              "cancelled"]
+    assert header.split() == ["queue", "waiting", "delayed", "blocked", "active", "completed",
+                              "failed", "cancelled"]
     assert [row.split() for row in rows] == [  # sorted by queue name
-        [ECHO, "3", "0", "0", "0", "0", "0"],
-        ["cli-other", "0", "1", "0", "0", "0", "0"],
+        [ECHO, "3", "0", "0", "0", "0", "0", "0"],
+        ["cli-other", "0", "1", "0", "0", "0", "0", "0"],
     ]
 
     everything = run_cli("stats", "--json", "--url", redis_url)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +29,10 @@ from panqueue import (
 )
 from panqueue._keys import QueueKeys
 from panqueue.embedded import RedisServer
-from tests.helpers import APPS, panqueue_command, subprocess_env
+from tests.helpers import APPS, panqueue_command, running, subprocess_env
 
 pytestmark = pytest.mark.anyio
 
-
-@asynccontextmanager
-async def running(registry: Registry, queue: str, url: str, **options: Any
-                  ) -> AsyncIterator[Worker]:
-    worker = Worker(registry, queue, url=url, **options)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        try:
-            yield worker
-        finally:
-            await worker.shutdown(grace=5)
 
 
 def start_workers(url: str, queue: str, n: int = 2) -> list[subprocess.Popen[bytes]]:

@@ -6,8 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +23,6 @@ from panqueue import (
     Registry,
     Retention,
     SyncQueueClient,
-    Worker,
 )
 from panqueue._keys import QueueKeys
 from tests.helpers import (
@@ -33,6 +30,7 @@ from tests.helpers import (
     async_wait_until,
     panqueue_command,
     run_cli,
+    running,
     subprocess_env,
     wait_until,
 )
@@ -44,17 +42,6 @@ import exec_app
 
 pytestmark = pytest.mark.anyio
 
-
-@asynccontextmanager
-async def running(registry: Registry, queue: str, url: str, **options: Any
-                  ) -> AsyncIterator[Worker]:
-    worker = Worker(registry, queue, url=url, **options)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        try:
-            yield worker
-        finally:
-            await worker.shutdown(grace=5)
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,21 +27,10 @@ from panqueue import (
     TimeoutError,
     Worker,
 )
-from tests.helpers import async_wait_until
+from tests.helpers import async_wait_until, running
 
 pytestmark = pytest.mark.anyio
 
-
-@asynccontextmanager
-async def running(registry: Registry, queue: str, url: str, **options: Any
-                  ) -> AsyncIterator[Worker]:
-    worker = Worker(registry, queue, url=url, **options)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        try:
-            yield worker
-        finally:
-            await worker.shutdown(grace=5)
 
 
 async def test_job_runs_and_its_result_is_returned(redis_url: str, queue_name: str) -> None:
