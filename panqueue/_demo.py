@@ -63,20 +63,28 @@ def run_demo(url: str | None, jobs: int, workers: int) -> int:
                      "--url", url, "--log-level", "error", "--grace", "5"]))
             print(f"started {workers} worker processes (concurrency 20 each)")
             done = 0
+            tty = sys.stdout.isatty()
+            last_line = 0.0
             while done < jobs:
                 counts = client.counts(QUEUE)
                 finished = {s: counts[s] - baseline[s] for s in (JobState.COMPLETED,
                                                                  JobState.FAILED)}
                 done = sum(finished.values())
-                print(f"\r{_bar(done, jobs)} {done}/{jobs} done  active={counts[JobState.ACTIVE]}"
-                      f"  waiting={counts[JobState.WAITING]}  retrying={counts[JobState.DELAYED]}",
-                      end="", flush=True)
+                line = (f"{_bar(done, jobs)} {done}/{jobs} done  "
+                        f"active={counts[JobState.ACTIVE]}  waiting={counts[JobState.WAITING]}"
+                        f"  retrying={counts[JobState.DELAYED]}")
+                if tty:  # redraw one line; in a log, one line every half second
+                    print(f"\r{line}", end="", flush=True)
+                elif time.monotonic() - last_line >= 0.5 or done >= jobs:
+                    print(line, flush=True)
+                    last_line = time.monotonic()
                 if any(p.poll() is not None for p in procs):
                     print("\na worker exited early", file=sys.stderr)
                     return 1
                 time.sleep(0.1)
             elapsed = time.monotonic() - started
-            print()
+            if tty:
+                print()
             infos = [h.info() for h in handles]
         for p in procs:
             p.send_signal(signal.SIGTERM)

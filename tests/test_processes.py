@@ -139,3 +139,27 @@ def _readable(fd: int) -> bool:
     import select
 
     return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_a_stuck_thread_handler_does_not_keep_the_worker_process_alive(
+        redis_url: str, workers: Workers, redis_client: redis.Redis) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handle = client.queue("stuck-thread").add({})
+        proc = workers.start("stuck-thread", extra=("--grace", "0.3"))
+        wait_until(lambda: redis_client.llen(f"started:{handle.id}") == 1, timeout=20,
+                   what="the job to start")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0  # the sleeping daemon thread is abandoned, not waited for
+        info = handle.info()
+    assert info.state is JobState.WAITING and info.attempts == 0
+
+
+def test_a_chain_completes_in_order_across_two_worker_processes(
+        redis_url: str, workers: Workers, redis_client: redis.Redis) -> None:
+    with SyncQueueClient(redis_url) as client:
+        chain = client.queue("chained").add_chain([str(n) for n in range(12)])
+        workers.start("chained")
+        workers.start("chained", backend="trio")
+        assert [h.result(timeout=60) for h in chain] == list(range(12))
+    order = [int(v) for v in redis_client.lrange("chain-order", 0, -1)]
+    assert order == list(range(12))

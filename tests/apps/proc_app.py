@@ -61,3 +61,18 @@ async def tenant_job(job: Job) -> None:
     _redis.rpush("tenant-order", key)
     await anyio.sleep(0.01)
     _redis.hincrby("tenant-running", key, -1)
+
+
+@queues.handler("stuck-thread", executor="thread", lock_ttl=60)
+def stuck_thread(job: Job) -> None:
+    import time
+
+    _redis.rpush(f"started:{job.id}", os.getpid())
+    time.sleep(120)  # never checks should_stop(): only the forced phase ends this attempt
+
+
+@queues.handler("chained", concurrency=4)
+async def chained(job: Job) -> int:
+    _redis.rpush("chain-order", job.data)
+    await anyio.sleep(random.uniform(0, 0.01))
+    return int(job.data)
