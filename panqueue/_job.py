@@ -167,19 +167,28 @@ class Job:
     that is already done.
     """
 
-    __slots__ = ("_sink", "_stop", "attempt", "data", "enqueued_at", "id", "options", "queue")
+    __slots__ = ("_enqueued_at", "_enqueued_ms", "_sink", "_stop", "attempt", "data", "id",
+                 "options", "queue")
 
     def __init__(self, *, id: str, queue: str, data: Any, attempt: int, options: JobOptions,
-                 enqueued_at: datetime | None, sink: Sink,
-                 should_stop: Callable[[], bool] = _never) -> None:
+                 sink: Sink, should_stop: Callable[[], bool] = _never,
+                 enqueued_at: datetime | None = None, enqueued_at_ms: int | None = None) -> None:
         self.id = id
         self.queue = queue
         self.data = data
         self.attempt = attempt
         self.options = options
-        self.enqueued_at = enqueued_at
+        self._enqueued_at = enqueued_at
+        self._enqueued_ms = enqueued_at_ms
         self._sink = sink
         self._stop = should_stop
+
+    @property
+    def enqueued_at(self) -> datetime | None:
+        """When the job was added (server clock, UTC)."""
+        if self._enqueued_at is None and self._enqueued_ms:
+            self._enqueued_at = from_ms(self._enqueued_ms)  # made on first use: hot path
+        return self._enqueued_at
 
     def progress(self, value: Any) -> Awaitable[None]:
         """Record progress (0..100 or any JSON-compatible value); visible in ``info()``."""
@@ -197,7 +206,8 @@ class Job:
     def rebind(self, sink: Sink, should_stop: Callable[[], bool]) -> Job:
         """The same job with another way to report (used by executors)."""
         return Job(id=self.id, queue=self.queue, data=self.data, attempt=self.attempt,
-                   options=self.options, enqueued_at=self.enqueued_at, sink=sink,
+                   options=self.options, enqueued_at=self._enqueued_at,
+                   enqueued_at_ms=self._enqueued_ms, sink=sink,
                    should_stop=should_stop)
 
     def __repr__(self) -> str:

@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 
 from panqueue._codec import check_json_compatible, decode, encode
-from panqueue._job import ErrorInfo, Fail, Job, Retry, from_ms
+from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._keys import QueueKeys
 from panqueue._log import get_logger
 from panqueue._options import Retention
@@ -304,7 +304,6 @@ class Worker:
         job_options = handler_options.merged(decode(claimed.options) if claimed.options else None)
         running = _Running(token, stopping=self._stopping)
         self._running[claimed.id] = running
-        log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt)
         started = time.monotonic()
         outcome: Any = None
         error: BaseException | None = None
@@ -316,7 +315,7 @@ class Worker:
 
             job = Job(id=job_id, queue=self.keys.name, data=decode(claimed.data),
                       attempt=claimed.attempt, options=job_options,
-                      enqueued_at=from_ms(claimed.enqueued_at_ms), sink=sink,
+                      enqueued_at_ms=claimed.enqueued_at_ms, sink=sink,
                       should_stop=running.should_stop)
             with running.scope:
                 outcome = await self._executor.run(job, job_options.timeout)  # type: ignore[union-attr]
@@ -330,7 +329,8 @@ class Worker:
         finally:
             del self._running[claimed.id]
         duration = time.monotonic() - started
-        log = log.bind(duration_ms=round(duration * 1000, 3))
+        log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt,
+                             duration_ms=round(duration * 1000, 3))
 
         if running.lost:
             log.warning("lock lost; job left to its new owner", error=str(LockLost(

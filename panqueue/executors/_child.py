@@ -96,7 +96,7 @@ def main() -> None:
         return
     _apply_limits(config.get("limits") or {})
     from panqueue._codec import check_json_compatible
-    from panqueue._job import DONE, Job, from_ms
+    from panqueue._job import DONE, Job
     from panqueue._options import JobOptions
 
     fn = _load_handler(config["handler"])
@@ -132,7 +132,7 @@ def main() -> None:
 
         job = Job(id=frame["id"], queue=frame["queue"], data=frame["data"],
                   attempt=frame["attempt"], options=JobOptions().merged(frame.get("options")),
-                  enqueued_at=from_ms(frame.get("enqueued_at")), sink=sink,
+                  enqueued_at_ms=frame.get("enqueued_at"), sink=sink,
                   should_stop=stop.is_set)
         frames.write(_run_one(fn, job, check_json_compatible))
 

@@ -180,8 +180,8 @@ class SubprocessExecutor(Executor):
                 "attempt": job.attempt,
                 "options": {"attempts": options.attempts, "backoff": options.backoff.to_wire(),
                             "timeout": options.timeout},
-                "enqueued_at": None if job.enqueued_at is None else int(
-                    job.enqueued_at.timestamp() * 1000),
+                "enqueued_at": job._enqueued_ms if job._enqueued_ms is not None else (
+                    None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)),
             })
             self._busy.add(child)
             if self._stopping:
