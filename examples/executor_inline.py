@@ -14,17 +14,10 @@ Without PANQUEUE_URL the example starts a private Redis-compatible server and st
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import sys
-from collections.abc import Iterator
-
 import anyio
-import structlog
 
-from panqueue import Backoff, Job, JobFailed, QueueClient, Registry, Worker
-from panqueue.embedded import RedisServer
+from panqueue import Backoff, Job, JobFailed, QueueClient, Registry, Worker, configure_logging
+from panqueue.embedded import url_or_private_server
 
 queues = Registry()
 started = {"export": False}  # lets main() know when the long job is under way
@@ -89,21 +82,8 @@ async def main(url: str) -> None:
     print("workers stopped")
 
 
-@contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    """PANQUEUE_URL if set, else a private server started (and stopped) here."""
-    url = os.environ.get("PANQUEUE_URL")
-    if url:
-        yield url
-        return
-    with RedisServer(appendonly=False) as server:
-        print(f"started a private server on {server.url}")
-        yield server.url
-
-
 if __name__ == "__main__":
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    with redis_url() as url:
+    configure_logging(level="error")
+    with url_or_private_server() as url:
         anyio.run(main, url)
     print("done")

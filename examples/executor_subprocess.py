@@ -14,20 +14,15 @@ Without PANQUEUE_URL the example starts a private Redis-compatible server and st
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import sys
-from collections.abc import Iterator
 
 import anyio
-import structlog
 
 # The handlers live in an importable module: a child process cannot import `__main__`.
 from _executor_handlers import build_report, queues
 
-from panqueue import JobFailed, QueueClient, Worker
-from panqueue.embedded import RedisServer
+from panqueue import JobFailed, QueueClient, Worker, configure_logging
+from panqueue.embedded import url_or_private_server
 
 
 async def main(url: str) -> None:
@@ -73,22 +68,9 @@ async def main(url: str) -> None:
     print(f"worker stopped: {worker.processed} completed, {worker.failed} failed")
 
 
-@contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    """PANQUEUE_URL if set, else a private server started (and stopped) here."""
-    url = os.environ.get("PANQUEUE_URL")
-    if url:
-        yield url
-        return
-    with RedisServer(appendonly=False) as server:
-        print(f"started a private server on {server.url}")
-        yield server.url
-
-
 if __name__ == "__main__":
     # Errors only: the two failing jobs are logged by the worker as errors on stderr.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    with redis_url() as url:
+    configure_logging(level="error")
+    with url_or_private_server() as url:
         anyio.run(main, url)
     print("done")

@@ -16,18 +16,12 @@ Without PANQUEUE_URL the example starts a private Redis-compatible server and st
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import sys
 import uuid
-from collections.abc import Iterator
 
 import anyio
-import structlog
 
-from panqueue import Job, QueueClient, RateLimit, Registry, Worker
-from panqueue.embedded import RedisServer
+from panqueue import Job, QueueClient, RateLimit, Registry, Worker, configure_logging
+from panqueue.embedded import url_or_private_server
 
 # A fresh queue name per run, so that re-running against the same server starts clean.
 QUEUE = f"tenant-exports-{uuid.uuid4().hex[:6]}"
@@ -99,21 +93,8 @@ async def main(url: str) -> None:
           "the limited worker slept until the window let the next job start")
 
 
-@contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    """PANQUEUE_URL if set, else a private server started (and stopped) here."""
-    url = os.environ.get("PANQUEUE_URL")
-    if url:
-        yield url
-        return
-    with RedisServer(appendonly=False) as server:
-        print(f"started a private server on {server.url}")
-        yield server.url
-
-
 if __name__ == "__main__":
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    with redis_url() as url:
+    configure_logging(level="warning")
+    with url_or_private_server() as url:
         anyio.run(main, url)
     print("done")

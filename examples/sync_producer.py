@@ -11,20 +11,14 @@ Without PANQUEUE_URL the example starts a private Redis-compatible server and st
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
-import os
-import sys
 import time
-from collections.abc import Iterator
 
 import anyio
-import structlog
 from anyio.from_thread import start_blocking_portal
 
-from panqueue import Job, JobState, Registry, SyncQueueClient, WorkerPool
-from panqueue.embedded import RedisServer
+from panqueue import Job, JobState, Registry, SyncQueueClient, WorkerPool, configure_logging
+from panqueue.embedded import url_or_private_server
 
 queues = Registry()
 
@@ -74,20 +68,8 @@ def produce(url: str) -> None:
               f"waiting: {counts[JobState.WAITING]}")
 
 
-@contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    """PANQUEUE_URL if set, else a private server started (and stopped) here."""
-    url = os.environ.get("PANQUEUE_URL")
-    if url:
-        yield url
-        return
-    with RedisServer(appendonly=False) as server:
-        print(f"started a private server on {server.url}")
-        yield server.url
-
-
 def main() -> None:
-    with redis_url() as url:
+    with url_or_private_server() as url:
         # The portal runs an event loop in a background thread. The pool is created on that
         # loop (workers hold anyio primitives), and its `async with` block spans the `with`
         # block below: the workers serve both queues while the blocking producer code runs
@@ -101,7 +83,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    configure_logging(level="info")
     main()
     print("done")

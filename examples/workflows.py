@@ -13,17 +13,22 @@ Without PANQUEUE_URL the example starts a private Redis-compatible server and st
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
-import sys
 import uuid
-from collections.abc import Iterator
 
 import anyio
-import structlog
 
-from panqueue import Fail, FlowJob, Job, JobFailed, JobState, QueueClient, Registry, Worker
-from panqueue.embedded import RedisServer
+from panqueue import (
+    Fail,
+    FlowJob,
+    Job,
+    JobFailed,
+    JobState,
+    QueueClient,
+    Registry,
+    Worker,
+    configure_logging,
+)
+from panqueue.embedded import url_or_private_server
 
 # A fresh queue name per run, so that re-running against the same server starts clean.
 QUEUE = f"pipeline-{uuid.uuid4().hex[:6]}"
@@ -113,21 +118,8 @@ async def main(url: str) -> None:
               f"waiting={counts[JobState.WAITING]}, blocked={counts[JobState.BLOCKED]}")
 
 
-@contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    """PANQUEUE_URL if set, else a private server started (and stopped) here."""
-    url = os.environ.get("PANQUEUE_URL")
-    if url:
-        yield url
-        return
-    with RedisServer(appendonly=False) as server:
-        print(f"started a private server on {server.url}")
-        yield server.url
-
-
 if __name__ == "__main__":
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    with redis_url() as url:
+    configure_logging(level="warning")
+    with url_or_private_server() as url:
         anyio.run(main, url)
     print("done")

@@ -345,8 +345,6 @@ class Worker:
 
         fetch = 0 if self._stopping else 1
         next_token = self._new_token()
-        transport = self._transport
-        assert transport is not None
         if error is None:
             try:
                 check_json_compatible(outcome, "result")
@@ -400,8 +398,6 @@ class Worker:
             )
         entry = encode({"attempt": claimed.attempt, "type": info.type, "message": info.message,
                         "duration_ms": round(duration * 1000)})
-        transport = self._transport
-        assert transport is not None
         reply = await self._record(SCRIPTS.fail, (
             claimed.id, token, encode_error(info), entry, attempts, int(delay * 1000), final,
             reason, self._keep_failed, fetch, next_token, self._lock_ttl_ms))

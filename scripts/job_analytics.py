@@ -239,8 +239,9 @@ def run_analytics(args: argparse.Namespace) -> None:
     draw_chart(pm_rows, lat_rows, chart, args.bucket)
     if args.chart:  # the copy under --out as well
         draw_chart(pm_rows, lat_rows, out / "job_analytics.png", args.bucket)
+    written = "" if args.parquet_in else "jobs.parquet, "
     print(f"{n_jobs:,} jobs in {', '.join(sorted(totals)) or 'no finished jobs'}; "
-          f"written to {out}/ (jobs.parquet, per_minute.parquet, latency.parquet, "
+          f"written to {out}/ ({written}per_minute.parquet, latency.parquet, "
           f"failures.parquet, job_analytics.png)")
     print()
     print_tables(lat_rows, fail_rows, totals)
