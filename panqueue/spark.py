@@ -14,10 +14,10 @@ Needs the ``spark`` extra (``pip install 'panqueue[spark]'``).
 from __future__ import annotations
 
 import datetime as dt
-import decimal
 import json
+import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +31,9 @@ from panqueue._options import Backoff
 from panqueue._store import redis_store as ops
 from panqueue._store.transport import Batch, Command, SyncTransport, check_url
 from panqueue._url import resolve_url
-from panqueue.errors import ConfigError, PayloadError
+from panqueue.errors import ConfigError
 
-__all__ = ["JOB_SCHEMA", "EnqueueStats", "enqueue_dataframe", "read_jobs"]
+__all__ = ["JOB_SCHEMA", "EnqueueStats", "converter", "enqueue_dataframe", "read_jobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,8 @@ class EnqueueStats:
 
 # --------------------------------------------------------------------------- rows to payloads
 
+_ID_TYPES = (T.StringType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType,
+             T.DateType, T.TimestampNTZType)
 _SCALARS = (T.StringType, T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType,
             T.FloatType, T.DoubleType, T.DecimalType, T.DateType, T.TimestampType,
             T.TimestampNTZType, T.NullType)
@@ -68,28 +70,45 @@ def _check_type(data_type: T.DataType, path: str) -> None:
                           "JSON form (drop or convert it before enqueueing)")
 
 
-def to_json_value(value: Any) -> Any:
-    """A Spark value as JSON-compatible data: dates and timestamps as ISO-8601 strings,
-    decimals as strings, rows/structs as dicts, arrays as lists, maps as dicts."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else None
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (dt.datetime, dt.date)):
-        return value.isoformat()
-    if isinstance(value, Row):
-        return {k: to_json_value(v) for k, v in value.asDict(recursive=False).items()}
-    if isinstance(value, dict):
-        return {str(k): to_json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_json_value(v) for v in value]
-    raise PayloadError(f"value of type {type(value).__name__} has no JSON form")
+Converter = Callable[[Any], Any]
+
+
+def converter(data_type: T.DataType) -> Converter:
+    """A function turning values of a Spark type into JSON-compatible data: dates and
+    timestamps as ISO-8601 strings (``timestamp`` in UTC with its offset, ``timestamp_ntz`` as
+    written), decimals as strings, structs and maps as dicts, arrays as lists, NaN/inf as null."""
+    if isinstance(data_type, T.StructType):
+        fields = [(f.name, converter(f.dataType)) for f in data_type.fields]
+
+        def struct(value: Any) -> Any:
+            if value is None:
+                return None
+            return {name: convert(value[name]) for name, convert in fields}
+
+        return struct
+    if isinstance(data_type, T.ArrayType):
+        element = converter(data_type.elementType)
+        return lambda value: None if value is None else [element(v) for v in value]
+    if isinstance(data_type, T.MapType):
+        item = converter(data_type.valueType)
+        return lambda value: None if value is None else {
+            str(k): item(v) for k, v in value.items()}
+    if isinstance(data_type, T.TimestampType):
+        # PySpark hands these over as naive datetimes in the process's local time zone.
+        return lambda value: None if value is None else value.astimezone(dt.UTC).isoformat()
+    if isinstance(data_type, (T.DateType, T.TimestampNTZType)):
+        return lambda value: None if value is None else value.isoformat()
+    if isinstance(data_type, T.DecimalType):
+        return lambda value: None if value is None else str(value)
+    if isinstance(data_type, (T.FloatType, T.DoubleType)):
+        return lambda value: value if value is None or math.isfinite(value) else None
+    return lambda value: value
 
 
 def _job_id(id_column: str, value: Any) -> str:
-    return f"{id_column}:{to_json_value(value)}"
+    if isinstance(value, (dt.datetime, dt.date)):
+        value = value.isoformat()
+    return f"{id_column}:{value}"
 
 
 # --------------------------------------------------------------------------- enqueue
@@ -111,6 +130,7 @@ def enqueue_dataframe(
     key_column: str | None = None,
     priority_column: str | None = None,
     delay_column: str | None = None,
+    mode: str = "",
 ) -> EnqueueStats:
     """Enqueue one job per row, from the Spark executors in parallel.
 
@@ -118,8 +138,11 @@ def enqueue_dataframe(
     job id is ``"<id_column>:<value>"``: re-running, or Spark retrying a task, reports those
     rows as ``existing`` instead of adding them again. ``priority``/``delay``/``attempts``/...
     apply to every row; ``key_column``, ``priority_column`` and ``delay_column`` set them per
-    row. Raises ConfigError before writing anything if a column has no JSON form.
+    row. ``mode`` ('global' or 'keyed') refuses a queue stored with the other mode. Raises
+    ConfigError before writing anything if a column has no JSON form.
     """
+    if mode not in ("", "global", "keyed"):
+        raise ConfigError(f"mode must be 'global' or 'keyed', got {mode!r}")
     check_queue_name(queue)
     url = check_url(resolve_url(url))
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -131,9 +154,15 @@ def enqueue_dataframe(
         if column is not None and column not in columns:
             raise ConfigError(f"{name} {column!r} is not a column of the DataFrame "
                               f"(columns: {', '.join(df.columns)})")
-    payload_fields = [f for f in df.schema.fields if data_column is None or f.name == data_column]
-    for struct_field in payload_fields:
-        _check_type(struct_field.dataType, struct_field.name)
+    for struct_field in df.schema.fields:
+        if data_column is None or struct_field.name == data_column:
+            _check_type(struct_field.dataType, struct_field.name)
+        if struct_field.name == id_column and not isinstance(struct_field.dataType, _ID_TYPES):
+            raise ConfigError(f"id_column {id_column!r} has type "
+                              f"{struct_field.dataType.simpleString()}; ids come from strings, "
+                              "integers, decimals or dates")
+    schema = df.schema if data_column is None else df.schema[data_column].dataType
+    to_data = converter(schema)
     defaults = {k: v for k, v in dict(priority=priority, delay=delay, attempts=attempts,
                                       backoff=backoff, timeout=timeout).items() if v is not None}
     _new_job(defaults, None, {})  # validates the options on the driver
@@ -151,14 +180,14 @@ def enqueue_dataframe(
         try:
             for row in rows:
                 values = row.asDict(recursive=False)
-                data = to_json_value(values[data_column] if data_column else values)
+                data = to_data(values[data_column] if data_column else row)
                 options: dict[str, Any] = {}
                 if id_column is not None:
                     if values[id_column] is None:
                         raise ConfigError(f"a row has a null {id_column!r} (id_column): every "
                                           "row needs an id; rows before it were enqueued")
                     options["job_id"] = _job_id(id_column, values[id_column])
-                if key_column is not None:
+                if key_column is not None and values[key_column] is not None:
                     options["key"] = str(values[key_column])
                 if priority_column is not None and values[priority_column] is not None:
                     options["priority"] = int(values[priority_column])
@@ -166,11 +195,11 @@ def enqueue_dataframe(
                     options["delay"] = float(values[delay_column])
                 batch.append(_new_job(defaults, data, options))
                 if len(batch) >= batch_size:
-                    created = sum(c for _, c in transport.run(ops.add_jobs(keys, batch)))
+                    created = sum(c for _, c in transport.run(ops.add_jobs(keys, batch, mode)))
                     added, existing = added + created, existing + len(batch) - created
                     batch = []
             if batch:
-                created = sum(c for _, c in transport.run(ops.add_jobs(keys, batch)))
+                created = sum(c for _, c in transport.run(ops.add_jobs(keys, batch, mode)))
                 added, existing = added + created, existing + len(batch) - created
         finally:
             transport.close()
@@ -244,9 +273,11 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
     wanted = list(_SETS) if states is None else [JobState(s) for s in states]
     transport = SyncTransport(url)
     try:
-        ids = _list_ids(transport, keys, wanted)
+        # A job moving between states while the sets are listed can be listed twice.
+        ids = list(dict.fromkeys(_list_ids(transport, keys, wanted)))
     finally:
         transport.close()
+    wanted_states = frozenset(state.value for state in wanted)
     slices = partitions or max(1, min(spark.sparkContext.defaultParallelism * 4,
                                       len(ids) // _READ_BATCH + 1))
 
@@ -257,10 +288,10 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
             for job_id in part:
                 chunk.append(job_id)
                 if len(chunk) >= _READ_BATCH:
-                    yield from _read_chunk(client, keys, chunk)
+                    yield from _read_chunk(client, keys, chunk, wanted_states)
                     chunk = []
             if chunk:
-                yield from _read_chunk(client, keys, chunk)
+                yield from _read_chunk(client, keys, chunk, wanted_states)
         finally:
             client.close()
 
@@ -268,9 +299,10 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
     return spark.createDataFrame(rdd, JOB_SCHEMA)
 
 
-def _read_chunk(client: SyncTransport, keys: QueueKeys, ids: list[str]
-                ) -> Iterator[tuple[Any, ...]]:
+def _read_chunk(client: SyncTransport, keys: QueueKeys, ids: list[str],
+                states: frozenset[str]) -> Iterator[tuple[Any, ...]]:
     hashes = client.execute(Batch(tuple(Command(("HGETALL", keys.job(i))) for i in ids)))
     for job_id, h in zip(ids, hashes, strict=True):
-        if h:
+        # Skip jobs removed since the listing, and jobs that moved to a state not asked for.
+        if h and h.get(b"s", b"").decode() in states:
             yield _record(JobInfo.from_hash(keys.name, job_id, h, []))

@@ -176,7 +176,7 @@ def test_examples_are_found() -> None:
 def test_example_runs_against_the_url_in_panqueue_url(path: Path, redis_url: str) -> None:
     proc = run_example(path, PANQUEUE_URL=redis_url)
     check_output(path, proc)
-    assert "started a private server" not in proc.stdout
+    assert "started a private" not in proc.stdout + proc.stderr
 
 
 def test_example_starts_its_own_server_without_panqueue_url() -> None:

@@ -68,7 +68,7 @@ def test_rows_become_jobs_with_json_compatible_data_and_reruns_add_nothing(
         info = client.get_job("users", "user_id:7")
     assert info.data == {
         "user_id": 7, "name": "user 7", "signed_up": "2026-01-08",
-        "seen": "2026-01-01T12:00:07", "balance": "17.50", "tags": ["a", "7"],
+        "seen": "2026-01-01T12:00:07+00:00", "balance": "17.50", "tags": ["a", "7"],
         "address": {"city": "city 1"}, "prefs": {"x": 7}, "score": 3.5}
     assert info.priority == 3 and info.options == {"attempts": 2}
 
