@@ -75,8 +75,8 @@ def test_rows_become_jobs_with_json_compatible_data_and_reruns_add_nothing(
 
 def test_a_retried_task_enqueues_every_row_exactly_once(spark: SparkSession, redis_url: str,
                                                         redis_client: redis.Redis) -> None:
-    @F.udf(T.LongType())
-    def fail_first_attempt(n: int) -> int:
+    @F.udf(T.LongType(), useArrow=False)
+    def fail_first_attempt(n):  # type: ignore[no-untyped-def]  # hints would make Spark guess a UDF kind
         # The first attempt of each task dies late in its partition: by then the writer has
         # enqueued thousands of the partition's rows (asserted below: existing > 0).
         context = TaskContext.get()
