@@ -161,7 +161,7 @@ class Worker:
             await transport.run(ops.setup_queue(
                 self.keys, options.mode, options.key_concurrency,
                 0 if rate is None else rate.max, 0 if rate is None else int(rate.per * 1000),
-                rate is not None and rate.per_key))
+                rate is not None and rate.per_key, options.retention.failed))
             self._executor = create_executor(self.handler)
             await self._executor.start()
             # Subscribed before the first claim (no lost wake-up), and outside the task group so

@@ -280,6 +280,107 @@ async def test_idle_worker_is_woken_through_sharded_pubsub(cluster: Cluster) -> 
         tg.cancel_scope.cancel()
 
 
+def _node_id(port: int) -> str:
+    node = redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
+    try:
+        return str(node.execute_command("CLUSTER MYID"))
+    finally:
+        node.close()
+
+
+def _slot_owner_everywhere(cluster: Cluster, slot: int, port: int) -> bool:
+    """Every master's CLUSTER SLOTS names ``port`` as the owner of ``slot``."""
+    for node_port in cluster.ports:
+        slots = _answers(node_port, "CLUSTER", "SLOTS")
+        if not slots or not any(start <= slot <= end and int(master[1]) == port
+                                for start, end, master, *_replicas in slots):
+            return False
+    return True
+
+
+def _move_slot(cluster: Cluster, slot: int, source: int, target: int) -> None:
+    """Migrate ``slot`` with its keys from master ``source`` to master ``target`` by hand, as
+    the Redis Cluster specification describes (what ``redis-cli --cluster reshard`` does)."""
+    source_id, target_id = _node_id(source), _node_id(target)
+    src, dst = cluster.node_client(source), cluster.node_client(target)
+    try:
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+        while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+        # Target first (it bumps its config epoch), then the source, then every other master.
+        dst.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+        for port in cluster.ports:
+            if port not in (source, target):
+                other = cluster.node_client(port)
+                try:
+                    other.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+                finally:
+                    other.close()
+    finally:
+        src.close()
+        dst.close()
+    wait_until(lambda: _slot_owner_everywhere(cluster, slot, target), 10,
+               f"every master to agree that port {target} owns slot {slot}")
+
+
+def _shard_subscribers(port: int, channel: str) -> int:
+    """PUBSUB SHARDNUMSUB on one node: its subscribers of ``channel`` (0 when unreachable)."""
+    reply = _answers(port, "PUBSUB", "SHARDNUMSUB", channel)
+    return int(reply[1]) if reply else 0
+
+
+async def test_worker_follows_its_queue_when_the_slot_moves(cluster: Cluster) -> None:
+    """Resharding moves a queue's slot to another master. The old owner ends the worker's
+    sharded subscription (``sunsubscribe``); the worker must subscribe again on the new owner,
+    or an idle worker would only see new jobs at its next poll (30 s here).
+
+    The slot is moved back at the end (also on failure), so the cluster layout the other tests
+    in this module see does not depend on the order they run in."""
+    name = f"cl-move-{uuid.uuid4().hex[:8]}"
+    keys = QueueKeys(name)
+    slot = key_slot(keys.prefix.encode())
+    source = cluster.owner_port(keys.prefix)
+    target = next(port for port in cluster.ports if port != source)
+    registry = Registry()
+
+    @registry.handler(name)
+    async def triple(job: Job) -> int:
+        return int(job.data) * 3
+
+    moved = False
+    worker = Worker(registry, name, url=cluster.url, poll_interval=30.0, grace=5.0)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)  # returns once the worker is subscribed
+            assert _shard_subscribers(source, keys.notify) == 1
+            assert _shard_subscribers(target, keys.notify) == 0
+
+            moved = True
+            await anyio.to_thread.run_sync(_move_slot, cluster, slot, source, target)
+            assert cluster.owner_port(keys.prefix) == target
+            await anyio.to_thread.run_sync(
+                wait_until, lambda: _shard_subscribers(target, keys.notify) == 1, 10,
+                "the worker to subscribe to the notify channel on the slot's new owner")
+
+            async with QueueClient(cluster.url) as client:
+                started = time.monotonic()
+                handle = await client.queue(name).add(14)
+                assert await handle.result(timeout=5) == 42
+                assert time.monotonic() - started < 5
+            node = cluster.node_client(target)
+            try:
+                assert node.exists(keys.job(handle.id)) == 1  # the job lives on the new owner
+            finally:
+                node.close()
+            await worker.shutdown(grace=5)
+            tg.cancel_scope.cancel()
+    finally:
+        if moved:
+            await anyio.to_thread.run_sync(_move_slot, cluster, slot, target, source)
+
+
 def test_cli_stats_lists_the_queues_of_every_master(cluster: Cluster) -> None:
     queues = _spread_queues(cluster, 4)
     with SyncQueueClient(cluster.url) as client:

@@ -261,3 +261,19 @@ async def test_events_iterator_resumes_after_a_disconnect_without_loss(
     assert sorted(completed) == [-1, *range(40)]
     types = {e.type for e in seen}
     assert {"added", "active", "progress", "completed"} <= types
+
+
+async def test_cancelled_jobs_follow_the_handlers_retention(redis_url: str,
+                                                            queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, retention=Retention(failed=2))
+    async def noop(job: Job) -> None: ...
+
+    async with QueueClient(redis_url) as client:
+        async with running(registry, queue_name, redis_url):
+            await client.pause(queue_name)  # the worker declared the queue's retention
+        handles = await client.queue(queue_name).add_bulk(list(range(5)))
+        for handle in handles:
+            assert await client.cancel(queue_name, handle.id) is JobState.WAITING
+        assert (await client.counts(queue_name))[JobState.CANCELLED] == 2

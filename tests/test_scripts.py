@@ -307,7 +307,7 @@ def test_keyed_mode_invariants_under_any_interleaving(
     transport = SyncTransport(redis_url)
     transport.client.flushdb()
     store = Store(transport, QueueKeys("keyed-prop"))
-    store.call(SCRIPTS.setup, "keyed", limit, 0, 0, 0, 1)
+    store.call(SCRIPTS.setup, "keyed", limit, 0, 0, 0, 1, -1)
     all_ids: set[str] = set()
     active: list[tuple[str, str]] = []
     completions: dict[str, int] = {}
@@ -344,7 +344,7 @@ def test_keyed_mode_invariants_under_any_interleaving(
 
 
 def test_keyed_round_robin_does_not_starve_a_small_key(store: Store) -> None:
-    store.call(SCRIPTS.setup, "keyed", 1, 0, 0, 0, 1)
+    store.call(SCRIPTS.setup, "keyed", 1, 0, 0, 0, 1, -1)
     big = [i for i, _ in store.t.run(add_jobs(
         store.keys, [NewJob(None, encode(n), key="big") for n in range(1000)]))]
     small = [i for i, _ in store.t.run(add_jobs(

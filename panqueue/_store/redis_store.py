@@ -120,9 +120,10 @@ def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
 
 
 def setup_queue(keys: QueueKeys, mode: str, key_concurrency: int, rate_max: int,
-                rate_per_ms: int, rate_per_key: bool) -> Op[None]:
+                rate_per_ms: int, rate_per_key: bool,
+                keep_failed: int = DEFAULT_KEEP_FAILED) -> Op[None]:
     reply = yield script_call(SCRIPTS.setup, keys, mode, key_concurrency, rate_max, rate_per_ms,
-                              1 if rate_per_key else 0, SCHEMA_VERSION)
+                              1 if rate_per_key else 0, SCHEMA_VERSION, keep_failed)
     problem = _refused(reply)
     if problem is not None:
         raise ConfigError(f"queue {keys.name!r}: {problem}")

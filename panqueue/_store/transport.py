@@ -296,13 +296,20 @@ def _confirm_subscription(get_message: Callable[..., Any]) -> None:
     raise redis.exceptions.TimeoutError("no confirmation of the subscription")
 
 
-def _payload(message: Any) -> bytes | None:
+def _payload(message: Any, url: str) -> bytes | None:
     if message is None:
         return None
     kind = message.get("type")
-    if kind in (b"pong", "pong"):
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if kind in ("pong", "ssubscribe"):  # a health-check answer, or a (re)subscription confirmed
         return b""
-    if kind in ("smessage", "message", b"smessage", b"message"):
+    if kind == "sunsubscribe":
+        # The server ended the subscription (on Cluster: the channel's slot moved to another
+        # node). Treat it as a broken connection: the listener subscribes again, on the new owner.
+        raise PanqueueConnectionError(
+            f"the server at {redact_url(url)} ended the wake-up subscription")
+    if kind in ("smessage", "message"):
         data = message.get("data")
         return data if isinstance(data, bytes) else str(data).encode()
     return None
@@ -433,13 +440,13 @@ class _AsyncioSubscriber(AsyncSubscriber):
             self._reconnected = False
             return WAKE
         try:
-            message = await self._pubsub.get_message(ignore_subscribe_messages=True,
+            message = await self._pubsub.get_message(ignore_subscribe_messages=False,
                                                       timeout=timeout)
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self._url, exc) from exc
         except redis.exceptions.ResponseError as exc:
             raise _server_error(self._url, exc) from exc
-        return _payload(message)
+        return _payload(message, self._url)
 
     async def ping(self) -> None:
         try:
@@ -503,14 +510,16 @@ class _ThreadSubscriber(AsyncSubscriber):
         if self._reconnected:
             self._reconnected = False
             return WAKE
-        fn = functools.partial(self._pubsub.get_message, ignore_subscribe_messages=True,
+        fn = functools.partial(self._pubsub.get_message, ignore_subscribe_messages=False,
                                timeout=timeout)
-        return _payload(await self._call(fn))
+        return _payload(await self._call(fn), self._url)
 
     async def ping(self) -> None:
         await self._call(self._pubsub.ping)
 
     async def aclose(self) -> None:
+        for connection in self._connections:
+            connection.deregister_connect_callback(self._on_connect)
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 await anyio.to_thread.run_sync(self._pubsub.close, abandon_on_cancel=True)

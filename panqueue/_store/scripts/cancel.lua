@@ -4,7 +4,7 @@
 -- CANCELLED when the handler stops (fail.lua).
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  job id   ARGV[2] keep cancelled (-1 = all)
+-- ARGV[1]  job id   ARGV[2] keep cancelled (-1 = all) when no worker has set the queue's
 -- Returns  the state the job was in (a final state is left unchanged), or false when there is
 --          no such job.
 local id = ARGV[1]
@@ -15,11 +15,12 @@ if not state then
 end
 if state == 'waiting' or state == 'delayed' or state == 'blocked' then
   local now = now_ms()
+  local keep = tonumber(redis.call('HGET', K_META, 'kf') or ARGV[2])
   detach(jkey, id, state)
   redis.call('HSET', jkey, 'fr', 'cancelled')
   emit('cancelled', id)
-  fail_dependents(id, now, tonumber(ARGV[2]))
-  finish(jkey, id, K_CANCELLED, 'cancelled', now, tonumber(ARGV[2]))
+  fail_dependents(id, now, keep)
+  finish(jkey, id, K_CANCELLED, 'cancelled', now, keep)
 elseif state == 'active' then
   redis.call('HSET', jkey, 'cx', 1)
   redis.call('SPUBLISH', K_NOTIFY, 'c:' .. id)

@@ -4,6 +4,7 @@
 -- KEYS[1]  queue prefix
 -- ARGV[1]  mode (global | keyed)   ARGV[2] key concurrency   ARGV[3] rate max (0 = no limit)
 -- ARGV[4]  rate window ms   ARGV[5] rate limit per key (1/0)   ARGV[6] schema version
+-- ARGV[7]  how many failed/cancelled jobs the queue keeps (used when a producer cancels a job)
 -- Returns  {'ok'} or {'!', message} when the queue's stored mode differs (nothing changed).
 local stored = redis.call('HGET', K_META, 'mode')
 if stored and stored ~= ARGV[1] then
@@ -14,7 +15,7 @@ if not stored and ARGV[1] == 'keyed' and redis.call('ZCARD', K_WAIT) > 0 then
   return {'!', 'queue has unkeyed waiting jobs; it cannot become keyed'}
 end
 redis.call('HSETNX', K_META, 'v', ARGV[6])
-redis.call('HSET', K_META, 'mode', ARGV[1], 'kc', ARGV[2])
+redis.call('HSET', K_META, 'mode', ARGV[1], 'kc', ARGV[2], 'kf', ARGV[7])
 if tonumber(ARGV[3]) > 0 then
   redis.call('HSET', K_META, 'rlm', ARGV[3], 'rlp', ARGV[4], 'rlk', ARGV[5])
 else
