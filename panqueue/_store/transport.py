@@ -235,6 +235,10 @@ class SyncTransport:
         except _CONNECTION_ERRORS as exc:
             raise _connection_error(self.url, exc) from exc
         except redis.exceptions.ResponseError as exc:
+            if self.is_cluster and isinstance(exc, redis.exceptions.MovedError):
+                # See _AsyncioTransport.subscribe: the slot moved; refresh the slot map.
+                with contextlib.suppress(*_CONNECTION_ERRORS):
+                    self.client.nodes_manager.initialize()
             raise _server_error(self.url, exc) from exc
         return ps
 
@@ -415,6 +419,13 @@ class _AsyncioTransport(AsyncTransport):
             raise _connection_error(self.url, exc) from exc
         except redis.exceptions.ResponseError as exc:
             await _AsyncioSubscriber(self.url, ps, owner).aclose()
+            if self.is_cluster and isinstance(exc, redis.exceptions.MovedError):
+                # The channel's slot moved to another master (resharding). Only commands
+                # refresh redis-py's slot map, and an idle worker sends none, so every retry
+                # would ask the old owner again: refresh the map so the next attempt subscribes
+                # on the new owner.
+                with contextlib.suppress(*_CONNECTION_ERRORS):
+                    await self.client.nodes_manager.initialize()
             raise _server_error(self.url, exc) from exc
         return _AsyncioSubscriber(self.url, ps, owner)
 
