@@ -37,7 +37,7 @@ def run_cli(*args: str, timeout: float = 60, **env: str) -> subprocess.Completed
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
-               interval: float = 0.01, what: str = "condition") -> None:
+               what: str = "condition", interval: float = 0.01) -> None:
     """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -47,7 +47,7 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
 
 
 async def async_wait_until(predicate: Callable[[], Awaitable[object]], timeout: float = 10.0,
-                           interval: float = 0.01, what: str = "condition") -> None:
+                           what: str = "condition", interval: float = 0.01) -> None:
     """Async :func:`wait_until` (the predicate is awaited)."""
     deadline = time.monotonic() + timeout
     while not await predicate():

@@ -11,7 +11,6 @@ import re
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,20 +19,10 @@ import redis
 
 from panqueue import JobState, SyncQueueClient
 from panqueue.embedded import free_port
-from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env
+from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
 
 ECHO = "cli-echo"
 FAIL = "cli-fail"
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str,
-               interval: float = 0.02) -> None:
-    """Poll ``condition`` until it is true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def assert_user_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:

@@ -29,21 +29,11 @@ from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Work
 from panqueue._keys import QueueKeys
 from panqueue._store.scripts import SCRIPTS
 from panqueue.embedded import find_server_binary, free_port
-from tests.helpers import run_cli
+from tests.helpers import run_cli, wait_until
 
 pytestmark = pytest.mark.anyio
 
 MASTERS = 3
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str,
-               interval: float = 0.05) -> None:
-    """Poll ``condition`` until it is true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def _answers(port: int, *command: str) -> Any:
