@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,6 +28,7 @@ from panqueue import (
     TimeoutError,
     Worker,
 )
+from panqueue.embedded import RedisServer
 from tests.helpers import async_wait_until, running
 
 pytestmark = pytest.mark.anyio
@@ -480,3 +482,29 @@ async def test_unreachable_redis_raises_connection_error(queue_name: str) -> Non
     async with QueueClient(f"redis://127.0.0.1:{free_port()}/0") as client:
         with pytest.raises(PQConnectionError, match="cannot reach Redis"):
             await client.queue(queue_name).add({})
+
+
+async def test_worker_carries_on_after_redis_restarts(tmp_path: Path) -> None:
+    """Restart the server (append-only file kept) under an idle worker: it reconnects, its
+    wake-up channel comes back, and jobs added after the restart run."""
+    registry = Registry()
+
+    @registry.handler("restart")
+    async def echo(job: Job) -> Any:
+        return job.data
+
+    server = RedisServer(appendonly=True, directory=tmp_path / "data")
+    server.start()
+    try:
+        async with QueueClient(server.url) as client, \
+                running(registry, "restart", server.url, poll_interval=30, health_interval=0.5):
+            assert await (await client.queue("restart").add("before")).result(timeout=10) \
+                == "before"
+            waiting = await client.queue("restart").add("kept", delay=1.5)
+            server.stop()  # SIGTERM: the server writes its append-only file and exits
+            server.start()  # same port, same data directory
+            after = await client.queue("restart").add("after")
+            assert await after.result(timeout=15) == "after"
+            assert await waiting.result(timeout=15) == "kept"  # survived the restart
+    finally:
+        server.cleanup()
