@@ -8,14 +8,20 @@ from typing import Any, Literal
 
 import structlog
 
+from panqueue.errors import ConfigError
+
 __all__ = ["configure_logging", "get_logger"]
 
 
 def configure_logging(fmt: Literal["console", "json"] = "console", level: str = "info") -> None:
-    """Configure structlog for the CLI. Libraries embedding panqueue configure their own."""
+    """Configure structlog: ``console`` (for humans) or ``json`` lines, on stderr, at ``level``.
+
+    The CLI calls this; services embedding workers may too, before creating them."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
-        raise ValueError(f"unknown log level {level!r}")
+        raise ConfigError(f"unknown log level {level!r} (debug, info, warning or error)")
+    if fmt not in ("console", "json"):
+        raise ConfigError(f"unknown log format {fmt!r} (console or json)")
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
