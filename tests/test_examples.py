@@ -139,6 +139,15 @@ EXPECTED: dict[str, list[str]] = {
         "job_id: second add returned 'report-5', created=False",
         "job_id data unchanged: {'report': 5, 'version': 1}",
     ],
+    "testing_handlers.py": [
+        "[asyncio] result: {'total': 12.5}",
+        "[asyncio] refused: failed, Fail: negative amount in [5.0, -1.0]",
+        "[asyncio] drained: completed=21, failed=1",
+        "[asyncio] worker stopped: 21 completed, 1 failed",
+        "[trio] result: {'total': 12.5}",
+        "[trio] drained: completed=21, failed=1",
+        "[trio] worker stopped: 21 completed, 1 failed",
+    ],
     "spark_enqueue.py": [
         "first run: added=200, existing=0",
         "second run: added=0, existing=200",
