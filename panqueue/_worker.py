@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from panqueue._codec import check_json_compatible, decode, encode
 from panqueue._job import ErrorInfo, Fail, Job, Retry
@@ -56,6 +57,19 @@ _MAX_LOG_LINES = 1000
 _STALL_ERROR = encode_error(
     ErrorInfo("Stalled", "the job's lock expired too many times (its worker died or hung)")
 )
+
+
+@dataclass(slots=True)
+class _Completion:
+    """A successful job waiting to be recorded in a batch (see ``Worker._complete``)."""
+
+    job_id: str
+    token: str
+    result: bytes
+    fetch: int
+    done: anyio.Event = field(default_factory=anyio.Event)
+    status: int | None = None  # 1 recorded, -1 lock lost, None not recorded (Redis away)
+    next_job: tuple[ClaimedJob, str] | None = None
 
 
 class _Cancelled(Fail):
@@ -122,6 +136,8 @@ class Worker:
         self._running: dict[str, _Running] = {}
         self._busy_slots = 0
         self._stopping = False
+        self._completions: list[_Completion] = []
+        self._completion_leader = False
         # anyio primitives need a running event loop: they are made in run().
         self._slots: anyio.Semaphore
         self._idle: anyio.Event
@@ -352,17 +368,17 @@ class Worker:
             except PayloadError as exc:
                 error = exc
         if error is None:
-            reply = await self._record(SCRIPTS.complete, (
-                claimed.id, token, result_blob, self._keep_completed, fetch, next_token,
-                self._lock_ttl_ms))
-            if reply is None:
+            completion = _Completion(claimed.id, token, result_blob, fetch)
+            await self._complete(completion)
+            if completion.status is None:
                 return None
-            if reply[0] == -1:
+            if completion.status == -1:
                 log.warning("lock lost before completion; result discarded",
                             error=str(LockLost(self.keys.name, claimed.id)))
                 return None
             self.processed += 1
             log.debug("job completed")
+            return completion.next_job
         else:
             reply = await self._fail(claimed, token, job_options.attempts, job_options.backoff,
                                      error, duration, fetch, next_token, log)
@@ -400,7 +416,7 @@ class Worker:
                         "duration_ms": round(duration * 1000)})
         reply = await self._record(SCRIPTS.fail, (
             claimed.id, token, encode_error(info), entry, attempts, int(delay * 1000), final,
-            reason, self._keep_failed, fetch, next_token, self._lock_ttl_ms))
+            reason, self._keep_failed, fetch, next_token, self._lock_ttl_ms), claimed.id)
         if reply is None:
             return None
         status = reply[0]
@@ -419,7 +435,42 @@ class Worker:
                       reason=reason or "max_attempts_exceeded")
         return reply
 
-    async def _record(self, script: Script, args: tuple[Any, ...]) -> list[Any] | None:
+    async def _complete(self, completion: _Completion) -> None:
+        """Record a successful job, batched with the others that finish in the same moment.
+
+        The first job to finish becomes the batch's leader: it yields once, so that jobs
+        finishing in the same event-loop tick can join, then sends them all in one script call
+        (which also claims a next job for each freed slot). Jobs finishing meanwhile form the
+        next batch. A busy worker so makes far fewer round trips than jobs.
+        """
+        self._completions.append(completion)
+        if self._completion_leader:
+            await completion.done.wait()
+            return
+        self._completion_leader = True
+        try:
+            await anyio.lowlevel.checkpoint()
+        finally:
+            batch, self._completions = self._completions, []
+            self._completion_leader = False
+        next_token = self._new_token()
+        args: list[Any] = [self._keep_completed, next_token, self._lock_ttl_ms, len(batch)]
+        for item in batch:
+            args += [item.job_id, item.token, item.result, item.fetch]
+        reply = await self._record(SCRIPTS.complete, tuple(args), batch[0].job_id)
+        if reply is not None:
+            jobs, _ = parse_claim(reply, len(batch))
+            claimed = iter(jobs)
+            for item, status in zip(batch, reply, strict=False):
+                item.status = int(status)
+                if item.status == 1 and item.fetch:
+                    following = next(claimed, None)
+                    item.next_job = None if following is None else (following, next_token)
+        for item in batch:
+            item.done.set()
+
+    async def _record(self, script: Script, args: tuple[Any, ...], job_id: str
+                      ) -> list[Any] | None:
         """Record a job's outcome, riding out a Redis outage for up to half the lock TTL.
 
         If Redis stays away longer, the outcome is dropped: the lock then expires and the
@@ -435,7 +486,7 @@ class Worker:
             except ConnectionError as exc:
                 if time.monotonic() + delay > deadline:
                     self._log.error("could not record a job's outcome; it will run again",
-                                    job_id=args[0], error=str(exc))
+                                    job_id=job_id, error=str(exc))
                     return None
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 2.0)

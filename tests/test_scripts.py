@@ -40,7 +40,7 @@ class Store:
         return [j.id for j in jobs]
 
     def complete(self, job_id: str, token: str) -> int:
-        return int(self.call(SCRIPTS.complete, job_id, token, encode("ok"), -1, 0, "", 1000)[0])
+        return int(self.call(SCRIPTS.complete, -1, "", 1000, 1, job_id, token, encode("ok"), 0)[0])
 
     def fail(self, job_id: str, token: str, max_attempts: int = 1, delay_ms: int = 0) -> int:
         entry = encode({"attempt": 1, "type": "ValueError", "message": "boom"})
@@ -134,11 +134,28 @@ def test_claim_takes_up_to_n_jobs_in_one_call_and_nothing_while_paused(store: St
 def test_complete_claims_the_next_job_in_the_same_call(store: Store) -> None:
     first, second = store.add(2)
     assert store.claim("w:1") == [first]
-    reply = store.call(SCRIPTS.complete, first, "w:1", encode(1), -1, 1, "w:2", 1000)
+    reply = store.call(SCRIPTS.complete, -1, "w:2", 1000, 1, first, "w:1", encode(1), 1)
     jobs, _ = parse_claim(reply, 1)
     assert [j.id for j in jobs] == [second]
     assert store.state(second) == "active"
     assert store.t.client.hget(store.keys.job(second), "tk") == b"w:2"
+
+
+def test_complete_records_a_batch_and_claims_one_job_per_freed_slot(store: Store) -> None:
+    ids = store.add(5)
+    assert store.claim("w:1", n=3) == ids[:3]
+    store.expire_locks()
+    store.sweep()  # ids[0..2] back to waiting; a new claim takes them with another token
+    assert store.claim("w:2", n=2) == ids[:2]
+    reply = store.call(SCRIPTS.complete, -1, "w:3", 30_000, 3,
+                       ids[0], "w:2", encode(0), 1,    # completes, wants a next job
+                       ids[2], "w:1", encode(2), 1,    # stale token: lock lost, unchanged
+                       ids[1], "w:2", encode(1), 0)    # completes, wants none
+    assert [int(x) for x in reply[:3]] == [1, -1, 1]
+    jobs, _ = parse_claim(reply, 3)
+    assert [j.id for j in jobs] == [ids[2]]  # one next job, for the one slot that asked
+    assert [store.state(i) for i in ids] == ["completed", "completed", "active", "waiting",
+                                             "waiting"]
 
 
 def test_claim_reports_when_the_next_delayed_job_is_due(store: Store) -> None:

@@ -1,28 +1,41 @@
 --!include _lib.lua
--- complete: ACTIVE -> COMPLETED, release jobs that depended on it, then claim the next jobs
--- for the freed slot in the same call.
+-- complete: ACTIVE -> COMPLETED for a batch of jobs (those that finished in the same moment on
+-- one worker), release jobs that depended on them, then claim the next jobs for the freed slots
+-- in the same call.
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  job id   ARGV[2] lock token   ARGV[3] result (msgpack)
--- ARGV[4]  keep completed (-1 = all)   ARGV[5] claim n (0 = none)   ARGV[6] new lock token
--- ARGV[7]  lock ttl ms
--- Returns  {1, count, wake_in, jobs...} (see claim), or {-1} when the token does not match:
---          the lock was lost (the job stalled and may run elsewhere) and nothing changed.
+-- ARGV[1]  keep completed (-1 = all)   ARGV[2] lock token for claimed jobs   ARGV[3] lock ttl ms
+-- ARGV[4]  k, then k groups: job id, lock token, result (msgpack), claim a next job (1/0)
+-- Returns  {status1, ..., statusk, count, wake_in, jobs...} (see claim). A status is 1, or -1
+--          when the token does not match: that job's lock was lost (it stalled and may run
+--          elsewhere) and it was left unchanged. One job is claimed for each completed job
+--          that asked for a next one.
 
-local id = ARGV[1]
-local jkey = job_key(id)
-if redis.call('HGET', jkey, 'tk') ~= ARGV[2] then
-  return {-1}
-end
 local now = now_ms()
+local keep = tonumber(ARGV[1])
+local k = tonumber(ARGV[4])
 local before = claimable()
-leave_active(jkey, id)
-redis.call('HSET', jkey, 'r', ARGV[3])
-redis.call('HDEL', jkey, 'e')  -- earlier attempts' errors stay in the history
-emit('completed', id, 'r', ARGV[3])
-release_dependents(id, now)
-finish(jkey, id, K_COMPLETED, 'completed', now, tonumber(ARGV[4]))
-local reply = {1}
-claim(now, ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[5]), reply)
+local reply = {}
+local wanted = 0
+for i = 0, k - 1 do
+  local b = 5 + i * 4
+  local id = ARGV[b]
+  local jkey = job_key(id)
+  if redis.call('HGET', jkey, 'tk') ~= ARGV[b + 1] then
+    reply[#reply + 1] = -1
+  else
+    leave_active(jkey, id)
+    redis.call('HSET', jkey, 'r', ARGV[b + 2])
+    redis.call('HDEL', jkey, 'e')  -- earlier attempts' errors stay in the history
+    emit('completed', id, 'r', ARGV[b + 2])
+    release_dependents(id, now)
+    finish(jkey, id, K_COMPLETED, 'completed', now, keep)
+    reply[#reply + 1] = 1
+    if ARGV[b + 3] == '1' then
+      wanted = wanted + 1
+    end
+  end
+end
+claim(now, ARGV[2], tonumber(ARGV[3]), wanted, reply)
 wake_if_work_appeared(before)
 return reply
