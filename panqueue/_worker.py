@@ -2,7 +2,8 @@
 
 The claim loop takes a slot (plus any other free ones), claims that many jobs in one script
 call, and hands each to a slot task. A slot task runs its job, then finishes it with a script
-that also claims the next job for the same slot, so a busy worker makes one round trip per job.
+that also claims the next job for the same slot; jobs that finish in the same event-loop tick
+share that call, so a busy worker makes far fewer round trips than it runs jobs.
 When nothing is claimable the slot goes back and the loop sleeps until the queue's notify
 channel says there is work, the next delayed job is due, or the poll interval passes. No claimed
 job ever waits locally. Locks of running jobs are renewed in one call per interval; the stalled
