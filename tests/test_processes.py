@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from panqueue import JobState, SyncQueueClient
+from panqueue._keys import QueueKeys
 from tests.helpers import panqueue_command, subprocess_env, wait_until
 
 
@@ -70,10 +71,14 @@ def test_job_of_a_killed_worker_is_completed_by_another_after_its_lock_expires(
 
 def test_three_worker_processes_complete_500_jobs_exactly_once(
         redis_url: str, workers: Workers, redis_client: redis.Redis) -> None:
+    procs = [workers.start("shared"), workers.start("shared", backend="trio"),
+             workers.start("shared")]
+    # All three listen before the jobs arrive, so all three compete for them from the start.
+    notify = QueueKeys("shared").notify
+    wait_until(lambda: redis_client.pubsub_shardnumsub(notify)[0][1] == 3, timeout=30,
+               what="three subscribed workers")
     with SyncQueueClient(redis_url) as client:
         handles = client.queue("shared").add_bulk([{"i": i} for i in range(500)])
-        procs = [workers.start("shared"), workers.start("shared", backend="trio"),
-                 workers.start("shared")]
         pids = [handle.result(timeout=60) for handle in handles]
         counts = client.counts("shared")
     executions = {k.decode(): int(v) for k, v in redis_client.hgetall("executions").items()}
