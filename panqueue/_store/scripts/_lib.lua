@@ -287,12 +287,11 @@ local function claim(now, token, ttl, n, out)
     return
   end
   promote_due(now)
-  local next_in = wake_in(now)
   local global_limit = m.rate_max > 0 and not m.rate_per_key
   if global_limit then
     local room, retry_in = rate_allowance(K_RATE, now)
     if room == 0 then
-      out[count_at + 1] = earliest(retry_in, next_in)
+      out[count_at + 1] = earliest(retry_in, wake_in(now))
       return
     end
     n = math.min(n, room)
@@ -333,12 +332,6 @@ local function claim(now, token, ttl, n, out)
         refresh_key(key)
       end
     end
-    if count == 0 and key_limit then
-      local first = redis.call('ZRANGE', K_LIMITED, 0, 0, 'WITHSCORES')
-      if #first > 0 then
-        next_in = earliest(next_in, math.max(1, tonumber(first[2]) - now))
-      end
-    end
   else
     local popped = redis.call('ZPOPMIN', K_WAIT, n)
     for i = 1, #popped, 2 do
@@ -351,6 +344,13 @@ local function claim(now, token, ttl, n, out)
   end
   out[count_at] = count
   if count == 0 then
+    -- Only an empty claim says when to look again (the busy path skips these reads): the next
+    -- delayed job, or the first key whose per-key rate limit runs out.
+    local next_in = wake_in(now)
+    local first = redis.call('ZRANGE', K_LIMITED, 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      next_in = earliest(next_in, math.max(1, tonumber(first[2]) - now))
+    end
     out[count_at + 1] = next_in
   end
 end
