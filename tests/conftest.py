@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from panqueue.embedded import RedisServer
+# Our own tests use the fixtures we ship to users: a private server per session.
+pytest_plugins = ["panqueue.testing"]
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -20,23 +21,10 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(appendonly=False)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.cleanup()
-
-
 @pytest.fixture
-def redis_url(redis_server: RedisServer) -> Iterator[str]:
-    """The session server's URL, with an empty database for this test."""
-    client = redis.Redis.from_url(redis_server.url)
-    client.flushall()
-    client.close()
-    yield redis_server.url
+def redis_url(panqueue_url: str) -> str:
+    """The session server's URL (panqueue.testing's private server), database emptied."""
+    return panqueue_url
 
 
 @pytest.fixture

@@ -6,14 +6,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import anyio
-
-from panqueue import Registry, Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ROOT / "tests" / "apps"
@@ -55,15 +51,3 @@ async def async_wait_until(predicate: Callable[[], Awaitable[object]], timeout: 
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await anyio.sleep(interval)
 
-
-@asynccontextmanager
-async def running(registry: Registry, queue: str, url: str, **options: Any
-                  ) -> AsyncIterator[Worker]:
-    """A Worker running in the background for the duration of the block."""
-    worker = Worker(registry, queue, url=url, **options)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        try:
-            yield worker
-        finally:
-            await worker.shutdown(grace=5)

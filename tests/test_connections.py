@@ -11,8 +11,8 @@ import shutil
 import subprocess
 import tempfile
 import traceback
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from panqueue import (
     Worker,
 )
 from panqueue.embedded import RedisServer, free_port
+from panqueue.testing import run_worker
 
 ACL_PASSWORD = "s3cret"
 READER_PASSWORD = "r3ader-pw"  # distinctive enough to look for in messages
@@ -181,17 +182,6 @@ def unix_socket() -> Iterator[Path]:
 # --------------------------------------------------------------------------- helpers
 
 
-@asynccontextmanager
-async def running(registry: Registry, queue: str, url: str) -> AsyncIterator[Worker]:
-    worker = Worker(registry, queue, url=url)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        try:
-            yield worker
-        finally:
-            await worker.shutdown(grace=5)
-
-
 async def assert_end_to_end(url: str, queue: str) -> None:
     """A job added with QueueClient and one added with SyncQueueClient both run on a Worker
     and their results come back through ``result()``, all over ``url``."""
@@ -210,7 +200,7 @@ async def assert_end_to_end(url: str, queue: str) -> None:
         async with QueueClient(url) as client:
             handle = await client.queue(queue).add({"n": 21})
             assert (await handle.info()).state is JobState.WAITING
-            async with running(registry, queue, url) as worker:
+            async with run_worker(registry, queue, url) as worker:
                 assert await handle.result(timeout=10) == {"value": 42}
                 sync_result, sync_state = await anyio.to_thread.run_sync(add_and_wait_sync)
             assert sync_result == {"value": 10}

@@ -27,7 +27,8 @@ from panqueue import (
     Registry,
     Worker,
 )
-from tests.helpers import APPS, async_wait_until, running
+from panqueue.testing import run_worker
+from tests.helpers import APPS, async_wait_until
 
 sys.path.insert(0, str(APPS))
 import exec_app
@@ -61,7 +62,8 @@ async def failure_of(url: str, queue: str, data: Any = None) -> tuple[JobFailed,
 
 async def test_thread_pool_runs_handlers_in_parallel(redis_url: str,
                                                      redis_client: redis.Redis) -> None:
-    async with QueueClient(redis_url) as client, running(exec_app.queues, "t-parallel", redis_url):
+    async with QueueClient(redis_url) as client, \
+            run_worker(exec_app.queues, "t-parallel", redis_url):
         handles = await client.queue("t-parallel").add_bulk(list(range(8)))
         for handle in handles:
             await handle.result(timeout=20)
@@ -69,7 +71,7 @@ async def test_thread_pool_runs_handlers_in_parallel(redis_url: str,
 
 
 async def test_thread_handler_reports_progress_and_logs(redis_url: str) -> None:
-    async with QueueClient(redis_url) as client, running(exec_app.queues, "t-report", redis_url):
+    async with QueueClient(redis_url) as client, run_worker(exec_app.queues, "t-report", redis_url):
         handle = await client.queue("t-report").add({})
         assert await handle.result(timeout=10) == "ok"
         info = await handle.info()
@@ -78,7 +80,7 @@ async def test_thread_handler_reports_progress_and_logs(redis_url: str) -> None:
 
 
 async def test_thread_timeout_fails_the_attempt(redis_url: str) -> None:
-    async with running(exec_app.queues, "t-timeout", redis_url):
+    async with run_worker(exec_app.queues, "t-timeout", redis_url):
         failed, info = await failure_of(redis_url, "t-timeout")
     assert info.failure_reason == "timeout"
     assert failed.error is not None and failed.error.type == "JobTimeout"
@@ -122,7 +124,7 @@ async def test_child_sees_only_allowed_environment_variables(redis_url: str) -> 
     os.environ["PANQUEUE_TEST_SECRET"] = "hunter2"
     os.environ["PANQUEUE_VISIBLE"] = "yes"
     try:
-        async with running(exec_app.queues, "s-env", redis_url):
+        async with run_worker(exec_app.queues, "s-env", redis_url):
             result = await add_and_wait(redis_url, "s-env")
     finally:
         del os.environ["PANQUEUE_TEST_SECRET"], os.environ["PANQUEUE_VISIBLE"]
@@ -133,7 +135,7 @@ async def test_child_sees_only_allowed_environment_variables(redis_url: str) -> 
 
 async def test_child_reports_progress_and_logs_and_prints_do_not_break_it(
         redis_url: str) -> None:
-    async with QueueClient(redis_url) as client, running(exec_app.queues, "s-report", redis_url):
+    async with QueueClient(redis_url) as client, run_worker(exec_app.queues, "s-report", redis_url):
         handle = await client.queue("s-report").add({})
         pid = await handle.result(timeout=20)
         info = await handle.info()
@@ -143,7 +145,7 @@ async def test_child_reports_progress_and_logs_and_prints_do_not_break_it(
 
 
 async def test_child_over_its_memory_limit_fails_with_a_clear_error(redis_url: str) -> None:
-    async with running(exec_app.queues, "s-memory", redis_url):
+    async with run_worker(exec_app.queues, "s-memory", redis_url):
         failed, _ = await failure_of(redis_url, "s-memory")
     assert failed.error is not None
     assert failed.error.type == "MemoryError"
@@ -151,7 +153,7 @@ async def test_child_over_its_memory_limit_fails_with_a_clear_error(redis_url: s
 
 
 async def test_child_over_its_cpu_limit_is_killed_with_a_clear_error(redis_url: str) -> None:
-    async with running(exec_app.queues, "s-cpu-limit", redis_url):
+    async with run_worker(exec_app.queues, "s-cpu-limit", redis_url):
         failed, _ = await failure_of(redis_url, "s-cpu-limit")
     assert failed.error is not None
     assert failed.error.type == "ChildCrashed"
@@ -159,7 +161,7 @@ async def test_child_over_its_cpu_limit_is_killed_with_a_clear_error(redis_url: 
 
 
 async def test_child_crashes_fail_the_job_and_the_worker_carries_on(redis_url: str) -> None:
-    async with running(exec_app.queues, "s-crash", redis_url):
+    async with run_worker(exec_app.queues, "s-crash", redis_url):
         failed, _ = await failure_of(redis_url, "s-crash", {"how": "exit"})
         assert failed.error is not None and failed.error.message == "child exited with code 3"
         failed, _ = await failure_of(redis_url, "s-crash", {"how": "kill"})
@@ -203,7 +205,7 @@ async def test_child_checking_should_stop_finishes_in_phase_one(
 
 
 async def test_child_timeout_kills_the_child_and_fails_the_attempt(redis_url: str) -> None:
-    async with running(exec_app.queues, "s-timeout", redis_url):
+    async with run_worker(exec_app.queues, "s-timeout", redis_url):
         started = time.monotonic()
         _, info = await failure_of(redis_url, "s-timeout")
         assert time.monotonic() - started < 4
@@ -211,13 +213,14 @@ async def test_child_timeout_kills_the_child_and_fails_the_attempt(redis_url: st
 
 
 async def test_children_are_recycled_after_max_jobs(redis_url: str) -> None:
-    async with running(exec_app.queues, "s-recycle", redis_url):
+    async with run_worker(exec_app.queues, "s-recycle", redis_url):
         pids = [await add_and_wait(redis_url, "s-recycle") for _ in range(5)]
     assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
 
 
 async def test_child_job_carries_its_options_and_enqueue_time(redis_url: str) -> None:
-    async with QueueClient(redis_url) as client, running(exec_app.queues, "s-options", redis_url):
+    async with QueueClient(redis_url) as client, \
+            run_worker(exec_app.queues, "s-options", redis_url):
         handle = await client.queue("s-options").add({}, attempts=3, timeout=7.0)
         seen = await handle.result(timeout=20)
         info = await handle.info()
@@ -226,7 +229,7 @@ async def test_child_job_carries_its_options_and_enqueue_time(redis_url: str) ->
 
 
 async def test_async_handler_runs_in_a_child_too(redis_url: str) -> None:
-    async with running(exec_app.queues, "s-async", redis_url):
+    async with run_worker(exec_app.queues, "s-async", redis_url):
         assert await add_and_wait(redis_url, "s-async", 7) == "async in child 7"
 
 
@@ -239,7 +242,7 @@ async def test_cpu_bound_job_longer_than_its_lock_ttl_runs_exactly_once(
     # 10 s of CPU with lock_ttl=2: renewal must not depend on the handler yielding. The trio
     # run uses 5 s to keep the suite short; both are well past the lock TTL.
     seconds = 10.0 if anyio_backend == "asyncio" else 5.0
-    async with QueueClient(redis_url) as client, running(exec_app.queues, queue, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(exec_app.queues, queue, redis_url):
         handle = await client.queue(queue).add({"seconds": seconds})
         await handle.result(timeout=60)
         info = await handle.info()
@@ -299,7 +302,7 @@ async def test_third_party_executor_is_selected_by_entry_point_name(
     async def answer(job: Job) -> int:
         return 21
 
-    async with running(registry, "plugged", redis_url):
+    async with run_worker(registry, "plugged", redis_url):
         assert await add_and_wait(redis_url, "plugged") == 42
     assert issubclass(type(Executor), type)
 
@@ -357,7 +360,7 @@ async def test_inline_handler_blocking_the_loop_is_reported_and_keeps_its_lock(
         sweeper.start()
         try:
             async with QueueClient(redis_url) as client, \
-                    running(registry, "blocking", redis_url):
+                    run_worker(registry, "blocking", redis_url):
                 handle = await client.queue("blocking").add({})
                 assert await handle.result(timeout=20) == "done"
                 info = await handle.info()

@@ -29,7 +29,8 @@ from panqueue import (
 )
 from panqueue._keys import QueueKeys
 from panqueue.embedded import RedisServer
-from tests.helpers import APPS, panqueue_command, running, subprocess_env
+from panqueue.testing import run_worker
+from tests.helpers import APPS, panqueue_command, subprocess_env
 
 pytestmark = pytest.mark.anyio
 
@@ -125,7 +126,7 @@ async def test_keyed_stalled_job_goes_back_to_the_front_of_its_key(
         claim(keys=[keys.prefix], args=["dead-worker:1", 300, 1])
         assert redis_client.hget(keys.prefix + "k:active", "k") == b"1"
         assert redis_client.zcard(keys.prefix + "k:ready") == 0  # at capacity
-        async with running(registry, queue_name, redis_url, stalled_interval=0.1):
+        async with run_worker(registry, queue_name, redis_url, stalled_interval=0.1):
             for handle in handles:
                 await handle.result(timeout=10)
     assert seen == ["a", "b", "c"]
@@ -159,7 +160,7 @@ async def test_per_key_rate_limit(redis_url: str, queue_name: str) -> None:
                       rate_limit=RateLimit(max=2, per=0.5, per_key=True))
     async def noop(job: Job) -> None: ...
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
         queue = client.queue(queue_name, mode="keyed")
         handles = [await queue.add(key, key=key) for key in ["a"] * 6 + ["b"] * 2]
         for handle in handles:
@@ -239,7 +240,7 @@ async def test_dedup_replace_leaves_a_running_job_alone(redis_url: str, queue_na
             await release.wait()
         return job.data
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
         queue = client.queue(queue_name)
         first = await queue.add("first", dedup=Dedup("d", strategy="replace"))
         with anyio.fail_after(10):
@@ -270,7 +271,7 @@ async def test_chain_runs_in_order_and_blocked_jobs_wait(redis_url: str, queue_n
             [JobState.BLOCKED] * 4
         counts = await client.counts(queue_name)
         assert counts[JobState.BLOCKED] == 4
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             assert [await h.result(timeout=10) for h in chain] == [0, 1, 2, 3, 4]
     assert order == [0, 1, 2, 3, 4]
 
@@ -292,7 +293,7 @@ async def test_flow_tree_and_failed_dependency(redis_url: str, queue_name: str) 
             FlowJob("never", depends_on=[2, 0]),
             FlowJob("never either", depends_on=[4]),
         ])
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             assert await joined.result(timeout=10) == "join"
             for handle in (after_bad, after_after):
                 with pytest.raises(JobFailed, match="DependencyFailed"):
@@ -377,7 +378,7 @@ async def test_dead_letter_set_records_reasons_and_retry_moves_jobs_back(
     async with QueueClient(redis_url) as client:
         queue = client.queue(queue_name)
         slow, boom = await queue.add("slow"), await queue.add("boom")
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             for handle in (slow, boom):
                 with pytest.raises(JobFailed):
                     await handle.result(timeout=20)
@@ -425,7 +426,7 @@ async def test_delay_of_a_blocked_job_applies_once_it_is_released(
         queue = client.queue(queue_name)
         first = await queue.add("first")
         later = await queue.add("later", depends_on=[first.id], delay=60)
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             await first.result(timeout=10)
 
             async def released() -> bool:

@@ -25,12 +25,12 @@ from panqueue import (
     SyncQueueClient,
 )
 from panqueue._keys import QueueKeys
+from panqueue.testing import run_worker
 from tests.helpers import (
     APPS,
     async_wait_until,
     panqueue_command,
     run_cli,
-    running,
     subprocess_env,
     wait_until,
 )
@@ -92,7 +92,7 @@ async def test_overdue_schedule_runs_once_on_catch_up(redis_url: str, queue_name
                       .definition())
     redis_client.zadd(keys.schedules, {"hourly": overdue})
     async with QueueClient(redis_url) as client:
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             handle = client.queue(queue_name).job(f"schedule:hourly:{overdue}")
 
             async def enqueued() -> bool:
@@ -149,7 +149,7 @@ def test_cli_lists_and_removes_schedules(redis_url: str, redis_client: redis.Red
 async def test_cancelling_an_active_job_in_thread_and_subprocess_executors(
         redis_url: str, redis_client: redis.Redis, queue: str) -> None:
     os.environ["EXEC_APP_URL"] = redis_url
-    async with QueueClient(redis_url) as client, running(exec_app.queues, queue, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(exec_app.queues, queue, redis_url):
         handle = await client.queue(queue).add({})
 
         async def started() -> bool:
@@ -181,7 +181,7 @@ async def test_retention_bounds_a_stream_of_10000_jobs(redis_url: str, queue_nam
 
     async with QueueClient(redis_url) as client:
         queue = client.queue(queue_name)
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             for start in range(0, 10_000, 1000):
                 handles = await queue.add_bulk(list(range(start, start + 1000)))
             await handles[-1].result(timeout=60)
@@ -206,7 +206,7 @@ async def test_finished_jobs_older_than_their_age_limit_are_deleted(
     async def noop(job: Job) -> None:
         return None
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
         handle = await client.queue(queue_name).add({})
         await handle.result(timeout=10)
 
@@ -233,7 +233,7 @@ async def test_events_iterator_resumes_after_a_disconnect_without_loss(
         first = await client.queue(queue_name).add(-1)
         start = await reader.events(queue_name, after="0-0").__anext__()
         assert (start.type, start.job_id) == ("added", first.id)
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             async with anyio.create_task_group() as tg:
 
                 async def collect() -> None:
@@ -271,7 +271,7 @@ async def test_cancelled_jobs_follow_the_handlers_retention(redis_url: str,
     async def noop(job: Job) -> None: ...
 
     async with QueueClient(redis_url) as client:
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             await client.pause(queue_name)  # the worker declared the queue's retention
         handles = await client.queue(queue_name).add_bulk(list(range(5)))
         for handle in handles:

@@ -29,7 +29,8 @@ from panqueue import (
     Worker,
 )
 from panqueue.embedded import RedisServer
-from tests.helpers import async_wait_until, running
+from panqueue.testing import run_worker
+from tests.helpers import async_wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +48,7 @@ async def test_job_runs_and_its_result_is_returned(redis_url: str, queue_name: s
     async with QueueClient(redis_url) as client:
         handle = await client.queue(queue_name).add({"n": 21})
         assert (await handle.info()).state is JobState.WAITING
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             assert await handle.result(timeout=10) == {"value": 42}
         info = await handle.info()
         assert info.state is JobState.COMPLETED
@@ -75,7 +76,7 @@ async def test_sync_client_adds_and_reads_like_the_async_one(redis_url: str,
             handles = [queue.add({"i": 0}), *queue.add_bulk([{"i": i} for i in range(1, 10)])]
             return [h.result(timeout=10) for h in handles]
 
-    async with running(registry, queue_name, redis_url):
+    async with run_worker(registry, queue_name, redis_url):
         results = await anyio.to_thread.run_sync(produce)
     assert results == [{"i": i} for i in range(10)]
 
@@ -96,7 +97,7 @@ async def test_higher_priority_runs_first_and_fifo_within_a_priority(
                                ("high-2", 10), ("low-2", -5), ("top", 1_000_000)]:
             handles.append(await queue.add(name, priority=priority))
         handles.append(await queue.add("mid-3"))
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             for handle in handles:
                 await handle.result(timeout=10)
     order = [v.decode() for v in redis_client.lrange(order_key, 0, -1)]
@@ -110,7 +111,7 @@ async def test_delayed_job_waits_until_due(redis_url: str, queue_name: str) -> N
     async def noop(job: Job) -> str:
         return "done"
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url,
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url,
                                                          poll_interval=30):
         queue = client.queue(queue_name)
         handle = await queue.add(None, delay=0.5)
@@ -164,7 +165,7 @@ async def test_failed_attempts_retry_with_backoff_then_fail_with_history(
     async def always_fails(job: Job) -> None:
         raise ValueError(f"boom {job.attempt}")
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
         handle = await client.queue(queue_name).add({})
         with pytest.raises(JobFailed) as failed:
             await handle.result(timeout=10)
@@ -191,7 +192,7 @@ async def test_retry_and_fail_exceptions(redis_url: str, queue_name: str) -> Non
             raise Retry(delay=0.01)
         return job.attempt
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
         queue = client.queue(queue_name)
         retried = await queue.add("retry")
         failed = await queue.add("fail")
@@ -213,7 +214,7 @@ async def test_per_job_options_override_handler_defaults(redis_url: str,
             await anyio.sleep(5)
         return job.attempt
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
         handle = await client.queue(queue_name).add(
             {}, attempts=2, timeout=0.2, backoff=Backoff.fixed(0))
         assert await handle.result(timeout=10) == 2
@@ -229,7 +230,7 @@ async def test_timeout_fails_the_attempt_with_reason_timeout(redis_url: str,
     async def hangs(job: Job) -> None:
         await anyio.sleep(30)
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url):
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
         handle = await client.queue(queue_name).add({})
         with pytest.raises(JobFailed):
             await handle.result(timeout=10)
@@ -267,8 +268,8 @@ async def test_concurrency_bound_is_never_exceeded(redis_url: str, queue_name: s
     async with QueueClient(redis_url) as client:
         handles = await client.queue(queue_name).add_bulk([{"i": i} for i in range(60)])
         # Two workers of concurrency 4 each: at most 8 at once across them.
-        async with running(registry, queue_name, redis_url), \
-                running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url), \
+                run_worker(registry, queue_name, redis_url):
             for h in handles:
                 await h.result(timeout=20)
     assert int(redis_client.get(peak) or 0) == 8
@@ -283,7 +284,7 @@ async def test_pause_stops_claiming_and_resume_wakes_workers(redis_url: str,
     async def noop(job: Job) -> str:
         return "ran"
 
-    async with QueueClient(redis_url) as client, running(registry, queue_name, redis_url,
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url,
                                                          poll_interval=30):
         await client.pause(queue_name)
         handle = await client.queue(queue_name).add({})
@@ -310,7 +311,7 @@ async def test_cancel_waiting_delayed_and_active_jobs(redis_url: str, queue_name
         delayed = await queue.add("d", delay=60)
         assert await client.cancel(queue_name, delayed.id) is JobState.DELAYED
         assert (await delayed.info()).state is JobState.CANCELLED
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             active = await queue.add("long")
             with anyio.fail_after(10):
                 await started.wait()
@@ -342,7 +343,7 @@ async def test_retry_failed_and_remove(redis_url: str, queue_name: str) -> None:
     async with QueueClient(redis_url) as client:
         queue = client.queue(queue_name)
         handle = await queue.add({"fail": True})
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             with pytest.raises(JobFailed):
                 await handle.result(timeout=10)
         assert await client.retry_failed(queue_name) == 1
@@ -365,7 +366,7 @@ async def test_retention_keeps_only_the_newest_finished_jobs(
 
     async with QueueClient(redis_url) as client:
         handles = await client.queue(queue_name).add_bulk(list(range(40)))
-        async with running(registry, queue_name, redis_url):
+        async with run_worker(registry, queue_name, redis_url):
             await handles[-1].result(timeout=10)
             await async_wait_until(
                 lambda: _completed_total(client, queue_name), what="all completions")
@@ -437,7 +438,7 @@ async def test_idle_worker_recovers_when_its_connections_are_killed(
 
     async with QueueClient(redis_url) as client:
         # Polling every 30 s cannot explain a pickup within 5 s: the wake-up path must work.
-        async with running(registry, queue_name, redis_url, poll_interval=30,
+        async with run_worker(registry, queue_name, redis_url, poll_interval=30,
                            health_interval=0.5):
             first = await client.queue(queue_name).add({})
             assert await first.result(timeout=5) == "picked up"
@@ -497,7 +498,7 @@ async def test_worker_carries_on_after_redis_restarts(tmp_path: Path) -> None:
     server.start()
     try:
         async with QueueClient(server.url) as client, \
-                running(registry, "restart", server.url, poll_interval=30, health_interval=0.5):
+                run_worker(registry, "restart", server.url, poll_interval=30, health_interval=0.5):
             assert await (await client.queue("restart").add("before")).result(timeout=10) \
                 == "before"
             waiting = await client.queue("restart").add("kept", delay=1.5)
