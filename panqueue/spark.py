@@ -230,15 +230,12 @@ JOB_SCHEMA = T.StructType([
 ])
 
 _READ_BATCH = 500
-_SETS = {JobState.WAITING: "wait", JobState.DELAYED: "delayed", JobState.BLOCKED: "blocked",
-         JobState.ACTIVE: "active", JobState.COMPLETED: "completed", JobState.FAILED: "failed",
-         JobState.CANCELLED: "cancelled"}
 
 
 def _list_ids(transport: SyncTransport, keys: QueueKeys, states: list[JobState]) -> list[str]:
     ids: list[str] = []
     for state in states:
-        ids += [m.decode() for m in transport.client.zrange(getattr(keys, _SETS[state]), 0, -1)]
+        ids += [m.decode() for m in transport.client.zrange(ops.state_set(keys, state), 0, -1)]
         if state is JobState.WAITING:  # keyed queues keep waiting jobs in per-key lists
             for list_key in transport.client.scan_iter(match=f"{keys.prefix}k:wait:*",
                                                        count=1000):
@@ -270,7 +267,7 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
     """
     keys = QueueKeys(queue)
     url = check_url(resolve_url(url))
-    wanted = list(_SETS) if states is None else [JobState(s) for s in states]
+    wanted = list(ops.STATE_SETS) if states is None else [JobState(s) for s in states]
     transport = SyncTransport(url)
     try:
         # A job moving between states while the sets are listed can be listed twice.

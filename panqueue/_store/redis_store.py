@@ -137,21 +137,27 @@ def get_job(keys: QueueKeys, job_id: str) -> Op[JobInfo]:
     return JobInfo.from_hash(keys.name, job_id, h, logs)
 
 
-_COUNTED = (
-    (JobState.WAITING, "wait"),
-    (JobState.DELAYED, "delayed"),
-    (JobState.BLOCKED, "blocked"),
-    (JobState.ACTIVE, "active"),
-    (JobState.COMPLETED, "completed"),
-    (JobState.FAILED, "failed"),
-    (JobState.CANCELLED, "cancelled"),
-)
+# The sorted set that holds the jobs of each state (keyed mode's waiting jobs are in per-key
+# lists instead; the meta field "kw" counts them).
+STATE_SETS = {
+    JobState.WAITING: "wait",
+    JobState.DELAYED: "delayed",
+    JobState.BLOCKED: "blocked",
+    JobState.ACTIVE: "active",
+    JobState.COMPLETED: "completed",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+}
+
+
+def state_set(keys: QueueKeys, state: JobState) -> str:
+    return str(getattr(keys, STATE_SETS[state]))
 
 
 def counts(keys: QueueKeys) -> Op[dict[JobState, int]]:
-    replies = yield Batch((*(Command(("ZCARD", getattr(keys, attr))) for _, attr in _COUNTED),
+    replies = yield Batch((*(Command(("ZCARD", state_set(keys, s))) for s in STATE_SETS),
                            Command(("HGET", keys.meta, "kw"))))
-    result = {state: int(n) for (state, _), n in zip(_COUNTED, replies, strict=False)}
+    result = {state: int(n) for state, n in zip(STATE_SETS, replies, strict=False)}
     result[JobState.WAITING] += int(replies[-1] or 0)  # waiting in keyed mode's per-key lists
     return result
 
@@ -168,11 +174,7 @@ def known_queue(keys: QueueKeys) -> Op[bool]:
 
 
 def list_ids(keys: QueueKeys, state: JobState, limit: int = 100) -> Op[list[str]]:
-    key = {JobState.WAITING: keys.wait, JobState.DELAYED: keys.delayed,
-           JobState.BLOCKED: keys.blocked,
-           JobState.ACTIVE: keys.active, JobState.COMPLETED: keys.completed,
-           JobState.FAILED: keys.failed, JobState.CANCELLED: keys.cancelled}[state]
-    reply = yield Command(("ZRANGE", key, 0, limit - 1))
+    reply = yield Command(("ZRANGE", state_set(keys, state), 0, limit - 1))
     return [member.decode() for member in reply]
 
 
