@@ -15,6 +15,11 @@ or on the command line: ``pytest -p panqueue.testing``. It provides two fixtures
 
 The helpers :func:`run_worker` and :func:`drain` are plain anyio code: they work on asyncio and
 trio, inside pytest or outside it, and importing this module does not need pytest.
+
+:class:`FaultProxy` is a TCP proxy on 127.0.0.1 in front of a server, running in threads of its
+own, that injects network faults: cut every connection, blackhole them, add latency, or lose
+the reply to a command the server ran. Point a worker or client at ``proxy.url`` to test how
+your code behaves when the network misbehaves.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import anyio
 import redis
 
 from panqueue._client import QueueClient
+from panqueue._faultproxy import FaultProxy
 from panqueue._job import JobState
 from panqueue._registry import Registry
 from panqueue._worker import Worker
@@ -42,7 +48,7 @@ else:
     _HAVE_PYTEST = True
 
 # The fixtures are found by pytest as module attributes; they are not part of ``import *``.
-__all__ = ["UNFINISHED", "drain", "run_worker"]
+__all__ = ["UNFINISHED", "FaultProxy", "drain", "run_worker"]
 
 #: The states of a job that is not done yet; :func:`drain` waits until none is left.
 UNFINISHED = frozenset({JobState.WAITING, JobState.DELAYED, JobState.BLOCKED, JobState.ACTIVE})

@@ -148,6 +148,15 @@ EXPECTED: dict[str, list[str]] = {
         "[trio] drained: completed=21, failed=1",
         "[trio] worker stopped: 21 completed, 1 failed",
     ],
+    "fault_proxy.py": [
+        "cut: add raised panqueue.ConnectionError",
+        "restored: waiting jobs 2",
+        "blackhole: PING timed out after 0.5 s",
+        "restored: PING -> True",
+        "lost reply: INCR raised ConnectionError",
+        "yet the server ran it: example:visits = 1",
+        "replies dropped 1",
+    ],
     "spark_enqueue.py": [
         "first run: added=200, existing=0",
         "second run: added=0, existing=200",
