@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import traceback
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,7 +14,8 @@ import msgpack
 from panqueue._codec import decode
 from panqueue._options import JobOptions
 
-__all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry", "from_ms"]
+__all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry", "exception_message",
+           "from_ms"]
 
 
 class JobState(enum.StrEnum):
@@ -45,10 +47,30 @@ class ErrorInfo:
         return {"type": self.type, "message": self.message, "traceback": self.traceback}
 
     @classmethod
+    def from_exception(cls, exc: BaseException, with_traceback: bool = True) -> ErrorInfo:
+        """Describe an exception, whatever it does: one whose ``__str__`` raises is described
+        by its type alone (a bad value from a handler must never stop a worker)."""
+        tb = None
+        if with_traceback:
+            try:
+                tb = "".join(traceback.format_exception(exc))
+            except Exception:  # a broken __repr__ in a frame's locals, and the like
+                tb = None
+        return cls(type(exc).__name__, exception_message(exc), tb)
+
+    @classmethod
     def from_wire(cls, wire: Any) -> ErrorInfo | None:
         if not isinstance(wire, dict):
             return None
         return cls(str(wire.get("type", "")), str(wire.get("message", "")), wire.get("traceback"))
+
+
+def exception_message(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder naming the type when that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: str() raised an exception>"
 
 
 def from_ms(value: bytes | str | int | None) -> datetime | None:

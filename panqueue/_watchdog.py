@@ -5,6 +5,11 @@ nothing else runs, including lock renewal, so the job would be declared stalled 
 The watchdog lives in its own thread, which such a handler cannot starve. When the loop has not
 answered for ``threshold`` seconds it logs a warning naming the handler, and while the loop stays
 blocked it renews the running jobs' locks itself, over a connection of its own.
+
+Not forever: a loop blocked for good (a handler stuck in a blocking call) would hold every job
+of the worker hostage. After ``RENEW_BOUND`` lock TTLs of blockage the watchdog stops renewing
+and says so; the locks then expire and the stalled sweep gives the jobs to other workers. If
+the loop ever comes back, its own renewal finds those locks lost and stops the attempts.
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ from panqueue.errors import PanqueueError
 __all__ = ["LoopWatchdog"]
 
 BEAT_INTERVAL = 0.1
+# How many lock TTLs of a blocked loop the watchdog keeps the locks alive for.
+RENEW_BOUND = 10
 
 
 class LoopWatchdog:
     def __init__(self, *, url: str, prefix: str, handler_name: str, executor_name: str,
                  lock_ttl: float, running: Callable[[], list[tuple[str, str]]],
-                 log: Any, threshold: float = 1.0) -> None:
+                 renewed: Callable[[list[str], float], None], log: Any,
+                 threshold: float = 1.0) -> None:
         self._url = url
         self._prefix = prefix
         self._handler_name = handler_name
@@ -34,6 +42,8 @@ class LoopWatchdog:
         self._lock_ttl_ms = max(1, int(lock_ttl * 1000))
         self._renew_every = lock_ttl / 3
         self._running = running
+        self._renewed = renewed
+        self._renew_for = RENEW_BOUND * lock_ttl
         self._log = log
         self._threshold = threshold
         self._last_beat = time.monotonic()
@@ -57,6 +67,7 @@ class LoopWatchdog:
 
     def _watch(self) -> None:
         warned_for = 0.0  # the beat time of the blockage already reported
+        gave_up_for = 0.0  # the beat time of the blockage whose locks were let go
         last_renewal = 0.0
         # Renewal must start before a lock renewed just before the blockage can expire.
         act_after = min(self._threshold, self._renew_every)
@@ -71,7 +82,16 @@ class LoopWatchdog:
                 continue
             if not jobs:
                 continue
-            if time.monotonic() - last_renewal >= self._renew_every:
+            if blocked >= self._renew_for:
+                if gave_up_for != beat:
+                    gave_up_for = beat
+                    self._log.error(
+                        "event loop blocked for too long; no longer renewing locks: the stalled "
+                        "sweep will give these jobs to other workers",
+                        handler=self._handler_name, blocked_s=round(blocked, 2),
+                        bound_s=round(self._renew_for, 3),
+                        job_ids=[job_id for job_id, _ in jobs])
+            elif time.monotonic() - last_renewal >= self._renew_every:
                 last_renewal = time.monotonic()
                 self._renew(jobs)
             if blocked >= self._threshold and warned_for != beat:
@@ -88,7 +108,11 @@ class LoopWatchdog:
             if self._transport is None:
                 self._transport = SyncTransport(self._url)
             flat = [item for pair in jobs for item in pair]
-            self._transport.execute(ScriptCall(SCRIPTS.extend, (self._prefix,),
-                                               (self._lock_ttl_ms, *flat)))
+            sent = time.monotonic()
+            lost = self._transport.execute(ScriptCall(SCRIPTS.extend, (self._prefix,),
+                                                      (self._lock_ttl_ms, *flat)))
         except PanqueueError as exc:
             self._log.warning("lock renewal from the watchdog failed", error=str(exc))
+            return
+        lost_tokens = {raw.decode() for raw in lost}
+        self._renewed([token for _, token in jobs if token not in lost_tokens], sent)

@@ -12,10 +12,10 @@ sweep and delayed promotion run on a timer.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
-import traceback
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -48,13 +48,22 @@ from panqueue._url import resolve_url
 from panqueue._watchdog import BEAT_INTERVAL, LoopWatchdog
 from panqueue.errors import ConnectionError, LockLost, PanqueueError, PayloadError
 from panqueue.executors import create_executor
-from panqueue.executors.base import Executor, JobTimeout
+from panqueue.executors.base import Executor, HandlerAborted, JobTimeout
 from panqueue.executors.subprocess import ChildCrashed, RemoteError
 
 __all__ = ["Worker"]
 
 _MAX_CLAIM_BATCH = 100
 _MAX_LOG_LINES = 1000
+# The longest a retry delay may be (a year); a longer, negative or non-finite one is refused.
+_MAX_RETRY_DELAY = 365 * 24 * 3600.0
+# Bounds of the shutdown's forced phase: how long cancelled jobs get to stop and be released,
+# and how long each closing step may take, so that shutdown(grace) returns within
+# grace + _FORCE_WAIT + 2 * _CLOSE_WAIT seconds even when the network drops every packet.
+_FORCE_WAIT = 5.0
+_CLOSE_WAIT = 2.0
+# One Redis call on a shielded path (a claim, a release) is abandoned after this long.
+_CALL_BOUND = 10.0
 _STALL_ERROR = encode_error(
     ErrorInfo("Stalled", "the job's lock expired too many times (its worker died or hung)")
 )
@@ -80,19 +89,73 @@ class _Cancelled(Fail):
         super().__init__("cancelled")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Running:
-    """A job this worker is running, and how to stop it."""
+    """One attempt this worker is running, known by its lock token, and how to stop it.
 
+    Attempts are keyed by token, not job id: when a lock expires unseen (a long network cut,
+    a Redis restart, a clock step) the job can be claimed again, even by this same worker,
+    while the first attempt still runs. The first attempt is then lost: told to stop,
+    cancelled where the executor can, and its outcome discarded.
+    """
+
+    job_id: str
     token: str
+    deadline: float  # local (monotonic) time by which the lock is surely expired unless renewed
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    lost: bool = False  # lock lost: another worker may own the job now; do not finish it
+    ended: anyio.Event = field(default_factory=anyio.Event)  # the executor has returned
+    lost: bool = False  # lock lost: another attempt may own the job now; do not finish it
     forced: bool = False  # forced shutdown: release the job back to waiting
     cancel_requested: bool = False  # cancel(queue, id) was called for this job
     stopping: bool = False  # the worker is shutting down
 
     def should_stop(self) -> bool:
         return self.stopping or self.cancel_requested or self.lost
+
+    def lose(self) -> None:
+        self.lost = True
+        self.scope.cancel()
+
+
+class _Trouble:
+    """Redis failures of one activity (claiming, renewal, upkeep...), logged once per episode:
+    the first failure as a warning, the recovery with how many calls failed in between."""
+
+    __slots__ = ("_log", "_what", "count", "since")
+
+    def __init__(self, log: Any, what: str) -> None:
+        self._log = log
+        self._what = what
+        self.count = 0
+        self.since = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.since = time.monotonic()
+            self._log.warning(f"{self._what} failed; retrying until Redis answers",
+                              error=str(exc))
+
+    def ok(self) -> None:
+        if self.count:
+            self._log.info(f"{self._what} works again", failed_calls=self.count,
+                           outage_s=round(time.monotonic() - self.since, 3))
+            self.count = 0
+
+    def backoff(self) -> float:
+        """Seconds to wait before the next try: doubling from 50 ms up to 2 s."""
+        return float(min(0.05 * 2 ** min(self.count, 6), 2.0))
+
+
+def _retry_delay(error: Retry) -> float | str:
+    """The delay a Retry asked for, or why it is unusable."""
+    delay = error.delay
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+        return f"Retry(delay=...) must be a number of seconds, got {delay!r}"
+    if not math.isfinite(delay) or delay < 0 or delay > _MAX_RETRY_DELAY:
+        return (f"Retry(delay=...) must be finite, >= 0 and at most {_MAX_RETRY_DELAY:g} s, "
+                f"got {delay!r}")
+    return float(delay)
 
 
 class Worker:
@@ -134,7 +197,8 @@ class Worker:
         self._executor: Executor | None = None
         self._watchdog: LoopWatchdog | None = None
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, _Running] = {}  # by lock token
+        self._by_job: dict[str, _Running] = {}  # the newest attempt of each job id
         self._busy_slots = 0
         self._stopping = False
         self._completions: list[_Completion] = []
@@ -147,6 +211,14 @@ class Worker:
         self._claim_scope: anyio.CancelScope
         self._done: anyio.Event | None = None
         self._token_counter = 0
+        # Tokens are unique per process and call, whatever name= the worker was given.
+        self._token_prefix = f"{self.name}:{uuid.uuid4().hex[:12]}"
+        self._claim_trouble = _Trouble(self._log, "claiming jobs")
+        self._record_trouble = _Trouble(self._log, "recording outcomes")
+        self._renew_trouble = _Trouble(self._log, "lock renewal")
+        self._report_trouble = _Trouble(self._log, "progress reporting")
+        self._upkeep_trouble = _Trouble(self._log, "upkeep (stalled sweep, promotion, cleaning)")
+        self._schedule_trouble = _Trouble(self._log, "schedules")
         self._lock_ttl_ms = max(1, int(self.lock_ttl * 1000))
         self._keep_completed = options.retention.completed
         self._keep_failed = options.retention.failed
@@ -187,8 +259,8 @@ class Worker:
             watchdog = LoopWatchdog(
                 url=self.url, prefix=self.keys.prefix, handler_name=self.handler.import_path,
                 executor_name=self._executor.name, lock_ttl=self.lock_ttl,
-                running=lambda: [(job_id, r.token) for job_id, r in list(self._running.items())],
-                log=self._log)
+                running=lambda: [(r.job_id, r.token) for r in list(self._running.values())],
+                renewed=self._renewed, log=self._log)
             watchdog.start()
             self._watchdog = watchdog
             async with anyio.create_task_group() as tg:
@@ -210,18 +282,23 @@ class Worker:
         finally:
             if self._watchdog is not None:
                 self._watchdog.stop()
+            # Bounded: a network that drops every packet must not hold the shutdown.
             with anyio.CancelScope(shield=True):
                 if self._executor is not None:
-                    await self._executor.aclose()
+                    with anyio.move_on_after(_CLOSE_WAIT):
+                        await self._executor.aclose()
                 if self._shared_transport is None:
-                    await transport.aclose()
+                    with anyio.move_on_after(_CLOSE_WAIT):
+                        await transport.aclose()
             self._stopping = True
             done.set()
             self._log.info("worker stopped", processed=self.processed, failed=self.failed)
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Two-phase stop: claim nothing more and let running jobs finish for up to ``grace``
-        seconds; then cancel the rest and release them to waiting. Returns once stopped."""
+        seconds; then cancel the rest and release them to waiting. Returns once stopped, within
+        ``grace`` + 9 s even when Redis stops answering (every step of the forced phase is
+        bounded)."""
         if grace is not None:
             self.grace = grace
         self._begin_stop()
@@ -253,7 +330,7 @@ class Worker:
 
     def _new_token(self) -> str:
         self._token_counter += 1
-        return f"{self.name}:{self._token_counter}"
+        return f"{self._token_prefix}:{self._token_counter}"
 
     async def _claim_loop(self) -> None:
         transport = self._transport
@@ -274,29 +351,59 @@ class Worker:
             # A fresh event before the claim: a wake-up published after the claim ran is
             # delivered to this event, so no wake-up is lost between claim and wait.
             wake = self._wake = anyio.Event()
-            token = self._new_token()
-            try:
-                with anyio.CancelScope(shield=True):
-                    reply = await transport.script(SCRIPTS.claim, keys,
-                                                   (token, self._lock_ttl_ms, free))
-            except ConnectionError as exc:
+            claimed = await self._claim(keys, free)
+            if claimed is None:
                 self._release_slots(free)
-                self._log.warning("claim failed; retrying", error=str(exc))
-                with anyio.move_on_after(min(self.poll_interval, 1.0)):
+                with anyio.move_on_after(self._claim_trouble.backoff()):
                     await wake.wait()
                 continue
+            reply, token = claimed
             jobs, wake_in = parse_claim(reply)
             self._release_slots(free - len(jobs))
-            for claimed in jobs:
-                self._busy_slots += 1
-                self._idle = anyio.Event() if self._busy_slots == 1 else self._idle
-                self._tg.start_soon(self._run_slot, claimed, token)
+            for job in jobs:
+                self._start_slot(job, token)
             if not jobs:
                 timeout = self.poll_interval
                 if wake_in >= 0:
                     timeout = min(timeout, wake_in / 1000)
                 with anyio.move_on_after(timeout):
                     await wake.wait()
+
+    async def _claim(self, keys: tuple[str], free: int) -> tuple[list[Any], str] | None:
+        """One claim of up to ``free`` jobs: (reply, token), or None if Redis could not be
+        asked.
+
+        The call is shielded (jobs claimed in Redis are never dropped by a cancellation) and
+        bounded. After a failure it is sent again with the same token, which is also its
+        request id: if the first call ran and only its reply was lost, the resend answers the
+        jobs it claimed (see _memo.lua), so none waits for the stalled sweep. It is given up
+        once the claimed jobs' locks could have expired, or when the worker stops.
+        """
+        transport = self._transport
+        assert transport is not None
+        token = self._new_token()
+        give_up = time.monotonic() + self.lock_ttl * 0.8
+        while True:
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + _CALL_BOUND
+                try:
+                    reply: list[Any] = await transport.script(
+                        SCRIPTS.claim, keys, (token, self._lock_ttl_ms, free))
+                except PanqueueError as exc:
+                    self._claim_trouble.failed(exc)
+                else:
+                    self._claim_trouble.ok()
+                    return reply, token
+            if scope.cancelled_caught:
+                self._claim_trouble.failed(TimeoutError(f"no reply in {_CALL_BOUND:g} s"))
+            if self._stopping or time.monotonic() >= give_up:
+                return None
+            await anyio.sleep(self._claim_trouble.backoff())
+
+    def _start_slot(self, claimed: ClaimedJob, token: str) -> None:
+        self._busy_slots += 1
+        self._idle = anyio.Event() if self._busy_slots == 1 else self._idle
+        self._tg.start_soon(self._run_slot, claimed, token)
 
     def _release_slots(self, n: int) -> None:
         for _ in range(n):
@@ -306,7 +413,18 @@ class Worker:
         try:
             next_job: tuple[ClaimedJob, str] | None = (claimed, token)
             while next_job is not None:
-                next_job = await self._process(*next_job)
+                job, token = next_job
+                if self._stopping and self._force.is_set():
+                    await self._release([(job.id, token)])
+                    break
+                previous = self._by_job.get(job.id)
+                if previous is not None:
+                    # Claimed again while an earlier attempt still runs here: that attempt's
+                    # lock expired unseen. Stop it, and start this one only once it has ended,
+                    # so that this worker never runs two attempts of a job at once.
+                    self._lose(previous, "the job was claimed again")
+                    await previous.ended.wait()
+                next_job = await self._process(job, token)
         finally:
             self._busy_slots -= 1
             if self._busy_slots == 0:
@@ -317,15 +435,17 @@ class Worker:
 
     async def _process(self, claimed: ClaimedJob, token: str) -> tuple[ClaimedJob, str] | None:
         """Run one job and record the outcome; returns the next job claimed for this slot."""
-        handler_options = self.handler.options.job
-        job_options = handler_options.merged(decode(claimed.options) if claimed.options else None)
-        running = _Running(token, stopping=self._stopping)
-        self._running[claimed.id] = running
+        job_options = self.handler.options.job
+        job_id = claimed.id
         started = time.monotonic()
+        running = _Running(job_id, token, started + self.lock_ttl, stopping=self._stopping)
+        self._running[token] = running
+        self._by_job[job_id] = running
         outcome: Any = None
         error: BaseException | None = None
         try:
-            job_id = claimed.id
+            if claimed.options:
+                job_options = job_options.merged(decode(claimed.options))
 
             def sink(kind: str, value: Any) -> Awaitable[None]:
                 return self._report(job_id, kind, value)
@@ -340,18 +460,21 @@ class Worker:
             error = exc
         except anyio.get_cancelled_exc_class():
             # The whole worker is being cancelled from outside: give the job back at once.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await self._release([(claimed.id, token)])
+            self._forget(running)
+            with anyio.CancelScope(shield=True):
+                await self._release([(job_id, token)])
             raise
+        except SystemExit as exc:  # sys.exit() in an inline handler ends the attempt only
+            error = HandlerAborted(exc)
         finally:
-            del self._running[claimed.id]
+            self._forget(running)
         duration = time.monotonic() - started
         log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt,
                              duration_ms=round(duration * 1000, 3))
 
         if running.lost:
-            log.warning("lock lost; job left to its new owner", error=str(LockLost(
-                self.keys.name, claimed.id)))
+            log.warning("attempt stopped: its lock was lost; outcome discarded", error=str(
+                LockLost(self.keys.name, claimed.id)))
             return None
         if running.forced and not running.cancel_requested:
             await self._release([(claimed.id, token)])
@@ -388,12 +511,27 @@ class Worker:
         jobs, _ = parse_claim(reply, 1)
         return (jobs[0], next_token) if jobs else None
 
+    def _forget(self, running: _Running) -> None:
+        """The attempt's executor has returned: it no longer runs here."""
+        self._running.pop(running.token, None)
+        if self._by_job.get(running.job_id) is running:
+            del self._by_job[running.job_id]
+        running.ended.set()
+
+    def _lose(self, running: _Running, why: str) -> None:
+        if not running.lost:
+            self._log.warning("lock lost; stopping the attempt", job_id=running.job_id,
+                              why=why)
+            running.lose()
+
     async def _fail(self, claimed: ClaimedJob, token: str, attempts: int, backoff: Any,
                     error: BaseException, duration: float, fetch: int, next_token: str,
                     log: Any) -> list[Any] | None:
         final = 0
         reason = ""
         delay = 0.0
+        asked: float | None = None  # the delay a Retry asked for
+        note = ""
         if isinstance(error, JobTimeout):
             reason = "timeout"
         if isinstance(error, _Cancelled):
@@ -401,18 +539,24 @@ class Worker:
         elif isinstance(error, Fail):
             final, reason = 1, "explicit_fail"
         elif isinstance(error, Retry) and error.delay is not None:
-            delay = error.delay
-        elif claimed.attempt < attempts:
+            wanted = _retry_delay(error)
+            if isinstance(wanted, str):  # unusable: recorded, and the backoff applies instead
+                note = wanted
+            else:
+                asked = wanted
+        if asked is not None:
+            delay = asked
+        elif not final and claimed.attempt < attempts:
             delay = backoff.delay_for(claimed.attempt)
         if isinstance(error, RemoteError):  # raised in a subprocess handler's child
             info = ErrorInfo(error.type_name, str(error), error.traceback)
+        elif isinstance(error, HandlerAborted):  # a BaseException: SystemExit and the like
+            info = ErrorInfo.from_exception(error.original)
         else:
-            info = ErrorInfo(
-                type=type(error).__name__,
-                message=str(error),
-                traceback=None if isinstance(error, (Fail, Retry, JobTimeout, ChildCrashed))
-                else "".join(traceback.format_exception(error)),
-            )
+            info = ErrorInfo.from_exception(error, with_traceback=not isinstance(
+                error, (Fail, Retry, JobTimeout, ChildCrashed)))
+        if note:
+            info = ErrorInfo("InvalidRetry", note, info.traceback)
         entry = encode({"attempt": claimed.attempt, "type": info.type, "message": info.message,
                         "duration_ms": round(duration * 1000)})
         reply = await self._record(SCRIPTS.fail, (
@@ -455,16 +599,19 @@ class Worker:
             batch, self._completions = self._completions, []
             self._completion_leader = False
         next_token = self._new_token()
+        # Whether to claim successors is decided now, when the call is sent: a shutdown that
+        # began while the batch was gathering claims nothing.
+        claiming = not self._stopping
         args: list[Any] = [self._keep_completed, next_token, self._lock_ttl_ms, len(batch)]
         for item in batch:
-            args += [item.job_id, item.token, item.result, item.fetch]
+            args += [item.job_id, item.token, item.result, item.fetch if claiming else 0]
         reply = await self._record(SCRIPTS.complete, tuple(args), batch[0].job_id)
         if reply is not None:
             jobs, _ = parse_claim(reply, len(batch))
             claimed = iter(jobs)
             for item, status in zip(batch, reply, strict=False):
                 item.status = int(status)
-                if item.status == 1 and item.fetch:
+                if item.status == 1 and item.fetch and claiming:
                     following = next(claimed, None)
                     item.next_job = None if following is None else (following, next_token)
         for item in batch:
@@ -474,46 +621,65 @@ class Worker:
                       ) -> list[Any] | None:
         """Record a job's outcome, riding out a Redis outage for up to half the lock TTL.
 
-        If Redis stays away longer, the outcome is dropped: the lock then expires and the
-        stalled sweep runs the job again (at-least-once), which is the documented guarantee.
+        The same call is sent again after a failure: its fresh token is its request id, so a
+        call that ran but whose reply was lost is answered from the script's memory instead of
+        running twice (see _memo.lua). If Redis stays away longer, the outcome is dropped: the
+        lock then expires and the stalled sweep runs the job again (at-least-once), which is
+        the documented guarantee.
         """
         assert self._transport is not None
-        delay = 0.05
+        trouble = self._record_trouble
         deadline = time.monotonic() + self.lock_ttl / 2
         while True:
             try:
                 reply: list[Any] = await self._transport.script(script, (self.keys.prefix,), args)
-                return reply
-            except ConnectionError as exc:
-                if time.monotonic() + delay > deadline:
+            except PanqueueError as exc:
+                trouble.failed(exc)
+                if time.monotonic() + trouble.backoff() > deadline:
                     self._log.error("could not record a job's outcome; it will run again",
                                     job_id=job_id, error=str(exc))
                     return None
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await anyio.sleep(trouble.backoff())
+            else:
+                trouble.ok()
+                return reply
 
     async def _report(self, job_id: str, kind: str, value: Any) -> None:
-        """Progress and log lines from a running job (only while this worker holds the lock)."""
-        running = self._running.get(job_id)
-        if running is None or self._transport is None:
+        """Progress and log lines from a running job (only while this worker holds the lock).
+
+        A report is best effort: when Redis cannot take it (an outage, a full server), it is
+        dropped with a warning once per outage, and the job goes on.
+        """
+        running = self._by_job.get(job_id)
+        if running is None or running.lost or self._transport is None:
             return
         if kind == "p":
-            check_json_compatible(value, "progress")
+            check_json_compatible(value, "progress")  # a bad value is the handler's error
             payload: Any = encode(value)
         else:
             payload = value
-        await self._transport.script(SCRIPTS.progress, (self.keys.prefix,),
-                                     (job_id, running.token, kind, payload, _MAX_LOG_LINES))
+        try:
+            await self._transport.script(SCRIPTS.progress, (self.keys.prefix,),
+                                         (job_id, running.token, kind, payload, _MAX_LOG_LINES))
+        except PanqueueError as exc:
+            self._report_trouble.failed(exc)
+        else:
+            self._report_trouble.ok()
 
     async def _release(self, pairs: list[tuple[str, str]]) -> None:
+        """Give jobs back to waiting at once (bounded: the sweep covers a release that fails)."""
         if not pairs or self._transport is None:
             return
         flat = [item for pair in pairs for item in pair]
-        try:
-            await self._transport.script(SCRIPTS.release, (self.keys.prefix,), flat)
-        except ConnectionError as exc:
-            self._log.warning("could not release jobs; the stalled sweep will requeue them",
-                              error=str(exc))
+        error = f"no reply within {_CLOSE_WAIT:g} s"
+        with anyio.move_on_after(_CLOSE_WAIT):
+            try:
+                await self._transport.script(SCRIPTS.release, (self.keys.prefix,), flat)
+                return
+            except PanqueueError as exc:
+                error = str(exc)
+        self._log.warning("could not release jobs; the stalled sweep will requeue them",
+                          job_ids=[job_id for job_id, _ in pairs], error=error)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -529,12 +695,13 @@ class Worker:
                     await self._idle.wait()
                 tg.cancel_scope.cancel()
         if self._busy_slots:
+            self._force.set()
             self._log.warning("grace period over; cancelling running jobs",
                               running=len(self._running))
-            for running in self._running.values():
+            for running in list(self._running.values()):
                 running.forced = True
                 running.scope.cancel()
-            with anyio.move_on_after(10):
+            with anyio.move_on_after(_FORCE_WAIT):
                 await self._idle.wait()
 
     # ------------------------------------------------------------------ background tasks
@@ -551,7 +718,9 @@ class Worker:
                 try:
                     subscriber = await transport.subscribe(self.keys.notify)
                 except PanqueueError as exc:
-                    self._log.warning("wake-up channel unavailable; polling", error=str(exc))
+                    if delay == 0.1:
+                        self._log.warning("wake-up channel unavailable; polling",
+                                          error=str(exc))
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue
@@ -563,7 +732,8 @@ class Worker:
             except PanqueueError as exc:
                 self._log.warning("wake-up channel broken; reconnecting", error=str(exc))
             finally:
-                await subscriber.aclose()
+                with anyio.move_on_after(_CLOSE_WAIT, shield=True):
+                    await subscriber.aclose()
             subscriber = None
 
     async def _listen_until_broken(self, subscriber: AsyncSubscriber) -> None:
@@ -586,7 +756,7 @@ class Worker:
                 self._cancel_requested(message[2:].decode())
 
     def _cancel_requested(self, job_id: str) -> None:
-        running = self._running.get(job_id)
+        running = self._by_job.get(job_id)
         if running is not None:
             running.cancel_requested = True
             running.scope.cancel()
@@ -597,36 +767,56 @@ class Worker:
             await anyio.sleep(BEAT_INTERVAL)
 
     async def _renew_loop(self) -> None:
-        transport = self._transport
-        assert transport is not None
         interval = self.lock_ttl / 3
         while True:
             await anyio.sleep(interval)
-            if not self._running:
-                continue
-            snapshot = [(job_id, r.token) for job_id, r in self._running.items()]
-            flat = [item for pair in snapshot for item in pair]
-            try:
-                lost = await transport.script(SCRIPTS.extend, (self.keys.prefix,),
-                                              (self._lock_ttl_ms, *flat))
-            except ConnectionError as exc:
-                self._log.warning("lock renewal failed", error=str(exc))
-                continue
-            tokens = dict(snapshot)
-            for raw in lost:
-                job_id = raw.decode()
-                running = self._running.get(job_id)
-                if running is not None and running.token == tokens.get(job_id):
-                    running.lost = True
-                    running.scope.cancel()
+            await self._renew()
+
+    async def _renew(self) -> None:
+        """Renew the locks of every running attempt in one call; stop the attempts whose lock
+        is lost, and those whose lock surely expired because renewals kept failing (the job
+        may already run elsewhere: finishing it here would be a double run)."""
+        transport = self._transport
+        assert transport is not None
+        attempts = list(self._running.values())
+        if not attempts:
+            return
+        sent = time.monotonic()
+        flat = [item for r in attempts for item in (r.job_id, r.token)]
+        try:
+            lost = await transport.script(SCRIPTS.extend, (self.keys.prefix,),
+                                          (self._lock_ttl_ms, *flat))
+        except PanqueueError as exc:
+            self._renew_trouble.failed(exc)
+        else:
+            self._renew_trouble.ok()
+            lost_tokens = {raw.decode() for raw in lost}
+            for running in attempts:
+                if running.token in lost_tokens:
+                    self._lose(running, "the lock had been taken away")
+                else:
+                    running.deadline = max(running.deadline, sent + self.lock_ttl)
+        now = time.monotonic()
+        for running in attempts:
+            if running.deadline < now:
+                self._lose(running, "no renewal reached Redis within the lock TTL")
+
+    def _renewed(self, tokens: list[str], sent: float) -> None:
+        """The watchdog renewed these locks (from its thread, while the loop was blocked)."""
+        for token in tokens:
+            running = self._running.get(token)
+            if running is not None:
+                running.deadline = max(running.deadline, sent + self.lock_ttl)
 
     async def _maintenance_loop(self) -> None:
         transport = self._transport
         assert transport is not None
         max_stalls = self.handler.options.max_stalls
         retention = self.handler.options.retention
+        trouble = self._upkeep_trouble
         while True:
-            await anyio.sleep(self.stalled_interval)
+            await anyio.sleep(self.stalled_interval if not trouble.count
+                              else max(self.stalled_interval, trouble.backoff()))
             try:
                 requeued, failed = await transport.script(
                     SCRIPTS.stalled, (self.keys.prefix,),
@@ -636,14 +826,17 @@ class Worker:
                 await transport.script(SCRIPTS.promote, (self.keys.prefix,), ())
                 await transport.run(ops.clean(self.keys, Retention.age_ms(retention.completed_for),
                                               Retention.age_ms(retention.failed_for)))
-            except ConnectionError as exc:
-                self._log.warning("maintenance failed", error=str(exc))
+            except PanqueueError as exc:
+                trouble.failed(exc)
+            else:
+                trouble.ok()
 
     async def _schedule_loop(self) -> None:
         """Register this queue's schedules, then enqueue each tick when it is due. Every worker
         of the queue does this; the tick script lets exactly one of them enqueue each tick."""
         transport = self._transport
         assert transport is not None
+        trouble = self._schedule_trouble
         while True:
             try:
                 now = await transport.run(ops.server_time_ms())
@@ -653,9 +846,10 @@ class Worker:
                             definition.next_after(now))):
                         self._log.info("schedule registered", schedule=definition.name)
                 break
-            except ConnectionError as exc:
-                self._log.warning("could not register schedules; retrying", error=str(exc))
-                await anyio.sleep(1.0)
+            except PanqueueError as exc:
+                trouble.failed(exc)
+                await anyio.sleep(max(1.0, trouble.backoff()))
+        trouble.ok()
         while True:
             sleep_for = 1.0
             try:
@@ -677,7 +871,8 @@ class Worker:
                         self._log.info("schedule enqueued a job", schedule=name,
                                        job_id=job.job_id)
                     sleep_for = min(sleep_for, max(0.0, (following - now) / 1000))
-            except ConnectionError as exc:
-                self._log.warning("schedule check failed", error=str(exc))
+            except PanqueueError as exc:
+                trouble.failed(exc)
+            else:
+                trouble.ok()
             await anyio.sleep(max(0.005, sleep_for))
-

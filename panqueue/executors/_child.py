@@ -19,7 +19,6 @@ import signal
 import struct
 import sys
 import threading
-import traceback
 from typing import Any, BinaryIO
 
 import msgpack
@@ -138,7 +137,7 @@ def main() -> None:
 
 
 def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
-    from panqueue._job import Fail, Retry
+    from panqueue._job import ErrorInfo, Fail, Retry
 
     try:
         if inspect.iscoroutinefunction(fn):
@@ -150,8 +149,7 @@ def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
         check(result, "result")
         return {"t": "done", "ok": True, "r": result}
     except BaseException as exc:
-        error = {"type": type(exc).__name__, "message": str(exc),
-                 "traceback": "".join(traceback.format_exception(exc))}
+        error = ErrorInfo.from_exception(exc).to_wire()
         frame: dict[str, Any] = {"t": "done", "ok": False, "e": error}
         if isinstance(exc, Retry):
             frame["retry"] = exc.delay

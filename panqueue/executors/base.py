@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from panqueue._job import Job
     from panqueue._registry import Handler
 
-__all__ = ["Executor", "JobTimeout"]
+__all__ = ["Executor", "HandlerAborted", "JobTimeout"]
 
 
 class JobTimeout(Exception):
@@ -18,6 +18,18 @@ class JobTimeout(Exception):
     def __init__(self, timeout: float) -> None:
         super().__init__(f"attempt exceeded its timeout of {timeout:g} s")
         self.timeout = timeout
+
+
+class HandlerAborted(Exception):
+    """The handler raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt`` in a thread or child, a custom ``BaseException``): the attempt
+    failed like any other; the worker goes on. ``original`` is what was raised."""
+
+    def __init__(self, original: BaseException) -> None:
+        from panqueue._job import exception_message
+
+        super().__init__(f"{type(original).__name__}: {exception_message(original)}")
+        self.original = original
 
 
 class Executor(ABC):

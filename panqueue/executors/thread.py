@@ -19,7 +19,7 @@ import anyio.lowlevel
 
 from panqueue._job import DONE, Job
 from panqueue.errors import ConfigError
-from panqueue.executors.base import Executor, JobTimeout
+from panqueue.executors.base import Executor, HandlerAborted, JobTimeout
 
 __all__ = ["ThreadExecutor"]
 
@@ -133,6 +133,8 @@ class ThreadExecutor(Executor):
         ok, value = outcome[0]
         if ok:
             return value
+        if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt... in the thread
+            raise HandlerAborted(value)
         raise value
 
     async def aclose(self) -> None:

@@ -1,21 +1,28 @@
 --!include _lib.lua
+--!include _memo.lua
 -- complete: ACTIVE -> COMPLETED for a batch of jobs (those that finished in the same moment on
 -- one worker), release jobs that depended on them, then claim the next jobs for the freed slots
 -- in the same call.
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  keep completed (-1 = all)   ARGV[2] lock token for claimed jobs   ARGV[3] lock ttl ms
+-- ARGV[1]  keep completed (-1 = all)   ARGV[2] lock token for claimed jobs (fresh for this
+--          call: also its request id, see _memo.lua)   ARGV[3] lock ttl ms
 -- ARGV[4]  k, then k groups: job id, lock token, result (msgpack), claim a next job (1/0)
 -- Returns  {status1, ..., statusk, count, wake_in, jobs...} (see claim). A status is 1, or -1
 --          when the token does not match: that job's lock was lost (it stalled and may run
 --          elsewhere) and it was left unchanged. One job is claimed for each completed job
---          that asked for a next one.
+--          that asked for a next one. A resent call answers as the first one did and
+--          changes nothing.
 
+local reply = recall(ARGV[2])
+if reply then
+  return reply
+end
 local now = now_ms()
 local keep = tonumber(ARGV[1])
 local k = tonumber(ARGV[4])
 local before = claimable()
-local reply = {}
+reply = {}
 local wanted = 0
 for i = 0, k - 1 do
   local b = 5 + i * 4
@@ -38,4 +45,5 @@ for i = 0, k - 1 do
 end
 claim(now, ARGV[2], tonumber(ARGV[3]), wanted, reply)
 wake_if_work_appeared(before)
+remember(ARGV[2], reply, k + 1, tonumber(ARGV[3]))
 return reply

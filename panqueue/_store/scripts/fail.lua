@@ -1,4 +1,5 @@
 --!include _lib.lua
+--!include _memo.lua
 -- fail: an attempt failed. Retry (WAITING, or DELAYED by the backoff) while attempts remain,
 -- else FAILED (the dead-letter set) with the error, reason and attempt history; jobs that
 -- depended on it fail too. A job whose cancellation was requested ends CANCELLED instead.
@@ -8,11 +9,17 @@
 -- ARGV[1]  job id   ARGV[2] lock token   ARGV[3] error (msgpack {type, message, traceback})
 -- ARGV[4]  history entry (msgpack)   ARGV[5] max attempts   ARGV[6] retry delay ms
 -- ARGV[7]  final (1: never retry)    ARGV[8] reason if this ends the job ('' = attempts ran out)
--- ARGV[9]  keep failed (-1 = all)    ARGV[10] claim n   ARGV[11] new lock token
+-- ARGV[9]  keep failed (-1 = all)    ARGV[10] claim n   ARGV[11] new lock token (fresh for
+--          this call: also its request id, see _memo.lua)
 -- ARGV[12] lock ttl ms
 -- Returns  {status, count, wake_in, jobs...}; status 1 retry now, 2 retry delayed, 3 failed,
---          4 cancelled; or {-1} when the token does not match (nothing changed).
+--          4 cancelled; or {-1} when the token does not match (nothing changed). A resent
+--          call answers as the first one did and changes nothing.
 
+local replayed = recall(ARGV[11])
+if replayed then
+  return replayed
+end
 local id = ARGV[1]
 local jkey = job_key(id)
 if redis.call('HGET', jkey, 'tk') ~= ARGV[2] then
@@ -63,4 +70,5 @@ end
 local reply = {status}
 claim(now, ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[10]), reply)
 wake_if_work_appeared(before)
+remember(ARGV[11], reply, 2, tonumber(ARGV[12]))
 return reply

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --!include _lib.lua
 -- release: a worker gives jobs back (forced shutdown): ACTIVE -> WAITING at the front, at once
 -- rather than after the lock expires. The interrupted attempt does not count.

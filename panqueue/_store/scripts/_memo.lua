@@ -1,0 +1,65 @@
+-- Resend safety for the calls that claim jobs (claim, complete, fail).
+--
+-- A reply can be lost after its script ran (the connection broke on the way back); the caller
+-- then sends the same call again. Each of these calls carries a lock token that is fresh for
+-- the call (unique per worker process and call), so the token doubles as a request id: the
+-- script remembers what it did under "req:<token>" for one lock TTL, and a resent call answers
+-- from that memory instead of acting twice. Without it a resent complete would answer "lock
+-- lost" for the jobs it had completed, and the jobs the lost reply claimed would sit active
+-- with nobody running them until the stalled sweep charged them a stall.
+--
+-- A call with an empty token (one that claims nothing) has no request id.
+-- The memory holds the statuses the call answered and the ids it claimed. A replay rebuilds
+-- the claimed part from the job hashes, keeping only the jobs still locked by that token (a
+-- job the sweep has since taken away is not handed out again).
+
+local function req_key(token)
+  return P .. 'req:' .. token
+end
+
+-- Remember a call's reply: `reply` is {statuses..., count, wake_in, jobs...} where the
+-- claim part starts at index `claim_at` (5 fields per job, the id first).
+local function remember(token, reply, claim_at, ttl)
+  local statuses, ids = {}, {}
+  for i = 1, claim_at - 1 do
+    statuses[i] = reply[i]
+  end
+  for i = claim_at + 2, #reply, 5 do
+    ids[#ids + 1] = reply[i]
+  end
+  if token == '' or (#statuses == 0 and #ids == 0) then
+    return  -- no request id, or an empty claim (it changed nothing: a resend is harmless)
+  end
+  redis.call('SET', req_key(token), cmsgpack.pack({statuses, ids}), 'PX', math.max(ttl, 1000))
+end
+
+-- The reply of an earlier call with this token, rebuilt; nil when there was none.
+local function recall(token)
+  if token == '' then
+    return nil
+  end
+  local saved = redis.call('GET', req_key(token))
+  if not saved then
+    return nil
+  end
+  local memo = cmsgpack.unpack(saved)
+  local reply = {}
+  for _, status in ipairs(memo[1]) do
+    reply[#reply + 1] = status
+  end
+  local count_at = #reply + 1
+  reply[count_at] = 0
+  reply[count_at + 1] = -1
+  for _, id in ipairs(memo[2]) do
+    local f = redis.call('HMGET', job_key(id), 'tk', 'd', 'a', 'et', 'o')
+    if f[1] == token then
+      reply[#reply + 1] = id
+      reply[#reply + 1] = f[2]
+      reply[#reply + 1] = tonumber(f[3])
+      reply[#reply + 1] = f[4]
+      reply[#reply + 1] = f[5] or ''
+      reply[count_at] = reply[count_at] + 1
+    end
+  end
+  return reply
+end
