@@ -28,6 +28,7 @@ from panqueue.errors import (
     LockLost,
     PanqueueError,
     PayloadError,
+    ServerUnavailable,
     TimeoutError,
 )
 from panqueue.executors import Executor
@@ -64,6 +65,7 @@ __all__ = [
     "Retry",
     "Schedule",
     "ScheduleInfo",
+    "ServerUnavailable",
     "SyncJobHandle",
     "SyncQueue",
     "SyncQueueClient",

@@ -1,6 +1,20 @@
 """The exceptions panqueue raises, in one hierarchy.
 
 Every error a user can act on is a :class:`PanqueueError`; the message names what was wrong.
+Errors of redis-py and of the network are translated in one place (the transport)::
+
+    PanqueueError
+    ├── ConfigError           a handler, option, queue name or URL is invalid
+    ├── PayloadError          data or a result is not JSON-compatible
+    ├── ConnectionError       Redis unreachable, or the connection broke (also builtins')
+    │   └── ServerUnavailable Redis answered but cannot serve now (OOM, BUSY, LOADING, ...)
+    ├── JobNotFound           no such job (also a LookupError)
+    ├── JobFailed             the job ended failed or cancelled
+    ├── LockLost              a worker no longer holds the job's lock
+    └── TimeoutError          waiting took too long (also builtins')
+
+A command the server refused for good (ACL permissions, a script error) is a plain
+:class:`PanqueueError` whose message quotes the server.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ __all__ = [
     "LockLost",
     "PanqueueError",
     "PayloadError",
+    "ServerUnavailable",
     "TimeoutError",
 ]
 
@@ -37,6 +52,15 @@ class PayloadError(PanqueueError):
 
 class ConnectionError(PanqueueError, builtins.ConnectionError):
     """Redis could not be reached, or the connection broke mid-operation."""
+
+
+class ServerUnavailable(ConnectionError):
+    """Redis answered but cannot serve now: OOM under maxmemory, BUSY (a script is running),
+    LOADING, READONLY (a replica after failover), MASTERDOWN, TRYAGAIN, CLUSTERDOWN; retried
+    like a lost connection.
+
+    The command was refused before it changed anything, so sending it again later is safe.
+    """
 
 
 class JobNotFound(PanqueueError, LookupError):

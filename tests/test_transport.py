@@ -1,0 +1,341 @@
+"""The transport under faults: server refusals, silent networks, and many subscriptions on trio.
+
+Every server here is real: the session server, or a private one started (and stopped by its
+PID) for a test that changes the server's configuration.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+import redis
+import redis.exceptions
+
+from panqueue import (
+    ConnectionError,
+    Job,
+    JobState,
+    PanqueueError,
+    QueueClient,
+    Registry,
+    ServerUnavailable,
+    WorkerPool,
+)
+from panqueue._keys import QueueKeys
+from panqueue._store import transport
+from panqueue._store.redis_store import NewJob, add_call
+from panqueue._store.transport import (
+    AsyncTransport,
+    Batch,
+    Command,
+    SyncTransport,
+    open_async_transport,
+    translate_error,
+)
+from panqueue.embedded import RedisServer, free_port
+from panqueue.testing import run_worker
+from tests.helpers import async_wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[RedisServer]:
+    """A server of this module alone: tests here change its configuration (and restore it)."""
+    with RedisServer(appendonly=False) as server:
+        yield server
+
+
+@pytest.fixture
+def own_client(own_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+def _add_request(queue: str) -> Any:
+    return add_call(QueueKeys(queue), [NewJob(None, b"\xc0")])
+
+
+async def _each_transport(url: str, request: Any) -> list[BaseException]:
+    """What the sync transport and the event loop's async transport raise for ``request``."""
+    errors: list[BaseException] = []
+
+    def sync_call() -> None:
+        sync = SyncTransport(url)
+        try:
+            sync.execute(request)
+        finally:
+            sync.close()
+
+    async_transport: AsyncTransport = open_async_transport(url)
+    for call in (lambda: anyio.to_thread.run_sync(sync_call),
+                 lambda: async_transport.execute(request)):
+        try:
+            await call()
+        except BaseException as exc:
+            errors.append(exc)
+        else:
+            errors.append(AssertionError(f"{request!r} did not fail"))
+    await async_transport.aclose()
+    return errors
+
+
+# --------------------------------------------------------------------------- server refusals
+
+
+@pytest.fixture
+def out_of_memory(own_client: redis.Redis) -> Iterator[None]:
+    """The server refuses every write that needs memory (maxmemory 1 byte, no eviction)."""
+    policy = own_client.config_get("maxmemory-policy")["maxmemory-policy"]
+    own_client.config_set("maxmemory-policy", "noeviction")
+    own_client.config_set("maxmemory", "1")
+    try:
+        yield
+    finally:
+        own_client.config_set("maxmemory", "0")
+        own_client.config_set("maxmemory-policy", policy)
+
+
+async def test_an_out_of_memory_server_is_unavailable_not_a_refusal(
+        anyio_backend: str, own_server: RedisServer, out_of_memory: None) -> None:
+    requests = [Command(("SET", "k", "v")), _add_request("oom"),
+                Batch((Command(("GET", "k")), Command(("SET", "k", "v"))))]
+    for request in requests:
+        for exc in await _each_transport(own_server.url, request):
+            assert isinstance(exc, ServerUnavailable), repr(exc)
+            assert isinstance(exc, ConnectionError)
+            assert "cannot serve now: OOM" in str(exc), str(exc)
+
+
+async def test_a_server_busy_running_a_script_is_unavailable(
+        anyio_backend: str, own_server: RedisServer, own_client: redis.Redis) -> None:
+    # A script that spins for 1.5 s by the server's clock; after 100 ms the server answers
+    # every other client BUSY (and still lets the script end by itself).
+    spin = ("local t0 = redis.call('TIME') local t repeat t = redis.call('TIME') "
+            "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 1500000 return 1")
+    own_client.config_set("busy-reply-threshold", "100")
+    spinner = threading.Thread(target=lambda: redis.Redis.from_url(own_server.url).eval(spin, 0))
+    spinner.start()
+    try:
+        await anyio.sleep(0.3)
+        errors = await _each_transport(own_server.url, Command(("GET", "k")))
+    finally:
+        spinner.join()
+        own_client.config_set("busy-reply-threshold", "5000")
+    for exc in errors:
+        assert isinstance(exc, ServerUnavailable), repr(exc)
+        assert "cannot serve now: BUSY" in str(exc), str(exc)
+
+
+async def test_a_replica_refusing_writes_is_unavailable(
+        anyio_backend: str, own_server: RedisServer, own_client: redis.Redis) -> None:
+    """What a client that still writes to a demoted master gets after a failover."""
+    own_client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # nobody there
+    try:
+        errors = await _each_transport(own_server.url, _add_request("readonly"))
+    finally:
+        own_client.execute_command("REPLICAOF", "NO", "ONE")
+    for exc in errors:
+        assert isinstance(exc, ServerUnavailable), repr(exc)
+        assert "cannot serve now: READONLY" in str(exc), str(exc)
+
+
+@pytest.mark.parametrize("error", [
+    redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+    redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+    redis.exceptions.MasterDownError("Link with MASTER is down and replica-serve-stale-data is "
+                                     "set to 'no'."),
+    redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+    redis.exceptions.ClusterDownError("The cluster is down"),
+    redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+    redis.exceptions.ResponseError("BUSY Redis is busy running a script."),
+    redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."),
+    redis.exceptions.ResponseError("Command # 2 (EVAL ...) of pipeline caused error: BUSY Redis "
+                                   "is busy running a script."),
+], ids=lambda e: str(e)[:20])
+def test_every_cannot_serve_now_answer_is_server_unavailable(error: Exception) -> None:
+    translated = translate_error("redis://u:secret@127.0.0.1:1/0", error)
+    assert isinstance(translated, ServerUnavailable), repr(translated)
+    assert "secret" not in str(translated)
+
+
+@pytest.mark.parametrize("error", [
+    redis.exceptions.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"),
+    redis.exceptions.NoPermissionError("this user has no permissions to run the 'eval' command"),
+    redis.exceptions.ResponseError("ERR Error running script: BUSY is just a word here"),
+], ids=lambda e: str(e)[:20])
+def test_other_refusals_stay_plain_panqueue_errors(error: Exception) -> None:
+    translated = translate_error("redis://127.0.0.1:1/0", error)
+    assert type(translated) is PanqueueError
+    assert "refused a command" in str(translated)
+
+
+async def test_a_worker_rides_out_an_out_of_memory_server(
+        anyio_backend: str, own_server: RedisServer, own_client: redis.Redis,
+        queue_name: str) -> None:
+    """The completion of a job cannot be recorded while the server is out of memory; the
+    worker keeps it and records it once memory is back, and goes on working."""
+    registry = Registry()
+    gate = anyio.Event()
+
+    @registry.handler(queue_name)
+    async def gated(job: Job) -> str:
+        if job.data == "first":
+            await gate.wait()
+        return f"done {job.data}"
+
+    with anyio.fail_after(30):
+        async with QueueClient(own_server.url) as client:
+            first = await client.queue(queue_name).add("first")
+            async with run_worker(registry, queue_name, own_server.url) as worker:
+                await async_wait_until(lambda: _is_active(client, queue_name, first.id))
+                own_client.config_set("maxmemory-policy", "noeviction")
+                own_client.config_set("maxmemory", "1")
+                try:
+                    gate.set()
+                    await anyio.sleep(1.5)  # the worker's first attempts meet OOM
+                finally:
+                    own_client.config_set("maxmemory", "0")
+                assert await first.result(timeout=10) == "done first"
+                second = await client.queue(queue_name).add("second")
+                assert await second.result(timeout=10) == "done second"
+    assert worker.processed == 2
+
+
+async def _is_active(client: QueueClient, queue: str, job_id: str) -> bool:
+    return (await client.get_job(queue, job_id)).state is JobState.ACTIVE
+
+
+# --------------------------------------------------------------------------- silent networks
+
+
+class Blackhole:
+    """A TCP listener on 127.0.0.1 that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)
+        self.port: int = self._listener.getsockname()[1]
+        self._held: list[socket.socket] = []
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self._held.append(connection)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(5)
+        self._listener.close()
+        for connection in self._held:
+            connection.close()
+
+
+@pytest.fixture
+def blackhole() -> Iterator[Blackhole]:
+    hole = Blackhole()
+    yield hole
+    hole.close()  # also ends calls of a transport that would hang forever
+
+
+async def _fails_within(seconds: float, call: Callable[[], Any]) -> BaseException:
+    started = time.monotonic()
+    with anyio.fail_after(seconds):
+        try:
+            await call()
+        except PanqueueError as exc:
+            assert time.monotonic() - started < seconds
+            return exc
+    raise AssertionError("the call succeeded against a server that never answers")
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+async def test_a_server_that_never_answers_ends_calls_with_a_connection_error(
+        anyio_backend: str, blackhole: Blackhole, scheme: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every client (sync, asyncio or trio; standalone or cluster) bounds its calls with the
+    transport's socket timeouts. Shortened here; the defaults are seconds long."""
+    monkeypatch.setattr(transport, "CONNECT_TIMEOUT", 0.3)
+    monkeypatch.setattr(transport, "SOCKET_TIMEOUT", 0.3)
+    url = f"{scheme}://127.0.0.1:{blackhole.port}/0"
+
+    def sync_call() -> None:
+        SyncTransport(url).execute(Command(("PING",)))
+
+    async def async_call() -> None:
+        client = open_async_transport(url)
+        try:
+            await client.execute(Command(("PING",)))
+        finally:
+            with anyio.move_on_after(1, shield=True):
+                await client.aclose()
+
+    for call in (lambda: anyio.to_thread.run_sync(sync_call, abandon_on_cancel=True),
+                 async_call):
+        exc = await _fails_within(5, call)
+        assert isinstance(exc, ConnectionError), repr(exc)
+        assert f"127.0.0.1:{blackhole.port}" in str(exc)
+
+
+async def test_the_url_may_set_the_socket_timeout(anyio_backend: str,
+                                                  blackhole: Blackhole) -> None:
+    url = f"redis://127.0.0.1:{blackhole.port}/0?socket_timeout=0.3"
+    client = open_async_transport(url)
+    try:
+        exc = await _fails_within(5, lambda: client.execute(Command(("PING",))))
+    finally:
+        with anyio.move_on_after(1, shield=True):
+            await client.aclose()
+    assert isinstance(exc, ConnectionError), repr(exc)
+
+
+def test_the_socket_timeout_outlasts_every_server_side_wait() -> None:
+    from panqueue._client import _EVENTS_BLOCK_MS, DURABLE_TIMEOUT_MS
+    from panqueue._store.redis_store import _RESULT_POLL_CHUNK
+
+    longest = max(DURABLE_TIMEOUT_MS / 1000, _EVENTS_BLOCK_MS / 1000, _RESULT_POLL_CHUNK)
+    assert longest + 2 <= transport.SOCKET_TIMEOUT
+
+
+# --------------------------------------------------------------------------- threads on trio
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_pool_of_many_queues_on_trio_claims_promptly(anyio_backend: str,
+                                                              redis_url: str) -> None:
+    """On trio the transport calls redis-py in threads, and each idle worker's subscriber
+    holds one while it waits for a wake-up. 45 queues (more than anyio's default 40 threads)
+    must not leave claims queueing for a thread until a subscriber's wait ends."""
+    tag = uuid.uuid4().hex[:8]
+    queues = [f"many-{tag}-{i}" for i in range(45)]
+    registry = Registry()
+    for name in queues:
+        @registry.handler(name)
+        async def echo(job: Job) -> str:
+            return f"{job.queue}:{job.data}"
+
+    async with QueueClient(redis_url) as client:
+        with anyio.fail_after(60):
+            async with WorkerPool(registry, url=redis_url, queues=queues, grace=2.0):
+                await anyio.sleep(0.5)  # every worker waits for wake-ups now
+                started = time.monotonic()
+                handle = await client.queue(queues[-1]).add("last")
+                assert await handle.result(timeout=20) == f"{queues[-1]}:last"
+                elapsed = time.monotonic() - started
+    assert elapsed < 3.0, f"the job waited {elapsed:.1f} s for a thread"
