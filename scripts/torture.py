@@ -1,0 +1,810 @@
+"""Torture run: worker processes under faults, then an audit of every job and every run.
+
+    .venv/bin/python scripts/torture.py [--workers 4] [--jobs 2000] [--seconds 60]
+                                        [--drain-seconds 40] [--seed N] [--keep]
+
+What it starts (and stops again, by PID, whatever happens, Ctrl-C included):
+
+* a private ``redis-server`` on a free loopback port with ``appendonly yes`` and
+  ``appendfsync always``, its data directory kept across restarts;
+* a :class:`panqueue.testing.FaultProxy` in front of it: the workers connect through the proxy,
+  while this script adds jobs, tails the event streams and audits through direct connections;
+* ``--workers`` worker processes (``python -m panqueue worker torture_app:queues``, asyncio and
+  trio alternately), each serving three queues, one per executor: ``torture-inline``,
+  ``torture-thread`` and ``torture-subprocess`` (see scripts/torture_app.py).
+
+``--jobs`` jobs (custom ids ``t-000000``..., spread over the three queues, each sleeping 5 ms to
+3 s) are added during the first 90 % of the chaos window, each add retried until acknowledged.
+Meanwhile a chaos loop, for ``--seconds``, does in random order: SIGKILL a worker (a replacement
+starts at once), cut every connection through the proxy for a while, blackhole them, add
+latency, lose replies (to any request, to any EVALSHA, or to the complete, claim or extend
+script), restart Redis (SIGTERM or SIGKILL, down for up to 2 s), and fill Redis memory to OOM
+(``maxmemory`` just above ``used_memory``, ``noeviction``, a ballast key grown until writes are
+refused, held 1-3 s, then removed). Then every fault is lifted and the jobs are drained, up to
+``--drain-seconds``.
+
+The figures (what each one means is written up in docs/reliability.md):
+
+* **added**: job ids whose add was acknowledged. **completed**: of those, how many are in the
+  ``completed`` state at the end (``Retention(completed=-1)``: none is trimmed).
+* **lost** (must be 0): added but not completed after the drain, with their states.
+* **completed twice** (must be 0): jobs with more than one ``completed`` event. The queues'
+  event streams are tailed live from a direct connection (XREAD from the first entry, resumed
+  after every reconnect); the stream's ``entries-added`` counter proves no event was missed.
+* **overlapping runs in one worker** (must be 0): from the handlers' journals, a run of a job
+  that started while another run of the same job was still running in the same worker
+  process (its subprocess children included). A run with no end record ends when its worker
+  was killed or stopped.
+* **completed without a run** (must be 0): completed jobs no handler run was recorded for.
+* **workers that died on their own** (must be 0): worker processes that exited while nobody
+  asked them to (a replacement is started, so the run goes on). A worker that cannot start
+  because Redis is unreachable at that moment exits by design: counted apart, and retried.
+* allowed, counted: re-runs (runs beyond the first of each job), abandoned runs (killed,
+  cancelled or stopped: no ``ok`` end), jobs whose handler finished ``ok`` more than once,
+  runs of one job overlapping on two different workers (a lock expired while its holder was
+  cut off), and stalls recorded in job histories.
+
+It prints a timeline of the faults, a table, details of anything wrong (lost jobs with their
+history, overlaps, the last log lines of dead workers, the warnings and errors the workers
+logged), and a final JSON line. It exits 1 if a must-be-0 figure is not 0 (the checker's own
+soundness included: no add given up, no event missed by the tail), 2 on bad options, 130 when
+interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+# The workers run the panqueue of this checkout (PYTHONPATH below); so does this script, so that
+# both agree on everything, the scripts' SHAs included.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from panqueue import JobState, SyncQueueClient  # noqa: E402
+from panqueue._keys import QueueKeys  # noqa: E402
+from panqueue.embedded import RedisServer  # noqa: E402
+from panqueue.errors import JobNotFound  # noqa: E402
+from panqueue.errors import TimeoutError as PanqueueTimeoutError  # noqa: E402
+from panqueue.testing import FaultProxy  # noqa: E402
+
+QUEUES = ("torture-inline", "torture-thread", "torture-subprocess")
+ADD_SPREAD = 0.9  # jobs are added during this fraction of the chaos window
+ADD_GIVE_UP = 30.0  # seconds one add is retried before it is given up (and reported)
+WORKER_GRACE = 3.0
+START_TIMEOUT = 60.0
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+@dataclass
+class WorkerProc:
+    proc: subprocess.Popen[bytes]
+    backend: str
+    log: Path
+    started_ns: int
+    gone_ns: int | None = None
+    how: str = ""  # killed (by chaos), died (on its own), start-failed, stopped (at the end)
+    reason: str = ""  # why it died: its last error line
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@dataclass
+class Run:
+    run: str
+    job: str
+    attempt: int
+    worker: int
+    pid: int
+    start: int
+    end: int | None = None
+    outcome: str = ""  # "" when no end record was written
+
+
+@dataclass
+class Stats:
+    chaos: collections.Counter[str] = field(default_factory=collections.Counter)
+    add_errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    oom_refusals: int = 0
+    replies_dropped: int = 0
+    tail_reconnects: int = 0
+
+
+class Torture:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.seed = args.seed if args.seed is not None else random.randrange(2**32)
+        self.chaos_rng = random.Random(self.seed)
+        self.jobs_rng = random.Random(self.seed + 1)
+        self.t0 = time.monotonic()
+        self.tmp = Path(tempfile.mkdtemp(prefix="panqueue-torture-"))
+        self.journal_dir = self.tmp / "journal"
+        self.logs_dir = self.tmp / "logs"
+        self.journal_dir.mkdir()
+        self.logs_dir.mkdir()
+        self.server: RedisServer | None = None
+        self.proxy: FaultProxy | None = None
+        self.workers: list[WorkerProc] = []
+        self.stop_threads = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.stats = Stats()
+        self.added: dict[str, str] = {}  # job id -> queue, acknowledged adds
+        self.add_given_up: list[str] = []
+        self.producer_done = threading.Event()
+        self.completed_events: collections.Counter[str] = collections.Counter()
+        self.events_read: collections.Counter[str] = collections.Counter()  # per stream
+        self.event_kinds: collections.Counter[str] = collections.Counter()
+        self.events_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ helpers
+
+    def say(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {message}", flush=True)
+
+    def direct(self) -> redis.Redis:
+        assert self.server is not None
+        return redis.Redis.from_url(self.server.url, socket_timeout=10,
+                                    socket_connect_timeout=5, retry=Retry(NoBackoff(), 0))
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, keeping the worker count up meanwhile."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.25))
+            self.check_workers()
+
+    # ------------------------------------------------------------------ workers
+
+    def start_worker(self, backend: str) -> WorkerProc:
+        assert self.proxy is not None
+        log = self.logs_dir / f"worker-{len(self.workers):03d}-{backend}.log"
+        env = dict(os.environ)
+        env.pop("PANQUEUE_URL", None)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])
+        env["TORTURE_JOURNAL_DIR"] = str(self.journal_dir)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "panqueue", "worker", "torture_app:queues",
+                 "--url", self.proxy.url, "--backend", backend, "--log-level", "warning",
+                 "--grace", str(WORKER_GRACE), "--poll-interval", "1"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                cwd=ROOT, start_new_session=True)
+        worker = WorkerProc(proc, backend, log, now_ns())
+        self.workers.append(worker)
+        return worker
+
+    def alive_workers(self) -> list[WorkerProc]:
+        return [w for w in self.workers if w.gone_ns is None]
+
+    def check_workers(self) -> None:
+        """Notice workers that exited on their own and start replacements."""
+        for worker in self.alive_workers():
+            code = worker.proc.poll()
+            if code is None:
+                continue
+            worker.gone_ns = now_ns()
+            lived = (worker.gone_ns - worker.started_ns) / 1e9
+            lines = [x for x in worker.log.read_text(errors="replace").splitlines() if x]
+            if len(lines) == 1 and lines[0].startswith("panqueue: error: cannot reach Redis"):
+                # The command's fail-fast check: Redis was unreachable when it started (the
+                # proxy cut, or Redis down or loading). By design; start another.
+                worker.how = "start-failed"
+            else:
+                worker.how = "died"
+                worker.reason = death_reason(lines, code)
+                self.say(f"worker {worker.pid} ({worker.backend}) DIED on its own after "
+                         f"{lived:.1f} s: {worker.reason}")
+            self.start_worker(worker.backend)
+
+    def stop_workers(self) -> None:
+        for worker in self.alive_workers():
+            with contextlib.suppress(ProcessLookupError):
+                worker.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + WORKER_GRACE + 10
+        for worker in self.alive_workers():
+            try:
+                worker.proc.wait(max(0.1, deadline - time.monotonic()))
+                worker.how = "stopped"
+            except subprocess.TimeoutExpired:
+                worker.proc.kill()
+                worker.proc.wait()
+                worker.how = "stopped-by-sigkill"
+            worker.gone_ns = now_ns()
+
+    def kill_everything_we_started(self) -> None:
+        """Every worker by its PID, then each worker's process group (the subprocess
+        children of killed workers live on in it), then the proxy and the server."""
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                worker.proc.kill()
+                worker.proc.wait()
+                worker.gone_ns = worker.gone_ns or now_ns()
+        groups = {w.pid for w in self.workers}
+        for pid in _leftover_children(groups):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.server is not None:
+            self.server.stop()
+
+    # ------------------------------------------------------------------ producer, tailer
+
+    def produce(self) -> None:
+        assert self.server is not None
+        n = self.args.jobs
+        spread = self.args.seconds * ADD_SPREAD
+        started = time.monotonic()
+        client = SyncQueueClient(self.server.url)
+        try:
+            for i in range(n):
+                pause = started + spread * i / n - time.monotonic()
+                if pause > 0 and self.stop_threads.wait(pause):
+                    return
+                queue = QUEUES[i % len(QUEUES)]
+                job_id = f"t-{i:06d}"
+                roll = self.jobs_rng.random()
+                ms = (self.jobs_rng.uniform(5, 50) if roll < 0.80 else
+                      self.jobs_rng.uniform(100, 500) if roll < 0.95 else
+                      self.jobs_rng.uniform(1000, 3000))
+                give_up = time.monotonic() + ADD_GIVE_UP
+                while not self.stop_threads.is_set():
+                    try:
+                        client.queue(queue).add({"i": i, "ms": round(ms, 1)}, job_id=job_id)
+                    except Exception as exc:  # Redis down, loading, OOM...: retry, same id
+                        self.stats.add_errors[_summary(exc)] += 1
+                        client.close()
+                        client = SyncQueueClient(self.server.url)
+                        if time.monotonic() > give_up:
+                            self.add_given_up.append(job_id)
+                            break
+                        time.sleep(0.1)
+                    else:
+                        self.added[job_id] = queue
+                        break
+        finally:
+            client.close()
+            self.producer_done.set()
+
+    def tail_events(self) -> None:
+        """Count ``completed`` events per job from the first stream entry on, resuming after
+        every broken connection (Redis restarts) from the last id read."""
+        last = {QueueKeys(q).events: "0-0" for q in QUEUES}
+        client: redis.Redis | None = None
+        while True:
+            stopping = self.stop_threads.is_set()  # one more full read after the stop
+            try:
+                if client is None:
+                    client = self.direct()
+                while True:
+                    reply = client.xread(last, count=1000, block=None if stopping else 500)
+                    if not reply:
+                        break
+                    with self.events_lock:
+                        for key, entries in reply:
+                            key = key.decode()
+                            for entry_id, fields in entries:
+                                last[key] = entry_id.decode()
+                                self.events_read[key] += 1
+                                kind = fields.get(b"ev", b"?").decode()
+                                self.event_kinds[kind] += 1
+                                if kind == "completed":
+                                    self.completed_events[fields[b"id"].decode()] += 1
+                    if not stopping:
+                        break
+            except redis.RedisError:
+                self.stats.tail_reconnects += 1
+                if client is not None:
+                    client.close()
+                client = None
+                if stopping:
+                    if self.stats.tail_reconnects > 1000:
+                        return
+                    time.sleep(0.2)
+                    continue
+                time.sleep(0.1)
+                continue
+            if stopping:
+                client.close()
+                return
+
+    def events_missed(self) -> dict[str, int]:
+        """Per stream, entries the server added that the tailer did not read (must be 0)."""
+        missed = {}
+        with self.direct() as client:
+            for queue in QUEUES:
+                key = QueueKeys(queue).events
+                try:
+                    added = int(client.xinfo_stream(key)["entries-added"])
+                except redis.ResponseError:  # no such stream: no event at all
+                    added = 0
+                missed[queue] = added - self.events_read[key]
+        return missed
+
+    # ------------------------------------------------------------------ chaos
+
+    def chaos(self) -> None:
+        actions = [self.kill_worker, self.cut, self.blackhole, self.delay, self.drop_replies,
+                   self.restart_redis, self.oom]
+        end = time.monotonic() + self.args.seconds
+        while time.monotonic() < end:
+            action = self.chaos_rng.choice(actions)
+            self.stats.chaos[action.__name__] += 1
+            action()
+            self.sleep(min(self.chaos_rng.uniform(0.3, 1.5), max(0.0, end - time.monotonic())))
+
+    def hold(self, low: float, high: float, what: str) -> float:
+        """Keep a fault on for a random time in [low, high] seconds (announced first)."""
+        seconds = round(self.chaos_rng.uniform(low, high), 2)
+        self.say(what.format(seconds))
+        self.sleep(seconds)
+        return seconds
+
+    def kill_worker(self) -> None:
+        alive = self.alive_workers()
+        if not alive:
+            return
+        victim = self.chaos_rng.choice(alive)
+        victim.proc.kill()
+        victim.proc.wait()
+        victim.gone_ns = now_ns()
+        victim.how = "killed"
+        replacement = self.start_worker(victim.backend)
+        self.say(f"SIGKILL worker {victim.pid} ({victim.backend}); replacement "
+                 f"{replacement.pid}")
+
+    def cut(self) -> None:
+        assert self.proxy is not None
+        self.proxy.cut()
+        self.hold(0.2, 2.0, "cut every connection for {} s")
+        self.proxy.restore()
+
+    def blackhole(self) -> None:
+        assert self.proxy is not None
+        self.proxy.blackhole()
+        self.hold(0.5, 5.0, "blackhole for {} s")
+        self.proxy.restore()
+
+    def delay(self) -> None:
+        assert self.proxy is not None
+        latency = round(self.chaos_rng.uniform(0.005, 0.05), 3)
+        self.proxy.delay(latency)
+        self.hold(1.0, 4.0, f"{latency * 1000:.0f} ms latency per chunk for {{}} s")
+        self.proxy.delay(0)
+
+    def drop_replies(self) -> None:
+        assert self.proxy is not None
+        targets: list[tuple[str, bytes | None]] = [("any request", None),
+                                                   ("any EVALSHA", b"EVALSHA")]
+        try:  # the scripts the runtime calls, by SHA (internal: skipped if it moved)
+            from panqueue._store.scripts import SCRIPTS
+
+            for name in ("complete", "claim", "extend"):
+                targets.append((f"the {name} script", getattr(SCRIPTS, name).sha.encode()))
+        except (ImportError, AttributeError):
+            pass
+        what, match = self.chaos_rng.choice(targets)
+        n = self.chaos_rng.randint(1, 3)
+        before = self.proxy.replies_dropped
+        self.proxy.drop_next_reply(n, match=match)
+        with contextlib.suppress(PanqueueTimeoutError):
+            self.proxy.wait_for_dropped_replies(before + n, timeout=3.0)
+        self.proxy.clear_drops()
+        used = self.proxy.replies_dropped - before
+        self.stats.replies_dropped += used
+        self.say(f"lose the replies to {n} x {what}: {used} lost")
+
+    def restart_redis(self) -> None:
+        assert self.server is not None
+        hard = self.chaos_rng.random() < 0.5
+        if hard:
+            self.server.kill()
+        else:
+            self.server.stop()
+        self.hold(0.2, 2.0, f"stop Redis ({'SIGKILL' if hard else 'SIGTERM'}) for {{}} s")
+        started = time.monotonic()
+        self.server.start(timeout=60)
+        self.say(f"Redis answers again ({time.monotonic() - started:.1f} s to load)")
+
+    def oom(self) -> None:
+        with self.direct() as client:
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", used + 1024 * 1024)
+            refused = False
+            try:
+                chunk = b"x" * 65536
+                for _ in range(400):
+                    try:
+                        client.append("torture:ballast", chunk)
+                    except redis.exceptions.OutOfMemoryError:
+                        refused = True
+                        break
+                self.hold(1.0, 3.0, f"OOM for {{}} s (maxmemory = used_memory + 1 MB, "
+                                    f"ballast grown until refused: {refused})")
+            finally:
+                client.delete("torture:ballast")
+                client.config_set("maxmemory", 0)
+        self.stats.oom_refusals += refused
+
+    # ------------------------------------------------------------------ phases
+
+    def wait_for_listeners(self, count: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        with self.direct() as client:
+            while True:
+                listening = min(n for _, n in client.pubsub_shardnumsub(
+                    *(QueueKeys(q).notify for q in QUEUES)))
+                if listening >= count:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {listening} of {count} workers listen after "
+                                       f"{START_TIMEOUT} s; see {self.logs_dir}")
+                self.sleep(0.1)
+
+    def drain(self) -> float:
+        """Wait until every added job completed; returns the seconds it took."""
+        started = time.monotonic()
+        deadline = started + self.args.drain_seconds
+        self.producer_done.wait(max(0.0, deadline - time.monotonic()))
+        assert self.server is not None
+        expected = collections.Counter(self.added.values())
+        while time.monotonic() < deadline:
+            try:
+                with SyncQueueClient(self.server.url) as client:
+                    done = all(client.counts(q)[JobState.COMPLETED] >= expected[q]
+                               for q in QUEUES)
+            except Exception:
+                done = False
+            if done and self.producer_done.is_set():
+                break
+            self.sleep(0.5)
+        return time.monotonic() - started
+
+    def run(self) -> dict[str, Any]:
+        args = self.args
+        self.say(f"seed {self.seed}; {args.workers} workers, {args.jobs} jobs, "
+                 f"{args.seconds} s of chaos; temp dir {self.tmp}")
+        self.server = RedisServer(directory=self.tmp / "redis", appendonly=True,
+                                  extra_args=("--appendfsync", "always"))
+        self.server.start()
+        self.proxy = FaultProxy(self.server.port).start()
+        self.say(f"redis-server pid {self.server.pid} on port {self.server.port} "
+                 f"(appendfsync always); proxy on port {self.proxy.port}")
+        backends = ["asyncio", "trio"]
+        for i in range(args.workers):
+            self.start_worker(backends[i % 2])
+        self.wait_for_listeners(args.workers)
+        self.say(f"{args.workers} workers listening: "
+                 f"{', '.join(str(w.pid) for w in self.alive_workers())}")
+        for target in (self.tail_events, self.produce):
+            thread = threading.Thread(target=target, daemon=True, name=target.__name__)
+            thread.start()
+            self.threads.append(thread)
+        self.chaos()
+        self.say("chaos over: every fault lifted; draining")
+        drain_seconds = self.drain()
+        self.say(f"drain finished after {drain_seconds:.1f} s; stopping workers")
+        self.stop_workers()
+        self.stop_threads.set()
+        for thread in self.threads:
+            thread.join(15)
+        return self.audit(drain_seconds)
+
+    # ------------------------------------------------------------------ audit
+
+    def read_journals(self) -> list[Run]:
+        return read_journals(self.journal_dir, {w.pid: w.gone_ns for w in self.workers})
+
+    def audit(self, drain_seconds: float) -> dict[str, Any]:
+        runs = self.read_journals()
+        by_job: dict[str, list[Run]] = collections.defaultdict(list)
+        for run in runs:
+            by_job[run.job].append(run)
+
+        overlapping_same, overlapping_across = find_overlaps(by_job)
+
+        states: collections.Counter[str] = collections.Counter()
+        lost: list[dict[str, Any]] = []
+        stalls = 0
+        completed_ids = set()
+        assert self.server is not None
+        with SyncQueueClient(self.server.url) as client:
+            for job_id, queue in sorted(self.added.items()):
+                try:
+                    info = client.get_job(queue, job_id)
+                except JobNotFound:
+                    states["missing"] += 1
+                    lost.append({"id": job_id, "queue": queue, "state": "missing"})
+                    continue
+                states[info.state.value] += 1
+                stalls += sum(1 for h in info.history if h.get("type") == "Stalled")
+                if info.state is JobState.COMPLETED:
+                    completed_ids.add(job_id)
+                else:
+                    lost.append({"id": job_id, "queue": queue, "state": info.state.value,
+                                 "attempts": info.attempts,
+                                 "failure_reason": info.failure_reason,
+                                 "error": None if info.error is None else
+                                 f"{info.error.type}: {info.error.message}",
+                                 "history": [h.get("type") for h in info.history]})
+        missed = self.events_missed()
+        twice = {j: n for j, n in self.completed_events.items() if n > 1}
+        without_run = sorted(j for j in completed_ids if j not in by_job)
+        proxy = self.proxy
+        assert proxy is not None
+        died = [w for w in self.workers if w.how == "died"]
+        figures: dict[str, Any] = {
+            "seed": self.seed,
+            "workers": self.args.workers,
+            "jobs": self.args.jobs,
+            "chaos_seconds": self.args.seconds,
+            "added": len(self.added),
+            "add_given_up": len(self.add_given_up),
+            "completed": len(completed_ids),
+            "lost": len(lost),
+            "lost_by_state": dict(sorted(
+                collections.Counter(item["state"] for item in lost).items())),
+            "completed_twice": len(twice),
+            "overlapping_runs_same_worker": len(overlapping_same),
+            "completed_without_run": len(without_run),
+            "runs": len(runs),
+            "reruns": sum(len(r) - 1 for r in by_job.values()),
+            "jobs_run_more_than_once": sum(1 for r in by_job.values() if len(r) > 1),
+            "abandoned_runs": sum(1 for r in runs if r.outcome != "ok"),
+            "jobs_finished_ok_more_than_once": sum(
+                1 for r in by_job.values() if sum(x.outcome == "ok" for x in r) > 1),
+            "concurrent_runs_on_two_workers": overlapping_across,
+            "stalls_recorded": stalls,
+            "completed_events": sum(self.completed_events.values()),
+            "events_missed_by_tail": sum(missed.values()),
+            "workers_started": len(self.workers),
+            "workers_killed": sum(1 for w in self.workers if w.how == "killed"),
+            "workers_died": len(died),
+            "worker_deaths": dict(collections.Counter(w.reason for w in died)),
+            "worker_start_failures": sum(1 for w in self.workers if w.how == "start-failed"),
+            "chaos_actions": dict(sorted(self.stats.chaos.items())),
+            "replies_dropped": self.stats.replies_dropped,
+            "oom_refusals": self.stats.oom_refusals,
+            "proxy_connections": proxy.connections_accepted,
+            "add_errors": dict(self.stats.add_errors),
+            "drain_seconds": round(drain_seconds, 1),
+            "total_seconds": round(time.monotonic() - self.t0, 1),
+        }
+        figures["ok"] = not (figures["lost"] or figures["completed_twice"]
+                             or figures["overlapping_runs_same_worker"]
+                             or figures["completed_without_run"]
+                             or figures["events_missed_by_tail"]
+                             or figures["add_given_up"] or figures["workers_died"])
+        self.print_report(figures, lost, twice, overlapping_same, without_run, died, by_job)
+        return figures
+
+    def print_report(self, f: dict[str, Any], lost: list[dict[str, Any]],
+                     twice: dict[str, int], overlapping: list[tuple[Run, Run]],
+                     without_run: list[str], died: list[WorkerProc],
+                     by_job: dict[str, list[Run]]) -> None:
+        rows = [
+            ("jobs added (acknowledged)", f["added"], ""),
+            ("adds given up", f["add_given_up"], "0"),
+            ("jobs completed", f["completed"], f"{f['added']}"),
+            ("lost (added, not completed)", f["lost"], "0"),
+            ("completed twice", f["completed_twice"], "0"),
+            ("overlapping runs in one worker", f["overlapping_runs_same_worker"], "0"),
+            ("completed without a run", f["completed_without_run"], "0"),
+            ("events missed by the tail", f["events_missed_by_tail"], "0"),
+            ("handler runs", f["runs"], ""),
+            ("re-runs (beyond the first)", f["reruns"], "allowed"),
+            ("abandoned runs", f["abandoned_runs"], "allowed"),
+            ("jobs finished ok more than once", f["jobs_finished_ok_more_than_once"],
+             "allowed"),
+            ("runs overlapping on two workers", f["concurrent_runs_on_two_workers"],
+             "allowed"),
+            ("stalls recorded", f["stalls_recorded"], "allowed"),
+            ("workers started / killed", f"{f['workers_started']} / {f['workers_killed']}",
+             ""),
+            ("workers that died on their own", f["workers_died"], "0"),
+            ("chaos actions", ", ".join(f"{k} {v}" for k, v in f["chaos_actions"].items()), ""),
+            ("replies lost / OOM refusals", f"{f['replies_dropped']} / {f['oom_refusals']}",
+             ""),
+            ("drain / total seconds", f"{f['drain_seconds']} / {f['total_seconds']}", ""),
+        ]
+        width = max(len(r[0]) for r in rows)
+        print()
+        print(f"{'figure':<{width}}  {'value':>12}  must be")
+        for name, value, must in rows:
+            print(f"{name:<{width}}  {value!s:>12}  {must}")
+        if f["lost_by_state"]:
+            print(f"\nlost jobs by state: {f['lost_by_state']}")
+            for item in lost[:10]:
+                job_runs = by_job.get(item["id"], [])
+                print(f"  {item} runs: "
+                      f"{[(r.worker, r.outcome or 'no end') for r in job_runs]}")
+        if twice:
+            print(f"\njobs completed twice (first 10): {dict(list(twice.items())[:10])}")
+        for earlier, later in overlapping[:10]:
+            print(f"\noverlap in worker {earlier.worker}: job {earlier.job} run {earlier.run} "
+                  f"(attempt {earlier.attempt}, pid {earlier.pid}, {earlier.outcome or 'no end'})"
+                  f" and run {later.run} (attempt {later.attempt}, pid {later.pid}) started "
+                  f"{(later.start - earlier.start) / 1e6:.0f} ms later")
+        if without_run:
+            print(f"\ncompleted without a recorded run: {without_run[:10]}")
+        if died:
+            print("\nworkers that died on their own, by reason:")
+            for reason, count in collections.Counter(w.reason for w in died).most_common():
+                print(f"  {count:5d}  {reason}")
+        for worker in died[:2]:
+            tail = worker.log.read_text(errors="replace").splitlines()[-12:]
+            lived = ((worker.gone_ns or 0) - worker.started_ns) / 1e9
+            print(f"\nworker {worker.pid} ({worker.backend}) died after {lived:.1f} s; "
+                  "its last lines:")
+            print("\n".join(f"    {line[:220]}" for line in tail))
+        logged = worker_log_summary(self.logs_dir)
+        if logged:
+            print("\nworker logs, warnings and errors (count, message):")
+            for message, count in logged.most_common(15):
+                print(f"  {count:5d}  {message}")
+        print()
+
+    def cleanup(self) -> None:
+        self.stop_threads.set()
+        self.kill_everything_we_started()
+        if self.args.keep:
+            print(f"kept {self.tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def read_journals(journal_dir: Path, gone: dict[int, int | None]) -> list[Run]:
+    """Every run the handlers recorded. A run without an end record (its process was killed
+    mid-run, or a thread handler was abandoned) ends when its worker was gone, ``gone`` being
+    worker pid -> monotonic ns; None if that is unknown too."""
+    runs: dict[str, Run] = {}
+    ends: dict[str, tuple[int, str]] = {}
+    for path in journal_dir.glob("journal-*.log"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if parts[:1] == ["S"] and len(parts) == 7:
+                run, job, attempt, worker, pid, start = parts[1:]
+                runs[run] = Run(run, job, int(attempt), int(worker), int(pid), int(start))
+            elif parts[:1] == ["E"] and len(parts) == 4:
+                ends[parts[1]] = (int(parts[2]), parts[3])
+    for run in runs.values():
+        if run.run in ends:
+            run.end, run.outcome = ends[run.run]
+        else:
+            run.end = gone.get(run.worker)
+    return list(runs.values())
+
+
+def find_overlaps(by_job: dict[str, list[Run]]) -> tuple[list[tuple[Run, Run]], int]:
+    """Pairs of runs of one job where the later one started before the earlier one ended, in
+    the same worker (returned: must not happen), and the number of such pairs on two
+    different workers (allowed: a lock expired while its holder was cut off or hung)."""
+    same: list[tuple[Run, Run]] = []
+    across = 0
+    for job_runs in by_job.values():
+        job_runs.sort(key=lambda r: r.start)
+        for i, later in enumerate(job_runs):
+            for earlier in job_runs[:i]:
+                if earlier.end is not None and later.start >= earlier.end:
+                    continue
+                if earlier.worker == later.worker:
+                    same.append((earlier, later))
+                else:
+                    across += 1
+    return same, across
+
+
+_LOG_LINE = re.compile(r"\[(warning|error|critical)\s*\] (.*?)(?= \w+=|$)")
+
+
+def worker_log_summary(logs_dir: Path) -> collections.Counter[str]:
+    """Warnings and errors the workers logged, by message, and the last line of each
+    traceback (for example a subprocess child of a killed worker writing to its pipe)."""
+    found: collections.Counter[str] = collections.Counter()
+    for log in logs_dir.glob("*.log"):
+        lines = log.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("Traceback"):
+                last = next((x for x in lines[i + 1:] if x and not x[0].isspace()), line)
+                found[f"traceback: {last.strip()[:140]}"] += 1
+            elif line.startswith("panqueue: error:"):
+                found[f"fatal: {line[len('panqueue: error: '):][:140]}"] += 1
+            elif match := _LOG_LINE.search(line):
+                found[f"{match[1]}: {match[2][:140]}"] += 1
+    return found
+
+
+def death_reason(lines: list[str], code: int) -> str:
+    """The line that says why a worker exited: the command's error line, or the last line
+    of a traceback, else its exit code. Port numbers are left out so reasons group."""
+    for line in reversed(lines):
+        if line.startswith("panqueue: error:") or (line[:1].isalpha() and ": " in line
+                                                    and not line.startswith("panqueue:")):
+            return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", line)[:200]
+    return f"exit code {code}"
+
+
+def _summary(exc: BaseException) -> str:
+    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", str(exc))
+    return f"{type(exc).__name__}: {text[:100]}"
+
+
+def _leftover_children(groups: set[int]) -> list[int]:
+    """PIDs of our Python processes still in one of the workers' process groups: subprocess
+    children of killed workers (a group outlives its leader while a member is alive)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+        if int(fields[2]) in groups and cmdline.startswith(sys.executable.encode()):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs to add (default 2000)")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="seconds of chaos (default 60)")
+    parser.add_argument("--drain-seconds", type=float, default=40.0,
+                        help="how long the drain after the chaos may take (default 40)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temp dir (journals, worker logs, Redis data)")
+    return parser.parse_args(argv)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.workers < 1 or args.jobs < 1 or args.seconds <= 0:
+        print("torture: --workers, --jobs and --seconds must be positive", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _sigterm)
+    torture = Torture(args)
+    try:
+        figures = torture.run()
+    except KeyboardInterrupt:
+        print("torture: interrupted; stopping everything it started", file=sys.stderr)
+        return 130
+    finally:
+        torture.cleanup()
+    print(json.dumps(figures))
+    return 0 if figures["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

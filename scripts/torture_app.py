@@ -1,0 +1,97 @@
+"""Handlers for scripts/torture.py (loaded by its worker processes as ``torture_app:queues``).
+
+One queue per executor: ``torture-inline`` (async), ``torture-thread`` (blocking, thread pool)
+and ``torture-subprocess`` (blocking, child processes). Every handler sleeps for the time the job
+asks for and writes each run to a journal: one append-only file per process in
+``$TORTURE_JOURNAL_DIR``, one line per event, written with a single ``write`` so a line is never
+torn even when the process is killed:
+
+    S <run> <job id> <attempt> <worker> <pid> <monotonic ns>      a run started
+    E <run> <monotonic ns> <outcome>                              it ended (ok, or the exception)
+
+``worker`` is the process group id: the worker process's pid (torture.py starts each worker in a
+session of its own, and the subprocess children stay in their worker's group), so a run in a
+child is attributed to its worker even after that worker was killed. Monotonic clocks are
+system-wide on Linux, so torture.py compares these times with its own (kill times).
+
+Completed jobs are all kept (``Retention(completed=-1)``) so the final count sees every one;
+stalls are tolerated many times over (a job may be abandoned by every worker that is killed).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import anyio
+
+from panqueue import Backoff, Job, Registry, Retention
+
+queues = Registry()
+
+_COMMON = dict(lock_ttl=3.0, max_stalls=1000, attempts=25, backoff=Backoff.fixed(0.1),
+               retention=Retention(completed=-1, failed=-1, failed_for=None))
+_journal_fd: int | None = None
+
+
+def _write(line: str) -> None:
+    global _journal_fd
+    if _journal_fd is None:
+        path = os.path.join(os.environ["TORTURE_JOURNAL_DIR"], f"journal-{os.getpid()}.log")
+        _journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_journal_fd, (line + "\n").encode())
+
+
+def _start(job: Job) -> str:
+    run = uuid.uuid4().hex[:12]
+    _write(f"S {run} {job.id} {job.attempt} {os.getpgrp()} {os.getpid()} {time.monotonic_ns()}")
+    return run
+
+
+def _end(run: str, outcome: str) -> None:
+    _write(f"E {run} {time.monotonic_ns()} {outcome}")
+
+
+@queues.handler("torture-inline", concurrency=10, **_COMMON)
+async def inline(job: Job) -> int:
+    run = _start(job)
+    outcome = "ok"
+    try:
+        await anyio.sleep(job.data["ms"] / 1000)
+        return int(job.data["i"])
+    except BaseException as exc:
+        outcome = type(exc).__name__
+        raise
+    finally:
+        _end(run, outcome)
+
+
+def _blocking(job: Job) -> int:
+    run = _start(job)
+    outcome = "ok"
+    try:
+        deadline = time.monotonic() + job.data["ms"] / 1000
+        # Sleep in small steps and stop when asked (shutdown, cancel, lock lost), as a
+        # well-behaved blocking handler does.
+        while (left := deadline - time.monotonic()) > 0:
+            if job.should_stop():
+                outcome = "stopped"
+                raise InterruptedError("asked to stop")
+            time.sleep(min(left, 0.05))
+        return int(job.data["i"])
+    except BaseException as exc:
+        if outcome == "ok":
+            outcome = type(exc).__name__
+        raise
+    finally:
+        _end(run, outcome)
+
+
+thread = queues.handler("torture-thread", executor="thread", concurrency=4, **_COMMON)(_blocking)
+
+
+@queues.handler("torture-subprocess", executor="subprocess", concurrency=2, new_session=False,
+                env=["PATH", "TORTURE_JOURNAL_DIR"], **_COMMON)
+def in_child(job: Job) -> int:
+    return _blocking(job)
