@@ -207,7 +207,10 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None) -> Op[Any]:
 
     Reads the queue's event stream with blocking XREAD, so it wakes on the completion event
     rather than polling the job. The stream position is taken *before* the job's state is read:
-    a completion after that read is then always in the part of the stream still to be read.
+    a completion after that read is then always in the part of the stream still to be read,
+    unless the stream's cap trimmed it first (a waiter that fell more than ~10,000 events
+    behind). So each read of the stream also re-reads the job's state, in the same round trip:
+    a completion whose event was trimmed is seen one read later.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     jkey = keys.job(job_id)
@@ -216,21 +219,29 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None) -> Op[Any]:
         Command(("HMGET", jkey, "s", "r", "e")),
     ))
     position = last[0][0] if last else b"0-0"
+    caught_up = True  # whether the last read reached the end of the stream
     while True:
         state, result, error = fields
-        if state is None:
+        if state is not None:
+            outcome = _final_outcome(keys, job_id, state, result, error)
+            if outcome is not None:
+                return outcome[0]
+        elif caught_up:
+            # Gone (removed, or deleted by retention), and no final event of it is left to read.
             raise JobNotFound(keys.name, job_id)
-        outcome = _final_outcome(keys, job_id, state, result, error)
-        if outcome is not None:
-            return outcome[0]
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             raise TimeoutError(f"job {job_id!r} in queue {keys.name!r} did not finish within "
                                f"{timeout} s")
         block = _RESULT_POLL_CHUNK if remaining is None else min(remaining, _RESULT_POLL_CHUNK)
-        reply = yield Command(("XREAD", "COUNT", 1000, "BLOCK", max(1, int(block * 1000)),
-                               "STREAMS", keys.events, position))
+        fields, reply = yield Batch((
+            Command(("HMGET", jkey, "s", "r", "e")),
+            Command(("XREAD", "COUNT", _RESULT_READ_COUNT, "BLOCK", max(1, int(block * 1000)),
+                     "STREAMS", keys.events, position)),
+        ))
+        caught_up = True
         for _stream, entries in reply or ():
+            caught_up = len(entries) < _RESULT_READ_COUNT
             for entry_id, entry in entries:
                 position = entry_id
                 event = entry.get(b"ev")
@@ -242,11 +253,9 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None) -> Op[Any]:
                                              entry.get(b"e"))
                     if outcome is not None:
                         return outcome[0]
-        if not reply:
-            # A quiet chunk passed: re-read the job itself (covers a trimmed stream).
-            fields = yield Command(("HMGET", jkey, "s", "r", "e"))
 
 
+_RESULT_READ_COUNT = 1000
 _FINAL_EVENTS = frozenset({b"completed", b"failed", b"cancelled"})
 
 
