@@ -8,12 +8,20 @@ from the server's clock.
 Missed ticks (no worker ran): when a worker finds a schedule overdue it enqueues one job for the
 overdue tick and moves the schedule to its first tick after now; it does not replay every tick
 that was missed.
+
+Daylight saving time (cron in a zone that has it), as classic cron does it:
+
+* a wall-clock time that happens twice (clocks go back) runs once, at its first occurrence;
+  an expression whose hour field is ``*`` runs by real time instead, so an hourly job runs in
+  both of the repeated hours;
+* a wall-clock time that does not exist (clocks go forward) runs once, when the gap ends
+  (``30 2 * * *`` runs at 03:00 that day).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -64,10 +72,18 @@ class Schedule:
             if not isinstance(cron, str):
                 raise ConfigError(f"schedule {name!r}: cron must be a str, got {cron!r}")
             try:
-                croniter(cron, datetime.now(zone))
+                ticks = croniter(cron, datetime.now(zone))
             except (CroniterBadCronError, CroniterBadDateError, ValueError, KeyError) as exc:
                 raise ConfigError(f"schedule {name!r}: invalid cron expression {cron!r}: "
                                   f"{exc}") from None
+            try:
+                # croniter accepts days no month has; it notices only when asked for a run
+                # (and gives up after searching some fifty years ahead).
+                ticks.get_next(datetime)
+            except CroniterBadDateError:
+                raise ConfigError(f"schedule {name!r}: cron expression {cron!r} never matches "
+                                  f"a date (check the day of month against the months)"
+                                  ) from None
         check_json_compatible(data, f"schedule {name!r}: data")
         return cls(name, queue, cron, every, tz, data, check_priority(priority),
                    options_to_wire(attempts, backoff, timeout))
@@ -84,9 +100,23 @@ class Schedule:
             return (ms // step + 1) * step
         assert self.cron is not None
         start = datetime.fromtimestamp(ms / 1000, ZoneInfo(self.tz))
-        following: datetime = croniter(self.cron, start).get_next(datetime)
-        return int(following.astimezone(UTC).timestamp() * 1000)
+        ticks = croniter(self.cron, start)
+        every_hour = ticks.expanded[1] == ["*"]
+        while True:
+            following: datetime = ticks.get_next(datetime)
+            # croniter offers a repeated wall-clock time twice; see the module's docstring.
+            if every_hour or not _second_occurrence(following):
+                return int(following.timestamp() * 1000)
 
     def job_id(self, run_ms: int) -> str:
         """The tick's job id: the same for every worker that sees this tick."""
         return f"schedule:{self.name}:{run_ms}"
+
+
+def _second_occurrence(moment: datetime) -> bool:
+    """Whether ``moment``'s wall-clock time already happened an hour (or so) earlier: the
+    repeated hour after clocks go back."""
+    wall = moment.replace(tzinfo=None)
+    first = wall.replace(tzinfo=moment.tzinfo, fold=0).timestamp()
+    second = wall.replace(tzinfo=moment.tzinfo, fold=1).timestamp()
+    return first < second and moment.timestamp() == second
