@@ -367,7 +367,7 @@ class Event:
     """One lifecycle event from a queue's event stream.
 
     ``type``: added, active, progress, completed, failed, retried, stalled, cancelled, waiting,
-    removed, paused, resumed. ``id`` is the stream id: pass it as ``after=`` to resume.
+    blocked, removed, paused, resumed. ``id`` is the stream id: pass it as ``after=`` to resume.
     ``fields`` holds the rest (``result``, ``error``, ``progress``, ``attempt``, ``state``,
     ``reason``), decoded.
     """

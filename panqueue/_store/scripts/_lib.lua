@@ -10,9 +10,9 @@
 --   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
 --   fr failure reason          sc times stalled      cx cancel requested
 --   pg progress (msgpack)      k  concurrency key (keyed mode)
---   dp dependencies not yet completed (blocked jobs)  dd dedup key
---   ra run-at of a blocked job that was added with a delay
--- Per job: "job:<id>:logs" (LIST, capped), "deps:<id>" (SET of jobs waiting for it).
+--   dd dedup key               ra run-at of a blocked job that was added with a delay
+--   dx a dependency that was cancelled or deleted before it completed: the job can never run
+-- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (see "Dependencies" below).
 --
 -- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
 -- seq (wait order), id (generated ids), paused, kw (waiting jobs in keyed lists),
@@ -23,6 +23,14 @@
 -- that have waiting jobs and free capacity (score = seq: round robin), ZSET "k:limited" of keys
 -- paused by their per-key rate limit (score = when they may start again).
 -- All times come from the server clock (TIME), never from a worker host.
+--
+-- Dependencies: an edge A -> B (B waits for A) is recorded on both sides, "deps:A" (SET of the
+-- jobs waiting for A) and "needs:B" (SET of B's dependencies that have not completed). Both
+-- sides are written and removed together: B is in deps:A exactly when A is in needs:B. An
+-- edge lives while A may still complete and B may still need it: it goes when A completes
+-- (release_dependents), when A will never complete (cancelled, deleted: forget_dependents),
+-- and when B will never run (cancelled, deleted: unlink_needs). A dependent that failed
+-- because A failed keeps its edges, so that a retry of both knows B must wait for A.
 
 local P = KEYS[1]
 local K_META = P .. 'meta'
@@ -53,11 +61,16 @@ local function key_list(key)
   return P .. 'k:wait:' .. key
 end
 
--- A job is its hash plus its log list (and the set of jobs that wait for it).
-local function delete_job(id)
-  local jkey = job_key(id)
-  redis.call('DEL', jkey, jkey .. ':logs', P .. 'deps:' .. id)
+local function deps_key(id)
+  return P .. 'deps:' .. id
 end
+
+local function needs_key(id)
+  return P .. 'needs:' .. id
+end
+
+-- Defined below, with the dependency helpers it uses (trim_finished calls it first).
+local delete_job
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -396,35 +409,47 @@ local function claim(now, token, ttl, n, out)
 end
 
 -- Keep at most `keep` members in a finished set (completed / failed / cancelled), deleting the
--- oldest jobs. keep < 0 keeps everything.
-local function trim_finished(set, keep)
+-- oldest jobs. keep < 0 keeps everything. Deleting a job can fail jobs still blocked on it
+-- (see delete_job), which adds them to the failed set: trim until it is within bounds.
+local function trim_finished(set, keep, now)
   if keep < 0 then
     return
   end
   local excess = redis.call('ZCARD', set) - keep
-  if excess > 0 then
+  while excess > 0 do
     local old = redis.call('ZPOPMIN', set, excess)
     for i = 1, #old, 2 do
-      delete_job(old[i])
+      delete_job(old[i], now)
     end
+    excess = redis.call('ZCARD', set) - keep
   end
 end
 
--- Record a finished job in its final set.
-local function finish(jkey, id, set, state, now, keep)
+-- A job enters its final set (without retention: see finish).
+local function record_final(jkey, id, set, state, now)
   redis.call('HSET', jkey, 's', state, 'ft', now)
   redis.call('ZADD', set, now, id)
-  trim_finished(set, keep)
+end
+
+-- The edges of dependent `id` to its dependencies go: it will never run (cancelled, deleted).
+local function unlink_needs(id)
+  local nkey = needs_key(id)
+  for _, dep in ipairs(redis.call('SMEMBERS', nkey)) do
+    redis.call('SREM', deps_key(dep), id)
+  end
+  redis.call('DEL', nkey)
 end
 
 -- Dependencies: a job that completed releases the jobs blocked on it (the last dependency to
--- complete moves a blocked job to waiting).
+-- complete moves a blocked job to waiting). A dependent that failed with it earlier learns
+-- that it completed, for a later retry.
 local function release_dependents(id, now)
-  local dkey = P .. 'deps:' .. id
+  local dkey = deps_key(id)
   for _, dependent in ipairs(redis.call('SMEMBERS', dkey)) do
+    local nkey = needs_key(dependent)
+    redis.call('SREM', nkey, id)
     local djkey = job_key(dependent)
-    if redis.call('HGET', djkey, 's') == 'blocked'
-        and redis.call('HINCRBY', djkey, 'dp', -1) <= 0 then
+    if redis.call('HGET', djkey, 's') == 'blocked' and redis.call('SCARD', nkey) == 0 then
       redis.call('ZREM', K_BLOCKED, dependent)
       local run_at = tonumber(redis.call('HGET', djkey, 'ra') or '0')
       if run_at > now then
@@ -440,14 +465,15 @@ local function release_dependents(id, now)
   redis.call('DEL', dkey)
 end
 
--- A job that will never complete (failed, cancelled, removed) fails every job blocked on it,
--- transitively, with reason "dependency_failed".
+-- A job that will not complete now (failed, cancelled, removed) fails every job blocked on
+-- it, transitively, with reason "dependency_failed". The edges stay (see "Dependencies"
+-- above). Retention is applied once the whole cascade is recorded: trimming in the middle of
+-- it would delete a dependent before its own dependents were failed.
 local function fail_dependents(id, now, keep)
   local pending = {id}
   local i = 1
   while i <= #pending do
-    local dkey = P .. 'deps:' .. pending[i]
-    for _, dependent in ipairs(redis.call('SMEMBERS', dkey)) do
+    for _, dependent in ipairs(redis.call('SMEMBERS', deps_key(pending[i]))) do
       local djkey = job_key(dependent)
       if redis.call('HGET', djkey, 's') == 'blocked' then
         redis.call('ZREM', K_BLOCKED, dependent)
@@ -455,13 +481,53 @@ local function fail_dependents(id, now, keep)
           message = 'dependency ' .. pending[i] .. ' did not complete'})
         redis.call('HSET', djkey, 'e', err, 'fr', 'dependency_failed')
         emit('failed', dependent, 'e', err, 'fr', 'dependency_failed')
-        finish(djkey, dependent, K_FAILED, 'failed', now, keep)
+        record_final(djkey, dependent, K_FAILED, 'failed', now)
         pending[#pending + 1] = dependent
       end
     end
-    redis.call('DEL', dkey)
     i = i + 1
   end
+  if #pending > 1 then
+    trim_finished(K_FAILED, keep, now)
+  end
+end
+
+-- Job `id` will never complete (cancelled, or deleted): the jobs still blocked on it fail, and
+-- every dependent forgets it and is marked (dx) so that no retry can move it back. A job that
+-- later reuses the id starts with no edge.
+local function forget_dependents(id, now)
+  fail_dependents(id, now, -1)
+  local dkey = deps_key(id)
+  for _, dependent in ipairs(redis.call('SMEMBERS', dkey)) do
+    local djkey = job_key(dependent)
+    if redis.call('EXISTS', djkey) == 1 then
+      redis.call('HSET', djkey, 'dx', id)
+    end
+    unlink_needs(dependent)
+  end
+  redis.call('DEL', dkey)
+end
+
+-- Delete a job: its hash, its log list and its dependency edges on both sides. (Most deleted
+-- jobs have no edge left: one EXISTS finds out, on the path retention takes at every finish.)
+delete_job = function(id, now)
+  if redis.call('EXISTS', deps_key(id), needs_key(id)) > 0 then
+    forget_dependents(id, now or now_ms())
+    unlink_needs(id)
+  end
+  local jkey = job_key(id)
+  redis.call('DEL', jkey, jkey .. ':logs')
+end
+
+-- Record a finished job in its final set. A cancelled job will never complete nor run: its
+-- dependency edges go.
+local function finish(jkey, id, set, state, now, keep)
+  record_final(jkey, id, set, state, now)
+  if state == 'cancelled' then
+    forget_dependents(id, now)
+    unlink_needs(id)
+  end
+  trim_finished(set, keep, now)
 end
 
 -- The queue's concurrency mode for an add: the stored one, else the producer's declaration,
@@ -475,8 +541,9 @@ local function resolve_mode(declared)
 end
 
 -- Create one job: WAITING, DELAYED or BLOCKED (or FAILED at once when a dependency already
--- failed). `f` holds the fields the add script validated. Returns id, created (0 when a job
--- with that id, or a live duplicate under its dedup key, exists: it is returned unchanged).
+-- failed, was cancelled or no longer exists). `f` holds the fields the add script validated.
+-- Returns id, created (0 when a job with that id, or a live duplicate under its dedup key,
+-- exists: it is returned unchanged).
 local function add_job(now, f)
   if f.id ~= '' and redis.call('EXISTS', job_key(f.id)) == 1 then
     return f.id, 0  -- idempotent custom id: checked first, so a dedup replace cannot lose it
@@ -497,8 +564,7 @@ local function add_job(now, f)
       local state = redis.call('HGET', ejkey, 's')
       if state == 'waiting' or state == 'delayed' or state == 'blocked' then
         detach(ejkey, existing, state)
-        fail_dependents(existing, now, -1)
-        delete_job(existing)
+        delete_job(existing, now)  -- fails the jobs blocked on it
         emit('removed', existing, 'why', 'replaced')
       end
     end
@@ -523,24 +589,42 @@ local function add_job(now, f)
     redis.call('HSET', jkey, 'dd', f.dedup)
     redis.call('SET', dkey, id, 'PX', f.ttl)
   end
-  local pending, failed_dep = 0, nil
+  -- Each distinct dependency that has not completed is an edge (a set: naming one twice
+  -- makes one edge). One that failed may still be retried: the job fails now but keeps the
+  -- edge. One that was cancelled or no longer exists (removed earlier in the same batch, say)
+  -- will never complete: the job fails and can never run (dx).
+  local waiting, failed_dep, lost_dep, lost_state = false, nil, nil, nil
   for _, dep in ipairs(f.deps) do
     local state = redis.call('HGET', job_key(dep), 's')
-    if state == 'failed' or state == 'cancelled' then
-      failed_dep = dep
+    if state == 'cancelled' or not state then
+      if not lost_dep then
+        lost_dep, lost_state = dep, state
+      end
     elseif state ~= 'completed' then
-      pending = pending + 1
-      redis.call('SADD', P .. 'deps:' .. dep, id)
+      redis.call('SADD', needs_key(id), dep)
+      redis.call('SADD', deps_key(dep), id)
+      if state == 'failed' then
+        failed_dep = failed_dep or dep
+      else
+        waiting = true
+      end
     end
   end
-  if failed_dep then
-    local err = cmsgpack.pack({type = 'DependencyFailed',
-      message = 'dependency ' .. failed_dep .. ' did not complete'})
+  if lost_dep or failed_dep then
+    local message = 'dependency ' .. (lost_dep or failed_dep) .. ' did not complete'
+    if lost_dep then
+      redis.call('HSET', jkey, 'dx', lost_dep)
+      unlink_needs(id)
+      if not lost_state then
+        message = 'dependency ' .. lost_dep .. ' no longer exists'
+      end
+    end
+    local err = cmsgpack.pack({type = 'DependencyFailed', message = message})
     redis.call('HSET', jkey, 'e', err, 'fr', 'dependency_failed')
     emit('added', id, 's', 'failed')
     finish(jkey, id, K_FAILED, 'failed', now, -1)
-  elseif pending > 0 then
-    redis.call('HSET', jkey, 's', 'blocked', 'dp', pending)
+  elseif waiting then
+    redis.call('HSET', jkey, 's', 'blocked')
     if run_at > now then
       redis.call('HSET', jkey, 'ra', run_at)  -- released into DELAYED if still in the future
     end

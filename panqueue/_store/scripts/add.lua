@@ -11,6 +11,10 @@
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
 --          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
 --          idle workers are woken when claimable work appears.
+--          A dependency on an earlier item of the batch means the job that item resolved to:
+--          when the item's id was not created (a dedup no-op returned another job), that job;
+--          when it was deleted since (a later dedup replace), it no longer exists and the
+--          dependent fails at once (see add_job). No dependent waits for a job that is not there.
 
 local n = tonumber(ARGV[1])
 local mode, problem = resolve_mode(ARGV[2])
@@ -50,8 +54,15 @@ end
 local now = now_ms()
 local before = claimable()
 local reply = {}
+local resolved = {}  -- an item's requested id -> the id it returned, when they differ
 for _, f in ipairs(jobs) do
+  for k, dep in ipairs(f.deps) do
+    f.deps[k] = resolved[dep] or dep
+  end
   local id, created = add_job(now, f)
+  if f.id ~= '' and id ~= f.id then
+    resolved[f.id] = id
+  end
   reply[#reply + 1] = id
   reply[#reply + 1] = created
 end

@@ -1,5 +1,6 @@
 --!include _lib.lua
--- cancel: WAITING / DELAYED / BLOCKED -> CANCELLED at once (jobs that depended on it fail).
+-- cancel: WAITING / DELAYED / BLOCKED -> CANCELLED at once (jobs that depended on it fail, and
+-- its dependency edges go: see finish).
 -- An ACTIVE job is marked (cx) and its worker is told over the notify channel; it ends
 -- CANCELLED when the handler stops (fail.lua).
 --

@@ -1,6 +1,7 @@
 --!include _lib.lua
 -- clean: age-based retention. Deletes finished jobs (completed; failed and cancelled) that
--- finished more than the given age ago. Count-based retention happens on every finish.
+-- finished more than the given age ago, with their dependency edges (delete_job). Count-based
+-- retention happens on every finish.
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  max age of completed jobs ms (-1: no limit)   ARGV[2] of failed/cancelled jobs
@@ -14,7 +15,7 @@ local function clean(set, age)
   end
   local old = redis.call('ZRANGEBYSCORE', set, '-inf', now - age, 'LIMIT', 0, tonumber(ARGV[3]))
   for _, id in ipairs(old) do
-    delete_job(id)
+    delete_job(id, now)
   end
   if #old > 0 then
     redis.call('ZREM', set, unpack(old))

@@ -1,5 +1,6 @@
 --!include _lib.lua
--- remove: delete a job that is not active (jobs that depended on it fail).
+-- remove: delete a job that is not active, with its dependency edges (jobs blocked on it fail;
+-- its failed dependents can no longer be retried).
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id
@@ -17,7 +18,6 @@ detach(jkey, id, state)
 for _, set in ipairs({K_COMPLETED, K_FAILED, K_CANCELLED}) do
   redis.call('ZREM', set, id)
 end
-fail_dependents(id, now_ms(), -1)
-delete_job(id)
+delete_job(id, now_ms())  -- fails the jobs blocked on it
 emit('removed', id)
 return 1
