@@ -19,7 +19,14 @@ import anyio
 from panqueue._codec import encode, encode_checked
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, check_job_id
-from panqueue._options import Backoff, Dedup, check_positive, check_priority, options_to_wire
+from panqueue._options import (
+    MAX_SECONDS,
+    Backoff,
+    Dedup,
+    check_positive,
+    check_priority,
+    options_to_wire,
+)
 from panqueue._registry import Handler
 from panqueue._store import redis_store as ops
 from panqueue._store.redis_store import Event, NewJob, ScheduleInfo
@@ -96,6 +103,9 @@ def _new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> Ne
         run_at = o["run_at"]
         if not isinstance(run_at, datetime) or run_at.tzinfo is None:
             raise ConfigError(f"run_at must be a timezone-aware datetime, got {run_at!r}")
+        if run_at.timestamp() - time.time() > MAX_SECONDS:
+            raise ConfigError(f"run_at must be at most {MAX_SECONDS} s (100 years) from now, "
+                              f"got {run_at.isoformat()}")
         run_at_ms = int(run_at.timestamp() * 1000)
     elif o.get("delay") is not None:
         delay_ms = int(check_positive(o["delay"], "delay", allow_zero=True) * 1000)

@@ -16,6 +16,12 @@ from panqueue.errors import ConfigError
 __all__ = ["Backoff", "JobOptions", "check_positive", "check_priority"]
 
 MAX_PRIORITY = 1_000_000
+# The longest duration panqueue accepts anywhere (delays, run_at ahead of now, timeouts,
+# backoffs, dedup TTLs, lock TTLs, retention ages, rate windows, schedule intervals): 100 years.
+# Longer values are mistakes; refusing them here keeps every time a script computes within what
+# Redis stores exactly (the add script's own limit is 2^52 ms).
+MAX_SECONDS = 100 * 365 * 24 * 3600
+MAX_ATTEMPTS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +44,8 @@ class Backoff:
         check_positive(self.delay, "backoff delay", allow_zero=True)
         if self.max is not None:
             check_positive(self.max, "backoff max")
+        if not isinstance(self.jitter, bool):
+            raise ConfigError(f"backoff jitter must be a bool, got {self.jitter!r}")
 
     @classmethod
     def exponential(cls, base: float = 1.0, *, max: float | None = 60.0,
@@ -91,16 +99,19 @@ class JobOptions:
 
 
 def check_positive(value: object, what: str, *, allow_zero: bool = False) -> float:
+    """A duration in seconds: a finite number, > 0 (or >= 0), at most :data:`MAX_SECONDS`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero) or value != value:
         raise ConfigError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    if value > MAX_SECONDS:
+        raise ConfigError(f"{what} must be at most {MAX_SECONDS} s (100 years), got {value!r}")
     return float(value)
 
 
 def check_attempts(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"attempts must be an int >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise ConfigError(f"attempts must be an int between 1 and {MAX_ATTEMPTS}, got {value!r}")
     return value
 
 

@@ -7,7 +7,9 @@
 --          then n groups of 11: id ('' = generate), data (msgpack), priority, delay ms,
 --          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
 --          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy
--- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written).
+-- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written):
+--          an item with a value out of range (see new_job_problem), a key that does not fit
+--          the queue's mode, or an unknown dependency.
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
 --          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
 --          idle workers are woken when claimable work appears.
@@ -29,6 +31,10 @@ for i = 0, n - 1 do
              delay = tonumber(ARGV[b + 3]), run_at = tonumber(ARGV[b + 4]),
              options = ARGV[b + 5], key = ARGV[b + 6], deps = {}, dedup = ARGV[b + 8],
              ttl = tonumber(ARGV[b + 9]), strategy = ARGV[b + 10]}
+  local bad = new_job_problem(f)
+  if bad then
+    return {'!', 'item ' .. i .. ': ' .. bad}
+  end
   if mode == 'keyed' and f.key == '' then
     return {'!', 'item ' .. i .. ': queue is keyed: add(..., key=...) is required'}
   elseif mode == 'global' and f.key ~= '' then
