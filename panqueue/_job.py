@@ -13,6 +13,7 @@ import msgpack
 
 from panqueue._codec import decode
 from panqueue._options import JobOptions
+from panqueue.errors import JobNotFound
 
 __all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry", "exception_message",
            "from_ms"]
@@ -103,10 +104,18 @@ class JobInfo:
     @classmethod
     def from_hash(cls, queue: str, job_id: str, h: dict[bytes, bytes],
                   logs: list[bytes]) -> JobInfo:
+        """The job stored in hash ``h``; :class:`JobNotFound` if ``h`` holds no job (it is
+        empty, or has no state field)."""
+
         def text(name: bytes) -> str | None:
             raw = h.get(name)
             return None if raw is None else raw.decode()
 
+        state = text(b"s")
+        if state is None:
+            # Every script that creates a job writes its state in the same step: a hash
+            # without one is a leftover (a write that raced a delete), not a job.
+            raise JobNotFound(queue, job_id)
         history: list[dict[str, Any]] = []
         if h.get(b"h"):
             unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=_no_ext)
@@ -115,7 +124,7 @@ class JobInfo:
         return cls(
             id=job_id,
             queue=queue,
-            state=JobState(text(b"s") or "waiting"),
+            state=JobState(state),
             data=decode(h.get(b"d")),
             attempts=int(h.get(b"a") or 0),
             progress=decode(h.get(b"pg")),
