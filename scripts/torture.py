@@ -14,7 +14,8 @@ What it starts (and stops again, by PID, whatever happens, Ctrl-C included):
   ``torture-thread`` and ``torture-subprocess`` (see scripts/torture_app.py).
 
 ``--jobs`` jobs (custom ids ``t-000000``..., spread over the three queues, each sleeping 5 ms to
-3 s) are added during the first 90 % of the chaos window, each add retried until acknowledged.
+3 s; a quarter of them "stubborn": their blocking handler ignores ``should_stop()``) are added
+during the first 90 % of the chaos window, each add retried until acknowledged.
 Meanwhile a chaos loop, for ``--seconds``, does in random order: SIGKILL a worker (a replacement
 starts at once), cut every connection through the proxy for a while, blackhole them, add
 latency, lose replies (to any request, to any EVALSHA, or to the complete, claim or extend
@@ -274,7 +275,9 @@ class Torture:
                 give_up = time.monotonic() + ADD_GIVE_UP
                 while not self.stop_threads.is_set():
                     try:
-                        client.queue(queue).add({"i": i, "ms": round(ms, 1)}, job_id=job_id)
+                        client.queue(queue).add(
+                            {"i": i, "ms": round(ms, 1), "stubborn": i % 4 == 1},
+                            job_id=job_id)
                     except Exception as exc:  # Redis down, loading, OOM...: retry, same id
                         self.stats.add_errors[_summary(exc)] += 1
                         client.close()

@@ -2,9 +2,9 @@
 
 One queue per executor: ``torture-inline`` (async), ``torture-thread`` (blocking, thread pool)
 and ``torture-subprocess`` (blocking, child processes). Every handler sleeps for the time the job
-asks for and writes each run to a journal: one append-only file per process in
-``$TORTURE_JOURNAL_DIR``, one line per event, written with a single ``write`` so a line is never
-torn even when the process is killed:
+asks for (a quarter of the blocking jobs ignore ``should_stop()``) and writes each run to a
+journal: one append-only file per process in ``$TORTURE_JOURNAL_DIR``, one line per event,
+written with a single ``write`` so a line is never torn even when the process is killed:
 
     S <run> <job id> <attempt> <worker> <pid> <monotonic ns>      a run started
     E <run> <monotonic ns> <outcome>                              it ended (ok, or the exception)
@@ -73,9 +73,10 @@ def _blocking(job: Job) -> int:
     try:
         deadline = time.monotonic() + job.data["ms"] / 1000
         # Sleep in small steps and stop when asked (shutdown, cancel, lock lost), as a
-        # well-behaved blocking handler does.
+        # well-behaved blocking handler does; a "stubborn" job never asks, as much real
+        # blocking code does not (a thread cannot be stopped from outside).
         while (left := deadline - time.monotonic()) > 0:
-            if job.should_stop():
+            if not job.data.get("stubborn") and job.should_stop():
                 outcome = "stopped"
                 raise InterruptedError("asked to stop")
             time.sleep(min(left, 0.05))
