@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install into .venv and run the whole suite: ruff, mypy --strict, pytest (asyncio and trio).
 # Extra arguments go to pytest (for example: scripts/test.sh -k lifecycle -x).
+# Then run a core subset again in .venv-floor, against the oldest redis-py that pyproject.toml
+# allows, to prove that floor still works.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark"
 echo "== ruff"
@@ -9,3 +11,17 @@ echo "== mypy --strict panqueue"
 .venv/bin/mypy --strict panqueue
 echo "== pytest"
 .venv/bin/pytest "$@"
+
+floor=$(sed -n 's/^ *"redis>=\([0-9][0-9.]*\)",*$/\1/p' pyproject.toml)
+if [ -z "$floor" ]; then
+  echo "cannot read the redis floor (\"redis>=X\") from pyproject.toml" >&2
+  exit 1
+fi
+echo "== pytest, core subset, with the oldest supported redis-py ($floor)"
+if [ ! -x .venv-floor/bin/python ]; then
+  "${PYTHON:-python3}" -m venv .venv-floor
+fi
+.venv-floor/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,trio,embedded]" \
+  "redis==$floor"
+.venv-floor/bin/pytest -q -p no:cacheprovider tests/test_lifecycle.py tests/test_cluster.py \
+  tests/test_connections.py tests/test_transport.py tests/test_results.py
