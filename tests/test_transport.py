@@ -216,6 +216,40 @@ async def _is_active(client: QueueClient, queue: str, job_id: str) -> bool:
     return (await client.get_job(queue, job_id)).state is JobState.ACTIVE
 
 
+# --------------------------------------------------------------------------- scripts
+
+
+async def test_a_script_the_server_forgot_is_sent_in_full_alone_or_in_a_batch(
+        anyio_backend: str, redis_url: str, redis_client: redis.Redis, queue_name: str) -> None:
+    """After SCRIPT FLUSH (or a restart, or a failover to a node that never saw the script),
+    EVALSHA answers NOSCRIPT: a script call falls back to EVAL, and a batch sends EVAL."""
+    alone, in_batch = _add_request(queue_name), _add_request(queue_name)
+    batch = Batch((Command(("INCR", f"{{q:{queue_name}}}:n")), in_batch))
+
+    def sync_calls() -> None:
+        sync = SyncTransport(redis_url)
+        try:
+            redis_client.script_flush()
+            sync.execute(alone)
+            redis_client.script_flush()
+            sync.execute(batch)
+        finally:
+            sync.close()
+
+    await anyio.to_thread.run_sync(sync_calls)
+    async_transport = open_async_transport(redis_url)
+    try:
+        redis_client.script_flush()
+        await async_transport.execute(alone)
+        redis_client.script_flush()
+        counter, added = await async_transport.execute(batch)
+    finally:
+        await async_transport.aclose()
+    assert counter == 2
+    assert len(added) == 2  # one job id, and whether it was created
+    assert redis_client.zcard(QueueKeys(queue_name).wait) == 4
+
+
 # --------------------------------------------------------------------------- silent networks
 
 
