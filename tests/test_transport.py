@@ -123,8 +123,15 @@ async def test_a_server_busy_running_a_script_is_unavailable(
     # every other client BUSY (and still lets the script end by itself).
     spin = ("local t0 = redis.call('TIME') local t repeat t = redis.call('TIME') "
             "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 1500000 return 1")
+    def run_spin() -> None:
+        client = redis.Redis.from_url(own_server.url)
+        try:
+            client.eval(spin, 0)
+        finally:
+            client.close()
+
     own_client.config_set("busy-reply-threshold", "100")
-    spinner = threading.Thread(target=lambda: redis.Redis.from_url(own_server.url).eval(spin, 0))
+    spinner = threading.Thread(target=run_spin)
     spinner.start()
     try:
         await anyio.sleep(0.3)
@@ -310,7 +317,11 @@ async def test_a_server_that_never_answers_ends_calls_with_a_connection_error(
     url = f"{scheme}://127.0.0.1:{blackhole.port}/0"
 
     def sync_call() -> None:
-        SyncTransport(url).execute(Command(("PING",)))
+        sync = SyncTransport(url)
+        try:
+            sync.execute(Command(("PING",)))
+        finally:
+            sync.close()
 
     async def async_call() -> None:
         client = open_async_transport(url)
