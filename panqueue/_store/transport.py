@@ -7,6 +7,9 @@
 Operations elsewhere are written once, as generators that yield requests (a script call, a
 command, or a batch of commands) and receive replies; :meth:`SyncTransport.run` and
 :meth:`AsyncTransport.run` drive them. So the async and sync clients share every line of logic.
+
+redis-py's errors never leave this module: :func:`translate_error` maps each to panqueue's (see
+:mod:`panqueue.errors`), and every call into redis-py runs inside :func:`_translated`.
 """
 
 from __future__ import annotations
