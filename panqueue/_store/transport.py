@@ -609,7 +609,10 @@ class _ThreadTransport(AsyncTransport):
         self._limiter = anyio.CapacityLimiter(_COMMAND_THREADS)
 
     async def execute(self, request: Request) -> Any:
-        return await anyio.to_thread.run_sync(self._sync.execute, request, limiter=self._limiter)
+        # Cancellable like the asyncio transport: a cancelled call's thread is left to finish
+        # on its own (within the socket timeout) and returns its connection to the pool.
+        return await anyio.to_thread.run_sync(self._sync.execute, request,
+                                              abandon_on_cancel=True, limiter=self._limiter)
 
     async def subscribe(self, channel: str) -> AsyncSubscriber:
         self._limiter.total_tokens += 1  # the subscription's own thread, from now on
@@ -622,7 +625,8 @@ class _ThreadTransport(AsyncTransport):
         return _ThreadSubscriber(self.url, ps, self._limiter)
 
     async def aclose(self) -> None:
-        await anyio.to_thread.run_sync(self._sync.close, limiter=self._limiter)
+        await anyio.to_thread.run_sync(self._sync.close, abandon_on_cancel=True,
+                                       limiter=self._limiter)
 
 
 class _ThreadSubscriber(AsyncSubscriber):

@@ -1,0 +1,59 @@
+"""Handlers that misbehave, for the fault tests. Subprocess handlers must be module-level: the
+child process imports them by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from panqueue import Job, Registry, Retry
+
+queues = Registry()
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+class Custom(BaseException):
+    """A BaseException that is not an Exception."""
+
+
+def misbehave(job: Job) -> Any:
+    """What the job's data names: raise or return something nasty, or succeed with "ok"."""
+    what = job.data
+    if what == "system-exit":
+        raise SystemExit(3)
+    if what == "keyboard-interrupt":
+        raise KeyboardInterrupt
+    if what == "base-exception":
+        raise Custom("custom base exception")
+    if what == "unprintable":
+        raise Unprintable
+    if what == "retry-inf":
+        raise Retry(delay=float("inf"))
+    if what == "retry-nan":
+        raise Retry(delay=float("nan"))
+    return "ok"
+
+
+@queues.handler("f-thread", executor="thread", attempts=1)
+def in_thread(job: Job) -> Any:
+    return misbehave(job)
+
+
+@queues.handler("f-subprocess", executor="subprocess", attempts=1)
+def in_child(job: Job) -> Any:
+    return misbehave(job)
+
+
+@queues.handler("f-inline", attempts=1)
+async def inline(job: Job) -> Any:
+    return misbehave(job)
+
+
+@queues.handler("f-inline-retry", attempts=2)
+async def inline_retry(job: Job) -> Any:
+    if job.attempt == 1:
+        return misbehave(job)
+    return "ok"
