@@ -258,7 +258,8 @@ async def test_redis_refusing_commands_never_stops_a_worker(
                         await anyio.sleep(1.5)
                         admin.config_set("maxmemory", 0)
                     elif fault == "readonly":
-                        admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # a master that never answers
+                        # A replica of a master that never answers: writes refused, data kept.
+                        admin.execute_command("REPLICAOF", "127.0.0.1", "1")
                         await anyio.sleep(1.5)
                         admin.execute_command("REPLICAOF", "NO", "ONE")
                     elif fault == "busy":
