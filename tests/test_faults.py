@@ -136,17 +136,19 @@ async def test_lock_tokens_differ_between_workers_that_share_a_name(
 # --------------------------------------------------------------------------- lost replies
 
 
-@pytest.mark.parametrize("script", ["claim", "complete"])
+@pytest.mark.parametrize("script", ["claim", "complete", "fail"])
 async def test_a_lost_reply_strands_nothing_and_charges_no_stall(
         proxy: FaultProxy, redis_url: str, queue_name: str, script: str) -> None:
-    """The server ran the claim (or complete-and-claim-next) but the reply was lost on the way
-    back. The call is sent again; it answers as the first one did, so the jobs the first call
-    claimed run now, nothing is reported as "lock lost", and no job is charged a stall (with
-    max_stalls=0 a charged stall would fail the job)."""
+    """The server ran the claim (or complete-and-claim-next, or fail-and-claim-next) but the
+    reply was lost on the way back. The call is sent again; it answers as the first one did, so
+    the jobs the first call claimed run now, nothing is reported as "lock lost", and no job is
+    charged a stall (with max_stalls=0 a charged stall would fail the job)."""
     registry = Registry()
 
-    @registry.handler(queue_name, lock_ttl=1.0, max_stalls=0)
+    @registry.handler(queue_name, lock_ttl=1.0, max_stalls=0, attempts=2)
     async def handler(job: Job) -> Any:
+        if script == "fail" and job.attempt == 1:
+            raise ValueError("first attempt fails")
         return job.data
 
     sha = getattr(SCRIPTS, script).sha.encode()
@@ -161,7 +163,8 @@ async def test_a_lost_reply_strands_nothing_and_charges_no_stall(
                     assert await handle.result(timeout=10) == i
         for handle in handles:
             h = job_hash(redis_url, queue_name, handle.id)
-            assert h[b"a"] == b"1" and b"sc" not in h  # one attempt, no stall
+            # One attempt (two when the first fails on purpose), no stall.
+            assert h[b"a"] == (b"2" if script == "fail" else b"1") and b"sc" not in h
     assert not [e for e in logs if "lock lost" in e["event"]]
 
 
