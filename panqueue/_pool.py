@@ -51,7 +51,7 @@ class WorkerPool:
                     await tg.start(worker.run)
                 task_status.started()
         finally:
-            with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(2.0, shield=True):  # bounded, like each worker's own
                 await self._transport.aclose()
 
     async def __aenter__(self) -> WorkerPool:

@@ -94,6 +94,9 @@ _SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 # not hang it. The socket timeout must exceed the longest wait a request asks the server for:
 # WAITAOF in durable adds (10 s) and the 1 s XREAD BLOCKs of result() and events().
 CONNECT_TIMEOUT = 5.0
+# Closing a connection is shielded from cancellation but bounded, so that a shutdown on a network
+# that drops every packet still ends.
+_CLOSE_TIMEOUT = 2.0
 SOCKET_TIMEOUT = 15.0
 
 
@@ -585,7 +588,7 @@ class _AsyncioSubscriber(AsyncSubscriber):
     async def aclose(self) -> None:
         for connection in self._connections:
             connection.deregister_connect_callback(self._on_connect)
-        with anyio.CancelScope(shield=True):
+        with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
             for resource in (self._pubsub, self._owner):
                 if resource is not None:
                     with contextlib.suppress(*_REDIS_ERRORS):
@@ -666,7 +669,7 @@ class _ThreadSubscriber(AsyncSubscriber):
         self._closed = True
         for connection in self._connections:
             connection.deregister_connect_callback(self._on_connect)
-        with anyio.CancelScope(shield=True):
+        with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
             with contextlib.suppress(*_REDIS_ERRORS):
                 await anyio.to_thread.run_sync(self._pubsub.close, abandon_on_cancel=True,
                                                limiter=self._limiter)
