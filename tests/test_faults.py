@@ -119,10 +119,11 @@ async def test_lock_tokens_differ_between_workers_that_share_a_name(
         started += 1
         await holding.wait()
 
-    async with QueueClient(redis_url) as client, \
-            run_worker(registry, queue_name, redis_url, name="same"), \
-            run_worker(registry, queue_name, redis_url, name="same"):
+    async with QueueClient(redis_url) as client:
+        # Added first, so that each worker's very first claim takes one.
         handles = [await client.queue(queue_name).add(i) for i in range(2)]
+    async with run_worker(registry, queue_name, redis_url, name="same"), \
+            run_worker(registry, queue_name, redis_url, name="same"):
 
         async def both_started() -> bool:
             return started == 2
@@ -151,7 +152,10 @@ async def test_a_lost_reply_strands_nothing_and_charges_no_stall(
             raise ValueError("first attempt fails")
         return job.data
 
-    sha = getattr(SCRIPTS, script).sha.encode()
+    body = getattr(SCRIPTS, script).body
+    loader = redis.Redis.from_url(redis_url)
+    sha = loader.script_load(body).encode()  # cached: the first EVALSHA runs the script
+    loader.close()
     async with QueueClient(redis_url) as client:
         queue = client.queue(queue_name)
         handles = [await queue.add(i) for i in range(3)]
