@@ -12,7 +12,7 @@ from panqueue._client import (
     SyncQueue,
     SyncQueueClient,
 )
-from panqueue._job import ErrorInfo, Fail, Job, JobInfo, JobState, Retry
+from panqueue._job import ErrorInfo, Job, JobInfo, JobState
 from panqueue._log import configure_logging
 from panqueue._options import Backoff, Dedup, JobOptions, Limits, RateLimit, Retention
 from panqueue._pool import WorkerPool
@@ -23,11 +23,13 @@ from panqueue._worker import Worker
 from panqueue.errors import (
     ConfigError,
     ConnectionError,
+    Fail,
     JobFailed,
     JobNotFound,
     LockLost,
     PanqueueError,
     PayloadError,
+    Retry,
     ServerUnavailable,
     TimeoutError,
 )

@@ -13,7 +13,7 @@ import msgpack
 
 from panqueue._codec import decode
 from panqueue._options import JobOptions
-from panqueue.errors import JobNotFound
+from panqueue.errors import Fail, JobNotFound, Retry  # Fail, Retry: defined there, kept here
 
 __all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry", "exception_message",
            "from_ms"]
@@ -244,21 +244,3 @@ class Job:
     def __repr__(self) -> str:
         return f"<Job {self.queue}/{self.id} attempt={self.attempt}>"
 
-
-class Retry(Exception):
-    """Raise from a handler to retry the job (after ``delay`` seconds, else the backoff).
-
-    The retry uses up an attempt: once ``attempts`` are used up the job fails.
-    """
-
-    def __init__(self, delay: float | None = None) -> None:
-        super().__init__("retry requested" if delay is None else f"retry requested in {delay} s")
-        self.delay = delay
-
-
-class Fail(Exception):
-    """Raise from a handler to fail the job now, without further attempts."""
-
-    def __init__(self, reason: str = "failed by handler") -> None:
-        super().__init__(reason)
-        self.reason = reason

@@ -1,20 +1,36 @@
-"""The exceptions panqueue raises, in one hierarchy.
+"""The exceptions of panqueue, in one module and one hierarchy.
 
 Every error a user can act on is a :class:`PanqueueError`; the message names what was wrong.
-Errors of redis-py and of the network are translated in one place (the transport)::
+Errors of redis-py and of the network are translated in one place
+(``panqueue._store.transport.translate_error``)::
 
-    PanqueueError
-    ├── ConfigError           a handler, option, queue name or URL is invalid
-    ├── PayloadError          data or a result is not JSON-compatible
-    ├── ConnectionError       Redis unreachable, or the connection broke (also builtins')
-    │   └── ServerUnavailable Redis answered but cannot serve now (OOM, BUSY, LOADING, ...)
-    ├── JobNotFound           no such job (also a LookupError)
-    ├── JobFailed             the job ended failed or cancelled
-    ├── LockLost              a worker no longer holds the job's lock
-    └── TimeoutError          waiting took too long (also builtins')
+    Exception
+    ├── PanqueueError             raised by panqueue on purpose
+    │   ├── ConfigError           a handler, option, queue name or URL is invalid
+    │   ├── PayloadError          data or a result is not JSON-compatible
+    │   ├── ConnectionError       Redis unreachable, or the connection broke (also builtins')
+    │   │   └── ServerUnavailable Redis answered but cannot serve now (OOM, BUSY, LOADING, ...)
+    │   ├── JobNotFound           no such job (also a LookupError)
+    │   ├── JobFailed             the job ended failed or cancelled
+    │   ├── LockLost              a worker no longer holds the job's lock
+    │   └── TimeoutError          waiting took too long (also builtins')
+    │
+    │   signals a handler raises (not errors: they say what to do with the job)
+    ├── Retry                     retry the job, after a delay or the backoff
+    ├── Fail                      fail the job now, without further attempts
+    │
+    │   how an executor reports that an attempt failed (re-exported by executors.base)
+    ├── JobTimeout                the attempt exceeded its timeout
+    ├── HandlerAborted            the handler raised a BaseException that is not an Exception
+    ├── ChildCrashed              the subprocess executor's child died mid-job
+    └── RemoteError               the handler raised in a child; its type and traceback as text
 
 A command the server refused for good (ACL permissions, a script error) is a plain
 :class:`PanqueueError` whose message quotes the server.
+
+The handler signals and the executor failures are plain ``Exception`` subclasses, on
+purpose: they describe what happened to one job, so code that handles panqueue's own errors
+(``except PanqueueError``) never swallows a handler's ``Retry`` or an attempt's timeout.
 """
 
 from __future__ import annotations
@@ -26,13 +42,19 @@ if TYPE_CHECKING:
     from panqueue._job import ErrorInfo
 
 __all__ = [
+    "ChildCrashed",
     "ConfigError",
     "ConnectionError",
+    "Fail",
+    "HandlerAborted",
     "JobFailed",
     "JobNotFound",
+    "JobTimeout",
     "LockLost",
     "PanqueueError",
     "PayloadError",
+    "RemoteError",
+    "Retry",
     "ServerUnavailable",
     "TimeoutError",
 ]
@@ -99,3 +121,64 @@ class LockLost(PanqueueError):
 
 class TimeoutError(PanqueueError, builtins.TimeoutError):
     """Waiting (for example for a job's result) took longer than the given timeout."""
+
+
+# -- signals a handler raises ---------------------------------------------------------------
+
+
+class Retry(Exception):
+    """Raise from a handler to retry the job (after ``delay`` seconds, else the backoff).
+
+    The retry uses up an attempt: once ``attempts`` are used up the job fails.
+    """
+
+    def __init__(self, delay: float | None = None) -> None:
+        super().__init__("retry requested" if delay is None else f"retry requested in {delay} s")
+        self.delay = delay
+
+
+class Fail(Exception):
+    """Raise from a handler to fail the job now, without further attempts."""
+
+    def __init__(self, reason: str = "failed by handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# -- how an executor reports a failed attempt (executors import these from executors.base) --
+
+
+class JobTimeout(Exception):
+    """Raised by ``Executor.run`` when an attempt exceeded its timeout."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"attempt exceeded its timeout of {timeout:g} s")
+        self.timeout = timeout
+
+
+class HandlerAborted(Exception):
+    """The handler raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt`` in a thread or child, a custom ``BaseException``): the attempt
+    failed like any other; the worker goes on. ``original`` is what was raised."""
+
+    def __init__(self, original: BaseException) -> None:
+        # Imported here, not at the top: panqueue._job imports this module at import time.
+        from panqueue._job import exception_message
+
+        super().__init__(f"{type(original).__name__}: {exception_message(original)}")
+        self.original = original
+
+
+class ChildCrashed(Exception):
+    """The subprocess executor's child process died while running the job (or could not
+    start); the message says how (signal, exit code, a resource limit)."""
+
+
+class RemoteError(Exception):
+    """An exception raised by the handler in a child process, as the child reported it:
+    ``type_name`` and ``traceback`` are text, since no object crosses the process boundary."""
+
+    def __init__(self, type_name: str, message: str, traceback: str | None) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.traceback = traceback

@@ -12,7 +12,13 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from panqueue.errors import ConfigError
-from panqueue.executors.base import Executor, JobTimeout
+from panqueue.executors.base import (
+    ChildCrashed,
+    Executor,
+    HandlerAborted,
+    JobTimeout,
+    RemoteError,
+)
 from panqueue.executors.inline import InlineExecutor
 from panqueue.executors.subprocess import SubprocessExecutor
 from panqueue.executors.thread import ThreadExecutor
@@ -21,9 +27,12 @@ if TYPE_CHECKING:
     from panqueue._registry import Handler
 
 __all__ = [
+    "ChildCrashed",
     "Executor",
+    "HandlerAborted",
     "InlineExecutor",
     "JobTimeout",
+    "RemoteError",
     "SubprocessExecutor",
     "ThreadExecutor",
     "check_executor",

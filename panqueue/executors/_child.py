@@ -137,7 +137,8 @@ def main() -> None:
 
 
 def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
-    from panqueue._job import ErrorInfo, Fail, Retry
+    from panqueue._job import ErrorInfo
+    from panqueue.errors import Fail, Retry
 
     try:
         if inspect.iscoroutinefunction(fn):

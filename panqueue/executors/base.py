@@ -1,35 +1,22 @@
-"""The Executor protocol: how a worker hands one job to whatever runs the handler."""
+"""The Executor protocol: how a worker hands one job to whatever runs the handler, and the
+types through which an executor reports a failed attempt.
+
+The failure types are defined in :mod:`panqueue.errors` (one hierarchy, drawn there) and
+re-exported here: executors and the worker runtime import them from this module.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from panqueue.errors import ChildCrashed, HandlerAborted, JobTimeout, RemoteError
+
 if TYPE_CHECKING:
     from panqueue._job import Job
     from panqueue._registry import Handler
 
-__all__ = ["Executor", "HandlerAborted", "JobTimeout"]
-
-
-class JobTimeout(Exception):
-    """Raised by :meth:`Executor.run` when an attempt exceeded its timeout."""
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(f"attempt exceeded its timeout of {timeout:g} s")
-        self.timeout = timeout
-
-
-class HandlerAborted(Exception):
-    """The handler raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
-    ``KeyboardInterrupt`` in a thread or child, a custom ``BaseException``): the attempt
-    failed like any other; the worker goes on. ``original`` is what was raised."""
-
-    def __init__(self, original: BaseException) -> None:
-        from panqueue._job import exception_message
-
-        super().__init__(f"{type(original).__name__}: {exception_message(original)}")
-        self.original = original
+__all__ = ["ChildCrashed", "Executor", "HandlerAborted", "JobTimeout", "RemoteError"]
 
 
 class Executor(ABC):
@@ -60,7 +47,9 @@ class Executor(ABC):
     async def run(self, job: Job, timeout: float | None) -> Any:
         """Run the handler for ``job`` and return its result.
 
-        Raises what the handler raised, or :class:`JobTimeout` after ``timeout`` seconds.
+        Raises what the handler raised, or :class:`JobTimeout` after ``timeout`` seconds; an
+        executor that cannot report the handler's own exception raises :class:`HandlerAborted`,
+        :class:`ChildCrashed` or :class:`RemoteError` instead.
         """
 
     def request_stop(self) -> None:

@@ -24,10 +24,10 @@ import anyio.abc
 import msgpack
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from panqueue._job import Fail, Job, Retry
+from panqueue._job import Job
 from panqueue._options import Isolation
-from panqueue.errors import ConfigError
-from panqueue.executors.base import Executor, JobTimeout
+from panqueue.errors import ConfigError, Fail, Retry
+from panqueue.executors.base import ChildCrashed, Executor, JobTimeout, RemoteError
 
 __all__ = ["ChildCrashed", "RemoteError", "SubprocessExecutor"]
 
@@ -40,19 +40,6 @@ _BOOTSTRAP = (
     "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
     "from panqueue.executors._child import main; main()"
 )
-
-
-class ChildCrashed(Exception):
-    """The child process died while running the job."""
-
-
-class RemoteError(Exception):
-    """An exception raised by the handler in the child, as the child reported it."""
-
-    def __init__(self, type_name: str, message: str, traceback: str | None) -> None:
-        super().__init__(message)
-        self.type_name = type_name
-        self.traceback = traceback
 
 
 def describe_exit(returncode: int, isolation: Isolation) -> str:
