@@ -337,9 +337,9 @@ class FaultProxy:
                               name=f"faultproxy-{self._port}-up")
         down = threading.Thread(target=self._pump, args=(link, False), daemon=True,
                                 name=f"faultproxy-{self._port}-down")
-        link.threads += [up, down]
         up.start()
         down.start()
+        link.threads += [up, down]  # only started threads: stop() may join them at any time
 
     def _pump(self, link: _Link, to_server: bool) -> None:
         """Forward one direction of ``link`` until either side closes or a fault ends it."""
