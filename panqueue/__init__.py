@@ -18,7 +18,7 @@ from panqueue._options import Backoff, Dedup, JobOptions, Limits, RateLimit, Ret
 from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
 from panqueue._schedule import Schedule
-from panqueue._store.redis_store import Event, ScheduleInfo
+from panqueue._store.ops import Event, ScheduleInfo
 from panqueue._worker import Worker
 from panqueue.errors import (
     ConfigError,

@@ -1,6 +1,6 @@
 """Producing jobs and administering queues: ``QueueClient`` (async) and ``SyncQueueClient``.
 
-Both clients build the same operations (``_store.redis_store``) and differ only in how they
+Both clients build the same operations (``_store.ops``) and differ only in how they
 drive them: awaiting an async transport, or blocking on redis-py's sync client.
 """
 
@@ -28,8 +28,8 @@ from panqueue._options import (
     options_to_wire,
 )
 from panqueue._registry import Handler
-from panqueue._store import redis_store as ops
-from panqueue._store.redis_store import Event, NewJob, ScheduleInfo
+from panqueue._store import ops
+from panqueue._store.ops import Event, NewJob, ScheduleInfo
 from panqueue._store.transport import (
     AsyncTransport,
     Op,

@@ -31,8 +31,8 @@ from panqueue._keys import QueueKeys
 from panqueue._log import get_logger
 from panqueue._options import Retention
 from panqueue._registry import Registry
-from panqueue._store import redis_store as ops
-from panqueue._store.redis_store import (
+from panqueue._store import ops
+from panqueue._store.ops import (
     ClaimedJob,
     NewJob,
     encode_error,

@@ -24,7 +24,7 @@ from panqueue._keys import QueueKeys
 from panqueue._log import configure_logging
 from panqueue._pool import WorkerPool
 from panqueue._registry import Registry
-from panqueue._store import redis_store as ops
+from panqueue._store import ops
 from panqueue._store.transport import Command
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, PanqueueError

@@ -28,7 +28,7 @@ from panqueue._client import _new_job
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, check_queue_name
 from panqueue._options import Backoff
-from panqueue._store import redis_store as ops
+from panqueue._store import ops
 from panqueue._store.transport import Batch, Command, SyncTransport, check_url
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError

@@ -30,8 +30,8 @@ from panqueue import (
 from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
-from panqueue._store import redis_store as ops
-from panqueue._store.redis_store import NewJob, encode_error, parse_claim
+from panqueue._store import ops
+from panqueue._store.ops import NewJob, encode_error, parse_claim
 from panqueue._store.scripts import SCRIPTS
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.testing import drain, run_worker

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
-from panqueue._store.redis_store import NewJob, add_jobs, encode_error, parse_claim
+from panqueue._store.ops import NewJob, add_jobs, encode_error, parse_claim
 from panqueue._store.scripts import SCRIPTS, Script
 from panqueue._store.transport import ScriptCall, SyncTransport
 

@@ -16,7 +16,7 @@ from typing import Any
 from panqueue._codec import decode, encode
 from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
-from panqueue._store.scripts import SCRIPTS, Script
+from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue.errors import ConfigError, JobFailed, JobNotFound, PanqueueError, TimeoutError
 
