@@ -19,7 +19,7 @@ from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
 from panqueue._schedule import Schedule
 from panqueue._store.ops import Event, ScheduleInfo
-from panqueue._worker import Worker
+from panqueue._runtime.worker import Worker
 from panqueue.errors import (
     ConfigError,
     ConnectionError,

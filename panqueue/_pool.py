@@ -13,7 +13,7 @@ import anyio.abc
 from panqueue._registry import Registry
 from panqueue._store.transport import AsyncTransport, open_async_transport
 from panqueue._url import resolve_url
-from panqueue._worker import Worker
+from panqueue._runtime.worker import Worker
 
 __all__ = ["WorkerPool"]
 

@@ -17,8 +17,9 @@ import structlog
 
 from panqueue import Backoff, Job, JobState, QueueClient, Registry
 from panqueue._keys import QueueKeys
-from panqueue._store.scripts import SCRIPTS
-from panqueue._store.transport import ScriptCall, SyncTransport
+from panqueue._store import transitions
+from panqueue._store.loader import SCRIPTS
+from panqueue._store.transport import SyncTransport
 from panqueue.embedded import RedisServer
 from panqueue.testing import FaultProxy, drain, run_worker
 from tests.apps import fault_app
@@ -54,7 +55,7 @@ def sweep_now(url: str, queue: str, job_id: str) -> None:
     client.close()
     transport = SyncTransport(url)
     try:
-        transport.execute(ScriptCall(SCRIPTS.stalled, (keys.prefix,), (5, 1000, -1, b"")))
+        transport.run(transitions.sweep_stalled(keys, max_stalls=5, keep_failed=-1))
     finally:
         transport.close()
 

@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from panqueue._store.scripts import SCRIPTS
-from panqueue._store.transport import ScriptCall, SyncTransport
+from panqueue._keys import QueueKeys
+from panqueue._store import transitions
+from panqueue._store.transport import SyncTransport
 from panqueue.errors import PanqueueError
 
 __all__ = ["LoopWatchdog"]
@@ -31,12 +32,12 @@ RENEW_BOUND = 10
 
 
 class LoopWatchdog:
-    def __init__(self, *, url: str, prefix: str, handler_name: str, executor_name: str,
+    def __init__(self, *, url: str, keys: QueueKeys, handler_name: str, executor_name: str,
                  lock_ttl: float, running: Callable[[], list[tuple[str, str]]],
                  renewed: Callable[[list[str], float], None], log: Any,
                  threshold: float = 1.0) -> None:
         self._url = url
-        self._prefix = prefix
+        self._keys = keys
         self._handler_name = handler_name
         self._executor_name = executor_name
         self._lock_ttl_ms = max(1, int(lock_ttl * 1000))
@@ -107,12 +108,9 @@ class LoopWatchdog:
         try:
             if self._transport is None:
                 self._transport = SyncTransport(self._url)
-            flat = [item for pair in jobs for item in pair]
             sent = time.monotonic()
-            lost = self._transport.execute(ScriptCall(SCRIPTS.extend, (self._prefix,),
-                                                      (self._lock_ttl_ms, *flat)))
+            lost = self._transport.run(transitions.extend(self._keys, self._lock_ttl_ms, jobs))
         except PanqueueError as exc:
             self._log.warning("lock renewal from the watchdog failed", error=str(exc))
             return
-        lost_tokens = {raw.decode() for raw in lost}
-        self._renewed([token for _, token in jobs if token not in lost_tokens], sent)
+        self._renewed([token for _, token in jobs if token not in lost], sent)

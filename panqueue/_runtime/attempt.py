@@ -1,0 +1,170 @@
+"""One attempt: run a claimed job on its executor and return how it ended, as a value.
+
+Nothing here writes to Redis; the recorder turns the :class:`Outcome` into the matching
+transition. Whatever the handler raises or returns ends here as an outcome: no value from a
+handler can stop the worker (see docs/executors.md).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from panqueue._codec import check_json_compatible, decode, encode
+from panqueue._job import ErrorInfo, Fail, Job, Retry
+from panqueue._options import JobOptions
+from panqueue._runtime.locks import Attempt, Attempts
+from panqueue._store.transitions import ClaimedJob, Failure
+from panqueue.errors import PayloadError
+from panqueue.executors.base import (
+    ChildCrashed,
+    Executor,
+    HandlerAborted,
+    JobTimeout,
+    RemoteError,
+)
+
+__all__ = ["AttemptRunner", "Ending", "Outcome"]
+
+# The longest a retry delay may be (a year); a longer, negative or non-finite one is refused.
+_MAX_RETRY_DELAY = 365 * 24 * 3600.0
+
+
+class Ending(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    LOST = "lost"  # the lock was lost: discard the outcome, the job belongs to another attempt
+    RELEASE = "release"  # forced shutdown: give the job back to waiting
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ending: Ending
+    duration: float
+    result: bytes = b""  # COMPLETED: the encoded result
+    failure: Failure | None = None  # FAILED: what to record (claim_next still to be decided)
+
+
+class _Cancelled(Fail):
+    """The handler was stopped because ``cancel(queue, id)`` was called for its job."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled")
+
+
+Report = Callable[[Attempt, str, Any], Awaitable[None]]
+Release = Callable[[list[tuple[str, str]]], Awaitable[None]]
+
+
+class AttemptRunner:
+    """Runs attempts of one handler's jobs on its executor."""
+
+    def __init__(self, executor: Executor, queue: str, options: JobOptions, attempts: Attempts,
+                 report: Report, release: Release) -> None:
+        self._executor = executor
+        self._queue = queue
+        self._options = options
+        self._attempts = attempts
+        self._report = report
+        self._release = release
+
+    async def run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
+        attempt = self._attempts.start(claimed.id, claimed.token, stopping)
+        options = self._options
+        started = time.monotonic()
+        outcome: Any = None
+        error: BaseException | None = None
+        try:
+            if claimed.options:
+                options = options.merged(decode(claimed.options))
+
+            def sink(kind: str, value: Any) -> Awaitable[None]:
+                return self._report(attempt, kind, value)
+
+            job = Job(id=claimed.id, queue=self._queue, data=decode(claimed.data),
+                      attempt=claimed.attempt, options=options,
+                      enqueued_at_ms=claimed.enqueued_at_ms, sink=sink,
+                      should_stop=attempt.should_stop)
+            with attempt.scope:
+                outcome = await self._executor.run(job, options.timeout)
+        except Exception as exc:
+            error = exc
+        except anyio.get_cancelled_exc_class():
+            # The whole worker is being cancelled from outside: give the job back at once.
+            self._attempts.end(attempt)
+            with anyio.CancelScope(shield=True):
+                await self._release([(claimed.id, claimed.token)])
+            raise
+        except SystemExit as exc:  # sys.exit() in an inline handler ends the attempt only
+            error = HandlerAborted(exc)
+        finally:
+            self._attempts.end(attempt)
+        duration = time.monotonic() - started
+        if attempt.lost:
+            return Outcome(Ending.LOST, duration)
+        if attempt.forced and not attempt.cancel_requested:
+            return Outcome(Ending.RELEASE, duration)
+        if attempt.cancel_requested and attempt.scope.cancelled_caught:
+            error = _Cancelled()
+        if error is None:
+            try:
+                check_json_compatible(outcome, "result")
+                return Outcome(Ending.COMPLETED, duration, result=encode(outcome))
+            except PayloadError as exc:
+                error = exc
+        return Outcome(Ending.FAILED, duration,
+                       failure=_failure(claimed, options, error, duration))
+
+
+def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float
+             ) -> Failure:
+    """What a failed attempt records, and whether (and when) the job is tried again."""
+    final = False
+    reason = ""
+    asked: float | None = None  # the delay a Retry asked for
+    note = ""
+    if isinstance(error, JobTimeout):
+        reason = "timeout"
+    if isinstance(error, _Cancelled):
+        final, reason = True, "cancelled"
+    elif isinstance(error, Fail):
+        final, reason = True, "explicit_fail"
+    elif isinstance(error, Retry) and error.delay is not None:
+        wanted = _retry_delay(error)
+        if isinstance(wanted, str):  # unusable: recorded, and the backoff applies instead
+            note = wanted
+        else:
+            asked = wanted
+    delay = 0.0
+    if asked is not None:
+        delay = asked
+    elif not final and claimed.attempt < options.attempts:
+        delay = options.backoff.delay_for(claimed.attempt)
+    if isinstance(error, RemoteError):  # raised in a subprocess handler's child
+        info = ErrorInfo(error.type_name, str(error), error.traceback)
+    elif isinstance(error, HandlerAborted):  # a BaseException: SystemExit and the like
+        info = ErrorInfo.from_exception(error.original)
+    else:
+        info = ErrorInfo.from_exception(error, with_traceback=not isinstance(
+            error, (Fail, Retry, JobTimeout, ChildCrashed)))
+    if note:
+        info = ErrorInfo("InvalidRetry", note, info.traceback)
+    return Failure(claimed.id, claimed.token, info, claimed.attempt, round(duration * 1000),
+                   options.attempts, int(delay * 1000), final, reason, claim_next=False)
+
+
+def _retry_delay(error: Retry) -> float | str:
+    """The delay a Retry asked for, or why it is unusable."""
+    delay = error.delay
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+        return f"Retry(delay=...) must be a number of seconds, got {delay!r}"
+    if not math.isfinite(delay) or delay < 0 or delay > _MAX_RETRY_DELAY:
+        return (f"Retry(delay=...) must be finite, >= 0 and at most {_MAX_RETRY_DELAY:g} s, "
+                f"got {delay!r}")
+    return float(delay)

@@ -1,0 +1,134 @@
+"""The claim loop and its slots: one loop per worker, a semaphore of ``concurrency`` slots.
+
+The loop takes a slot (plus any other free ones), claims that many jobs in one call, and hands
+each to a slot task. A slot task runs its job, whose recording claims the next job for the same
+slot, so a busy worker claims mostly through its completions. When nothing is claimable the
+slots go back and the loop sleeps until a wake-up, the next delayed job, or the poll interval.
+No claimed job ever waits locally.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from panqueue._keys import QueueKeys
+from panqueue._runtime.locks import Tokens
+from panqueue._runtime.trouble import Trouble
+from panqueue._runtime.wakeups import WakeUps
+from panqueue._store import transitions
+from panqueue._store.transitions import Claimed, ClaimedJob
+from panqueue._store.transport import AsyncTransport
+from panqueue.errors import PanqueueError
+
+__all__ = ["Claimer"]
+
+_MAX_CLAIM_BATCH = 100
+# One claim is abandoned after this long (it is shielded: jobs it claimed are never dropped by a
+# cancellation, but a network that drops every packet must not hold the loop).
+_CLAIM_BOUND = 10.0
+
+# Runs one job on a slot and returns the job claimed next for it, if any.
+Process = Callable[[ClaimedJob], Awaitable[ClaimedJob | None]]
+
+
+class Claimer:
+    def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens,
+                 wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
+                 process: Process, log: Any) -> None:
+        self._transport = transport
+        self._keys = keys
+        self._tokens = tokens
+        self._wakeups = wakeups
+        self._lock_ttl = lock_ttl
+        self._ttl_ms = max(1, int(lock_ttl * 1000))
+        self._poll_interval = poll_interval
+        self._process = process
+        self._trouble = Trouble(log, "claiming jobs")
+        self._slots = anyio.Semaphore(concurrency)
+        self.busy = 0
+        self.idle = anyio.Event()  # set while no slot runs a job
+        self.idle.set()
+        self.stopping = False
+
+    async def run(self, tg: anyio.abc.TaskGroup) -> None:
+        """Claim until ``stopping`` (or cancellation); slot tasks are started in ``tg``."""
+        while not self.stopping:
+            await self._slots.acquire()
+            free = 1
+            while free < _MAX_CLAIM_BATCH:
+                try:
+                    self._slots.acquire_nowait()
+                except anyio.WouldBlock:
+                    break
+                free += 1
+            if self.stopping:
+                self._release_slots(free)
+                break
+            # A fresh event before the claim: a wake-up published after the claim ran is
+            # delivered to this event, so no wake-up is lost between claim and wait.
+            wake = self._wakeups.arm()
+            claimed = await self._claim(free)
+            if claimed is None:
+                self._release_slots(free)
+                with anyio.move_on_after(self._trouble.backoff()):
+                    await wake.wait()
+                continue
+            self._release_slots(free - len(claimed.jobs))
+            for job in claimed.jobs:
+                self.busy += 1
+                if self.busy == 1:
+                    self.idle = anyio.Event()
+                tg.start_soon(self._run_slot, job)
+            if not claimed.jobs:
+                timeout = self._poll_interval
+                if claimed.wake_in_ms >= 0:
+                    timeout = min(timeout, claimed.wake_in_ms / 1000)
+                with anyio.move_on_after(timeout):
+                    await wake.wait()
+
+    async def _claim(self, free: int) -> Claimed | None:
+        """One claim of up to ``free`` jobs; None if Redis could not be asked.
+
+        After a failure the same call is sent again with the same token, which is also its
+        request id: if the first call ran and only its reply was lost, the resend answers the
+        jobs it claimed (see lua/lib/memo.lua), so none waits for the stalled sweep. It is given
+        up once the claimed jobs' locks could have expired, or when the worker stops.
+        """
+        token = self._tokens.new()
+        give_up = time.monotonic() + self._lock_ttl * 0.8
+        while True:
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + _CLAIM_BOUND
+                try:
+                    claimed = await self._transport.run(
+                        transitions.claim(self._keys, token, self._ttl_ms, free))
+                except PanqueueError as exc:
+                    self._trouble.failed(exc)
+                else:
+                    self._trouble.ok()
+                    return claimed
+            if scope.cancelled_caught:
+                self._trouble.failed(TimeoutError(f"no reply in {_CLAIM_BOUND:g} s"))
+            if self.stopping or time.monotonic() >= give_up:
+                return None
+            await anyio.sleep(self._trouble.backoff())
+
+    def _release_slots(self, n: int) -> None:
+        for _ in range(n):
+            self._slots.release()
+
+    async def _run_slot(self, job: ClaimedJob) -> None:
+        try:
+            following: ClaimedJob | None = job
+            while following is not None:
+                following = await self._process(following)
+        finally:
+            self.busy -= 1
+            if self.busy == 0:
+                self.idle.set()
+            self._slots.release()

@@ -1,0 +1,143 @@
+"""Locks: the attempts a worker runs, known by their lock tokens, and the renewal of their locks.
+
+Attempts are keyed by token, not by job id: when a lock expires unseen (a long network cut, a
+Redis restart, a clock step) the job can be claimed again, even by this same worker, while the
+first attempt still runs. The first attempt is then *lost*: told to stop (``should_stop()``),
+cancelled where its executor can, and its outcome discarded; the new attempt starts only once
+it has ended, so one worker never runs two attempts of a job at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from panqueue._keys import QueueKeys
+from panqueue._runtime.trouble import Trouble
+from panqueue._store import transitions
+from panqueue._store.transport import AsyncTransport
+from panqueue.errors import PanqueueError
+
+__all__ = ["Attempt", "Attempts", "Renewer", "Tokens"]
+
+
+class Tokens:
+    """Lock tokens, unique per process and call whatever ``name=`` the worker was given; each
+    claim-bearing call gets a fresh one, which is also that call's request id."""
+
+    def __init__(self, worker_name: str) -> None:
+        self._prefix = f"{worker_name}:{uuid.uuid4().hex[:12]}"
+        self._counter = 0
+
+    def new(self) -> str:
+        self._counter += 1
+        return f"{self._prefix}:{self._counter}"
+
+
+@dataclass(slots=True, eq=False)
+class Attempt:
+    """One attempt this worker runs, and how to stop it."""
+
+    job_id: str
+    token: str
+    deadline: float  # local (monotonic) time by which the lock is surely expired unless renewed
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    ended: anyio.Event = field(default_factory=anyio.Event)  # the executor has returned
+    lost: bool = False  # lock lost: another attempt may own the job now; do not finish it
+    forced: bool = False  # forced shutdown: release the job back to waiting
+    cancel_requested: bool = False  # cancel(queue, id) was called for this job
+    stopping: bool = False  # the worker is shutting down
+
+    def should_stop(self) -> bool:
+        return self.stopping or self.cancel_requested or self.lost
+
+
+class Attempts:
+    """The attempts running on one worker, by token and (the newest) by job id."""
+
+    def __init__(self, log: Any, lock_ttl: float) -> None:
+        self._log = log
+        self.lock_ttl = lock_ttl
+        self.by_token: dict[str, Attempt] = {}
+        self._by_job: dict[str, Attempt] = {}
+
+    def __len__(self) -> int:
+        return len(self.by_token)
+
+    def start(self, job_id: str, token: str, stopping: bool) -> Attempt:
+        attempt = Attempt(job_id, token, time.monotonic() + self.lock_ttl, stopping=stopping)
+        self.by_token[token] = attempt
+        self._by_job[job_id] = attempt
+        return attempt
+
+    def of_job(self, job_id: str) -> Attempt | None:
+        """The newest attempt of ``job_id`` running here, if any."""
+        return self._by_job.get(job_id)
+
+    def end(self, attempt: Attempt) -> None:
+        """The attempt's executor has returned: it no longer runs here."""
+        self.by_token.pop(attempt.token, None)
+        if self._by_job.get(attempt.job_id) is attempt:
+            del self._by_job[attempt.job_id]
+        attempt.ended.set()
+
+    def lose(self, attempt: Attempt, why: str) -> None:
+        if not attempt.lost:
+            self._log.warning("lock lost; stopping the attempt", job_id=attempt.job_id, why=why)
+            attempt.lost = True
+            attempt.scope.cancel()
+
+    def locks(self) -> list[tuple[str, str]]:
+        """(job id, token) of every running attempt (safe to call from another thread)."""
+        return [(a.job_id, a.token) for a in list(self.by_token.values())]
+
+    def renewed(self, tokens: list[str], sent: float) -> None:
+        """These locks were renewed by a call sent at ``sent`` (monotonic)."""
+        for token in tokens:
+            attempt = self.by_token.get(token)
+            if attempt is not None:
+                attempt.deadline = max(attempt.deadline, sent + self.lock_ttl)
+
+
+class Renewer:
+    """Renews the locks of every running attempt in one call every ``lock_ttl / 3``, and stops
+    the attempts whose lock is lost, or surely expired because renewals kept failing (the job
+    may already run elsewhere: finishing it here would be a double run)."""
+
+    def __init__(self, transport: AsyncTransport, keys: QueueKeys, attempts: Attempts,
+                 log: Any) -> None:
+        self._transport = transport
+        self._keys = keys
+        self._attempts = attempts
+        self._ttl_ms = max(1, int(attempts.lock_ttl * 1000))
+        self._trouble = Trouble(log, "lock renewal")
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(self._attempts.lock_ttl / 3)
+            await self.renew()
+
+    async def renew(self) -> None:
+        running = list(self._attempts.by_token.values())
+        if not running:
+            return
+        sent = time.monotonic()
+        try:
+            lost = await self._transport.run(transitions.extend(
+                self._keys, self._ttl_ms, [(a.job_id, a.token) for a in running]))
+        except PanqueueError as exc:
+            self._trouble.failed(exc)
+        else:
+            self._trouble.ok()
+            for attempt in running:
+                if attempt.token in lost:
+                    self._attempts.lose(attempt, "the lock had been taken away")
+            self._attempts.renewed([a.token for a in running if a.token not in lost], sent)
+        now = time.monotonic()
+        for attempt in running:
+            if attempt.deadline < now:
+                self._attempts.lose(attempt, "no renewal reached Redis within the lock TTL")

@@ -1,0 +1,194 @@
+"""The recorder: writes attempts' outcomes to Redis, riding out outages, and hands back the job
+claimed next for the slot that freed up.
+
+Completions are batched: jobs that finish in the same event-loop tick share one call, which
+also claims a successor for each freed slot. Every claim-bearing call carries a fresh token that
+is also its request id, so a call sent again after a lost reply is answered from the script's
+memory instead of running twice (see lua/lib/memo.lua).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from panqueue._codec import check_json_compatible, encode
+from panqueue._keys import QueueKeys
+from panqueue._runtime.locks import Attempt, Tokens
+from panqueue._runtime.trouble import Trouble
+from panqueue._store import transitions
+from panqueue._store.status import Status
+from panqueue._store.transitions import ClaimedJob, Completion, Failure, Finished
+from panqueue._store.transport import AsyncTransport, Op
+from panqueue.errors import LockLost, PanqueueError
+
+__all__ = ["Recorder"]
+
+_MAX_LOG_LINES = 1000
+# How long a release (forced shutdown) may take before it is left to the stalled sweep.
+RELEASE_WAIT = 2.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A completion waiting in the batch being gathered."""
+
+    completion: Completion
+    done: anyio.Event = field(default_factory=anyio.Event)
+    status: Status | None = None  # None: not recorded (Redis away)
+    next_job: ClaimedJob | None = None
+
+
+class Recorder:
+    def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens, *,
+                 lock_ttl: float, keep_completed: int, keep_failed: int,
+                 stopping: Callable[[], bool], log: Any) -> None:
+        self._transport = transport
+        self._keys = keys
+        self._tokens = tokens
+        self._lock_ttl = lock_ttl
+        self._ttl_ms = max(1, int(lock_ttl * 1000))
+        self._keep_completed = keep_completed
+        self._keep_failed = keep_failed
+        self._stopping = stopping
+        self._log = log
+        self._batch: list[_Pending] = []
+        self._leader = False
+        self._trouble = Trouble(log, "recording outcomes")
+        self._report_trouble = Trouble(log, "progress reporting")
+
+    async def complete(self, job_id: str, token: str, result: bytes, log: Any
+                       ) -> tuple[bool, ClaimedJob | None]:
+        """Record a success; returns (recorded, the job claimed next for the slot).
+
+        The first job to finish becomes the batch's leader: it yields once, so that jobs
+        finishing in the same tick can join, then sends them all in one call. Whether to claim
+        successors is decided when the call is sent: a shutdown that began while the batch was
+        gathering claims nothing.
+        """
+        pending = _Pending(Completion(job_id, token, result, claim_next=True))
+        self._batch.append(pending)
+        if self._leader:
+            await pending.done.wait()
+        else:
+            await self._send_batch()
+        if pending.status == Status.LOCK_LOST:
+            log.warning("lock lost before completion; result discarded",
+                        error=str(LockLost(self._keys.name, job_id)))
+        return pending.status == Status.COMPLETED, pending.next_job
+
+    async def _send_batch(self) -> None:
+        self._leader = True
+        try:
+            await anyio.lowlevel.checkpoint()
+        finally:
+            batch, self._batch = self._batch, []
+            self._leader = False
+        claiming = not self._stopping()
+        token = self._tokens.new()
+        items = [replace(p.completion, claim_next=claiming) for p in batch]
+        finished = await self._record(transitions.complete_batch(
+            self._keys, items, keep=self._keep_completed, token=token, ttl_ms=self._ttl_ms),
+            items[0].job_id)
+        if finished is not None:
+            claimed = iter(finished.claimed.jobs)
+            for pending, status in zip(batch, finished.statuses, strict=True):
+                pending.status = status
+                if status == Status.COMPLETED and claiming:
+                    pending.next_job = next(claimed, None)
+        for pending in batch:
+            pending.done.set()
+
+    async def fail(self, failure: Failure, log: Any) -> tuple[Status | None, ClaimedJob | None]:
+        """Record a failed attempt; returns (status, the job claimed next for the slot)."""
+        claiming = not self._stopping()
+        finished = await self._record(transitions.fail(
+            self._keys, replace(failure, claim_next=claiming), keep=self._keep_failed,
+            token=self._tokens.new(), ttl_ms=self._ttl_ms), failure.job_id)
+        if finished is None:
+            return None, None
+        status = finished.statuses[0]
+        error = failure.error
+        if status == Status.LOCK_LOST:
+            log.warning("lock lost before failure was recorded",
+                        error=str(LockLost(self._keys.name, failure.job_id)))
+        elif status.retried:
+            log.warning("job attempt failed; will retry", error=error.message,
+                        error_type=error.type, retry_in_s=failure.retry_delay_ms / 1000)
+        elif status == Status.CANCELLED:
+            log.info("job cancelled")
+        else:
+            log.error("job failed", error=error.message, error_type=error.type,
+                      reason=failure.reason or "max_attempts_exceeded")
+        jobs = finished.claimed.jobs
+        return status, (jobs[0] if jobs else None)
+
+    async def _record(self, op: Op[Finished], job_id: str) -> Finished | None:
+        """Send a finishing call, riding out a Redis outage for up to half the lock TTL.
+
+        The same call is sent again after a failure (its token is its request id). If Redis
+        stays away longer, the outcome is dropped: the lock then expires and the stalled sweep
+        runs the job again (at-least-once), which is the documented guarantee.
+        """
+        deadline = time.monotonic() + self._lock_ttl / 2
+        request = next(op)  # one request, sent as often as needed; the reply is parsed once
+        while True:
+            try:
+                reply = await self._transport.execute(request)
+            except PanqueueError as exc:
+                self._trouble.failed(exc)
+                if time.monotonic() + self._trouble.backoff() > deadline:
+                    self._log.error("could not record a job's outcome; it will run again",
+                                    job_id=job_id, error=str(exc))
+                    op.close()
+                    return None
+                await anyio.sleep(self._trouble.backoff())
+            else:
+                self._trouble.ok()
+                try:
+                    op.send(reply)
+                except StopIteration as done:
+                    result: Finished = done.value
+                    return result
+                raise AssertionError("a finishing transition makes one call")
+
+    async def report(self, attempt: Attempt, kind: str, value: Any) -> None:
+        """Progress and log lines from a running job (only while this attempt holds the lock).
+
+        Best effort: when Redis cannot take a report (an outage, a full server) it is dropped
+        with a warning once per outage, and the job goes on. A report from an attempt whose
+        lock is lost raises :class:`LockLost` in the handler: it should stop.
+        """
+        if attempt.lost:
+            raise LockLost(self._keys.name, attempt.job_id)
+        if kind == "p":
+            check_json_compatible(value, "progress")  # a bad value is the handler's error
+            payload: Any = encode(value)
+        else:
+            payload = value
+        try:
+            await self._transport.run(transitions.progress(
+                self._keys, attempt.job_id, attempt.token, kind, payload, _MAX_LOG_LINES))
+        except PanqueueError as exc:
+            self._report_trouble.failed(exc)
+        else:
+            self._report_trouble.ok()
+
+    async def release(self, locks: list[tuple[str, str]]) -> None:
+        """Give jobs back to waiting at once (bounded: the sweep covers a release that fails)."""
+        if not locks:
+            return
+        error = f"no reply within {RELEASE_WAIT:g} s"
+        with anyio.move_on_after(RELEASE_WAIT):
+            try:
+                await self._transport.run(transitions.release(self._keys, locks))
+                return
+            except PanqueueError as exc:
+                error = str(exc)
+        self._log.warning("could not release jobs; the stalled sweep will requeue them",
+                          job_ids=[job_id for job_id, _ in locks], error=error)

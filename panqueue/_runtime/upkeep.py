@@ -1,0 +1,100 @@
+"""Upkeep every worker of a queue does on a timer: the stalled sweep, promotion of due delayed
+jobs, age-based cleaning, and schedules. Each is a script that any number of workers may run at
+once (a tick is enqueued by exactly one of them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from panqueue._codec import encode
+from panqueue._keys import QueueKeys
+from panqueue._options import Retention
+from panqueue._runtime.trouble import Trouble
+from panqueue._schedule import Schedule
+from panqueue._store import ops, transitions
+from panqueue._store.ops import NewJob
+from panqueue._store.transport import AsyncTransport
+from panqueue.errors import PanqueueError
+
+__all__ = ["Upkeep"]
+
+
+class Upkeep:
+    def __init__(self, transport: AsyncTransport, keys: QueueKeys, *, interval: float,
+                 max_stalls: int, retention: Retention, schedules: dict[str, Schedule],
+                 log: Any) -> None:
+        self._transport = transport
+        self._keys = keys
+        self._interval = interval
+        self._max_stalls = max_stalls
+        self._retention = retention
+        self.schedules = schedules
+        self._log = log
+        self._trouble = Trouble(log, "upkeep (stalled sweep, promotion, cleaning)")
+        self._schedule_trouble = Trouble(log, "schedules")
+
+    async def run(self) -> None:
+        """The stalled sweep, promotion and cleaning, every ``interval`` seconds."""
+        transport, keys, retention, trouble = (self._transport, self._keys, self._retention,
+                                               self._trouble)
+        while True:
+            await anyio.sleep(self._interval if not trouble.count
+                              else max(self._interval, trouble.backoff()))
+            try:
+                requeued, failed = await transport.run(transitions.sweep_stalled(
+                    keys, self._max_stalls, retention.failed))
+                if requeued or failed:
+                    self._log.warning("stalled jobs recovered", requeued=requeued, failed=failed)
+                await transport.run(transitions.promote(keys))
+                await transport.run(ops.clean(keys, Retention.age_ms(retention.completed_for),
+                                              Retention.age_ms(retention.failed_for)))
+            except PanqueueError as exc:
+                trouble.failed(exc)
+            else:
+                trouble.ok()
+
+    async def run_schedules(self) -> None:
+        """Register this queue's schedules, then enqueue each tick when it is due. Every worker
+        of the queue does this; the tick script lets exactly one of them enqueue each tick."""
+        transport, keys, trouble = self._transport, self._keys, self._schedule_trouble
+        while True:
+            try:
+                now = await transport.run(ops.server_time_ms())
+                for definition in self.schedules.values():
+                    if await transport.run(ops.schedule_set(
+                            keys, definition.name, definition.definition(),
+                            definition.next_after(now))):
+                        self._log.info("schedule registered", schedule=definition.name)
+                break
+            except PanqueueError as exc:
+                trouble.failed(exc)
+                await anyio.sleep(max(1.0, trouble.backoff()))
+        trouble.ok()
+        while True:
+            sleep_for = 1.0
+            try:
+                now, entries = await transport.run(ops.schedule_times(keys))
+                for name, run_ms in entries:
+                    schedule = self.schedules.get(name)
+                    if schedule is None:
+                        continue  # defined by another deployment sharing the queue
+                    if run_ms > now:
+                        sleep_for = min(sleep_for, (run_ms - now) / 1000)
+                        continue
+                    job = NewJob(schedule.job_id(run_ms), encode(schedule.data),
+                                 schedule.priority, 0, 0,
+                                 encode(schedule.options) if schedule.options else b"")
+                    # Overdue ticks collapse into this one: the next run is after now.
+                    following = schedule.next_after(max(run_ms, now))
+                    if await transport.run(ops.schedule_tick(keys, name, run_ms, following,
+                                                             job)):
+                        self._log.info("schedule enqueued a job", schedule=name,
+                                       job_id=job.job_id)
+                    sleep_for = min(sleep_for, max(0.0, (following - now) / 1000))
+            except PanqueueError as exc:
+                trouble.failed(exc)
+            else:
+                trouble.ok()
+            await anyio.sleep(max(0.005, sleep_for))

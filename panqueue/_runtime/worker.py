@@ -1,0 +1,274 @@
+"""The Worker: a small coordinator over the runtime's roles, for one queue.
+
+- :mod:`claimer`: the single claim loop and its ``concurrency`` slots;
+- :mod:`attempt`: one job on its executor, its outcome returned as a value;
+- :mod:`recorder`: outcomes written to Redis (batched), retried through outages, releases;
+- :mod:`locks` and :mod:`watchdog`: attempts by lock token, renewal, the blocked-loop watchdog;
+- :mod:`wakeups`: the notify channel (work to do, cancel requests);
+- :mod:`upkeep`: stalled sweep, promotion, cleaning, schedules.
+
+The Worker starts them, runs each slot's job (attempt, then record), and stops them in two
+phases on shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import anyio
+import anyio.abc
+
+from panqueue._keys import QueueKeys
+from panqueue._log import get_logger
+from panqueue._registry import Registry
+from panqueue._runtime.attempt import AttemptRunner, Ending
+from panqueue._runtime.claimer import Claimer
+from panqueue._runtime.locks import Attempts, Renewer, Tokens
+from panqueue._runtime.recorder import Recorder
+from panqueue._runtime.upkeep import Upkeep
+from panqueue._runtime.wakeups import WakeUps
+from panqueue._runtime.watchdog import BEAT_INTERVAL, LoopWatchdog
+from panqueue._store import ops
+from panqueue._store.status import Status
+from panqueue._store.transitions import ClaimedJob
+from panqueue._store.transport import AsyncTransport, open_async_transport
+from panqueue._url import resolve_url
+from panqueue.executors import create_executor
+from panqueue.executors.base import Executor
+
+__all__ = ["Worker"]
+
+# Bounds of the shutdown's forced phase: how long cancelled jobs get to stop and be released,
+# and how long each closing step may take, so that shutdown(grace) returns within
+# grace + _FORCE_WAIT + 2 * _CLOSE_WAIT seconds even when the network drops every packet.
+_FORCE_WAIT = 5.0
+_CLOSE_WAIT = 2.0
+
+
+class Worker:
+    """Runs the jobs of one queue until :meth:`shutdown`.
+
+    ``concurrency`` is used when the handler declares none. ``poll_interval`` bounds how long
+    an idle worker sleeps if a wake-up message is lost. ``grace`` is the default time running
+    jobs get to finish on shutdown before they are cancelled and released. ``transport``: a
+    connection shared with other workers (a :class:`~panqueue.WorkerPool` passes its own).
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        queue: str,
+        *,
+        url: str | None = None,
+        concurrency: int | None = None,
+        poll_interval: float = 2.0,
+        grace: float = 30.0,
+        stalled_interval: float | None = None,
+        health_interval: float = 5.0,
+        name: str | None = None,
+        transport: AsyncTransport | None = None,
+    ) -> None:
+        self.handler = registry.get(queue)
+        self.schedules = {s.name: s for s in registry.schedules_for(queue)}
+        self.keys = QueueKeys(queue)
+        self.url = resolve_url(url)
+        options = self.handler.options
+        self.concurrency = options.concurrency or concurrency or 1
+        self.poll_interval = poll_interval
+        self.grace = grace
+        self.lock_ttl = options.lock_ttl
+        self.stalled_interval = stalled_interval or min(max(self.lock_ttl / 2, 0.25), 15.0)
+        self.health_interval = health_interval
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._shared_transport = transport
+        self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
+        self._tokens = Tokens(self.name)
+        self._attempts = Attempts(self._log, self.lock_ttl)
+        self._executor: Executor | None = None
+        self._claimer: Claimer | None = None
+        self._stopping = False
+        self._done: anyio.Event | None = None
+        self.processed = 0
+        self.failed = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Run until :meth:`shutdown` (or cancellation). Raises ConnectionError if Redis is
+        unreachable at start. With ``task_group.start(worker.run)`` it returns once the worker
+        listens for work."""
+        self._force = anyio.Event()
+        self._claim_scope = anyio.CancelScope()
+        self._done = done = anyio.Event()
+        if self._stopping:  # shutdown() was called before run()
+            self._claim_scope.cancel()
+        transport = self._shared_transport or open_async_transport(self.url)
+        watchdog: LoopWatchdog | None = None
+        try:
+            options = self.handler.options
+            rate = options.rate_limit
+            await transport.run(ops.setup_queue(
+                self.keys, options.mode, options.key_concurrency,
+                0 if rate is None else rate.max, 0 if rate is None else int(rate.per * 1000),
+                rate is not None and rate.per_key, options.retention.failed))
+            self._executor = executor = create_executor(self.handler)
+            await executor.start()
+            log = self._log
+            self._recorder = recorder = Recorder(
+                transport, self.keys, self._tokens, lock_ttl=self.lock_ttl,
+                keep_completed=options.retention.completed, keep_failed=options.retention.failed,
+                stopping=lambda: self._stopping, log=log)
+            self._runner = AttemptRunner(executor, self.keys.name, options.job, self._attempts,
+                                         recorder.report, recorder.release)
+            wakeups = WakeUps(transport, self.keys, health_interval=self.health_interval,
+                              on_cancel=self._cancel_requested, log=log)
+            # Subscribed before the first claim (no lost wake-up), and outside the task group so
+            # that a refusal at start is raised as itself.
+            subscriber = await wakeups.subscribe()
+            self._claimer = claimer = Claimer(
+                transport, self.keys, self._tokens, wakeups, concurrency=self.concurrency,
+                lock_ttl=self.lock_ttl, poll_interval=self.poll_interval, process=self._process,
+                log=log)
+            upkeep = Upkeep(transport, self.keys, interval=self.stalled_interval,
+                            max_stalls=options.max_stalls, retention=options.retention,
+                            schedules=self.schedules, log=log)
+            watchdog = LoopWatchdog(
+                url=self.url, keys=self.keys, handler_name=self.handler.import_path,
+                executor_name=executor.name, lock_ttl=self.lock_ttl,
+                running=self._attempts.locks, renewed=self._attempts.renewed, log=log)
+            watchdog.start()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeat, watchdog)
+                tg.start_soon(wakeups.listen, subscriber)
+                tg.start_soon(Renewer(transport, self.keys, self._attempts, log).run)
+                tg.start_soon(upkeep.run)
+                if self.schedules:
+                    tg.start_soon(upkeep.run_schedules)
+                log.info("worker started", concurrency=self.concurrency, executor=executor.name)
+                task_status.started()
+                with self._claim_scope:
+                    await claimer.run(tg)
+                await self._drain(claimer)
+                tg.cancel_scope.cancel()
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
+            # Bounded: a network that drops every packet must not hold the shutdown.
+            with anyio.CancelScope(shield=True):
+                if self._executor is not None:
+                    with anyio.move_on_after(_CLOSE_WAIT):
+                        await self._executor.aclose()
+                if self._shared_transport is None:
+                    with anyio.move_on_after(_CLOSE_WAIT):
+                        await transport.aclose()
+            self._stopping = True
+            done.set()
+            self._log.info("worker stopped", processed=self.processed, failed=self.failed)
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Two-phase stop: claim nothing more and let running jobs finish for up to ``grace``
+        seconds; then cancel the rest and release them to waiting. Returns once stopped, within
+        ``grace`` + 9 s even when Redis stops answering (every step of the forced phase is
+        bounded)."""
+        if grace is not None:
+            self.grace = grace
+        self._begin_stop()
+        if self._done is None:
+            return  # never ran
+        await self._done.wait()
+
+    def force(self) -> None:
+        """Skip the rest of the grace period (a second signal)."""
+        self._begin_stop()
+        if self._done is not None:
+            self._force.set()
+
+    def _begin_stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self._log.info("worker stopping", running=len(self._attempts), grace=self.grace)
+            for attempt in self._attempts.by_token.values():
+                attempt.stopping = True
+            if self._executor is not None:
+                self._executor.request_stop()
+            if self._claimer is not None:
+                self._claimer.stopping = True
+        # Interrupts the claim loop wherever it waits (for a slot or for work); the claim call
+        # itself is shielded, so jobs already claimed in Redis are never dropped.
+        if self._done is not None:
+            self._claim_scope.cancel()
+
+    async def _drain(self, claimer: Claimer) -> None:
+        if len(self._attempts) or claimer.busy:
+            async with anyio.create_task_group() as tg:
+                async def wait_force() -> None:
+                    await self._force.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(wait_force)
+                with anyio.move_on_after(self.grace):
+                    await claimer.idle.wait()
+                tg.cancel_scope.cancel()
+        if claimer.busy:
+            self._force.set()
+            self._log.warning("grace period over; cancelling running jobs",
+                              running=len(self._attempts))
+            for attempt in list(self._attempts.by_token.values()):
+                attempt.forced = True
+                attempt.scope.cancel()
+            with anyio.move_on_after(_FORCE_WAIT):
+                await claimer.idle.wait()
+
+    # ------------------------------------------------------------------ one slot's job
+
+    async def _process(self, job: ClaimedJob) -> ClaimedJob | None:
+        """Run one job and record its outcome; returns the job claimed next for the slot."""
+        if self._stopping and self._force.is_set():
+            await self._recorder.release([(job.id, job.token)])
+            return None
+        previous = self._attempts.of_job(job.id)
+        if previous is not None:
+            # Claimed again while an earlier attempt still runs here: that attempt's lock
+            # expired unseen. Stop it, and start this one only once it has ended, so that this
+            # worker never runs two attempts of a job at once.
+            self._attempts.lose(previous, "the job was claimed again")
+            await previous.ended.wait()
+        outcome = await self._runner.run(job, self._stopping)
+        log = self._log.bind(job_id=job.id, attempt=job.attempt,
+                             duration_ms=round(outcome.duration * 1000, 3))
+        if outcome.ending == Ending.LOST:
+            log.warning("attempt stopped: its lock was lost; outcome discarded")
+            return None
+        if outcome.ending == Ending.RELEASE:
+            await self._recorder.release([(job.id, job.token)])
+            log.warning("job released at forced shutdown")
+            return None
+        if outcome.ending == Ending.COMPLETED:
+            recorded, following = await self._recorder.complete(job.id, job.token,
+                                                                 outcome.result, log)
+            if recorded:
+                self.processed += 1
+                log.debug("job completed")
+            return following
+        assert outcome.failure is not None
+        status, following = await self._recorder.fail(outcome.failure, log)
+        if status == Status.FAILED:
+            self.failed += 1
+        return following
+
+    def _cancel_requested(self, job_id: str) -> None:
+        attempt = self._attempts.of_job(job_id)
+        if attempt is not None:
+            attempt.cancel_requested = True
+            attempt.scope.cancel()
+
+    async def _heartbeat(self, watchdog: LoopWatchdog) -> None:
+        while True:
+            watchdog.beat()
+            await anyio.sleep(BEAT_INTERVAL)
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} queue={self.keys.name!r}>"

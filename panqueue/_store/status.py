@@ -1,0 +1,24 @@
+"""What a finishing script (complete, fail) did to each job: one named code per outcome.
+
+The Lua scripts return these numbers; ``lua/lib/status.lua`` names the same values, and a test
+holds the two together.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Status"]
+
+
+class Status(enum.IntEnum):
+    LOCK_LOST = -1  # the token no longer matched: the job was left unchanged
+    RETRY_NOW = 1  # failed attempt; back to waiting
+    RETRY_DELAYED = 2  # failed attempt; delayed by the backoff
+    FAILED = 3  # failed for good (the dead-letter set)
+    CANCELLED = 4  # its cancellation was requested: ended cancelled
+    COMPLETED = 5  # completed
+
+    @property
+    def retried(self) -> bool:
+        return self in (Status.RETRY_NOW, Status.RETRY_DELAYED)

@@ -1,0 +1,182 @@
+"""The worker's transitions, one typed function each: claim, complete a batch, fail, renew,
+release, report progress, sweep stalled jobs, promote delayed ones.
+
+Each function is an operation (a generator a transport drives, like those of ``ops``): it
+builds the script's ARGV and turns the reply into named values, so the runtime never sees
+either. Statuses are :class:`Status` codes, the same numbers the Lua scripts name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from panqueue._codec import encode
+from panqueue._job import ErrorInfo
+from panqueue._keys import QueueKeys
+from panqueue._store.loader import SCRIPTS, Script
+from panqueue._store.ops import encode_error
+from panqueue._store.status import Status
+from panqueue._store.transport import Op, ScriptCall
+
+__all__ = [
+    "Claimed",
+    "ClaimedJob",
+    "Completion",
+    "Failure",
+    "Finished",
+    "claim",
+    "complete_batch",
+    "extend",
+    "fail",
+    "progress",
+    "promote",
+    "release",
+    "sweep_stalled",
+]
+
+_STALL_ERROR = encode_error(
+    ErrorInfo("Stalled", "the job's lock expired too many times (its worker died or hung)"))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a claim handed to this worker, locked by the claim's token."""
+
+    id: str
+    data: bytes
+    attempt: int
+    enqueued_at_ms: int
+    options: bytes
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What a claim took. ``wake_in_ms``: when nothing was taken, how long until something may
+    be claimable (the next delayed job, a rate limit running out); -1 when unknown."""
+
+    jobs: list[ClaimedJob]
+    wake_in_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One successful attempt to record; ``claim_next``: also claim a job for its slot."""
+
+    job_id: str
+    token: str
+    result: bytes
+    claim_next: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed attempt to record, and what should follow it."""
+
+    job_id: str
+    token: str
+    error: ErrorInfo
+    attempt: int
+    duration_ms: int
+    max_attempts: int
+    retry_delay_ms: int
+    final: bool  # never retry (Fail, cancellation)
+    reason: str  # the failure reason if this ends the job ('' = attempts ran out)
+    claim_next: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What a complete or fail call did: a status per job, and the jobs it claimed next."""
+
+    statuses: list[Status]
+    claimed: Claimed
+
+
+def _call(script: Script, keys: QueueKeys, args: Sequence[Any]) -> ScriptCall:
+    return ScriptCall(script, (keys.prefix,), tuple(args))
+
+
+def _claimed(reply: list[Any], offset: int, token: str) -> Claimed:
+    """The claim part of a claim / complete / fail reply."""
+    count = int(reply[offset])
+    jobs = []
+    i = offset + 2
+    for _ in range(count):
+        jobs.append(ClaimedJob(reply[i].decode(), reply[i + 1], int(reply[i + 2]),
+                               int(reply[i + 3] or 0), reply[i + 4], token))
+        i += 5
+    return Claimed(jobs, int(reply[offset + 1]))
+
+
+def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int) -> Op[Claimed]:
+    """WAITING -> ACTIVE for up to ``n`` jobs, locked with ``token``. The token must be fresh
+    for this call: it is also the call's request id, so a resend answers the same jobs."""
+    reply = yield _call(SCRIPTS.claim, keys, (token, ttl_ms, n))
+    return _claimed(reply, 0, token)
+
+
+def complete_batch(keys: QueueKeys, batch: Sequence[Completion], *, keep: int, token: str,
+                   ttl_ms: int) -> Op[Finished]:
+    """ACTIVE -> COMPLETED for each job whose token still holds; claims a next job (locked
+    with ``token``, fresh for this call) for each that asks for one."""
+    args: list[Any] = [keep, token, ttl_ms, len(batch)]
+    for item in batch:
+        args += [item.job_id, item.token, item.result, 1 if item.claim_next else 0]
+    reply = yield _call(SCRIPTS.complete, keys, args)
+    return Finished([Status(int(s)) for s in reply[:len(batch)]],
+                    _claimed(reply, len(batch), token))
+
+
+def fail(keys: QueueKeys, failure: Failure, *, keep: int, token: str, ttl_ms: int
+         ) -> Op[Finished]:
+    """Record a failed attempt: retry it, or end the job failed (or cancelled, if that was
+    requested); then claim a next job with ``token`` (fresh for this call) if asked."""
+    entry = encode({"attempt": failure.attempt, "type": failure.error.type,
+                    "message": failure.error.message, "duration_ms": failure.duration_ms})
+    reply = yield _call(SCRIPTS.fail, keys, (
+        failure.job_id, failure.token, encode_error(failure.error), entry, failure.max_attempts,
+        failure.retry_delay_ms, 1 if failure.final else 0, failure.reason, keep,
+        1 if failure.claim_next else 0, token, ttl_ms))
+    status = Status(int(reply[0]))
+    if status == Status.LOCK_LOST:
+        return Finished([status], Claimed([], -1))
+    return Finished([status], _claimed(reply, 1, token))
+
+
+def extend(keys: QueueKeys, ttl_ms: int, locks: Sequence[tuple[str, str]]) -> Op[set[str]]:
+    """Renew the locks ``(job id, token)``; returns the tokens whose lock is lost."""
+    reply = yield _call(SCRIPTS.extend, keys,
+                        (ttl_ms, *(item for pair in locks for item in pair)))
+    return {raw.decode() for raw in reply}
+
+
+def release(keys: QueueKeys, locks: Sequence[tuple[str, str]]) -> Op[int]:
+    """Give jobs back to waiting at once (forced shutdown); returns how many were released."""
+    reply = yield _call(SCRIPTS.release, keys, tuple(item for pair in locks for item in pair))
+    return int(reply)
+
+
+def progress(keys: QueueKeys, job_id: str, token: str, kind: str, payload: Any,
+             max_lines: int) -> Op[bool]:
+    """A progress value (``kind`` 'p', msgpack payload) or a log line ('l'); False when the
+    lock is lost (nothing written)."""
+    reply = yield _call(SCRIPTS.progress, keys, (job_id, token, kind, payload, max_lines))
+    return bool(reply)
+
+
+def sweep_stalled(keys: QueueKeys, max_stalls: int, keep_failed: int, limit: int = 1000
+                  ) -> Op[tuple[int, int]]:
+    """Requeue (or fail, past ``max_stalls``) active jobs whose lock deadline has passed;
+    returns (requeued, failed)."""
+    requeued, failed = yield _call(SCRIPTS.stalled, keys,
+                                   (max_stalls, limit, keep_failed, _STALL_ERROR))
+    return int(requeued), int(failed)
+
+
+def promote(keys: QueueKeys) -> Op[int]:
+    """Move due delayed jobs to waiting; returns how many moved."""
+    moved, _ = yield _call(SCRIPTS.promote, keys, ())
+    return int(moved)
