@@ -49,8 +49,8 @@ class QueueKeys:
     """Names of the keys and the notify channel of one queue."""
 
     __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "failed",
-                 "meta",
-                 "name", "notify", "prefix", "schedules", "wait")
+                 "key_active", "limited", "meta", "name", "notify", "prefix", "ready",
+                 "schedules", "wait")
 
     def __init__(self, name: str) -> None:
         self.name = check_queue_name(name)
@@ -66,9 +66,18 @@ class QueueKeys:
         self.events = self.prefix + "events"
         self.notify = self.prefix + "notify"
         self.schedules = self.prefix + "schedules"
+        # Keyed mode: keys with waiting jobs and free capacity (round-robin order), running
+        # jobs per key, and keys paused by their per-key rate limit.
+        self.ready = self.prefix + "k:ready"
+        self.key_active = self.prefix + "k:active"
+        self.limited = self.prefix + "k:limited"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
 
     def schedule(self, name: str) -> str:
         return f"{self.prefix}sched:{name}"
+
+    def key_list(self, key: str) -> str:
+        """Keyed mode: the list of the waiting jobs of concurrency key ``key``."""
+        return f"{self.prefix}k:wait:{key}"

@@ -35,7 +35,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry as SyncRetry
 
-from panqueue._store.scripts import Script
+from panqueue._store.loader import Script
 from panqueue.errors import ConfigError, PanqueueError, ServerUnavailable
 from panqueue.errors import ConnectionError as PanqueueConnectionError
 
@@ -84,7 +84,15 @@ class Batch:
     route: str | None = None
 
 
-Request = ScriptCall | Command | Batch
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """Every key that matches ``match`` (a SCAN run to its end, over every master of a
+    cluster); the reply is a list of key names (bytes). Not allowed in a :class:`Batch`."""
+
+    match: str
+
+
+Request = ScriptCall | Command | Batch | Scan
 Op = Generator[Request, Any, T]
 
 _SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
@@ -98,6 +106,8 @@ CONNECT_TIMEOUT = 5.0
 # that drops every packet still ends.
 _CLOSE_TIMEOUT = 2.0
 SOCKET_TIMEOUT = 15.0
+# Keys asked for per SCAN call (a hint to the server).
+_SCAN_COUNT = 1000
 
 
 # --------------------------------------------------------------------------- errors
@@ -290,6 +300,8 @@ class SyncTransport:
                     return self.client.execute_command(*_script_args(request, cached=False))
             if isinstance(request, Command):
                 return self.client.execute_command(*request.args)
+            if isinstance(request, Scan):
+                return list(self.client.scan_iter(match=request.match, count=_SCAN_COUNT))
             if not (self.is_cluster and request.route is not None):
                 return self._pipeline(self.client, request)
             try:
@@ -486,6 +498,9 @@ class _AsyncioTransport(AsyncTransport):
                         *_script_args(request, cached=False))
             if isinstance(request, Command):
                 return await self.client.execute_command(*request.args)
+            if isinstance(request, Scan):
+                return [key async for key in self.client.scan_iter(match=request.match,
+                                                                   count=_SCAN_COUNT)]
             if not (self.is_cluster and request.route is not None):
                 return await self._pipeline(self.client, request)
             try:
