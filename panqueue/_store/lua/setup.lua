@@ -1,4 +1,3 @@
---!include _lib.lua
 -- setup: a worker declares how it runs the queue, before it claims anything.
 --
 -- KEYS[1]  queue prefix
@@ -6,6 +5,9 @@
 -- ARGV[4]  rate window ms   ARGV[5] rate limit per key (1/0)   ARGV[6] schema version
 -- ARGV[7]  how many failed/cancelled jobs the queue keeps (used when a producer cancels a job)
 -- Returns  {'ok'} or {'!', message} when the queue's stored mode differs (nothing changed).
+--!include layout.lua
+--!include waiting.lua
+
 local stored = redis.call('HGET', K_META, 'mode')
 if stored and stored ~= ARGV[1] then
   return {'!', 'queue mode mismatch: the queue is ' .. stored .. ', this worker runs it as '
@@ -33,7 +35,7 @@ if ARGV[1] == 'keyed' then
       refresh_key(key)
     end
   end
-  for _, key in ipairs(redis.call('HKEYS', K_KACTIVE)) do
+  for _, key in ipairs(redis.call('HKEYS', K_KEY_ACTIVE)) do
     refresh_key(key)
   end
   if before == 0 and redis.call('ZCARD', K_READY) > 0 then

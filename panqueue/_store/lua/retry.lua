@@ -1,4 +1,3 @@
---!include _lib.lua
 -- retry: FAILED -> WAITING with a fresh set of attempts (the attempt history is kept), or
 -- FAILED -> BLOCKED when a dependency of the job has not completed yet.
 --
@@ -10,6 +9,10 @@
 --          waiting, delayed, blocked or active, or it is moved back by this same call (in any
 --          order). A job whose dependency stays failed, or was cancelled or deleted before it
 --          completed (dx), stays FAILED, its error naming that dependency, and is not counted.
+--!include layout.lua
+--!include waiting.lua
+--!include dependencies.lua
+
 local ids = {}
 if #ARGV > 1 then
   for i = 2, #ARGV do

@@ -1,9 +1,12 @@
---!include _lib.lua
--- pause / resume: ARGV[1] '1' pauses (claims return nothing; adds still queue), '0' resumes and
--- wakes idle workers.
+-- pause: pause or resume a queue. Paused, claims return nothing (adds still queue); resumed,
+-- idle workers are woken.
 --
 -- KEYS[1]  queue prefix
+-- ARGV[1]  '1' pauses, '0' resumes
 -- Returns  1
+--!include layout.lua
+--!include waiting.lua
+
 if ARGV[1] == '1' then
   redis.call('HSET', K_META, 'paused', 1)
   emit('paused', '')

@@ -1,4 +1,3 @@
---!include _lib.lua
 -- clean: age-based retention. Deletes finished jobs (completed; failed and cancelled) that
 -- finished more than the given age ago, with their dependency edges (delete_job). Count-based
 -- retention happens on every finish.
@@ -7,6 +6,9 @@
 -- ARGV[1]  max age of completed jobs ms (-1: no limit)   ARGV[2] of failed/cancelled jobs
 -- ARGV[3]  limit per set per call
 -- Returns  how many jobs were deleted
+--!include layout.lua
+--!include finish.lua
+
 local now = now_ms()
 local removed = 0
 local function clean(set, age)

@@ -1,5 +1,3 @@
---!include _lib.lua
---!include _memo.lua
 -- fail: an attempt failed. Retry (WAITING, or DELAYED by the backoff) while attempts remain,
 -- else FAILED (the dead-letter set) with the error, reason and attempt history; jobs that
 -- depended on it fail too. A job whose cancellation was requested ends CANCELLED instead.
@@ -10,11 +8,17 @@
 -- ARGV[4]  history entry (msgpack)   ARGV[5] max attempts   ARGV[6] retry delay ms
 -- ARGV[7]  final (1: never retry)    ARGV[8] reason if this ends the job ('' = attempts ran out)
 -- ARGV[9]  keep failed (-1 = all)    ARGV[10] claim n   ARGV[11] new lock token (fresh for
---          this call: also its request id, see _memo.lua)
+--          this call: also its request id, see lib/memo.lua)
 -- ARGV[12] lock ttl ms
--- Returns  {status, count, wake_in, jobs...}; status 1 retry now, 2 retry delayed, 3 failed,
---          4 cancelled; or {-1} when the token does not match (nothing changed). A resent
---          call answers as the first one did and changes nothing.
+-- Returns  {status, count, wake_in, jobs...}; status (lib/status.lua) RETRY_NOW, RETRY_DELAYED,
+--          FAILED or CANCELLED; or {LOCK_LOST} when the token does not match (nothing
+--          changed). A resent call answers as the first one did and changes nothing.
+--!include layout.lua
+--!include status.lua
+--!include waiting.lua
+--!include claim.lua
+--!include finish.lua
+--!include memo.lua
 
 local replayed = recall(ARGV[11])
 if replayed then
@@ -23,7 +27,7 @@ end
 local id = ARGV[1]
 local jkey = job_key(id)
 if redis.call('HGET', jkey, 'tk') ~= ARGV[2] then
-  return {-1}
+  return {LOCK_LOST}
 end
 local now = now_ms()
 local keep = tonumber(ARGV[9])
@@ -35,25 +39,19 @@ redis.call('HSET', jkey, 'e', ARGV[3], 'h', history .. ARGV[4])
 local status
 local attempts = tonumber(redis.call('HGET', jkey, 'a'))
 if redis.call('HEXISTS', jkey, 'cx') == 1 then
-  status = 4
-  redis.call('HSET', jkey, 'fr', 'cancelled')
-  emit('cancelled', id)
-  fail_dependents(id, now, keep)
-  finish(jkey, id, K_CANCELLED, 'cancelled', now, keep)
+  status = CANCELLED
+  end_job(jkey, id, 'cancelled', now, keep)
 elseif ARGV[7] == '1' or attempts >= tonumber(ARGV[5]) then
-  status = 3
+  status = FAILED
   local reason = ARGV[8]
   if reason == '' then
     reason = 'max_attempts_exceeded'
   end
-  redis.call('HSET', jkey, 'fr', reason)
-  emit('failed', id, 'e', ARGV[3], 'fr', reason)
-  fail_dependents(id, now, keep)
-  finish(jkey, id, K_FAILED, 'failed', now, keep)
+  end_job(jkey, id, 'failed', now, keep, {error = ARGV[3], reason = reason})
 else
   local delay = tonumber(ARGV[6])
   if delay > 0 then
-    status = 2
+    status = RETRY_DELAYED
     redis.call('HSET', jkey, 's', 'delayed')
     redis.call('ZADD', K_DELAYED, now + delay, id)
     emit('retried', id, 's', 'delayed', 'a', attempts)
@@ -62,7 +60,7 @@ else
       wake_workers()
     end
   else
-    status = 1
+    status = RETRY_NOW
     enqueue_waiting(jkey, id)
     emit('retried', id, 's', 'waiting', 'a', attempts)
   end

@@ -1,8 +1,10 @@
---!include _lib.lua
 -- promote: move due DELAYED jobs to WAITING (workers also do this on every claim).
 --
 -- KEYS[1]  queue prefix
 -- Returns  {promoted, wake_in}
+--!include layout.lua
+--!include waiting.lua
+
 local now = now_ms()
 local before = claimable()
 local moved = promote_due(now)

@@ -1,10 +1,13 @@
---!include _lib.lua
 -- remove: delete a job that is not active, with its dependency edges (jobs blocked on it fail;
 -- its failed dependents can no longer be retried).
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id
 -- Returns  1 removed, 0 no such job, -1 the job is active (cancel it first; nothing changed)
+--!include layout.lua
+--!include waiting.lua
+--!include finish.lua
+
 local id = ARGV[1]
 local jkey = job_key(id)
 local state = redis.call('HGET', jkey, 's')

@@ -1,11 +1,14 @@
 #!lua flags=allow-oom
---!include _lib.lua
 -- release: a worker gives jobs back (forced shutdown): ACTIVE -> WAITING at the front, at once
--- rather than after the lock expires. The interrupted attempt does not count.
+-- rather than after the lock expires. The interrupted attempt does not count. A job whose
+-- cancellation was requested ends CANCELLED instead (keeping every cancelled job).
 --
 -- KEYS[1]  queue prefix
 -- ARGV     pairs: job id, lock token
 -- Returns  how many jobs were released (a job whose token no longer matches is left alone).
+--!include layout.lua
+--!include waiting.lua
+--!include finish.lua
 
 local released = 0
 local before = claimable()
@@ -15,11 +18,7 @@ for i = 1, #ARGV, 2 do
   if redis.call('HGET', jkey, 'tk') == ARGV[i + 1] then
     leave_active(jkey, id)
     if redis.call('HEXISTS', jkey, 'cx') == 1 then
-      redis.call('HSET', jkey, 'fr', 'cancelled')  -- cancellation was requested: honour it
-      emit('cancelled', id)
-      local now = now_ms()
-      fail_dependents(id, now, -1)
-      finish(jkey, id, K_CANCELLED, 'cancelled', now, -1)
+      end_job(jkey, id, 'cancelled', now_ms(), -1)  -- cancellation was requested: honour it
     else
       redis.call('HINCRBY', jkey, 'a', -1)
       requeue_waiting(jkey, id)

@@ -1,10 +1,11 @@
---!include _lib.lua
 -- progress: a running job reports progress or appends a log line. Only the lock holder may.
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id   ARGV[2] lock token   ARGV[3] 'p' (progress) or 'l' (log)
 -- ARGV[4]  value (msgpack progress, or the log line)   ARGV[5] max log lines kept
 -- Returns  1, or 0 when the lock is lost (nothing written)
+--!include layout.lua
+
 local id = ARGV[1]
 local jkey = job_key(id)
 if redis.call('HGET', jkey, 'tk') ~= ARGV[2] then
@@ -14,7 +15,7 @@ if ARGV[3] == 'p' then
   redis.call('HSET', jkey, 'pg', ARGV[4])
   emit('progress', id, 'pg', ARGV[4])
 else
-  local lkey = jkey .. ':logs'
+  local lkey = logs_key(id)
   redis.call('RPUSH', lkey, ARGV[4])
   redis.call('LTRIM', lkey, -tonumber(ARGV[5]), -1)
 end

@@ -1,4 +1,5 @@
--- Resend safety for the calls that claim jobs (claim, complete, fail).
+-- lib/memo.lua: resend safety for the calls that claim jobs (claim, complete, fail).
+-- Needs: layout.lua.
 --
 -- A reply can be lost after its script ran (the connection broke on the way back); the caller
 -- then sends the same call again. Each of these calls carries a lock token that is fresh for
@@ -12,6 +13,7 @@
 -- The memory holds the statuses the call answered and the ids it claimed. A replay rebuilds
 -- the claimed part from the job hashes, keeping only the jobs still locked by that token (a
 -- job the sweep has since taken away is not handed out again).
+--!include layout.lua
 
 local function req_key(token)
   return P .. 'req:' .. token

@@ -1,5 +1,4 @@
 #!lua flags=allow-oom
---!include _lib.lua
 -- extend: renew the locks of a worker's running jobs (one call for all of them).
 --
 -- KEYS[1]  queue prefix
@@ -10,6 +9,7 @@
 -- Invariant: a lock is only ever extended by the holder of its current token.
 -- Runs under maxmemory (allow-oom): renewing a lock only rewrites a score, and a worker that
 --          cannot renew while Redis is full would see all its jobs swept as stalled.
+--!include layout.lua
 
 local now = now_ms()
 local deadline = now + tonumber(ARGV[1])

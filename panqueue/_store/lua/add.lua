@@ -1,4 +1,3 @@
---!include _lib.lua
 -- add: create jobs, WAITING, DELAYED or BLOCKED. Idempotent for custom ids; deduplicated by
 -- dedup keys. All of a batch or none of it: every job is validated before anything is written.
 --
@@ -8,15 +7,18 @@
 --          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
 --          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy
 -- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written):
---          an item with a value out of range (see new_job_problem), a key that does not fit
---          the queue's mode, or an unknown dependency.
+--          an item with a value out of range (new_job_problem in lib/new_job.lua), a key that
+--          does not fit the queue's mode, or an unknown dependency.
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
 --          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
 --          idle workers are woken when claimable work appears.
 --          A dependency on an earlier item of the batch means the job that item resolved to:
 --          when the item's id was not created (a dedup no-op returned another job), that job;
 --          when it was deleted since (a later dedup replace), it no longer exists and the
---          dependent fails at once (see add_job). No dependent waits for a job that is not there.
+--          dependent fails at once (add_job). No dependent waits for a job that is not there.
+--!include layout.lua
+--!include waiting.lua
+--!include new_job.lua
 
 local n = tonumber(ARGV[1])
 local mode, problem = resolve_mode(ARGV[2])

@@ -1,4 +1,3 @@
---!include _lib.lua
 -- stalled: the sweep. Active jobs whose lock deadline has passed (their worker died or hung)
 -- go back to WAITING at the front, or to FAILED with reason "stalled" once they have stalled
 -- more than the allowed number of times (or CANCELLED, if that was requested). Reads only
@@ -6,12 +5,16 @@
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  max stalls   ARGV[2] limit per call   ARGV[3] keep failed   ARGV[4] error (msgpack)
--- Returns  {requeued, failed}
+-- Returns  {requeued, failed} (failed counts the jobs that ended CANCELLED too)
 -- Invariant: any number of workers may sweep at once; each move is check-and-move, so a job
 --          is requeued at most once per expiry. A stalled attempt does not count as an attempt.
+--!include layout.lua
+--!include waiting.lua
+--!include finish.lua
 
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local keep = tonumber(ARGV[3])
 local requeued, failed = 0, 0
 local before = claimable()
 for _, id in ipairs(expired) do
@@ -26,16 +29,10 @@ for _, id in ipairs(expired) do
     redis.call('HSET', jkey, 'h', (redis.call('HGET', jkey, 'h') or '') .. entry)
     if redis.call('HEXISTS', jkey, 'cx') == 1 then
       -- Its cancellation was requested and its worker is gone: it ends cancelled, not re-run.
-      redis.call('HSET', jkey, 'fr', 'cancelled')
-      emit('cancelled', id)
-      fail_dependents(id, now, tonumber(ARGV[3]))
-      finish(jkey, id, K_CANCELLED, 'cancelled', now, tonumber(ARGV[3]))
+      end_job(jkey, id, 'cancelled', now, keep)
       failed = failed + 1
     elseif stalls > tonumber(ARGV[1]) then
-      redis.call('HSET', jkey, 'e', ARGV[4], 'fr', 'stalled')
-      emit('failed', id, 'e', ARGV[4], 'fr', 'stalled')
-      fail_dependents(id, now, tonumber(ARGV[3]))
-      finish(jkey, id, K_FAILED, 'failed', now, tonumber(ARGV[3]))
+      end_job(jkey, id, 'failed', now, keep, {error = ARGV[4], reason = 'stalled'})
       failed = failed + 1
     else
       redis.call('HINCRBY', jkey, 'a', -1)

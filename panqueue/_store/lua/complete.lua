@@ -1,18 +1,22 @@
---!include _lib.lua
---!include _memo.lua
 -- complete: ACTIVE -> COMPLETED for a batch of jobs (those that finished in the same moment on
 -- one worker), release jobs that depended on them, then claim the next jobs for the freed slots
 -- in the same call.
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  keep completed (-1 = all)   ARGV[2] lock token for claimed jobs (fresh for this
---          call: also its request id, see _memo.lua)   ARGV[3] lock ttl ms
+--          call: also its request id, see lib/memo.lua)   ARGV[3] lock ttl ms
 -- ARGV[4]  k, then k groups: job id, lock token, result (msgpack), claim a next job (1/0)
--- Returns  {status1, ..., statusk, count, wake_in, jobs...} (see claim). A status is 1, or -1
---          when the token does not match: that job's lock was lost (it stalled and may run
---          elsewhere) and it was left unchanged. One job is claimed for each completed job
---          that asked for a next one. A resent call answers as the first one did and
---          changes nothing.
+-- Returns  {status1, ..., statusk, count, wake_in, jobs...} (see claim). A status is COMPLETED,
+--          or LOCK_LOST when the token does not match: that job's lock was lost (it stalled
+--          and may run elsewhere) and it was left unchanged (lib/status.lua). One job is claimed
+--          for each completed job that asked for a next one. A resent call answers as the
+--          first one did and changes nothing.
+--!include layout.lua
+--!include status.lua
+--!include waiting.lua
+--!include claim.lua
+--!include finish.lua
+--!include memo.lua
 
 local reply = recall(ARGV[2])
 if reply then
@@ -29,15 +33,12 @@ for i = 0, k - 1 do
   local id = ARGV[b]
   local jkey = job_key(id)
   if redis.call('HGET', jkey, 'tk') ~= ARGV[b + 1] then
-    reply[#reply + 1] = -1
+    reply[#reply + 1] = LOCK_LOST
   else
     leave_active(jkey, id)
-    redis.call('HSET', jkey, 'r', ARGV[b + 2])
     redis.call('HDEL', jkey, 'e')  -- earlier attempts' errors stay in the history
-    emit('completed', id, 'r', ARGV[b + 2])
-    release_dependents(id, now)
-    finish(jkey, id, K_COMPLETED, 'completed', now, keep)
-    reply[#reply + 1] = 1
+    end_job(jkey, id, 'completed', now, keep, {result = ARGV[b + 2]})
+    reply[#reply + 1] = COMPLETED
     if ARGV[b + 3] == '1' then
       wanted = wanted + 1
     end

@@ -1,13 +1,17 @@
---!include _lib.lua
 -- cancel: WAITING / DELAYED / BLOCKED -> CANCELLED at once (jobs that depended on it fail, and
--- its dependency edges go: see finish).
+-- its dependency edges go: see end_job in lib/finish.lua).
 -- An ACTIVE job is marked (cx) and its worker is told over the notify channel; it ends
--- CANCELLED when the handler stops (fail.lua).
+-- CANCELLED when the handler stops (fail.lua), when its worker gives it back (release.lua) or
+-- when its lock expires (stalled.lua).
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id   ARGV[2] keep cancelled (-1 = all) when no worker has set the queue's
 -- Returns  the state the job was in (a final state is left unchanged), or false when there is
 --          no such job.
+--!include layout.lua
+--!include waiting.lua
+--!include finish.lua
+
 local id = ARGV[1]
 local jkey = job_key(id)
 local state = redis.call('HGET', jkey, 's')
@@ -15,13 +19,9 @@ if not state then
   return false
 end
 if state == 'waiting' or state == 'delayed' or state == 'blocked' then
-  local now = now_ms()
   local keep = tonumber(redis.call('HGET', K_META, 'kf') or ARGV[2])
   detach(jkey, id, state)
-  redis.call('HSET', jkey, 'fr', 'cancelled')
-  emit('cancelled', id)
-  fail_dependents(id, now, keep)
-  finish(jkey, id, K_CANCELLED, 'cancelled', now, keep)
+  end_job(jkey, id, 'cancelled', now_ms(), keep)
 elseif state == 'active' then
   redis.call('HSET', jkey, 'cx', 1)
   redis.call('SPUBLISH', K_NOTIFY, 'c:' .. id)

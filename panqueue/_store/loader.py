@@ -1,0 +1,113 @@
+"""The Lua scripts: one file per operation in ``lua/``, sharing the includes in ``lua/lib/``.
+
+A line ``--!include NAME`` pastes ``lua/lib/NAME`` in its place. Includes are resolved in the
+order they are named, depth first (an include names the includes it needs the same way), and
+each is pasted once per script: Lua locals must be defined before the code that uses them, and
+twice would redefine them. An unknown include, an include cycle or a ``#!lua`` shebang anywhere
+but on a script's first line is an error at import time, not a script Redis refuses later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from importlib import resources
+
+__all__ = ["SCRIPTS", "Script", "ScriptSourceError", "assemble"]
+
+_INCLUDE = "--!include "
+_SHEBANG = "#!"
+
+
+class ScriptSourceError(Exception):
+    """A Lua source that cannot be assembled: an unknown include, a cycle, a misplaced shebang."""
+
+
+class Script:
+    """A Lua script with its SHA1, called with EVALSHA (EVAL when the server lacks it)."""
+
+    __slots__ = ("body", "name", "sha")
+
+    def __init__(self, name: str, body: str) -> None:
+        self.name = name
+        self.body = body
+        self.sha = hashlib.sha1(body.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Script({self.name!r})"
+
+
+def assemble(name: str, read: Callable[[str], str]) -> str:
+    """The body of script ``name``: ``read(name + ".lua")`` with its includes pasted in.
+
+    ``read`` returns the text of a path relative to ``lua/`` (``"lib/" + NAME`` for an include)
+    and raises :class:`FileNotFoundError` when there is none.
+    """
+    lines: list[str] = []
+    pasted: set[str] = set()
+
+    def paste(path: str, chain: tuple[str, ...]) -> None:
+        try:
+            text = read(path)
+        except FileNotFoundError:
+            where = f"{chain[-1]} includes" if chain else "no such script:"
+            raise ScriptSourceError(f"{where} {path}, which does not exist") from None
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.startswith(_INCLUDE):
+                include = "lib/" + line[len(_INCLUDE):].strip()
+                if include in chain or include == path:
+                    cycle = " -> ".join((*chain, path, include))
+                    raise ScriptSourceError(f"include cycle: {cycle}")
+                if include not in pasted:
+                    pasted.add(include)
+                    paste(include, (*chain, path))
+            elif line.startswith(_SHEBANG) and (chain or number != 1):
+                raise ScriptSourceError(
+                    f"{path}:{number}: a shebang ({line!r}) is only allowed on a script's first "
+                    "line (Redis reads the flags there)")
+            else:
+                lines.append(line)
+
+    paste(name + ".lua", ())
+    return "\n".join(lines) + "\n"
+
+
+def _read(path: str) -> str:
+    source = resources.files(__package__).joinpath("lua", *path.split("/"))
+    if not source.is_file():
+        raise FileNotFoundError(path)
+    return source.read_text(encoding="utf-8")
+
+
+def _load(name: str) -> Script:
+    return Script(name, assemble(name, _read))
+
+
+class _Scripts:
+    """Every script, by operation name (the name of its file in ``lua/``)."""
+
+    def __init__(self) -> None:
+        self.add = _load("add")
+        self.claim = _load("claim")
+        self.complete = _load("complete")
+        self.fail = _load("fail")
+        self.extend = _load("extend")
+        self.stalled = _load("stalled")
+        self.release = _load("release")
+        self.promote = _load("promote")
+        self.pause = _load("pause")
+        self.cancel = _load("cancel")
+        self.retry = _load("retry")
+        self.remove = _load("remove")
+        self.progress = _load("progress")
+        self.schedule_set = _load("schedule_set")
+        self.schedule_tick = _load("schedule_tick")
+        self.schedule_remove = _load("schedule_remove")
+        self.clean = _load("clean")
+        self.setup = _load("setup")
+
+    def __iter__(self) -> Iterator[Script]:
+        return iter(vars(self).values())
+
+
+SCRIPTS = _Scripts()

@@ -1,0 +1,113 @@
+-- lib/claim.lua: WAITING -> ACTIVE. Taking up to n jobs for one worker's free slots, each
+-- locked in the same step, honouring pause, the rate limit and keyed mode's round robin.
+-- Needs: layout.lua, waiting.lua (the wait order, promotion, readiness), rate.lua.
+--!include layout.lua
+--!include waiting.lua
+--!include rate.lua
+
+-- The sooner of two waits in ms, where -1 means none.
+local function earliest(a, b)
+  if a < 0 then
+    return b
+  end
+  if b < 0 then
+    return a
+  end
+  return math.min(a, b)
+end
+
+-- WAITING -> ACTIVE with the lock token and a lock deadline, in one step (a sweeper can never
+-- see a job that is claimed but not yet locked). Appends the job to `out`.
+local function activate(id, now, token, ttl, out)
+  local jkey = job_key(id)
+  local attempt = redis.call('HINCRBY', jkey, 'a', 1)
+  redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token)
+  redis.call('ZADD', K_ACTIVE, now + ttl, id)
+  local f = redis.call('HMGET', jkey, 'd', 'et', 'o')
+  out[#out + 1] = id
+  out[#out + 1] = f[1]
+  out[#out + 1] = attempt
+  out[#out + 1] = f[2]
+  out[#out + 1] = f[3] or ''
+  emit('active', id, 'a', attempt)
+end
+
+-- Claim up to n jobs for one worker (its free slots). Appends to `out`: count, wake_in (when
+-- nothing was claimed: ms until something may be claimable, -1 unknown), then per job
+-- id, data, attempt, enqueued_at, options. Honours pause, the rate limit and keyed mode.
+local function claim(now, token, ttl, n, out)
+  local count_at = #out + 1
+  out[count_at] = 0
+  out[count_at + 1] = -1
+  local m = meta()
+  if n <= 0 or m.paused then
+    return
+  end
+  promote_due(now)
+  local global_limit = m.rate_max > 0 and not m.rate_per_key
+  if global_limit then
+    local room, retry_in = rate_allowance(K_RATE, now)
+    if room == 0 then
+      out[count_at + 1] = earliest(retry_in, wake_in(now))
+      return
+    end
+    n = math.min(n, room)
+  end
+  local count = 0
+  if keyed() then
+    local key_limit = m.rate_max > 0 and m.rate_per_key
+    release_limited_keys(now)
+    while count < n do
+      local popped = redis.call('ZPOPMIN', K_READY)
+      if #popped == 0 then
+        break
+      end
+      local key = popped[1]
+      local id = redis.call('LPOP', key_list(key))
+      if id then
+        redis.call('HINCRBY', K_META, 'kw', -1)
+        local running = redis.call('HINCRBY', K_KEY_ACTIVE, key, 1)
+        activate(id, now, token, ttl, out)
+        count = count + 1
+        if global_limit then
+          rate_record(K_RATE, now)
+        end
+        if key_limit then
+          local rkey = K_RATE .. ':' .. key
+          rate_record(rkey, now)
+          local room, retry_in = rate_allowance(rkey, now)
+          if room == 0 then
+            redis.call('ZADD', K_LIMITED, now + retry_in, key)
+          end
+        end
+        -- Back of the round robin with a new sequence number, if still eligible (a key now
+        -- at capacity is not: it was popped and stays out until a job of it finishes).
+        if running < m.kc then
+          refresh_key(key)
+        end
+      else
+        refresh_key(key)
+      end
+    end
+  else
+    local popped = redis.call('ZPOPMIN', K_WAIT, n)
+    for i = 1, #popped, 2 do
+      activate(popped[i], now, token, ttl, out)
+      count = count + 1
+      if global_limit then
+        rate_record(K_RATE, now)
+      end
+    end
+  end
+  out[count_at] = count
+  if count == 0 then
+    -- Only an empty claim says when to look again (the busy path skips these reads): the next
+    -- delayed job, or the first key whose per-key rate limit runs out.
+    local next_in = wake_in(now)
+    local first = redis.call('ZRANGE', K_LIMITED, 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      next_in = earliest(next_in, math.max(1, tonumber(first[2]) - now))
+    end
+    out[count_at + 1] = next_in
+  end
+end

@@ -1,0 +1,111 @@
+-- lib/finish.lua: how a job ends. end_job is the one way into COMPLETED, FAILED or CANCELLED,
+-- whichever script ends the job (complete, fail, stalled, release, cancel, add, and the cascade
+-- that fails the dependents of a job that will not complete). Also retention: the finished sets
+-- are trimmed to a count, and deleting a job (delete_job) is what retention and removal do.
+-- Needs: layout.lua, dependencies.lua.
+--
+-- Finished sets: ZSETs "completed", "failed" (the dead-letter set), "cancelled"; score = the
+-- finish time (ft), so the oldest go first.
+--!include layout.lua
+--!include dependencies.lua
+
+local FINAL_SETS = {completed = K_COMPLETED, failed = K_FAILED, cancelled = K_CANCELLED}
+
+-- Retention deletes jobs, deleting a job fails the jobs blocked on it, and failing a job ends
+-- it: these call each other, so two of them are declared ahead of their definitions below.
+local delete_job
+local fail_dependents
+
+-- Keep at most `keep` members in a finished set, deleting the oldest jobs. keep < 0 keeps
+-- everything. Deleting a job can fail jobs still blocked on it (see delete_job), which adds them
+-- to the failed set: trim until it is within bounds.
+local function trim_finished(set, keep, now)
+  if keep < 0 then
+    return
+  end
+  local excess = redis.call('ZCARD', set) - keep
+  while excess > 0 do
+    local old = redis.call('ZPOPMIN', set, excess)
+    for i = 1, #old, 2 do
+      delete_job(old[i], now)
+    end
+    excess = redis.call('ZCARD', set) - keep
+  end
+end
+
+-- Job `id` ends in `state` ('completed', 'failed' or 'cancelled') at `now`. The caller has
+-- taken it out of the set it was in (leave_active, detach); then, in this order:
+--   1. the fields of the ending: r result (completed); e error and fr reason (failed);
+--      fr 'cancelled' (cancelled);
+--   2. the event named after the state, with those fields (a cancelled event carries none);
+--      how.event replaces it ({name, field, value, ...}: an add announces a job born failed);
+--   3. its dependents: a completed job releases them; a failed or cancelled one fails every
+--      job blocked on it, transitively (fail_dependents), recorded before any retention;
+--   4. s state, ft finish time, and the finished set of the state;
+--   5. a cancelled job's dependency edges go (forget_edges): it will never complete nor run;
+--   6. retention trims that set to `keep` jobs (-1 keeps all).
+-- `how` (optional): {result=, error=, reason=, event=, cascaded=}. cascaded: the job is a
+-- dependent failed by fail_dependents, which handles its dependents and retention for the whole
+-- cascade.
+local function end_job(jkey, id, state, now, keep, how)
+  how = how or {}
+  local set = FINAL_SETS[state]
+  local fields
+  if state == 'completed' then
+    fields = {'r', how.result}
+  elseif state == 'failed' then
+    fields = {'e', how.error, 'fr', how.reason}
+  else
+    fields = {'fr', 'cancelled'}
+  end
+  redis.call('HSET', jkey, unpack(fields))
+  if how.event then
+    emit(how.event[1], id, unpack(how.event, 2))
+  elseif state == 'cancelled' then
+    emit('cancelled', id)
+  else
+    emit(state, id, unpack(fields))
+  end
+  if state == 'completed' then
+    release_dependents(id, now)
+  elseif not how.cascaded then
+    fail_dependents(id, now, keep)
+  end
+  redis.call('HSET', jkey, 's', state, 'ft', now)
+  redis.call('ZADD', set, now, id)
+  if state == 'cancelled' then
+    forget_edges(id)
+  end
+  if not how.cascaded then
+    trim_finished(set, keep, now)
+  end
+end
+
+-- Job `id` will not complete now (failed, cancelled, deleted): every job blocked on it fails,
+-- transitively, with reason "dependency_failed". The edges stay (lib/dependencies.lua).
+-- Retention is applied once the whole cascade is recorded: trimming in the middle of it would
+-- delete a dependent before its own dependents were failed.
+fail_dependents = function(id, now, keep)
+  local blocked = blocked_dependents(id)
+  for _, dependent in ipairs(blocked) do
+    redis.call('ZREM', K_BLOCKED, dependent.id)
+    local err = cmsgpack.pack({type = 'DependencyFailed',
+      message = 'dependency ' .. dependent.via .. ' did not complete'})
+    end_job(job_key(dependent.id), dependent.id, 'failed', now, -1,
+      {error = err, reason = 'dependency_failed', cascaded = true})
+  end
+  if #blocked > 0 then
+    trim_finished(K_FAILED, keep, now)
+  end
+end
+
+-- Delete a job: its hash, its log list and its dependency edges on both sides; the jobs still
+-- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
+-- retention takes at every finish.)
+delete_job = function(id, now)
+  if redis.call('EXISTS', deps_key(id), needs_key(id)) > 0 then
+    fail_dependents(id, now or now_ms(), -1)
+    forget_edges(id)
+  end
+  redis.call('DEL', job_key(id), logs_key(id))
+end

@@ -1,0 +1,99 @@
+-- lib/layout.lua: the key layout of one queue, the job hash's fields, the server clock, events
+-- and the queue's settings (meta). Every script starts from here.
+-- Needs: nothing.
+--
+-- KEYS[1] is always the queue prefix "{q:<queue>}:"; every other key of the queue is derived
+-- from it, so one script only ever touches one hash slot. panqueue/_keys.py names the same keys
+-- for Python (tests/test_lua_layout.py holds the two together).
+--
+-- Job hash fields (job_key(id)):
+--   d  data (msgpack)          s  state              p  priority        ws wait-set score
+--   et enqueued at (ms)        st started at (ms)    ft finished at     a  attempts started
+--   tk lock token (while active)                     o  job options (msgpack, optional)
+--   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
+--   fr failure reason          sc times stalled      cx cancel requested
+--   pg progress (msgpack)      k  concurrency key (keyed mode)
+--   dd dedup key               ra run-at of a blocked job that was added with a delay
+--   dx a dependency that was cancelled or deleted before it completed: the job can never run
+-- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua).
+--
+-- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
+-- kf failed/cancelled jobs kept (for producers' cancels), seq (wait order), id (generated ids),
+-- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
+-- rls (rate-limit entry counter).
+-- All times come from the server clock (TIME), never from a worker host.
+
+local P = KEYS[1]
+local K_META = P .. 'meta'
+local K_WAIT = P .. 'wait'
+local K_DELAYED = P .. 'delayed'
+local K_BLOCKED = P .. 'blocked'
+local K_ACTIVE = P .. 'active'
+local K_COMPLETED = P .. 'completed'
+local K_FAILED = P .. 'failed'
+local K_CANCELLED = P .. 'cancelled'
+local K_EVENTS = P .. 'events'
+local K_NOTIFY = P .. 'notify'
+local K_SCHEDULES = P .. 'schedules'
+local K_READY = P .. 'k:ready'
+local K_KEY_ACTIVE = P .. 'k:active'
+local K_LIMITED = P .. 'k:limited'
+local K_RATE = P .. 'rl'
+local EVENTS_MAXLEN = 10000
+
+local function job_key(id)
+  return P .. 'job:' .. id
+end
+
+local function logs_key(id)
+  return P .. 'job:' .. id .. ':logs'
+end
+
+-- Keyed mode: the waiting jobs of one key (lib/waiting.lua).
+local function key_list(key)
+  return P .. 'k:wait:' .. key
+end
+
+-- Dependency edges (lib/dependencies.lua).
+local function deps_key(id)
+  return P .. 'deps:' .. id
+end
+
+local function needs_key(id)
+  return P .. 'needs:' .. id
+end
+
+-- The job a dedup key currently names (lib/new_job.lua).
+local function dedup_key(key)
+  return P .. 'dd:' .. key
+end
+
+-- A schedule's definition (schedule_*.lua).
+local function schedule_key(name)
+  return P .. 'sched:' .. name
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function emit(ev, id, ...)
+  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'ev', ev, 'id', id, ...)
+end
+
+-- The queue's settings, read once per script (a script that changes them sets META = nil).
+local META = nil
+local function meta()
+  if not META then
+    local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk')
+    META = {mode = m[1] or 'global', kc = tonumber(m[2] or '1'), paused = m[3],
+            rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
+            rate_per_key = m[6] == '1'}
+  end
+  return META
+end
+
+local function keyed()
+  return meta().mode == 'keyed'
+end

@@ -1,0 +1,11 @@
+-- lib/status.lua: what a finishing script (complete, fail) did to each job, one named code per
+-- outcome. panqueue/_store/status.py's Status names the same values for Python
+-- (tests/test_lua_layout.py holds the two together).
+-- Needs: nothing.
+
+local LOCK_LOST = -1      -- the token no longer matched: the job was left unchanged
+local RETRY_NOW = 1       -- failed attempt; back to waiting
+local RETRY_DELAYED = 2   -- failed attempt; delayed by the backoff
+local FAILED = 3          -- failed for good (the dead-letter set)
+local CANCELLED = 4       -- its cancellation was requested: ended cancelled
+local COMPLETED = 5       -- completed

@@ -1,0 +1,10 @@
+-- schedule_remove: delete a schedule (schedule_set.lua); jobs it already enqueued stay.
+--
+-- KEYS[1]  queue prefix
+-- ARGV[1]  name
+-- Returns  1 removed, 0 no such schedule
+--!include layout.lua
+
+local name = ARGV[1]
+redis.call('DEL', schedule_key(name))
+return redis.call('ZREM', K_SCHEDULES, name)

@@ -1,0 +1,18 @@
+-- schedule_set: create or change a repeatable job's schedule. Definitions live in
+-- "sched:<name>" (HASH: def, the msgpack definition) and the next run of each in "schedules"
+-- (ZSET, score = run time ms).
+--
+-- KEYS[1]  queue prefix
+-- ARGV[1]  name   ARGV[2] definition (msgpack)   ARGV[3] first run ms
+-- Returns  1 created or changed, 0 unchanged (the same definition is already scheduled: its
+--          next run is left as it was)
+--!include layout.lua
+
+local name = ARGV[1]
+local skey = schedule_key(name)
+if redis.call('HGET', skey, 'def') == ARGV[2] and redis.call('ZSCORE', K_SCHEDULES, name) then
+  return 0
+end
+redis.call('HSET', skey, 'def', ARGV[2])
+redis.call('ZADD', K_SCHEDULES, ARGV[3], name)
+return 1
