@@ -1,7 +1,12 @@
 """Producing jobs and administering queues: ``QueueClient`` (async) and ``SyncQueueClient``.
 
 Both clients build the same operations (``_store.ops``) and differ only in how they
-drive them: awaiting an async transport, or blocking on redis-py's sync client.
+drive them: awaiting an async transport, or blocking on redis-py's sync client. Validating a
+producer's arguments is an operation's job too (``ops.new_job``).
+
+Longer than our usual 300 lines on purpose: the two clients mirror each other method for
+method (each method one line over an operation), and side by side in one file is where a
+method added to one and not the other shows.
 """
 
 from __future__ import annotations
@@ -16,26 +21,20 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
-from panqueue._codec import encode, encode_checked
 from panqueue._job import JobInfo, JobState
-from panqueue._keys import QueueKeys, check_job_id
-from panqueue._options import (
-    MAX_SECONDS,
-    Backoff,
-    Dedup,
-    check_positive,
-    check_priority,
-    options_to_wire,
-)
+from panqueue._keys import QueueKeys
+from panqueue._options import Backoff, Dedup
 from panqueue._registry import Handler
-from panqueue._store import ops
-from panqueue._store.ops import Event, NewJob, ScheduleInfo
-from panqueue._store.transport import (
+from panqueue._store import (
     AsyncTransport,
+    Event,
+    NewJob,
     Op,
+    ScheduleInfo,
     SyncTransport,
     check_url,
     open_async_transport,
+    ops,
 )
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, ConnectionError, PayloadError
@@ -49,8 +48,6 @@ _EVENTS_BLOCK_MS = 1000
 _RECONNECT_MIN = 0.05
 _RECONNECT_MAX = 5.0
 
-_ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
-                          "timeout", "key", "dedup", "depends_on"})
 _QUEUE_DEFAULTS = frozenset({"delay", "priority", "attempts", "backoff", "timeout"})
 # How long ``add(..., durable=True)`` waits for the server's fsync.
 DURABLE_TIMEOUT_MS = 10_000
@@ -87,58 +84,11 @@ def _queue_target(queue: str | Handler[Any, Any], defaults: dict[str, Any]
     return QueueKeys(name), merged, mode
 
 
-def _new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> NewJob:
-    """Validate one add's arguments (over the queue defaults) into what the add script takes."""
-    unknown = set(options) - _ADD_OPTIONS
-    if unknown:
-        raise ConfigError(f"unknown add() option(s): {', '.join(sorted(unknown))}")
-    o = {**defaults, **{k: v for k, v in options.items() if v is not None}}
-    job_id = o.get("job_id")
-    if job_id is not None:
-        check_job_id(job_id)
-    priority = check_priority(o.get("priority", 0))
-    delay_ms = 0
-    run_at_ms = 0
-    if o.get("run_at") is not None:
-        run_at = o["run_at"]
-        if not isinstance(run_at, datetime) or run_at.tzinfo is None:
-            raise ConfigError(f"run_at must be a timezone-aware datetime, got {run_at!r}")
-        if run_at.timestamp() - time.time() > MAX_SECONDS:
-            raise ConfigError(f"run_at must be at most {MAX_SECONDS} s (100 years) from now, "
-                              f"got {run_at.isoformat()}")
-        run_at_ms = int(run_at.timestamp() * 1000)
-    elif o.get("delay") is not None:
-        delay_ms = int(check_positive(o["delay"], "delay", allow_zero=True) * 1000)
-    wire = options_to_wire(o.get("attempts"), o.get("backoff"), o.get("timeout"))
-    key = o.get("key") or ""
-    if not isinstance(key, str) or (key and not key.isprintable()):
-        raise ConfigError(f"key must be a printable str, got {key!r}")
-    dedup = o.get("dedup")
-    if dedup is not None and not isinstance(dedup, Dedup):
-        raise ConfigError(f"dedup must be a panqueue.Dedup, got {dedup!r}")
-    depends_on = o.get("depends_on") or ()
-    if isinstance(depends_on, str) or not all(isinstance(d, str) and d for d in depends_on):
-        raise ConfigError(f"depends_on must be a list of job ids, got {depends_on!r}")
-    return NewJob(
-        job_id=job_id,
-        data=encode_checked(data, "data"),
-        priority=priority,
-        delay_ms=delay_ms,
-        run_at_ms=run_at_ms,
-        options=encode(wire) if wire else b"",
-        key=key,
-        depends_on=tuple(depends_on),
-        dedup_key="" if dedup is None else dedup.key,
-        dedup_ttl_ms=0 if dedup is None else max(1, int(dedup.ttl * 1000)),
-        dedup_strategy="" if dedup is None else dedup.strategy,
-    )
-
-
 def _new_jobs(defaults: dict[str, Any], items: Iterable[Any]) -> list[NewJob]:
     jobs = []
     for index, item in enumerate(items):
         try:
-            jobs.append(_new_job(defaults, item, {}))
+            jobs.append(ops.new_job(defaults, item, {}))
         except PayloadError as exc:
             raise PayloadError(f"item {index}: {exc}") from None
     return jobs
@@ -164,8 +114,8 @@ def _flow_jobs(defaults: dict[str, Any], flow: Sequence[FlowJob]) -> list[NewJob
                 deps.append(str(ref))
         job_id = node.job_id or f"{prefix}:{index}"
         try:
-            jobs.append(_new_job(defaults, node.data,
-                                 {**node.options, "job_id": job_id, "depends_on": deps}))
+            jobs.append(ops.new_job(defaults, node.data,
+                                    {**node.options, "job_id": job_id, "depends_on": deps}))
         except PayloadError as exc:
             raise PayloadError(f"flow item {index}: {exc}") from None
         ids.append(job_id)
@@ -225,7 +175,7 @@ class Queue:
         ``depends_on``: ids of jobs of this queue that must complete first (the job is BLOCKED
         until then). ``durable``: return only once the server has fsynced the write.
         """
-        job = _new_job(self.defaults, data, dict(
+        job = ops.new_job(self.defaults, data, dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on))
         [(job_id_, created)] = await self._client._run(ops.add_jobs(
@@ -291,8 +241,36 @@ class QueueClient:
         keys, merged, mode = _queue_target(queue, defaults)
         return Queue(self, keys, merged, mode)
 
+    async def ping(self) -> None:
+        """Check that Redis answers; raises :class:`ConnectionError` if it cannot be reached."""
+        await self._run(ops.ping())
+
+    async def queues(self) -> list[str]:
+        """The names of every queue that has state in Redis, sorted. Scans the keyspace (every
+        master of a cluster): for dashboards and operators, not for a hot path."""
+        return await self._run(ops.queues())
+
+    async def queue_exists(self, queue: str) -> bool:
+        """Whether ``queue`` has state in Redis (a job was added to it or a worker served it)."""
+        return await self._run(ops.known_queue(QueueKeys(queue)))
+
+    async def is_paused(self, queue: str) -> bool:
+        """Whether ``queue`` is paused (:meth:`pause`)."""
+        return await self._run(ops.is_paused(QueueKeys(queue)))
+
     async def get_job(self, queue: str, job_id: str) -> JobInfo:
         return await self._run(ops.get_job(QueueKeys(queue), job_id))
+
+    async def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100
+                        ) -> list[JobInfo]:
+        """Up to ``limit`` jobs of ``queue`` in ``state``.
+
+        Finished states (completed, failed, cancelled) come newest first; waiting jobs in the
+        order workers will claim them (keyed queues: round robin over the keys); delayed jobs
+        by when they are due; blocked ones by when they were blocked; active ones by their
+        lock deadline. A job that leaves the state while the list is read is left out.
+        """
+        return await self._run(ops.list_jobs(QueueKeys(queue), state, limit))
 
     async def counts(self, queue: str) -> dict[JobState, int]:
         return await self._run(ops.counts(QueueKeys(queue)))
@@ -388,7 +366,7 @@ class SyncQueue(Generic[T]):
             attempts: int | None = None, backoff: Backoff | None = None,
             timeout: float | None = None, key: str | None = None, dedup: Dedup | None = None,
             depends_on: Sequence[str] | None = None, durable: bool = False) -> SyncJobHandle:
-        job = _new_job(self.defaults, data, dict(
+        job = ops.new_job(self.defaults, data, dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on))
         [(job_id_, created)] = self._client._run(ops.add_jobs(
@@ -446,8 +424,27 @@ class SyncQueueClient:
         keys, merged, mode = _queue_target(queue, defaults)
         return SyncQueue(self, keys, merged, mode)
 
+    def ping(self) -> None:
+        """Blocking :meth:`QueueClient.ping`."""
+        self._run(ops.ping())
+
+    def queues(self) -> list[str]:
+        """Blocking :meth:`QueueClient.queues`."""
+        return self._run(ops.queues())
+
+    def queue_exists(self, queue: str) -> bool:
+        return self._run(ops.known_queue(QueueKeys(queue)))
+
+    def is_paused(self, queue: str) -> bool:
+        return self._run(ops.is_paused(QueueKeys(queue)))
+
     def get_job(self, queue: str, job_id: str) -> JobInfo:
         return self._run(ops.get_job(QueueKeys(queue), job_id))
+
+    def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100
+                  ) -> list[JobInfo]:
+        """Blocking :meth:`QueueClient.list_jobs`."""
+        return self._run(ops.list_jobs(QueueKeys(queue), state, limit))
 
     def counts(self, queue: str) -> dict[JobState, int]:
         return self._run(ops.counts(QueueKeys(queue)))

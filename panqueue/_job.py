@@ -9,11 +9,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import msgpack
-
-from panqueue._codec import decode
 from panqueue._options import JobOptions
-from panqueue.errors import Fail, JobNotFound, Retry  # Fail, Retry: defined there, kept here
+from panqueue.errors import Fail, Retry  # Fail, Retry: defined there, kept here
 
 __all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry", "exception_message",
            "from_ms"]
@@ -82,7 +79,8 @@ def from_ms(value: bytes | str | int | None) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class JobInfo:
-    """A snapshot of one job as stored in Redis."""
+    """A snapshot of one job as stored in Redis (``client.get_job``, ``handle.info()``,
+    ``client.list_jobs``)."""
 
     id: str
     queue: str
@@ -100,45 +98,6 @@ class JobInfo:
     failure_reason: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_hash(cls, queue: str, job_id: str, h: dict[bytes, bytes],
-                  logs: list[bytes]) -> JobInfo:
-        """The job stored in hash ``h``; :class:`JobNotFound` if ``h`` holds no job (it is
-        empty, or has no state field)."""
-
-        def text(name: bytes) -> str | None:
-            raw = h.get(name)
-            return None if raw is None else raw.decode()
-
-        state = text(b"s")
-        if state is None:
-            # Every script that creates a job writes its state in the same step: a hash
-            # without one is a leftover (a write that raced a delete), not a job.
-            raise JobNotFound(queue, job_id)
-        history: list[dict[str, Any]] = []
-        if h.get(b"h"):
-            unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=_no_ext)
-            unpacker.feed(h[b"h"])
-            history = [entry for entry in unpacker if isinstance(entry, dict)]
-        return cls(
-            id=job_id,
-            queue=queue,
-            state=JobState(state),
-            data=decode(h.get(b"d")),
-            attempts=int(h.get(b"a") or 0),
-            progress=decode(h.get(b"pg")),
-            logs=[line.decode(errors="replace") for line in logs],
-            result=decode(h.get(b"r")),
-            error=ErrorInfo.from_wire(decode(h.get(b"e"))),
-            enqueued_at=from_ms(h.get(b"et")),
-            started_at=from_ms(h.get(b"st")),
-            finished_at=from_ms(h.get(b"ft")),
-            priority=int(h.get(b"p") or 0),
-            failure_reason=text(b"fr"),
-            history=history,
-            options=decode(h.get(b"o")) or {},
-        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the CLI's ``panqueue job`` prints this)."""
@@ -163,10 +122,6 @@ class JobInfo:
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
         }
-
-
-def _no_ext(code: int, data: bytes) -> Any:
-    return None
 
 
 class _Done:

@@ -1,7 +1,11 @@
 """The ``panqueue`` command line (also ``python -m panqueue``).
 
 Every failure a user can cause (bad MODULE:ATTR, unreachable Redis, unknown queue, invalid
-JSON) prints one line on stderr and exits non-zero; tracebacks are for bugs only.
+JSON) prints one line on stderr and exits non-zero; tracebacks are for bugs only. The commands
+use the public client API only (``SyncQueueClient``, ``WorkerPool``), like any application.
+
+Longer than our usual 300 lines: it holds every command and the parser that names their
+options, each short; a reader looks for a command here, and finds all of them.
 """
 
 from __future__ import annotations
@@ -20,12 +24,9 @@ import anyio
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobState
-from panqueue._keys import QueueKeys
 from panqueue._log import configure_logging
 from panqueue._pool import WorkerPool
 from panqueue._registry import Registry
-from panqueue._store import ops
-from panqueue._store.transport import Command
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, PanqueueError
 
@@ -68,15 +69,13 @@ def load_registry(spec: str) -> Registry:
 
 def _client(args: argparse.Namespace) -> SyncQueueClient:
     client = SyncQueueClient(args.url)
-    client._connect().execute(Command(("PING",)))  # fail fast and clearly
+    client.ping()  # fail fast and clearly
     return client
 
 
-def _require_queue(client: SyncQueueClient, queue: str) -> QueueKeys:
-    keys = QueueKeys(queue)
-    if not client._run(ops.known_queue(keys)):
+def _require_queue(client: SyncQueueClient, queue: str) -> None:
+    if not client.queue_exists(queue):
         raise _UserError(f"unknown queue {queue!r} (no job or worker has used it)")
-    return keys
 
 
 def _print_json(value: Any) -> None:
@@ -143,25 +142,17 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
-def _all_queues(client: SyncQueueClient) -> list[str]:
-    names = set()
-    for key in client._connect().client.scan_iter(match="{q:*}:meta", count=1000):
-        text = key.decode()
-        names.add(text[3 : text.index("}:meta")])
-    return sorted(names)
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if args.queue:
             _require_queue(client, args.queue)
             queues = [args.queue]
         else:
-            queues = _all_queues(client)
+            queues = client.queues()
         rows = []
         for queue in queues:
             counts = client.counts(queue)
-            paused = client._run(ops.is_paused(QueueKeys(queue)))
+            paused = client.is_paused(queue)
             rows.append((queue, counts, paused))
     if args.json:
         _print_json({q: {**{s.value: n for s, n in c.items()}, "paused": p} for q, c, p in rows})
@@ -188,18 +179,15 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 def cmd_dlq(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        keys = _require_queue(client, args.queue)
+        _require_queue(client, args.queue)
         if args.retry:
             moved = client.retry_failed(args.queue)
             print(f"{moved} job(s) moved back to waiting")
             return 0
-        ids = client._run(ops.list_ids(keys, JobState.FAILED, args.limit))
+        # The newest failures, printed oldest first.
+        failed = client.list_jobs(args.queue, JobState.FAILED, limit=args.limit)
         entries = []
-        for job_id in ids:
-            try:
-                info = client.get_job(args.queue, job_id)
-            except PanqueueError:
-                continue
+        for info in reversed(failed):
             entries.append({
                 "id": info.id,
                 "reason": info.failure_reason,
@@ -237,7 +225,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                 raise _UserError(f"no schedule {args.remove!r} in queue {args.queue!r}")
             print(f"schedule {args.remove!r} removed from {args.queue!r}")
             return 0
-        queues = [args.queue] if args.queue else _all_queues(client)
+        queues = [args.queue] if args.queue else client.queues()
         if args.queue:
             _require_queue(client, args.queue)
         found = [info for queue in queues for info in client.schedules(queue)]

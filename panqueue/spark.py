@@ -24,12 +24,10 @@ from typing import Any
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
-from panqueue._client import _new_job
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, check_queue_name
 from panqueue._options import Backoff
-from panqueue._store import ops
-from panqueue._store.transport import Batch, Command, SyncTransport, check_url
+from panqueue._store import SyncTransport, check_url, ops
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
 
@@ -165,7 +163,7 @@ def enqueue_dataframe(
     to_data = converter(schema)
     defaults = {k: v for k, v in dict(priority=priority, delay=delay, attempts=attempts,
                                       backoff=backoff, timeout=timeout).items() if v is not None}
-    _new_job(defaults, None, {})  # validates the options on the driver
+    ops.new_job(defaults, None, {})  # validates the options on the driver
     if id_column is None:
         warnings.warn(
             "enqueue_dataframe without id_column: a Spark task that is retried (or run "
@@ -193,7 +191,7 @@ def enqueue_dataframe(
                     options["priority"] = int(values[priority_column])
                 if delay_column is not None and values[delay_column] is not None:
                     options["delay"] = float(values[delay_column])
-                batch.append(_new_job(defaults, data, options))
+                batch.append(ops.new_job(defaults, data, options))
                 if len(batch) >= batch_size:
                     created = sum(c for _, c in transport.run(ops.add_jobs(keys, batch, mode)))
                     added, existing = added + created, existing + len(batch) - created
@@ -232,17 +230,6 @@ JOB_SCHEMA = T.StructType([
 _READ_BATCH = 500
 
 
-def _list_ids(transport: SyncTransport, keys: QueueKeys, states: list[JobState]) -> list[str]:
-    ids: list[str] = []
-    for state in states:
-        ids += [m.decode() for m in transport.client.zrange(ops.state_set(keys, state), 0, -1)]
-        if state is JobState.WAITING:  # keyed queues keep waiting jobs in per-key lists
-            for list_key in transport.client.scan_iter(match=f"{keys.prefix}k:wait:*",
-                                                       count=1000):
-                ids += [m.decode() for m in transport.client.lrange(list_key, 0, -1)]
-    return ids
-
-
 def _ms_between(start: dt.datetime | None, end: dt.datetime | None) -> float | None:
     return None if start is None or end is None else (end - start).total_seconds() * 1000
 
@@ -267,14 +254,15 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
     """
     keys = QueueKeys(queue)
     url = check_url(resolve_url(url))
-    wanted = list(ops.STATE_SETS) if states is None else [JobState(s) for s in states]
+    wanted = list(JobState) if states is None else [JobState(s) for s in states]
     transport = SyncTransport(url)
     try:
-        # A job moving between states while the sets are listed can be listed twice.
-        ids = list(dict.fromkeys(_list_ids(transport, keys, wanted)))
+        # A job moving between states while the states are listed can be listed twice.
+        ids = list(dict.fromkeys(job_id for state in wanted
+                                 for job_id in transport.run(ops.list_ids(keys, state, None))))
     finally:
         transport.close()
-    wanted_states = frozenset(state.value for state in wanted)
+    wanted_states = frozenset(wanted)
     slices = partitions or max(1, min(spark.sparkContext.defaultParallelism * 4,
                                       len(ids) // _READ_BATCH + 1))
 
@@ -297,9 +285,7 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
 
 
 def _read_chunk(client: SyncTransport, keys: QueueKeys, ids: list[str],
-                states: frozenset[str]) -> Iterator[tuple[Any, ...]]:
-    hashes = client.execute(Batch(tuple(Command(("HGETALL", keys.job(i))) for i in ids)))
-    for job_id, h in zip(ids, hashes, strict=True):
-        # Skip jobs removed since the listing, and jobs that moved to a state not asked for.
-        if h and h.get(b"s", b"").decode() in states:
-            yield _record(JobInfo.from_hash(keys.name, job_id, h, []))
+                states: frozenset[JobState]) -> Iterator[tuple[Any, ...]]:
+    # Skips jobs removed since the listing, and jobs that moved to a state not asked for.
+    for info in client.run(ops.read_jobs(keys, ids, states=states, logs=False)):
+        yield _record(info)

@@ -1,27 +1,35 @@
 """The one door to Redis: typed operations on a queue's data, and the transports that run them.
 
 Everything outside ``_store`` (the clients, the worker runtime, the CLI, Spark, the benchmarks)
-imports from here: ``from panqueue._store import ops`` or the names re-exported below. Nothing
-outside builds a script's ARGV, imports the script table or knows a hash field's letter.
+imports from here: the ``ops`` namespace and the names re-exported below. Nothing outside
+builds a script's ARGV, imports the script table or knows a job hash's field letters.
 
-- ``ops``: the clients' operations (add, read, cancel, retry, schedules, events, ...).
+- ``ops``: the clients' operations (add, read and list jobs, cancel, retry, schedules,
+  events, which queues exist, ...), by concern in ``ops/*.py``.
 - ``transitions``: the worker's transitions (claim, complete a batch, fail, renew, release,
   sweep stalled jobs, promote, clean).
 - ``transport``: the asyncio / thread / sync drivers that run an operation.
 """
 
-from panqueue._store import ops
-from panqueue._store.ops import (
-    Event,
-    NewJob,
-    ScheduleInfo,
+from panqueue._store import ops, transitions
+from panqueue._store.ops import Event, NewJob, ScheduleInfo
+from panqueue._store.transport import (
+    AsyncTransport,
+    Op,
+    SyncTransport,
+    check_url,
+    open_async_transport,
 )
 
-# The worker's transitions (``transitions.py``) are re-exported here next to ``ops``.
-
 __all__ = [
+    "AsyncTransport",
     "Event",
     "NewJob",
+    "Op",
     "ScheduleInfo",
+    "SyncTransport",
+    "check_url",
+    "open_async_transport",
     "ops",
+    "transitions",
 ]

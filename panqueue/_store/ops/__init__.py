@@ -1,0 +1,101 @@
+"""Operations on one queue's Redis data, written once for the sync and the async clients.
+
+Each operation is a generator that yields requests (script calls, commands, batches) and
+returns a Python value; a transport drives it (``transport.run(op)``). Only these modules build
+a script's ARGV, read its reply or know a job hash's field letters. By concern:
+
+- ``add``: validating a producer's arguments into a :class:`NewJob`, and adding jobs.
+- ``queue``: which queues exist, a queue's settings, pausing, and changes to one job.
+- ``jobs``: reading jobs back (one, many, a state's listing, counts) and waiting for results.
+- ``events``: the event stream.
+- ``schedules``: repeatable jobs' schedules and the server's clock.
+- ``claims``: the claim reply's parsing, for the worker.
+"""
+
+from panqueue._store.ops.add import ADD_OPTIONS, NewJob, add_call, add_jobs, new_job, parse_added
+from panqueue._store.ops.base import (
+    DEFAULT_KEEP_COMPLETED,
+    DEFAULT_KEEP_FAILED,
+    SCHEMA_VERSION,
+    encode_error,
+    script_call,
+)
+from panqueue._store.ops.claims import ClaimedJob, parse_claim
+from panqueue._store.ops.events import Event, last_event_id, read_events
+from panqueue._store.ops.jobs import (
+    STATE_SETS,
+    counts,
+    get_job,
+    list_ids,
+    list_jobs,
+    parse_job,
+    read_jobs,
+    state_set,
+    wait_result,
+)
+from panqueue._store.ops.queue import (
+    cancel,
+    clean,
+    is_paused,
+    known_queue,
+    pause,
+    ping,
+    queues,
+    remove,
+    retry_failed,
+    setup_queue,
+)
+from panqueue._store.ops.schedules import (
+    ScheduleInfo,
+    list_schedules,
+    remove_schedule,
+    schedule_set,
+    schedule_tick,
+    schedule_times,
+    server_time_ms,
+)
+
+__all__ = [
+    "ADD_OPTIONS",
+    "DEFAULT_KEEP_COMPLETED",
+    "DEFAULT_KEEP_FAILED",
+    "SCHEMA_VERSION",
+    "STATE_SETS",
+    "ClaimedJob",
+    "Event",
+    "NewJob",
+    "ScheduleInfo",
+    "add_call",
+    "add_jobs",
+    "cancel",
+    "clean",
+    "counts",
+    "encode_error",
+    "get_job",
+    "is_paused",
+    "known_queue",
+    "last_event_id",
+    "list_ids",
+    "list_jobs",
+    "list_schedules",
+    "new_job",
+    "parse_added",
+    "parse_claim",
+    "parse_job",
+    "pause",
+    "ping",
+    "queues",
+    "read_events",
+    "read_jobs",
+    "remove",
+    "remove_schedule",
+    "retry_failed",
+    "schedule_set",
+    "schedule_tick",
+    "schedule_times",
+    "script_call",
+    "server_time_ms",
+    "setup_queue",
+    "state_set",
+    "wait_result",
+]

@@ -1,0 +1,138 @@
+"""Adding jobs: a producer's arguments validated into a :class:`NewJob`, and the add script
+that writes any number of them at once (optionally waiting for the server's fsync)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from panqueue._codec import encode, encode_checked
+from panqueue._keys import QueueKeys, check_job_id
+from panqueue._options import MAX_SECONDS, Dedup, check_positive, check_priority, options_to_wire
+from panqueue._store.loader import SCRIPTS
+from panqueue._store.ops.base import check_refusal
+from panqueue._store.transport import Batch, Command, Op, ScriptCall
+from panqueue.errors import ConfigError, PanqueueError
+
+__all__ = ["ADD_OPTIONS", "NewJob", "add_call", "add_jobs", "new_job", "parse_added"]
+
+# The keyword arguments of ``add()`` (and of the options of a flow's job).
+ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
+                         "timeout", "key", "dedup", "depends_on"})
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job to add, validated and encoded."""
+
+    job_id: str | None
+    data: bytes
+    priority: int = 0
+    delay_ms: int = 0
+    run_at_ms: int = 0
+    options: bytes = b""
+    key: str = ""
+    depends_on: tuple[str, ...] = ()
+    dedup_key: str = ""
+    dedup_ttl_ms: int = 0
+    dedup_strategy: str = ""
+
+
+def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> NewJob:
+    """Validate one add's arguments (``options``, over the queue's ``defaults``; ``None``
+    means "not given") into what the add script takes. Raises :class:`ConfigError` or
+    :class:`PayloadError` naming the bad argument."""
+    unknown = set(options) - ADD_OPTIONS
+    if unknown:
+        raise ConfigError(f"unknown add() option(s): {', '.join(sorted(unknown))}")
+    o = {**defaults, **{k: v for k, v in options.items() if v is not None}}
+    job_id = o.get("job_id")
+    if job_id is not None:
+        check_job_id(job_id)
+    priority = check_priority(o.get("priority", 0))
+    delay_ms = 0
+    run_at_ms = 0
+    if o.get("run_at") is not None:
+        run_at = o["run_at"]
+        if not isinstance(run_at, datetime) or run_at.tzinfo is None:
+            raise ConfigError(f"run_at must be a timezone-aware datetime, got {run_at!r}")
+        if run_at.timestamp() - time.time() > MAX_SECONDS:
+            raise ConfigError(f"run_at must be at most {MAX_SECONDS} s (100 years) from now, "
+                              f"got {run_at.isoformat()}")
+        run_at_ms = int(run_at.timestamp() * 1000)
+    elif o.get("delay") is not None:
+        delay_ms = int(check_positive(o["delay"], "delay", allow_zero=True) * 1000)
+    wire = options_to_wire(o.get("attempts"), o.get("backoff"), o.get("timeout"))
+    key = o.get("key") or ""
+    if not isinstance(key, str) or (key and not key.isprintable()):
+        raise ConfigError(f"key must be a printable str, got {key!r}")
+    dedup = o.get("dedup")
+    if dedup is not None and not isinstance(dedup, Dedup):
+        raise ConfigError(f"dedup must be a panqueue.Dedup, got {dedup!r}")
+    depends_on = o.get("depends_on") or ()
+    if isinstance(depends_on, str) or not all(isinstance(d, str) and d for d in depends_on):
+        raise ConfigError(f"depends_on must be a list of job ids, got {depends_on!r}")
+    return NewJob(
+        job_id=job_id,
+        data=encode_checked(data, "data"),
+        priority=priority,
+        delay_ms=delay_ms,
+        run_at_ms=run_at_ms,
+        options=encode(wire) if wire else b"",
+        key=key,
+        depends_on=tuple(depends_on),
+        dedup_key="" if dedup is None else dedup.key,
+        dedup_ttl_ms=0 if dedup is None else max(1, int(dedup.ttl * 1000)),
+        dedup_strategy="" if dedup is None else dedup.strategy,
+    )
+
+
+def add_call(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "") -> ScriptCall:
+    """The add script's call for ``jobs`` (``mode``: the mode the producer expects, '' for
+    any)."""
+    args: list[Any] = [len(jobs), mode]
+    for job in jobs:
+        args += [job.job_id or "", job.data, job.priority, job.delay_ms, job.run_at_ms,
+                 job.options, job.key, encode(list(job.depends_on)) if job.depends_on else "",
+                 job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy]
+    return ScriptCall(SCRIPTS.add, (keys.prefix,), tuple(args))
+
+
+def parse_added(keys: QueueKeys, reply: Any) -> list[tuple[str, bool]]:
+    """The add script's reply: (job id, created) per job, in order."""
+    check_refusal(keys, reply)
+    return [(reply[i].decode(), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
+             durable_timeout_ms: int | None = None) -> Op[list[tuple[str, bool]]]:
+    """Add jobs in one script call. With ``durable_timeout_ms``, also wait (on the same
+    connection) until the server reports the write fsynced to its append-only file."""
+    call = add_call(keys, jobs, mode)
+    if durable_timeout_ms is None:
+        reply = yield call
+        return parse_added(keys, reply)
+    # Every request below goes to the server that holds the queue: on Redis Cluster, commands
+    # without keys (INFO, WAITAOF) would otherwise reach an arbitrary master.
+    server, persistence = yield Batch((Command(("INFO", "server")),
+                                       Command(("INFO", "persistence"))), route=keys.prefix)
+    version = tuple(int(part) for part in str(server.get("redis_version", "0.0")).split(".")[:2])
+    if version < (7, 2):  # Valkey reports 7.2.x here too, and has WAITAOF
+        raise ConfigError("durable=True needs a server with WAITAOF (Redis >= 7.2 or Valkey >= "
+                          "8.0); this one has none, so nothing was added")
+    if not int(persistence.get("aof_enabled", 0)):
+        raise ConfigError("durable=True needs the server's append-only file (appendonly yes); "
+                          "it is off, so nothing was added")
+    # WAITAOF waits for the writes of *this connection*: send both in one pipeline (the batch
+    # sends the script with EVAL, so a server without it cached cannot fail the pipeline).
+    reply, persisted = yield Batch((call, Command(("WAITAOF", 1, 0, durable_timeout_ms))),
+                                   route=keys.prefix)
+    added = parse_added(keys, reply)
+    if int(persisted[0]) < 1:
+        raise PanqueueError(
+            f"queue {keys.name!r}: the job(s) {', '.join(i for i, _ in added)} were added, but "
+            f"the server did not confirm an fsync within {durable_timeout_ms} ms")
+    return added

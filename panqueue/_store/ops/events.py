@@ -1,0 +1,68 @@
+"""A queue's event stream: the lifecycle events the scripts append, read as :class:`Event`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from panqueue._codec import decode
+from panqueue._job import ErrorInfo
+from panqueue._keys import QueueKeys
+from panqueue._store.transport import Command, Op
+
+__all__ = ["Event", "last_event_id", "read_events"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One lifecycle event from a queue's event stream.
+
+    ``type``: added, active, progress, completed, failed, retried, stalled, cancelled, waiting,
+    blocked, removed, paused, resumed. ``id`` is the stream id: pass it as ``after=`` to resume.
+    ``fields`` holds the rest (``result``, ``error``, ``progress``, ``attempt``, ``state``,
+    ``reason``), decoded.
+    """
+
+    id: str
+    type: str
+    queue: str
+    job_id: str
+    fields: dict[str, Any]
+
+
+_EVENT_FIELDS = {b"r": "result", b"e": "error", b"pg": "progress", b"a": "attempt",
+                 b"s": "state", b"fr": "reason", b"why": "why"}
+_ENCODED_FIELDS = frozenset({b"r", b"e", b"pg"})
+
+
+def _event(queue: str, entry_id: bytes, entry: dict[bytes, bytes]) -> Event:
+    fields: dict[str, Any] = {}
+    for raw_key, raw_value in entry.items():
+        if raw_key in (b"ev", b"id"):
+            continue
+        key = _EVENT_FIELDS.get(raw_key, raw_key.decode())
+        if raw_key in _ENCODED_FIELDS:
+            value: Any = decode(raw_value)
+            if raw_key == b"e":
+                value = ErrorInfo.from_wire(value)
+        elif raw_key == b"a":
+            value = int(raw_value)
+        else:
+            value = raw_value.decode()
+        fields[key] = value
+    return Event(entry_id.decode(), entry[b"ev"].decode(), queue,
+                 entry.get(b"id", b"").decode(), fields)
+
+
+def last_event_id(keys: QueueKeys) -> Op[str]:
+    reply = yield Command(("XREVRANGE", keys.events, "+", "-", "COUNT", 1))
+    return reply[0][0].decode() if reply else "0-0"
+
+
+def read_events(keys: QueueKeys, after: str, block_ms: int, count: int = 500
+                ) -> Op[list[Event]]:
+    """Events after stream id ``after``, waiting up to ``block_ms`` for the first one."""
+    reply = yield Command(("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", keys.events,
+                           after))
+    return [_event(keys.name, entry_id, entry)
+            for _stream, entries in reply or () for entry_id, entry in entries]

@@ -1,0 +1,86 @@
+"""A queue as a whole: which queues exist, their settings, pausing, and the changes an
+operator makes to one job (cancel, remove, retry failed jobs, clean old ones)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from panqueue._job import JobState
+from panqueue._keys import QueueKeys
+from panqueue._store.loader import SCRIPTS
+from panqueue._store.ops.base import DEFAULT_KEEP_FAILED, SCHEMA_VERSION, check_refusal, script_call
+from panqueue._store.transport import Command, Op, Scan
+from panqueue.errors import JobNotFound, PanqueueError
+
+__all__ = ["cancel", "clean", "is_paused", "known_queue", "pause", "ping", "queues", "remove",
+           "retry_failed", "setup_queue"]
+
+# Every queue that has state in Redis has its meta hash (the first write to a queue makes it).
+_META_PATTERN = "{q:*}:meta"
+
+
+def ping() -> Op[None]:
+    """Reach the server (a :class:`ConnectionError` if it cannot be reached)."""
+    yield Command(("PING",))
+
+
+def queues() -> Op[list[str]]:
+    """The names of every queue with state in Redis, sorted. Scans the keyspace (on a cluster,
+    every master): meant for operators, not for a hot path."""
+    found = yield Scan(_META_PATTERN)
+    names = set()
+    for key in found:
+        text = key.decode()
+        names.add(text[3 : text.index("}:meta")])
+    return sorted(names)
+
+
+def known_queue(keys: QueueKeys) -> Op[bool]:
+    """Whether the queue has ever been used (its meta hash exists)."""
+    reply = yield Command(("EXISTS", keys.meta))
+    return bool(reply)
+
+
+def setup_queue(keys: QueueKeys, mode: str, key_concurrency: int, rate_max: int,
+                rate_per_ms: int, rate_per_key: bool,
+                keep_failed: int = DEFAULT_KEEP_FAILED) -> Op[None]:
+    """Store a worker's settings of the queue (:class:`ConfigError` if they contradict the
+    stored mode)."""
+    reply = yield script_call(SCRIPTS.setup, keys, mode, key_concurrency, rate_max, rate_per_ms,
+                              1 if rate_per_key else 0, SCHEMA_VERSION, keep_failed)
+    check_refusal(keys, reply)
+
+
+def is_paused(keys: QueueKeys) -> Op[bool]:
+    reply = yield Command(("HEXISTS", keys.meta, "paused"))
+    return bool(reply)
+
+
+def pause(keys: QueueKeys, paused: bool) -> Op[None]:
+    yield script_call(SCRIPTS.pause, keys, "1" if paused else "0")
+
+
+def cancel(keys: QueueKeys, job_id: str) -> Op[JobState]:
+    """Cancel a job; returns the state it was in (an active job is cancelled by its worker)."""
+    reply = yield script_call(SCRIPTS.cancel, keys, job_id, DEFAULT_KEEP_FAILED)
+    if not reply:
+        raise JobNotFound(keys.name, job_id)
+    return JobState(reply.decode())
+
+
+def retry_failed(keys: QueueKeys, ids: Sequence[str] | None, limit: int = 10_000) -> Op[int]:
+    reply = yield script_call(SCRIPTS.retry, keys, limit, *(ids or ()))
+    return int(reply)
+
+
+def remove(keys: QueueKeys, job_id: str) -> Op[bool]:
+    reply = yield script_call(SCRIPTS.remove, keys, job_id)
+    if reply == -1:
+        raise PanqueueError(f"job {job_id!r} in queue {keys.name!r} is active; cancel it first")
+    return bool(reply)
+
+
+def clean(keys: QueueKeys, completed_age_ms: int, failed_age_ms: int, limit: int = 1000
+          ) -> Op[int]:
+    reply = yield script_call(SCRIPTS.clean, keys, completed_age_ms, failed_age_ms, limit)
+    return int(reply)

@@ -1,0 +1,75 @@
+"""Repeatable jobs' schedules: registering one, its ticks (each enqueues one job, exactly
+once), listing and removing them; and the server's clock they run on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from panqueue._codec import decode
+from panqueue._job import from_ms
+from panqueue._keys import QueueKeys
+from panqueue._store.loader import SCRIPTS
+from panqueue._store.ops.add import NewJob
+from panqueue._store.ops.base import script_call
+from panqueue._store.transport import Batch, Command, Op
+
+__all__ = ["ScheduleInfo", "list_schedules", "remove_schedule", "schedule_set", "schedule_tick",
+           "schedule_times", "server_time_ms"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """A schedule as stored in Redis."""
+
+    name: str
+    queue: str
+    next_run: datetime
+    definition: dict[str, Any]
+
+
+def server_time_ms() -> Op[int]:
+    seconds, micros = yield Command(("TIME",))
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def schedule_set(keys: QueueKeys, name: str, definition: bytes, first_run_ms: int) -> Op[bool]:
+    """Create or change a schedule; False if the same definition was already scheduled (its
+    next run is then left as it was)."""
+    reply = yield script_call(SCRIPTS.schedule_set, keys, name, definition, first_run_ms)
+    return bool(reply)
+
+
+def schedule_tick(keys: QueueKeys, name: str, expected_ms: int, next_ms: int, job: NewJob
+                  ) -> Op[bool]:
+    """Enqueue the due run ``expected_ms`` of a schedule and move it to ``next_ms``; False if
+    another worker did (or the run is not due yet by the server's clock)."""
+    reply = yield script_call(SCRIPTS.schedule_tick, keys, name, expected_ms, next_ms,
+                              job.job_id or "", job.data, job.priority, job.options)
+    return bool(reply)
+
+
+def schedule_times(keys: QueueKeys) -> Op[tuple[int, list[tuple[str, int]]]]:
+    """The server's time and every schedule's next run (ms)."""
+    (seconds, micros), entries = yield Batch((
+        Command(("TIME",)),
+        Command(("ZRANGE", keys.schedules, 0, -1, "WITHSCORES")),
+    ))
+    now = int(seconds) * 1000 + int(micros) // 1000
+    return now, [(name.decode(), int(float(score))) for name, score in entries]
+
+
+def list_schedules(keys: QueueKeys) -> Op[list[ScheduleInfo]]:
+    _, entries = yield from schedule_times(keys)
+    if not entries:
+        return []
+    definitions = yield Batch(tuple(Command(("HGET", keys.schedule(name), "def"))
+                                    for name, _ in entries))
+    return [ScheduleInfo(name, keys.name, from_ms(ms) or datetime.now(UTC), decode(d) or {})
+            for (name, ms), d in zip(entries, definitions, strict=True)]
+
+
+def remove_schedule(keys: QueueKeys, name: str) -> Op[bool]:
+    reply = yield script_call(SCRIPTS.schedule_remove, keys, name)
+    return bool(reply)
