@@ -404,7 +404,7 @@ class Torture:
         targets: list[tuple[str, bytes | None]] = [("any request", None),
                                                    ("any EVALSHA", b"EVALSHA")]
         try:  # the scripts the runtime calls, by SHA (internal: skipped if it moved)
-            from panqueue._store.scripts import SCRIPTS
+            from panqueue._store.loader import SCRIPTS
 
             for name in ("complete", "claim", "extend"):
                 targets.append((f"the {name} script", getattr(SCRIPTS, name).sha.encode()))

@@ -28,7 +28,7 @@ from redis.crc import key_slot
 
 from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Worker, WorkerPool
 from panqueue._keys import QueueKeys
-from panqueue._store.scripts import SCRIPTS
+from panqueue._store.loader import SCRIPTS
 from panqueue.embedded import find_server_binary, free_port
 from tests.helpers import run_cli, wait_until
 

@@ -347,7 +347,7 @@ async def test_inline_handler_blocking_the_loop_is_reported_and_keeps_its_lock(
     def sweep() -> None:
         nonlocal sweeps
         from panqueue._keys import QueueKeys
-        from panqueue._store.scripts import SCRIPTS
+        from panqueue._store.loader import SCRIPTS
 
         prefix = QueueKeys("blocking").prefix
         script = redis_client.register_script(SCRIPTS.stalled.body)

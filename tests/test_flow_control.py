@@ -120,7 +120,7 @@ async def test_keyed_stalled_job_goes_back_to_the_front_of_its_key(
         queue = client.queue(queue_name, mode="keyed")
         handles = [await queue.add(name, key="k") for name in ("a", "b", "c")]
         # A worker that died holding "a": claimed with a lock that expires.
-        from panqueue._store.scripts import SCRIPTS
+        from panqueue._store.loader import SCRIPTS
 
         claim = redis_client.register_script(SCRIPTS.claim.body)
         claim(keys=[keys.prefix], args=["dead-worker:1", 300, 1])
@@ -440,8 +440,8 @@ async def test_delay_of_a_blocked_job_applies_once_it_is_released(
 
 def test_keys_held_by_a_removed_per_key_limit_are_released(redis_url: str, queue_name: str,
                                                            redis_client: redis.Redis) -> None:
+    from panqueue._store.loader import SCRIPTS
     from panqueue._store.ops import NewJob, add_jobs, parse_claim, setup_queue
-    from panqueue._store.scripts import SCRIPTS
     from panqueue._store.transport import ScriptCall, SyncTransport
 
     keys = QueueKeys(queue_name)

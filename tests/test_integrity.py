@@ -31,8 +31,9 @@ from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._store import ops
+from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops import NewJob, encode_error, parse_claim
-from panqueue._store.scripts import SCRIPTS
+from panqueue._store.status import Status
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.testing import drain, run_worker
 
@@ -551,7 +552,7 @@ def test_dependency_graph_invariants_under_any_interleaving(
                 if kind == "complete":
                     reply = call(SCRIPTS.complete, op[2], "", 1000, 1, job_id, token,
                                  encode("ok"), 0)
-                    if reply[0] == 1:
+                    if reply[0] == Status.COMPLETED:
                         assert serial[job_id] not in completed
                         completed.add(serial[job_id])
                 else:

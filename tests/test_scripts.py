@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
+from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import NewJob, add_jobs, encode_error, parse_claim
-from panqueue._store.scripts import SCRIPTS, Script
+from panqueue._store.status import Status
 from panqueue._store.transport import ScriptCall, SyncTransport
 
 ERR = encode_error(ErrorInfo("ValueError", "boom"))
@@ -39,14 +40,15 @@ class Store:
         jobs, _ = parse_claim(self.call(SCRIPTS.claim, token, ttl_ms, n))
         return [j.id for j in jobs]
 
-    def complete(self, job_id: str, token: str) -> int:
-        return int(self.call(SCRIPTS.complete, -1, "", 1000, 1, job_id, token, encode("ok"), 0)[0])
+    def complete(self, job_id: str, token: str) -> Status:
+        reply = self.call(SCRIPTS.complete, -1, "", 1000, 1, job_id, token, encode("ok"), 0)
+        return Status(reply[0])
 
-    def fail(self, job_id: str, token: str, max_attempts: int = 1, delay_ms: int = 0) -> int:
+    def fail(self, job_id: str, token: str, max_attempts: int = 1, delay_ms: int = 0) -> Status:
         entry = encode({"attempt": 1, "type": "ValueError", "message": "boom"})
         reply = self.call(SCRIPTS.fail, job_id, token, ERR, entry, max_attempts, delay_ms, 0, "",
                           -1, 0, "", 1000)
-        return int(reply[0])
+        return Status(reply[0])
 
     def extend(self, ttl_ms: int, *pairs: str) -> list[str]:
         return [x.decode() for x in self.call(SCRIPTS.extend, ttl_ms, *pairs)]
@@ -81,11 +83,11 @@ def test_worker_that_lost_its_lock_cannot_finish_a_reclaimed_job(store: Store) -
     assert store.claim("worker-b:1") == [job_id]
     # Worker A comes back: every finishing script refuses its stale token, and changes nothing.
     before = store.t.client.hgetall(store.keys.job(job_id))
-    assert store.complete(job_id, "worker-a:1") == -1
-    assert store.fail(job_id, "worker-a:1") == -1
+    assert store.complete(job_id, "worker-a:1") == Status.LOCK_LOST
+    assert store.fail(job_id, "worker-a:1") == Status.LOCK_LOST
     assert store.extend(30_000, job_id, "worker-a:1") == ["worker-a:1"]  # the lost token
     assert store.t.client.hgetall(store.keys.job(job_id)) == before
-    assert store.complete(job_id, "worker-b:1") == 1
+    assert store.complete(job_id, "worker-b:1") == Status.COMPLETED
     assert store.state(job_id) == "completed"
 
 
@@ -151,7 +153,8 @@ def test_complete_records_a_batch_and_claims_one_job_per_freed_slot(store: Store
                        ids[0], "w:2", encode(0), 1,    # completes, wants a next job
                        ids[2], "w:1", encode(2), 1,    # stale token: lock lost, unchanged
                        ids[1], "w:2", encode(1), 0)    # completes, wants none
-    assert [int(x) for x in reply[:3]] == [1, -1, 1]
+    assert [Status(x) for x in reply[:3]] == [
+        Status.COMPLETED, Status.LOCK_LOST, Status.COMPLETED]
     jobs, _ = parse_claim(reply, 3)
     assert [j.id for j in jobs] == [ids[2]]  # one next job, for the one slot that asked
     assert [store.state(i) for i in ids] == ["completed", "completed", "active", "waiting",
@@ -169,9 +172,10 @@ def test_claim_reports_when_the_next_delayed_job_is_due(store: Store) -> None:
 def test_retry_with_delay_goes_through_delayed(store: Store) -> None:
     [job_id] = store.add()
     store.claim("w:1")
-    assert store.fail(job_id, "w:1", max_attempts=3, delay_ms=60_000) == 2
+    assert store.fail(job_id, "w:1", max_attempts=3, delay_ms=60_000) == Status.RETRY_DELAYED
     assert store.state(job_id) == "delayed"
-    assert store.fail(job_id, "w:1") == -1  # the token is gone once the attempt is recorded
+    # The token is gone once the attempt is recorded.
+    assert store.fail(job_id, "w:1") == Status.LOCK_LOST
 
 
 # ----------------------------------------------------------------------------- invariants
@@ -245,10 +249,10 @@ def test_no_job_is_lost_or_completed_twice_under_any_interleaving(
                     result = store.fail(job_id, token, max_attempts=op[2])
                 else:
                     result = store.complete(job_id, token)
-                    if result == 1:
+                    if result == Status.COMPLETED:
                         completions[job_id] = completions.get(job_id, 0) + 1
                 if pool is stale:
-                    assert result == -1
+                    assert result == Status.LOCK_LOST
             elif kind == "expire_and_sweep":
                 store.expire_locks()
                 store.sweep(max_stalls=1)
@@ -343,7 +347,7 @@ def test_keyed_mode_invariants_under_any_interleaving(
             elif kind in ("complete", "fail") and active:
                 job_id, token = active.pop(op[1] % len(active))
                 if kind == "complete":
-                    if store.complete(job_id, token) == 1:
+                    if store.complete(job_id, token) == Status.COMPLETED:
                         completions[job_id] = completions.get(job_id, 0) + 1
                 else:
                     store.fail(job_id, token, max_attempts=op[2])
@@ -370,5 +374,5 @@ def test_keyed_round_robin_does_not_starve_a_small_key(store: Store) -> None:
     for n in range(6):
         [job_id] = store.claim(f"w:{n}")
         served.append(job_id)
-        assert store.complete(job_id, f"w:{n}") == 1
+        assert store.complete(job_id, f"w:{n}") == Status.COMPLETED
     assert served == [big[0], small[0], big[1], small[1], big[2], big[3]]
