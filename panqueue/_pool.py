@@ -3,6 +3,7 @@ shutdown."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -11,9 +12,9 @@ import anyio
 import anyio.abc
 
 from panqueue._registry import Registry
-from panqueue._store.transport import AsyncTransport, open_async_transport
-from panqueue._url import resolve_url
 from panqueue._runtime.worker import Worker
+from panqueue._store import AsyncTransport, open_async_transport
+from panqueue._url import resolve_url
 
 __all__ = ["WorkerPool"]
 
@@ -30,24 +31,37 @@ class WorkerPool:
                  queues: Sequence[str] | None = None, concurrency: int | None = None,
                  grace: float = 30.0, **worker_options: Any) -> None:
         self.url = resolve_url(url)
-        names = list(queues) if queues is not None else registry.queues
+        self._registry = registry
+        self._queues = list(queues) if queues is not None else registry.queues
+        # The workers are made by run(), on the pool's connection (opened there: it needs the
+        # event loop); their arguments are checked now, as making them would.
+        inspect.signature(Worker).bind(registry, "", url=self.url, concurrency=concurrency,
+                                       grace=grace, **worker_options)
+        for name in self._queues:
+            registry.get(name)  # an unknown queue: ConfigError
         self.grace = grace
-        self.workers = [
-            Worker(registry, name, url=self.url, concurrency=concurrency, grace=grace,
-                   **worker_options)
-            for name in names
-        ]
+        self._concurrency = concurrency
+        self._worker_options = worker_options
+        self.workers: list[Worker] = []
+        self._stopping = False
         self._transport: AsyncTransport | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Run every worker until :meth:`shutdown`; returns when all have stopped."""
+        if self._stopping:  # shutdown() was called before run()
+            task_status.started()
+            return
         self._transport = open_async_transport(self.url)
         try:
+            self.workers = [
+                Worker(self._registry, name, url=self.url, concurrency=self._concurrency,
+                       grace=self.grace, transport=self._transport, **self._worker_options)
+                for name in self._queues
+            ]
             async with anyio.create_task_group() as tg:
                 for worker in self.workers:
-                    worker._shared_transport = self._transport
                     await tg.start(worker.run)
                 task_status.started()
         finally:
@@ -75,11 +89,13 @@ class WorkerPool:
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Two-phase shutdown of every worker at once (see :meth:`Worker.shutdown`)."""
+        self._stopping = True
         async with anyio.create_task_group() as tg:
             for worker in self.workers:
                 tg.start_soon(worker.shutdown, self.grace if grace is None else grace)
 
     def force(self) -> None:
         """Skip the rest of the grace period of every worker."""
+        self._stopping = True
         for worker in self.workers:
             worker.force()

@@ -36,7 +36,7 @@ from panqueue._client import QueueClient
 from panqueue._faultproxy import FaultProxy
 from panqueue._job import JobState
 from panqueue._registry import Registry
-from panqueue._worker import Worker
+from panqueue._runtime.worker import Worker
 from panqueue.embedded import RedisServer
 from panqueue.errors import TimeoutError as PanqueueTimeoutError
 
