@@ -17,9 +17,9 @@ from panqueue._log import configure_logging
 from panqueue._options import Backoff, Dedup, JobOptions, Limits, RateLimit, Retention
 from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
-from panqueue._schedule import Schedule
-from panqueue._store.ops import Event, ScheduleInfo
 from panqueue._runtime.worker import Worker
+from panqueue._schedule import Schedule
+from panqueue._store import Event, ScheduleInfo
 from panqueue.errors import (
     ConfigError,
     ConnectionError,

@@ -37,7 +37,7 @@ import redis
 from benchmarks import baseline, executors, keyed, spark
 from benchmarks.common import Bench, log, machine_info
 
-from panqueue._store.transport import SyncTransport
+from panqueue._store import SyncTransport
 from panqueue.embedded import RedisServer
 
 

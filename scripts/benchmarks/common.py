@@ -20,8 +20,7 @@ import redis
 import panqueue
 from panqueue import JobNotFound, JobState
 from panqueue._keys import QueueKeys
-from panqueue._store import ops
-from panqueue._store.transport import SyncTransport
+from panqueue._store import SyncTransport, ops
 from panqueue.embedded import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent.parent
