@@ -266,9 +266,11 @@ class QueueClient:
         """Up to ``limit`` jobs of ``queue`` in ``state``.
 
         Finished states (completed, failed, cancelled) come newest first; waiting jobs in the
-        order workers will claim them (keyed queues: round robin over the keys); delayed jobs
-        by when they are due; blocked ones by when they were blocked; active ones by their
-        lock deadline. A job that leaves the state while the list is read is left out.
+        order workers will claim them (a keyed queue's one per key in turn: first the keys
+        ready to run, then those held by their rate limit or at their concurrency limit);
+        delayed jobs by when they are due; blocked ones by when they were blocked; active ones
+        by their lock deadline. A job that leaves the state while the list is read is left
+        out. ``state`` is a :class:`JobState` or its value (``"failed"``).
         """
         return await self._run(ops.list_jobs(QueueKeys(queue), state, limit))
 

@@ -134,10 +134,11 @@ def counts(keys: QueueKeys) -> Op[dict[JobState, int]]:
 def list_ids(keys: QueueKeys, state: JobState, limit: int | None = 100) -> Op[list[str]]:
     """The ids of up to ``limit`` jobs in ``state`` (``None``: all of them).
 
-    Order: finished states newest first; waiting jobs in the order they will be claimed
-    (keyed mode: round robin over the keys, in the order the claim visits them, then the
-    keys at their concurrency or rate limit); delayed jobs by when they are due; blocked
-    jobs by when they were blocked; active jobs by their lock deadline.
+    Order: finished states newest first; waiting jobs in the order they will be claimed;
+    delayed jobs by when they are due; blocked jobs by when they were blocked; active jobs by
+    their lock deadline. A keyed queue's waiting jobs are taken one per key in turn, like the
+    claim does: the keys ready to run in the order the claim visits them, then those held by
+    their rate limit (soonest free first), then those at their concurrency limit.
     """
     if limit is not None and limit < 1:
         return []
