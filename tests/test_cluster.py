@@ -427,3 +427,17 @@ def test_cli_stats_lists_the_queues_of_every_master(cluster: Cluster) -> None:
     stats = json.loads(proc.stdout)
     for count, name in enumerate(queues, start=1):
         assert stats[name]["waiting"] == count
+
+
+async def test_client_lists_the_queues_of_every_master_and_their_jobs(cluster: Cluster) -> None:
+    queues = _spread_queues(cluster, 4)
+    async with QueueClient(cluster.url) as client:
+        await client.ping()
+        added = {name: await client.queue(name).add_bulk(list(range(count)))
+                 for count, name in enumerate(queues, start=1)}
+        assert set(queues) <= set(await client.queues())
+        for name, handles in added.items():
+            assert await client.queue_exists(name)
+            waiting = await client.list_jobs(name, JobState.WAITING)
+            assert [j.id for j in waiting] == [h.id for h in handles]
+            assert [j.data for j in waiting] == list(range(len(handles)))
