@@ -9,7 +9,8 @@ a script's ARGV, read its reply or know a job hash's field letters. By concern:
 - ``jobs``: reading jobs back (one, many, a state's listing, counts) and waiting for results.
 - ``events``: the event stream.
 - ``schedules``: repeatable jobs' schedules and the server's clock.
-- ``claims``: the claim reply's parsing, for the worker.
+- ``claims``: the claim reply's parsing, for the script tests (the worker's transitions are
+  in ``panqueue._store.transitions``).
 """
 
 from panqueue._store.ops.add import ADD_OPTIONS, NewJob, add_call, add_jobs, new_job, parse_added

@@ -1,5 +1,6 @@
-"""The claim part of a claim / complete / fail reply, parsed (the worker's hot path;
-:mod:`panqueue._store.transitions` wraps the same reply in its typed transitions)."""
+"""The claim part of a claim / complete / fail reply, parsed, for the script tests that call
+the scripts directly. The worker uses :mod:`panqueue._store.transitions`, which reads the same
+reply into its typed results; once those tests do too, this module goes."""
 
 from __future__ import annotations
 
