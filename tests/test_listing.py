@@ -116,6 +116,8 @@ async def test_keyed_waiting_jobs_are_listed_one_per_key_in_turn(
             assert [j.id for j in waiting] == [b1.id, c1.id, a2.id, b2.id]
             limited = await client.list_jobs(queue_name, JobState.WAITING, limit=3)
             assert [j.id for j in limited] == [b1.id, c1.id, a2.id]
+            first_turn = await client.list_jobs(queue_name, JobState.WAITING, limit=2)
+            assert [j.id for j in first_turn] == [b1.id, c1.id]
             release.set()
 
 

@@ -157,6 +157,9 @@ def list_ids(keys: QueueKeys, state: JobState, limit: int | None = 100) -> Op[li
     ))
     ids = [member.decode() for member in waiting]
     key_order = list(dict.fromkeys([*ready, *limited, *sorted(busy)]))
+    if limit is not None and len(ready) >= limit - len(ids):
+        # Every ready key has a waiting job, so the first turn over them fills the list.
+        key_order = key_order[:max(0, limit - len(ids))]
     if key_order:
         lists = yield Batch(tuple(Command(("LRANGE", keys.key_list(key.decode()), 0, end))
                                   for key in key_order))
