@@ -441,7 +441,8 @@ async def test_delay_of_a_blocked_job_applies_once_it_is_released(
 def test_keys_held_by_a_removed_per_key_limit_are_released(redis_url: str, queue_name: str,
                                                            redis_client: redis.Redis) -> None:
     from panqueue._store.loader import SCRIPTS
-    from panqueue._store.ops import NewJob, add_jobs, parse_claim, setup_queue
+    from panqueue._store.ops import NewJob, add_jobs, setup_queue
+    from panqueue._store.transitions import parse_claim
     from panqueue._store.transport import ScriptCall, SyncTransport
 
     keys = QueueKeys(queue_name)

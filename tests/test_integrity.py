@@ -32,8 +32,9 @@ from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._store import ops
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops import NewJob, encode_error, parse_claim
+from panqueue._store.ops import NewJob, encode_error
 from panqueue._store.status import Status
+from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.testing import drain, run_worker
 

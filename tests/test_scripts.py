@@ -14,8 +14,9 @@ from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS, Script
-from panqueue._store.ops import NewJob, add_jobs, encode_error, parse_claim
+from panqueue._store.ops import NewJob, add_jobs, encode_error
 from panqueue._store.status import Status
+from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
 
 ERR = encode_error(ErrorInfo("ValueError", "boom"))

@@ -30,6 +30,7 @@ __all__ = [
     "complete_batch",
     "extend",
     "fail",
+    "parse_claim",
     "progress",
     "promote",
     "release",
@@ -99,8 +100,10 @@ def _call(script: Script, keys: QueueKeys, args: Sequence[Any]) -> ScriptCall:
     return ScriptCall(script, (keys.prefix,), tuple(args))
 
 
-def _claimed(reply: list[Any], offset: int, token: str) -> Claimed:
-    """The claim part of a claim / complete / fail reply."""
+def parse_claim(reply: list[Any], offset: int = 0, token: str = ""
+                ) -> tuple[list[ClaimedJob], int]:
+    """The claim part of a claim / complete / fail reply, from ``offset``: (jobs locked with
+    ``token``, wake_in ms or -1)."""
     count = int(reply[offset])
     jobs = []
     i = offset + 2
@@ -108,7 +111,12 @@ def _claimed(reply: list[Any], offset: int, token: str) -> Claimed:
         jobs.append(ClaimedJob(reply[i].decode(), reply[i + 1], int(reply[i + 2]),
                                int(reply[i + 3] or 0), reply[i + 4], token))
         i += 5
-    return Claimed(jobs, int(reply[offset + 1]))
+    return jobs, int(reply[offset + 1])
+
+
+def _claimed(reply: list[Any], offset: int, token: str) -> Claimed:
+    jobs, wake_in = parse_claim(reply, offset, token)
+    return Claimed(jobs, wake_in)
 
 
 def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int) -> Op[Claimed]:

@@ -9,8 +9,8 @@ a script's ARGV, read its reply or know a job hash's field letters. By concern:
 - ``jobs``: reading jobs back (one, many, a state's listing, counts) and waiting for results.
 - ``events``: the event stream.
 - ``schedules``: repeatable jobs' schedules and the server's clock.
-- ``claims``: the claim reply's parsing, for the script tests (the worker's transitions are
-  in ``panqueue._store.transitions``).
+
+The worker's transitions (claim, complete, fail, renew...) are in ``panqueue._store.transitions``.
 """
 
 from panqueue._store.ops.add import ADD_OPTIONS, NewJob, add_call, add_jobs, new_job, parse_added
@@ -21,7 +21,6 @@ from panqueue._store.ops.base import (
     encode_error,
     script_call,
 )
-from panqueue._store.ops.claims import ClaimedJob, parse_claim
 from panqueue._store.ops.events import Event, last_event_id, read_events
 from panqueue._store.ops.jobs import (
     STATE_SETS,
@@ -62,7 +61,6 @@ __all__ = [
     "DEFAULT_KEEP_FAILED",
     "SCHEMA_VERSION",
     "STATE_SETS",
-    "ClaimedJob",
     "Event",
     "NewJob",
     "ScheduleInfo",
@@ -81,7 +79,6 @@ __all__ = [
     "list_schedules",
     "new_job",
     "parse_added",
-    "parse_claim",
     "parse_job",
     "pause",
     "ping",
