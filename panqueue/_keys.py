@@ -2,7 +2,8 @@
 
 Every key of queue ``X`` starts with ``{q:X}:`` so that Redis Cluster keeps them in one hash slot
 and a Lua script can touch all of them atomically. Scripts receive the prefix as their only key
-and derive the rest (see ``_store/scripts/README.md`` for the full layout).
+and derive the rest (``_store/lua/lib/layout.lua``; ``tests/test_lua_layout.py`` holds the two
+layouts together).
 """
 
 from __future__ import annotations
