@@ -312,8 +312,8 @@ async def test_a_server_that_never_answers_ends_calls_with_a_connection_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every client (sync, asyncio or trio; standalone or cluster) bounds its calls with the
     transport's socket timeouts. Shortened here; the defaults are seconds long."""
-    monkeypatch.setattr(transport, "CONNECT_TIMEOUT", 0.3)
-    monkeypatch.setattr(transport, "SOCKET_TIMEOUT", 0.3)
+    monkeypatch.setattr(transport.options, "CONNECT_TIMEOUT", 0.3)
+    monkeypatch.setattr(transport.options, "SOCKET_TIMEOUT", 0.3)
     url = f"{scheme}://127.0.0.1:{blackhole.port}/0"
 
     def sync_call() -> None:

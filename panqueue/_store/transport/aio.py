@@ -1,0 +1,185 @@
+"""The async transport on asyncio: ``redis.asyncio`` (standalone or cluster) directly."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import redis.exceptions
+from redis.asyncio.retry import Retry as AsyncRetry
+
+from panqueue._store.transport.base import (
+    _SUBSCRIBE_TIMEOUT,
+    _SUBSCRIBED,
+    WAKE,
+    AsyncSubscriber,
+    AsyncTransport,
+    _payload,
+    _pubsub_connections,
+)
+from panqueue._store.transport.errors import _REDIS_ERRORS, _translated
+from panqueue._store.transport.options import (
+    _CLOSE_TIMEOUT,
+    _SCAN_COUNT,
+    _node_url,
+    _parse,
+    _standalone_options,
+    _timeouts,
+    redact_url,
+)
+from panqueue._store.transport.requests import (
+    Batch,
+    Command,
+    Request,
+    Scan,
+    ScriptCall,
+    _batch_args,
+    _script_args,
+)
+from panqueue.errors import ConfigError
+
+
+class _AsyncioTransport(AsyncTransport):
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.is_cluster, redis_url = _parse(url)
+        self._redis_url = redis_url
+        # Cluster only: a standalone client per master, for batches routed to a slot's owner.
+        self._owners: dict[str, Any] = {}
+        try:
+            if self.is_cluster:
+                self.client: Any = redis.asyncio.cluster.RedisCluster.from_url(
+                    redis_url, **_timeouts())
+            else:
+                self.client = redis.asyncio.Redis.from_url(
+                    redis_url, **_standalone_options(redis_url, AsyncRetry))
+        except ValueError as exc:
+            raise ConfigError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from exc
+
+    async def execute(self, request: Request) -> Any:
+        with _translated(self.url):
+            if isinstance(request, ScriptCall):
+                try:
+                    return await self.client.execute_command(*_script_args(request, cached=True))
+                except redis.exceptions.NoScriptError:
+                    return await self.client.execute_command(
+                        *_script_args(request, cached=False))
+            if isinstance(request, Command):
+                return await self.client.execute_command(*request.args)
+            if isinstance(request, Scan):
+                return [key async for key in self.client.scan_iter(match=request.match,
+                                                                   count=_SCAN_COUNT)]
+            if not (self.is_cluster and request.route is not None):
+                return await self._pipeline(self.client, request)
+            try:
+                return await self._pipeline(await self._owner(request.route), request)
+            except redis.exceptions.MovedError:
+                # The slot moved (resharding): refresh the slot map, send to the new owner.
+                await self.client.nodes_manager.initialize()
+                return await self._pipeline(await self._owner(request.route), request)
+
+    async def _owner(self, key: str) -> Any:
+        """A standalone client of the cluster master that owns ``key``'s slot (redis-py's
+        asyncio cluster has no public one), made once per master."""
+        await self.client.initialize()
+        node = self.client.get_node_from_key(key)
+        owner = self._owners.get(node.name)
+        if owner is None:
+            owner = redis.asyncio.Redis.from_url(
+                _node_url(self._redis_url, node.host, node.port),
+                **_standalone_options(self._redis_url, AsyncRetry))
+            self._owners[node.name] = owner
+        return owner
+
+    @staticmethod
+    async def _pipeline(client: Any, batch: Batch) -> Any:
+        pipe = client.pipeline(transaction=False)
+        for command in batch.commands:
+            pipe.execute_command(*_batch_args(command))
+        return await pipe.execute()
+
+    async def subscribe(self, channel: str) -> AsyncSubscriber:
+        owner: Any = None
+        ps: Any = None
+        with _translated(self.url):
+            try:
+                if self.is_cluster:
+                    # redis-py's ClusterPubSub delivers sharded messages only through
+                    # get_sharded_message() and sends PING on another connection, so neither
+                    # the wake-ups nor the health check would arrive. Subscribe with a plain
+                    # client on the master that owns the channel's slot instead (same
+                    # credentials and TLS).
+                    await self.client.initialize()
+                    node = self.client.get_node_from_key(channel)
+                    owner = redis.asyncio.Redis.from_url(
+                        _node_url(self._redis_url, node.host, node.port), **_timeouts())
+                ps = (owner or self.client).pubsub()
+                await ps.ssubscribe(channel)
+                deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
+                while time.monotonic() < deadline:
+                    message = await ps.get_message(timeout=0.5)
+                    if message is not None and message.get("type") in _SUBSCRIBED:
+                        break
+                else:
+                    raise redis.exceptions.TimeoutError("no confirmation of the subscription")
+            except Exception as exc:
+                await _AsyncioSubscriber(self.url, ps, owner).aclose()
+                if self.is_cluster and isinstance(exc, redis.exceptions.MovedError):
+                    # The channel's slot moved to another master (resharding). Only commands
+                    # refresh redis-py's slot map, and an idle worker sends none, so every
+                    # retry would ask the old owner again: refresh the map so the next attempt
+                    # subscribes on the new owner.
+                    with contextlib.suppress(*_REDIS_ERRORS):
+                        await self.client.nodes_manager.initialize()
+                raise
+        return _AsyncioSubscriber(self.url, ps, owner)
+
+    async def aclose(self) -> None:
+        owners, self._owners = list(self._owners.values()), {}
+        for owner in owners:
+            with contextlib.suppress(*_REDIS_ERRORS):
+                await owner.aclose()
+        await self.client.aclose()
+
+
+class _AsyncioSubscriber(AsyncSubscriber):
+    def __init__(self, url: str, pubsub: Any, owner: Any = None) -> None:
+        self._url = url
+        self._pubsub = pubsub
+        self._owner = owner  # the client made for this subscription alone (cluster), if any
+        self._reconnected = False
+        self._connections = _pubsub_connections(pubsub)
+        for connection in self._connections:
+            connection.register_connect_callback(self._on_connect)
+
+    async def _on_connect(self, connection: Any) -> None:
+        self._reconnected = True
+
+    async def get(self, timeout: float) -> bytes | None:
+        if self._reconnected:
+            self._reconnected = False
+            return WAKE
+        with _translated(self._url):
+            message = await self._pubsub.get_message(ignore_subscribe_messages=False,
+                                                      timeout=timeout)
+        return _payload(message, self._url)
+
+    async def ping(self) -> None:
+        with _translated(self._url):
+            await self._pubsub.ping()
+
+    async def aclose(self) -> None:
+        for connection in self._connections:
+            connection.deregister_connect_callback(self._on_connect)
+        with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+            for resource in (self._pubsub, self._owner):
+                if resource is not None:
+                    with contextlib.suppress(*_REDIS_ERRORS):
+                        await resource.aclose()

@@ -1,0 +1,128 @@
+"""The async transport's surface (:class:`AsyncTransport`, :class:`AsyncSubscriber`) and what its
+two implementations share about wake-up subscriptions."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import redis.exceptions
+
+from panqueue._store.loader import Script
+from panqueue._store.transport.options import redact_url
+from panqueue._store.transport.requests import Op, Request, ScriptCall, T
+from panqueue.errors import ConnectionError as PanqueueConnectionError
+from panqueue.errors import PanqueueError
+
+
+class AsyncSubscriber(ABC):
+    """One subscription to a notify channel.
+
+    :meth:`get` returns the next message payload, ``b""`` for the reply to :meth:`ping`, or
+    ``None`` when ``timeout`` passed without either. A broken connection raises
+    :class:`panqueue.ConnectionError`; the caller opens a new subscriber.
+    """
+
+    @abstractmethod
+    async def get(self, timeout: float) -> bytes | None:
+        ...
+
+    @abstractmethod
+    async def ping(self) -> None:
+        ...
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        ...
+
+
+def _pubsub_connections(pubsub: Any) -> list[Any]:
+    """The connections a (cluster) PubSub reads from, to watch them for reconnects."""
+    connection = getattr(pubsub, "connection", None)
+    if connection is not None:
+        return [connection]
+    shards = getattr(pubsub, "node_pubsub_mapping", None) or {}
+    return [p.connection for p in shards.values() if getattr(p, "connection", None) is not None]
+
+
+# redis-py re-subscribes by itself when a subscriber connection breaks; messages published in
+# between are lost. Subscribers therefore watch their connections and, after a reconnect, report
+# one synthetic wake-up so the worker claims again instead of waiting for the next poll.
+WAKE = b"w"
+
+
+_SUBSCRIBE_TIMEOUT = 10.0
+_SUBSCRIBED = ("ssubscribe", b"ssubscribe")
+
+
+def _confirm_subscription(get_message: Callable[..., Any]) -> None:
+    """Read until the server confirms the subscription; a refusal (ACL: no channel access)
+    raises here, at subscribe time, instead of surfacing later as a broken wake-up path."""
+    deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
+    while time.monotonic() < deadline:
+        message = get_message(timeout=0.5)
+        if message is not None and message.get("type") in _SUBSCRIBED:
+            return
+    raise redis.exceptions.TimeoutError("no confirmation of the subscription")
+
+
+def _payload(message: Any, url: str) -> bytes | None:
+    if message is None:
+        return None
+    kind = message.get("type")
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if kind in ("pong", "ssubscribe"):  # a health-check answer, or a (re)subscription confirmed
+        return b""
+    if kind == "sunsubscribe":
+        # The server ended the subscription (on Cluster: the channel's slot moved to another
+        # node). Treat it as a broken connection: the listener subscribes again, on the new owner.
+        raise PanqueueConnectionError(
+            f"the server at {redact_url(url)} ended the wake-up subscription")
+    if kind in ("smessage", "message"):
+        data = message.get("data")
+        return data if isinstance(data, bytes) else str(data).encode()
+    return None
+
+
+class AsyncTransport(ABC):
+    """Async access; :func:`open_async_transport` picks the implementation for the backend."""
+
+    url: str
+    is_cluster: bool
+
+    @abstractmethod
+    async def execute(self, request: Request) -> Any:
+        ...
+
+    async def run(self, op: Op[T]) -> T:
+        """Drive an operation; errors are thrown into it, so it can explain or handle them."""
+        try:
+            request = next(op)
+            while True:
+                try:
+                    reply = await self.execute(request)
+                except PanqueueError as exc:
+                    request = op.throw(exc)
+                else:
+                    request = op.send(reply)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    async def script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self.execute(ScriptCall(script, tuple(keys), tuple(args)))
+
+    @abstractmethod
+    async def subscribe(self, channel: str) -> AsyncSubscriber:
+        ...
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        ...

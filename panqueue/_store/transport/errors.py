@@ -1,0 +1,90 @@
+"""redis-py's errors translated into panqueue's, in this one place: every call into redis-py runs
+inside :func:`_translated`."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import redis.exceptions
+
+from panqueue._store.transport.options import redact_url
+from panqueue.errors import ConnectionError as PanqueueConnectionError
+from panqueue.errors import PanqueueError, ServerUnavailable
+
+_CONNECTION_ERRORS = (
+    redis.exceptions.ConnectionError,  # includes AuthenticationError, AuthorizationError
+    redis.exceptions.TimeoutError,
+    redis.exceptions.RedisClusterException,  # no node of the cluster could be reached
+    OSError,
+)
+# Answers of a server that is there but cannot serve now. redis-py gives some their own class
+# (and strips the code from the message); the others are recognised by their error code, at
+# the start of the message or after redis-py's "Command # n (...) of pipeline caused error: ".
+_UNAVAILABLE_CLASSES: tuple[tuple[type[Exception], str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+)
+_UNAVAILABLE_CODE = re.compile(
+    r"(?:^|caused error: )(OOM|BUSY|LOADING|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|NOREPLICAS)"
+    r"\b")
+
+
+def _unavailable_code(exc: BaseException) -> str | None:
+    """The error code if ``exc`` says the server cannot serve now (OOM, BUSY, ...)."""
+    for cls, code in _UNAVAILABLE_CLASSES:
+        if isinstance(exc, cls):
+            return code
+    if isinstance(exc, redis.exceptions.ResponseError):
+        match = _UNAVAILABLE_CODE.search(str(exc))
+        if match is not None:
+            return match.group(1)
+    return None
+
+
+def translate_error(url: str, exc: BaseException) -> PanqueueError:
+    """The panqueue error for an error of redis-py or of the socket under it.
+
+    * the server cannot serve now (OOM, BUSY, LOADING, READONLY, ...): ServerUnavailable,
+      which is a ConnectionError, so every path that rides out a lost connection rides this out
+    * the connection failed, timed out or was refused at login: ConnectionError
+    * the server refused the command (ACL, a wrong type, a script error): PanqueueError
+    """
+    if isinstance(exc, PanqueueError):
+        return exc
+    where = redact_url(url)
+    detail = str(exc) or type(exc).__name__
+    code = _unavailable_code(exc)
+    if code is not None:
+        if not detail.startswith(code):
+            detail = f"{code} {detail}"
+        return ServerUnavailable(f"Redis at {where} cannot serve now: {detail}")
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return PanqueueConnectionError(f"cannot reach Redis at {where}: {detail}")
+    if isinstance(exc, redis.exceptions.ResponseError):
+        return PanqueueError(f"Redis at {where} refused a command: {detail}")
+    return PanqueueError(f"Redis at {where}: {type(exc).__name__}: {detail}")
+
+
+_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
+
+
+@contextlib.contextmanager
+def _translated(url: str) -> Iterator[None]:
+    """Raise redis-py's errors (and the socket's) inside the block as panqueue's: every call
+    into redis-py runs in one of these blocks."""
+    try:
+        yield
+    except PanqueueError:
+        raise
+    except _REDIS_ERRORS as exc:
+        raise translate_error(url, exc) from exc

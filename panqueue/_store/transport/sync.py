@@ -1,0 +1,123 @@
+"""The blocking transport: redis-py's sync client (``SyncQueueClient``, Spark executors, the
+watchdog thread, and the trio transport's threads)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import redis.exceptions
+from redis.retry import Retry as SyncRetry
+
+from panqueue._store.transport.base import _confirm_subscription
+from panqueue._store.transport.errors import _REDIS_ERRORS, _translated
+from panqueue._store.transport.options import (
+    _SCAN_COUNT,
+    _parse,
+    _standalone_options,
+    _timeouts,
+    redact_url,
+)
+from panqueue._store.transport.requests import (
+    Batch,
+    Command,
+    Op,
+    Request,
+    Scan,
+    ScriptCall,
+    T,
+    _batch_args,
+    _script_args,
+)
+from panqueue.errors import ConfigError, PanqueueError
+
+
+class SyncTransport:
+    """Blocking access through redis-py's sync client (thread-safe, pooled)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.is_cluster, redis_url = _parse(url)
+        with _translated(url):
+            try:
+                if self.is_cluster:
+                    self.client: Any = redis.cluster.RedisCluster.from_url(redis_url,
+                                                                           **_timeouts())
+                else:
+                    self.client = redis.Redis.from_url(
+                        redis_url, **_standalone_options(redis_url, SyncRetry))
+            except ValueError as exc:
+                raise ConfigError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from exc
+
+    def execute(self, request: Request) -> Any:
+        with _translated(self.url):
+            if isinstance(request, ScriptCall):
+                try:
+                    return self.client.execute_command(*_script_args(request, cached=True))
+                except redis.exceptions.NoScriptError:
+                    return self.client.execute_command(*_script_args(request, cached=False))
+            if isinstance(request, Command):
+                return self.client.execute_command(*request.args)
+            if isinstance(request, Scan):
+                return list(self.client.scan_iter(match=request.match, count=_SCAN_COUNT))
+            if not (self.is_cluster and request.route is not None):
+                return self._pipeline(self.client, request)
+            try:
+                return self._pipeline(self._owner(request.route), request)
+            except redis.exceptions.MovedError:
+                # The slot moved (resharding): refresh the slot map, send to the new owner.
+                self.client.nodes_manager.initialize()
+                return self._pipeline(self._owner(request.route), request)
+
+    def _owner(self, key: str) -> Any:
+        """The standalone client of the cluster master that owns ``key``'s slot."""
+        return self.client.get_redis_connection(self.client.get_node_from_key(key))
+
+    @staticmethod
+    def _pipeline(client: Any, batch: Batch) -> Any:
+        pipe = client.pipeline(transaction=False)
+        for command in batch.commands:
+            pipe.execute_command(*_batch_args(command))
+        return pipe.execute()
+
+    def run(self, op: Op[T]) -> T:
+        """Drive an operation; errors are thrown into it, so it can explain or handle them."""
+        try:
+            request = next(op)
+            while True:
+                try:
+                    reply = self.execute(request)
+                except PanqueueError as exc:
+                    request = op.throw(exc)
+                else:
+                    request = op.send(reply)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    def pubsub(self, channel: str) -> Any:
+        ps: Any = None
+        with _translated(self.url):
+            try:
+                # On Cluster, see _AsyncioTransport.subscribe: a plain pub/sub on the channel's
+                # master.
+                ps = (self._owner(channel) if self.is_cluster else self.client).pubsub()
+                ps.ssubscribe(channel)
+                _confirm_subscription(ps.get_message)
+            except Exception as exc:
+                if ps is not None:
+                    with contextlib.suppress(*_REDIS_ERRORS):
+                        ps.close()
+                if self.is_cluster and isinstance(exc, redis.exceptions.MovedError):
+                    # See _AsyncioTransport.subscribe: the slot moved; refresh the slot map.
+                    with contextlib.suppress(*_REDIS_ERRORS):
+                        self.client.nodes_manager.initialize()
+                raise
+        return ps
+
+    def close(self) -> None:
+        self.client.close()
