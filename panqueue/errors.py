@@ -2,7 +2,7 @@
 
 Every error a user can act on is a :class:`PanqueueError`; the message names what was wrong.
 Errors of redis-py and of the network are translated in one place
-(``panqueue._store.transport.translate_error``)::
+(``translate_error`` in ``panqueue/_store/transport/errors.py``)::
 
     Exception
     ├── PanqueueError             raised by panqueue on purpose
