@@ -43,12 +43,12 @@ class Ending(enum.Enum):
     RELEASE = "release"  # forced shutdown: give the job back to waiting
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
     ending: Ending
     duration: float
     result: bytes = b""  # COMPLETED: the encoded result
-    failure: Failure | None = None  # FAILED: what to record (claim_next still to be decided)
+    failure: Failure | None = None  # FAILED: what to record
 
 
 class _Cancelled(Fail):
@@ -156,7 +156,7 @@ def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, dur
     if note:
         info = ErrorInfo("InvalidRetry", note, info.traceback)
     return Failure(claimed.id, claimed.token, info, claimed.attempt, round(duration * 1000),
-                   options.attempts, int(delay * 1000), final, reason, claim_next=False)
+                   options.attempts, int(delay * 1000), final, reason)
 
 
 def _retry_delay(error: Retry) -> float | str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -35,10 +35,9 @@ RELEASE_WAIT = 2.0
 
 
 @dataclass(slots=True)
-class _Pending:
+class _Pending(Completion):
     """A completion waiting in the batch being gathered."""
 
-    completion: Completion
     done: anyio.Event = field(default_factory=anyio.Event)
     status: Status | None = None  # None: not recorded (Redis away)
     next_job: ClaimedJob | None = None
@@ -71,7 +70,7 @@ class Recorder:
         successors is decided when the call is sent: a shutdown that began while the batch was
         gathering claims nothing.
         """
-        pending = _Pending(Completion(job_id, token, result, claim_next=True))
+        pending = _Pending(job_id, token, result)
         self._batch.append(pending)
         if self._leader:
             await pending.done.wait()
@@ -91,10 +90,9 @@ class Recorder:
             self._leader = False
         claiming = not self._stopping()
         token = self._tokens.new()
-        items = [replace(p.completion, claim_next=claiming) for p in batch]
         finished = await self._record(transitions.complete_batch(
-            self._keys, items, keep=self._keep_completed, token=token, ttl_ms=self._ttl_ms),
-            items[0].job_id)
+            self._keys, batch, claim_next=claiming, keep=self._keep_completed, token=token,
+            ttl_ms=self._ttl_ms), batch[0].job_id)
         if finished is not None:
             claimed = iter(finished.claimed.jobs)
             for pending, status in zip(batch, finished.statuses, strict=True):
@@ -108,7 +106,7 @@ class Recorder:
         """Record a failed attempt; returns (status, the job claimed next for the slot)."""
         claiming = not self._stopping()
         finished = await self._record(transitions.fail(
-            self._keys, replace(failure, claim_next=claiming), keep=self._keep_failed,
+            self._keys, failure, claim_next=claiming, keep=self._keep_failed,
             token=self._tokens.new(), ttl_ms=self._ttl_ms), failure.job_id)
         if finished is None:
             return None, None

@@ -41,7 +41,11 @@ _STALL_ERROR = encode_error(
     ErrorInfo("Stalled", "the job's lock expired too many times (its worker died or hung)"))
 
 
-@dataclass(frozen=True, slots=True)
+# The records of the hot path are plain slotted dataclasses (not frozen: a frozen one costs an
+# object.__setattr__ per field on every job).
+
+
+@dataclass(slots=True)
 class ClaimedJob:
     """A job a claim handed to this worker, locked by the claim's token."""
 
@@ -53,7 +57,7 @@ class ClaimedJob:
     token: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Claimed:
     """What a claim took. ``wake_in_ms``: when nothing was taken, how long until something may
     be claimable (the next delayed job, a rate limit running out); -1 when unknown."""
@@ -62,17 +66,16 @@ class Claimed:
     wake_in_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Completion:
-    """One successful attempt to record; ``claim_next``: also claim a job for its slot."""
+    """One successful attempt to record."""
 
     job_id: str
     token: str
     result: bytes
-    claim_next: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Failure:
     """One failed attempt to record, and what should follow it."""
 
@@ -85,15 +88,17 @@ class Failure:
     retry_delay_ms: int
     final: bool  # never retry (Fail, cancellation)
     reason: str  # the failure reason if this ends the job ('' = attempts ran out)
-    claim_next: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finished:
     """What a complete or fail call did: a status per job, and the jobs it claimed next."""
 
     statuses: list[Status]
     claimed: Claimed
+
+
+_STATUS = {status.value: status for status in Status}  # faster than Status(n) on the hot path
 
 
 def _call(script: Script, keys: QueueKeys, args: Sequence[Any]) -> ScriptCall:
@@ -126,20 +131,21 @@ def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int) -> Op[Claimed]:
     return _claimed(reply, 0, token)
 
 
-def complete_batch(keys: QueueKeys, batch: Sequence[Completion], *, keep: int, token: str,
-                   ttl_ms: int) -> Op[Finished]:
-    """ACTIVE -> COMPLETED for each job whose token still holds; claims a next job (locked
-    with ``token``, fresh for this call) for each that asks for one."""
+def complete_batch(keys: QueueKeys, batch: Sequence[Completion], *, claim_next: bool,
+                   keep: int, token: str, ttl_ms: int) -> Op[Finished]:
+    """ACTIVE -> COMPLETED for each job whose token still holds; with ``claim_next``, claims
+    a next job for each completed one (locked with ``token``, fresh for this call)."""
+    flag = 1 if claim_next else 0
     args: list[Any] = [keep, token, ttl_ms, len(batch)]
     for item in batch:
-        args += [item.job_id, item.token, item.result, 1 if item.claim_next else 0]
+        args += [item.job_id, item.token, item.result, flag]
     reply = yield _call(SCRIPTS.complete, keys, args)
-    return Finished([Status(int(s)) for s in reply[:len(batch)]],
+    return Finished([_STATUS[int(s)] for s in reply[:len(batch)]],
                     _claimed(reply, len(batch), token))
 
 
-def fail(keys: QueueKeys, failure: Failure, *, keep: int, token: str, ttl_ms: int
-         ) -> Op[Finished]:
+def fail(keys: QueueKeys, failure: Failure, *, claim_next: bool, keep: int, token: str,
+         ttl_ms: int) -> Op[Finished]:
     """Record a failed attempt: retry it, or end the job failed (or cancelled, if that was
     requested); then claim a next job with ``token`` (fresh for this call) if asked."""
     entry = encode({"attempt": failure.attempt, "type": failure.error.type,
@@ -147,8 +153,8 @@ def fail(keys: QueueKeys, failure: Failure, *, keep: int, token: str, ttl_ms: in
     reply = yield _call(SCRIPTS.fail, keys, (
         failure.job_id, failure.token, encode_error(failure.error), entry, failure.max_attempts,
         failure.retry_delay_ms, 1 if failure.final else 0, failure.reason, keep,
-        1 if failure.claim_next else 0, token, ttl_ms))
-    status = Status(int(reply[0]))
+        1 if claim_next else 0, token, ttl_ms))
+    status = _STATUS[int(reply[0])]
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))
     return Finished([status], _claimed(reply, 1, token))
