@@ -157,7 +157,7 @@ def keyed_raw(r: redis.Redis, name: str, mode: str, m: int) -> dict[str, Any]:
         pipe = r.pipeline(transaction=False)
         pipe.info("cpu")
         completes = [_queue(r, pipe, transitions.complete_batch(
-            keys, [Completion(job.id, job.token, result_blob, claim_next=False)],
+            keys, [Completion(job.id, job.token, result_blob)], claim_next=False,
             keep=ops.DEFAULT_KEEP_COMPLETED, token=next(tokens), ttl_ms=ttl)) for job in jobs]
         pipe.info("cpu")
         replies = pipe.execute()

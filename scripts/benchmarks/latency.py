@@ -48,7 +48,8 @@ def pickup_latency(bench: Bench, n: int) -> dict[str, Any]:
     proc = start_worker(bench, LATENCY_QUEUE, 1)
     try:
         def subscribed() -> bool:
-            reply = bench.redis.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+            reply = bench.redis.execute_command(  # type: ignore[no-untyped-call]
+                "PUBSUB", "SHARDNUMSUB", channel)
             return int(reply[1]) > 0
 
         wait_for(subscribed, 60, 0.01, "the worker to subscribe", proc)
