@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from panqueue._options import JobOptions
-from panqueue.errors import Fail, Retry  # Fail, Retry: defined there, kept here
+from panqueue.errors import Fail, Retry, exception_message  # Fail, Retry: defined there, kept here
 
-__all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry", "exception_message",
+__all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry",
            "from_ms"]
 
 
@@ -61,14 +61,6 @@ class ErrorInfo:
         if not isinstance(wire, dict):
             return None
         return cls(str(wire.get("type", "")), str(wire.get("message", "")), wire.get("traceback"))
-
-
-def exception_message(exc: BaseException) -> str:
-    """``str(exc)``, or a placeholder naming the type when that raises."""
-    try:
-        return str(exc)
-    except Exception:
-        return f"<{type(exc).__name__}: str() raised an exception>"
 
 
 def from_ms(value: bytes | str | int | None) -> datetime | None:

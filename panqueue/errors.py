@@ -60,6 +60,14 @@ __all__ = [
 ]
 
 
+
+def exception_message(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder naming the type when that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: str() raised an exception>"
+
 class PanqueueError(Exception):
     """Base class of every error panqueue raises on purpose."""
 
@@ -162,9 +170,6 @@ class HandlerAborted(Exception):
     failed like any other; the worker goes on. ``original`` is what was raised."""
 
     def __init__(self, original: BaseException) -> None:
-        # Imported here, not at the top: panqueue._job imports this module at import time.
-        from panqueue._job import exception_message
-
         super().__init__(f"{type(original).__name__}: {exception_message(original)}")
         self.original = original
 
