@@ -26,6 +26,9 @@ It writes, under ``--out``:
 and prints a short table. The analytics run over ``jobs.parquet`` once it is written, so Redis
 is read once.
 
+Longer than our usual 300 lines: one command, read top to bottom (options, demo data, the three
+aggregates, the chart); each part is a short function.
+
 ``--demo`` starts a private Redis server (127.0.0.1, a free port), enqueues a few thousand jobs
 in waves into ``emails`` and ``reports`` (some of them fail, with different error types), runs
 two worker processes (``scripts/analytics_demo_app.py``) until every job has finished, then runs

@@ -24,6 +24,9 @@ script), restart Redis (SIGTERM or SIGKILL, down for up to 2 s), and fill Redis 
 refused, held 1-3 s, then removed). Then every fault is lifted and the jobs are drained, up to
 ``--drain-seconds``.
 
+Longer than our usual 300 lines: one self-contained command (processes, chaos, audit, report)
+that a reader runs and reads top to bottom; its handlers live apart in torture_app.py.
+
 The figures (what each one means is written up in docs/reliability.md):
 
 * **added**: job ids whose add was acknowledged. **completed**: of those, how many are in the
