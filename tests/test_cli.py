@@ -363,14 +363,17 @@ def test_server_runs_a_private_persistent_redis_until_sigterm(tmp_path: Path) ->
     assert _port_is_free(port)
 
 
-def test_demo_against_a_given_server_prints_a_summary(redis_url: str) -> None:
+def test_demo_against_a_given_server_prints_a_summary_and_removes_its_jobs(
+        redis_url: str) -> None:
     proc = run_cli("demo", "--url", redis_url, "--jobs", "50", "--workers", "1", timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert "summary" in proc.stdout
     assert re.search(r"jobs completed\s+50/50\n", proc.stdout), proc.stdout
     assert "started a private" not in proc.stdout  # --url: no server of its own
-    assert counts(redis_url, "demo")[JobState.COMPLETED] == 50
+    assert f"using the server at {redis_url}" in proc.stdout
+    assert "removed the demo's 50 jobs" in proc.stdout
+    assert sum(counts(redis_url, "demo").values()) == 0
 
 
 def test_python_dash_m_panqueue_help_lists_every_command() -> None:
@@ -380,4 +383,4 @@ def test_python_dash_m_panqueue_help_lists_every_command() -> None:
                     "demo"):
         assert command in proc.stdout
     missing = run_cli()
-    assert missing.returncode == 2 and "usage:" in missing.stderr
+    assert missing.returncode == 2 and "usage:" in missing.stderr.lower()

@@ -1,0 +1,109 @@
+"""The ``panqueue`` command line (also ``python -m panqueue``), built on click.
+
+Every failure a user can cause prints one ``panqueue: error: ...`` line on stderr: exit 2 for
+a usage or configuration error (bad option, bad MODULE:ATTR, unknown queue, a URL that is not
+Redis), exit 1 for a runtime failure (Redis unreachable, job not found, port taken).
+Tracebacks are for bugs only. The commands use the public client API only
+(``SyncQueueClient``, ``WorkerPool``), like any application.
+
+The commands live one group per module: ``_jobs`` (adding, listing and acting on jobs and
+queues), ``_worker`` (the worker), ``_dev`` (the development server and the demo).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+import click
+
+from panqueue.cli._common import EXIT_ERROR, EXIT_USAGE, RuntimeFailure, UsageFailure
+from panqueue.cli._dev import demo, server
+from panqueue.cli._jobs import (
+    cancel,
+    dlq,
+    enqueue,
+    job,
+    jobs,
+    pause,
+    remove,
+    resume,
+    schedules,
+    stats,
+)
+from panqueue.cli._worker import worker
+from panqueue.errors import ConfigError, PanqueueError
+
+__all__ = ["cli", "main"]
+
+
+def _version() -> str:
+    try:
+        return version("panqueue")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), "--version", prog_name="panqueue",
+                      message="%(prog)s %(version)s", help="Print the version and exit.")
+def cli() -> None:
+    """Redis-backed job queue: run workers, add and inspect jobs, manage queues.
+
+    Every command except server takes --url (default: $PANQUEUE_URL, else
+    redis://localhost:6379/0). Exit codes: 0 success, 1 runtime failure, 2 usage or
+    configuration error.
+    """
+
+
+for _command in (worker, enqueue, stats, job, jobs, cancel, remove, dlq, pause, resume,
+                 schedules, server, demo):
+    cli.add_command(_command)
+
+
+def _find_error(exc: BaseException) -> BaseException | None:
+    """The user-facing error inside an exception group raised by a task group."""
+    if isinstance(exc, PanqueueError | UsageFailure | RuntimeFailure | click.ClickException):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"panqueue: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args and "_PANQUEUE_COMPLETE" not in os.environ:
+        # `panqueue` alone: the help (with its usage line), on stderr, as a usage error.
+        with click.Context(cli, info_name="panqueue") as ctx:
+            click.echo(ctx.get_help(), err=True)
+        return EXIT_USAGE
+    try:
+        result = cli.main(args, prog_name="panqueue", standalone_mode=False)
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx else "panqueue"
+        return _fail(f"{exc.format_message()} (see '{command} --help')", EXIT_USAGE)
+    except click.exceptions.Abort:
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        found = _find_error(exc)
+        if found is None:
+            raise
+        if isinstance(found, click.ClickException):
+            return _fail(found.format_message(), found.exit_code)
+        if isinstance(found, ConfigError | UsageFailure):
+            return _fail(str(found), EXIT_USAGE)
+        return _fail(str(found), EXIT_ERROR)
+    return result if isinstance(result, int) else 0

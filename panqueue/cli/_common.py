@@ -1,0 +1,205 @@
+"""What every command shares: the ``--url`` option, the one-line user errors, the checked
+option types, loading ``MODULE:ATTR`` and opening a client that has answered a PING."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import click
+
+from panqueue._client import SyncQueueClient
+from panqueue._registry import Registry
+from panqueue._store.transport import redact_url
+from panqueue._url import resolve_url
+from panqueue.errors import ConfigError, PanqueueError
+from panqueue.errors import ConnectionError as PanqueueConnectionError
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "FLOAT_NON_NEGATIVE",
+    "FLOAT_POSITIVE",
+    "PORT",
+    "POSITIVE_INT",
+    "RuntimeFailure",
+    "UsageFailure",
+    "check_url",
+    "client_for",
+    "load_registry",
+    "print_json",
+    "require_queue",
+    "url_option",
+    "writable_directory",
+]
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UsageFailure(Exception):
+    """A problem with the command's input or configuration: one line, exit 2."""
+
+
+class RuntimeFailure(Exception):
+    """The command was right but could not be done (a port taken, a job that failed): exit 1."""
+
+
+# --------------------------------------------------------------------------- option types
+
+
+class _Float(click.ParamType):  # type: ignore[type-arg]
+    """A finite float, > 0 (``positive``) or >= 0."""
+
+    def __init__(self, *, positive: bool) -> None:
+        self.positive = positive
+        self.name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"must be a finite number, got {value!r}", param, ctx)
+        if self.positive and number <= 0:
+            self.fail(f"must be > 0, got {value}", param, ctx)
+        if not self.positive and number < 0:
+            self.fail(f"must be >= 0, got {value}", param, ctx)
+        return number
+
+
+FLOAT_POSITIVE = _Float(positive=True)
+FLOAT_NON_NEGATIVE = _Float(positive=False)
+POSITIVE_INT = click.IntRange(min=1)
+PORT = click.IntRange(min=1, max=65535)
+
+
+def check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """``--url`` or ``$PANQUEUE_URL`` or the default; an empty or malformed URL is refused
+    before anything connects."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty (give a URL such as redis://localhost:6379/0)")
+    url = resolve_url(value)
+    parts = urlsplit(url)
+    shown = redact_url(url)
+    if parts.scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
+        raise click.BadParameter(f"{shown!r} is not a Redis URL (redis://HOST:PORT/DB)")
+    if parts.scheme in ("redis", "rediss"):
+        try:
+            port = parts.port
+        except ValueError:
+            raise click.BadParameter(f"{shown!r} has an invalid port (1-65535)") from None
+        if port is not None and not 1 <= port <= 65535:
+            raise click.BadParameter(f"{shown!r} has an invalid port (1-65535)")
+        db = parts.path.lstrip("/")
+        if db and not db.isdigit():
+            raise click.BadParameter(f"{shown!r}: the database {db!r} is not a number")
+    return url
+
+
+def url_option(func: F) -> F:
+    """``--url URL``: where Redis is."""
+    return click.option(
+        "--url", default=None, callback=check_url, metavar="URL",
+        help="Redis URL (default: $PANQUEUE_URL, else redis://localhost:6379/0).")(func)
+
+
+def writable_directory(value: str) -> Path:
+    """``value`` as a directory we can create and write to, else a usage error."""
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageFailure(f"cannot create the directory {value!r}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageFailure(f"the directory {value!r} is not writable")
+    return path
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _user_frame(exc: BaseException) -> str:
+    """``file:line`` of the deepest frame outside the import machinery and panqueue."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "importlib" not in f.filename and "/panqueue/cli/" not in f.filename]
+    if not frames:
+        return "?"
+    return f"{frames[-1].filename}:{frames[-1].lineno}"
+
+
+def load_registry(spec: str) -> Registry:
+    """Import ``MODULE:ATTR`` (from the current directory too) and return the Registry.
+
+    A module that does not import is a usage error naming the user's own file and line: the
+    traceback of importlib is no help to someone who made a typo in app.py."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageFailure(f"expected MODULE:ATTR (for example app:queues), got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UsageFailure(f"cannot import module {module_name!r}: {exc}") from None
+        raise UsageFailure(f"importing {module_name!r} failed at {_user_frame(exc)}: "
+                           f"{type(exc).__name__}: {exc}") from None
+    except SyntaxError as exc:
+        raise UsageFailure(f"importing {module_name!r} failed at {_user_frame(exc)}: "
+                           f"SyntaxError: {exc.msg}") from None
+    except Exception as exc:
+        raise UsageFailure(f"importing {module_name!r} failed at {_user_frame(exc)}: "
+                           f"{type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageFailure(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, Registry):
+        raise UsageFailure(f"{spec} is a {type(obj).__name__}, not a panqueue.Registry")
+    return obj
+
+
+def client_for(url: str) -> SyncQueueClient:
+    """A client that has answered a PING (fail fast and clearly)."""
+    client = SyncQueueClient(url)
+    try:
+        client.ping()
+    except (ConfigError, PanqueueConnectionError):
+        client.close()
+        raise
+    except PanqueueError as exc:
+        # Something answered, but not as Redis does (an HTTP server, a wrong port): the URL
+        # is wrong, which is the user's to fix, not a failure of a running system.
+        client.close()
+        raise UsageFailure(f"{redact_url(url)} does not answer as a Redis server ({exc}); "
+                           f"check the host and port") from None
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def require_queue(client: SyncQueueClient, queue: str) -> None:
+    if not client.queue_exists(queue):
+        raise UsageFailure(f"unknown queue {queue!r} (no job or worker has used it)")
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False, default=str))

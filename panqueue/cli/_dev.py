@@ -1,0 +1,88 @@
+"""Development commands: ``server`` (a private Redis-compatible server) and ``demo``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import anyio
+import click
+
+from panqueue.cli._common import PORT, POSITIVE_INT, RuntimeFailure, check_url, writable_directory
+
+__all__ = ["demo", "server"]
+
+
+def _port_taken(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port`` (or we may not bind it).
+
+    A server started on a taken port exits at once, but the one already there answers PING:
+    without this check we would report success and leave the user on someone else's server."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+@click.command()
+@click.option("--port", type=PORT, default=6390, show_default=True,
+              help="TCP port (1-65535); the server listens on 127.0.0.1 only.")
+@click.option("--dir", "directory", default=".panqueue/redis", show_default=True,
+              metavar="DIR", help="Data directory (append-only persistence and server.log).")
+def server(port: int, directory: str) -> None:
+    """Run a private Redis-compatible server for development, until Ctrl-C or SIGTERM."""
+    from panqueue.embedded import RedisServer
+
+    if _port_taken(port):
+        raise RuntimeFailure(f"port {port} on 127.0.0.1 is already in use; pick another "
+                             f"with --port")
+    data = writable_directory(directory)
+    redis_server = RedisServer(port=port, directory=data,
+                               log_to=str(data.resolve() / "server.log"))
+
+    async def serve() -> None:
+        # Listen for signals before the server starts: a SIGTERM or Ctrl-C that arrives while
+        # it starts is then queued instead of killing us, which would leave the server (in a
+        # session of its own, out of the signal's reach) running with nobody to stop it.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            redis_server.start()
+            try:
+                print(f"panqueue: {Path(redis_server.binary).name} listening on "
+                      f"{redis_server.url} (data in {data}, append-only); Ctrl-C stops it\n"
+                      f"In another shell:\n"
+                      f"export PANQUEUE_URL={redis_server.url}", flush=True)
+                async for _ in signals:
+                    return
+            finally:
+                redis_server.stop()
+                print("panqueue: server stopped", file=sys.stderr)
+
+    anyio.run(serve)
+
+
+def _demo_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--url, else $PANQUEUE_URL, else None (a private server)."""
+    if value is None and not os.environ.get("PANQUEUE_URL"):
+        return None
+    return check_url(ctx, param, value)
+
+
+@click.command()
+@click.option("--url", default=None, metavar="URL", callback=_demo_url,
+              help="Run on this Redis (default: $PANQUEUE_URL, else a private server "
+                   "started for the demo).")
+@click.option("--jobs", type=POSITIVE_INT, default=300, show_default=True, metavar="N",
+              help="How many jobs to add.")
+@click.option("--workers", type=POSITIVE_INT, default=2, show_default=True, metavar="N",
+              help="How many worker processes to start (concurrency 20 each).")
+def demo(url: str | None, jobs: int, workers: int) -> int:
+    """Run jobs through worker processes on a private server and print a summary; removes
+    what it added."""
+    from panqueue._demo import run_demo
+
+    return run_demo(url=url, jobs=jobs, workers=workers)

@@ -1,0 +1,230 @@
+"""Commands on jobs and queues: enqueue, stats, job, jobs, cancel, remove, dlq, pause,
+resume, schedules. Each opens one client, does one thing through its public methods, prints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from panqueue._job import JobInfo, JobState
+from panqueue.cli._common import (
+    POSITIVE_INT,
+    RuntimeFailure,
+    UsageFailure,
+    client_for,
+    print_json,
+    require_queue,
+    url_option,
+)
+
+__all__ = ["cancel", "dlq", "enqueue", "job", "jobs", "pause", "remove", "resume",
+           "schedules", "stats"]
+
+_STATES = [s.value for s in JobState]
+_TABLE_STATES = [JobState.WAITING, JobState.DELAYED, JobState.BLOCKED, JobState.ACTIVE,
+                 JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED]
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("data", metavar="JSON")
+@url_option
+@click.option("--delay", type=float, default=None, metavar="SECONDS",
+              help="Seconds before the job may run.")
+@click.option("--priority", type=int, default=None,
+              help="Higher runs first (-1,000,000 to 1,000,000; default 0).")
+@click.option("--job-id", default=None, metavar="ID",
+              help="A custom id, not all digits (adding it twice is a no-op).")
+def enqueue(queue: str, data: str, url: str, delay: float | None, priority: int | None,
+            job_id: str | None) -> None:
+    """Add one job whose data is the JSON value JSON, and print its id."""
+    try:
+        value = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise UsageFailure(f"invalid JSON for the job data: {exc}") from None
+    with client_for(url) as client:
+        handle = client.queue(queue).add(value, delay=delay, priority=priority, job_id=job_id)
+    click.echo(handle.id)
+
+
+@click.command()
+@click.argument("queue", required=False)
+@url_option
+@_JSON
+def stats(queue: str | None, url: str, as_json: bool) -> None:
+    """Job counts per state, for QUEUE or every queue."""
+    with client_for(url) as client:
+        if queue:
+            require_queue(client, queue)
+        names = [queue] if queue else client.queues()
+        rows = [(name, client.counts(name), client.is_paused(name)) for name in names]
+    if as_json:
+        print_json({q: {**{s.value: n for s, n in c.items()}, "paused": p} for q, c, p in rows})
+        return
+    if not rows:
+        click.echo("no queues")
+        return
+    width = max(5, *(len(q) for q, _, _ in rows))
+    click.echo(f"{'queue':<{width}}  " + "  ".join(f"{s.value:>9}" for s in _TABLE_STATES))
+    for name, counts, paused in rows:
+        line = f"{name:<{width}}  " + "  ".join(f"{counts[s]:>9}" for s in _TABLE_STATES)
+        click.echo(line + ("  (paused)" if paused else ""))
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("job_id", metavar="ID")
+@url_option
+def job(queue: str, job_id: str, url: str) -> None:
+    """Print one job as JSON."""
+    with client_for(url) as client:
+        info = client.get_job(queue, job_id)
+    print_json(info.to_dict())
+
+
+def _line(info: JobInfo) -> str:
+    error = "" if info.error is None else f"\t{info.error.type}: {info.error.message}"
+    return f"{info.id}\t{info.state.value}\t{info.attempts} attempt(s){error}"
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--state", type=click.Choice(_STATES), default=JobState.WAITING.value,
+              show_default=True, help="List the jobs in this state.")
+@click.option("--limit", type=POSITIVE_INT, default=100, show_default=True,
+              help="List at most N jobs.", metavar="N")
+@url_option
+@_JSON
+def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
+    """List the jobs of QUEUE in one state: claim order for waiting, newest first for the
+    finished states."""
+    with client_for(url) as client:
+        require_queue(client, queue)
+        found = client.list_jobs(queue, state, limit=limit)
+    if as_json:
+        print_json([info.to_dict() for info in found])
+    elif not found:
+        click.echo(f"no {state} jobs in {queue!r}")
+    else:
+        for info in found:
+            click.echo(_line(info))
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("job_id", metavar="ID")
+@url_option
+def cancel(queue: str, job_id: str, url: str) -> None:
+    """Cancel a job: it will not run (a running job is asked to stop)."""
+    with client_for(url) as client:
+        was = client.cancel(queue, job_id)
+    if was is JobState.ACTIVE:
+        click.echo(f"{job_id}: cancel requested (running; its worker stops it)")
+    else:
+        click.echo(f"{job_id}: cancelled (was {was.value})")
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("job_id", metavar="ID")
+@url_option
+def remove(queue: str, job_id: str, url: str) -> None:
+    """Delete a job and its record from Redis."""
+    with client_for(url) as client:
+        if not client.remove(queue, job_id):
+            raise RuntimeFailure(f"job {job_id!r} not found in queue {queue!r}")
+    click.echo(f"{job_id}: removed")
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--retry", "retry", is_flag=True,
+              help="Move failed jobs (the IDs given, else all) back to waiting.")
+@click.argument("ids", metavar="[ID]...", nargs=-1)
+@click.option("--limit", type=POSITIVE_INT, default=100, show_default=True, metavar="N",
+              help="List at most N jobs.")
+@url_option
+@_JSON
+def dlq(queue: str, retry: bool, ids: tuple[str, ...], limit: int, url: str,
+        as_json: bool) -> None:
+    """The dead-letter set (failed jobs) of QUEUE: the newest, printed oldest first."""
+    if ids and not retry:
+        raise UsageFailure("job IDs are only taken with --retry")
+    with client_for(url) as client:
+        require_queue(client, queue)
+        if retry:
+            moved = client.retry_failed(queue, list(ids) or None)
+            click.echo(f"{moved} job(s) moved back to waiting")
+            return
+        failed = client.list_jobs(queue, JobState.FAILED, limit=limit)
+    entries: list[dict[str, Any]] = [{
+        "id": info.id,
+        "reason": info.failure_reason,
+        "error": None if info.error is None else f"{info.error.type}: {info.error.message}",
+        "attempts": info.attempts,
+        "finished_at": None if info.finished_at is None else info.finished_at.isoformat(),
+    } for info in reversed(failed)]
+    if as_json:
+        print_json(entries)
+    elif not entries:
+        click.echo(f"dead-letter set of {queue!r} is empty")
+    else:
+        for e in entries:
+            click.echo(f"{e['id']}\t{e['reason']}\t{e['attempts']} attempt(s)\t{e['error']}")
+
+
+@click.command()
+@click.argument("queue")
+@url_option
+def pause(queue: str, url: str) -> None:
+    """Stop workers from claiming jobs of QUEUE."""
+    with client_for(url) as client:
+        require_queue(client, queue)
+        client.pause(queue)
+    click.echo(f"{queue}: paused")
+
+
+@click.command()
+@click.argument("queue")
+@url_option
+def resume(queue: str, url: str) -> None:
+    """Let workers claim jobs of a paused QUEUE again."""
+    with client_for(url) as client:
+        require_queue(client, queue)
+        client.resume(queue)
+    click.echo(f"{queue}: resumed")
+
+
+@click.command()
+@click.argument("queue", required=False)
+@url_option
+@click.option("--remove", "remove_name", metavar="NAME", default=None,
+              help="Delete schedule NAME of QUEUE from Redis.")
+@_JSON
+def schedules(queue: str | None, url: str, remove_name: str | None, as_json: bool) -> None:
+    """List schedules (repeatable and cron jobs) with their next runs, or remove one."""
+    with client_for(url) as client:
+        if remove_name:
+            if not queue:
+                raise UsageFailure("--remove needs the QUEUE the schedule belongs to")
+            if not client.remove_schedule(queue, remove_name):
+                raise UsageFailure(f"no schedule {remove_name!r} in queue {queue!r}")
+            click.echo(f"schedule {remove_name!r} removed from {queue!r}")
+            return
+        if queue:
+            require_queue(client, queue)
+        names = [queue] if queue else client.queues()
+        found = [info for name in names for info in client.schedules(name)]
+    if as_json:
+        print_json([{"name": i.name, "queue": i.queue, "next_run": i.next_run.isoformat(),
+                     **i.definition} for i in found])
+    elif not found:
+        click.echo("no schedules")
+    else:
+        for i in found:
+            when = i.definition.get("cron") or f"every {i.definition.get('every')} s"
+            click.echo(f"{i.queue}\t{i.name}\t{when} ({i.definition.get('tz')})\t"
+                       f"next {i.next_run.isoformat()}")

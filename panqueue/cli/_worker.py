@@ -1,0 +1,159 @@
+"""``panqueue worker``: serve the queues of a registry until a signal, until the queues are
+empty (``--burst``), restarting when the code changes (``--reload``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import anyio
+import click
+
+from panqueue._client import QueueClient
+from panqueue._job import JobState
+from panqueue._log import configure_logging
+from panqueue._pool import WorkerPool
+from panqueue.cli._common import (
+    FLOAT_NON_NEGATIVE,
+    FLOAT_POSITIVE,
+    POSITIVE_INT,
+    UsageFailure,
+    client_for,
+    load_registry,
+    url_option,
+)
+
+__all__ = ["worker"]
+
+
+@click.command()
+@click.argument("app", metavar="MODULE:ATTR")
+@url_option
+@click.option("-q", "--queue", "queues", multiple=True, metavar="QUEUE",
+              help="Serve only this queue (repeatable; default: every queue of the registry).")
+@click.option("--concurrency", type=POSITIVE_INT, default=None, metavar="N",
+              help="Concurrency of handlers that declare none (default 1).")
+@click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio",
+              show_default=True, help="Event loop (trio needs the trio extra).")
+@click.option("--grace", type=FLOAT_NON_NEGATIVE, default=30.0, show_default=True,
+              metavar="SECONDS", help="Seconds running jobs get to finish on shutdown.")
+@click.option("--poll-interval", type=FLOAT_POSITIVE, default=2.0, show_default=True,
+              metavar="SECONDS", help="Longest idle sleep if a wake-up message is missed (> 0).")
+@click.option("--log-format", type=click.Choice(["console", "json"]), default="console",
+              show_default=True, help="console for people, json lines for log collectors.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True, help="Logs go to stderr.")
+@click.option("--name", default=None, metavar="NAME",
+              help="The worker's name (default: host and process id).")
+@click.option("--burst", is_flag=True,
+              help="Exit 0 once the queues are empty (waiting, due delayed and active).")
+@click.option("--reload", is_flag=True,
+              help="Restart gracefully when a .py file under the current directory changes "
+                   "(development; needs the reload extra).")
+def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, backend: str,
+           grace: float, poll_interval: float, log_format: str, log_level: str,
+           name: str | None, burst: bool, reload: bool) -> None:
+    """Run workers for the queues of the registry MODULE:ATTR (for example app:queues), until
+    SIGTERM or SIGINT: the first finishes running jobs (up to --grace), a second forces."""
+    if burst and reload:
+        raise UsageFailure("--burst and --reload do not go together")
+    if reload:
+        try:
+            import watchfiles  # noqa: F401
+        except ImportError:
+            raise UsageFailure("--reload needs watchfiles: pip install 'panqueue[reload]'"
+                               ) from None
+    registry = load_registry(app)
+    if not len(registry):
+        raise UsageFailure(f"{app} has no handlers")
+    served = list(queues) or registry.queues
+    for queue in served:
+        registry.get(queue)  # ConfigError names unknown queues
+    if backend == "trio":
+        try:
+            import trio  # noqa: F401
+        except ImportError:
+            raise UsageFailure("--backend trio needs trio: pip install 'panqueue[trio]'"
+                               ) from None
+    configure_logging("json" if log_format == "json" else "console", log_level)
+    # An unreachable Redis is one error line, not worker start/stop logs followed by it.
+    client_for(url).close()
+    options = {} if name is None else {"name": name}
+    pool = WorkerPool(registry, url=url, queues=served, concurrency=concurrency, grace=grace,
+                      poll_interval=poll_interval, **options)
+    restart = anyio.run(_serve, pool, url, served, grace, poll_interval, burst, reload,
+                        backend=backend)
+    if restart:
+        # A fresh process imports the changed code; the same arguments serve the same queues.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "panqueue", *sys.argv[1:]])
+
+
+async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
+                 poll_interval: float, burst: bool, reload: bool) -> bool:
+    """Run the pool; the first SIGTERM/SIGINT starts the two-phase shutdown, a second one
+    skips to the forced phase. Returns True when the code changed and we should restart."""
+    restart = False
+    async with anyio.create_task_group() as tg:
+
+        async def handle_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                stopping = False
+                async for signum in signals:
+                    if not stopping:
+                        stopping = True
+                        print(f"panqueue: {signal.Signals(signum).name} received; finishing "
+                              f"running jobs (up to {grace:g} s; again to force)",
+                              file=sys.stderr)
+                        tg.start_soon(pool.shutdown, grace)
+                    else:
+                        print("panqueue: forcing shutdown", file=sys.stderr)
+                        pool.force()
+
+        async def stop_when_empty() -> None:
+            await _wait_until_empty(url, queues, poll_interval)
+            print("panqueue: queues empty (--burst); stopping", file=sys.stderr)
+            await pool.shutdown(grace)
+
+        async def stop_on_change() -> None:
+            nonlocal restart
+            from watchfiles import PythonFilter, awatch
+
+            async for changes in awatch(os.getcwd(), watch_filter=PythonFilter()):
+                changed = sorted({os.path.relpath(path) for _, path in changes})
+                print(f"panqueue: {', '.join(changed)} changed; restarting", file=sys.stderr)
+                restart = True
+                await pool.shutdown(grace)
+                return
+
+        tg.start_soon(handle_signals)
+        if burst:
+            tg.start_soon(stop_when_empty)
+        if reload:
+            tg.start_soon(stop_on_change)
+        await pool.run()
+        tg.cancel_scope.cancel()
+    return restart
+
+
+async def _wait_until_empty(url: str, queues: list[str], poll_interval: float) -> None:
+    """Return once every queue has no waiting and no active job on two checks in a row.
+
+    A delayed job that falls due is moved to waiting by the workers, so two empty checks a
+    poll interval apart also mean no delayed job is due; one due later does not keep a burst
+    worker alive."""
+    interval = min(max(poll_interval, 0.1), 1.0)
+    empty_checks = 0
+    async with QueueClient(url) as client:
+        while empty_checks < 2:
+            await anyio.sleep(interval)
+            busy = False
+            for queue in queues:
+                counts = await client.counts(queue)
+                if counts[JobState.WAITING] or counts[JobState.ACTIVE]:
+                    busy = True
+                    break
+            empty_checks = 0 if busy else empty_checks + 1

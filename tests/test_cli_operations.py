@@ -1,0 +1,258 @@
+"""The command line as a new user meets it: bad options, wrong URLs, broken modules, a taken
+port, the demo on a shared server; and the day-one operations commands (jobs, cancel, remove,
+dlq --retry ID, worker --burst / --reload / --name). Every test runs ``python -m panqueue`` as
+a child process against the session's real server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from panqueue import JobState, SyncQueueClient
+from panqueue.embedded import free_port
+from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
+from tests.test_cli import ECHO, FAIL, assert_user_error, counts
+
+
+def run_in(cwd: Path, *args: str, timeout: float = 60,
+           **env: str) -> subprocess.CompletedProcess[str]:
+    """``panqueue ARGS`` run from ``cwd``, as a user runs it from their project."""
+    return subprocess.run(panqueue_command(*args), capture_output=True, text=True,
+                          timeout=timeout, env=subprocess_env(**env), cwd=cwd)
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert_user_error(proc, *fragments)
+    assert proc.returncode == 2, proc
+
+
+# --------------------------------------------------------------------------- bad input: exit 2
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("worker", "cli_app:queues", "--poll-interval", "0"), "--poll-interval"),
+    (("worker", "cli_app:queues", "--poll-interval", "-1"), "--poll-interval"),
+    (("worker", "cli_app:queues", "--grace", "-1"), "--grace"),
+    (("worker", "cli_app:queues", "--grace", "nan"), "--grace"),
+    (("worker", "cli_app:queues", "--concurrency", "0"), "--concurrency"),
+    (("server", "--port", "70000"), "--port"),
+    (("stats", "--url", ""), "--url"),
+    (("stats", "--url", "redis://127.0.0.1:6379/abc"), "'abc'"),
+    (("stats", "--url", "http://127.0.0.1:6379/0"), "not a Redis URL"),
+    (("stats", "--url", "redis://127.0.0.1:70000/0"), "port"),
+    (("stats", "--no-such-option"), "--no-such-option"),
+    (("no-such-command",), "no-such-command"),
+])
+def test_a_bad_option_is_one_line_and_exit_2_before_anything_is_written(
+        redis_client: redis.Redis, args: tuple[str, ...], fragment: str) -> None:
+    assert_usage_error(run_cli(*args), fragment)
+    assert redis_client.dbsize() == 0
+
+
+def test_an_unwritable_server_directory_is_refused_with_exit_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    port = free_port()
+    assert_usage_error(run_cli("server", "--port", str(port), "--dir", str(blocker / "data")),
+                       "cannot create the directory")
+    assert blocker.read_text() == "not a directory"
+
+
+@pytest.fixture
+def http_url() -> Iterator[str]:
+    """A tiny HTTP server on loopback: a URL that answers, but not as Redis."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{server.server_address[1]}/0"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_url_that_is_not_redis_is_a_usage_error(http_url: str) -> None:
+    assert_usage_error(run_cli("stats", "--url", http_url, timeout=30),
+                       "does not answer as a Redis server")
+    assert_usage_error(run_cli("worker", "cli_app:queues", "--url", http_url, timeout=30),
+                       "does not answer as a Redis server")
+
+
+@pytest.mark.parametrize(("source", "line", "fragment"), [
+    ("import os\n\n\ndef broken(:\n    pass\n", 4, "SyntaxError"),
+    ("import os\n\nraise RuntimeError('settings missing')\n", 3, "settings missing"),
+    ("import os\nimport no_such_dependency_xyz\n", 2, "no_such_dependency_xyz"),
+])
+def test_a_module_that_fails_to_import_names_the_users_file_and_line(
+        tmp_path: Path, redis_url: str, redis_client: redis.Redis, source: str, line: int,
+        fragment: str) -> None:
+    (tmp_path / "brokenapp.py").write_text(source)
+    proc = run_in(tmp_path, "worker", "brokenapp:queues", "--url", redis_url)
+    assert_usage_error(proc, f"{tmp_path / 'brokenapp.py'}:{line}", fragment)
+    assert redis_client.dbsize() == 0
+
+
+# --------------------------------------------------------------------------- server / demo
+
+
+def test_server_on_a_port_in_use_refuses_with_exit_1_and_writes_nothing(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data = tmp_path / "data"
+        proc = run_cli("server", "--port", str(port), "--dir", str(data), timeout=30)
+    assert_user_error(proc, f"port {port}", "already in use")
+    assert proc.returncode == 1
+    assert not data.exists()
+
+
+def test_server_prints_a_ready_to_paste_export_line(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        panqueue_command("server", "--port", str(port), "--dir", str(tmp_path / "d")),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=subprocess_env(), cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert f"export PANQUEUE_URL=redis://127.0.0.1:{port}/0\n" in lines, lines
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+    assert proc.returncode == 0
+
+
+def test_demo_on_panqueue_url_says_so_and_removes_its_jobs(redis_url: str,
+                                                           redis_client: redis.Redis) -> None:
+    proc = run_cli("demo", "--jobs", "20", "--workers", "1", PANQUEUE_URL=redis_url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"using the server at {redis_url}" in proc.stdout
+    assert "started a private" not in proc.stdout
+    assert sum(counts(redis_url, "demo").values()) == 0
+    leftovers = [k for k in redis_client.scan_iter("*") if b"job" in k.lower()]
+    assert leftovers == []
+
+
+def test_demo_with_more_jobs_than_the_completed_set_keeps_finishes(redis_url: str) -> None:
+    # Retention trims the completed set at 1000 jobs: the demo counts its own jobs instead.
+    proc = run_cli("demo", "--url", redis_url, "--jobs", "1500", "--workers", "2", timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "jobs completed     1500/1500" in proc.stdout
+
+
+# --------------------------------------------------------------------------- jobs / cancel / remove
+
+
+def test_jobs_lists_one_state_as_text_or_json(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handles = client.queue(ECHO).add_bulk([{"n": n} for n in range(3)])
+        client.queue(ECHO).add("later", delay=60)
+    waiting = run_cli("jobs", ECHO, "--url", redis_url)
+    assert waiting.returncode == 0, waiting.stderr
+    assert [line.split("\t")[0] for line in waiting.stdout.splitlines()] == [
+        h.id for h in handles]
+    delayed = run_cli("jobs", ECHO, "--state", "delayed", "--json", "--url", redis_url)
+    assert delayed.returncode == 0, delayed.stderr
+    assert [j["data"] for j in json.loads(delayed.stdout)] == ["later"]
+    limited = run_cli("jobs", ECHO, "--limit", "1", "--json", "--url", redis_url)
+    assert len(json.loads(limited.stdout)) == 1
+    assert_usage_error(run_cli("jobs", ECHO, "--state", "sleeping", "--url", redis_url),
+                       "--state")
+    assert_usage_error(run_cli("jobs", "no-such-queue", "--url", redis_url), "unknown queue")
+
+
+def test_cancel_and_remove_a_job(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        first, second = client.queue(ECHO).add_bulk(["a", "b"])
+    cancelled = run_cli("cancel", ECHO, first.id, "--url", redis_url)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.strip() == f"{first.id}: cancelled (was waiting)"
+    removed = run_cli("remove", ECHO, second.id, "--url", redis_url)
+    assert removed.returncode == 0 and removed.stdout.strip() == f"{second.id}: removed"
+    with SyncQueueClient(redis_url) as client:
+        assert client.get_job(ECHO, first.id).state is JobState.CANCELLED
+        assert client.counts(ECHO)[JobState.WAITING] == 0
+    again = run_cli("remove", ECHO, second.id, "--url", redis_url)
+    assert_user_error(again, second.id, "not found")
+    assert again.returncode == 1
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def test_burst_worker_exits_0_once_the_queues_are_empty(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        client.queue(ECHO).add_bulk(list(range(20)))
+        failures = client.queue(FAIL).add_bulk(["x", "y"])
+    proc = run_cli("worker", "cli_app:queues", "--burst", "--poll-interval", "0.1",
+                   "--name", "burst-1", "--url", redis_url, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "queues empty" in proc.stderr
+    assert counts(redis_url, ECHO)[JobState.COMPLETED] == 20
+    assert counts(redis_url, FAIL)[JobState.FAILED] == 2
+
+    # dlq --retry with ids moves only those back.
+    retried = run_cli("dlq", FAIL, "--retry", failures[0].id, "--url", redis_url)
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.strip() == "1 job(s) moved back to waiting"
+    after = counts(redis_url, FAIL)
+    assert after[JobState.WAITING] == 1 and after[JobState.FAILED] == 1
+    assert_usage_error(run_cli("dlq", FAIL, failures[1].id, "--url", redis_url), "--retry")
+
+
+def test_reload_restarts_the_worker_when_a_python_file_changes(tmp_path: Path,
+                                                               redis_url: str) -> None:
+    app = tmp_path / "reloadapp.py"
+    app.write_text(_RELOAD_APP.format(answer=1))
+    err = tmp_path / "worker.err"
+    with err.open("wb") as stderr:
+        worker = subprocess.Popen(
+            panqueue_command("worker", "reloadapp:queues", "--reload", "--grace", "1",
+                             "--poll-interval", "0.1", "--url", redis_url),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            env=subprocess_env(), cwd=tmp_path)
+    try:
+        with SyncQueueClient(redis_url) as client:
+            assert client.queue("reload").add(None).result(timeout=20) == 1
+            app.write_text(_RELOAD_APP.format(answer=2))
+            wait_until(lambda: "changed; restarting" in err.read_text(), 20, "the restart")
+            assert client.queue("reload").add(None).result(timeout=20) == 2
+    finally:
+        worker.terminate()
+        worker.wait(20)
+    assert "Traceback" not in err.read_text()
+
+
+_RELOAD_APP = """
+from panqueue import Registry
+
+queues = Registry()
+
+
+@queues.handler("reload")
+async def answer(job):
+    return {answer}
+"""
+
+
+def test_python_dash_m_panqueue_version() -> None:
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("panqueue ")
+
+
+def test_shell_completion_is_generated_by_the_command_itself() -> None:
+    proc = subprocess.run([str(Path(sys.executable).parent / "panqueue")],
+                          capture_output=True, text=True, timeout=30,
+                          env=subprocess_env(_PANQUEUE_COMPLETE="bash_source"), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "_PANQUEUE_COMPLETE" in proc.stdout
