@@ -60,13 +60,14 @@ __all__ = [
 ]
 
 
-
 def exception_message(exc: BaseException) -> str:
-    """``str(exc)``, or a placeholder naming the type when that raises."""
+    """``str(exc)``, or a placeholder naming the type when that raises (a bad value from a
+    handler must never stop a worker; ``HandlerAborted`` and ``ErrorInfo`` use this)."""
     try:
         return str(exc)
     except Exception:
         return f"<{type(exc).__name__}: str() raised an exception>"
+
 
 class PanqueueError(Exception):
     """Base class of every error panqueue raises on purpose."""
