@@ -19,7 +19,7 @@ from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
 from panqueue._runtime.worker import Worker
 from panqueue._schedule import Schedule
-from panqueue._store import Event, ScheduleInfo
+from panqueue._store import Event, Explanation, ScheduleInfo, WorkerInfo
 from panqueue.errors import (
     ConfigError,
     ConnectionError,
@@ -45,6 +45,7 @@ __all__ = [
     "ErrorInfo",
     "Event",
     "Executor",
+    "Explanation",
     "Fail",
     "FlowJob",
     "Handler",
@@ -73,6 +74,7 @@ __all__ = [
     "SyncQueueClient",
     "TimeoutError",
     "Worker",
+    "WorkerInfo",
     "WorkerPool",
     "__version__",
     "configure_logging",

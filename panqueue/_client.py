@@ -28,10 +28,12 @@ from panqueue._registry import Handler
 from panqueue._store import (
     AsyncTransport,
     Event,
+    Explanation,
     NewJob,
     Op,
     ScheduleInfo,
     SyncTransport,
+    WorkerInfo,
     check_url,
     open_async_transport,
     ops,
@@ -292,6 +294,30 @@ class QueueClient:
     async def remove(self, queue: str, job_id: str) -> bool:
         return await self._run(ops.remove(QueueKeys(queue), job_id))
 
+    async def workers(self, queue: str | None = None) -> list[WorkerInfo]:
+        """The live workers of ``queue`` (``None``: of every queue, one entry per worker name),
+        from their heartbeats. A worker that stopped cleanly is gone at once; one that died is
+        gone within three heartbeat intervals."""
+        if queue is not None:
+            return await self._run(ops.workers(QueueKeys(queue)))
+        found = []
+        for name in await self.queues():
+            found += await self._run(ops.workers(QueueKeys(name)))
+        return ops.merge_workers(found)
+
+    async def explain(self, queue: str, job_id: str) -> Explanation:
+        """Why the job is in its state, from Redis alone: paused, delayed until when, blocked
+        on which dependency, its key busy, rate-limited, queued behind how many jobs, no live
+        worker, running on which worker, or finished (how and when)."""
+        return await self._run(ops.explain(QueueKeys(queue), job_id))
+
+    async def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
+        """Delete the jobs of ``queue`` in ``states`` and return how many were deleted.
+        ``None``: every job that is not active, and the queue's settings once no job runs.
+        Active jobs are deleted only when ``states`` names ACTIVE (their workers then lose
+        their locks). Dependents of a deleted job that still wait for it fail."""
+        return await self._run(ops.purge(QueueKeys(queue), _states(states)))
+
     async def schedules(self, queue: str) -> list[ScheduleInfo]:
         """The queue's schedules as registered in Redis, with their next run times."""
         return await self._run(ops.list_schedules(QueueKeys(queue)))
@@ -466,6 +492,23 @@ class SyncQueueClient:
     def remove(self, queue: str, job_id: str) -> bool:
         return self._run(ops.remove(QueueKeys(queue), job_id))
 
+    def workers(self, queue: str | None = None) -> list[WorkerInfo]:
+        """Blocking :meth:`QueueClient.workers`."""
+        if queue is not None:
+            return self._run(ops.workers(QueueKeys(queue)))
+        found = []
+        for name in self.queues():
+            found += self._run(ops.workers(QueueKeys(name)))
+        return ops.merge_workers(found)
+
+    def explain(self, queue: str, job_id: str) -> Explanation:
+        """Blocking :meth:`QueueClient.explain`."""
+        return self._run(ops.explain(QueueKeys(queue), job_id))
+
+    def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
+        """Blocking :meth:`QueueClient.purge`."""
+        return self._run(ops.purge(QueueKeys(queue), _states(states)))
+
     def schedules(self, queue: str) -> list[ScheduleInfo]:
         return self._run(ops.list_schedules(QueueKeys(queue)))
 
@@ -490,6 +533,15 @@ class SyncQueueClient:
             for event in batch:
                 position = event.id
                 yield event
+
+
+def _states(states: Iterable[JobState | str] | None) -> list[JobState | str] | None:
+    """A purge's states as a list (a single state, passed bare, counts as one)."""
+    if states is None:
+        return None
+    if isinstance(states, str):
+        return [states]
+    return list(states)
 
 
 def _chain(items: Iterable[Any]) -> list[FlowJob]:

@@ -50,8 +50,8 @@ class QueueKeys:
     """Names of the keys and the notify channel of one queue."""
 
     __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "failed",
-                 "key_active", "limited", "meta", "name", "notify", "prefix", "ready",
-                 "schedules", "wait")
+                 "key_active", "limited", "meta", "name", "notify", "prefix", "rate", "ready",
+                 "schedules", "wait", "worker_info", "workers")
 
     def __init__(self, name: str) -> None:
         self.name = check_queue_name(name)
@@ -72,12 +72,21 @@ class QueueKeys:
         self.ready = self.prefix + "k:ready"
         self.key_active = self.prefix + "k:active"
         self.limited = self.prefix + "k:limited"
+        # The global rate limit's window of recent starts.
+        self.rate = self.prefix + "rl"
+        # The worker registry: worker name -> when its entry expires (ZSET), and -> its record.
+        self.workers = self.prefix + "workers"
+        self.worker_info = self.prefix + "worker_info"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
 
     def schedule(self, name: str) -> str:
         return f"{self.prefix}sched:{name}"
+
+    def needs(self, job_id: str) -> str:
+        """The dependencies of ``job_id`` that have not completed yet (a SET)."""
+        return f"{self.prefix}needs:{job_id}"
 
     def key_list(self, key: str) -> str:
         """Keyed mode: the list of the waiting jobs of concurrency key ``key``."""

@@ -157,6 +157,17 @@ EXPECTED: dict[str, list[str]] = {
         "yet the server ran it: example:visits = 1",
         "replies dropped 1",
     ],
+    "operations.py": [
+        "before a worker: no live worker serves queue 'exports'",
+        "worker export-worker-1: queues ['exports'], concurrency 1, running ['1']",
+        "job 1 is active (running): running on worker export-worker-1",
+        "job 2 is waiting (queued): waiting behind 0 jobs",
+        "job 3 is delayed (delayed): delayed until",
+        "job 4 is blocked (blocked): blocked on job 2 (waiting)",
+        "after a clean stop, workers: []",
+        "purged 1 delayed job; counts: {'completed': 3}",
+        "purged 3 more; queue still exists: False",
+    ],
     "spark_enqueue.py": [
         "first run: added=200, existing=0",
         "second run: added=0, existing=200",

@@ -5,7 +5,8 @@
 - :mod:`recorder`: outcomes written to Redis (batched), retried through outages, releases;
 - :mod:`locks` and :mod:`watchdog`: attempts by lock token, renewal, the blocked-loop watchdog;
 - :mod:`wakeups`: the notify channel (work to do, cancel requests);
-- :mod:`upkeep`: stalled sweep, promotion, cleaning, schedules.
+- :mod:`upkeep`: stalled sweep, promotion, cleaning, schedules;
+- :mod:`heartbeat`: the worker's entry in the queue's worker registry.
 
 The Worker starts them, runs each slot's job (attempt, then record), and stops them in two
 phases on shutdown.
@@ -25,6 +26,7 @@ from panqueue._log import get_logger
 from panqueue._registry import Registry
 from panqueue._runtime.attempt import AttemptRunner, Ending
 from panqueue._runtime.claimer import Claimer
+from panqueue._runtime.heartbeat import Heartbeat
 from panqueue._runtime.locks import Attempts, Renewer, Tokens
 from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.upkeep import Upkeep
@@ -35,6 +37,7 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncTransport, open_async_transport
 from panqueue._url import resolve_url
+from panqueue.errors import ConfigError
 from panqueue.executors import create_executor
 from panqueue.executors.base import Executor
 
@@ -54,6 +57,8 @@ class Worker:
     an idle worker sleeps if a wake-up message is lost. ``grace`` is the default time running
     jobs get to finish on shutdown before they are cancelled and released. ``transport``: a
     connection shared with other workers (a :class:`~panqueue.WorkerPool` passes its own).
+    ``heartbeat_interval``: how often the worker writes its entry in the worker registry
+    (``client.workers()``); the entry lives for three beats after the last one.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class Worker:
         health_interval: float = 5.0,
         name: str | None = None,
         transport: AsyncTransport | None = None,
+        heartbeat_interval: float = 5.0,
     ) -> None:
         self.handler = registry.get(queue)
         self.schedules = {s.name: s for s in registry.schedules_for(queue)}
@@ -81,6 +87,10 @@ class Worker:
         self.lock_ttl = options.lock_ttl
         self.stalled_interval = stalled_interval or min(max(self.lock_ttl / 2, 0.25), 15.0)
         self.health_interval = health_interval
+        if not heartbeat_interval > 0:
+            raise ConfigError(
+                f"heartbeat_interval must be > 0 seconds, got {heartbeat_interval!r}")
+        self.heartbeat_interval = heartbeat_interval
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._shared_transport = transport
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
@@ -107,6 +117,7 @@ class Worker:
             self._claim_scope.cancel()
         transport = self._shared_transport or open_async_transport(self.url)
         watchdog: LoopWatchdog | None = None
+        beats: Heartbeat | None = None
         try:
             options = self.handler.options
             rate = options.rate_limit
@@ -140,7 +151,13 @@ class Worker:
                 executor_name=executor.name, lock_ttl=self.lock_ttl,
                 running=self._attempts.locks, renewed=self._attempts.renewed, log=log)
             watchdog.start()
+            beats = Heartbeat(
+                transport, self.keys, name=self.name, concurrency=self.concurrency,
+                running=lambda: [job_id for job_id, _ in self._attempts.locks()],
+                interval=self.heartbeat_interval, log=log)
+            await beats.beat()
             async with anyio.create_task_group() as tg:
+                tg.start_soon(beats.run)
                 tg.start_soon(self._heartbeat, watchdog)
                 tg.start_soon(wakeups.listen, subscriber)
                 tg.start_soon(Renewer(transport, self.keys, self._attempts, log).run)
@@ -158,6 +175,9 @@ class Worker:
                 watchdog.stop()
             # Bounded: a network that drops every packet must not hold the shutdown.
             with anyio.CancelScope(shield=True):
+                if beats is not None:
+                    with anyio.move_on_after(_CLOSE_WAIT):
+                        await beats.leave()
                 if self._executor is not None:
                     with anyio.move_on_after(_CLOSE_WAIT):
                         await self._executor.aclose()

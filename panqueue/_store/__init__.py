@@ -12,7 +12,7 @@ builds a script's ARGV, imports the script table or knows a job hash's field let
 """
 
 from panqueue._store import ops, transitions
-from panqueue._store.ops import Event, NewJob, ScheduleInfo
+from panqueue._store.ops import Event, Explanation, NewJob, ScheduleInfo, WorkerInfo
 from panqueue._store.transport import (
     AsyncTransport,
     Op,
@@ -24,10 +24,12 @@ from panqueue._store.transport import (
 __all__ = [
     "AsyncTransport",
     "Event",
+    "Explanation",
     "NewJob",
     "Op",
     "ScheduleInfo",
     "SyncTransport",
+    "WorkerInfo",
     "check_url",
     "open_async_transport",
     "ops",

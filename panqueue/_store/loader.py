@@ -105,6 +105,9 @@ class _Scripts:
         self.schedule_remove = _load("schedule_remove")
         self.clean = _load("clean")
         self.setup = _load("setup")
+        self.heartbeat = _load("heartbeat")
+        self.workers = _load("workers")
+        self.purge = _load("purge")
 
     def __iter__(self) -> Iterator[Script]:
         return iter(vars(self).values())

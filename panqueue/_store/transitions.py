@@ -30,6 +30,8 @@ __all__ = [
     "complete_batch",
     "extend",
     "fail",
+    "heartbeat",
+    "leave_registry",
     "parse_claim",
     "progress",
     "promote",
@@ -194,3 +196,18 @@ def promote(keys: QueueKeys) -> Op[int]:
     """Move due delayed jobs to waiting; returns how many moved."""
     moved, _ = yield _call(SCRIPTS.promote, keys, ())
     return int(moved)
+
+
+def heartbeat(keys: QueueKeys, name: str, ttl_ms: int, *, host: str, pid: int,
+              queues: Sequence[str], concurrency: int, running: Sequence[str]) -> Op[int]:
+    """Write this worker's entry in the queue's registry, live for ``ttl_ms`` (the server
+    stamps the beat and keeps the first beat's time as the start). Returns the server time."""
+    record = encode({"host": host, "pid": pid, "queues": list(queues),
+                     "concurrency": concurrency, "running": list(running)})
+    now = yield _call(SCRIPTS.heartbeat, keys, (name, ttl_ms, record))
+    return int(now)
+
+
+def leave_registry(keys: QueueKeys, name: str) -> Op[None]:
+    """Remove this worker's entry from the queue's registry (a clean stop)."""
+    yield _call(SCRIPTS.heartbeat, keys, (name, 0, b""))

@@ -5,10 +5,11 @@ returns a Python value; a transport drives it (``transport.run(op)``). Only thes
 a script's ARGV, read its reply or know a job hash's field letters. By concern:
 
 - ``add``: validating a producer's arguments into a :class:`NewJob`, and adding jobs.
-- ``queue``: which queues exist, a queue's settings, pausing, and changes to one job.
+- ``queue``: which queues exist, a queue's settings, pausing, changes to one job, purging.
 - ``jobs``: reading jobs back (one, many, a state's listing, counts) and waiting for results.
 - ``events``: the event stream.
 - ``schedules``: repeatable jobs' schedules and the server's clock.
+- ``workers``: the worker registry; ``explain``: why a job is where it is.
 
 The worker's transitions (claim, complete, fail, renew...) are in ``panqueue._store.transitions``.
 """
@@ -22,6 +23,7 @@ from panqueue._store.ops.base import (
     script_call,
 )
 from panqueue._store.ops.events import Event, last_event_id, read_events
+from panqueue._store.ops.explain import Explanation, explain
 from panqueue._store.ops.jobs import (
     STATE_SETS,
     counts,
@@ -40,6 +42,7 @@ from panqueue._store.ops.queue import (
     known_queue,
     pause,
     ping,
+    purge,
     queues,
     remove,
     retry_failed,
@@ -54,6 +57,7 @@ from panqueue._store.ops.schedules import (
     schedule_times,
     server_time_ms,
 )
+from panqueue._store.ops.workers import WorkerInfo, merge_workers, workers
 
 __all__ = [
     "ADD_OPTIONS",
@@ -62,14 +66,17 @@ __all__ = [
     "SCHEMA_VERSION",
     "STATE_SETS",
     "Event",
+    "Explanation",
     "NewJob",
     "ScheduleInfo",
+    "WorkerInfo",
     "add_call",
     "add_jobs",
     "cancel",
     "clean",
     "counts",
     "encode_error",
+    "explain",
     "get_job",
     "is_paused",
     "known_queue",
@@ -77,11 +84,13 @@ __all__ = [
     "list_ids",
     "list_jobs",
     "list_schedules",
+    "merge_workers",
     "new_job",
     "parse_added",
     "parse_job",
     "pause",
     "ping",
+    "purge",
     "queues",
     "read_events",
     "read_jobs",
@@ -96,4 +105,5 @@ __all__ = [
     "setup_queue",
     "state_set",
     "wait_result",
+    "workers",
 ]

@@ -3,17 +3,20 @@ operator makes to one job (cancel, remove, retry failed jobs, clean old ones).""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from panqueue._job import JobState
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import DEFAULT_KEEP_FAILED, SCHEMA_VERSION, check_refusal, script_call
 from panqueue._store.transport import Command, Op, Scan
-from panqueue.errors import JobNotFound, PanqueueError
+from panqueue.errors import ConfigError, JobNotFound, PanqueueError
 
-__all__ = ["cancel", "clean", "is_paused", "known_queue", "pause", "ping", "queues", "remove",
-           "retry_failed", "setup_queue"]
+__all__ = ["cancel", "clean", "is_paused", "known_queue", "pause", "ping", "purge", "queues",
+           "remove", "retry_failed", "setup_queue"]
+
+# How many jobs one purge call deletes (a call is atomic; a purge repeats it until done).
+PURGE_BATCH = 1000
 
 # Every queue that has state in Redis has its meta hash (the first write to a queue makes it).
 _META_PATTERN = "{q:*}:meta"
@@ -84,3 +87,26 @@ def clean(keys: QueueKeys, completed_age_ms: int, failed_age_ms: int, limit: int
           ) -> Op[int]:
     reply = yield script_call(SCRIPTS.clean, keys, completed_age_ms, failed_age_ms, limit)
     return int(reply)
+
+
+def purge(keys: QueueKeys, states: Collection[JobState | str] | None,
+          batch: int = PURGE_BATCH) -> Op[int]:
+    """Delete every job in ``states`` (``None``: every job that is not active, then the queue's
+    settings once no job runs on them); returns how many were deleted. Each call of the script
+    deletes up to ``batch`` jobs atomically; this repeats it until nothing is left."""
+    if states is None:
+        names: tuple[str, ...] = ("all",)
+    else:
+        try:
+            names = tuple(sorted({JobState(s).value for s in states}))
+        except ValueError:
+            raise ConfigError(f"unknown job state in {list(states)!r} (states are: "
+                              f"{', '.join(s.value for s in JobState)})") from None
+        if not names:
+            return 0
+    total = 0
+    while True:
+        deleted, more = yield script_call(SCRIPTS.purge, keys, batch, *names)
+        total += int(deleted)
+        if not more:
+            return total

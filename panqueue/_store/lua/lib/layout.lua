@@ -21,6 +21,9 @@
 -- kf failed/cancelled jobs kept (for producers' cancels), seq (wait order), id (generated ids),
 -- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
 -- rls (rate-limit entry counter).
+-- Worker registry: ZSET "workers" (worker name -> when its entry expires, ms) and HASH
+-- "worker_info" (worker name -> its record, msgpack); heartbeat.lua writes both, workers.lua
+-- reads them and prunes the expired.
 -- All times come from the server clock (TIME), never from a worker host.
 
 local P = KEYS[1]
@@ -39,6 +42,8 @@ local K_READY = P .. 'k:ready'
 local K_KEY_ACTIVE = P .. 'k:active'
 local K_LIMITED = P .. 'k:limited'
 local K_RATE = P .. 'rl'
+local K_WORKERS = P .. 'workers'
+local K_WORKER_INFO = P .. 'worker_info'
 local EVENTS_MAXLEN = 10000
 
 local function job_key(id)

@@ -1,0 +1,67 @@
+"""The worker's entry in its queue's worker registry: written every ``interval`` seconds with the
+jobs it runs, live for three beats, removed at a clean stop (``client.workers()`` reads it)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from panqueue._keys import QueueKeys
+from panqueue._runtime.trouble import Trouble
+from panqueue._store import transitions
+from panqueue._store.transport import AsyncTransport
+from panqueue.errors import PanqueueError
+
+__all__ = ["BEATS_PER_TTL", "Heartbeat"]
+
+# An entry outlives its last beat by this many beats: one late or lost beat does not make a
+# live worker vanish, and a dead one is gone within 3 x interval.
+BEATS_PER_TTL = 3
+
+
+class Heartbeat:
+    """Beats for one worker on one queue. ``running`` returns the ids of the jobs it runs now."""
+
+    def __init__(self, transport: AsyncTransport, keys: QueueKeys, *, name: str,
+                 concurrency: int, running: Callable[[], list[str]], interval: float,
+                 log: Any) -> None:
+        self._transport = transport
+        self._keys = keys
+        self._name = name
+        self._concurrency = concurrency
+        self._running = running
+        self.interval = interval
+        self._ttl_ms = max(1, int(interval * BEATS_PER_TTL * 1000))
+        self._host = socket.gethostname()
+        self._pid = os.getpid()
+        self._trouble = Trouble(log, "worker heartbeat")
+
+    async def beat(self) -> None:
+        await self._transport.run(transitions.heartbeat(
+            self._keys, self._name, self._ttl_ms, host=self._host, pid=self._pid,
+            queues=[self._keys.name], concurrency=self._concurrency, running=self._running()))
+
+    async def run(self) -> None:
+        """Beat until cancelled. A failed beat is retried sooner; the entry lives on meanwhile
+        until its TTL runs out."""
+        while True:
+            try:
+                await self.beat()
+            except PanqueueError as exc:
+                self._trouble.failed(exc)
+                await anyio.sleep(min(self._trouble.backoff(), self.interval))
+                continue
+            self._trouble.ok()
+            await anyio.sleep(self.interval)
+
+    async def leave(self) -> None:
+        """Remove the entry now (a clean stop). If Redis cannot be reached the entry expires
+        by itself within its TTL."""
+        try:
+            await self._transport.run(transitions.leave_registry(self._keys, self._name))
+        except PanqueueError:
+            pass

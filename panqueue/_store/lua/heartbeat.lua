@@ -1,0 +1,32 @@
+-- heartbeat: a worker's entry in the queue's worker registry, written once per beat, or removed
+-- at a clean stop.
+--
+-- KEYS[1]  queue prefix
+-- ARGV[1]  worker name   ARGV[2] entry TTL ms (0: remove the entry now)
+-- ARGV[3]  the worker's record (msgpack map: host, pid, queues, concurrency, running)
+-- Returns  the server time (ms) of the beat
+--
+-- Invariants: a name is in "workers" exactly when it has a record in "worker_info"; the score
+-- is when the entry expires (beat time + TTL). The script adds the server times to the record:
+-- "beat" (this beat) and "started" (the first beat of the entry, kept by later beats).
+--!include layout.lua
+
+local name = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local now = now_ms()
+if ttl <= 0 then
+  redis.call('ZREM', K_WORKERS, name)
+  redis.call('HDEL', K_WORKER_INFO, name)
+  return now
+end
+local record = cmsgpack.unpack(ARGV[3])
+local started = now
+local previous = redis.call('HGET', K_WORKER_INFO, name)
+if previous and redis.call('ZSCORE', K_WORKERS, name) then
+  started = cmsgpack.unpack(previous).started or now
+end
+record.started = started
+record.beat = now
+redis.call('ZADD', K_WORKERS, now + ttl, name)
+redis.call('HSET', K_WORKER_INFO, name, cmsgpack.pack(record))
+return now
