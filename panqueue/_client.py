@@ -313,7 +313,8 @@ class QueueClient:
 
     async def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Delete the jobs of ``queue`` in ``states`` and return how many were deleted.
-        ``None``: every job that is not active, and the queue's settings once no job runs.
+        ``None``: every job that is not active, and the queue's settings unless a job is
+        active or a live worker serves the queue.
         Active jobs are deleted only when ``states`` names ACTIVE (their workers then lose
         their locks). Dependents of a deleted job that still wait for it fail."""
         return await self._run(ops.purge(QueueKeys(queue), _states(states)))

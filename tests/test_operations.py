@@ -239,6 +239,28 @@ async def test_explain_says_until_when_the_rate_limit_holds_a_job(redis_url: str
             assert "until" in limited.detail
 
 
+async def test_explain_says_until_when_a_keys_rate_limit_holds_a_job(redis_url: str,
+                                                                     queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, mode="keyed", rate_limit=RateLimit(max=1, per=60,
+                                                                     per_key=True))
+    async def quick(job: Job) -> None: ...
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name, mode="keyed")
+        first = await queue.add({}, key="tenant-a")
+        second = await queue.add({}, key="tenant-a")
+        async with run_worker(registry, queue_name, redis_url, heartbeat_interval=BEAT):
+            await first.result(timeout=10)
+
+            async def limited() -> bool:
+                why = await client.explain(queue_name, second.id)
+                return why.reason == "rate_limited" and "'tenant-a'" in why.detail
+
+            await async_wait_until(limited, timeout=5, what="the key's rate limit")
+
+
 def test_explain_of_a_failed_job_says_how_and_an_unknown_job_raises(
         redis_url: str, queue_name: str) -> None:
     with SyncQueueClient(redis_url) as client:
@@ -353,18 +375,24 @@ async def test_purge_never_touches_active_jobs_unless_asked(
         async with run_worker(registry, queue_name, redis_url, heartbeat_interval=BEAT,
                               grace=0.5):
             await wait_started(started)
-            # Everything but the running job, and the settings stay while it runs.
+            # Everything but the running job, and the settings stay while it runs and while a
+            # live worker serves the queue.
             assert await client.purge(queue_name) == 1
             counts = await client.counts(queue_name)
             assert counts[JobState.ACTIVE] == 1 and counts[JobState.WAITING] == 0
             assert await client.queue_exists(queue_name)
             assert await client.purge(queue_name, [JobState.ACTIVE]) == 1
             assert (await client.counts(queue_name))[JobState.ACTIVE] == 0
+            assert await client.purge(queue_name) == 0
+            assert await client.queue_exists(queue_name)
             release.set()
         # The worker's attempt found its lock gone: nothing came back.
         assert sum((await client.counts(queue_name)).values()) == 0
         with pytest.raises(JobNotFound):
             await client.get_job(queue_name, running.id)
+        # The worker is gone: now the settings go too.
+        assert await client.purge(queue_name) == 0
+        assert not await client.queue_exists(queue_name)
 
 
 def test_purge_of_everything_removes_the_jobs_and_the_settings(

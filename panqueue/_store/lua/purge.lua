@@ -1,6 +1,6 @@
 -- purge: delete the jobs of some states, a bounded batch per call; with 'all', every job that is
--- not active and, once none is left, the queue's settings. The caller repeats the call until it
--- reports nothing left.
+-- not active and, once none is left, the queue's settings (kept while a job is active or a live
+-- worker serves the queue). The caller repeats the call until it reports nothing left.
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  most jobs deleted by this call   ARGV[2..] the states (waiting, delayed, blocked,
@@ -107,8 +107,11 @@ local more = 0
 if budget <= 0 then
   more = 1
 elseif all then
-  -- Nothing else is left but active jobs: the settings go unless a job still runs on them.
-  if redis.call('ZCARD', K_ACTIVE) == 0 then
+  -- Nothing else is left but active jobs. The settings go unless a job still runs on them or
+  -- a live worker serves the queue: a worker writes them only when it starts, so deleting them
+  -- under it would silently drop its mode and rate limit.
+  if redis.call('ZCARD', K_ACTIVE) == 0
+      and redis.call('ZCOUNT', K_WORKERS, '(' .. now, '+inf') == 0 then
     redis.call('DEL', K_META, K_RATE, K_READY, K_LIMITED, K_KEY_ACTIVE)
   end
 end

@@ -92,7 +92,8 @@ def clean(keys: QueueKeys, completed_age_ms: int, failed_age_ms: int, limit: int
 def purge(keys: QueueKeys, states: Collection[JobState | str] | None,
           batch: int = PURGE_BATCH) -> Op[int]:
     """Delete every job in ``states`` (``None``: every job that is not active, then the queue's
-    settings once no job runs on them); returns how many were deleted. Each call of the script
+    settings unless a job is active or a live worker serves the queue); returns how many were
+    deleted. Each call of the script
     deletes up to ``batch`` jobs atomically; this repeats it until nothing is left."""
     if states is None:
         names: tuple[str, ...] = ("all",)
