@@ -35,7 +35,12 @@ def _port_taken(port: int) -> bool:
 @click.option("--dir", "directory", default=".panqueue/redis", show_default=True,
               metavar="DIR", help="Data directory (append-only persistence and server.log).")
 def server(port: int, directory: str) -> None:
-    """Run a private Redis-compatible server for development, until Ctrl-C or SIGTERM."""
+    """Run a private Redis-compatible server for development, until Ctrl-C or SIGTERM.
+
+    It uses redis-server or valkey-server from PATH, else the Valkey binary of the embedded
+    extra, and prints the URL and a ready-to-paste `export PANQUEUE_URL=...` line. A port
+    already in use is refused (exit 1).
+    """
     from panqueue.embedded import RedisServer
 
     if _port_taken(port):
@@ -81,8 +86,16 @@ def _demo_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--workers", type=POSITIVE_INT, default=2, show_default=True, metavar="N",
               help="How many worker processes to start (concurrency 20 each).")
 def demo(url: str | None, jobs: int, workers: int) -> int:
-    """Run jobs through worker processes on a private server and print a summary; removes
-    what it added."""
+    """Run jobs through worker processes and print a summary.
+
+    Adds --jobs jobs to the queue `demo`, starts --workers worker processes, shows live
+    progress (about one job in ten fails its first attempt and is retried), stops the workers
+    with SIGTERM and prints jobs completed, failed and retried, throughput, wait before start
+    and the workers' exit codes. It always says which server it uses: without --url or
+    $PANQUEUE_URL it starts a private one in .panqueue/demo-redis and stops it at the end; on
+    a given server it removes the jobs it added. Exit 0 when every job completed and every
+    worker exited 0, else 1.
+    """
     from panqueue._demo import run_demo
 
     return run_demo(url=url, jobs=jobs, workers=workers)

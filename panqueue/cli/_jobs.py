@@ -40,7 +40,12 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead
               help="A custom id, not all digits (adding it twice is a no-op).")
 def enqueue(queue: str, data: str, url: str, delay: float | None, priority: int | None,
             job_id: str | None) -> None:
-    """Add one job whose data is the JSON value JSON, and print its id."""
+    """Add one job whose data is the JSON value JSON, and print its id.
+
+    \b
+    $ panqueue enqueue emails '{"to": "ada@example.com"}' --priority 5
+    2
+    """
     try:
         value = json.loads(data)
     except json.JSONDecodeError as exc:
@@ -55,7 +60,11 @@ def enqueue(queue: str, data: str, url: str, delay: float | None, priority: int 
 @url_option
 @_JSON
 def stats(queue: str | None, url: str, as_json: bool) -> None:
-    """Job counts per state, for QUEUE or every queue."""
+    """Job counts per state, for QUEUE or every queue in the database.
+
+    --json prints {queue: {state: count, ..., "paused": bool}}. A named queue that has never
+    been used exits 2.
+    """
     with client_for(url) as client:
         if queue:
             require_queue(client, queue)
@@ -79,7 +88,12 @@ def stats(queue: str | None, url: str, as_json: bool) -> None:
 @click.argument("job_id", metavar="ID")
 @url_option
 def job(queue: str, job_id: str, url: str) -> None:
-    """Print one job as JSON."""
+    """Print one job as JSON.
+
+    The fields: id, queue, state, data, attempts, priority, progress, logs (the newest 1000
+    lines), result, error (type, message, traceback), failure_reason, history, options, and
+    enqueued_at, started_at and finished_at (ISO 8601, UTC). An unknown ID exits 1.
+    """
     with client_for(url) as client:
         info = client.get_job(queue, job_id)
     print_json(info.to_dict())
@@ -99,8 +113,12 @@ def _line(info: JobInfo) -> str:
 @url_option
 @_JSON
 def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
-    """List the jobs of QUEUE in one state: claim order for waiting, newest first for the
-    finished states."""
+    """List the jobs of QUEUE in one state (client.list_jobs): claim order for waiting, due
+    time for delayed, newest first for the finished states.
+
+    Each line shows id, state, attempts and the last error; --json prints the jobs as
+    `panqueue job` does.
+    """
     with client_for(url) as client:
         require_queue(client, queue)
         found = client.list_jobs(queue, state, limit=limit)
@@ -118,7 +136,10 @@ def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
 @click.argument("job_id", metavar="ID")
 @url_option
 def cancel(queue: str, job_id: str, url: str) -> None:
-    """Cancel a job: it will not run (a running job is asked to stop)."""
+    """Cancel job ID of QUEUE: it will not run; a running job is stopped by its worker.
+
+    Prints `ID: cancelled (was STATE)`. An unknown ID exits 1.
+    """
     with client_for(url) as client:
         was = client.cancel(queue, job_id)
     if was is JobState.ACTIVE:
@@ -132,7 +153,10 @@ def cancel(queue: str, job_id: str, url: str) -> None:
 @click.argument("job_id", metavar="ID")
 @url_option
 def remove(queue: str, job_id: str, url: str) -> None:
-    """Delete a job and its record from Redis."""
+    """Delete job ID of QUEUE and its record from Redis.
+
+    A running job is refused (cancel it first); an unknown ID exits 1.
+    """
     with client_for(url) as client:
         if not client.remove(queue, job_id):
             raise RuntimeFailure(f"job {job_id!r} not found in queue {queue!r}")
@@ -150,7 +174,13 @@ def remove(queue: str, job_id: str, url: str) -> None:
 @_JSON
 def dlq(queue: str, retry: bool, ids: tuple[str, ...], limit: int, url: str,
         as_json: bool) -> None:
-    """The dead-letter set (failed jobs) of QUEUE: the newest, printed oldest first."""
+    """The dead-letter set (FAILED jobs) of QUEUE: the newest --limit, printed oldest first.
+
+    Each line shows id, failure reason, attempts and last error. --json prints a list of
+    {id, reason, error, attempts, finished_at}. --retry moves the failed jobs given by ID
+    (all of them without IDs) back to waiting with a fresh set of attempts, and prints how
+    many moved.
+    """
     if ids and not retry:
         raise UsageFailure("job IDs are only taken with --retry")
     with client_for(url) as client:
@@ -180,7 +210,10 @@ def dlq(queue: str, retry: bool, ids: tuple[str, ...], limit: int, url: str,
 @click.argument("queue")
 @url_option
 def pause(queue: str, url: str) -> None:
-    """Stop workers from claiming jobs of QUEUE."""
+    """Stop every worker from claiming jobs of QUEUE.
+
+    Adds still queue and running jobs finish. A queue never used exits 2.
+    """
     with client_for(url) as client:
         require_queue(client, queue)
         client.pause(queue)
@@ -191,7 +224,7 @@ def pause(queue: str, url: str) -> None:
 @click.argument("queue")
 @url_option
 def resume(queue: str, url: str) -> None:
-    """Let workers claim jobs of a paused QUEUE again."""
+    """Let workers claim jobs of a paused QUEUE again, and wake idle ones."""
     with client_for(url) as client:
         require_queue(client, queue)
         client.resume(queue)
@@ -205,7 +238,11 @@ def resume(queue: str, url: str) -> None:
               help="Delete schedule NAME of QUEUE from Redis.")
 @_JSON
 def schedules(queue: str | None, url: str, remove_name: str | None, as_json: bool) -> None:
-    """List schedules (repeatable and cron jobs) with their next runs, or remove one."""
+    """List schedules (repeatable and cron jobs) with their next runs, or remove one.
+
+    Each line shows queue, name, timetable, time zone and next run. A worker whose registry
+    still defines a removed schedule registers it again when it starts.
+    """
     with client_for(url) as client:
         if remove_name:
             if not queue:

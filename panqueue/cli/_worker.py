@@ -55,8 +55,19 @@ __all__ = ["worker"]
 def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, backend: str,
            grace: float, poll_interval: float, log_format: str, log_level: str,
            name: str | None, burst: bool, reload: bool) -> None:
-    """Run workers for the queues of the registry MODULE:ATTR (for example app:queues), until
-    SIGTERM or SIGINT: the first finishes running jobs (up to --grace), a second forces."""
+    """Run workers for the queues of the registry MODULE:ATTR (for example app:queues), in this
+    process, until SIGTERM or SIGINT.
+
+    MODULE is imported with the current directory on sys.path. Shutdown: the first signal
+    stops claiming and lets running jobs finish for up to --grace seconds; a second signal,
+    or the end of the grace period, puts the jobs still running back to waiting at once.
+    The exit code is then 0.
+
+    --burst exits 0 once the queues have no waiting and no active job (a delayed job that
+    falls due is moved to waiting first; one due later does not keep the worker running).
+    --reload restarts the worker, gracefully, when a .py file under the current directory
+    changes (pip install 'panqueue[reload]').
+    """
     if burst and reload:
         raise UsageFailure("--burst and --reload do not go together")
     if reload:
