@@ -256,3 +256,91 @@ def test_shell_completion_is_generated_by_the_command_itself() -> None:
                           env=subprocess_env(_PANQUEUE_COMPLETE="bash_source"), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "_PANQUEUE_COMPLETE" in proc.stdout
+
+
+# ------------------------------------------------- info / workers / explain / purge / check
+
+
+@pytest.fixture
+def live_worker(tmp_path: Path, redis_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``panqueue worker cli_app:queues --name cli-ops-1``, until the test ends."""
+    with (tmp_path / "worker.err").open("wb") as err:
+        worker = subprocess.Popen(
+            panqueue_command("worker", "cli_app:queues", "--name", "cli-ops-1", "--url",
+                             redis_url, "--poll-interval", "0.1", "--grace", "1"),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            env=subprocess_env(), cwd=ROOT)
+    try:
+        with SyncQueueClient(redis_url) as client:
+            wait_until(lambda: client.queue_exists(ECHO) and client.workers(ECHO), 15,
+                       "the worker's first heartbeat")
+        yield worker
+    finally:
+        worker.terminate()
+        worker.wait(20)
+
+
+def test_check_exits_0_only_when_a_live_worker_serves_each_queue(
+        redis_url: str, live_worker: subprocess.Popen[bytes]) -> None:
+    served = run_cli("check", ECHO, FAIL, "--url", redis_url)
+    assert served.returncode == 0 and served.stdout.strip() == "ok", served.stderr
+    unserved = run_cli("check", ECHO, "nobody-serves-this", "--url", redis_url)
+    assert_user_error(unserved, "no live worker", "nobody-serves-this")
+    assert unserved.returncode == 1
+    unreachable = run_cli("check", "--url", f"redis://127.0.0.1:{free_port()}/0")
+    assert_user_error(unreachable, "cannot reach Redis")
+    assert unreachable.returncode == 1
+
+
+def test_workers_and_info_show_the_live_worker_and_the_queues(
+        redis_url: str, live_worker: subprocess.Popen[bytes]) -> None:
+    listed = run_cli("workers", ECHO, "--json", "--url", redis_url)
+    assert listed.returncode == 0, listed.stderr
+    [worker] = json.loads(listed.stdout)
+    assert worker["name"] == "cli-ops-1" and ECHO in worker["queues"]
+    assert worker["pid"] == live_worker.pid
+    text = run_cli("workers", "--url", redis_url)
+    assert text.returncode == 0 and text.stdout.startswith("cli-ops-1\t"), text.stdout
+
+    run_cli("pause", ECHO, "--url", redis_url)
+    with SyncQueueClient(redis_url) as client:
+        client.queue(ECHO).add_bulk([1, 2])
+    snapshot = run_cli("info", "--json", "--url", redis_url)
+    assert snapshot.returncode == 0, snapshot.stderr
+    parsed = json.loads(snapshot.stdout)
+    assert parsed["queues"][ECHO]["waiting"] == 2 and parsed["queues"][ECHO]["paused"] is True
+    assert parsed["queues"][ECHO]["lag_seconds"] >= 0
+    assert [w["name"] for w in parsed["workers"]] == ["cli-ops-1"]
+    table = run_cli("info", "--url", redis_url)
+    assert table.returncode == 0 and "1 live worker(s)" in table.stdout
+    assert_usage_error(run_cli("info", "--interval", "0", "--url", redis_url), "--interval")
+
+
+def test_explain_says_why_a_job_waits(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handle = client.queue(ECHO).add("x")
+        client.pause(ECHO)
+    proc = run_cli("explain", ECHO, handle.id, "--json", "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["state"] == "waiting" and found["reason"] == "paused" and found["detail"]
+    text = run_cli("explain", ECHO, handle.id, "--url", redis_url)
+    assert text.stdout.startswith(f"{handle.id}: waiting (paused): ")
+    missing = run_cli("explain", ECHO, "no-such-job", "--url", redis_url)
+    assert_user_error(missing, "no-such-job")
+    assert missing.returncode == 1
+
+
+def test_purge_needs_yes_and_deletes_the_named_states(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        client.queue(ECHO).add_bulk([1, 2, 3])
+        client.queue(ECHO).add(4, delay=60)
+    refused = run_cli("purge", ECHO, "--url", redis_url)
+    assert_usage_error(refused, "--yes")
+    assert counts(redis_url, ECHO)[JobState.WAITING] == 3
+    waiting = run_cli("purge", ECHO, "--state", "waiting", "--yes", "--url", redis_url)
+    assert waiting.returncode == 0 and waiting.stdout.strip() == f"{ECHO}: 3 job(s) deleted"
+    after = counts(redis_url, ECHO)
+    assert after[JobState.WAITING] == 0 and after[JobState.DELAYED] == 1
+    everything = run_cli("purge", ECHO, "--yes", "--url", redis_url)
+    assert everything.returncode == 0 and everything.stdout.strip() == f"{ECHO}: 1 job(s) deleted"

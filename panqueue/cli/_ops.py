@@ -1,0 +1,178 @@
+"""Operations commands: info, workers, explain, purge, check. What a person on call asks:
+what is queued and how late, who is serving it, why a job is where it is, and is it all up."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from panqueue import Explanation, JobState, SyncQueueClient, WorkerInfo
+from panqueue.cli._common import (
+    FLOAT_POSITIVE,
+    RuntimeFailure,
+    UsageFailure,
+    client_for,
+    print_json,
+    require_queue,
+    url_option,
+)
+
+__all__ = ["check", "explain", "info", "purge", "workers"]
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+_COUNTED = [JobState.WAITING, JobState.DELAYED, JobState.ACTIVE, JobState.FAILED]
+# Lag looks at this many jobs at the head of the waiting list: with priorities the first to be
+# claimed need not be the oldest, so the oldest of the head is taken.
+_LAG_SAMPLE = 100
+
+
+def _worker_dict(w: WorkerInfo) -> dict[str, Any]:
+    return {**dataclasses.asdict(w), "started_at": w.started_at.isoformat(),
+            "heartbeat_at": w.heartbeat_at.isoformat()}
+
+
+def _lag(client: SyncQueueClient, queue: str) -> float | None:
+    """Seconds since the oldest job at the head of the waiting list was added (None: empty)."""
+    head = client.list_jobs(queue, JobState.WAITING, limit=_LAG_SAMPLE)
+    added = [j.enqueued_at for j in head if j.enqueued_at is not None]
+    if not added:
+        return None
+    return max(0.0, (datetime.now(UTC) - min(added)).total_seconds())
+
+
+def _snapshot(client: SyncQueueClient) -> dict[str, Any]:
+    queues = {}
+    for queue in client.queues():
+        counts = client.counts(queue)
+        queues[queue] = {**{s.value: counts[s] for s in _COUNTED},
+                         "paused": client.is_paused(queue), "lag_seconds": _lag(client, queue)}
+    return {"queues": queues, "workers": [_worker_dict(w) for w in client.workers()]}
+
+
+def _print_snapshot(snap: dict[str, Any]) -> None:
+    queues = snap["queues"]
+    if not queues:
+        click.echo("no queues")
+    else:
+        width = max(5, *(len(q) for q in queues))
+        click.echo(f"{'queue':<{width}}  " + "  ".join(f"{s.value:>9}" for s in _COUNTED)
+                   + "        lag")
+        for name, row in queues.items():
+            lag = "-" if row["lag_seconds"] is None else f"{row['lag_seconds']:.1f} s"
+            click.echo(f"{name:<{width}}  " + "  ".join(f"{row[s.value]:>9}" for s in _COUNTED)
+                       + f"  {lag:>9}" + ("  (paused)" if row["paused"] else ""))
+    click.echo(f"{len(snap['workers'])} live worker(s)")
+    for w in snap["workers"]:
+        click.echo(f"  {w['name']}\t{','.join(w['queues'])}\trunning {len(w['running'])}"
+                   f"/{w['concurrency']}")
+
+
+@click.command()
+@click.option("--interval", type=FLOAT_POSITIVE, default=None, metavar="SECONDS",
+              help="Print again every SECONDS until Ctrl-C (> 0).")
+@url_option
+@_JSON
+def info(interval: float | None, url: str, as_json: bool) -> None:
+    """Every queue (counts, lag) and the live workers.
+
+    Lag is the age of the oldest job among the next 100 to be claimed. --json prints
+    {"queues": {queue: {state: count, "paused", "lag_seconds"}}, "workers": [...]}, one object
+    per line with --interval.
+    """
+    with client_for(url) as client:
+        while True:
+            snap = _snapshot(client)
+            if as_json and interval is None:
+                print_json(snap)
+            elif as_json:
+                click.echo(json.dumps(snap, default=str))  # one object per line
+            else:
+                _print_snapshot(snap)
+            if interval is None:
+                return
+            time.sleep(interval)
+            if not as_json:
+                click.echo()
+
+
+@click.command()
+@click.argument("queue", required=False)
+@url_option
+@_JSON
+def workers(queue: str | None, url: str, as_json: bool) -> None:
+    """The live workers (of QUEUE, or of every queue), from their heartbeats.
+
+    Each line shows name, host:pid, queues, running jobs over concurrency and the last beat.
+    """
+    with client_for(url) as client:
+        if queue:
+            require_queue(client, queue)
+        found = client.workers(queue)
+    if as_json:
+        print_json([_worker_dict(w) for w in found])
+    elif not found:
+        click.echo("no live workers")
+    else:
+        for w in found:
+            click.echo(f"{w.name}\t{w.host}:{w.pid}\t{','.join(w.queues)}\t"
+                       f"running {len(w.running)}/{w.concurrency}\t"
+                       f"beat {w.heartbeat_at.isoformat()}")
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("job_id", metavar="ID")
+@url_option
+@_JSON
+def explain(queue: str, job_id: str, url: str, as_json: bool) -> None:
+    """Why job ID is in its state: paused, delayed until when, blocked on which dependency,
+    rate limited, its key busy, queued behind how many jobs, no live worker, running on which
+    worker, or finished. An unknown ID exits 1."""
+    with client_for(url) as client:
+        found: Explanation = client.explain(queue, job_id)
+    if as_json:
+        print_json({"state": found.state.value, "reason": found.reason, "detail": found.detail})
+    else:
+        click.echo(f"{job_id}: {found.state.value} ({found.reason}): {found.detail}")
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              type=click.Choice([s.value for s in JobState]),
+              help="Delete only the jobs in this state (repeatable; default: every state but "
+                   "active, and the queue's settings when no worker serves it).")
+@click.option("--yes", is_flag=True, help="Confirm: purging cannot be undone.")
+@url_option
+def purge(queue: str, states: tuple[str, ...], yes: bool, url: str) -> None:
+    """Delete the jobs of QUEUE (in the --state states), and print how many.
+
+    Active jobs are deleted only with --state active (their workers then lose their locks).
+    Without --yes nothing is deleted and the command exits 2.
+    """
+    if not yes:
+        raise UsageFailure(f"purging {queue!r} cannot be undone: add --yes to confirm")
+    with client_for(url) as client:
+        require_queue(client, queue)
+        deleted = client.purge(queue, list(states) or None)
+    click.echo(f"{queue}: {deleted} job(s) deleted")
+
+
+@click.command()
+@click.argument("queues", nargs=-1, metavar="[QUEUE]...")
+@url_option
+def check(queues: tuple[str, ...], url: str) -> None:
+    """Exit 0 when Redis answers and a live worker serves each QUEUE, else 1 with one line.
+
+    For health checks and deploy scripts: prints `ok` on success.
+    """
+    with client_for(url) as client:
+        unserved = [q for q in queues if not client.workers(q)]
+    if unserved:
+        raise RuntimeFailure(f"no live worker serves {', '.join(repr(q) for q in unserved)}")
+    click.echo("ok")
