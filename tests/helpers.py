@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -51,3 +54,30 @@ async def async_wait_until(predicate: Callable[[], Awaitable[object]], timeout: 
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await anyio.sleep(interval)
 
+
+class _Collector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.msg  # panqueue's records carry the event and its fields
+        self.entries.append({"event": getattr(message, "event", record.getMessage()),
+                             "log_level": record.levelname.lower(),
+                             **getattr(message, "fields", {})})
+
+
+@contextlib.contextmanager
+def capture_panqueue_logs() -> Iterator[list[dict[str, Any]]]:
+    """Every record of the ``panqueue`` loggers (DEBUG included) while the block runs, each as
+    a dict: ``event``, ``log_level`` and the line's fields."""
+    collector = _Collector()
+    panqueue_logger = logging.getLogger("panqueue")
+    level = panqueue_logger.level
+    panqueue_logger.addHandler(collector)
+    panqueue_logger.setLevel(logging.DEBUG)
+    try:
+        yield collector.entries
+    finally:
+        panqueue_logger.removeHandler(collector)
+        panqueue_logger.setLevel(level)

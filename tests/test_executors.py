@@ -14,7 +14,6 @@ from typing import Any
 import anyio
 import pytest
 import redis
-import structlog.testing
 
 from panqueue import (
     ConfigError,
@@ -28,7 +27,7 @@ from panqueue import (
     Worker,
 )
 from panqueue.testing import run_worker
-from tests.helpers import APPS, async_wait_until
+from tests.helpers import APPS, async_wait_until, capture_panqueue_logs
 
 sys.path.insert(0, str(APPS))
 import exec_app
@@ -356,7 +355,7 @@ async def test_inline_handler_blocking_the_loop_is_reported_and_keeps_its_lock(
             sweeps += 1
 
     sweeper = threading.Thread(target=sweep, daemon=True)
-    with structlog.testing.capture_logs() as logs:
+    with capture_panqueue_logs() as logs:
         sweeper.start()
         try:
             async with QueueClient(redis_url) as client, \

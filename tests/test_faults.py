@@ -13,7 +13,6 @@ from typing import Any
 import anyio
 import pytest
 import redis
-import structlog
 
 from panqueue import Backoff, Job, JobState, QueueClient, Registry
 from panqueue._keys import QueueKeys
@@ -23,7 +22,7 @@ from panqueue._store.transport import SyncTransport
 from panqueue.embedded import RedisServer
 from panqueue.testing import FaultProxy, drain, run_worker
 from tests.apps import fault_app
-from tests.helpers import async_wait_until
+from tests.helpers import async_wait_until, capture_panqueue_logs
 
 pytestmark = pytest.mark.anyio
 
@@ -161,7 +160,7 @@ async def test_a_lost_reply_strands_nothing_and_charges_no_stall(
         queue = client.queue(queue_name)
         handles = [await queue.add(i) for i in range(3)]
         proxy.drop_next_reply(match=sha)
-        with structlog.testing.capture_logs() as logs:
+        with capture_panqueue_logs() as logs:
             async with run_worker(registry, queue_name, proxy.url):
                 await anyio.to_thread.run_sync(proxy.wait_for_dropped_replies, 1)
                 for i, handle in enumerate(handles):
@@ -255,7 +254,7 @@ async def test_redis_refusing_commands_never_stops_a_worker(
     try:
         async with QueueClient(url) as client:
             queue = client.queue(queue_name)
-            with structlog.testing.capture_logs() as logs:
+            with capture_panqueue_logs() as logs:
                 async with run_worker(registry, queue_name, url):
                     handles = [await queue.add(i) for i in range(40)]
                     await handles[5].result(timeout=10)
@@ -409,7 +408,7 @@ def test_a_loop_blocked_for_good_stops_renewing_its_locks(redis_url: str, queue_
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    with structlog.testing.capture_logs() as logs:
+    with capture_panqueue_logs() as logs:
         anyio.run(main)
     sampling.set()
     thread.join()

@@ -18,6 +18,7 @@ import anyio
 import anyio.lowlevel
 
 from panqueue._codec import check_json_compatible, encode
+from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._runtime.locks import Attempt, Tokens
 from panqueue._runtime.trouble import Trouble
@@ -41,6 +42,12 @@ class _Pending(Completion):
     done: anyio.Event = field(default_factory=anyio.Event)
     status: Status | None = None  # None: not recorded (Redis away)
     next_job: ClaimedJob | None = None
+
+
+def _traceback(error: ErrorInfo) -> dict[str, str]:
+    """The recorded traceback of a failed attempt, as the ``exception`` field of its log line
+    (shown under the line on the console, a string field in JSON)."""
+    return {"exception": error.traceback} if error.traceback else {}
 
 
 class Recorder:
@@ -77,7 +84,7 @@ class Recorder:
         else:
             await self._send_batch()
         if pending.status == Status.LOCK_LOST:
-            log.warning("lock lost before completion; result discarded",
+            log.warning("lock lost before completion; result discarded", job_id=job_id,
                         error=str(LockLost(self._keys.name, job_id)))
         return pending.status == Status.COMPLETED, pending.next_job
 
@@ -116,13 +123,14 @@ class Recorder:
             log.warning("lock lost before failure was recorded",
                         error=str(LockLost(self._keys.name, failure.job_id)))
         elif status.retried:
-            log.warning("job attempt failed; will retry", error=error.message,
-                        error_type=error.type, retry_in_s=failure.retry_delay_ms / 1000)
+            log.info("job attempt failed; will retry", error=error.message,
+                     error_type=error.type, retry_in_s=failure.retry_delay_ms / 1000,
+                     **_traceback(error))
         elif status == Status.CANCELLED:
             log.info("job cancelled")
         else:
-            log.error("job failed", error=error.message, error_type=error.type,
-                      reason=failure.reason or "max_attempts_exceeded")
+            log.warning("job failed", error=error.message, error_type=error.type,
+                        reason=failure.reason or "max_attempts_exceeded", **_traceback(error))
         jobs = finished.claimed.jobs
         return status, (jobs[0] if jobs else None)
 

@@ -14,6 +14,7 @@ phases on shutdown.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -22,13 +23,14 @@ import anyio
 import anyio.abc
 
 from panqueue._keys import QueueKeys
-from panqueue._log import get_logger
+from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
 from panqueue._runtime.attempt import AttemptRunner, Ending
 from panqueue._runtime.claimer import Claimer
 from panqueue._runtime.heartbeat import Heartbeat
 from panqueue._runtime.locks import Attempts, Renewer, Tokens
 from panqueue._runtime.recorder import Recorder
+from panqueue._runtime.stats import log_summary
 from panqueue._runtime.upkeep import Upkeep
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._runtime.watchdog import BEAT_INTERVAL, LoopWatchdog
@@ -59,6 +61,8 @@ class Worker:
     connection shared with other workers (a :class:`~panqueue.WorkerPool` passes its own).
     ``heartbeat_interval``: how often the worker writes its entry in the worker registry
     (``client.workers()``); the entry lives for three beats after the last one.
+    ``summary_interval``: seconds between the worker's summary lines (jobs processed and failed,
+    rate) on the ``panqueue.worker`` logger; ``None`` for none.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class Worker:
         name: str | None = None,
         transport: AsyncTransport | None = None,
         heartbeat_interval: float = 5.0,
+        summary_interval: float | None = 60.0,
     ) -> None:
         self.handler = registry.get(queue)
         self.schedules = {s.name: s for s in registry.schedules_for(queue)}
@@ -93,7 +98,9 @@ class Worker:
         self.heartbeat_interval = heartbeat_interval
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._shared_transport = transport
+        self.summary_interval = summary_interval
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
+        self._jobs_log = get_logger(JOBS_LOGGER).bind(queue=queue, worker=self.name)
         self._tokens = Tokens(self.name)
         self._attempts = Attempts(self._log, self.lock_ttl)
         self._executor: Executor | None = None
@@ -164,6 +171,8 @@ class Worker:
                 tg.start_soon(upkeep.run)
                 if self.schedules:
                     tg.start_soon(upkeep.run_schedules)
+                if self.summary_interval:
+                    tg.start_soon(log_summary, self, self.summary_interval, log)
                 log.info("worker started", concurrency=self.concurrency, executor=executor.name)
                 task_status.started()
                 with self._claim_scope:
@@ -257,6 +266,16 @@ class Worker:
             self._attempts.lose(previous, "the job was claimed again")
             await previous.ended.wait()
         outcome = await self._runner.run(job, self._stopping)
+        if outcome.ending == Ending.COMPLETED:
+            # The common path binds nothing: a per-job line costs one level check when off.
+            recorded, following = await self._recorder.complete(job.id, job.token,
+                                                                 outcome.result, self._log)
+            if recorded:
+                self.processed += 1
+                if self._jobs_log.isEnabledFor(logging.DEBUG):
+                    self._jobs_log.debug("job completed", job_id=job.id, attempt=job.attempt,
+                                         duration_ms=round(outcome.duration * 1000, 3))
+            return following
         log = self._log.bind(job_id=job.id, attempt=job.attempt,
                              duration_ms=round(outcome.duration * 1000, 3))
         if outcome.ending == Ending.LOST:
@@ -266,13 +285,6 @@ class Worker:
             await self._recorder.release([(job.id, job.token)])
             log.warning("job released at forced shutdown")
             return None
-        if outcome.ending == Ending.COMPLETED:
-            recorded, following = await self._recorder.complete(job.id, job.token,
-                                                                 outcome.result, log)
-            if recorded:
-                self.processed += 1
-                log.debug("job completed")
-            return following
         assert outcome.failure is not None
         status, following = await self._recorder.fail(outcome.failure, log)
         if status == Status.FAILED:

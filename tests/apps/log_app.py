@@ -1,0 +1,46 @@
+"""An application embedding a WorkerPool, for tests/test_logging.py.
+
+``python log_app.py MODE URL``: runs one job that succeeds and one that fails twice, then
+exits. MODE says how the application sets up logging: ``none`` (not at all), ``basic``
+(``logging.basicConfig`` at INFO) or ``json`` (``configure_logging("json", log_jobs=True)``,
+plus an operator notice)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import anyio
+
+from panqueue import Backoff, Job, QueueClient, Registry, WorkerPool, configure_logging
+from panqueue._log import notice
+from panqueue.testing import drain
+
+registry = Registry()
+
+
+@registry.handler("logged", attempts=2, backoff=Backoff("fixed", 0.01))
+async def logged(job: Job) -> str:
+    if job.data.get("fail"):
+        raise ValueError("the payment service said no")
+    return "ok"
+
+
+async def main(mode: str, url: str) -> None:
+    if mode == "basic":
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(name)s %(levelname)s %(message)s")
+    elif mode == "json":
+        configure_logging("json", log_jobs=True)
+        notice("SIGTERM received; finishing running jobs", signal="SIGTERM")
+    async with QueueClient(url) as client:
+        queue = client.queue("logged")
+        await queue.add({"fail": False})
+        await queue.add({"fail": True})
+        async with WorkerPool(registry, url=url, summary_interval=0.05):
+            await drain(url, "logged")
+            await anyio.sleep(0.2)  # room for a summary line
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1], sys.argv[2])
