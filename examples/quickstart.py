@@ -51,7 +51,7 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    # panqueue logs through structlog: here, info and above, to stderr.
+    # panqueue prints nothing unless logging is set up: here, info and above, on stderr.
     configure_logging(level="info")
     with url_or_private_server(announce=False) as url:  # we say it on stdout instead
         if not os.environ.get("PANQUEUE_URL"):
