@@ -52,9 +52,10 @@ def _newly_finished(client: SyncQueueClient, pending: set[str],
             finished[job_id] = info
 
 
-def _remove_jobs(url: str, ids: list[str]) -> None:
+def _remove_jobs(url: str, ids: list[str], *, purge: bool) -> None:
     """Remove the demo's jobs from a server that is not its own (cancelling any still
-    running after an early stop); say how many could not be."""
+    running after an early stop), and with ``purge`` the queue's settings too; say how many
+    could not be removed."""
     left = 0
     with SyncQueueClient(url) as client:
         for job_id in ids:
@@ -66,6 +67,8 @@ def _remove_jobs(url: str, ids: list[str]) -> None:
                     client.remove(QUEUE, job_id)
                 except PanqueueError:
                     left += 1
+        if purge and not left:
+            client.purge(QUEUE)
     print(f"removed the demo's {len(ids) - left} jobs from {redact_url(url)}"
           + (f"; {left} still running could not be removed" if left else ""))
 
@@ -91,9 +94,13 @@ def run_demo(url: str | None, jobs: int, workers: int) -> int:
         print(f"started a private {Path(server.binary).name} on {url} (data in {directory})")
     procs: list[subprocess.Popen[bytes]] = []
     handles: list[SyncJobHandle] = []
+    created_queue = False
     try:
         with SyncQueueClient(url) as client:
             queue = client.queue(QUEUE)
+            # On a server of the user's, a queue the demo made is purged at the end (jobs and
+            # settings); one that was there before keeps everything but the demo's own jobs.
+            created_queue = not client.queue_exists(QUEUE)
             started = time.monotonic()
             handles = queue.add_bulk({"n": n} for n in range(jobs))
             print(f"enqueued {jobs} jobs on queue {QUEUE!r} in "
@@ -157,7 +164,7 @@ def run_demo(url: str | None, jobs: int, workers: int) -> int:
             p.kill()
             p.wait()
         if server is None and handles:
-            _remove_jobs(url, [h.id for h in handles])
+            _remove_jobs(url, [h.id for h in handles], purge=created_queue)
         if server is not None:
             server.stop()
             print("stopped the private server")
