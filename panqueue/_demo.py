@@ -79,8 +79,8 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 
 def run_demo(url: str | None, jobs: int, workers: int) -> int:
-    """Run the demo on ``url`` (else on a private server); every job it added is removed at
-    the end, so a shared server is left as it was found (apart from the queue's settings)."""
+    """Run the demo on ``url`` (else on a private server it starts and stops). On the user's
+    server every job it added is removed at the end, and the queue too if the demo made it."""
     server = None
     if url is not None:
         print(f"using the server at {redact_url(url)} (jobs added there are removed at the end)")

@@ -238,6 +238,18 @@ def test_reload_restarts_the_worker_when_a_python_file_changes(tmp_path: Path,
     assert "Traceback" not in err.read_text()
 
 
+def test_reload_without_watchfiles_is_one_line_naming_the_extra(tmp_path: Path,
+                                                                 redis_url: str) -> None:
+    # A watchfiles that cannot be imported, first on the path: as if it were not installed.
+    (tmp_path / "watchfiles.py").write_text("raise ImportError('not installed')\n")
+    env = subprocess_env()
+    proc = subprocess.run(
+        panqueue_command("worker", "cli_app:queues", "--reload", "--url", redis_url),
+        capture_output=True, text=True, timeout=30, cwd=ROOT,
+        env={**env, "PYTHONPATH": f"{tmp_path}:{env['PYTHONPATH']}"})
+    assert_usage_error(proc, "panqueue[reload]")
+
+
 _RELOAD_APP = """
 from panqueue import Registry
 
