@@ -18,7 +18,9 @@ import click
 
 from panqueue._client import SyncQueueClient
 from panqueue._registry import Registry
+from panqueue._store.transport import check_url as transport_check_url
 from panqueue._store.transport import redact_url
+from panqueue._store.transport.options import _SCHEMES as URL_SCHEMES
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, PanqueueError
 from panqueue.errors import ConnectionError as PanqueueConnectionError
@@ -88,15 +90,20 @@ PORT = click.IntRange(min=1, max=65535)
 
 def check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
     """``--url`` or ``$PANQUEUE_URL`` or the default; an empty or malformed URL is refused
-    before anything connects."""
+    before anything connects. The scheme is checked by the transport itself, so the CLI
+    accepts exactly the URLs a client does (cluster ones included)."""
     if value is not None and not value.strip():
         raise click.BadParameter("is empty (give a URL such as redis://localhost:6379/0)")
     url = resolve_url(value)
-    parts = urlsplit(url)
     shown = redact_url(url)
-    if parts.scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
-        raise click.BadParameter(f"{shown!r} is not a Redis URL (redis://HOST:PORT/DB)")
-    if parts.scheme in ("redis", "rediss"):
+    try:
+        transport_check_url(url)
+    except ConfigError:
+        raise click.BadParameter(
+            f"{shown!r} is not a Redis URL (redis://HOST:PORT/DB; the scheme must be one of "
+            f"{', '.join(URL_SCHEMES)})") from None
+    parts = urlsplit(url)
+    if parts.scheme != "unix":
         try:
             port = parts.port
         except ValueError:
