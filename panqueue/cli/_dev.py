@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import anyio
 import click
 
+from panqueue._log import configure_logging, notice
 from panqueue.cli._common import PORT, POSITIVE_INT, RuntimeFailure, check_url, writable_directory
 
 __all__ = ["demo", "server"]
@@ -47,6 +47,7 @@ def server(port: int, directory: str) -> None:
         raise RuntimeFailure(f"port {port} on 127.0.0.1 is already in use; pick another "
                              f"with --port")
     data = writable_directory(directory)
+    configure_logging("console", "info")
     redis_server = RedisServer(port=port, directory=data,
                                log_to=str(data.resolve() / "server.log"))
 
@@ -65,7 +66,7 @@ def server(port: int, directory: str) -> None:
                     return
             finally:
                 redis_server.stop()
-                print("panqueue: server stopped", file=sys.stderr)
+                notice("server stopped", url=redis_server.url)
 
     anyio.run(serve)
 

@@ -12,13 +12,16 @@ import anyio
 import click
 
 from panqueue._client import QueueClient
+from panqueue._health import HealthServer, HealthState
 from panqueue._job import JobState
-from panqueue._log import configure_logging
+from panqueue._log import configure_logging, notice
 from panqueue._pool import WorkerPool
 from panqueue.cli._common import (
     FLOAT_NON_NEGATIVE,
     FLOAT_POSITIVE,
+    PORT,
     POSITIVE_INT,
+    RuntimeFailure,
     UsageFailure,
     client_for,
     load_registry,
@@ -45,6 +48,9 @@ __all__ = ["worker"]
               show_default=True, help="console for people, json lines for log collectors.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True, help="Logs go to stderr.")
+@click.option("--log-jobs", is_flag=True,
+              help="Log a line for every completed job too (at debug level, shown whatever "
+                   "--log-level is).")
 @click.option("--name", default=None, metavar="NAME",
               help="The worker's name (default: host and process id).")
 @click.option("--burst", is_flag=True,
@@ -52,9 +58,15 @@ __all__ = ["worker"]
 @click.option("--reload", is_flag=True,
               help="Restart gracefully when a .py file under the current directory changes "
                    "(development; needs the reload extra).")
+@click.option("--health-port", type=PORT, default=None, metavar="PORT",
+              help="Serve GET /healthz on this port (1-65535): 200 while the worker claims "
+                   "jobs and Redis answers, else 503.")
+@click.option("--health-host", default="127.0.0.1", show_default=True, metavar="HOST",
+              help="Address the health endpoint listens on (0.0.0.0 to expose it).")
 def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, backend: str,
-           grace: float, poll_interval: float, log_format: str, log_level: str,
-           name: str | None, burst: bool, reload: bool) -> None:
+           grace: float, poll_interval: float, log_format: str, log_level: str, log_jobs: bool,
+           name: str | None, burst: bool, reload: bool, health_port: int | None,
+           health_host: str) -> None:
     """Run workers for the queues of the registry MODULE:ATTR (for example app:queues), in this
     process, until SIGTERM or SIGINT.
 
@@ -67,6 +79,11 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
     falls due is moved to waiting first; one due later does not keep the worker running).
     --reload restarts the worker, gracefully, when a .py file under the current directory
     changes (pip install 'panqueue[reload]').
+
+    --health-port serves GET /healthz (loopback only unless --health-host says otherwise):
+    200 with a JSON body (queues, processed, failed) while the worker claims jobs and Redis
+    has answered a PING in the last 3 seconds, 503 while it starts, stops or cannot reach
+    Redis. Other paths are 404.
     """
     if burst and reload:
         raise UsageFailure("--burst and --reload do not go together")
@@ -88,14 +105,30 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         except ImportError:
             raise UsageFailure("--backend trio needs trio: pip install 'panqueue[trio]'"
                                ) from None
-    configure_logging("json" if log_format == "json" else "console", log_level)
+    configure_logging("json" if log_format == "json" else "console", log_level,
+                      log_jobs=log_jobs)
     # An unreachable Redis is one error line, not worker start/stop logs followed by it.
     client_for(url).close()
     options = {} if name is None else {"name": name}
     pool = WorkerPool(registry, url=url, queues=served, concurrency=concurrency, grace=grace,
                       poll_interval=poll_interval, **options)
-    restart = anyio.run(_serve, pool, url, served, grace, poll_interval, burst, reload,
-                        backend=backend)
+    health = None
+    if health_port is not None:
+        state = HealthState(served, lambda: (sum(w.processed for w in pool.workers),
+                                             sum(w.failed for w in pool.workers)))
+        try:
+            health = HealthServer(health_host, health_port, state)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot serve the health endpoint on "
+                                 f"{health_host}:{health_port}: {exc.strerror or exc}"
+                                 ) from None
+        health.start()
+    try:
+        restart = anyio.run(_serve, pool, url, served, grace, poll_interval, burst, reload,
+                            None if health is None else health.state, backend=backend)
+    finally:
+        if health is not None:
+            health.close()
     if restart:
         # A fresh process imports the changed code; the same arguments serve the same queues.
         sys.stdout.flush()
@@ -104,10 +137,17 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
 
 
 async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
-                 poll_interval: float, burst: bool, reload: bool) -> bool:
+                 poll_interval: float, burst: bool, reload: bool,
+                 health: HealthState | None) -> bool:
     """Run the pool; the first SIGTERM/SIGINT starts the two-phase shutdown, a second one
     skips to the forced phase. Returns True when the code changed and we should restart."""
     restart = False
+
+    async def shutdown() -> None:
+        if health is not None:
+            health.stopping = True
+        await pool.shutdown(grace)
+
     async with anyio.create_task_group() as tg:
 
         async def handle_signals() -> None:
@@ -116,18 +156,18 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
                 async for signum in signals:
                     if not stopping:
                         stopping = True
-                        print(f"panqueue: {signal.Signals(signum).name} received; finishing "
-                              f"running jobs (up to {grace:g} s; again to force)",
-                              file=sys.stderr)
-                        tg.start_soon(pool.shutdown, grace)
+                        name = signal.Signals(signum).name
+                        notice(f"{name} received; finishing running jobs (up to {grace:g} s; "
+                               f"again to force)", signal=name, grace=grace)
+                        tg.start_soon(shutdown)
                     else:
-                        print("panqueue: forcing shutdown", file=sys.stderr)
+                        notice("forcing shutdown", signal=signal.Signals(signum).name)
                         pool.force()
 
         async def stop_when_empty() -> None:
             await _wait_until_empty(url, queues, poll_interval)
-            print("panqueue: queues empty (--burst); stopping", file=sys.stderr)
-            await pool.shutdown(grace)
+            notice("queues empty (--burst); stopping", queues=queues)
+            await shutdown()
 
         async def stop_on_change() -> None:
             nonlocal restart
@@ -135,9 +175,9 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
 
             async for changes in awatch(os.getcwd(), watch_filter=PythonFilter()):
                 changed = sorted({os.path.relpath(path) for _, path in changes})
-                print(f"panqueue: {', '.join(changed)} changed; restarting", file=sys.stderr)
+                notice(f"{', '.join(changed)} changed; restarting", changed=changed)
                 restart = True
-                await pool.shutdown(grace)
+                await shutdown()
                 return
 
         tg.start_soon(handle_signals)
@@ -145,9 +185,22 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
             tg.start_soon(stop_when_empty)
         if reload:
             tg.start_soon(stop_on_change)
-        await pool.run()
+        if health is None:
+            await pool.run()
+        else:
+            tg.start_soon(health.keep_pinging, url)
+            await _run_reporting(pool, health)
         tg.cancel_scope.cancel()
     return restart
+
+
+async def _run_reporting(pool: WorkerPool, health: HealthState) -> None:
+    """Run the pool, with ``health.claiming`` true from the moment every worker claims until
+    the pool stops (a signal, --burst and --reload set ``health.stopping`` before that)."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        health.claiming = True
+    health.claiming = False
 
 
 async def _wait_until_empty(url: str, queues: list[str], poll_interval: float) -> None:

@@ -1,0 +1,168 @@
+"""``panqueue worker --health-port`` (GET /healthz), ``--log-jobs`` and the operator notices in
+``--log-format json``, run as a user runs them: the worker as a child process."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from panqueue import JobState, SyncQueueClient
+from panqueue.embedded import RedisServer, free_port
+from tests.helpers import run_cli, wait_until
+from tests.test_cli import ECHO, FAIL, WorkerProcess, counts
+
+
+@pytest.fixture
+def worker_process(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(*args: str) -> WorkerProcess:
+        process = WorkerProcess(tmp_path, *args)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A server of this test's own, which the test may stop."""
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+def get(port: int, path: str = "/healthz", host: str = "127.0.0.1"
+        ) -> tuple[int, dict[str, Any]]:
+    """(status, JSON body) of GET http://host:port/path; (0, {}) if nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=2) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+    except OSError:
+        return 0, {}
+
+
+def test_healthz_is_200_while_the_worker_claims_and_503_once_redis_is_gone(
+        private_redis: RedisServer, worker_process: Callable[..., WorkerProcess]) -> None:
+    port = free_port()
+    worker = worker_process("--url", private_redis.url, "--poll-interval", "0.1",
+                            "--health-port", str(port))
+    wait_until(lambda: get(port)[0] == 200, 20, "/healthz to answer 200")
+    status, body = get(port)
+    assert status == 200
+    assert body["status"] == "ok"
+    assert sorted(body["queues"]) == sorted([ECHO, FAIL])
+    assert body["processed"] == 0 and body["failed"] == 0
+
+    with SyncQueueClient(private_redis.url) as client:
+        client.queue(ECHO).add({"n": 1})
+        client.queue(FAIL).add("x")
+    wait_until(lambda: get(port)[1].get("processed") == 1 and get(port)[1].get("failed") == 1,
+               15, "the counts to show one completed and one failed job")
+
+    assert get(port, "/")[0] == 404
+    assert get(port, "/healthz/extra")[0] == 404
+
+    private_redis.stop()
+    wait_until(lambda: get(port)[0] == 503, 10, "/healthz to answer 503 without Redis")
+    status, body = get(port)
+    assert status == 503
+    assert body["status"] == "unavailable" and "Redis" in body["reason"], body
+    assert worker.alive(), worker.stderr
+    # The failed job's traceback is logged; no other traceback (nothing from the endpoint).
+    assert (worker.stderr.count("Traceback")
+            == worker.stderr.count("RuntimeError: cli-fail refuses") == 1), worker.stderr
+
+
+def test_healthz_listens_on_loopback_only_by_default(
+        redis_url: str, worker_process: Callable[..., WorkerProcess]) -> None:
+    port = free_port()
+    worker = worker_process("--url", redis_url, "--health-port", str(port))
+    wait_until(lambda: get(port)[0] == 200, 20, "/healthz to answer 200")
+    # Bound to 127.0.0.1 itself: another loopback address (Linux routes all of 127/8 to
+    # lo) does not reach it, as it would a server bound to 0.0.0.0.
+    assert get(port, host="127.0.0.2")[0] == 0
+    assert worker.stop() == 0, worker.stderr
+    assert get(port)[0] == 0  # closed with the worker
+
+    exposed = worker_process("--url", redis_url, "--health-port", str(port),
+                             "--health-host", "0.0.0.0")
+    wait_until(lambda: get(port, host="127.0.0.2")[0] == 200, 20,
+               "/healthz on every address with --health-host 0.0.0.0")
+    assert exposed.stop() == 0, exposed.stderr
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "-1", "http"])
+def test_a_bad_health_port_is_a_usage_error(redis_url: str, port: str) -> None:
+    proc = run_cli("worker", "cli_app:queues", "--url", redis_url, "--health-port", port)
+    assert proc.returncode == 2, proc
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("panqueue: error: "), proc.stderr
+    assert "--health-port" in lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_health_port_in_use_is_one_line_exit_1(redis_url: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli("worker", "cli_app:queues", "--url", redis_url,
+                       "--health-port", str(port))
+    assert proc.returncode == 1, proc
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("panqueue: error: "), proc.stderr
+    assert f"127.0.0.1:{port}" in lines[0]
+
+
+def test_json_worker_writes_only_json_on_stderr_including_the_signal_notice_and_job_lines(
+        redis_url: str, worker_process: Callable[..., WorkerProcess]) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handles = client.queue(ECHO).add_bulk([{"n": n} for n in range(3)])
+    worker = worker_process("--url", redis_url, "--poll-interval", "0.1", "--grace", "5",
+                            "--log-format", "json", "--log-level", "warning", "--log-jobs")
+    wait_until(lambda: counts(redis_url, ECHO)[JobState.COMPLETED] == 3, 15,
+               "the worker to complete the jobs")
+    assert worker.stop() == 0, worker.stderr
+
+    lines = worker.stderr.splitlines()
+    assert lines, "no output at all"
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            pytest.fail(f"not a JSON line on stderr: {line!r}\n{worker.stderr}")
+    events = [entry["event"] for entry in entries]
+    notices = [e for e in entries if e["event"].startswith("SIGTERM received; finishing "
+                                                           "running jobs")]
+    assert len(notices) == 1, events
+    assert notices[0]["signal"] == "SIGTERM" and notices[0]["grace"] == 5
+    # --log-jobs: a line per completed job, even at --log-level warning.
+    completed = sorted(e["job_id"] for e in entries if e["event"] == "job completed")
+    assert completed == sorted(h.id for h in handles), events
+
+
+def test_without_log_jobs_no_job_lines(
+        redis_url: str, worker_process: Callable[..., WorkerProcess]) -> None:
+    with SyncQueueClient(redis_url) as client:
+        client.queue(ECHO).add({"n": 1})
+    worker = worker_process("--url", redis_url, "--poll-interval", "0.1",
+                            "--log-format", "json")
+    wait_until(lambda: counts(redis_url, ECHO)[JobState.COMPLETED] == 1, 15,
+               "the worker to complete the job")
+    assert worker.stop() == 0, worker.stderr
+    events = [json.loads(line)["event"] for line in worker.stderr.splitlines()]
+    assert "job completed" not in events
+    assert any(e.startswith("SIGTERM received") for e in events)
