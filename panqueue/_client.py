@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import anyio
 
@@ -46,6 +46,9 @@ __all__ = ["FlowJob", "JobHandle", "Queue", "QueueClient", "SyncJobHandle", "Syn
 
 T = TypeVar("T")
 
+# What ``depends_on`` takes: a job id, or the handle of a job of the same queue.
+Dependency: TypeAlias = "str | JobHandle | SyncJobHandle"
+
 _EVENTS_BLOCK_MS = 1000
 _RECONNECT_MIN = 0.05
 _RECONNECT_MAX = 5.0
@@ -58,10 +61,10 @@ DURABLE_TIMEOUT_MS = 10_000
 @dataclass(frozen=True)
 class FlowJob:
     """One job of a flow (``queue.add_flow``): ``depends_on`` names earlier jobs of the same
-    flow by index, or existing jobs of the queue by id."""
+    flow by index, or existing jobs of the queue by id or handle."""
 
     data: Any = None
-    depends_on: Sequence[int | str] = ()
+    depends_on: Sequence[int | Dependency] = ()
     job_id: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -96,7 +99,26 @@ def _new_jobs(defaults: dict[str, Any], items: Iterable[Any]) -> list[NewJob]:
     return jobs
 
 
-def _flow_jobs(defaults: dict[str, Any], flow: Sequence[FlowJob]) -> list[NewJob]:
+def _dependency_ids(queue: str, depends_on: Any) -> Any:
+    """``depends_on`` with job handles replaced by their ids. A handle of another queue is a
+    ConfigError (a job can wait only for jobs of its own queue); anything else is left for
+    ``ops.new_job`` to check."""
+    if depends_on is None or isinstance(depends_on, str) or not isinstance(depends_on,
+                                                                           Iterable):
+        return depends_on
+    ids = []
+    for dep in depends_on:
+        if isinstance(dep, JobHandle | SyncJobHandle):
+            if dep.queue != queue:
+                raise ConfigError(f"depends_on: job {dep.id!r} of queue {dep.queue!r} cannot be a "
+                                  f"dependency here: a job can depend only on jobs of its own "
+                                  f"queue {queue!r}")
+            dep = dep.id
+        ids.append(dep)
+    return ids
+
+
+def _flow_jobs(name: str, defaults: dict[str, Any], flow: Sequence[FlowJob]) -> list[NewJob]:
     """Give every job of a flow an id and turn index references into ids. A job may only
     depend on earlier ones, so a flow is always acyclic."""
     prefix = f"flow:{uuid.uuid4().hex[:16]}"
@@ -107,6 +129,11 @@ def _flow_jobs(defaults: dict[str, Any], flow: Sequence[FlowJob]) -> list[NewJob
             raise ConfigError(f"flow item {index} must be a panqueue.FlowJob, got {node!r}")
         deps = []
         for ref in node.depends_on:
+            if isinstance(ref, JobHandle | SyncJobHandle):
+                try:
+                    [ref] = _dependency_ids(name, [ref])
+                except ConfigError as exc:
+                    raise ConfigError(f"flow item {index}: {exc}") from None
             if isinstance(ref, int) and not isinstance(ref, bool):
                 if not 0 <= ref < index:
                     raise ConfigError(f"flow item {index}: depends_on index {ref} must point to "
@@ -148,7 +175,8 @@ class JobHandle:
         Raises :class:`JobFailed` if it ended FAILED or CANCELLED, and :class:`TimeoutError`
         after ``timeout`` seconds. Waits on the queue's event stream, not by polling.
         """
-        return await self._client._run(ops.wait_result(self._keys, self.id, timeout))
+        return await self._client._run(ops.wait_result(self._keys, self.id, timeout,
+                                                       self._client.url))
 
     def __repr__(self) -> str:
         return f"<JobHandle {self.queue}/{self.id}>"
@@ -170,16 +198,19 @@ class Queue:
                   priority: int | None = None, attempts: int | None = None,
                   backoff: Backoff | None = None, timeout: float | None = None,
                   key: str | None = None, dedup: Dedup | None = None,
-                  depends_on: Sequence[str] | None = None, durable: bool = False) -> JobHandle:
+                  depends_on: Sequence[Dependency] | None = None,
+                  durable: bool = False) -> JobHandle:
         """Add one job. With ``job_id``, adding an existing id returns that job unchanged.
 
         ``key``: the concurrency key (keyed queues). ``dedup``: see :class:`Dedup`.
-        ``depends_on``: ids of jobs of this queue that must complete first (the job is BLOCKED
-        until then). ``durable``: return only once the server has fsynced the write.
+        ``depends_on``: jobs of this queue that must complete first, as ids or handles (the
+        job is BLOCKED until then). ``durable``: return only once the server has fsynced the
+        write.
         """
         job = ops.new_job(self.defaults, data, dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
-            backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on))
+            backoff=backoff, timeout=timeout, key=key, dedup=dedup,
+            depends_on=_dependency_ids(self.name, depends_on)))
         [(job_id_, created)] = await self._client._run(ops.add_jobs(
             self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
         return JobHandle(self._client, self.keys, job_id_, created)
@@ -195,8 +226,8 @@ class Queue:
 
     async def add_flow(self, flow: Sequence[FlowJob]) -> list[JobHandle]:
         """Add a tree (or any DAG) of jobs with their dependencies in one atomic call."""
-        added = await self._client._run(ops.add_jobs(self.keys, _flow_jobs(self.defaults, flow),
-                                                     self.mode))
+        jobs = _flow_jobs(self.name, self.defaults, flow)
+        added = await self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
         return [JobHandle(self._client, self.keys, i, c) for i, c in added]
 
     async def add_chain(self, items: Iterable[Any]) -> list[JobHandle]:
@@ -373,7 +404,7 @@ class SyncJobHandle:
         return self._client._run(ops.get_job(self._keys, self.id))
 
     def result(self, timeout: float | None = None) -> Any:
-        return self._client._run(ops.wait_result(self._keys, self.id, timeout))
+        return self._client._run(ops.wait_result(self._keys, self.id, timeout, self._client.url))
 
     def __repr__(self) -> str:
         return f"<SyncJobHandle {self.queue}/{self.id}>"
@@ -394,10 +425,12 @@ class SyncQueue(Generic[T]):
             run_at: datetime | None = None, priority: int | None = None,
             attempts: int | None = None, backoff: Backoff | None = None,
             timeout: float | None = None, key: str | None = None, dedup: Dedup | None = None,
-            depends_on: Sequence[str] | None = None, durable: bool = False) -> SyncJobHandle:
+            depends_on: Sequence[Dependency] | None = None,
+            durable: bool = False) -> SyncJobHandle:
         job = ops.new_job(self.defaults, data, dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
-            backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on))
+            backoff=backoff, timeout=timeout, key=key, dedup=dedup,
+            depends_on=_dependency_ids(self.name, depends_on)))
         [(job_id_, created)] = self._client._run(ops.add_jobs(
             self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
         return SyncJobHandle(self._client, self.keys, job_id_, created)
@@ -410,8 +443,8 @@ class SyncQueue(Generic[T]):
         return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
 
     def add_flow(self, flow: Sequence[FlowJob]) -> list[SyncJobHandle]:
-        added = self._client._run(ops.add_jobs(self.keys, _flow_jobs(self.defaults, flow),
-                                               self.mode))
+        jobs = _flow_jobs(self.name, self.defaults, flow)
+        added = self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
         return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
 
     def add_chain(self, items: Iterable[Any]) -> list[SyncJobHandle]:

@@ -96,7 +96,24 @@ class Registry:
         return schedule
 
     def schedules_for(self, queue: str) -> list[Schedule]:
+        self.check_schedules()
         return [s for s in self._schedules.values() if s.queue == queue]
+
+    def check_schedules(self) -> None:
+        """Raise :class:`ConfigError` if a schedule sends its jobs to a queue without a
+        handler in this registry: only that queue's workers would run it, so it would never
+        run. Handlers may be registered after the schedules that use them, so this is checked
+        when the registry is used (``get``, ``schedules_for``, ``queues``: a worker or pool
+        being made), not when ``schedule()`` is called."""
+        orphans = [s for s in self._schedules.values() if s.queue not in self._handlers]
+        if not orphans:
+            return
+        known = ", ".join(sorted(self._handlers)) or "none"
+        problems = "; ".join(f"schedule {s.name!r} sends its jobs to queue {s.queue!r}, which "
+                             f"has no handler" for s in orphans)
+        raise ConfigError(f"{problems} (queues with handlers: {known}). A schedule runs only "
+                          "in the workers of its queue: register a handler for the queue, or "
+                          "check the schedule's arguments (schedule(name, queue, ...))")
 
     def handler(
         self,
@@ -200,13 +217,16 @@ class Registry:
 
     def get(self, queue_id: str) -> Handler[Any, Any]:
         try:
-            return self._handlers[queue_id]
+            handler = self._handlers[queue_id]
         except KeyError:
             known = ", ".join(sorted(self._handlers)) or "none"
             raise ConfigError(f"unknown queue {queue_id!r} (registered: {known})") from None
+        self.check_schedules()
+        return handler
 
     @property
     def queues(self) -> list[str]:
+        self.check_schedules()
         return list(self._handlers)
 
     def __iter__(self) -> Iterator[Handler[Any, Any]]:

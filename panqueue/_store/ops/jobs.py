@@ -17,7 +17,8 @@ import msgpack
 from panqueue._codec import decode
 from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
-from panqueue._store.transport import Batch, Command, Op
+from panqueue._store.ops.workers import WorkerInfo, workers
+from panqueue._store.transport import Batch, Command, Op, redact_url
 from panqueue.errors import ConfigError, JobFailed, JobNotFound, TimeoutError
 
 __all__ = ["STATE_SETS", "counts", "get_job", "list_ids", "list_jobs", "parse_job", "read_jobs",
@@ -183,8 +184,11 @@ def list_jobs(keys: QueueKeys, state: JobState | str, limit: int = 100) -> Op[li
     return jobs
 
 
-def wait_result(keys: QueueKeys, job_id: str, timeout: float | None) -> Op[Any]:
+def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = "") -> Op[Any]:
     """Wait until the job is final and return its result (raise JobFailed if it failed).
+
+    After ``timeout`` seconds it raises :class:`TimeoutError` saying what it saw: the job's
+    state, the server (``url``, password redacted) and the queue's live workers.
 
     Reads the queue's event stream with blocking XREAD, so it wakes on the completion event
     rather than polling the job. The stream position is taken *before* the job's state is read:
@@ -212,8 +216,8 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None) -> Op[Any]:
             raise JobNotFound(keys.name, job_id)
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
-            raise TimeoutError(f"job {job_id!r} in queue {keys.name!r} did not finish within "
-                               f"{timeout} s")
+            result = yield from _timed_out(keys, job_id, timeout, url)
+            return result
         block = _RESULT_POLL_CHUNK if remaining is None else min(remaining, _RESULT_POLL_CHUNK)
         fields, reply = yield Batch((
             Command(("HMGET", jkey, "s", "r", "e")),
@@ -234,6 +238,38 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None) -> Op[Any]:
                                              entry.get(b"e"))
                     if outcome is not None:
                         return outcome[0]
+
+
+def _timed_out(keys: QueueKeys, job_id: str, timeout: float | None, url: str) -> Op[Any]:
+    """The end of a wait that ran out of time: the job's result if it finished just now,
+    else a :class:`TimeoutError` with the job's state, the server and the live workers."""
+    state, result, error = yield Command(("HMGET", keys.job(job_id), "s", "r", "e"))
+    if state is not None:
+        outcome = _final_outcome(keys, job_id, state, result, error)
+        if outcome is not None:
+            return outcome[0]
+    live = yield from workers(keys)
+    where = f" at {redact_url(url)}" if url else ""
+    seen = "it is gone" if state is None else f"it is {state.decode()}"
+    raise TimeoutError(f"job {job_id!r} in queue {keys.name!r} did not finish within {timeout} s: "
+                       f"{seen}{where}, and {_serving(keys.name, live)}")
+
+
+def _serving(queue: str, live: list[WorkerInfo]) -> str:
+    """Who serves ``queue``: "no live worker serves 'q'", or how many, and how busy."""
+    if not live:
+        return f"no live worker serves {queue!r}"
+    running = sum(len(w.running) for w in live)
+    concurrency = sum(w.concurrency for w in live)
+    if len(live) == 1:
+        return (f"1 live worker serves {queue!r} ({live[0].name}), running "
+                f"{_jobs(running)} (concurrency {concurrency})")
+    return (f"{len(live)} live workers serve {queue!r}, running {_jobs(running)} "
+            f"(concurrency {concurrency} in all)")
+
+
+def _jobs(n: int) -> str:
+    return f"{n} job" if n == 1 else f"{n} jobs"
 
 
 def _final_outcome(keys: QueueKeys, job_id: str, state: bytes, result: bytes | None,
