@@ -4,7 +4,7 @@
 # Then run a core subset again in .venv-floor, against the oldest redis-py that pyproject.toml
 # allows, to prove that floor still works.
 set -euo pipefail
-source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark"
+source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark,tui,metrics,otel"
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy --strict panqueue"
