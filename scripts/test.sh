@@ -5,6 +5,11 @@
 # allows, to prove that floor still works.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark,tui,metrics,otel"
+# The terminal-view test drives `panqueue top` in a real terminal: tmux (a Debian package).
+if ! command -v tmux >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "== installing tmux"
+  (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || echo "could not install tmux"
+fi
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy --strict panqueue"
