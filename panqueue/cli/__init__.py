@@ -7,7 +7,8 @@ Tracebacks are for bugs only. The commands use the public client API only
 (``SyncQueueClient``, ``WorkerPool``), like any application.
 
 The commands live one group per module: ``_jobs`` (adding, listing and acting on jobs and
-queues), ``_ops`` (info, workers, explain, purge, check), ``_worker`` (the worker), ``_dev``
+queues), ``_ops`` (info, workers, explain, purge, check), ``_top`` (the live
+terminal view, the one command that needs textual), ``_worker`` (the worker), ``_dev``
 (the development server and the demo).
 """
 
@@ -35,6 +36,7 @@ from panqueue.cli._jobs import (
     stats,
 )
 from panqueue.cli._ops import check, explain, info, purge, workers
+from panqueue.cli._top import top
 from panqueue.cli._worker import worker
 from panqueue.errors import ConfigError, PanqueueError
 
@@ -61,7 +63,7 @@ def cli() -> None:
 
 
 for _command in (worker, enqueue, stats, job, jobs, cancel, remove, dlq, pause, resume,
-                 schedules, server, demo, info, workers, explain, purge, check):
+                 schedules, server, demo, info, workers, explain, purge, check, top):
     cli.add_command(_command)
 
 

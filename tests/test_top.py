@@ -1,0 +1,170 @@
+"""``panqueue top`` driven in a real terminal (tmux), against a private server and a real
+worker process."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from panqueue import JobState, SyncQueueClient
+from panqueue.embedded import RedisServer
+from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
+from tests.test_cli import WorkerProcess
+
+TMUX = shutil.which("tmux")
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    server = RedisServer(appendonly=False).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _pane(session: str) -> str:
+    done = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                          text=True, timeout=10)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _session_alive(session: str) -> bool:
+    return subprocess.run(["tmux", "has-session", "-t", session], capture_output=True,
+                          timeout=10).returncode == 0
+
+
+def _wait_screen(session: str, predicate: Callable[[str], object], what: str) -> str:
+    """Poll the pane until ``predicate(screen)``; the last screen is in the failure."""
+    screens = [""]
+
+    def check() -> object:
+        screens[0] = _pane(session)
+        return predicate(screens[0])
+
+    try:
+        wait_until(check, 30, what, interval=0.1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the screen:\n{screens[0]}") from None
+    return screens[0]
+
+
+def _row(screen: str, queue: str) -> list[str]:
+    for line in screen.splitlines():
+        cells = line.replace("│", " ").split()
+        if cells and cells[0] == queue:
+            return cells
+    return []
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
+def test_top_shows_counts_rates_workers_and_failed_jobs(server: RedisServer,
+                                                        tmp_path: Path) -> None:
+    url = server.url
+    with SyncQueueClient(url) as client:
+        for n in range(3):
+            client.queue("cli-fail").add({"n": n})
+        for n in range(5):
+            client.queue("cli-echo").add({"n": n})
+        # A paused queue keeps its waiting jobs: they show as waiting, with a lag.
+        client.pause("cli-held")
+        for n in range(4):
+            client.queue("cli-held").add({"n": n})
+        worker = WorkerProcess(tmp_path, "--url", url)
+        try:
+            wait_until(lambda: client.counts("cli-fail")[JobState.FAILED] == 3
+                       and client.counts("cli-echo")[JobState.COMPLETED] == 5, 30,
+                       "the worker to finish the jobs")
+            session = f"pq-top-{uuid.uuid4().hex[:10]}"
+            env = subprocess_env()
+            command = " ".join(shlex.quote(part) for part in
+                               panqueue_command("top", "--url", url, "--interval", "0.5"))
+            # The pane's own size, not one inherited through COLUMNS / LINES.
+            exports = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
+            try:
+                subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160",
+                                "-y", "48", "-c", str(ROOT), exports + command], check=True,
+                               timeout=10)
+                screen = _wait_screen(
+                    session, lambda s: _row(s, "cli-fail")[1:5] == ["0", "0", "0", "3"]
+                    and _row(s, "cli-held")[1:2] == ["4"] and "2 live worker(s)" in s,
+                    "the queue rows to show the counts")
+                held = _row(screen, "cli-held")
+                assert "paused" in held, screen
+                assert _row(screen, "cli-echo")[1:5] == ["0", "0", "0", "0"], screen
+                # The worker process runs one worker per queue; each is listed, and each
+                # queue's row counts its own.
+                for name in _worker_names(client):
+                    assert name in screen, screen
+                assert _row(screen, "cli-fail")[-1] == "1", screen
+                assert _row(screen, "cli-held")[-1] == "0", screen
+
+                # Finished jobs now show as a rate: add more and wait for done/s above zero.
+                for n in range(20):
+                    client.queue("cli-echo").add({"more": n})
+                _wait_screen(session, lambda s: _rate(s, "cli-echo") > 0,
+                             "a completed rate for cli-echo")
+
+                # Pick cli-fail (rows are sorted: cli-echo, cli-fail, cli-held) with j, then f.
+                subprocess.run(["tmux", "send-keys", "-t", session, "j"], check=True,
+                               timeout=10)
+                subprocess.run(["tmux", "send-keys", "-t", session, "f"], check=True,
+                               timeout=10)
+                _wait_screen(session, lambda s: "failed jobs of cli-fail" in s
+                             and "RuntimeError: cli-fail refuses" in s,
+                             "the failed jobs with their errors")
+
+                subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True,
+                               timeout=10)
+                wait_until(lambda: not _session_alive(session), 30,
+                           "top to quit on q", interval=0.1)
+            finally:
+                subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True,
+                               timeout=10)
+        finally:
+            assert worker.stop() == 0
+
+
+def _worker_names(client: SyncQueueClient) -> list[str]:
+    found = client.workers()
+    assert len(found) == 2
+    return [w.name for w in found]
+
+
+def _rate(screen: str, queue: str) -> float:
+    row = _row(screen, queue)
+    try:
+        return float(row[5])
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def test_top_without_textual_names_the_extra_and_exits_2(server: RedisServer) -> None:
+    code = ("import sys; sys.modules['textual'] = None; from panqueue.cli import main; "
+            f"sys.exit(main(['top', '--url', {server.url!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=subprocess_env(), cwd=ROOT)
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "panqueue[tui]" in lines[0], done.stderr
+
+
+def test_core_and_cli_do_not_import_textual() -> None:
+    code = ("import sys, panqueue, panqueue.cli, panqueue.cli._top; "
+            "sys.exit(1 if 'textual' in sys.modules else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=subprocess_env(), cwd=ROOT)
+    assert done.returncode == 0, done
+
+
+def test_top_refuses_a_bad_interval() -> None:
+    done = run_cli("top", "--interval", "0")
+    assert done.returncode == 2
+    assert "--interval" in done.stderr
