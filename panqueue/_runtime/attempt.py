@@ -16,10 +16,12 @@ from typing import Any
 
 import anyio
 
+from panqueue import _tracing
 from panqueue._codec import check_json_compatible, decode, encode
 from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._options import JobOptions
 from panqueue._runtime.locks import Attempt, Attempts
+from panqueue._store.ops.add import TRACE_OPTION
 from panqueue._store.transitions import ClaimedJob, Failure
 from panqueue.errors import PayloadError
 from panqueue.executors.base import (
@@ -75,6 +77,20 @@ class AttemptRunner:
         self._release = release
 
     async def run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
+        if not _tracing.enabled():
+            return await self._run(claimed, stopping)
+        try:  # unreadable options are _run's to report, as the attempt's failure
+            stored = decode(claimed.options) if claimed.options else None
+        except Exception:
+            stored = None
+        carrier = stored.get(TRACE_OPTION) if isinstance(stored, dict) else None
+        with _tracing.attempt_span(self._queue, claimed.id, claimed.attempt, carrier) as span:
+            outcome = await self._run(claimed, stopping)
+            _tracing.end_attempt(span, outcome.ending.value,
+                                 outcome.failure.error if outcome.failure else None)
+            return outcome
+
+    async def _run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
         attempt = self._attempts.start(claimed.id, claimed.token, stopping)
         options = self._options
         started = time.monotonic()

@@ -15,13 +15,17 @@ from panqueue._options import MAX_SECONDS, Dedup, check_positive, check_priority
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import check_refusal
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
+from panqueue._tracing import current_carrier
 from panqueue.errors import ConfigError, PanqueueError
 
-__all__ = ["ADD_OPTIONS", "NewJob", "add_call", "add_jobs", "new_job", "parse_added"]
+__all__ = ["ADD_OPTIONS", "TRACE_OPTION", "NewJob", "add_call", "add_jobs", "new_job",
+           "parse_added"]
 
 # The keyword arguments of ``add()`` (and of the options of a flow's job).
 ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
                          "timeout", "key", "dedup", "depends_on"})
+# The stored option that carries the producer's W3C trace context (traceparent, tracestate).
+TRACE_OPTION = "trace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,9 @@ def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> New
     elif o.get("delay") is not None:
         delay_ms = int(check_positive(o["delay"], "delay", allow_zero=True) * 1000)
     wire = options_to_wire(o.get("attempts"), o.get("backoff"), o.get("timeout"))
+    trace = current_carrier()  # the producer's span, if any: the worker's spans are its children
+    if trace:
+        wire[TRACE_OPTION] = trace
     key = o.get("key") or ""
     if not isinstance(key, str) or (key and not key.isprintable()):
         raise ConfigError(f"key must be a printable str, got {key!r}")

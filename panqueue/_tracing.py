@@ -1,0 +1,95 @@
+"""OpenTelemetry traces, when ``opentelemetry-api`` is installed (the ``otel`` extra).
+
+A producer's current trace context (W3C ``traceparent``, and ``tracestate`` if any) is stored
+with each job it adds while a span is active; the worker runs each attempt in a CONSUMER span
+that is a child of that context. Without the package, tracing is off: the import is tried once,
+on first use, and every call after that returns at once (see docs/observability.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["attempt_span", "current_carrier", "enabled"]
+
+_MISSING: Any = object()
+_api: Any = _MISSING  # (trace module, propagator, tracer), or None without opentelemetry-api
+
+
+def _load() -> Any:
+    global _api
+    try:
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:
+        _api = None
+    else:
+        from panqueue import __version__
+
+        _api = (trace, TraceContextTextMapPropagator(),
+                trace.get_tracer("panqueue", __version__))
+    return _api
+
+
+def enabled() -> bool:
+    """Whether opentelemetry-api is importable (tracing may still be a no-op without an SDK)."""
+    api = _load() if _api is _MISSING else _api
+    return api is not None
+
+
+def current_carrier() -> dict[str, str] | None:
+    """The current span's context as W3C trace-context headers, or ``None`` when no valid span
+    is active (or opentelemetry-api is not installed)."""
+    api = _load() if _api is _MISSING else _api
+    if api is None:
+        return None
+    trace, propagator, _ = api
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    propagator.inject(carrier)
+    return carrier or None
+
+
+@contextmanager
+def attempt_span(queue: str, job_id: str, attempt: int,
+                 carrier: object) -> Iterator[Any]:
+    """A CONSUMER span for one attempt of a job, current inside the block, a child of the
+    producer's context ``carrier`` (the stored headers; anything else means none)."""
+    api = _load() if _api is _MISSING else _api
+    trace, propagator, tracer = api
+    parent = None
+    if isinstance(carrier, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                         for k, v in carrier.items()):
+        parent = propagator.extract(carrier)
+    attributes = {
+        "messaging.system": "panqueue",
+        "messaging.destination.name": queue,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.message.id": job_id,
+        "panqueue.attempt": attempt,
+    }
+    with tracer.start_as_current_span(f"process {queue}", context=parent,
+                                      kind=trace.SpanKind.CONSUMER, attributes=attributes,
+                                      record_exception=True,
+                                      set_status_on_exception=True) as span:
+        yield span
+
+
+def end_attempt(span: Any, ending: str, error: Any = None) -> None:
+    """Mark the attempt's span with how it ended; ``error`` (an ``ErrorInfo``) on failure is
+    recorded as the span's exception event and sets its status to ERROR."""
+    span.set_attribute("panqueue.outcome", ending)
+    if error is None:
+        return
+    api = _api
+    trace = api[0]
+    span.set_attribute("error.type", error.type)
+    attributes = {"exception.type": error.type, "exception.message": error.message}
+    if error.traceback:
+        attributes["exception.stacktrace"] = error.traceback
+    span.add_event("exception", attributes)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{error.type}: {error.message}"))

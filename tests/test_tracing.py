@@ -1,0 +1,205 @@
+"""OpenTelemetry traces: the producer's context travels with the job, and a real worker
+process runs each attempt in a CONSUMER span that is its child (see docs/observability.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+from panqueue import Backoff, JobState, QueueClient, SyncQueueClient
+from panqueue._store.ops.add import TRACE_OPTION
+from tests.helpers import APPS, subprocess_env, wait_until
+
+
+@pytest.fixture
+def producer() -> tuple[trace.Tracer, InMemorySpanExporter]:
+    """A tracer of the test's own (no global provider is set in the test process)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("producer"), exporter
+
+
+class TracedWorker:
+    """A worker child process exporting its spans as JSON lines to a file."""
+
+    def __init__(self, url: str, queue: str, path: Path) -> None:
+        self.path = path
+        self.proc = subprocess.Popen(
+            [sys.executable, str(APPS / "trace_app.py"), url, queue, str(path)],
+            env=subprocess_env(PANQUEUE_URL=url), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+
+    def spans(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+    def attempt_spans(self, job_id: str, n: int = 1) -> list[dict[str, Any]]:
+        def found() -> bool:
+            return len(self._of(job_id)) >= n
+        wait_until(found, timeout=20, what=f"{n} attempt span(s) of job {job_id}")
+        return sorted(self._of(job_id), key=lambda s: s["attributes"]["panqueue.attempt"])
+
+    def _of(self, job_id: str) -> list[dict[str, Any]]:
+        return [s for s in self.spans()
+                if s["attributes"].get("messaging.message.id") == job_id]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def worker(redis_url: str, queue_name: str, tmp_path: Path) -> Iterator[TracedWorker]:
+    traced = TracedWorker(redis_url, queue_name, tmp_path / "spans.jsonl")
+    try:
+        yield traced
+    finally:
+        traced.stop()
+
+
+def _hex(span: Any) -> tuple[str, str]:
+    ctx = span.get_span_context()
+    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
+
+
+def _assert_child_of(span: dict[str, Any], parent: Any, queue: str, job_id: str,
+                     attempt: int = 1) -> None:
+    trace_id, span_id = _hex(parent)
+    assert span["trace_id"] == trace_id
+    assert span["parent_span_id"] == span_id
+    assert span["parent_remote"] is True
+    assert span["name"] == f"process {queue}"
+    assert span["kind"] == "CONSUMER"
+    attributes = span["attributes"]
+    assert attributes["messaging.system"] == "panqueue"
+    assert attributes["messaging.destination.name"] == queue
+    assert attributes["messaging.operation.type"] == "process"
+    assert attributes["messaging.message.id"] == job_id
+    assert attributes["panqueue.attempt"] == attempt
+
+
+def test_a_worker_span_is_the_child_of_the_producer_span_sync_add(
+        redis_url: str, queue_name: str, worker: TracedWorker,
+        producer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
+    tracer, exported = producer
+    with SyncQueueClient(redis_url) as client:
+        with tracer.start_as_current_span("send") as send:
+            handle = client.queue(queue_name).add({"n": 1})
+        with tracer.start_as_current_span("send bulk") as send_bulk:
+            bulk = client.queue(queue_name).add_bulk([{"n": 2}, {"n": 3}])
+        assert handle.result(timeout=20) == "ok"
+        assert [h.result(timeout=20) for h in bulk] == ["ok", "ok"]
+    [span] = worker.attempt_spans(handle.id)
+    _assert_child_of(span, send, queue_name, handle.id)
+    for h in bulk:
+        [bulk_span] = worker.attempt_spans(h.id)
+        _assert_child_of(bulk_span, send_bulk, queue_name, h.id)
+    assert span["status"] == "UNSET"
+    assert span["attributes"]["panqueue.outcome"] == "completed"
+    assert [s.name for s in exported.get_finished_spans()] == ["send", "send bulk"]
+    # A span made inside the handler is a child of the attempt's span.
+    [inner] = [s for s in worker.spans() if s["name"] == "inside handler"
+               and s["parent_span_id"] == span["span_id"]]
+    assert inner["trace_id"] == span["trace_id"]
+
+
+def test_a_failing_attempt_records_the_exception_and_sets_error_status(
+        redis_url: str, queue_name: str, worker: TracedWorker,
+        producer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
+    tracer, _ = producer
+    with SyncQueueClient(redis_url) as client:
+        with tracer.start_as_current_span("send") as send:
+            handle = client.queue(queue_name).add({"fail": True})
+        wait_until(lambda: handle.info().state is JobState.FAILED, timeout=20,
+                   what="the job to fail")
+    [span] = worker.attempt_spans(handle.id)
+    _assert_child_of(span, send, queue_name, handle.id)
+    assert span["status"] == "ERROR"
+    assert "ValueError" in span["status_description"]
+    assert span["attributes"]["error.type"] == "ValueError"
+    assert span["attributes"]["panqueue.outcome"] == "failed"
+    [event] = [e for e in span["events"] if e["name"] == "exception"]
+    assert event["attributes"]["exception.type"] == "ValueError"
+    assert "asked to fail" in event["attributes"]["exception.message"]
+    assert "Traceback" in event["attributes"]["exception.stacktrace"]
+
+
+def test_retried_attempts_are_siblings_under_the_producer_span(
+        redis_url: str, queue_name: str, worker: TracedWorker,
+        producer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
+    tracer, _ = producer
+    with SyncQueueClient(redis_url) as client:
+        with tracer.start_as_current_span("send") as send:
+            handle = client.queue(queue_name).add(
+                {"fail": True}, attempts=2, backoff=Backoff("fixed", 0.01))
+        wait_until(lambda: handle.info().state is JobState.FAILED, timeout=20,
+                   what="the job to fail twice")
+    first, second = worker.attempt_spans(handle.id, 2)
+    _assert_child_of(first, send, queue_name, handle.id, attempt=1)
+    _assert_child_of(second, send, queue_name, handle.id, attempt=2)
+    assert first["status"] == second["status"] == "ERROR"
+
+
+@pytest.mark.anyio
+async def test_async_add_and_add_bulk_carry_the_context_and_tracestate(
+        redis_url: str, queue_name: str, worker: TracedWorker,
+        producer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
+    tracer, _ = producer
+    # A remote parent with a tracestate: the tracestate travels too.
+    remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1),
+                         trace_state=TraceState([("vendor", "v1")]))
+    parent = trace.set_span_in_context(NonRecordingSpan(remote))
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        with tracer.start_as_current_span("send", context=parent) as send:
+            one = await queue.add({"n": 1})
+            bulk = await queue.add_bulk([{"n": 2}, {"n": 3}])
+        stored = (await client.get_job(queue_name, one.id)).options[TRACE_OPTION]
+        assert stored["traceparent"] == f"00-{0x1234:032x}-{_hex(send)[1]}-01"
+        assert stored["tracestate"] == "vendor=v1"
+        for handle in (one, *bulk):
+            assert await handle.result(timeout=20) == "ok"
+    for handle in (one, *bulk):
+        [span] = worker.attempt_spans(handle.id)
+        _assert_child_of(span, send, queue_name, handle.id)
+        assert span["trace_state"] == "vendor=v1"
+
+
+def test_without_an_active_span_nothing_is_stored_and_the_attempt_span_is_a_root(
+        redis_url: str, queue_name: str, worker: TracedWorker) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handle = client.queue(queue_name).add({"n": 1}, job_id=f"plain-{uuid.uuid4().hex}")
+        assert TRACE_OPTION not in handle.info().options
+        assert handle.result(timeout=20) == "ok"
+    [span] = worker.attempt_spans(handle.id)
+    assert span["parent_span_id"] is None
+    assert span["attributes"]["messaging.destination.name"] == queue_name
+
+
+def test_without_opentelemetry_tracing_is_off_and_adds_work() -> None:
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "from panqueue import _tracing\n"
+        "from panqueue._store.ops import new_job\n"
+        "assert not _tracing.enabled()\n"
+        "assert _tracing.current_carrier() is None\n"
+        "assert new_job({}, {'n': 1}, {}).options == b''\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
