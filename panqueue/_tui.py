@@ -255,6 +255,8 @@ class TopApp(App[None]):
             workers.add_row(w.name, w.host, ",".join(w.queues), f"{w.running}/{w.concurrency}",
                             _age(w.heartbeat_age))
         self._show_detail()
+        if self.failed_queue is not None:
+            self.load_failed(self.failed_queue)
 
     def _show_detail(self) -> None:
         detail = self.query_one("#detail", Static)
@@ -271,8 +273,12 @@ class TopApp(App[None]):
                       f"{failed}{sparkline(row.failed_rate, width)}")
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table.id == "queues":
-            self._show_detail()
+        if event.data_table.id != "queues":
+            return
+        self._show_detail()
+        queue = self._selected_queue()
+        if self.failed_queue is not None and queue is not None and queue != self.failed_queue:
+            self._open_failed(queue)  # the pane follows the selected queue
 
     # ------------------------------------------------------------------ keys
 
@@ -288,8 +294,11 @@ class TopApp(App[None]):
         if pane.has_class("shown") and self.failed_queue == queue:
             self.action_close_failed()
             return
-        if queue is None:
-            return
+        if queue is not None:
+            self._open_failed(queue)
+
+    def _open_failed(self, queue: str) -> None:
+        pane = self.query_one("#failed", Vertical)
         self.failed_queue = queue
         pane.add_class("shown")
         self.query_one("#failed-title", Static).update(
@@ -316,7 +325,8 @@ class TopApp(App[None]):
         table = self.query_one("#failed-jobs", DataTable)
         table.clear()
         for job in jobs:
-            error = "-" if job.error is None else f"{job.error.type}: {job.error.message}"
+            message = (job.error.message.splitlines() or [""])[0] if job.error else ""
+            error = "-" if job.error is None else f"{job.error.type}: {message}"
             if job.failure_reason and job.error is None:
                 error = job.failure_reason
             finished = "-" if job.finished_at is None else \

@@ -121,6 +121,12 @@ def test_top_shows_counts_rates_workers_and_failed_jobs(server: RedisServer,
                              and "RuntimeError: cli-fail refuses" in s,
                              "the failed jobs with their errors")
 
+                # The pane follows the selected queue: k goes back up to cli-echo.
+                subprocess.run(["tmux", "send-keys", "-t", session, "k"], check=True,
+                               timeout=10)
+                _wait_screen(session, lambda s: "failed jobs of cli-echo" in s
+                             and "no failed jobs" in s, "the failed pane to follow the queue")
+
                 subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True,
                                timeout=10)
                 wait_until(lambda: not _session_alive(session), 30,
