@@ -359,6 +359,13 @@ class QueueClient:
         it again when it starts)."""
         return await self._run(ops.remove_schedule(QueueKeys(queue), name))
 
+    async def read_events(self, queue: str, after: str | None = None, *, limit: int = 500
+                          ) -> tuple[list[Event], str]:
+        """The events of ``queue`` after stream id ``after`` that are there now (at most
+        ``limit``), without waiting, and the id to pass as ``after`` next time. With ``after``
+        None: no events, and the id of the stream's end (start watching from now)."""
+        return await self._run(ops.events_now(QueueKeys(queue), after, limit))
+
     async def events(self, queue: str, *, after: str | None = None) -> AsyncIterator[Event]:
         """Lifecycle events of a queue, as they happen, forever.
 
@@ -548,6 +555,11 @@ class SyncQueueClient:
 
     def remove_schedule(self, queue: str, name: str) -> bool:
         return self._run(ops.remove_schedule(QueueKeys(queue), name))
+
+    def read_events(self, queue: str, after: str | None = None, *, limit: int = 500
+                    ) -> tuple[list[Event], str]:
+        """See :meth:`QueueClient.read_events`."""
+        return self._run(ops.events_now(QueueKeys(queue), after, limit))
 
     def events(self, queue: str, *, after: str | None = None) -> Iterator[Event]:
         """Blocking :meth:`QueueClient.events`."""

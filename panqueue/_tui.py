@@ -26,8 +26,6 @@ from textual.widgets import DataTable, Footer, Static
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobInfo, JobState
-from panqueue._keys import QueueKeys
-from panqueue._store import ops
 from panqueue._store.transport import redact_url
 
 __all__ = ["QueueRow", "Snapshot", "TopApp", "sparkline"]
@@ -107,23 +105,21 @@ class Sampler:
 
     def _finished_since_last(self, queue: str) -> tuple[float, float]:
         """Completed and failed jobs per second since the previous call for ``queue``."""
-        keys = QueueKeys(queue)
         rates = self._rates.get(queue)
         now = time.monotonic()
         if rates is None:
-            position = self.client._run(ops.last_event_id(keys))
+            _, position = self.client.read_events(queue)
             self._rates[queue] = _Rates(position, now)
             return 0.0, 0.0
         completed = failed = 0
         for _ in range(_EVENT_READS):
-            events = self.client._run(ops.read_events(keys, rates.position, 1, _EVENT_BATCH))
+            events, rates.position = self.client.read_events(queue, rates.position,
+                                                             limit=_EVENT_BATCH)
             for event in events:
                 if event.type == "completed":
                     completed += 1
                 elif event.type == "failed":
                     failed += 1
-            if events:
-                rates.position = events[-1].id
             if len(events) < _EVENT_BATCH:
                 break
         elapsed = max(now - rates.last, 1e-3)

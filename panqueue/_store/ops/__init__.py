@@ -22,7 +22,7 @@ from panqueue._store.ops.base import (
     encode_error,
     script_call,
 )
-from panqueue._store.ops.events import Event, last_event_id, read_events
+from panqueue._store.ops.events import Event, events_now, last_event_id, read_events
 from panqueue._store.ops.explain import Explanation, explain
 from panqueue._store.ops.jobs import (
     STATE_SETS,
@@ -76,6 +76,7 @@ __all__ = [
     "clean",
     "counts",
     "encode_error",
+    "events_now",
     "explain",
     "get_job",
     "is_paused",

@@ -59,10 +59,21 @@ def last_event_id(keys: QueueKeys) -> Op[str]:
     return reply[0][0].decode() if reply else "0-0"
 
 
-def read_events(keys: QueueKeys, after: str, block_ms: int, count: int = 500
+def read_events(keys: QueueKeys, after: str, block_ms: int | None, count: int = 500
                 ) -> Op[list[Event]]:
-    """Events after stream id ``after``, waiting up to ``block_ms`` for the first one."""
-    reply = yield Command(("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", keys.events,
-                           after))
+    """Events after stream id ``after``, waiting up to ``block_ms`` for the first one (None:
+    not at all, only what is there now)."""
+    wait = () if block_ms is None else ("BLOCK", block_ms)
+    reply = yield Command(("XREAD", "COUNT", count, *wait, "STREAMS", keys.events, after))
     return [_event(keys.name, entry_id, entry)
             for _stream, entries in reply or () for entry_id, entry in entries]
+
+
+def events_now(keys: QueueKeys, after: str | None, count: int) -> Op[tuple[list[Event], str]]:
+    """The events after ``after`` that are there now (at most ``count``), without waiting, and
+    the position to read from next; with ``after`` None, none: the stream's end."""
+    if after is None:
+        end = yield from last_event_id(keys)
+        return [], end
+    events = yield from read_events(keys, after, None, count)
+    return events, (events[-1].id if events else after)
