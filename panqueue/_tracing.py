@@ -34,9 +34,15 @@ def _load() -> Any:
 
 
 def enabled() -> bool:
-    """Whether opentelemetry-api is importable (tracing may still be a no-op without an SDK)."""
+    """Whether attempts are traced: opentelemetry-api is importable and the application has set
+    a tracer provider (an SDK). With the API's default provider every span would record nothing,
+    so the worker makes none: an installed but unconfigured API costs the hot path one check."""
     api = _load() if _api is _MISSING else _api
-    return api is not None
+    if api is None:
+        return False
+    trace = api[0]
+    return not isinstance(trace.get_tracer_provider(),
+                          (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 def current_carrier() -> dict[str, str] | None:

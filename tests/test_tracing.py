@@ -203,3 +203,20 @@ def test_without_opentelemetry_tracing_is_off_and_adds_work() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=subprocess_env(), timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_attempts_are_traced_only_once_the_application_sets_a_tracer_provider() -> None:
+    """With the API installed but no SDK configured every span would record nothing: the worker
+    then makes none (no cost on the hot path)."""
+    import subprocess
+    import sys
+
+    code = ("from opentelemetry import trace\n"
+            "from opentelemetry.sdk.trace import TracerProvider\n"
+            "from panqueue import _tracing\n"
+            "before = _tracing.enabled()\n"
+            "trace.set_tracer_provider(TracerProvider())\n"
+            "print(before, _tracing.enabled())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["False", "True"]
