@@ -50,6 +50,7 @@ class Claimer:
         self._process = process
         self._trouble = Trouble(log, "claiming jobs")
         self._slots = anyio.Semaphore(concurrency)
+        self.on_claim: Callable[[float], None] | None = None  # metrics: a claim's round trip
         self.busy = 0
         self.idle = anyio.Event()  # set while no slot runs a job
         self.idle.set()
@@ -105,8 +106,11 @@ class Claimer:
             with anyio.CancelScope(shield=True) as scope:
                 scope.deadline = anyio.current_time() + _CLAIM_BOUND
                 try:
+                    sent = time.monotonic()
                     claimed = await self._transport.run(
                         transitions.claim(self._keys, token, self._ttl_ms, free))
+                    if self.on_claim is not None:
+                        self.on_claim(time.monotonic() - sent)
                 except PanqueueError as exc:
                     self._trouble.failed(exc)
                 else:

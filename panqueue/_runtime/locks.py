@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,7 @@ class Attempts:
         self.lock_ttl = lock_ttl
         self.by_token: dict[str, Attempt] = {}
         self._by_job: dict[str, Attempt] = {}
+        self.on_lost: Callable[[], None] | None = None  # metrics: an attempt's lock was lost
 
     def __len__(self) -> int:
         return len(self.by_token)
@@ -87,6 +89,8 @@ class Attempts:
 
     def lose(self, attempt: Attempt, why: str) -> None:
         if not attempt.lost:
+            if self.on_lost is not None:
+                self.on_lost()
             self._log.warning("lock lost; stopping the attempt", job_id=attempt.job_id, why=why)
             attempt.lost = True
             attempt.scope.cancel()
@@ -115,6 +119,7 @@ class Renewer:
         self._attempts = attempts
         self._ttl_ms = max(1, int(attempts.lock_ttl * 1000))
         self._trouble = Trouble(log, "lock renewal")
+        self.on_renewed: Callable[[int], None] | None = None  # metrics: locks renewed
 
     async def run(self) -> None:
         while True:
@@ -133,6 +138,8 @@ class Renewer:
             self._trouble.failed(exc)
         else:
             self._trouble.ok()
+            if self.on_renewed is not None:
+                self.on_renewed(sum(a.token not in lost for a in running))
             for attempt in running:
                 if attempt.token in lost:
                     self._attempts.lose(attempt, "the lock had been taken away")

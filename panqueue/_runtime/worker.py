@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 
 import anyio
@@ -28,6 +29,7 @@ from panqueue._registry import Registry
 from panqueue._runtime.attempt import AttemptRunner, Ending
 from panqueue._runtime.claimer import Claimer
 from panqueue._runtime.heartbeat import Heartbeat
+from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.locks import Attempts, Renewer, Tokens
 from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.stats import log_summary
@@ -50,6 +52,10 @@ __all__ = ["Worker"]
 # grace + _FORCE_WAIT + 2 * _CLOSE_WAIT seconds even when the network drops every packet.
 _FORCE_WAIT = 5.0
 _CLOSE_WAIT = 2.0
+# A recorded failure's status, as the metrics' outcome.
+_OUTCOME_NAMES = {Status.LOCK_LOST: "lock_lost", Status.RETRY_NOW: "retried",
+                  Status.RETRY_DELAYED: "retried", Status.FAILED: "failed",
+                  Status.CANCELLED: "cancelled", Status.COMPLETED: "completed"}
 
 
 class Worker:
@@ -62,7 +68,9 @@ class Worker:
     ``heartbeat_interval``: how often the worker writes its entry in the worker registry
     (``client.workers()``); the entry lives for three beats after the last one.
     ``summary_interval``: seconds between the worker's summary lines (jobs processed and failed,
-    rate) on the ``panqueue.worker`` logger; ``None`` for none.
+    rate) on the ``panqueue.worker`` logger; ``None`` for none. ``metrics``: an object the
+    worker reports attempts, claims and lock renewals to (a
+    :class:`panqueue.metrics.WorkerMetrics`); ``None`` for none.
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class Worker:
         transport: AsyncTransport | None = None,
         heartbeat_interval: float = 5.0,
         summary_interval: float | None = 60.0,
+        metrics: MetricsHook | None = None,
     ) -> None:
         self.handler = registry.get(queue)
         self.schedules = {s.name: s for s in registry.schedules_for(queue)}
@@ -99,10 +108,13 @@ class Worker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._shared_transport = transport
         self.summary_interval = summary_interval
+        self.metrics = metrics
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
         self._jobs_log = get_logger(JOBS_LOGGER).bind(queue=queue, worker=self.name)
         self._tokens = Tokens(self.name)
         self._attempts = Attempts(self._log, self.lock_ttl)
+        if metrics is not None:
+            self._attempts.on_lost = lambda: metrics.lock_lost(queue)
         self._executor: Executor | None = None
         self._claimer: Claimer | None = None
         self._stopping = False
@@ -150,6 +162,8 @@ class Worker:
                 transport, self.keys, self._tokens, wakeups, concurrency=self.concurrency,
                 lock_ttl=self.lock_ttl, poll_interval=self.poll_interval, process=self._process,
                 log=log)
+            if self.metrics is not None:
+                claimer.on_claim = lambda s, m=self.metrics: m.claim_finished(self.keys.name, s)
             upkeep = Upkeep(transport, self.keys, interval=self.stalled_interval,
                             max_stalls=options.max_stalls, retention=options.retention,
                             schedules=self.schedules, log=log)
@@ -167,7 +181,11 @@ class Worker:
                 tg.start_soon(beats.run)
                 tg.start_soon(self._heartbeat, watchdog)
                 tg.start_soon(wakeups.listen, subscriber)
-                tg.start_soon(Renewer(transport, self.keys, self._attempts, log).run)
+                renewer = Renewer(transport, self.keys, self._attempts, log)
+                if self.metrics is not None:
+                    renewer.on_renewed = (
+                        lambda n, m=self.metrics: m.locks_renewed(self.keys.name, n))
+                tg.start_soon(renewer.run)
                 tg.start_soon(upkeep.run)
                 if self.schedules:
                     tg.start_soon(upkeep.run_schedules)
@@ -270,6 +288,8 @@ class Worker:
             # The common path binds nothing: a per-job line costs one level check when off.
             recorded, following = await self._recorder.complete(job.id, job.token,
                                                                  outcome.result, self._log)
+            if self.metrics is not None:
+                self._observe(job, "completed" if recorded else "lock_lost", outcome.duration)
             if recorded:
                 self.processed += 1
                 if self._jobs_log.isEnabledFor(logging.DEBUG):
@@ -279,17 +299,28 @@ class Worker:
         log = self._log.bind(job_id=job.id, attempt=job.attempt,
                              duration_ms=round(outcome.duration * 1000, 3))
         if outcome.ending == Ending.LOST:
+            if self.metrics is not None:
+                self._observe(job, "lock_lost", outcome.duration)
             log.warning("attempt stopped: its lock was lost; outcome discarded")
             return None
         if outcome.ending == Ending.RELEASE:
             await self._recorder.release([(job.id, job.token)])
+            if self.metrics is not None:
+                self._observe(job, "released", outcome.duration)
             log.warning("job released at forced shutdown")
             return None
         assert outcome.failure is not None
         status, following = await self._recorder.fail(outcome.failure, log)
         if status == Status.FAILED:
             self.failed += 1
+        if self.metrics is not None and status is not None:
+            self._observe(job, _OUTCOME_NAMES[status], outcome.duration)
         return following
+
+    def _observe(self, job: ClaimedJob, outcome: str, run_s: float) -> None:
+        assert self.metrics is not None
+        wait_s = time.time() - run_s - job.enqueued_at_ms / 1000
+        self.metrics.attempt_finished(self.keys.name, outcome, run_s, wait_s)
 
     def _cancel_requested(self, job_id: str) -> None:
         attempt = self._attempts.of_job(job_id)

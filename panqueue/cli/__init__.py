@@ -8,7 +8,8 @@ Tracebacks are for bugs only. The commands use the public client API only
 
 The commands live one group per module: ``_jobs`` (adding, listing and acting on jobs and
 queues), ``_ops`` (info, workers, explain, purge, check), ``_top`` (the live
-terminal view, the one command that needs textual), ``_worker`` (the worker), ``_dev``
+terminal view, the one command that needs textual), ``_worker`` (the worker), ``_metrics`` (the
+Prometheus exporter), ``_dev``
 (the development server and the demo).
 """
 
@@ -35,6 +36,7 @@ from panqueue.cli._jobs import (
     schedules,
     stats,
 )
+from panqueue.cli._metrics import metrics
 from panqueue.cli._ops import check, explain, info, purge, workers
 from panqueue.cli._top import top
 from panqueue.cli._worker import worker
@@ -63,7 +65,8 @@ def cli() -> None:
 
 
 for _command in (worker, enqueue, stats, job, jobs, cancel, remove, dlq, pause, resume,
-                 schedules, server, demo, info, workers, explain, purge, check, top):
+                 schedules, server, demo, info, workers, explain, purge, check, top,
+                 metrics):
     cli.add_command(_command)
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 import click
@@ -27,6 +28,7 @@ from panqueue.cli._common import (
     load_registry,
     url_option,
 )
+from panqueue.cli._metrics import import_metrics
 
 __all__ = ["worker"]
 
@@ -63,10 +65,15 @@ __all__ = ["worker"]
                    "jobs and Redis answers, else 503.")
 @click.option("--health-host", default="127.0.0.1", show_default=True, metavar="HOST",
               help="Address the health endpoint listens on (0.0.0.0 to expose it).")
+@click.option("--metrics-port", type=PORT, default=None, metavar="PORT",
+              help="Serve Prometheus metrics at /metrics on this port (1-65535; needs the "
+                   "metrics extra).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST",
+              help="Address the metrics endpoint listens on (0.0.0.0 to expose it).")
 def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, backend: str,
            grace: float, poll_interval: float, log_format: str, log_level: str, log_jobs: bool,
            name: str | None, burst: bool, reload: bool, health_port: int | None,
-           health_host: str) -> None:
+           health_host: str, metrics_port: int | None, metrics_host: str) -> None:
     """Run workers for the queues of the registry MODULE:ATTR (for example app:queues), in this
     process, until SIGTERM or SIGINT.
 
@@ -84,6 +91,10 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
     200 with a JSON body (queues, processed, failed) while the worker claims jobs and Redis
     has answered a PING in the last 3 seconds, 503 while it starts, stops or cannot reach
     Redis. Other paths are 404.
+
+    --metrics-port serves this worker's Prometheus counters and histograms at /metrics
+    (loopback only unless --metrics-host says otherwise; pip install 'panqueue[metrics]'):
+    attempts by outcome, run, wait and claim times, lock renewals and losses.
     """
     if burst and reload:
         raise UsageFailure("--burst and --reload do not go together")
@@ -105,11 +116,16 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         except ImportError:
             raise UsageFailure("--backend trio needs trio: pip install 'panqueue[trio]'"
                                ) from None
+    worker_metrics = None
+    if metrics_port is not None:
+        worker_metrics = import_metrics("--metrics-port").WorkerMetrics()
     configure_logging("json" if log_format == "json" else "console", log_level,
                       log_jobs=log_jobs)
     # An unreachable Redis is one error line, not worker start/stop logs followed by it.
     client_for(url).close()
-    options = {} if name is None else {"name": name}
+    options: dict[str, Any] = {} if name is None else {"name": name}
+    if worker_metrics is not None:
+        options["metrics"] = worker_metrics
     pool = WorkerPool(registry, url=url, queues=served, concurrency=concurrency, grace=grace,
                       poll_interval=poll_interval, **options)
     health = None
@@ -123,12 +139,25 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
                                  f"{health_host}:{health_port}: {exc.strerror or exc}"
                                  ) from None
         health.start()
+    metrics_server = None
+    if worker_metrics is not None:
+        try:
+            metrics_server = import_metrics("--metrics-port").serve(
+                worker_metrics.registry, metrics_port, metrics_host)
+        except OSError as exc:
+            if health is not None:
+                health.close()
+            raise RuntimeFailure(f"cannot serve metrics on {metrics_host}:{metrics_port}: "
+                                 f"{exc.strerror or exc}") from None
     try:
         restart = anyio.run(_serve, pool, url, served, grace, poll_interval, burst, reload,
                             None if health is None else health.state, backend=backend)
     finally:
         if health is not None:
             health.close()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
     if restart:
         # A fresh process imports the changed code; the same arguments serve the same queues.
         sys.stdout.flush()

@@ -1,0 +1,174 @@
+"""Prometheus metrics (extra ``panqueue[metrics]``).
+
+Two sources, two scrape targets:
+
+- :class:`WorkerMetrics`: counters and histograms a worker process updates as it runs jobs
+  (``panqueue worker --metrics-port``). The runtime calls its hook methods
+  (:meth:`~WorkerMetrics.attempt_finished`, :meth:`~WorkerMetrics.claim_finished`,
+  :meth:`~WorkerMetrics.locks_renewed`, :meth:`~WorkerMetrics.lock_lost`); a worker without a
+  metrics object skips them at the cost of one ``is None`` check.
+- :class:`QueueCollector`: gauges read from Redis at scrape time (``panqueue metrics``): jobs
+  by state, lag, paused, live workers. One such exporter per Redis deployment is enough.
+
+Only this module imports ``prometheus_client``; the rest of panqueue does not need it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ImportError:  # pragma: no cover - exercised only without the extra
+    raise ImportError("panqueue.metrics needs prometheus-client: "
+                      "pip install 'panqueue[metrics]'") from None
+
+from panqueue._client import SyncQueueClient
+from panqueue._job import JobState
+
+__all__ = ["OUTCOMES", "QueueCollector", "WorkerMetrics", "serve"]
+
+#: The ``outcome`` an attempt ends with, as passed to :meth:`WorkerMetrics.attempt_finished`.
+OUTCOMES = ("completed", "failed", "retried", "cancelled", "lock_lost", "released")
+
+# Seconds: from a millisecond job to a long batch.
+_RUN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 300.0, 900.0, 3600.0)
+_WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+                 21600.0, 86400.0)
+_CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+# Lag looks at this many jobs at the head of the waiting list (with priorities the first to be
+# claimed need not be the oldest).
+_LAG_SAMPLE = 100
+
+
+class WorkerMetrics:
+    """A worker's counters and histograms, in a registry of their own (``self.registry``).
+
+    Pass one to :class:`~panqueue.Worker` or :class:`~panqueue.WorkerPool` (``metrics=``) and
+    serve ``self.registry`` with :func:`serve`, or with your own ``prometheus_client`` setup.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._outcomes = {
+            outcome: Counter(f"panqueue_jobs_{outcome}_total",
+                             f"Attempts that ended {outcome.replace('_', ' ')} on this worker.",
+                             ["queue"], registry=r)
+            for outcome in OUTCOMES}
+        self._run = Histogram("panqueue_job_run_seconds",
+                              "Run time of an attempt (handler start to end).", ["queue"],
+                              buckets=_RUN_BUCKETS, registry=r)
+        self._wait = Histogram("panqueue_job_wait_seconds",
+                               "Time from the job's enqueue to the start of the attempt.",
+                               ["queue"], buckets=_WAIT_BUCKETS, registry=r)
+        self._claim = Histogram("panqueue_claim_seconds",
+                                "Round trip of one claim call to Redis.", ["queue"],
+                                buckets=_CLAIM_BUCKETS, registry=r)
+        self._renewals = Counter("panqueue_lock_renewals_total",
+                                 "Job locks renewed (one per running job per renewal call).",
+                                 ["queue"], registry=r)
+        self._losses = Counter("panqueue_lock_losses_total",
+                               "Attempts stopped because their lock was lost.", ["queue"],
+                               registry=r)
+
+    # The runtime's hooks: called on the event loop, cheap, never raising.
+
+    def attempt_finished(self, queue: str, outcome: str, run_s: float, wait_s: float) -> None:
+        """One attempt ended with ``outcome`` (one of :data:`OUTCOMES`)."""
+        counter = self._outcomes.get(outcome)
+        if counter is not None:
+            counter.labels(queue).inc()
+        self._run.labels(queue).observe(max(run_s, 0.0))
+        self._wait.labels(queue).observe(max(wait_s, 0.0))
+
+    def claim_finished(self, queue: str, seconds: float) -> None:
+        """One claim call was answered after ``seconds``."""
+        self._claim.labels(queue).observe(seconds)
+
+    def locks_renewed(self, queue: str, n: int) -> None:
+        self._renewals.labels(queue).inc(n)
+
+    def lock_lost(self, queue: str) -> None:
+        self._losses.labels(queue).inc()
+
+
+class QueueCollector(Collector):
+    """Gauges read from Redis at each scrape: every queue's jobs by state, lag, paused flag and
+    live workers. Register it in a ``CollectorRegistry`` (as :func:`serve_queues` does)."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self._client = SyncQueueClient(url)
+        self._lock = threading.Lock()  # scrapes may come from several server threads
+
+    def close(self) -> None:
+        self._client.close()
+
+    def collect(self) -> Iterator[Any]:
+        jobs = GaugeMetricFamily("panqueue_jobs", "Jobs in each state.",
+                                 labels=["queue", "state"])
+        lag = GaugeMetricFamily("panqueue_queue_lag_seconds",
+                                "Age of the oldest waiting job (0 when none waits).",
+                                labels=["queue"])
+        paused = GaugeMetricFamily("panqueue_queue_paused", "1 while the queue is paused.",
+                                   labels=["queue"])
+        workers = GaugeMetricFamily("panqueue_workers", "Live workers serving the queue.",
+                                    labels=["queue"])
+        up = GaugeMetricFamily("panqueue_up", "1 if Redis answered this scrape, else 0.")
+        try:
+            with self._lock:
+                rows = self._read()
+        except Exception:
+            up.add_metric([], 0)
+            yield up
+            return
+        for queue, counts, age, is_paused, live in rows:
+            for state, n in counts.items():
+                jobs.add_metric([queue, state.value], n)
+            lag.add_metric([queue], age)
+            paused.add_metric([queue], 1 if is_paused else 0)
+            workers.add_metric([queue], live)
+        up.add_metric([], 1)
+        yield from (jobs, lag, paused, workers, up)
+
+    def _read(self) -> list[tuple[str, dict[JobState, int], float, bool, int]]:
+        client = self._client
+        live: dict[str, int] = {}
+        for worker in client.workers():
+            for queue in worker.queues:
+                live[queue] = live.get(queue, 0) + 1
+        rows = []
+        now = datetime.now(UTC)
+        for queue in client.queues():
+            head = client.list_jobs(queue, JobState.WAITING, limit=_LAG_SAMPLE)
+            added = [j.enqueued_at for j in head if j.enqueued_at is not None]
+            age = max(0.0, (now - min(added)).total_seconds()) if added else 0.0
+            rows.append((queue, client.counts(queue), age, client.is_paused(queue),
+                         live.get(queue, 0)))
+        return rows
+
+
+def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Any:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread; returns the
+    server (``.shutdown()`` stops it). OSError if the address cannot be bound."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server
+
+
+def serve_queues(url: str | None, port: int, host: str = "127.0.0.1"
+                 ) -> tuple[Any, QueueCollector]:
+    """The cluster exporter: a :class:`QueueCollector` on ``url`` served on ``host:port``."""
+    registry = CollectorRegistry()
+    collector = QueueCollector(url)
+    registry.register(collector)
+    try:
+        return serve(registry, port, host), collector
+    except BaseException:
+        collector.close()
+        raise
