@@ -7,10 +7,14 @@ queue name; runtime tests run on both anyio backends.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
+
+from panqueue.embedded import RedisServer
+from tests.helpers import WorkerProcess
 
 # Our own tests use the fixtures we ship to users: a private server per session.
 pytest_plugins = ["panqueue.testing"]
@@ -38,3 +42,26 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture
 def queue_name() -> str:
     return f"q-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``panqueue worker cli_app:queues ARGS`` processes; each is killed at the end."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str) -> WorkerProcess:
+        worker = WorkerProcess(tmp_path, *args)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A server of this test's own, which the test may stop."""
+    server = RedisServer().start()
+    yield server
+    server.cleanup()

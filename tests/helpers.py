@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,3 +82,33 @@ def capture_panqueue_logs() -> Iterator[list[dict[str, Any]]]:
     finally:
         panqueue_logger.removeHandler(collector)
         panqueue_logger.setLevel(level)
+
+
+class WorkerProcess:
+    """``panqueue worker`` as a child process; its output goes to files, not pipes."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.stdout_path = tmp_path / "worker.out"
+        self.stderr_path = tmp_path / "worker.err"
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.process = subprocess.Popen(
+                panqueue_command("worker", "cli_app:queues", *args), stdin=subprocess.DEVNULL,
+                stdout=out, stderr=err, env=subprocess_env(), cwd=ROOT)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (the graceful shutdown), and the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()

@@ -11,7 +11,7 @@ import re
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ import redis
 
 from panqueue import JobState, SyncQueueClient
 from panqueue.embedded import free_port
-from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
+from tests.helpers import ROOT, WorkerProcess, panqueue_command, run_cli, subprocess_env, wait_until
 
 ECHO = "cli-echo"
 FAIL = "cli-fail"
@@ -46,50 +46,6 @@ def script_calls(client: redis.Redis) -> int:
     """How many EVALSHA calls the server has executed (every claim is one)."""
     stats = client.info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
-
-
-class WorkerProcess:
-    """``panqueue worker`` as a child process; its output goes to files, not pipes."""
-
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.stdout_path = tmp_path / "worker.out"
-        self.stderr_path = tmp_path / "worker.err"
-        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
-            self.process = subprocess.Popen(
-                panqueue_command("worker", "cli_app:queues", *args), stdin=subprocess.DEVNULL,
-                stdout=out, stderr=err, env=subprocess_env(), cwd=ROOT)
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM (the graceful shutdown), and the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-
-@pytest.fixture
-def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(tmp_path, *args)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 # --------------------------------------------------------------------------- enqueue

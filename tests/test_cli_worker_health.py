@@ -7,38 +7,15 @@ import json
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from panqueue import JobState, SyncQueueClient
 from panqueue.embedded import RedisServer, free_port
-from tests.helpers import run_cli, wait_until
-from tests.test_cli import ECHO, FAIL, WorkerProcess, counts
-
-
-@pytest.fixture
-def worker_process(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        process = WorkerProcess(tmp_path, *args)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.kill()
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisServer]:
-    """A server of this test's own, which the test may stop."""
-    server = RedisServer().start()
-    yield server
-    server.cleanup()
+from tests.helpers import WorkerProcess, run_cli, wait_until
+from tests.test_cli import ECHO, FAIL, counts
 
 
 def get(port: int, path: str = "/healthz", host: str = "127.0.0.1"
@@ -54,9 +31,9 @@ def get(port: int, path: str = "/healthz", host: str = "127.0.0.1"
 
 
 def test_healthz_is_200_while_the_worker_claims_and_503_once_redis_is_gone(
-        private_redis: RedisServer, worker_process: Callable[..., WorkerProcess]) -> None:
+        private_redis: RedisServer, start_worker: Callable[..., WorkerProcess]) -> None:
     port = free_port()
-    worker = worker_process("--url", private_redis.url, "--poll-interval", "0.1",
+    worker = start_worker("--url", private_redis.url, "--poll-interval", "0.1",
                             "--health-port", str(port))
     wait_until(lambda: get(port)[0] == 200, 20, "/healthz to answer 200")
     status, body = get(port)
@@ -86,9 +63,9 @@ def test_healthz_is_200_while_the_worker_claims_and_503_once_redis_is_gone(
 
 
 def test_healthz_listens_on_loopback_only_by_default(
-        redis_url: str, worker_process: Callable[..., WorkerProcess]) -> None:
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
     port = free_port()
-    worker = worker_process("--url", redis_url, "--health-port", str(port))
+    worker = start_worker("--url", redis_url, "--health-port", str(port))
     wait_until(lambda: get(port)[0] == 200, 20, "/healthz to answer 200")
     # Bound to 127.0.0.1 itself: another loopback address (Linux routes all of 127/8 to
     # lo) does not reach it, as it would a server bound to 0.0.0.0.
@@ -96,7 +73,7 @@ def test_healthz_listens_on_loopback_only_by_default(
     assert worker.stop() == 0, worker.stderr
     assert get(port)[0] == 0  # closed with the worker
 
-    exposed = worker_process("--url", redis_url, "--health-port", str(port),
+    exposed = start_worker("--url", redis_url, "--health-port", str(port),
                              "--health-host", "0.0.0.0")
     wait_until(lambda: get(port, host="127.0.0.2")[0] == 200, 20,
                "/healthz on every address with --health-host 0.0.0.0")
@@ -127,10 +104,10 @@ def test_a_health_port_in_use_is_one_line_exit_1(redis_url: str) -> None:
 
 
 def test_json_worker_writes_only_json_on_stderr_including_the_signal_notice_and_job_lines(
-        redis_url: str, worker_process: Callable[..., WorkerProcess]) -> None:
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
     with SyncQueueClient(redis_url) as client:
         handles = client.queue(ECHO).add_bulk([{"n": n} for n in range(3)])
-    worker = worker_process("--url", redis_url, "--poll-interval", "0.1", "--grace", "5",
+    worker = start_worker("--url", redis_url, "--poll-interval", "0.1", "--grace", "5",
                             "--log-format", "json", "--log-level", "warning", "--log-jobs")
     wait_until(lambda: counts(redis_url, ECHO)[JobState.COMPLETED] == 3, 15,
                "the worker to complete the jobs")
@@ -155,10 +132,10 @@ def test_json_worker_writes_only_json_on_stderr_including_the_signal_notice_and_
 
 
 def test_without_log_jobs_no_job_lines(
-        redis_url: str, worker_process: Callable[..., WorkerProcess]) -> None:
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
     with SyncQueueClient(redis_url) as client:
         client.queue(ECHO).add({"n": 1})
-    worker = worker_process("--url", redis_url, "--poll-interval", "0.1",
+    worker = start_worker("--url", redis_url, "--poll-interval", "0.1",
                             "--log-format", "json")
     wait_until(lambda: counts(redis_url, ECHO)[JobState.COMPLETED] == 1, 15,
                "the worker to complete the job")

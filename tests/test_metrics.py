@@ -7,39 +7,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from panqueue import JobState, SyncQueueClient
 from panqueue.embedded import RedisServer, free_port
-from tests.helpers import ROOT, panqueue_command, subprocess_env, wait_until
-from tests.test_cli import ECHO, FAIL, WorkerProcess, counts
+from tests.helpers import ROOT, WorkerProcess, panqueue_command, subprocess_env, wait_until
+from tests.test_cli import ECHO, FAIL, counts
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.cleanup()
-
-
-@pytest.fixture
-def worker_process(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        process = WorkerProcess(tmp_path, *args)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.kill()
 
 
 def scrape(port: int) -> Samples | None:
@@ -61,9 +38,9 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def test_worker_metrics_count_what_ran(private_redis: RedisServer,
-                                       worker_process: Callable[..., WorkerProcess]) -> None:
+                                       start_worker: Callable[..., WorkerProcess]) -> None:
     port = free_port()
-    worker = worker_process("--url", private_redis.url, "--poll-interval", "0.1",
+    worker = start_worker("--url", private_redis.url, "--poll-interval", "0.1",
                             "--metrics-port", str(port))
     wait_until(lambda: scrape(port) is not None, 20, "/metrics to answer")
     with SyncQueueClient(private_redis.url) as client:
@@ -117,9 +94,9 @@ def test_worker_metrics_port_taken_is_one_line(private_redis: RedisServer) -> No
 
 
 def test_exporter_reports_queue_gauges(private_redis: RedisServer,
-                                       worker_process: Callable[..., WorkerProcess]) -> None:
+                                       start_worker: Callable[..., WorkerProcess]) -> None:
     url = private_redis.url
-    worker = worker_process("--url", url, "--poll-interval", "0.1", "-q", ECHO)
+    worker = start_worker("--url", url, "--poll-interval", "0.1", "-q", ECHO)
     with SyncQueueClient(url) as client:
         for n in range(5):
             client.queue(ECHO).add({"n": n})

@@ -15,8 +15,7 @@ import pytest
 
 from panqueue import JobState, SyncQueueClient
 from panqueue.embedded import RedisServer
-from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
-from tests.test_cli import WorkerProcess
+from tests.helpers import ROOT, WorkerProcess, panqueue_command, run_cli, subprocess_env, wait_until
 
 TMUX = shutil.which("tmux")
 
