@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -14,9 +14,8 @@ import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
 
-from panqueue._store.loader import Script
 from panqueue._store.transport.options import redact_url
-from panqueue._store.transport.requests import Op, Request, ScriptCall, T
+from panqueue._store.transport.requests import Op, Request, T
 from panqueue.errors import ConnectionError as PanqueueConnectionError
 from panqueue.errors import PanqueueError
 
@@ -115,9 +114,6 @@ class AsyncTransport(ABC):
         except StopIteration as done:
             result: T = done.value
             return result
-
-    async def script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self.execute(ScriptCall(script, tuple(keys), tuple(args)))
 
     @abstractmethod
     async def subscribe(self, channel: str) -> AsyncSubscriber:
