@@ -4,11 +4,16 @@
 # Then run a core subset again in .venv-floor, against the oldest redis-py that pyproject.toml
 # allows, to prove that floor still works.
 set -euo pipefail
-source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark,tui,metrics,otel"
+source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark,tui,metrics,otel,dashboard,django"
 # The terminal-view test drives `panqueue top` in a real terminal: tmux (a Debian package).
 if ! command -v tmux >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "== installing tmux"
   (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || echo "could not install tmux"
+fi
+# The dashboard's browser tests drive Debian's chromium (nothing here downloads a browser build).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "== installing chromium"
+  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "could not install chromium"
 fi
 echo "== ruff"
 .venv/bin/ruff check .
