@@ -2,12 +2,17 @@
 
 The only module of the package that imports textual; ``cli/_top.py`` imports it only when the
 command runs. Every refresh reads, per queue, the counts, whether it is paused, the oldest
-waiting job (lag) and the new entries of its event stream; and the live workers.
+waiting job (lag), the new entries of its event stream and the wait and run times of the jobs
+it finished in the last minute; and the live workers.
 
 Rates: the completed and failed sets are trimmed by retention, so their sizes cannot give
 rates. The view counts the ``completed`` and ``failed`` events appended to each queue's event
 stream since its last read instead (the stream is itself trimmed to about 10,000 entries, so a
 queue that finishes more than that between two refreshes is undercounted).
+
+Wait and run times: read back from the job hashes of the newest jobs (up to 1,000) that
+completed or failed in the last minute (``ops.recent_timings``), so the view adds no write to
+any job's path and shows the same numbers whenever it starts.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from textual.widgets import DataTable, Footer, Static
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobInfo, JobState
+from panqueue._keys import QueueKeys
+from panqueue._store import ops
 from panqueue._store.transport import redact_url
 
 __all__ = ["QueueRow", "Snapshot", "TopApp", "sparkline"]
@@ -36,6 +43,7 @@ _BARS = "▁▂▃▄▅▆▇█"
 _EVENT_BATCH = 1000
 _EVENT_READS = 20  # at most this many batches per queue per refresh
 _FAILED_SHOWN = 50
+TIMINGS_WINDOW = 60.0  # seconds of finished jobs behind the wait and run percentiles
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -58,6 +66,24 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _duration(seconds: float | None) -> str:
+    """A wait or run time: milliseconds below a second, else like :func:`_age`."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    return _age(seconds)
+
+
+def _pair(p50: float | None, p95: float | None) -> str:
+    """``p50/p95``, or ``-`` when no job finished in the window."""
+    if p50 is None or p95 is None:
+        return "-"
+    return f"{_duration(p50)}/{_duration(p95)}"
+
+
 @dataclass
 class QueueRow:
     name: str
@@ -67,6 +93,7 @@ class QueueRow:
     workers: int
     completed_rate: list[float]
     failed_rate: list[float]
+    timings: ops.Timings
 
 
 @dataclass
@@ -140,9 +167,11 @@ class Sampler:
                 lag = max(0.0, (now - head[0].enqueued_at).total_seconds())
             self._finished_since_last(queue)
             rates = self._rates[queue]
+            # The store's door: the client has no call for this read (the dashboard shares it).
+            timings = self.client._run(ops.recent_timings(QueueKeys(queue), TIMINGS_WINDOW))
             rows.append(QueueRow(queue, counts, self.client.is_paused(queue), lag,
                                  sum(1 for w in workers if queue in w.queues),
-                                 list(rates.completed), list(rates.failed)))
+                                 list(rates.completed), list(rates.failed), timings))
         worker_rows = [WorkerRow(w.name, w.host, list(w.queues), len(w.running), w.concurrency,
                                  max(0.0, (now - w.heartbeat_at).total_seconds()))
                        for w in workers]
@@ -150,13 +179,13 @@ class Sampler:
 
 
 class TopApp(App[None]):
-    """Queues (counts, rates, lag, paused, workers), the live workers, and a queue's failed
-    jobs on ``f``."""
+    """Queues (counts, rates, lag, wait and run times, paused, workers), the live workers, and
+    a queue's failed jobs on ``f``."""
 
     TITLE = "panqueue top"
     CSS = """
     #queues { height: auto; max-height: 50%; }
-    #detail { height: 3; padding: 0 1; }
+    #detail { height: 4; padding: 0 1; }
     #workers { height: auto; max-height: 30%; }
     #failed { height: 1fr; display: none; }
     #failed.shown { display: block; }
@@ -193,8 +222,8 @@ class TopApp(App[None]):
     def on_mount(self) -> None:
         queues = self.query_one("#queues", DataTable)
         queues.add_columns("queue", "waiting", "delayed", "active", "failed", "done/s",
-                           "fail/s", f"done/s (last {_SPARK_WIDTH}s)", "lag", "paused",
-                           "workers")
+                           "fail/s", f"done/s (last {_SPARK_WIDTH}s)", "lag",
+                           "wait p50/p95", "run p50/p95", "paused", "workers")
         self.query_one("#workers", DataTable).add_columns(
             "name", "host", "queues", "running", "heartbeat")
         self.query_one("#failed-jobs", DataTable).add_columns("id", "finished", "attempts",
@@ -241,7 +270,9 @@ class TopApp(App[None]):
                 row.name, *(str(row.counts[s]) for s in (JobState.WAITING, JobState.DELAYED,
                                                          JobState.ACTIVE, JobState.FAILED)),
                 f"{done:.1f}", f"{fail:.1f}", sparkline(row.completed_rate, _SPARK_WIDTH),
-                _age(row.lag), Text("paused", style="bold yellow") if row.paused else "no",
+                _age(row.lag), _pair(row.timings.wait_p50, row.timings.wait_p95),
+                _pair(row.timings.run_p50, row.timings.run_p95),
+                Text("paused", style="bold yellow") if row.paused else "no",
                 str(row.workers), key=row.name)
         if snap.queues:
             table.move_cursor(row=min(max(cursor, 0), len(snap.queues) - 1))
@@ -265,8 +296,14 @@ class TopApp(App[None]):
         done = f"{row.name}  completed/s, last {len(row.completed_rate)}s: "
         failed = f"{'failed/s, last ' + str(len(row.failed_rate)) + 's: ':>{len(done)}}"
         width = max(10, self.size.width - len(done) - 4)
+        t = row.timings
+        window = f"last {t.window:g}s"
+        sampled = " (the newest)" if t.jobs >= ops.timings.DEFAULT_SAMPLE else ""
+        timings = (f"{row.name}  {t.jobs}{sampled} job(s) finished in the {window}: wait p50 "
+                   f"{_duration(t.wait_p50)} p95 {_duration(t.wait_p95)}, run p50 "
+                   f"{_duration(t.run_p50)} p95 {_duration(t.run_p95)}")
         detail.update(f"{done}{sparkline(row.completed_rate, width)}\n"
-                      f"{failed}{sparkline(row.failed_rate, width)}")
+                      f"{failed}{sparkline(row.failed_rate, width)}\n{timings}")
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id != "queues":

@@ -3,17 +3,23 @@ worker process."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from panqueue import JobState, SyncQueueClient
+from panqueue._keys import QueueKeys
+from panqueue._store import ops
 from panqueue.embedded import RedisServer
 from tests.helpers import ROOT, WorkerProcess, panqueue_command, run_cli, subprocess_env, wait_until
 
@@ -135,6 +141,123 @@ def test_top_shows_counts_rates_workers_and_failed_jobs(server: RedisServer,
                                timeout=10)
         finally:
             assert worker.stop() == 0
+
+
+# A handler that runs for the time its job asks (the worker process imports this module).
+TIMED_APP = """
+import anyio
+from panqueue import Job, Registry
+
+queues = Registry()
+
+
+@queues.handler("top-timed", concurrency=2)
+async def timed(job: Job) -> None:
+    await anyio.sleep(job.data["run"])
+"""
+
+
+@contextlib.contextmanager
+def _timed_worker(tmp_path: Path, url: str) -> Iterator[subprocess.Popen[bytes]]:
+    (tmp_path / "timed_app.py").write_text(TIMED_APP)
+    env = subprocess_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    with (tmp_path / "timed.err").open("wb") as err:
+        proc = subprocess.Popen(panqueue_command("worker", "timed_app:queues", "--url", url),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                env=env, cwd=ROOT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _seconds(cell: str) -> float:
+    """A duration as the view prints it (``210ms``, ``1.25s``, ``2.0m``), in seconds."""
+    match = re.fullmatch(r"([\d.]+)(ms|s|m|h)", cell)
+    assert match, cell
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match[2]]
+    return float(match[1]) * scale
+
+
+def _percentiles(screen: str, queue: str) -> list[tuple[float, float]]:
+    """The (p50, p95) cells of ``queue``'s row: wait, then run."""
+    return [tuple(_seconds(part) for part in cell.split("/"))  # type: ignore[misc]
+            for cell in _row(screen, queue) if re.fullmatch(r"[\d.]+[mhs]+/[\d.]+[mhs]+", cell)]
+
+
+def test_percentile_is_the_nearest_rank() -> None:
+    from panqueue._store.ops.timings import percentile
+
+    values = [float(n) for n in range(100, 0, -1)]
+    assert percentile(values, 0.5) == 50
+    assert percentile(values, 0.95) == 95
+    assert percentile([3.0], 0.95) == 3
+    assert percentile([], 0.5) is None
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
+def test_top_shows_wait_and_run_percentiles_of_the_last_minute(server: RedisServer,
+                                                                tmp_path: Path) -> None:
+    url = server.url
+    queue = "top-timed"
+    keys = QueueKeys(queue)
+    with SyncQueueClient(url) as client, _timed_worker(tmp_path, url) as worker:
+        # Jobs wait at least a second in a paused queue, then each runs 0.2 s.
+        client.pause(queue)
+        for n in range(6):
+            client.queue(queue).add({"run": 0.2, "n": n})
+        [head] = client.list_jobs(queue, JobState.WAITING, limit=1)
+        assert head.enqueued_at is not None
+        wait_until(lambda: (datetime.now(UTC) - head.enqueued_at).total_seconds() > 1.0
+                   and any(queue in w.queues for w in client.workers()), 30,
+                   "a second of waiting, and the worker to be up")
+        assert client.counts(queue)[JobState.COMPLETED] == 0
+        client.resume(queue)
+        wait_until(lambda: client.counts(queue)[JobState.COMPLETED] == 6, 30,
+                   "the worker to run the six jobs")
+
+        timings = client._run(ops.recent_timings(keys))
+        assert timings.jobs == 6, timings
+        assert timings.wait_p50 is not None and timings.wait_p95 is not None
+        assert 1.0 <= timings.wait_p50 <= timings.wait_p95 < 30, timings
+        assert timings.run_p50 is not None and timings.run_p95 is not None
+        assert 0.2 <= timings.run_p50 <= timings.run_p95 < 5, timings
+        # The window is by finish time: these jobs leave a half-second window once older.
+        wait_until(lambda: client._run(ops.recent_timings(keys, 0.5)).jobs == 0, 10,
+                   "the jobs to fall out of a 0.5 s window")
+        assert client._run(ops.recent_timings(keys)).jobs == 6
+
+        session = f"pq-top-{uuid.uuid4().hex[:10]}"
+        env = subprocess_env()
+        command = " ".join(shlex.quote(part) for part in
+                           panqueue_command("top", "--url", url, "--interval", "0.5"))
+        exports = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
+        try:
+            subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200",
+                            "-y", "40", "-c", str(ROOT), exports + command], check=True,
+                           timeout=10)
+            screen = _wait_screen(session, lambda s: len(_percentiles(s, queue)) == 2
+                                  and "finished in the last 60s" in s,
+                                  "the wait and run columns of top-timed")
+            (wait50, wait95), (run50, run95) = _percentiles(screen, queue)
+            assert 1.0 <= wait50 <= wait95 < 30, screen
+            assert 0.2 <= run50 <= run95 < 5, screen
+            assert "wait p50/p95" in screen and "run p50/p95" in screen, screen
+            assert f"{queue}  6 job(s) finished in the last 60s" in screen, screen
+            subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True, timeout=10)
+            wait_until(lambda: not _session_alive(session), 30, "top to quit on q",
+                       interval=0.1)
+        finally:
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True,
+                           timeout=10)
+        assert worker.poll() is None, (tmp_path / "timed.err").read_text()
 
 
 def _worker_names(client: SyncQueueClient) -> list[str]:

@@ -10,6 +10,7 @@ a script's ARGV, read its reply or know a job hash's field letters. By concern:
 - ``events``: the event stream.
 - ``schedules``: repeatable jobs' schedules and the server's clock.
 - ``workers``: the worker registry; ``explain``: why a job is where it is.
+- ``timings``: wait and run time percentiles of the jobs finished in the last minute.
 
 The worker's transitions (claim, complete, fail, renew...) are in ``panqueue._store.transitions``.
 """
@@ -57,6 +58,7 @@ from panqueue._store.ops.schedules import (
     schedule_times,
     server_time_ms,
 )
+from panqueue._store.ops.timings import Timings, recent_timings
 from panqueue._store.ops.workers import WorkerInfo, merge_workers, workers
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "Explanation",
     "NewJob",
     "ScheduleInfo",
+    "Timings",
     "WorkerInfo",
     "add_call",
     "add_jobs",
@@ -95,6 +98,7 @@ __all__ = [
     "queues",
     "read_events",
     "read_jobs",
+    "recent_timings",
     "remove",
     "remove_schedule",
     "retry_failed",

@@ -1,0 +1,91 @@
+"""Wait and run times of the jobs a queue finished recently, read back from their job hashes.
+
+Nothing is written for this on the job's path: the completed and failed sets are already scored
+by finish time, and every job hash keeps when it was enqueued (``et``), when its last attempt
+started (``st``) and when it finished (``ft``), all on the server's clock. A reader takes the
+newest finished jobs of the last window and computes percentiles of their times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from panqueue._keys import QueueKeys
+from panqueue._store.transport import Batch, Command, Op
+
+__all__ = ["Timings", "percentile", "recent_timings"]
+
+# The newest finished jobs read per call, at most (a busy queue is sampled, not read whole).
+DEFAULT_SAMPLE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Wait and run times of ``jobs`` jobs that finished in the last ``window`` seconds.
+
+    ``wait_*``: from the job's enqueue to the start of its last attempt (so a delay asked at
+    add time, and earlier attempts and their backoff, count as waiting). ``run_*``: from the
+    start of the last attempt to the finish. Seconds; ``None`` when no job qualifies. ``jobs``
+    is the sample size: at most the sample asked for, newest first, even if more finished.
+    """
+
+    window: float
+    jobs: int
+    wait_p50: float | None
+    wait_p95: float | None
+    run_p50: float | None
+    run_p95: float | None
+
+
+def percentile(values: Sequence[float], fraction: float) -> float | None:
+    """The nearest-rank percentile of ``values`` (``fraction`` in (0, 1]); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def _pairs(reply: list[Any]) -> list[tuple[bytes, float]]:
+    """(member, score) of a ZRANGE ... WITHSCORES reply, given as pairs or as a flat list."""
+    if reply and not isinstance(reply[0], (list, tuple)):
+        reply = [reply[i:i + 2] for i in range(0, len(reply), 2)]
+    return [(member, float(score)) for member, score in reply]
+
+
+def recent_timings(keys: QueueKeys, window: float = 60.0, sample: int = DEFAULT_SAMPLE
+                   ) -> Op[Timings]:
+    """Percentiles of the wait and run times of the queue's jobs that completed or failed for
+    good in the last ``window`` seconds (the newest ``sample`` of them at most). Two round
+    trips: the finished sets' newest members with the server's clock, then the jobs' times.
+    Jobs that never started (cancelled before they ran, failed by a dependency) and jobs
+    removed in between are left out."""
+    if not window > 0 or not math.isfinite(window):
+        raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
+    if sample < 1:
+        raise ValueError(f"sample must be >= 1, got {sample!r}")
+    now, completed, failed = yield Batch((
+        Command(("TIME",)),
+        Command(("ZREVRANGE", keys.completed, 0, sample - 1, "WITHSCORES")),
+        Command(("ZREVRANGE", keys.failed, 0, sample - 1, "WITHSCORES")),
+    ), route=keys.prefix)
+    since = int(now[0]) * 1000 + int(now[1]) // 1000 - window * 1000
+    finished = sorted(((score, member) for member, score in (*_pairs(completed),
+                                                             *_pairs(failed))
+                       if score >= since), reverse=True)[:sample]
+    waits: list[float] = []
+    runs: list[float] = []
+    if finished:
+        replies = yield Batch(tuple(Command(("HMGET", keys.job(member.decode()), "et", "st",
+                                             "ft")) for _, member in finished))
+        for enqueued, started, ended in replies:
+            if enqueued is None or started is None or ended is None:
+                continue
+            start = int(started)
+            waits.append(max(0, start - int(enqueued)) / 1000)
+            runs.append(max(0, int(ended) - start) / 1000)
+    return Timings(window, len(runs), percentile(waits, 0.5), percentile(waits, 0.95),
+                   percentile(runs, 0.5), percentile(runs, 0.95))
