@@ -2,9 +2,11 @@
 claimed next for the slot that freed up.
 
 Completions are batched: jobs that finish in the same event-loop tick share one call, which
-also claims a successor for each freed slot. Every claim-bearing call carries a fresh token that
-is also its request id, so a call sent again after a lost reply is answered from the script's
-memory instead of running twice (see lua/lib/memo.lua).
+also claims a successor for each freed slot. A batch holds at most half the worker's slots, so a
+busy worker keeps two calls going: Redis runs one while the worker runs the jobs the other
+brought back, instead of each side waiting for the other in turn. Every claim-bearing call
+carries a fresh token that is also its request id, so a call sent again after a lost reply is
+answered from the script's memory instead of running twice (see lua/lib/memo.lua).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _traceback(error: ErrorInfo) -> dict[str, str]:
 
 class Recorder:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens, *,
-                 lock_ttl: float, keep_completed: int, keep_failed: int,
+                 lock_ttl: float, keep_completed: int, keep_failed: int, concurrency: int,
                  stopping: Callable[[], bool], log: Any) -> None:
         self._transport = transport
         self._keys = keys
@@ -63,8 +65,9 @@ class Recorder:
         self._keep_failed = keep_failed
         self._stopping = stopping
         self._log = log
-        self._batch: list[_Pending] = []
-        self._leader = False
+        # The batch still gathering (its leader has not sent it yet), if any.
+        self._gathering: list[_Pending] | None = None
+        self._max_batch = max(1, (concurrency + 1) // 2)
         self._trouble = Trouble(log, "recording outcomes")
         self._report_trouble = Trouble(log, "progress reporting")
 
@@ -73,28 +76,32 @@ class Recorder:
         """Record a success; returns (recorded, the job claimed next for the slot).
 
         The first job to finish becomes the batch's leader: it yields once, so that jobs
-        finishing in the same tick can join, then sends them all in one call. Whether to claim
+        finishing in the same tick can join (up to half the slots), then sends them all in one
+        call. Whether to claim
         successors is decided when the call is sent: a shutdown that began while the batch was
         gathering claims nothing.
         """
         pending = _Pending(job_id, token, result)
-        self._batch.append(pending)
-        if self._leader:
+        batch = self._gathering
+        if batch is not None and len(batch) < self._max_batch:
+            batch.append(pending)
             await pending.done.wait()
         else:
-            await self._send_batch()
+            await self._lead_batch(pending)
         if pending.status == Status.LOCK_LOST:
             log.warning("lock lost before completion; result discarded", job_id=job_id,
                         error=str(LockLost(self._keys.name, job_id)))
         return pending.status == Status.COMPLETED, pending.next_job
 
-    async def _send_batch(self) -> None:
-        self._leader = True
+    async def _lead_batch(self, first: _Pending) -> None:
+        """Open a batch with ``first``, let the jobs finishing in this tick join it (a full
+        batch makes the next one open its own), then send it."""
+        self._gathering = batch = [first]
         try:
             await anyio.lowlevel.checkpoint()
         finally:
-            batch, self._batch = self._batch, []
-            self._leader = False
+            if self._gathering is batch:
+                self._gathering = None
         claiming = not self._stopping()
         token = self._tokens.new()
         finished = await self._record(transitions.complete_batch(

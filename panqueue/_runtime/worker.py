@@ -145,12 +145,15 @@ class Worker:
                 0 if rate is None else rate.max, 0 if rate is None else int(rate.per * 1000),
                 rate is not None and rate.per_key, options.retention.failed))
             self._executor = executor = create_executor(self.handler)
+            if self.metrics is not None:
+                executor.on_restart = (lambda reason, m=self.metrics, e=executor.name:
+                                       m.executor_restarted(self.keys.name, e, reason))
             await executor.start()
             log = self._log
             self._recorder = recorder = Recorder(
                 transport, self.keys, self._tokens, lock_ttl=self.lock_ttl,
                 keep_completed=options.retention.completed, keep_failed=options.retention.failed,
-                stopping=lambda: self._stopping, log=log)
+                concurrency=self.concurrency, stopping=lambda: self._stopping, log=log)
             self._runner = AttemptRunner(executor, self.keys.name, options.job, self._attempts,
                                          recorder.report, recorder.release)
             wakeups = WakeUps(transport, self.keys, health_interval=self.health_interval,
