@@ -8,6 +8,7 @@ This module and the Lua scripts are the only places that know the job hash's fie
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Collection, Sequence
 from itertools import zip_longest
 from typing import Any
@@ -132,46 +133,121 @@ def counts(keys: QueueKeys) -> Op[dict[JobState, int]]:
     return result
 
 
-def list_ids(keys: QueueKeys, state: JobState, limit: int | None = 100) -> Op[list[str]]:
-    """The ids of up to ``limit`` jobs in ``state`` (``None``: all of them).
+def list_ids(keys: QueueKeys, state: JobState, limit: int | None = 100, offset: int = 0
+             ) -> Op[list[str]]:
+    """The ids of up to ``limit`` jobs in ``state`` (``None``: all of them), skipping the
+    first ``offset`` of that order.
 
     Order: finished states newest first; waiting jobs in the order they will be claimed;
     delayed jobs by when they are due; blocked jobs by when they were blocked; active jobs by
     their lock deadline. A keyed queue's waiting jobs are taken one per key in turn, like the
     claim does: the keys ready to run in the order the claim visits them, then those held by
     their rate limit (soonest free first), then those at their concurrency limit.
+
+    Every state but a keyed queue's waiting jobs is one sorted set read by rank, so a page
+    costs O(log N + limit) however deep ``offset`` goes. A keyed queue's waiting jobs past
+    the first page cost one LLEN per key with waiting jobs besides (see :func:`_keyed_page`).
     """
     if limit is not None and limit < 1:
         return []
-    end = -1 if limit is None else limit - 1
-    zrange = ("ZREVRANGE" if state.is_final else "ZRANGE", state_set(keys, state), 0, end)
+    end = -1 if limit is None else offset + limit - 1
+    zrange = ("ZRANGE", state_set(keys, state), offset, end)
+    if state.is_final:
+        zrange = ("ZREVRANGE", *zrange[1:])
     if state is not JobState.WAITING:
         reply = yield Command(zrange)
         return [member.decode() for member in reply]
     # Keyed mode: every key with waiting jobs is ready, rate-limited, or at its concurrency
     # limit (then it has running jobs): the readiness invariant of lib/waiting.lua.
-    waiting, ready, limited, busy = yield Batch((
+    waiting, n_waiting, ready, limited, busy = yield Batch((
         Command(zrange),
+        Command(("ZCARD", keys.wait)),
         Command(("ZRANGE", keys.ready, 0, -1)),
         Command(("ZRANGE", keys.limited, 0, -1)),
         Command(("HKEYS", keys.key_active)),
     ))
     ids = [member.decode() for member in waiting]
-    key_order = list(dict.fromkeys([*ready, *limited, *sorted(busy)]))
+    key_order = [key.decode() for key in dict.fromkeys([*ready, *limited, *sorted(busy)])]
+    if offset:
+        # Past the wait set's jobs, the keyed turns start at offset - (jobs in the wait set).
+        rest = None if limit is None else limit - len(ids)
+        if key_order and (rest is None or rest > 0):
+            ids += yield from _keyed_page(keys, key_order, max(0, offset - int(n_waiting)),
+                                          rest)
+        return ids
     if limit is not None and len(ready) >= limit - len(ids):
         # Every ready key has a waiting job, so the first turn over them fills the list.
         key_order = key_order[:max(0, limit - len(ids))]
     if key_order:
-        lists = yield Batch(tuple(Command(("LRANGE", keys.key_list(key.decode()), 0, end))
+        lists = yield Batch(tuple(Command(("LRANGE", keys.key_list(key), 0, end))
                                   for key in key_order))
         ids += [member.decode() for turn in zip_longest(*lists) for member in turn
                 if member is not None]
     return ids if limit is None else ids[:limit]
 
 
-def list_jobs(keys: QueueKeys, state: JobState | str, limit: int = 100) -> Op[list[JobInfo]]:
-    """Up to ``limit`` jobs in ``state``, in :func:`list_ids`' order (jobs that leave the
-    state while they are read are left out)."""
+def _keyed_page(keys: QueueKeys, key_order: list[str], skip: int, limit: int | None
+                ) -> Op[list[str]]:
+    """Jobs ``skip`` to ``skip + limit`` of the keyed turns over ``key_order``: turn ``r``
+    takes the ``r``-th job of every key that has more than ``r`` (the claim's round robin).
+
+    From the lists' lengths alone (one LLEN per key) this finds the turn the page starts in,
+    then reads only the part of each list the page covers: O(keys + limit) however deep.
+    """
+    lengths = yield Batch(tuple(Command(("LLEN", keys.key_list(key))) for key in key_order))
+    length = {key: int(n) for key, n in zip(key_order, lengths, strict=True)}
+    ascending = sorted(length.values())
+    below = [0]  # below[i]: the jobs of the i shortest lists
+    for n in ascending:
+        below.append(below[-1] + n)
+
+    def before(turn: int) -> int:
+        """How many jobs the turns before ``turn`` hold."""
+        shorter = bisect_left(ascending, turn)  # lists used up before that turn
+        return below[shorter] + turn * (len(ascending) - shorter)
+
+    if skip >= below[-1]:
+        return []
+    low, high = 0, ascending[-1]  # the last turn whose start is at or before skip
+    while low < high:
+        middle = (low + high + 1) // 2
+        if before(middle) <= skip:
+            low = middle
+        else:
+            high = middle - 1
+    turn, position = low, before(low)
+    stop = below[-1] if limit is None else min(below[-1], skip + limit)
+    taken: list[tuple[str, int]] = []  # (key, index in its list), in page order
+    live = [key for key in key_order if length[key] > turn]
+    while position < stop and live:
+        for key in live:
+            if skip <= position < stop:
+                taken.append((key, turn))
+            position += 1
+            if position >= stop:
+                break
+        turn += 1
+        live = [key for key in live if length[key] > turn]
+    spans: dict[str, tuple[int, int]] = {}
+    for key, index in taken:
+        first, _ = spans.get(key, (index, index))
+        spans[key] = (first, index)
+    lists = yield Batch(tuple(Command(("LRANGE", keys.key_list(key), first, last))
+                              for key, (first, last) in spans.items()))
+    members = {key: [m.decode() for m in found]
+               for key, found in zip(spans, lists, strict=True)}
+    ids = []
+    for key, index in taken:
+        found = members[key]
+        if index - spans[key][0] < len(found):  # a list that shrank meanwhile
+            ids.append(found[index - spans[key][0]])
+    return ids
+
+
+def list_jobs(keys: QueueKeys, state: JobState | str, limit: int = 100, offset: int = 0
+              ) -> Op[list[JobInfo]]:
+    """Up to ``limit`` jobs in ``state`` after the first ``offset``, in :func:`list_ids`'
+    order (jobs that leave the state while they are read are left out)."""
     try:
         state = JobState(state)
     except ValueError:
@@ -179,7 +255,9 @@ def list_jobs(keys: QueueKeys, state: JobState | str, limit: int = 100) -> Op[li
                           f"{', '.join(s.value for s in JobState)})") from None
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigError(f"limit must be an int >= 1, got {limit!r}")
-    ids = yield from list_ids(keys, state, limit)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ConfigError(f"offset must be an int >= 0, got {offset!r}")
+    ids = yield from list_ids(keys, state, limit, offset)
     jobs = yield from read_jobs(keys, ids, states=(state,))
     return jobs
 
