@@ -294,9 +294,9 @@ class QueueClient:
     async def get_job(self, queue: str, job_id: str) -> JobInfo:
         return await self._run(ops.get_job(QueueKeys(queue), job_id))
 
-    async def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100
-                        ) -> list[JobInfo]:
-        """Up to ``limit`` jobs of ``queue`` in ``state``.
+    async def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100,
+                        offset: int = 0) -> list[JobInfo]:
+        """Up to ``limit`` jobs of ``queue`` in ``state``, after the first ``offset`` of them.
 
         Finished states (completed, failed, cancelled) come newest first; waiting jobs in the
         order workers will claim them (a keyed queue's one per key in turn: first the keys
@@ -304,8 +304,11 @@ class QueueClient:
         delayed jobs by when they are due; blocked ones by when they were blocked; active ones
         by their lock deadline. A job that leaves the state while the list is read is left
         out. ``state`` is a :class:`JobState` or its value (``"failed"``).
+
+        ``offset`` pages through that order: a page costs O(log N + limit) in Redis at any
+        depth (a keyed queue's waiting jobs: one LLEN per waiting key besides).
         """
-        return await self._run(ops.list_jobs(QueueKeys(queue), state, limit))
+        return await self._run(ops.list_jobs(QueueKeys(queue), state, limit, offset))
 
     async def counts(self, queue: str) -> dict[JobState, int]:
         return await self._run(ops.counts(QueueKeys(queue)))
@@ -510,10 +513,10 @@ class SyncQueueClient:
     def get_job(self, queue: str, job_id: str) -> JobInfo:
         return self._run(ops.get_job(QueueKeys(queue), job_id))
 
-    def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100
-                  ) -> list[JobInfo]:
+    def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100,
+                  offset: int = 0) -> list[JobInfo]:
         """Blocking :meth:`QueueClient.list_jobs`."""
-        return self._run(ops.list_jobs(QueueKeys(queue), state, limit))
+        return self._run(ops.list_jobs(QueueKeys(queue), state, limit, offset))
 
     def counts(self, queue: str) -> dict[JobState, int]:
         return self._run(ops.counts(QueueKeys(queue)))
