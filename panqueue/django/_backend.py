@@ -1,0 +1,306 @@
+"""``PanqueueBackend``: Django's Tasks framework on panqueue. Enqueueing adds a job to the panqueue
+queue named like the task's ``queue_name``; reading a result reads that job back."""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+from functools import partial
+from typing import Any, TypeVar
+
+from django.apps import apps
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.crypto import get_random_string
+
+import panqueue.errors
+from panqueue._client import SyncQueueClient
+from panqueue._codec import check_json_compatible
+from panqueue._job import JobInfo, JobState
+from panqueue._keys import check_queue_name
+from panqueue._options import check_attempts, check_positive
+from panqueue.django._compat import (
+    BaseTaskBackend,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+)
+from panqueue.errors import ConfigError, JobNotFound
+
+__all__ = ["FAILED", "READY", "RUNNING", "SUCCESSFUL", "WORKER_LINE", "PanqueueBackend",
+           "TaskRefused", "class_path", "task_call"]
+
+T = TypeVar("T")
+
+# The job log line each attempt starts with; TaskResult.worker_ids is read back from these.
+WORKER_LINE = "django task running on worker "
+
+_OPTIONS = frozenset({"url", "task_modules", "attempts", "timeout"})
+
+# panqueue job states as Django sees them. Django has no cancelled state: a cancelled (or
+# expired) job did not run to success, so it reads as FAILED.
+READY = TaskResultStatus("READY")
+RUNNING = TaskResultStatus("RUNNING")
+SUCCESSFUL = TaskResultStatus("SUCCESSFUL")
+FAILED = TaskResultStatus("FAILED")
+_STATUS = {
+    JobState.WAITING: READY,
+    JobState.DELAYED: READY,
+    JobState.BLOCKED: READY,
+    JobState.ACTIVE: RUNNING,
+    JobState.COMPLETED: SUCCESSFUL,
+    JobState.FAILED: FAILED,
+    JobState.CANCELLED: FAILED,
+}
+
+# One client per Redis URL for the whole process: Django makes a backend object per thread,
+# and they all share the client's (thread-safe) connection pool.
+_clients: dict[str, SyncQueueClient] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(url: str | None) -> SyncQueueClient:
+    client = SyncQueueClient(url)  # resolves and checks the URL; connects on first use
+    with _clients_lock:
+        return _clients.setdefault(client.url, client)
+
+
+class TaskRefused(Exception):
+    """A job names something that is not a Django task this project may run."""
+
+
+def class_path(type_name: str) -> str:
+    """The dotted path Django's ``TaskError.exception_class_path`` wants, for a recorded error
+    type: the worker records Django tasks' errors by full path already; panqueue's own
+    (``JobTimeout``, ``Stalled``, ``Fail``...) and built-ins are recorded by name."""
+    if "." in type_name:
+        return type_name
+    if isinstance(getattr(panqueue.errors, type_name, None), type):
+        return f"panqueue.errors.{type_name}"
+    if isinstance(getattr(builtins, type_name, None), type):
+        return f"builtins.{type_name}"
+    return "builtins.Exception"
+
+
+class PanqueueBackend(BaseTaskBackend):
+    """A backend for Django's Tasks framework that stores tasks as panqueue jobs.
+
+    ``TASKS = {"default": {"BACKEND": "panqueue.django.PanqueueBackend", "QUEUES": [...],
+    "ENQUEUE_ON_COMMIT": True, "OPTIONS": {"url": "redis://..."}}}``. ``OPTIONS``:
+    ``url`` (default ``PANQUEUE_URL``, else ``redis://localhost:6379/0``), ``task_modules``
+    (modules outside the installed apps whose tasks workers may run), ``attempts`` (default 1)
+    and ``timeout`` (seconds, default none) for the workers' handlers.
+
+    Each of ``QUEUES`` is the panqueue queue of that name. ``panqueue worker
+    panqueue.django:registry`` runs the tasks.
+    """
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        where = f"TASKS[{alias!r}]"
+        options = self.options
+        if not isinstance(options, dict):
+            raise ConfigError(f"{where}['OPTIONS'] must be a dict, got {options!r}")
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise ConfigError(f"{where}['OPTIONS'] has unknown key(s) "
+                              f"{', '.join(sorted(map(repr, unknown)))} "
+                              f"(known: {', '.join(sorted(_OPTIONS))})")
+        url = options.get("url")
+        if url is not None and not isinstance(url, str):
+            raise ConfigError(f"{where}['OPTIONS']['url'] must be a str, got {url!r}")
+        self.url = SyncQueueClient(url).url
+        modules = options.get("task_modules", ())
+        if isinstance(modules, str) or not isinstance(modules, Sequence) \
+                or not all(isinstance(m, str) and m for m in modules):
+            raise ConfigError(f"{where}['OPTIONS']['task_modules'] must be a list of module "
+                              f"names, got {modules!r}")
+        self.task_modules: tuple[str, ...] = tuple(modules)
+        self.attempts = check_attempts(options.get("attempts", 1))
+        timeout = options.get("timeout")
+        self.timeout = None if timeout is None else check_positive(timeout, "timeout")
+        on_commit = params.get("ENQUEUE_ON_COMMIT", True)
+        if not isinstance(on_commit, bool):
+            raise ConfigError(f"{where}['ENQUEUE_ON_COMMIT'] must be True or False, "
+                              f"got {on_commit!r}")
+        self.enqueue_on_commit = on_commit
+        if not self.queues:
+            raise ConfigError(f"{where}['QUEUES'] must name at least one queue")
+        for queue in self.queues:
+            try:
+                check_queue_name(queue)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}['QUEUES']: {exc}") from None
+
+    @property
+    def client(self) -> SyncQueueClient:
+        """The process's client for this backend's URL."""
+        return _client(self.url)
+
+    # -- producing ---------------------------------------------------------------------------
+
+    def enqueue(self, task: Task[Any, T], args: Any, kwargs: Any) -> TaskResult[T]:
+        """Add a job that runs ``task(*args, **kwargs)``; with ``ENQUEUE_ON_COMMIT`` (the
+        default), inside ``transaction.atomic()`` the job is added when the transaction
+        commits, and never if it rolls back. The returned result's ``id`` is the job id."""
+        self.validate_task(task)
+        result: TaskResult[T] = TaskResult(
+            task=task, id=_new_id(), status=READY, enqueued_at=None,
+            started_at=None, finished_at=None, last_attempted_at=None, args=args,
+            kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[])
+        # Checked now, so a bad argument fails the enqueue() call, not a later commit.
+        check_json_compatible(result.args, "args")
+        check_json_compatible(result.kwargs, "kwargs")
+        if self.enqueue_on_commit and settings.DATABASES:
+            transaction.on_commit(partial(self._add, result))
+        else:
+            self._add(result)
+        return result
+
+    def _add(self, result: TaskResult[Any]) -> None:
+        task = result.task
+        run_at = None
+        if task.run_after is not None:
+            run_at = task.run_after
+            if timezone.is_naive(run_at):  # USE_TZ = False: the project's time zone
+                run_at = timezone.make_aware(run_at)
+        data = {
+            "task": task.module_path,
+            "args": result.args,
+            "kwargs": result.kwargs,
+            "backend": self.alias,
+            "run_after": None if run_at is None else run_at.isoformat(),
+        }
+        # Django and panqueue agree on priorities: higher runs first, 0 by default.
+        self.client.queue(task.queue_name).add(data, job_id=result.id, priority=task.priority,
+                                               run_at=run_at)
+        object.__setattr__(result, "enqueued_at", timezone.now())
+        task_enqueued.send(type(self), task_result=result)
+
+    # -- reading back ------------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult[Any]:
+        """The task's result as stored now; :class:`TaskResultDoesNotExist` if no queue of
+        this backend has a job ``result_id`` made by a Django task."""
+        for queue in sorted(self.queues):
+            try:
+                info = self.client.get_job(queue, result_id)
+            except (JobNotFound, ConfigError):
+                continue
+            return self.result_from_job(info)
+        raise TaskResultDoesNotExist(result_id)
+
+    def result_from_job(self, info: JobInfo) -> TaskResult[Any]:
+        """A :class:`TaskResult` describing the job ``info``."""
+        data = info.data
+        try:
+            path, args, kwargs = task_call(data)
+            task = self.resolve_task(path)
+            run_after = data.get("run_after")
+            task = task.using(
+                queue_name=info.queue, priority=info.priority, backend=self.alias,
+                run_after=None if run_after is None else _django_time(
+                    datetime.fromisoformat(run_after)))
+        except (TaskRefused, ValueError, TypeError, AttributeError) as exc:
+            raise TaskResultDoesNotExist(f"{info.id}: {exc}") from None
+        except Exception as exc:  # the task's own validation, for one
+            raise TaskResultDoesNotExist(f"{info.id}: {type(exc).__name__}: {exc}") from None
+        result: TaskResult[Any] = TaskResult(
+            task=task, id=info.id, status=_STATUS[info.state],
+            enqueued_at=_django_time(info.enqueued_at),
+            started_at=_django_time(info.started_at),
+            finished_at=_django_time(info.finished_at),
+            last_attempted_at=_django_time(info.started_at),
+            args=args, kwargs=kwargs, backend=self.alias, errors=_errors(info),
+            worker_ids=[line[len(WORKER_LINE):] for line in info.logs
+                        if line.startswith(WORKER_LINE)])
+        if info.state is JobState.COMPLETED:
+            object.__setattr__(result, "_return_value", info.result)
+        return result
+
+    # -- which tasks may run -----------------------------------------------------------------
+
+    def resolve_task(self, path: str) -> Task[Any, Any]:
+        """The Django task at ``path`` (``module.function``), or :class:`TaskRefused`.
+
+        ``path`` comes from Redis, so it is checked before anything is imported: its module
+        must belong to an installed app or to ``OPTIONS['task_modules']``. Then the name must
+        be a task object (a function decorated with ``@task``), not any other callable."""
+        module_name, _, name = path.rpartition(".")
+        if not module_name or not name.isidentifier() \
+                or not all(part.isidentifier() for part in module_name.split(".")):
+            raise TaskRefused(f"{path!r} is not a task path (module.function)")
+        if not self._allowed(module_name):
+            raise TaskRefused(
+                f"{path!r} is not in an installed app nor in TASKS[{self.alias!r}]['OPTIONS']"
+                f"['task_modules']; it was not imported or run")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise TaskRefused(f"{path!r}: cannot import {module_name!r}: {exc}") from None
+        found = getattr(module, name, None)
+        if not isinstance(found, Task):
+            raise TaskRefused(f"{path!r} is not a Django task (a function decorated with "
+                              f"@task); it was not run")
+        return found
+
+    def _allowed(self, module_name: str) -> bool:
+        if any(module_name == m or module_name.startswith(m + ".") for m in self.task_modules):
+            return True
+        return apps.get_containing_app_config(module_name) is not None
+
+
+def task_call(data: Any) -> tuple[str, list[Any], dict[str, Any]]:
+    """The task path, args and kwargs of a job made by :class:`PanqueueBackend`."""
+    if not isinstance(data, dict) or not isinstance(data.get("task"), str):
+        raise TaskRefused("the job was not made by panqueue.django (its data has no 'task')")
+    args, kwargs = data.get("args", []), data.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise TaskRefused("the job's 'args' must be a list and its 'kwargs' a dict")
+    return data["task"], args, kwargs
+
+
+def _errors(info: JobInfo) -> list[TaskError]:
+    """One error per failed attempt. panqueue keeps the full traceback of the latest error
+    only; earlier attempts get their type and message as a one-line traceback."""
+    errors = [TaskError(exception_class_path=class_path(str(entry.get("type", ""))),
+                        traceback=f"{entry.get('type', '')}: {entry.get('message', '')}\n")
+              for entry in info.history]
+    if info.error is not None:
+        latest = TaskError(exception_class_path=class_path(info.error.type),
+                           traceback=info.error.traceback
+                           or f"{info.error.type}: {info.error.message}\n")
+        if errors and info.history[-1].get("type") == info.error.type:
+            errors[-1] = latest  # the last attempt's entry, now with its traceback
+        else:
+            errors.append(latest)
+    return errors
+
+
+def _django_time(value: datetime | None) -> datetime | None:
+    """An aware UTC time as the project uses times: aware with ``USE_TZ``, else naive local."""
+    if value is None or settings.USE_TZ or timezone.is_naive(value):
+        return value
+    naive: datetime = timezone.make_naive(value)
+    return naive
+
+
+def _new_id() -> str:
+    """A random result id, which is also the job id (never all digits: panqueue keeps those
+    for the ids it generates)."""
+    while True:
+        result_id: str = get_random_string(32)
+        if not result_id.isdigit():
+            return result_id

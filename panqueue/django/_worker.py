@@ -1,0 +1,174 @@
+"""The worker side: a :class:`~panqueue.Registry` whose handlers run Django tasks, for
+``panqueue worker panqueue.django:registry`` (or ``registry_for(...)`` in a module of your own).
+
+Each queue of each :class:`PanqueueBackend` gets a handler on the thread executor: task code is
+ordinary blocking Django code (the ORM above all), which must not run on the worker's event
+loop. A job's data names the task; the handler runs it only if that name is a Django task of
+the project (:meth:`PanqueueBackend.resolve_task`), and never imports or calls anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from panqueue._job import ErrorInfo, Job
+from panqueue._registry import Registry
+from panqueue._store.transport import redact_url
+from panqueue.django._backend import (
+    FAILED,
+    SUCCESSFUL,
+    WORKER_LINE,
+    PanqueueBackend,
+    TaskRefused,
+    task_call,
+)
+from panqueue.django._compat import (
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+    task_finished,
+    task_started,
+)
+from panqueue.errors import ConfigError, Fail
+from panqueue.executors import RemoteError
+
+__all__ = ["registry_for", "setup_django"]
+
+
+def setup_django() -> None:
+    """Configure Django from ``DJANGO_SETTINGS_MODULE`` and load the apps, unless done."""
+    import django
+    from django.apps import apps
+    from django.conf import settings
+
+    if not settings.configured:
+        name = os.environ.get("DJANGO_SETTINGS_MODULE")
+        if not name:
+            raise ConfigError("panqueue.django needs the Django settings: set "
+                              "DJANGO_SETTINGS_MODULE (for example mysite.settings)")
+        try:
+            settings.INSTALLED_APPS  # noqa: B018 - imports the settings module
+        except ImportError as exc:
+            raise ConfigError(f"cannot import the Django settings {name!r} "
+                              f"(DJANGO_SETTINGS_MODULE): {exc}") from None
+    if not apps.ready:
+        django.setup()
+
+
+def registry_for(*aliases: str) -> Registry:
+    """A registry that runs the tasks of the ``TASKS`` backends ``aliases`` (default: every
+    backend that is a :class:`PanqueueBackend`): one handler per queue of each, on the thread
+    executor, with the backend's ``attempts`` and ``timeout``. Sets Django up first."""
+    setup_django()
+    from django.core.exceptions import ImproperlyConfigured
+
+    backends: list[PanqueueBackend] = []
+    try:
+        found = [task_backends[alias] for alias in aliases] if aliases else task_backends.all()
+    except ImproperlyConfigured as exc:
+        raise ConfigError(f"TASKS: {exc}") from None
+    for backend in found:
+        if isinstance(backend, PanqueueBackend):
+            backends.append(backend)
+        elif aliases:
+            raise ConfigError(f"TASKS[{backend.alias!r}] is a {type(backend).__name__}, not "
+                              "a panqueue.django.PanqueueBackend")
+    if not backends:
+        raise ConfigError("no backend in TASKS is a panqueue.django.PanqueueBackend "
+                          "(set its 'BACKEND' to 'panqueue.django.PanqueueBackend')")
+    registry = Registry()
+    for backend in backends:
+        runner = _TaskRunner(backend)
+        for queue in sorted(backend.queues):
+            registry.handler(queue, executor="thread", attempts=backend.attempts,
+                             timeout=backend.timeout)(runner.handler())
+    return registry
+
+
+class _TaskRunner:
+    """Runs the Django task a job names, in a worker thread."""
+
+    def __init__(self, backend: PanqueueBackend) -> None:
+        self.backend = backend
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+
+    def handler(self) -> Any:
+        def run_django_task(job: Job) -> Any:
+            return self.run(job)
+
+        return run_django_task
+
+    def run(self, job: Job) -> Any:
+        from django.db import close_old_connections
+
+        backend = self.backend
+        try:
+            path, _, _ = task_call(job.data)
+            backend.resolve_task(path)
+        except TaskRefused as exc:  # a job not made by the backend, or a forged one
+            raise Fail(f"refused: {exc}") from None
+        job.log(WORKER_LINE + self.worker_id)
+        # Like a request: connections that broke or outlived CONN_MAX_AGE are dropped first,
+        # and the task's are given back after.
+        close_old_connections()
+        try:
+            try:
+                result = backend.get_result(job.id)  # RUNNING, with the attempts so far
+            except TaskResultDoesNotExist:
+                raise Fail(f"job {job.id} is not in the Redis of TASKS[{backend.alias!r}] "
+                           f"({redact_url(backend.url)}): run the worker with that URL"
+                           ) from None
+            return self._call(result)
+        finally:
+            close_old_connections()
+
+    def _call(self, result: TaskResult[Any]) -> Any:
+        sender = type(self.backend)
+        task = result.task
+        task_started.send(sender=sender, task_result=result)
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=result), *result.args,
+                                  **result.kwargs)
+            else:
+                value = task.call(*result.args, **result.kwargs)
+            value = _plain(value)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            # Recorded under the exception's full path, so Django's TaskError.exception_class
+            # finds the class again; the traceback is the task's own.
+            error = ErrorInfo.from_exception(exc)
+            path = f"{type(exc).__module__}.{type(exc).__qualname__}"
+            _finish(result, FAILED)
+            result.errors.append(TaskError(exception_class_path=path,
+                                           traceback=error.traceback or ""))
+            task_finished.send(sender=sender, task_result=result)
+            raise RemoteError(path, error.message, error.traceback) from None
+        _finish(result, SUCCESSFUL)
+        object.__setattr__(result, "_return_value", value)
+        task_finished.send(sender=sender, task_result=result)
+        return value
+
+
+def _finish(result: TaskResult[Any], status: TaskResultStatus) -> None:
+    from django.utils import timezone
+
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", timezone.now())
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists and mappings as dicts, as Django normalises return values; anything
+    else is left for panqueue's result check to accept or name."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,25 @@
+"""Settings of the test project: SQLite and Redis locations come from the environment, which
+the tests set (PQ_DJANGO_DB, PANQUEUE_URL)."""
+
+import os
+
+SECRET_KEY = "panqueue-tests-only"
+USE_TZ = True
+INSTALLED_APPS = ["django_tasks", "tests.django_project.shop"]
+DATABASES = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["PQ_DJANGO_DB"]},
+}
+TASKS = {
+    "default": {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": ["default", "reports"],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"]},
+    },
+    # Tasks sent through this one are added at once, even inside a transaction.
+    "direct": {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": ["direct"],
+        "ENQUEUE_ON_COMMIT": False,
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"]},
+    },
+}

@@ -1,0 +1,326 @@
+"""Django's Tasks framework on panqueue: a real Django project (tests/django_project, SQLite in a
+temporary directory), the test session's Redis, and ``panqueue worker panqueue.django:registry``
+as a real child process.
+
+Django is set up once in this process (the producer side); each test that needs tasks to run
+starts its own worker process with the same settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from panqueue import JobNotFound, JobState, PayloadError, SyncQueueClient
+from panqueue.embedded import RedisServer
+from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
+
+pytest.importorskip("django_tasks")
+
+SETTINGS = "tests.django_project.settings"
+
+
+@pytest.fixture(scope="module")
+def django_db(tmp_path_factory: pytest.TempPathFactory, panqueue_server: RedisServer
+              ) -> Iterator[Path]:
+    """Django configured in this process from the test project; yields the SQLite file."""
+    db = tmp_path_factory.mktemp("django") / "db.sqlite3"
+    from django.conf import settings
+
+    if settings.configured:
+        pytest.fail("Django was configured by another module before this one")
+    # The settings module reads these once, when setup_django() imports it; they are
+    # removed again so that they leak into no other test.
+    env = {"DJANGO_SETTINGS_MODULE": SETTINGS, "PQ_DJANGO_DB": str(db),
+           "PANQUEUE_URL": panqueue_server.url}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        from panqueue.django import setup_django
+
+        setup_django()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE shop_order (id INTEGER PRIMARY KEY, item TEXT)")
+    yield db
+
+
+@pytest.fixture
+def client(django_db: Path, panqueue_url: str) -> Iterator[SyncQueueClient]:
+    """A panqueue client on the (emptied) server the Django settings point at."""
+    from django.conf import settings
+
+    assert settings.TASKS["default"]["OPTIONS"]["url"] == panqueue_url
+    with SyncQueueClient(panqueue_url) as client:
+        yield client
+
+
+def _env(django_db: Path, url: str, **extra: str) -> dict[str, str]:
+    return subprocess_env(DJANGO_SETTINGS_MODULE=SETTINGS, PQ_DJANGO_DB=str(django_db),
+                          PANQUEUE_URL=url, **extra)
+
+
+@pytest.fixture
+def django_worker(django_db: Path, client: SyncQueueClient, tmp_path: Path
+                  ) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start ``panqueue worker panqueue.django:registry`` (killed at the end); returns once it
+    serves the default queue."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(**extra_env: str) -> subprocess.Popen[bytes]:
+        with (tmp_path / "worker.err").open("wb") as err:
+            process = subprocess.Popen(
+                panqueue_command("worker", "panqueue.django:registry", "--url", client.url),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                env=_env(django_db, client.url, **extra_env), cwd=ROOT)
+        started.append(process)
+
+        def serving() -> bool:
+            if process.poll() is not None:
+                raise AssertionError((tmp_path / "worker.err").read_text())
+            return bool(client.workers("default"))
+
+        wait_until(serving, timeout=20, what="the Django worker to start")
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _finished(result: Any) -> Callable[[], bool]:
+    def check() -> bool:
+        result.refresh()
+        return bool(result.is_finished)
+
+    return check
+
+
+def test_task_enqueued_from_django_runs_in_a_worker_and_its_result_reads_back(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
+    from django_tasks import TaskResultStatus
+
+    from tests.django_project.shop.tasks import add, report
+
+    worker = django_worker()
+    result = add.enqueue(2, 3)
+    assert result.status == TaskResultStatus.READY
+    assert result.enqueued_at is not None  # outside a transaction: added at once
+    wait_until(_finished(result), what="add to finish")
+
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.errors == []
+    assert result.worker_ids == [f"{socket.gethostname()}:{worker.pid}"]
+    assert result.attempts == 1
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert result.started_at == result.last_attempted_at
+    # The result id is the panqueue job id, in the queue named like the task's queue_name.
+    info = client.get_job("default", result.id)
+    assert (info.state, info.result, info.data["args"]) == (JobState.COMPLETED, 5, [2, 3])
+
+    # Read back from scratch, through the task and the backend, sync and async.
+    again = add.get_result(result.id)
+    assert (again.status, again.return_value, again.args) == (TaskResultStatus.SUCCESSFUL, 5,
+                                                             [2, 3])
+    assert asyncio.run(add.aget_result(result.id)).return_value == 5
+
+    other = report.enqueue("sales", rows=3)  # another queue, kwargs, a tuple in the result
+    wait_until(_finished(other), what="report to finish")
+    assert other.return_value == {"report": "sales", "rows": 3, "tags": ["a", "b"]}
+    assert client.get_job("reports", other.id).state is JobState.COMPLETED
+
+
+def test_failing_task_reads_back_failed_with_its_exception_class_and_traceback(
+        django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
+    from django_tasks import TaskResultStatus
+
+    from tests.django_project.shop.tasks import PaymentDeclined, charge
+
+    django_worker()
+    result = charge.enqueue("4242")
+    wait_until(_finished(result), what="charge to fail")
+
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "tests.django_project.shop.tasks.PaymentDeclined"
+    assert error.exception_class is PaymentDeclined
+    assert "card 4242 declined" in error.traceback
+    assert 'in charge\n    raise PaymentDeclined(f"card {card} declined")' in error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        result.return_value  # noqa: B018
+
+
+def test_task_added_inside_atomic_is_enqueued_on_commit_and_sees_the_committed_row(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
+    from django.db import connection, transaction
+    from django_tasks import TaskResultStatus
+    from django_tasks.exceptions import TaskResultDoesNotExist
+
+    from tests.django_project.shop.tasks import read_order
+
+    django_worker()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO shop_order (id, item) VALUES (1, 'teapot')")
+        result = read_order.enqueue(1)
+        # Not in Redis while the transaction is open: a worker could not see the row yet.
+        with pytest.raises(JobNotFound):
+            client.get_job("default", result.id)
+        with pytest.raises(TaskResultDoesNotExist):
+            read_order.get_result(result.id)
+        assert result.enqueued_at is None
+    assert result.enqueued_at is not None  # set when the commit added it
+    wait_until(_finished(result), what="read_order to finish")
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "teapot"
+
+
+def test_task_added_inside_a_rolled_back_transaction_is_never_enqueued(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
+    from django.db import transaction
+    from django_tasks.exceptions import TaskResultDoesNotExist
+
+    from tests.django_project.shop.tasks import add
+
+    django_worker()
+    with pytest.raises(RuntimeError, match="abort"):
+        with transaction.atomic():
+            rolled_back = add.enqueue(1, 1)
+            raise RuntimeError("abort")
+    # A task enqueued after it runs to the end: the worker was there to run the first one.
+    later = add.enqueue(2, 2)
+    wait_until(_finished(later), what="the later task to finish")
+    with pytest.raises(TaskResultDoesNotExist):
+        add.get_result(rolled_back.id)
+    counts = client.counts("default")
+    assert counts[JobState.COMPLETED] == 1
+    assert sum(counts.values()) == 1
+
+
+def test_backend_without_enqueue_on_commit_adds_at_once_inside_a_transaction(
+        client: SyncQueueClient) -> None:
+    from django.db import transaction
+
+    from tests.django_project.shop.tasks import add
+
+    with transaction.atomic():
+        result = add.using(backend="direct", queue_name="direct").enqueue(1, 2)
+        assert client.get_job("direct", result.id).state is JobState.WAITING
+
+
+def test_priority_and_run_after_map_onto_panqueue_priority_and_delay(
+        client: SyncQueueClient) -> None:
+    from django_tasks import TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError
+
+    from tests.django_project.shop.tasks import add
+
+    low = add.using(priority=-20).enqueue(1, 1)
+    plain = add.enqueue(2, 2)
+    high = add.using(priority=100).enqueue(3, 3)
+    assert client.get_job("default", high.id).priority == 100
+    # Higher runs first in both: the claim order of the waiting jobs.
+    waiting = [job.id for job in client.list_jobs("default", JobState.WAITING)]
+    assert waiting == [high.id, plain.id, low.id]
+
+    later = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+    deferred = add.using(run_after=later).enqueue(4, 4)
+    assert client.get_job("default", deferred.id).state is JobState.DELAYED
+    assert client.explain("default", deferred.id).reason == "delayed"
+    back = add.get_result(deferred.id)
+    assert (back.status, back.task.run_after) == (TaskResultStatus.READY, later)
+    assert add.get_result(high.id).task.priority == 100
+
+    with pytest.raises(InvalidTaskError, match="priority"):
+        add.using(priority=101)
+    with pytest.raises(InvalidTaskError, match="Queue 'nope'"):
+        add.using(queue_name="nope")
+
+
+def test_bad_arguments_fail_enqueue_and_write_nothing(client: SyncQueueClient) -> None:
+    from django.db import transaction
+
+    from tests.django_project.shop.tasks import add
+
+    with pytest.raises(TypeError, match="Unsupported type"):
+        add.enqueue(object(), 1)
+    with pytest.raises(PayloadError, match=r'kwargs\["b"\]: .*not a finite number'):
+        add.enqueue(1, b=float("nan"))
+    with transaction.atomic():  # refused at enqueue(), not at the commit
+        with pytest.raises(PayloadError, match=r"args\[0\]: key 1 is int"):
+            add.enqueue({1: "a"}, 1)
+    assert client.queues() == []
+
+
+def test_job_naming_anything_but_a_project_task_is_refused_without_running_it(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
+        tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    imported = tmp_path / "imported"
+    django_worker(PQ_OUTSIDE_MARK=str(imported))
+    queue = client.queue("default")
+    forged = {
+        "plain": {"task": "tests.django_project.shop.tasks.not_a_task", "args": [str(ran)]},
+        "outside": {"task": "tests.django_project.outside.sneaky", "args": []},
+        "os": {"task": "os.system", "args": [f"touch {ran}"]},
+        "builtin": {"task": "builtins.exec", "args": [f"open({str(ran)!r}, 'w')"]},
+        "shape": {"task": ["not", "a", "path"]},
+        "args": {"task": "tests.django_project.shop.tasks.add", "args": "12"},
+    }
+    for name, data in forged.items():
+        queue.add(data, job_id=f"forged-{name}")
+    wait_until(lambda: client.counts("default")[JobState.FAILED] == len(forged),
+               what="every forged job to fail")
+    reasons = {name: client.get_job("default", f"forged-{name}") for name in forged}
+    for info in reasons.values():
+        assert info.attempts == 1 and info.failure_reason == "explicit_fail"
+        assert info.error is not None and info.error.message.startswith("refused: ")
+    assert "is not a Django task" in reasons["plain"].error.message  # type: ignore[union-attr]
+    assert "not in an installed app" in reasons["outside"].error.message  # type: ignore[union-attr]
+    assert "not in an installed app" in reasons["os"].error.message  # type: ignore[union-attr]
+    assert not ran.exists()
+    assert not imported.exists()
+
+
+def test_context_and_async_tasks_run_in_the_worker(
+        django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
+    from tests.django_project.shop.tasks import double, who_am_i
+
+    django_worker()
+    me = who_am_i.enqueue()
+    twice = double.enqueue(21)
+    wait_until(_finished(me), what="who_am_i to finish")
+    wait_until(_finished(twice), what="double to finish")
+    assert me.return_value == {"id": me.id, "attempt": 1, "status": "RUNNING"}
+    assert twice.return_value == 42
+
+
+def test_worker_without_django_settings_exits_2_with_one_line(django_db: Path) -> None:
+    env = {"DJANGO_SETTINGS_MODULE": ""}
+    done = run_cli("worker", "panqueue.django:registry", **env)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "panqueue: error: panqueue.django needs the Django settings: set "
+        "DJANGO_SETTINGS_MODULE (for example mysite.settings)"]
+    done = run_cli("worker", "panqueue.django:registry", DJANGO_SETTINGS_MODULE="nowhere.settings")
+    assert done.returncode == 2
+    assert "cannot import the Django settings 'nowhere.settings'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
