@@ -2,7 +2,8 @@
 # Install into .venv and run the whole suite: ruff, mypy --strict, pytest (asyncio and trio).
 # Extra arguments go to pytest (for example: scripts/test.sh -k lifecycle -x).
 # Then run a core subset again in .venv-floor, against the oldest redis-py that pyproject.toml
-# allows, to prove that floor still works.
+# allows, to prove that floor still works, and on each other supported Python (3.12, 3.13) in
+# .venv-py312 / .venv-py313. A supported Python that cannot be found fails the run.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark,tui,metrics,otel,dashboard,django"
 # The terminal-view test drives `panqueue top` in a real terminal: tmux (a Debian package).
@@ -35,3 +36,37 @@ fi
   "redis==$floor"
 .venv-floor/bin/pytest -q -p no:cacheprovider tests/test_lifecycle.py tests/test_cluster.py \
   tests/test_connections.py tests/test_transport.py tests/test_results.py
+
+# The other supported Pythons (the classifiers in pyproject.toml): the core subset covers the
+# lifecycle, the Lua scripts, every executor, faults, results and the transport, on asyncio and
+# trio. The interpreter comes from PATH (python3.12) or pyenv's versions directory.
+core_subset=(tests/test_lifecycle.py tests/test_scripts.py tests/test_executors.py
+             tests/test_faults.py tests/test_results.py tests/test_transport.py)
+
+find_python() {  # find_python 3.12: the path of a CPython 3.12 interpreter, or nothing
+  local wanted=$1 candidate
+  for candidate in "$(command -v "python$wanted" 2>/dev/null || true)" \
+      $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$wanted".*/bin/python 2>/dev/null | sort -rV); do
+    if [ -n "$candidate" ] && [ -x "$candidate" ] && [ "$("$candidate" -c \
+        'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$wanted" ]; then
+      echo "$candidate"
+      return
+    fi
+  done
+}
+
+for minor in 3.12 3.13; do
+  venv=".venv-py${minor/./}"
+  python=$(find_python "$minor")
+  if [ -z "$python" ]; then
+    echo "Python $minor not found (neither python$minor on PATH nor a pyenv version):" \
+      "it is a supported Python, install it (pyenv install $minor)" >&2
+    exit 1
+  fi
+  echo "== pytest, core subset, on Python $minor ($python)"
+  if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv "$venv"
+  fi
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,trio,embedded]"
+  "$venv/bin/pytest" -q -p no:cacheprovider "${core_subset[@]}"
+done
