@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
 import click
 
+from panqueue import __version__
 from panqueue.cli._common import EXIT_ERROR, EXIT_USAGE, RuntimeFailure, UsageFailure
 from panqueue.cli._dev import demo, server
 from panqueue.cli._jobs import (
@@ -45,15 +45,8 @@ from panqueue.errors import ConfigError, PanqueueError
 __all__ = ["cli", "main"]
 
 
-def _version() -> str:
-    try:
-        return version("panqueue")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "unknown"
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(_version(), "--version", prog_name="panqueue",
+@click.version_option(__version__, "--version", prog_name="panqueue",
                       message="%(prog)s %(version)s", help="Print the version and exit.")
 def cli() -> None:
     """Redis-backed job queue: run workers, add and inspect jobs, manage queues.
