@@ -5,7 +5,8 @@ Two sources, two scrape targets:
 - :class:`WorkerMetrics`: counters and histograms a worker process updates as it runs jobs
   (``panqueue worker --metrics-port``). The runtime calls its hook methods
   (:meth:`~WorkerMetrics.attempt_finished`, :meth:`~WorkerMetrics.claim_finished`,
-  :meth:`~WorkerMetrics.locks_renewed`, :meth:`~WorkerMetrics.lock_lost`); a worker without a
+  :meth:`~WorkerMetrics.locks_renewed`, :meth:`~WorkerMetrics.lock_lost`,
+  :meth:`~WorkerMetrics.executor_restarted`); a worker without a
   metrics object skips them at the cost of one ``is None`` check.
 - :class:`QueueCollector`: gauges read from Redis at scrape time (``panqueue metrics``): jobs
   by state, lag, paused, live workers. One such exporter per Redis deployment is enough.
@@ -77,6 +78,10 @@ class WorkerMetrics:
         self._losses = Counter("panqueue_lock_losses_total",
                                "Attempts stopped because their lock was lost.", ["queue"],
                                registry=r)
+        self._restarts = Counter(
+            "panqueue_executor_restarts_total",
+            "Subprocess children replaced, or threads left running, because an attempt crashed, "
+            "timed out or was stopped.", ["queue", "executor", "reason"], registry=r)
 
     # The runtime's hooks: called on the event loop, cheap, never raising.
 
@@ -97,6 +102,11 @@ class WorkerMetrics:
 
     def lock_lost(self, queue: str) -> None:
         self._losses.labels(queue).inc()
+
+    def executor_restarted(self, queue: str, executor: str, reason: str) -> None:
+        """The queue's executor replaced a child or thread (``reason``: crashed, timeout,
+        stopped)."""
+        self._restarts.labels(queue, executor, reason).inc()
 
 
 class QueueCollector(Collector):

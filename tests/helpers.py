@@ -85,15 +85,21 @@ def capture_panqueue_logs() -> Iterator[list[dict[str, Any]]]:
 
 
 class WorkerProcess:
-    """``panqueue worker`` as a child process; its output goes to files, not pipes."""
+    """``panqueue worker`` as a child process; its output goes to files, not pipes.
+    ``app``: the registry to serve; ``path``: a directory put first on its PYTHONPATH (for an
+    app module a test writes)."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, app: str = "cli_app:queues",
+                 path: Path | None = None) -> None:
         self.stdout_path = tmp_path / "worker.out"
         self.stderr_path = tmp_path / "worker.err"
+        env = subprocess_env()
+        if path is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(path), env["PYTHONPATH"]])
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.process = subprocess.Popen(
-                panqueue_command("worker", "cli_app:queues", *args), stdin=subprocess.DEVNULL,
-                stdout=out, stderr=err, env=subprocess_env(), cwd=ROOT)
+                panqueue_command("worker", app, *args), stdin=subprocess.DEVNULL,
+                stdout=out, stderr=err, env=env, cwd=ROOT)
 
     def alive(self) -> bool:
         return self.process.poll() is None

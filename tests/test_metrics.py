@@ -8,7 +8,10 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from panqueue import JobState, SyncQueueClient
@@ -75,6 +78,179 @@ def test_worker_metrics_count_what_ran(private_redis: RedisServer,
     for _name, labels in samples:
         assert {key for key, _ in labels} <= {"queue", "le"}, labels
     assert worker.stop() == 0
+
+
+# One handler per way an attempt can end (the worker process imports this module).
+OUTCOMES_APP = """
+import os
+import time
+from pathlib import Path
+
+import anyio
+
+from panqueue import Backoff, Job, Registry
+
+queues = Registry()
+now = Backoff.fixed(0)
+
+
+@queues.handler("m-echo")
+async def echo(job: Job) -> object:
+    return job.data
+
+
+@queues.handler("m-fail", attempts=1)
+async def fail(job: Job) -> None:
+    raise RuntimeError("no")
+
+
+@queues.handler("m-flaky", attempts=3, backoff=now)
+async def flaky(job: Job) -> str:
+    if job.attempt == 1:
+        raise RuntimeError("first attempt fails")
+    return "second attempt"
+
+
+@queues.handler("m-crash", executor="subprocess", attempts=2, backoff=now)
+def crash(job: Job) -> str:
+    if job.attempt == 1:
+        os._exit(3)  # the child dies mid-job: the executor replaces it
+    return "new child"
+
+
+@queues.handler("m-timeout", executor="thread", attempts=1, timeout=0.2)
+def too_slow(job: Job) -> None:
+    while not job.should_stop():
+        time.sleep(0.01)
+
+
+# Runs until stopped; the file says it started. A short lock: renewed every 0.5 s.
+@queues.handler("m-hold", attempts=1, lock_ttl=1.5)
+async def hold(job: Job) -> None:
+    Path(job.data).touch()
+    await anyio.sleep(60)
+
+
+# Its lock is taken away while it runs; the sweep then fails it (no stall allowed).
+@queues.handler("m-lose", attempts=1, lock_ttl=1.5, max_stalls=0)
+async def lose(job: Job) -> None:
+    Path(job.data).touch()
+    await anyio.sleep(60)
+"""
+
+
+def test_worker_and_exporter_count_every_outcome_of_what_ran(
+        private_redis: RedisServer, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = private_redis.url
+    port = free_port()
+    (tmp_path / "outcomes_app.py").write_text(OUTCOMES_APP)
+    worker = WorkerProcess(tmp_path, "--url", url, "--poll-interval", "0.1", "--metrics-port",
+                           str(port), app="outcomes_app:queues", path=tmp_path)
+    request.addfinalizer(worker.kill)
+    wait_until(lambda: scrape(port) is not None, 20, "/metrics to answer")
+    held, lost = tmp_path / "held", tmp_path / "lost"
+    with SyncQueueClient(url) as client, redis.Redis.from_url(url) as raw:
+        for n in range(3):
+            client.queue("m-echo").add(n)
+        for n in range(2):
+            client.queue("m-fail").add(n)
+            client.queue("m-flaky").add(n)
+        client.queue("m-crash").add(None)
+        client.queue("m-timeout").add(None)
+        hold = client.queue("m-hold").add(str(held))
+        lose = client.queue("m-lose").add(str(lost))
+
+        # Cancel the held job once its lock was renewed at least once.
+        wait_until(lambda: held.exists() and (value(
+            scrape(port) or {}, "panqueue_lock_renewals_total", queue="m-hold") or 0) >= 1,
+            20, "the held job to run and its lock to be renewed")
+        assert client.cancel("m-hold", hold.id) is JobState.ACTIVE
+        # Take the other job's lock away, as if the lock had expired and another worker had
+        # claimed it: the next renewal finds the token changed and stops the attempt.
+        wait_until(lost.exists, 20, "the job whose lock will be lost to start")
+        raw.hset(f"{{q:m-lose}}:job:{lose.id}", "tk", "someone-else")
+
+        def finished() -> bool:
+            c = {q: client.counts(q) for q in ("m-echo", "m-fail", "m-flaky", "m-crash",
+                                                "m-timeout", "m-hold", "m-lose")}
+            return (c["m-echo"][JobState.COMPLETED] == 3 and c["m-fail"][JobState.FAILED] == 2
+                    and c["m-flaky"][JobState.COMPLETED] == 2
+                    and c["m-crash"][JobState.COMPLETED] == 1
+                    and c["m-timeout"][JobState.FAILED] == 1
+                    and c["m-hold"][JobState.CANCELLED] == 1
+                    and c["m-lose"][JobState.FAILED] == 1)
+
+        wait_until(finished, 30, "every job to end")
+        assert client.get_job("m-lose", lose.id).failure_reason == "stalled"
+        assert client.get_job("m-crash", client.list_jobs("m-crash", JobState.COMPLETED)[0].id
+                              ).result == "new child"
+
+    # What each queue's attempts ended as: (completed, failed, retried, cancelled, lock_lost).
+    expected = {"m-echo": (3, 0, 0, 0, 0), "m-fail": (0, 2, 0, 0, 0),
+                "m-flaky": (2, 0, 2, 0, 0), "m-crash": (1, 0, 1, 0, 0),
+                "m-timeout": (0, 1, 0, 0, 0), "m-hold": (0, 0, 0, 1, 0),
+                "m-lose": (0, 0, 0, 0, 1)}
+    names = ("completed", "failed", "retried", "cancelled", "lock_lost")
+
+    def counted() -> dict[str, tuple[float, ...]]:
+        samples = scrape(port) or {}
+        return {queue: tuple(value(samples, f"panqueue_jobs_{name}_total", queue=queue) or 0
+                             for name in names) for queue in expected}
+
+    # The last outcomes are recorded just before their counters move: wait for them.
+    wait_until(lambda: counted() == expected, 10, f"the counters to be {expected}")
+    samples = scrape(port)
+    assert samples is not None
+    for queue, ends in expected.items():
+        assert value(samples, "panqueue_jobs_released_total", queue=queue) in (None, 0)
+        # Every attempt is timed once, whatever its end.
+        attempts = sum(ends)
+        assert value(samples, "panqueue_job_run_seconds_count", queue=queue) == attempts
+        assert value(samples, "panqueue_job_wait_seconds_count", queue=queue) == attempts
+    assert value(samples, "panqueue_lock_losses_total", queue="m-lose") == 1
+    assert value(samples, "panqueue_lock_losses_total", queue="m-hold") in (None, 0)
+    renewals = value(samples, "panqueue_lock_renewals_total", queue="m-hold")
+    assert renewals is not None and renewals >= 1
+    # The held job ran about 0.5 s or more: its run time says so.
+    held_run = value(samples, "panqueue_job_run_seconds_sum", queue="m-hold")
+    assert held_run is not None and 0.4 < held_run < 30
+    assert value(samples, "panqueue_executor_restarts_total", queue="m-crash",
+                 executor="subprocess", reason="crashed") == 1
+    assert value(samples, "panqueue_executor_restarts_total", queue="m-timeout",
+                 executor="thread", reason="timeout") == 1
+    restarts = {labels: n for (name, labels), n in samples.items()
+                if name == "panqueue_executor_restarts_total"}
+    assert sum(restarts.values()) == 2, restarts
+    for name, labels in samples:
+        assert name.startswith("panqueue_") or name.startswith(("python_", "process_")), name
+        assert {key for key, _ in labels} <= {"queue", "le", "executor", "reason"}, labels
+
+    # The exporter reads the same story from Redis.
+    exporter_port = free_port()
+    exporter = subprocess.Popen(
+        panqueue_command("metrics", "--url", url, "--port", str(exporter_port)),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=subprocess_env(), cwd=ROOT)
+    try:
+        wait_until(lambda: scrape(exporter_port) is not None, 20, "the exporter to answer")
+        gauges = scrape(exporter_port)
+        assert gauges is not None
+        stored = {"m-echo": ("completed", 3), "m-fail": ("failed", 2),
+                  "m-flaky": ("completed", 2), "m-crash": ("completed", 1),
+                  "m-timeout": ("failed", 1), "m-hold": ("cancelled", 1),
+                  "m-lose": ("failed", 1)}
+        for queue, (state, n) in stored.items():
+            assert value(gauges, "panqueue_jobs", queue=queue, state=state) == n, queue
+            assert value(gauges, "panqueue_jobs", queue=queue, state="active") == 0, queue
+            assert value(gauges, "panqueue_jobs", queue=queue, state="waiting") == 0, queue
+            assert value(gauges, "panqueue_workers", queue=queue) == 1, queue
+            assert value(gauges, "panqueue_queue_paused", queue=queue) == 0, queue
+            assert value(gauges, "panqueue_queue_lag_seconds", queue=queue) == 0, queue
+    finally:
+        exporter.terminate()
+        _out, err = exporter.communicate(timeout=15)
+    assert exporter.returncode == 0, err
+    assert worker.stop() == 0, worker.stderr
 
 
 def test_worker_metrics_port_taken_is_one_line(private_redis: RedisServer) -> None:

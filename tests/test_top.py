@@ -3,11 +3,9 @@ worker process."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import uuid
@@ -157,27 +155,6 @@ async def timed(job: Job) -> None:
 """
 
 
-@contextlib.contextmanager
-def _timed_worker(tmp_path: Path, url: str) -> Iterator[subprocess.Popen[bytes]]:
-    (tmp_path / "timed_app.py").write_text(TIMED_APP)
-    env = subprocess_env()
-    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
-    with (tmp_path / "timed.err").open("wb") as err:
-        proc = subprocess.Popen(panqueue_command("worker", "timed_app:queues", "--url", url),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                env=env, cwd=ROOT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _seconds(cell: str) -> float:
     """A duration as the view prints it (``210ms``, ``1.25s``, ``2.0m``), in seconds."""
     match = re.fullmatch(r"([\d.]+)(ms|s|m|h)", cell)
@@ -203,12 +180,15 @@ def test_percentile_is_the_nearest_rank() -> None:
 
 
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
-def test_top_shows_wait_and_run_percentiles_of_the_last_minute(server: RedisServer,
-                                                                tmp_path: Path) -> None:
+def test_top_shows_wait_and_run_percentiles_of_the_last_minute(
+        server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     url = server.url
     queue = "top-timed"
     keys = QueueKeys(queue)
-    with SyncQueueClient(url) as client, _timed_worker(tmp_path, url) as worker:
+    (tmp_path / "timed_app.py").write_text(TIMED_APP)
+    worker = WorkerProcess(tmp_path, "--url", url, app="timed_app:queues", path=tmp_path)
+    request.addfinalizer(worker.kill)
+    with SyncQueueClient(url) as client:
         # Jobs wait at least a second in a paused queue, then each runs 0.2 s.
         client.pause(queue)
         for n in range(6):
@@ -257,7 +237,7 @@ def test_top_shows_wait_and_run_percentiles_of_the_last_minute(server: RedisServ
         finally:
             subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True,
                            timeout=10)
-        assert worker.poll() is None, (tmp_path / "timed.err").read_text()
+        assert worker.stop() == 0, worker.stderr
 
 
 def _worker_names(client: SyncQueueClient) -> list[str]:

@@ -23,3 +23,7 @@ class MetricsHook(Protocol):
 
     def lock_lost(self, queue: str) -> None:
         """An attempt's lock was lost (the attempt is being stopped)."""
+
+    def executor_restarted(self, queue: str, executor: str, reason: str) -> None:
+        """The queue's executor replaced a child or thread: ``crashed``, ``timeout`` or
+        ``stopped`` (see :attr:`panqueue.executors.Executor.on_restart`)."""

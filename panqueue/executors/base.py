@@ -8,6 +8,7 @@ re-exported here: executors and the worker runtime import them from this module.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from panqueue.errors import ChildCrashed, HandlerAborted, JobTimeout, RemoteError
@@ -32,6 +33,11 @@ class Executor(ABC):
     name: ClassVar[str] = "executor"
     #: Whether the executor honours the subprocess isolation options (limits, env, cwd, ...).
     isolates: ClassVar[bool] = False
+    #: Told why, each time the executor replaces what runs handlers because an attempt went
+    #: wrong: ``"crashed"`` (a child died), ``"timeout"`` or ``"stopped"`` (a child killed, or
+    #: a thread left running, when its attempt timed out or was stopped). The worker sets it
+    #: when it has a metrics object; ``None`` otherwise. Call :meth:`restarted`, not this.
+    on_restart: Callable[[str], None] | None = None
 
     def __init__(self, handler: Handler[Any, Any]) -> None:
         self.handler = handler
@@ -51,6 +57,11 @@ class Executor(ABC):
         executor that cannot report the handler's own exception raises :class:`HandlerAborted`,
         :class:`ChildCrashed` or :class:`RemoteError` instead.
         """
+
+    def restarted(self, reason: str) -> None:
+        """Report a replaced child, thread or pool (see :attr:`on_restart`)."""
+        if self.on_restart is not None:
+            self.on_restart(reason)
 
     def request_stop(self) -> None:
         """Phase one of shutdown: ask running jobs to finish. Default: nothing."""

@@ -147,6 +147,7 @@ class SubprocessExecutor(Executor):
             await child.terminate()
             how = "did not answer" if returncode is None else describe_exit(returncode,
                                                                              self.isolation)
+            self.restarted("crashed")
             raise ChildCrashed(f"child could not start: {how} (is {self.handler.import_path} "
                                "importable? its traceback is on the worker's stderr)") from None
         except BaseException:
@@ -154,12 +155,16 @@ class SubprocessExecutor(Executor):
             raise
         if ready.get("t") != "ready":
             await child.terminate()
+            self.restarted("crashed")
             raise ChildCrashed(f"child sent {ready!r} instead of 'ready'")
         return child
 
     async def run(self, job: Job, timeout: float | None) -> Any:
         child = self._idle.pop() if self._idle else await self._spawn()
         healthy = False
+        # Why the child is replaced if this ends unhealthy; "stopped" unless found otherwise:
+        # the attempt was cancelled (cancel request, lost lock, forced shutdown).
+        restart: str | None = "stopped"
         try:
             options = job.options
             await child.send({
@@ -176,11 +181,14 @@ class SubprocessExecutor(Executor):
             with anyio.move_on_after(timeout) as scope:
                 frame = await self._until_done(child, job)
             if scope.cancelled_caught:
+                restart = "timeout"
                 raise JobTimeout(timeout or 0)
             child.jobs += 1
+            restart = None  # a child that asks to be recycled is replaced as planned
             healthy = not frame.get("recycle")
             return self._outcome(frame)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead):
+            restart = "crashed"
             with anyio.CancelScope(shield=True):
                 returncode = await child.process.wait()
             raise ChildCrashed(describe_exit(returncode, self.isolation)) from None
@@ -192,6 +200,8 @@ class SubprocessExecutor(Executor):
             else:
                 # Cancelled (forced shutdown, cancel request), timed out, crashed or used up.
                 await child.terminate()
+                if restart is not None:  # not a planned recycle
+                    self.restarted(restart)
 
     async def _until_done(self, child: _Child, job: Job) -> dict[str, Any]:
         while True:

@@ -122,12 +122,15 @@ class ThreadExecutor(Executor):
             _call_soon(token, done.set)
 
         self._threads.submit(work)
+        scope = anyio.move_on_after(timeout)
         try:
-            with anyio.move_on_after(timeout) as scope:
+            with scope:
                 await done.wait()
         finally:
             if not done.is_set():
                 abandoned = True  # cancelled (shutdown, cancel request, lock lost) or timeout
+                # The thread runs on, and the pool starts another for the next job.
+                self.restarted("timeout" if scope.cancelled_caught else "stopped")
         if scope.cancelled_caught:
             raise JobTimeout(timeout or 0)
         ok, value = outcome[0]
