@@ -12,6 +12,7 @@ import asyncio
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -324,3 +325,20 @@ def test_worker_without_django_settings_exits_2_with_one_line(django_db: Path) -
     assert done.returncode == 2
     assert "cannot import the Django settings 'nowhere.settings'" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_example_project_enqueues_on_commit_and_a_burst_worker_runs_its_tasks(
+        redis_url: str) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "django_tasks_app.py")],
+                          capture_output=True, text=True, timeout=90, cwd=ROOT,
+                          env=subprocess_env(PANQUEUE_URL=redis_url))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "done"
+    for expected in ["is not enqueued yet (enqueued_at=None)",
+                     "after the commit it is: status READY, enqueued_at set: True",
+                     "rolled back: the task for bob was never enqueued",
+                     "send_welcome: SUCCESSFUL -> 'welcome mail sent to ada@example.com'",
+                     "charge: FAILED, raised CardDeclined "
+                     "(django_app.accounts.tasks.CardDeclined)"]:
+        assert expected in done.stdout, done.stdout
