@@ -1,0 +1,385 @@
+"""The dashboard's routes: server-rendered pages (Jinja2, autoescaped), two JSON endpoints for
+the live parts, and the actions, each a POST checked for its CSRF token.
+
+Every route reads and acts through one :class:`~panqueue.SyncQueueClient` (thread-safe and
+pooled); Starlette runs the sync endpoints in its thread pool, so the app works the same under
+asyncio and trio servers. Queue names and job ids travel in query strings and form fields,
+never in paths, so any name (slashes included) round-trips.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from panqueue import (
+    ConfigError,
+    ConnectionError,
+    JobNotFound,
+    JobState,
+    PanqueueError,
+    SyncQueueClient,
+)
+from panqueue._store.transport import redact_url
+from panqueue.dashboard._reads import (
+    Rates,
+    age,
+    overview,
+    pretty_json,
+    preview,
+    recent_events,
+    timestamp,
+)
+from panqueue.dashboard._security import (
+    AUTH_COOKIE,
+    SESSION_COOKIE,
+    Guard,
+    Signer,
+    cookie_header,
+    route_path,
+)
+
+__all__ = ["build_app"]
+
+HERE = Path(__file__).resolve().parent
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+MAX_OFFSET = 2**53  # past any real queue, and still an integer Redis takes
+_STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
+# What a finished action says on the page it returns to ("done" query parameter).
+_DONE = {
+    "pause": "Queue paused.",
+    "resume": "Queue resumed.",
+    "retry": "{n} job(s) moved back to waiting.",
+    "retry_all": "{n} failed job(s) moved back to waiting.",
+    "cancel": "Job cancelled (it was {was}).",
+    "remove": "Job removed.",
+    "purge": "{n} job(s) deleted.",
+    "login": "Logged in.",
+}
+_NOTICE_PARAMS = frozenset({"done", "n", "was"})
+ACTIONS = ("pause", "resume", "retry", "retry_all", "cancel", "remove", "purge")
+
+
+class BadRequest(Exception):
+    """A request the dashboard cannot serve as asked: 400 with one line."""
+
+
+class Dashboard:
+    """The app's state: the client, the rate windows, the templates and the signer."""
+
+    def __init__(self, url: str | None, read_only: bool, token: str | None) -> None:
+        self.client = SyncQueueClient(url)
+        self.read_only = read_only
+        self.signer = Signer(token)
+        self.rates = Rates(self.client)
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+            undefined=jinja2.StrictUndefined)
+        self.templates.filters.update(age=age, timestamp=timestamp, pretty=pretty_json,
+                                      preview=preview)
+
+    # ------------------------------------------------------------------ rendering
+
+    def link(self, request: Request, path: str, **params: Any) -> str:
+        """A URL of the app (under the prefix it is mounted at), with query parameters."""
+        query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
+        root: str = request.scope.get("root_path", "")
+        return root + path + (f"?{query}" if query else "")
+
+    def render(self, request: Request, template: str, status: int = 200,
+               **context: Any) -> HTMLResponse:
+        sid = request.state.session
+        done = request.query_params.get("done")
+        notice = None
+        if done in _DONE:
+            notice = _DONE[done].format(n=request.query_params.get("n", "?"),
+                                        was=request.query_params.get("was", "?"))
+        page = self.templates.get_template(template).render(
+            base=request.scope.get("root_path", ""),
+            link=lambda path, **params: self.link(request, path, **params),
+            csrf=self.signer.csrf_token(sid),
+            read_only=self.read_only,
+            login=self.signer.token is not None,
+            server=redact_url(self.client.url),
+            notice=notice,
+            here=_here(request),
+            states=list(JobState),
+            **context)
+        return HTMLResponse(page, status_code=status)
+
+    def problem(self, request: Request, status: int, message: str) -> HTMLResponse:
+        return self.render(request, "problem.html", status=status, message=message)
+
+    # ------------------------------------------------------------------ pages
+
+    def index(self, request: Request) -> Response:
+        snap = overview(self.client, self.rates)
+        return self.render(request, "overview.html", overview=snap)
+
+    def queue(self, request: Request) -> Response:
+        params = request.query_params
+        name = _required(params, "q")
+        state = _state(params.get("state", JobState.WAITING.value))
+        offset = _int(params, "offset", 0, 0, MAX_OFFSET)
+        limit = _int(params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE)
+        counts = self.client.counts(name)
+        jobs = self.client.list_jobs(name, state, limit=limit, offset=offset)
+        total = counts[state]
+        last = max(0, (total - 1) // limit * limit)
+        return self.render(
+            request, "queue.html", queue=name, state=state, counts=counts, jobs=jobs,
+            offset=offset, limit=limit, total=total, last_offset=last,
+            paused=self.client.is_paused(name))
+
+    def job(self, request: Request) -> Response:
+        name = _required(request.query_params, "q")
+        job_id = _required(request.query_params, "id")
+        job = self.client.get_job(name, job_id)
+        try:
+            why = self.client.explain(name, job_id)
+        except JobNotFound:
+            why = None
+        columns = list(dict.fromkeys(key for entry in job.history for key in entry))
+        return self.render(request, "job.html", queue=name, job=job, explanation=why,
+                           history_columns=columns)
+
+    def workers(self, request: Request) -> Response:
+        return self.render(request, "workers.html", workers=self.client.workers())
+
+    def schedules(self, request: Request) -> Response:
+        found = [s for q in self.client.queues() for s in self.client.schedules(q)]
+        return self.render(request, "schedules.html", schedules=found)
+
+    def events(self, request: Request) -> Response:
+        name = _required(request.query_params, "q")
+        events, position = recent_events(self.client, name, None)
+        return self.render(request, "events.html", queue=name, events=list(reversed(events)),
+                           position=position)
+
+    def purge_form(self, request: Request) -> Response:
+        name = _required(request.query_params, "q")
+        return self.render(request, "purge.html", queue=name, counts=self.client.counts(name))
+
+    # ------------------------------------------------------------------ live parts (JSON)
+
+    def api_overview(self, request: Request) -> Response:
+        return JSONResponse(overview(self.client, self.rates).to_dict())
+
+    def api_events(self, request: Request) -> Response:
+        name = _required(request.query_params, "q")
+        after = request.query_params.get("after")
+        if after is not None and not _STREAM_ID.fullmatch(after):
+            raise BadRequest(f"after must be a stream id such as 1700000000000-0, got {after!r}")
+        events, position = recent_events(self.client, name, after)
+        return JSONResponse({"events": events, "position": position})
+
+    def api_job(self, request: Request) -> Response:
+        name = _required(request.query_params, "q")
+        job = self.client.get_job(name, _required(request.query_params, "id"))
+        return JSONResponse({"state": job.state.value, "attempts": job.attempts,
+                             "progress": pretty_json(job.progress)})
+
+    # ------------------------------------------------------------------ login
+
+    def login_form(self, request: Request) -> Response:
+        if self.signer.token is None:
+            return RedirectResponse(self.link(request, "/"), status_code=303)
+        return self.render(request, "login.html", next=_local(request.query_params.get("next")),
+                           failed=False)
+
+    async def login(self, request: Request) -> Response:
+        if self.signer.token is None:
+            return RedirectResponse(self.link(request, "/"), status_code=303)
+        form = await request.form()
+        target = _local(_field(form, "next"))
+        if not self.signer.csrf_ok(request.state.session, _field(form, "csrf")):
+            return self.problem(request, 403, "the form's CSRF token is missing or stale: "
+                                              "reload the login page and try again")
+        if not self.signer.token_ok(_field(form, "token")):
+            return self.render(request, "login.html", status=401, next=target, failed=True)
+        # A fresh session on login: an id planted before it is worth nothing after.
+        sid, session_cookie = self.signer.new_session()
+        response = RedirectResponse(self.link(request, target or "/"), status_code=303)
+        response.raw_headers += [
+            (b"set-cookie", cookie_header(request.scope, SESSION_COOKIE, session_cookie)),
+            (b"set-cookie", cookie_header(request.scope, AUTH_COOKIE,
+                                          self.signer.login_cookie(sid))),
+        ]
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        form = await request.form()
+        if not self.signer.csrf_ok(request.state.session, _field(form, "csrf")):
+            return self.problem(request, 403, "the form's CSRF token is missing or stale")
+        response = RedirectResponse(self.link(request, "/login"), status_code=303)
+        response.raw_headers.append(
+            (b"set-cookie", cookie_header(request.scope, AUTH_COOKIE, "", max_age=0)))
+        return response
+
+    # ------------------------------------------------------------------ actions
+
+    async def action(self, request: Request) -> Response:
+        """POST /action: ``action``, ``queue`` and ``csrf`` (and ``job_id``, ``confirm``,
+        ``state`` where the action needs them). 403 when read-only or the token is wrong."""
+        if self.read_only:
+            return self.problem(request, 403, "this dashboard is read-only: actions are "
+                                              "refused")
+        form = await request.form()
+        if not self.signer.csrf_ok(request.state.session, _field(form, "csrf")):
+            return self.problem(request, 403, "the form's CSRF token is missing or stale: "
+                                              "reload the page and try again")
+        action = _field(form, "action")
+        if action not in ACTIONS:
+            raise BadRequest(f"unknown action {action!r} (one of: {', '.join(ACTIONS)})")
+        name = _field(form, "queue")
+        if not name:
+            raise BadRequest("the form names no queue")
+        job_id = _field(form, "job_id")
+        if action in ("retry", "cancel", "remove") and not job_id:
+            raise BadRequest(f"{action} needs a job_id")
+        def run() -> Response:
+            return self._act(request, form, action, name, job_id)
+
+        return await run_in_threadpool(run)
+
+    def _act(self, request: Request, form: FormData, action: str, name: str,
+             job_id: str | None) -> Response:
+        client = self.client
+        back_to_job = self.link(request, "/job", q=name, id=job_id)
+        back_to_queue = self.link(request, "/queue", q=name,
+                                  state=_field(form, "return_state") or None)
+        if action in ("pause", "resume"):
+            (client.pause if action == "pause" else client.resume)(name)
+            target = _local(_field(form, "next"))
+            where = self.link(request, target) if target else self.link(request, "/")
+            return _done(where, action)
+        if action == "retry_all":
+            return _done(self.link(request, "/queue", q=name, state="failed"), action,
+                         n=client.retry_failed(name))
+        if action == "purge":
+            if _field(form, "confirm") != name:
+                raise BadRequest(f"type the queue's name ({name!r}) to confirm the purge")
+            states = form.getlist("state")
+            deleted = client.purge(name, [str(s) for s in states] or None)
+            return _done(self.link(request, "/queue", q=name), action, n=deleted)
+        assert job_id is not None
+        if action == "retry":
+            return _done(back_to_job, action, n=client.retry_failed(name, [job_id]))
+        if action == "cancel":
+            was = client.cancel(name, job_id)
+            return _done(back_to_job, action, was=was.value)
+        # remove: the job is gone, so back to its queue.
+        if not client.remove(name, job_id):
+            raise JobNotFound(name, job_id)
+        return _done(back_to_queue, action)
+
+    # ------------------------------------------------------------------ errors
+
+    def on_error(self, request: Request, exc: Exception) -> Response:
+        if isinstance(exc, HTTPException):
+            return self.problem(request, exc.status_code, str(exc.detail))
+        if isinstance(exc, BadRequest | ConfigError):
+            status = 400
+        elif isinstance(exc, JobNotFound):
+            status = 404
+        elif isinstance(exc, ConnectionError):
+            status = 503
+        else:
+            status = 409
+        wants_json = route_path(request.scope).startswith("/api/")
+        if wants_json:
+            return JSONResponse({"error": str(exc)}, status_code=status)
+        return self.problem(request, status, str(exc))
+
+
+def _here(request: Request) -> str:
+    """The page's path and query inside the app, without an earlier action's notice."""
+    kept = [(k, v) for k, v in request.query_params.multi_items() if k not in _NOTICE_PARAMS]
+    query = urlencode(kept)
+    return route_path(request.scope) + (f"?{query}" if query else "")
+
+
+def _done(where: str, action: str, **details: Any) -> Response:
+    query = urlencode({"done": action, **{k: str(v) for k, v in details.items()}})
+    return RedirectResponse(where + ("&" if "?" in where else "?") + query, status_code=303)
+
+
+def _field(form: FormData, name: str) -> str | None:
+    value = form.get(name)
+    return value if isinstance(value, str) else None
+
+
+def _local(target: str | None) -> str | None:
+    """``target`` if it is a path inside the app (no scheme, no host): redirects never leave."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return None
+    return target
+
+
+def _required(params: Mapping[str, str], name: str) -> str:
+    value = params.get(name)
+    if not value:
+        raise BadRequest(f"the query parameter {name!r} is missing")
+    return value
+
+
+def _state(value: str) -> JobState:
+    try:
+        return JobState(value)
+    except ValueError:
+        raise BadRequest(f"unknown job state {value!r} (one of: "
+                         f"{', '.join(s.value for s in JobState)})") from None
+
+
+def _int(params: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return default
+    bounds = f">= {low}" if high == MAX_OFFSET else f"between {low} and {high}"
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise BadRequest(f"{name} must be an integer {bounds}, got {raw!r}")
+    return int(raw)
+
+
+def build_app(url: str | None, read_only: bool, token: str | None) -> Starlette:
+    """The dashboard's ASGI app (see :func:`panqueue.dashboard.create_app`)."""
+    if token is not None and (not isinstance(token, str) or not token.strip()):
+        raise ConfigError("token must be a non-empty string (or None for no token)")
+    board = Dashboard(url, read_only, token)
+    routes = [
+        Route("/", board.index),
+        Route("/queue", board.queue),
+        Route("/job", board.job),
+        Route("/workers", board.workers),
+        Route("/schedules", board.schedules),
+        Route("/events", board.events),
+        Route("/purge", board.purge_form),
+        Route("/api/overview", board.api_overview),
+        Route("/api/events", board.api_events),
+        Route("/api/job", board.api_job),
+        Route("/login", board.login_form, methods=["GET"]),
+        Route("/login", board.login, methods=["POST"]),
+        Route("/logout", board.logout, methods=["POST"]),
+        Route("/action", board.action, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    handlers: dict[Any, Any] = {exc: board.on_error for exc in (
+        BadRequest, PanqueueError, HTTPException)}
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.add_middleware(Guard, signer=board.signer)
+    app.state.dashboard = board
+    return app

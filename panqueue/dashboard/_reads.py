@@ -1,0 +1,184 @@
+"""What the dashboard's pages show, read through the public client: the queues overview
+(counts, rates, lag, paused, workers), a queue's recent events, and the text each value is
+shown as (one formatting for the page and for its live updates).
+
+Rates: the completed and failed sets are trimmed by retention, so their sizes cannot give
+rates. :class:`Rates` counts the ``completed`` and ``failed`` events appended to each queue's
+event stream between reads instead, over a sliding window of :data:`RATE_WINDOW` seconds (the
+stream is capped at about 10,000 entries, so a queue that finishes more than that between two
+reads is undercounted).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from panqueue import ErrorInfo, Event, JobState, SyncQueueClient
+from panqueue.cli._ops import _lag as lag_of  # the same lag as `panqueue info`
+
+__all__ = ["RATE_WINDOW", "Overview", "QueueRow", "Rates", "age", "event_dict", "overview",
+           "pretty_json", "preview", "recent_events", "timestamp"]
+
+RATE_WINDOW = 10.0
+_RATE_MIN_INTERVAL = 0.5  # reads closer together than this reuse the last figure
+_EVENT_BATCH = 1000
+_EVENT_READS = 20  # at most this many batches per queue per read
+EVENTS_SHOWN = 200
+_EVENTS_LOOKBACK_MS = 60_000
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def timestamp(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def preview(value: Any, width: int = 80) -> str:
+    """``value`` as compact JSON on one line, cut at ``width`` characters."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+@dataclass
+class QueueRow:
+    name: str
+    counts: dict[JobState, int]
+    paused: bool
+    lag: float | None
+    completed_per_s: float | None
+    failed_per_s: float | None
+    workers: int
+
+    def cells(self) -> dict[str, str]:
+        """Each column's text, keyed as the page's ``data-field`` attributes."""
+        shown = {state.value: str(n) for state, n in self.counts.items()}
+        return {**shown, "lag": age(self.lag), "completed_per_s": rate(self.completed_per_s),
+                "failed_per_s": rate(self.failed_per_s), "workers": str(self.workers),
+                "paused": "paused" if self.paused else "running"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "counts": {s.value: n for s, n in self.counts.items()},
+                "paused": self.paused, "lag_seconds": self.lag,
+                "completed_per_s": self.completed_per_s, "failed_per_s": self.failed_per_s,
+                "workers": self.workers, "cells": self.cells()}
+
+
+@dataclass
+class Overview:
+    queues: list[QueueRow]
+    workers: int
+    taken_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"queues": [q.to_dict() for q in self.queues], "workers": self.workers,
+                "taken_at": self.taken_at.isoformat()}
+
+
+@dataclass
+class _Window:
+    position: str
+    last_read: float
+    # (when, completed, failed) per read; the first entry is where the window starts.
+    samples: deque[tuple[float, int, int]]
+
+
+class Rates:
+    """Completed and failed jobs per second of each queue, from its event stream (thread-safe:
+    the app serves requests from a thread pool)."""
+
+    def __init__(self, client: SyncQueueClient) -> None:
+        self.client = client
+        self._windows: dict[str, _Window] = {}
+        self._lock = threading.Lock()
+
+    def read(self, queue: str) -> tuple[float | None, float | None]:
+        """Per second over the last :data:`RATE_WINDOW` s; None until two reads are apart."""
+        with self._lock:
+            now = time.monotonic()
+            window = self._windows.get(queue)
+            if window is None:
+                _, position = self.client.read_events(queue)
+                self._windows[queue] = _Window(position, now, deque([(now, 0, 0)]))
+                return None, None
+            if now - window.last_read >= _RATE_MIN_INTERVAL:
+                completed = failed = 0
+                for _ in range(_EVENT_READS):
+                    events, window.position = self.client.read_events(
+                        queue, window.position, limit=_EVENT_BATCH)
+                    completed += sum(1 for e in events if e.type == "completed")
+                    failed += sum(1 for e in events if e.type == "failed")
+                    if len(events) < _EVENT_BATCH:
+                        break
+                window.samples.append((now, completed, failed))
+                window.last_read = now
+                while len(window.samples) > 2 and window.samples[1][0] <= now - RATE_WINDOW:
+                    window.samples.popleft()
+            start = window.samples[0][0]
+            elapsed = window.last_read - start
+            if elapsed <= 0:
+                return None, None
+            counted = list(window.samples)[1:]
+            return (sum(s[1] for s in counted) / elapsed, sum(s[2] for s in counted) / elapsed)
+
+
+def overview(client: SyncQueueClient, rates: Rates) -> Overview:
+    """Every queue's row, and how many workers are live."""
+    live = client.workers()
+    rows = []
+    for queue in client.queues():
+        completed, failed = rates.read(queue)
+        rows.append(QueueRow(queue, client.counts(queue), client.is_paused(queue),
+                             lag_of(client, queue), completed, failed,
+                             sum(1 for w in live if queue in w.queues)))
+    return Overview(rows, len(live), datetime.now(UTC))
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    """An event as JSON-ready values (its time is the stream id's milliseconds)."""
+    fields = {key: (value.to_wire() if isinstance(value, ErrorInfo) else value)
+              for key, value in event.fields.items()}
+    millis = int(event.id.split("-", 1)[0])
+    return {"id": event.id, "type": event.type, "job_id": event.job_id,
+            "time": timestamp(datetime.fromtimestamp(millis / 1000, tz=UTC)),
+            "fields": json.dumps(fields, ensure_ascii=False, default=str) if fields else ""}
+
+
+def recent_events(client: SyncQueueClient, queue: str, after: str | None
+                  ) -> tuple[list[dict[str, Any]], str]:
+    """The events after stream id ``after`` (None: those of the minute before the stream's
+    last event), at most the newest :data:`EVENTS_SHOWN`, and the position to read on from."""
+    if after is None:
+        _, end = client.read_events(queue)
+        millis = int(end.split("-", 1)[0])
+        after = "0-0" if end == "0-0" else f"{max(0, millis - _EVENTS_LOOKBACK_MS)}-0"
+    found: deque[Event] = deque(maxlen=EVENTS_SHOWN)
+    for _ in range(_EVENT_READS):
+        events, after = client.read_events(queue, after, limit=_EVENT_BATCH)
+        found.extend(events)
+        if len(events) < _EVENT_BATCH:
+            break
+    return [event_dict(e) for e in found], after

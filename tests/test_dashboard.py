@@ -1,0 +1,399 @@
+"""The web dashboard over HTTP, in-process (an httpx client on the ASGI app), against a real
+Redis: paging, escaping, CSRF, read-only mode, the access
+token, the actions, and the ``panqueue dashboard`` command's arguments."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio.from_thread
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from panqueue import ConfigError, JobState, SyncQueueClient
+from panqueue.dashboard import create_app
+from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
+
+PAYLOAD = "<script>window.__pwned = 1</script>"
+DASH = "\u2013"  # the en dash of "jobs 1-50 of 120"
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[SyncQueueClient]:
+    with SyncQueueClient(redis_url) as found:
+        yield found
+
+
+class Web:
+    """A blocking httpx client on the ASGI app (its event loop runs in a portal thread),
+    keeping cookies like a browser and never following redirects."""
+
+    def __init__(self, app: Any, portal: anyio.from_thread.BlockingPortal) -> None:
+        self.app = app
+        self.portal = portal
+        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                      base_url="http://testserver", follow_redirects=False)
+        self.cookies = self.http.cookies
+
+    def get(self, url: str, **options: Any) -> httpx.Response:
+        return self.portal.call(functools.partial(self.http.get, url, **options))
+
+    def post(self, url: str, **options: Any) -> httpx.Response:
+        return self.portal.call(functools.partial(self.http.post, url, **options))
+
+
+@contextlib.contextmanager
+def browser(app: Any) -> Iterator[Web]:
+    with anyio.from_thread.start_blocking_portal() as portal:
+        web = Web(app, portal)
+        try:
+            yield web
+        finally:
+            portal.call(web.http.aclose)
+
+
+def csrf_of(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert found, "the page has no CSRF field"
+    return found.group(1)
+
+
+# --------------------------------------------------------------------------- paging (client)
+
+
+def test_pages_of_a_state_are_slices_of_the_whole_order(client: SyncQueueClient,
+                                                        queue_name: str) -> None:
+    queue = client.queue(queue_name)
+    for n in range(23):
+        queue.add(n, priority=n % 3)
+    whole = [j.id for j in client.list_jobs(queue_name, JobState.WAITING, limit=1000)]
+    assert len(whole) == 23
+    for limit in (1, 5, 10):
+        for offset in range(0, 26, 3):
+            page = client.list_jobs(queue_name, "waiting", limit=limit, offset=offset)
+            assert [j.id for j in page] == whole[offset:offset + limit], (offset, limit)
+    handles = queue.add_bulk(range(7))
+    for handle in handles:
+        client.cancel(queue_name, handle.id)
+    newest_first = [j.id for j in client.list_jobs(queue_name, JobState.CANCELLED)]
+    assert [j.id for j in client.list_jobs(queue_name, JobState.CANCELLED, limit=3,
+                                           offset=5)] == newest_first[5:8]
+
+
+def test_keyed_waiting_pages_follow_the_claim_turns_at_any_offset(client: SyncQueueClient,
+                                                                  queue_name: str) -> None:
+    """Offset counts into the claim's round robin over keys (one job per key in turn)."""
+    queue = client.queue(queue_name, mode="keyed")
+    lengths = {"a": 5, "b": 1, "c": 3, "d": 8, "e": 2}
+    for n in range(max(lengths.values())):
+        for key, length in lengths.items():
+            if n < length:
+                queue.add(f"{key}{n}", key=key)
+    whole = client.list_jobs(queue_name, JobState.WAITING, limit=1000)
+    assert len(whole) == sum(lengths.values())
+    # The first turn takes one job of every key, in the claim's order.
+    assert sorted(j.data for j in whole[:5]) == ["a0", "b0", "c0", "d0", "e0"]
+    ids = [j.id for j in whole]
+    for limit in (1, 2, 3, 7, 50):
+        for offset in range(0, len(ids) + 2):
+            page = client.list_jobs(queue_name, JobState.WAITING, limit=limit, offset=offset)
+            assert [j.id for j in page] == ids[offset:offset + limit], (offset, limit)
+
+
+def test_list_jobs_refuses_a_bad_offset(client: SyncQueueClient, queue_name: str) -> None:
+    for offset in (-1, 1.5, True, "3"):
+        with pytest.raises(ConfigError, match="offset must be an int >= 0"):
+            client.list_jobs(queue_name, JobState.WAITING, offset=offset)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def test_overview_shows_every_queue_with_its_counts(redis_url: str,
+                                                    client: SyncQueueClient) -> None:
+    client.queue("mail").add_bulk([{"n": n} for n in range(4)])
+    client.queue("mail").add({"later": True}, delay=600)
+    client.queue("reports").add({})
+    client.pause("reports")
+    with browser(create_app(redis_url)) as web:
+        page = web.get("/")
+        assert page.status_code == 200
+        rows = dict(re.findall(r'<tr data-queue="([^"]+)">(.*?)</tr>', page.text, re.S))
+        assert set(rows) == {"mail", "reports"}
+        assert 'data-field="waiting">4<' in rows["mail"]
+        assert 'data-field="delayed">1<' in rows["mail"]
+        assert 'data-field="paused">paused<' in rows["reports"]
+        live = web.get("/api/overview").json()
+        mail = next(q for q in live["queues"] if q["name"] == "mail")
+        assert mail["counts"]["waiting"] == 4 and mail["counts"]["delayed"] == 1
+        assert mail["lag_seconds"] is not None and mail["lag_seconds"] >= 0
+        assert mail["cells"]["waiting"] == "4"
+
+
+def test_job_data_is_shown_as_text_everywhere(redis_url: str, client: SyncQueueClient,
+                                              queue_name: str) -> None:
+    """A payload holding markup comes back escaped on every page that shows it."""
+    job = client.queue(queue_name).add({"html": PAYLOAD}, job_id=f"id-{PAYLOAD}")
+    with browser(create_app(redis_url)) as web:
+        pages = [web.get("/job", params={"q": queue_name, "id": job.id}),
+                 web.get("/queue", params={"q": queue_name}),
+                 web.get("/events", params={"q": queue_name}),
+                 web.get("/job", params={"q": queue_name, "id": f"missing {PAYLOAD}"})]
+        for page in pages:
+            assert "<script>window" not in page.text, page.url
+            assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in page.text, page.url
+        assert pages[-1].status_code == 404
+        events = web.get("/api/events", params={"q": queue_name, "after": "0-0"}).json()
+        assert events["events"][0]["job_id"] == job.id  # JSON, read with textContent
+
+
+def test_security_headers_forbid_inline_script_and_framing(redis_url: str) -> None:
+    with browser(create_app(redis_url)) as web:
+        page = web.get("/")
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert "frame-ancestors 'none'" in csp
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.headers["referrer-policy"] == "no-referrer"
+    cookie = page.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+
+
+def test_jobs_page_pages_through_a_state(redis_url: str, client: SyncQueueClient,
+                                         queue_name: str) -> None:
+    client.queue(queue_name).add_bulk([{"n": n} for n in range(120)])
+    with browser(create_app(redis_url)) as web:
+        first = web.get("/queue", params={"q": queue_name, "state": "waiting"})
+        assert f"jobs 1{DASH}50 of 120" in first.text
+        assert first.text.count("<tr data-job=") == 50
+        last = web.get("/queue", params={"q": queue_name, "state": "waiting", "offset": 100})
+        assert f"jobs 101{DASH}120 of 120" in last.text
+        shown = re.findall(r'<tr data-job="([^"]+)"', last.text)
+        expected = [j.id for j in client.list_jobs(queue_name, "waiting", limit=20,
+                                                   offset=100)]
+        assert shown == expected
+        assert 'rel="next"' not in last.text and 'rel="prev"' in last.text
+        for bad in ({"offset": "-1"}, {"offset": "x"}, {"limit": "0"}, {"limit": "501"},
+                    {"state": "dead"}):
+            refused = web.get("/queue", params={"q": queue_name, **bad})
+            assert refused.status_code == 400, bad
+            problem = re.search(r'id="problem">(.*?)</p>', refused.text)
+            assert problem and "\n" not in problem.group(1), bad
+
+
+def test_search_by_id_opens_the_job_or_says_it_is_not_there(
+        redis_url: str, client: SyncQueueClient, queue_name: str) -> None:
+    client.queue(queue_name).add({"n": 1}, job_id="order-42")
+    with browser(create_app(redis_url)) as web:
+        found = web.get("/job", params={"q": queue_name, "id": "order-42"})
+        assert found.status_code == 200 and 'id="job-id">order-42<' in found.text
+        missing = web.get("/job", params={"q": queue_name, "id": "order-43"})
+        assert missing.status_code == 404
+        assert "job &#39;order-43&#39; not found" in missing.text
+
+
+# --------------------------------------------------------------------------- actions
+
+
+def test_an_action_without_the_sessions_csrf_token_is_refused(
+        redis_url: str, client: SyncQueueClient, queue_name: str) -> None:
+    client.queue(queue_name).add({})
+    app = create_app(redis_url)
+    with browser(app) as web, browser(app) as other:
+        token = csrf_of(web.get("/"))
+        other_token = csrf_of(other.get("/"))
+        form = {"action": "pause", "queue": queue_name}
+        assert web.post("/action", data=form).status_code == 403
+        assert web.post("/action", data={**form, "csrf": "0" * 64}).status_code == 403
+        # Another session's token is worth nothing in this one.
+        assert web.post("/action", data={**form, "csrf": other_token}).status_code == 403
+        assert not client.is_paused(queue_name)
+        done = web.post("/action", data={**form, "csrf": token})
+        assert done.status_code == 303
+        assert client.is_paused(queue_name)
+
+
+def test_actions_cancel_remove_pause_resume_and_purge(redis_url: str, client: SyncQueueClient,
+                                                      queue_name: str) -> None:
+    queue = client.queue(queue_name)
+    doomed, kept, gone = (queue.add({"n": n}) for n in range(3))
+    with browser(create_app(redis_url)) as web:
+        token = csrf_of(web.get("/"))
+
+        def act(action: str, **fields: Any) -> httpx.Response:
+            return web.post("/action", data={"csrf": token, "action": action,
+                                             "queue": queue_name, **fields})
+
+        cancelled = act("cancel", job_id=doomed.id)
+        assert cancelled.status_code == 303
+        assert "done=cancel" in cancelled.headers["location"]
+        assert client.get_job(queue_name, doomed.id).state is JobState.CANCELLED
+        assert act("remove", job_id=gone.id).status_code == 303
+        assert client.list_jobs(queue_name, "waiting") == [client.get_job(queue_name, kept.id)]
+        assert act("pause", next="/queue?q=x").headers["location"].startswith("/queue?q=x&")
+        assert client.is_paused(queue_name)
+        # A redirect target outside the app is ignored.
+        assert act("resume", next="//evil.example/").headers["location"].startswith("/?")
+        assert not client.is_paused(queue_name)
+        refused = act("purge", confirm="not the name")
+        assert refused.status_code == 400
+        assert client.counts(queue_name)[JobState.WAITING] == 1
+        purged = act("purge", confirm=queue_name, state="waiting")
+        assert purged.status_code == 303 and "n=1" in purged.headers["location"]
+        assert client.counts(queue_name)[JobState.WAITING] == 0
+        assert client.counts(queue_name)[JobState.CANCELLED] == 1
+        assert act("explode").status_code == 400
+        assert act("cancel").status_code == 400  # no job_id
+
+
+def test_read_only_mode_offers_no_action_and_refuses_every_post(
+        redis_url: str, client: SyncQueueClient, queue_name: str) -> None:
+    job = client.queue(queue_name).add({})
+    with browser(create_app(redis_url, read_only=True)) as web:
+        pages = [web.get("/"), web.get("/queue", params={"q": queue_name}),
+                 web.get("/job", params={"q": queue_name, "id": job.id}),
+                 web.get("/purge", params={"q": queue_name})]
+        for page in pages:
+            assert page.status_code == 200
+            assert "/action" not in page.text, page.url
+        token = re.search(r'name="csrf" value="([0-9a-f]+)"', pages[0].text)
+        assert token is None  # not even a form to take one from: the session's token is
+        # still valid, so take it the way a page would have carried it.
+        signer = web.app.state.dashboard.signer
+        sid = signer.session_of(web.cookies["panqueue_session"])
+        for action in ("pause", "cancel", "remove", "purge", "retry_all"):
+            refused = web.post("/action", data={"csrf": signer.csrf_token(sid),
+                                                "action": action, "queue": queue_name,
+                                                "job_id": job.id, "confirm": queue_name})
+            assert refused.status_code == 403, action
+    assert not client.is_paused(queue_name)
+    assert client.get_job(queue_name, job.id).state is JobState.WAITING
+
+
+def test_a_request_without_the_token_is_refused(redis_url: str) -> None:
+    app = create_app(redis_url, token="s3cret-token")
+    with browser(app) as web:
+        page = web.get("/queue", params={"q": "x"})
+        assert page.status_code == 303
+        assert page.headers["location"] == "/login?next=%2Fqueue%3Fq%3Dx"
+        assert web.get("/api/overview").status_code == 401
+        assert web.post("/action", data={"action": "pause", "queue": "x"}).status_code == 401
+        wrong = web.get("/", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 303
+        assert web.get("/api/overview",
+                       headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+        # The login form: a wrong token is refused, the right one sets the login cookie.
+        form = web.get("/login", params={"next": "/queue?q=x"})
+        assert form.status_code == 200
+        refused = web.post("/login", data={"csrf": csrf_of(form), "token": "nope",
+                                           "next": "/queue?q=x"})
+        assert refused.status_code == 401
+        assert web.post("/login", data={"token": "s3cret-token"}).status_code == 403  # no CSRF
+        done = web.post("/login", data={"csrf": csrf_of(form), "token": "s3cret-token",
+                                        "next": "/queue?q=x"})
+        assert done.status_code == 303 and done.headers["location"] == "/queue?q=x"
+        assert "HttpOnly" in done.headers["set-cookie"]
+        assert web.get("/").status_code == 200
+        web.post("/logout", data={"csrf": csrf_of(web.get("/"))})
+        assert web.get("/").status_code == 303
+    with pytest.raises(ConfigError, match="token must be a non-empty string"):
+        create_app(redis_url, token=" ")
+
+
+def test_the_app_mounts_under_a_prefix(redis_url: str, client: SyncQueueClient,
+                                       queue_name: str) -> None:
+    client.queue(queue_name).add({})
+    outer = Starlette(routes=[Mount("/admin/jobs", create_app(redis_url))])
+    with browser(outer) as web:
+        page = web.get("/admin/jobs/")
+        assert page.status_code == 200
+        assert f'href="/admin/jobs/queue?q={queue_name}"' in page.text
+        assert 'src="/admin/jobs/static/dashboard.js"' in page.text
+        assert "Path=/admin/jobs" in page.headers["set-cookie"]
+        assert web.get("/admin/jobs/static/dashboard.js").status_code == 200
+        token = csrf_of(page)
+        done = web.post("/admin/jobs/action", data={"csrf": token, "action": "pause",
+                                                    "queue": queue_name})
+        assert done.status_code == 303 and done.headers["location"].startswith("/admin/jobs/?")
+    assert client.is_paused(queue_name)
+
+
+def test_events_page_and_its_live_endpoint(redis_url: str, client: SyncQueueClient,
+                                           queue_name: str) -> None:
+    job = client.queue(queue_name).add({"n": 1})
+    with browser(create_app(redis_url)) as web:
+        page = web.get("/events", params={"q": queue_name})
+        assert page.status_code == 200 and ">added<" in page.text
+        position = re.search(r'data-position="([0-9-]+)"', page.text)
+        assert position
+        client.cancel(queue_name, job.id)
+        live = web.get("/api/events", params={"q": queue_name, "after": position.group(1)})
+        assert [e["type"] for e in live.json()["events"]] == ["cancelled"]
+        bad = web.get("/api/events", params={"q": queue_name, "after": "x; DROP"})
+        assert bad.status_code == 400 and "stream id" in bad.json()["error"]
+
+
+def test_rates_count_completions_from_the_event_stream(
+        redis_url: str, client: SyncQueueClient, tmp_path: Path) -> None:
+    worker = subprocess.Popen(panqueue_command("worker", "dashboard_app:queues", "-q",
+                                               "dash-echo", "--url", redis_url),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=subprocess_env(), cwd=ROOT)
+    try:
+        client.queue("dash-echo").add({})  # the queue exists before the first read
+        with browser(create_app(redis_url)) as web:
+            def rate() -> Any:
+                found = web.get("/api/overview").json()["queues"]
+                return next(q["completed_per_s"] for q in found if q["name"] == "dash-echo")
+
+            assert rate() is None  # the first read only marks where the stream was
+            client.queue("dash-echo").add_bulk([{"n": n} for n in range(20)])
+            wait_until(lambda: (rate() or 0) > 0, 15, "a completion rate above zero",
+                       interval=0.2)
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_dashboard_command_refuses_bad_arguments_in_one_line(redis_url: str) -> None:
+    for args, words in ((["--port", "70000"], "--port"),
+                        (["--token", ""], "--token is empty"),
+                        (["--host", "no such host.invalid"], "--host")):
+        done = run_cli("dashboard", "--url", redis_url, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert words in _one_line(done)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("dashboard", "--url", redis_url, "--port", str(port))
+    assert done.returncode == 1
+    assert f"cannot serve the dashboard on 127.0.0.1:{port}" in _one_line(done)
+
+
+def test_dashboard_command_names_the_extra_when_it_is_missing() -> None:
+    code = ("import sys; sys.modules['uvicorn'] = None; from panqueue.cli import main; "
+            "sys.exit(main(['dashboard']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=subprocess_env(), cwd=ROOT)
+    assert done.returncode == 2
+    assert "pip install 'panqueue[dashboard]'" in _one_line(done)
