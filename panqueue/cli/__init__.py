@@ -9,7 +9,7 @@ Tracebacks are for bugs only. The commands use the public client API only
 The commands live one group per module: ``_jobs`` (adding, listing and acting on jobs and
 queues), ``_ops`` (info, workers, explain, purge, check), ``_top`` (the live
 terminal view, the one command that needs textual), ``_worker`` (the worker), ``_metrics`` (the
-Prometheus exporter), ``_dev``
+Prometheus exporter), ``_dashboard`` (the web dashboard), ``_dev``
 (the development server and the demo).
 """
 
@@ -23,6 +23,7 @@ import click
 
 from panqueue import __version__
 from panqueue.cli._common import EXIT_ERROR, EXIT_USAGE, RuntimeFailure, UsageFailure
+from panqueue.cli._dashboard import dashboard
 from panqueue.cli._dev import demo, server
 from panqueue.cli._jobs import (
     cancel,
@@ -59,7 +60,7 @@ def cli() -> None:
 
 for _command in (worker, enqueue, stats, job, jobs, cancel, remove, dlq, pause, resume,
                  schedules, server, demo, info, workers, explain, purge, check, top,
-                 metrics):
+                 metrics, dashboard):
     cli.add_command(_command)
 
 
