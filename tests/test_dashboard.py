@@ -397,3 +397,17 @@ def test_dashboard_command_names_the_extra_when_it_is_missing() -> None:
                           timeout=60, env=subprocess_env(), cwd=ROOT)
     assert done.returncode == 2
     assert "pip install 'panqueue[dashboard]'" in _one_line(done)
+
+
+def test_the_example_mounts_the_dashboard_and_acts_through_it(redis_url: str) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "dashboard_app.py")],
+                          capture_output=True, text=True, timeout=60,
+                          env=subprocess_env(PANQUEUE_URL=redis_url), cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for expected in ("without the token: 401", "emails: 4 waiting, lag ",
+                     f"jobs page: 200, jobs 1{DASH}4 of 4", "payload shown as text: True",
+                     "pause: 303 -> /admin/queues/?done=pause",
+                     "resume without the CSRF token: 403", "emails paused: True"):
+        assert any(line.startswith(expected) for line in lines), (expected, lines)
+    assert lines[-1] == "done"
