@@ -2,8 +2,10 @@
 
 A producer's current trace context (W3C ``traceparent``, and ``tracestate`` if any) is stored
 with each job it adds while a span is active; the worker runs each attempt in a CONSUMER span
-that is a child of that context. Without the package, tracing is off: the import is tried once,
-on first use, and every call after that returns at once (see docs/observability.md).
+that is a child of that context. An attempt that fails leaves its own context with the job
+(``link`` in the stored headers, written by the fail transition), and the next attempt's span
+links to it. Without the package, tracing is off: the import is tried once, on first use, and
+every call after that returns at once (see docs/observability.md).
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["attempt_span", "current_carrier", "enabled"]
+__all__ = ["LINK", "attempt_span", "current_carrier", "enabled", "end_attempt", "traceparent"]
+
+#: The key, among a job's stored trace headers, of the last failed attempt's span context (a W3C
+#: ``traceparent`` value); the next attempt's span links to it.
+LINK = "link"
 
 _MISSING: Any = object()
 _api: Any = _MISSING  # (trace module, propagator, tracer), or None without opentelemetry-api
@@ -63,13 +69,20 @@ def current_carrier() -> dict[str, str] | None:
 def attempt_span(queue: str, job_id: str, attempt: int,
                  carrier: object) -> Iterator[Any]:
     """A CONSUMER span for one attempt of a job, current inside the block, a child of the
-    producer's context ``carrier`` (the stored headers; anything else means none)."""
+    producer's context ``carrier`` (the stored headers; anything else means none), linked to
+    the previous attempt's span when the carrier names it (:data:`LINK`)."""
     api = _load() if _api is _MISSING else _api
     trace, propagator, tracer = api
     parent = None
+    links = None
     if isinstance(carrier, dict) and all(isinstance(k, str) and isinstance(v, str)
                                          for k, v in carrier.items()):
         parent = propagator.extract(carrier)
+        if LINK in carrier:
+            previous = trace.get_current_span(
+                propagator.extract({"traceparent": carrier[LINK]})).get_span_context()
+            if previous.is_valid:
+                links = [trace.Link(previous)]
     attributes = {
         "messaging.system": "panqueue",
         "messaging.destination.name": queue,
@@ -80,9 +93,16 @@ def attempt_span(queue: str, job_id: str, attempt: int,
     }
     with tracer.start_as_current_span(f"process {queue}", context=parent,
                                       kind=trace.SpanKind.CONSUMER, attributes=attributes,
+                                      links=links,
                                       record_exception=True,
                                       set_status_on_exception=True) as span:
         yield span
+
+
+def traceparent(span: Any) -> str:
+    """``span``'s context as a W3C ``traceparent`` value (what :data:`LINK` holds)."""
+    ctx = span.get_span_context()
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
 def end_attempt(span: Any, ending: str, error: Any = None) -> None:

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 
 from panqueue import Backoff, JobState, QueueClient, SyncQueueClient
 from panqueue._store.ops.add import TRACE_OPTION
-from tests.helpers import APPS, subprocess_env, wait_until
+from tests.helpers import APPS, WorkerProcess, subprocess_env, wait_until
+from tests.test_cli import FAIL
 
 
 @pytest.fixture
@@ -139,20 +140,60 @@ def test_a_failing_attempt_records_the_exception_and_sets_error_status(
     assert "Traceback" in event["attributes"]["exception.stacktrace"]
 
 
-def test_retried_attempts_are_siblings_under_the_producer_span(
+def test_retried_attempts_are_siblings_under_the_producer_span_each_linked_to_the_last(
         redis_url: str, queue_name: str, worker: TracedWorker,
         producer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
     tracer, _ = producer
     with SyncQueueClient(redis_url) as client:
         with tracer.start_as_current_span("send") as send:
             handle = client.queue(queue_name).add(
-                {"fail": True}, attempts=2, backoff=Backoff("fixed", 0.01))
-        wait_until(lambda: handle.info().state is JobState.FAILED, timeout=20,
-                   what="the job to fail twice")
-    first, second = worker.attempt_spans(handle.id, 2)
-    _assert_child_of(first, send, queue_name, handle.id, attempt=1)
-    _assert_child_of(second, send, queue_name, handle.id, attempt=2)
+                {"fail_attempts": 2}, attempts=3, backoff=Backoff("fixed", 0.01))
+        assert handle.result(timeout=20) == "ok"
+        stored = handle.info().options[TRACE_OPTION]
+    first, second, third = worker.attempt_spans(handle.id, 3)
+    for n, span in enumerate((first, second, third), 1):
+        _assert_child_of(span, send, queue_name, handle.id, attempt=n)
     assert first["status"] == second["status"] == "ERROR"
+    assert [first["attributes"]["panqueue.outcome"], second["attributes"]["panqueue.outcome"],
+            third["attributes"]["panqueue.outcome"]] == ["failed", "failed", "completed"]
+    assert third["status"] == "UNSET"
+    # Attempt N+1 links to attempt N (and the first links to nothing).
+    assert first["links"] == []
+    assert second["links"] == [{"trace_id": first["trace_id"], "span_id": first["span_id"]}]
+    assert third["links"] == [{"trace_id": second["trace_id"], "span_id": second["span_id"]}]
+    # What the job keeps: the producer's context, and the last failed attempt's.
+    assert stored["traceparent"].split("-")[1:3] == list(_hex(send))
+    assert stored["link"].split("-")[:3] == ["00", second["trace_id"], second["span_id"]]
+
+
+def test_a_job_without_a_producer_span_still_links_its_retries(
+        redis_url: str, queue_name: str, worker: TracedWorker) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handle = client.queue(queue_name).add({"fail_attempts": 1}, attempts=2,
+                                              backoff=Backoff("fixed", 0.01))
+        assert handle.result(timeout=20) == "ok"
+    first, second = worker.attempt_spans(handle.id, 2)
+    assert first["parent_span_id"] is None and second["parent_span_id"] is None
+    assert second["trace_id"] != first["trace_id"]  # two roots, told apart, and linked
+    assert second["links"] == [{"trace_id": first["trace_id"], "span_id": first["span_id"]}]
+
+
+def test_an_untraced_worker_writes_nothing_back_on_failure(
+        redis_url: str, start_worker: Callable[..., WorkerProcess],
+        producer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
+    """A worker without a tracer provider keeps the zero-cost path: the fail transition gets
+    no options, and the job's stored trace headers stay the producer's."""
+    tracer, _ = producer
+    worker = start_worker("--url", redis_url, "-q", FAIL)
+    with SyncQueueClient(redis_url) as client:
+        with tracer.start_as_current_span("send"):
+            handle = client.queue(FAIL).add({"n": 1}, job_id=f"untraced-{uuid.uuid4().hex}")
+        before = handle.info().options
+        wait_until(lambda: handle.info().state is JobState.FAILED, timeout=20,
+                   what="the job to fail")
+        assert handle.info().options == before
+        assert set(before[TRACE_OPTION]) == {"traceparent"}
+    assert worker.stop() == 0
 
 
 @pytest.mark.anyio

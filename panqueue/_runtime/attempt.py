@@ -80,7 +80,7 @@ class AttemptRunner:
         if not _tracing.enabled():
             return await self._run(claimed, stopping)
         try:  # unreadable options are _run's to report, as the attempt's failure
-            stored = decode(claimed.options) if claimed.options else None
+            stored = decode(claimed.options) if claimed.options else {}
         except Exception:
             stored = None
         carrier = stored.get(TRACE_OPTION) if isinstance(stored, dict) else None
@@ -88,6 +88,11 @@ class AttemptRunner:
             outcome = await self._run(claimed, stopping)
             _tracing.end_attempt(span, outcome.ending.value,
                                  outcome.failure.error if outcome.failure else None)
+            if outcome.failure is not None and isinstance(stored, dict):
+                # The fail transition stores this span with the job: the next attempt links it.
+                headers = carrier if isinstance(carrier, dict) else {}
+                outcome.failure.options = encode({**stored, TRACE_OPTION: {
+                    **headers, _tracing.LINK: _tracing.traceparent(span)}})
             return outcome
 
     async def _run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:

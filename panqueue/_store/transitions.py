@@ -90,6 +90,7 @@ class Failure:
     retry_delay_ms: int
     final: bool  # never retry (Fail, cancellation)
     reason: str  # the failure reason if this ends the job ('' = attempts ran out)
+    options: bytes = b""  # the job's options from now on (b'': unchanged; see _tracing)
 
 
 @dataclass(slots=True)
@@ -155,7 +156,7 @@ def fail(keys: QueueKeys, failure: Failure, *, claim_next: bool, keep: int, toke
     reply = yield _call(SCRIPTS.fail, keys, (
         failure.job_id, failure.token, encode_error(failure.error), entry, failure.max_attempts,
         failure.retry_delay_ms, 1 if failure.final else 0, failure.reason, keep,
-        1 if claim_next else 0, token, ttl_ms))
+        1 if claim_next else 0, token, ttl_ms, failure.options))
     status = _STATUS[int(reply[0])]
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))

@@ -2,7 +2,8 @@
 
 ``python tests/apps/trace_app.py URL QUEUE SPANS_FILE`` sets up the OpenTelemetry SDK with an
 exporter that appends each finished span to SPANS_FILE as one JSON line, then runs a Worker
-on QUEUE until it is killed. A job whose data has ``"fail": true`` raises ``ValueError``.
+on QUEUE until it is killed. A job whose data has ``"fail": true`` raises ``ValueError``, and
+so does each of its first N attempts with ``"fail_attempts": N``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class JsonLinesExporter(SpanExporter):
                     "status_description": span.status.description,
                     "events": [{"name": e.name, "attributes": dict(e.attributes or {})}
                                for e in span.events],
+                    "links": [{"trace_id": format(link.context.trace_id, "032x"),
+                               "span_id": format(link.context.span_id, "016x")}
+                              for link in span.links],
                 }) + "\n")
         return SpanExportResult.SUCCESS
 
@@ -54,7 +58,8 @@ async def traced(job: Job) -> str:
     # A span the handler makes is a child of the attempt's span.
     with trace.get_tracer("trace_app").start_as_current_span("inside handler"):
         pass
-    if isinstance(job.data, dict) and job.data.get("fail"):
+    if isinstance(job.data, dict) and (job.data.get("fail")
+                                       or job.attempt <= job.data.get("fail_attempts", 0)):
         raise ValueError(f"job {job.id} was asked to fail")
     return "ok"
 

@@ -9,7 +9,9 @@
 -- ARGV[7]  final (1: never retry)    ARGV[8] reason if this ends the job ('' = attempts ran out)
 -- ARGV[9]  keep failed (-1 = all)    ARGV[10] claim n   ARGV[11] new lock token (fresh for
 --          this call: also its request id, see lib/memo.lua)
--- ARGV[12] lock ttl ms
+-- ARGV[12] lock ttl ms   ARGV[13] the job's options from now on (msgpack; '' or absent: kept as
+--          they are). Only a traced worker sends them, with this attempt's span context, for
+--          the next attempt's span to link to (panqueue/_tracing.py).
 -- Returns  {status, count, wake_in, jobs...}; status (lib/status.lua) RETRY_NOW, RETRY_DELAYED,
 --          FAILED or CANCELLED; or {LOCK_LOST} when the token does not match (nothing
 --          changed). A resent call answers as the first one did and changes nothing.
@@ -35,6 +37,9 @@ local before = claimable()
 leave_active(jkey, id)
 local history = redis.call('HGET', jkey, 'h') or ''
 redis.call('HSET', jkey, 'e', ARGV[3], 'h', history .. ARGV[4])
+if ARGV[13] and ARGV[13] ~= '' then
+  redis.call('HSET', jkey, 'o', ARGV[13])
+end
 
 local status
 local attempts = tonumber(redis.call('HGET', jkey, 'a'))
