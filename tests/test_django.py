@@ -342,3 +342,22 @@ def test_example_project_enqueues_on_commit_and_a_burst_worker_runs_its_tasks(
                      "charge: FAILED, raised CardDeclined "
                      "(django_app.accounts.tasks.CardDeclined)"]:
         assert expected in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(("params", "problem"), [
+    ({"OPTIONS": {"host": "x"}}, "TASKS['bad']['OPTIONS'] has unknown key(s) 'host'"),
+    ({"OPTIONS": {"url": "http://127.0.0.1:1/"}}, "TASKS['bad']: "),
+    ({"OPTIONS": {"attempts": 0}}, "TASKS['bad']: attempts"),
+    ({"OPTIONS": {"task_modules": "mysite"}}, "['task_modules'] must be a list"),
+    ({"QUEUES": ["a{b}"]}, "TASKS['bad']['QUEUES']: queue name 'a{b}'"),
+    ({"ENQUEUE_ON_COMMIT": "yes"}, "['ENQUEUE_ON_COMMIT'] must be True or False"),
+])
+def test_bad_backend_settings_raise_one_config_error_naming_the_entry(
+        django_db: Path, params: dict[str, Any], problem: str) -> None:
+    from panqueue import ConfigError
+    from panqueue.django import PanqueueBackend
+
+    with pytest.raises(ConfigError) as caught:
+        PanqueueBackend("bad", {"QUEUES": ["default"], **params})
+    assert problem in str(caught.value)
+    assert "\n" not in str(caught.value)

@@ -109,7 +109,16 @@ class PanqueueBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        where = f"TASKS[{alias!r}]"
+        try:
+            self._configure(params)
+        except ConfigError as exc:
+            where = f"TASKS[{alias!r}]"
+            message = str(exc)
+            raise ConfigError(message if message.startswith(where) else f"{where}: {message}"
+                              ) from None
+
+    def _configure(self, params: dict[str, Any]) -> None:
+        where = f"TASKS[{self.alias!r}]"
         options = self.options
         if not isinstance(options, dict):
             raise ConfigError(f"{where}['OPTIONS'] must be a dict, got {options!r}")
