@@ -11,17 +11,18 @@ method added to one and not the other shows.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar, overload
 
 import anyio
 
-from panqueue._job import JobInfo, JobState
+from panqueue._job import JobInfo, JobState, PayloadT
 from panqueue._keys import QueueKeys
 from panqueue._options import Backoff, Dedup
 from panqueue._registry import Handler
@@ -45,6 +46,7 @@ __all__ = ["FlowJob", "JobHandle", "Queue", "QueueClient", "SyncJobHandle", "Syn
            "SyncQueueClient"]
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 # What ``depends_on`` takes: a job id, or the handle of a job of the same queue.
 Dependency: TypeAlias = "str | JobHandle | SyncJobHandle"
@@ -89,11 +91,19 @@ def _queue_target(queue: str | Handler[Any, Any], defaults: dict[str, Any]
     return QueueKeys(name), merged, mode
 
 
+def _stored_form(data: Any) -> Any:
+    """A dataclass instance as the dict it is stored as (``dataclasses.asdict``, nested ones
+    included); anything else unchanged, for ``ops.new_job`` to check."""
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return dataclasses.asdict(data)
+    return data
+
+
 def _new_jobs(defaults: dict[str, Any], items: Iterable[Any]) -> list[NewJob]:
     jobs = []
     for index, item in enumerate(items):
         try:
-            jobs.append(ops.new_job(defaults, item, {}))
+            jobs.append(ops.new_job(defaults, _stored_form(item), {}))
         except PayloadError as exc:
             raise PayloadError(f"item {index}: {exc}") from None
     return jobs
@@ -143,7 +153,7 @@ def _flow_jobs(name: str, defaults: dict[str, Any], flow: Sequence[FlowJob]) -> 
                 deps.append(str(ref))
         job_id = node.job_id or f"{prefix}:{index}"
         try:
-            jobs.append(ops.new_job(defaults, node.data,
+            jobs.append(ops.new_job(defaults, _stored_form(node.data),
                                     {**node.options, "job_id": job_id, "depends_on": deps}))
         except PayloadError as exc:
             raise PayloadError(f"flow item {index}: {exc}") from None
@@ -182,8 +192,14 @@ class JobHandle:
         return f"<JobHandle {self.queue}/{self.id}>"
 
 
-class Queue:
-    """A queue handle with per-queue defaults; ``add`` arguments override them."""
+class Queue(Generic[PayloadT]):
+    """A queue handle with per-queue defaults; ``add`` arguments override them.
+
+    ``client.queue(handler)`` of a handler typed ``Job[Email]`` is a ``Queue[Email]``: type
+    checkers then check the data given to ``add``, ``add_bulk`` and ``add_chain``. A queue
+    named by a string is a ``Queue[Any]``. A dataclass instance is stored as its
+    ``dataclasses.asdict``.
+    """
 
     def __init__(self, client: QueueClient, keys: QueueKeys, defaults: dict[str, Any],
                  mode: str = "") -> None:
@@ -193,9 +209,10 @@ class Queue:
         self.defaults = defaults
         self.mode = mode
 
-    async def add(self, data: Any = None, *, job_id: str | None = None,
-                  delay: float | None = None, run_at: datetime | None = None,
-                  priority: int | None = None, attempts: int | None = None,
+    async def add(self, data: PayloadT = None, *,  # type: ignore[assignment]
+                  job_id: str | None = None, delay: float | None = None,
+                  run_at: datetime | None = None, priority: int | None = None,
+                  attempts: int | None = None,
                   backoff: Backoff | None = None, timeout: float | None = None,
                   key: str | None = None, dedup: Dedup | None = None,
                   depends_on: Sequence[Dependency] | None = None,
@@ -207,7 +224,7 @@ class Queue:
         job is BLOCKED until then). ``durable``: return only once the server has fsynced the
         write.
         """
-        job = ops.new_job(self.defaults, data, dict(
+        job = ops.new_job(self.defaults, _stored_form(data), dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup,
             depends_on=_dependency_ids(self.name, depends_on)))
@@ -215,7 +232,7 @@ class Queue:
             self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
         return JobHandle(self._client, self.keys, job_id_, created)
 
-    async def add_bulk(self, items: Iterable[Any]) -> list[JobHandle]:
+    async def add_bulk(self, items: Iterable[PayloadT]) -> list[JobHandle]:
         """Add many jobs (each item is one job's data) in one round trip. Every item is
         validated first: one bad item raises PayloadError and nothing is written."""
         jobs = _new_jobs(self.defaults, items)
@@ -230,7 +247,7 @@ class Queue:
         added = await self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
         return [JobHandle(self._client, self.keys, i, c) for i, c in added]
 
-    async def add_chain(self, items: Iterable[Any]) -> list[JobHandle]:
+    async def add_chain(self, items: Iterable[PayloadT]) -> list[JobHandle]:
         """Add jobs that run one after another: each depends on the one before."""
         return await self.add_flow(_chain(items))
 
@@ -267,10 +284,17 @@ class QueueClient:
             transport, self._transport = self._transport, None
             await transport.aclose()
 
-    def queue(self, queue: str | Handler[Any, Any], **defaults: Any) -> Queue:
+    @overload
+    def queue(self, queue: Handler[Any, Any, D], **defaults: Any) -> Queue[D]: ...
+
+    @overload
+    def queue(self, queue: str, **defaults: Any) -> Queue[Any]: ...
+
+    def queue(self, queue: str | Handler[Any, Any, Any], **defaults: Any) -> Queue[Any]:
         """A handle on a queue with producer defaults (``priority``, ``delay``, ``attempts``,
         ``backoff``, ``timeout``) and optionally ``mode`` ('global' or 'keyed': adds fail
-        if the queue's stored mode differs)."""
+        if the queue's stored mode differs). A handler's queue is typed by its payload
+        (``Queue[Email]`` for a handler of ``Job[Email]``)."""
         keys, merged, mode = _queue_target(queue, defaults)
         return Queue(self, keys, merged, mode)
 
@@ -420,8 +444,8 @@ class SyncJobHandle:
         return f"<SyncJobHandle {self.queue}/{self.id}>"
 
 
-class SyncQueue(Generic[T]):
-    """:class:`Queue` for :class:`SyncQueueClient`."""
+class SyncQueue(Generic[PayloadT]):
+    """:class:`Queue` for :class:`SyncQueueClient` (typed the same way)."""
 
     def __init__(self, client: SyncQueueClient, keys: QueueKeys, defaults: dict[str, Any],
                  mode: str = "") -> None:
@@ -431,13 +455,14 @@ class SyncQueue(Generic[T]):
         self.defaults = defaults
         self.mode = mode
 
-    def add(self, data: Any = None, *, job_id: str | None = None, delay: float | None = None,
+    def add(self, data: PayloadT = None, *,  # type: ignore[assignment]
+            job_id: str | None = None, delay: float | None = None,
             run_at: datetime | None = None, priority: int | None = None,
             attempts: int | None = None, backoff: Backoff | None = None,
             timeout: float | None = None, key: str | None = None, dedup: Dedup | None = None,
             depends_on: Sequence[Dependency] | None = None,
             durable: bool = False) -> SyncJobHandle:
-        job = ops.new_job(self.defaults, data, dict(
+        job = ops.new_job(self.defaults, _stored_form(data), dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup,
             depends_on=_dependency_ids(self.name, depends_on)))
@@ -445,7 +470,7 @@ class SyncQueue(Generic[T]):
             self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
         return SyncJobHandle(self._client, self.keys, job_id_, created)
 
-    def add_bulk(self, items: Iterable[Any]) -> list[SyncJobHandle]:
+    def add_bulk(self, items: Iterable[PayloadT]) -> list[SyncJobHandle]:
         jobs = _new_jobs(self.defaults, items)
         if not jobs:
             return []
@@ -457,7 +482,7 @@ class SyncQueue(Generic[T]):
         added = self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
         return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
 
-    def add_chain(self, items: Iterable[Any]) -> list[SyncJobHandle]:
+    def add_chain(self, items: Iterable[PayloadT]) -> list[SyncJobHandle]:
         return self.add_flow(_chain(items))
 
     def job(self, job_id: str) -> SyncJobHandle:
@@ -492,7 +517,14 @@ class SyncQueueClient:
             transport, self._transport = self._transport, None
             transport.close()
 
-    def queue(self, queue: str | Handler[Any, Any], **defaults: Any) -> SyncQueue[Any]:
+    @overload
+    def queue(self, queue: Handler[Any, Any, D], **defaults: Any) -> SyncQueue[D]: ...
+
+    @overload
+    def queue(self, queue: str, **defaults: Any) -> SyncQueue[Any]: ...
+
+    def queue(self, queue: str | Handler[Any, Any, Any], **defaults: Any) -> SyncQueue[Any]:
+        """Blocking :meth:`QueueClient.queue`."""
         keys, merged, mode = _queue_target(queue, defaults)
         return SyncQueue(self, keys, merged, mode)
 

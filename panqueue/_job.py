@@ -7,13 +7,25 @@ import traceback
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from panqueue._options import JobOptions
 from panqueue.errors import Fail, Retry, exception_message  # Fail, Retry: defined there, kept here
 
-__all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "Retry",
+__all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "PayloadT", "Retry",
            "from_ms"]
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    # The type of a job's data: ``Job[Email]`` in a handler's signature types ``job.data`` and,
+    # through the registry, the ``add()`` of ``client.queue(handler)``. Unparametrized (``Job``,
+    # a queue named by a string) it is Any. The default is for type checkers only.
+    PayloadT = TypeVar("PayloadT", default=Any)
+else:
+    from typing import TypeVar
+
+    PayloadT = TypeVar("PayloadT")
 
 
 class JobState(enum.StrEnum):
@@ -137,8 +149,11 @@ def _never() -> bool:
     return False
 
 
-class Job:
+class Job(Generic[PayloadT]):
     """The job a handler runs: its data, and ways to report progress and ask whether to stop.
+
+    Annotate a handler's parameter ``Job[Email]`` (a TypedDict or a dataclass) to type
+    ``job.data`` and the ``add()`` of the queue made from the handler (see docs/typing.md).
 
     In async handlers ``await job.progress(50)``; in thread and subprocess handlers the same
     methods are plain calls (``job.progress(50)``): they report at once and return an awaitable
@@ -148,7 +163,7 @@ class Job:
     __slots__ = ("_enqueued_at", "_enqueued_ms", "_sink", "_stop", "attempt", "data", "id",
                  "options", "queue")
 
-    def __init__(self, *, id: str, queue: str, data: Any, attempt: int, options: JobOptions,
+    def __init__(self, *, id: str, queue: str, data: PayloadT, attempt: int, options: JobOptions,
                  sink: Sink, should_stop: Callable[[], bool] = _never,
                  enqueued_at: datetime | None = None, enqueued_at_ms: int | None = None) -> None:
         self.id = id
@@ -181,7 +196,7 @@ class Job:
         handler should return (or raise) soon. Always cheap; no I/O."""
         return self._stop()
 
-    def rebind(self, sink: Sink, should_stop: Callable[[], bool]) -> Job:
+    def rebind(self, sink: Sink, should_stop: Callable[[], bool]) -> Job[PayloadT]:
         """The same job with another way to report (used by executors)."""
         return Job(id=self.id, queue=self.queue, data=self.data, attempt=self.attempt,
                    options=self.options, enqueued_at=self._enqueued_at,

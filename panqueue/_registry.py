@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from panqueue._job import Job, PayloadT
 from panqueue._keys import check_queue_name
 from panqueue._options import (
     DEFAULT_CHILD_ENV,
@@ -22,12 +25,13 @@ from panqueue._options import (
     check_priority,
 )
 from panqueue._schedule import Schedule
-from panqueue.errors import ConfigError
+from panqueue.errors import ConfigError, Fail
 
 __all__ = ["Handler", "HandlerOptions", "Registry"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+D = TypeVar("D")
 
 _PRODUCER_DEFAULTS = frozenset({"priority", "delay"})
 
@@ -48,28 +52,49 @@ class HandlerOptions:
     rate_limit: RateLimit | None = None
 
 
-class Handler(Generic[P, R]):
-    """A registered handler: still callable like the decorated function."""
+class Handler(Generic[P, R, PayloadT]):
+    """A registered handler: still callable like the decorated function.
+
+    ``PayloadT`` is the type of its jobs' data, read by type checkers from the annotation of
+    the function's first parameter (``job: Job[Email]``); ``client.queue(handler)`` passes it
+    on to ``add()``. When it is a dataclass, :attr:`payload_type` holds it and :attr:`fn` (what
+    the executors run) rebuilds the dataclass from the stored dict before each call.
+    """
 
     def __init__(self, queue: str, fn: Callable[P, R], options: HandlerOptions,
                  job_defaults: dict[str, Any]) -> None:
         self.queue = queue
-        self.fn = fn
         self.options = options
         self.job_defaults = job_defaults
         self.is_async = inspect.iscoroutinefunction(fn)
+        self.payload_type = _dataclass_payload(queue, fn)
+        self._call = fn
+        self.fn: Callable[P, R] = fn if self.payload_type is None \
+            else _rebuilding(fn, self.payload_type)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fn(*args, **kwargs)
+        return self._call(*args, **kwargs)
 
     @property
     def import_path(self) -> str:
         """``module:qualname`` of the function (how a child process finds it again)."""
-        return f"{self.fn.__module__}:{self.fn.__qualname__}"
+        return f"{self._call.__module__}:{self._call.__qualname__}"
 
     def __repr__(self) -> str:
         return f"<Handler {self.queue!r} -> {self.import_path}>"
+
+
+class _HandlerDecorator(Protocol):
+    """What ``Registry.handler(...)`` returns. A function whose first parameter is annotated
+    ``Job[X]`` becomes a ``Handler`` whose payload type is ``X``; any other, ``Any``."""
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Job[D], P], R]
+                 ) -> Handler[Concatenate[Job[D], P], R, D]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Handler[P, R, Any]: ...
 
 
 class Registry:
@@ -136,7 +161,7 @@ class Registry:
         key_concurrency: int = 1,
         rate_limit: RateLimit | None = None,
         **job_defaults: Any,
-    ) -> Callable[[Callable[P, R]], Handler[P, R]]:
+    ) -> _HandlerDecorator:
         """Register the decorated function as the handler of ``queue_id``.
 
         ``concurrency``: at most this many of its jobs run at once in one worker (default: the
@@ -153,6 +178,10 @@ class Registry:
         ``RateLimit.max`` starts per ``RateLimit.per`` seconds across all workers.
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
         ``client.queue(handler)``.
+
+        Annotating the function's first parameter ``job: Job[Email]`` (a TypedDict or a
+        dataclass) types ``job.data`` and the ``add()`` of ``client.queue(handler)`` for type
+        checkers; a dataclass is rebuilt from the stored data before each call.
         """
         name = check_queue_name(queue_id)
         if name in self._handlers:
@@ -203,7 +232,7 @@ class Registry:
             rate_limit=rate_limit,
         )
 
-        def register(fn: Callable[P, R]) -> Handler[P, R]:
+        def register(fn: Callable[..., Any]) -> Handler[..., Any, Any]:
             if not callable(fn):
                 raise ConfigError(f"handler for queue {name!r} must be callable, got {fn!r}")
             from panqueue.executors import check_executor
@@ -213,7 +242,7 @@ class Registry:
             self._handlers[name] = handler
             return handler
 
-        return register
+        return typing.cast(_HandlerDecorator, register)
 
     def get(self, queue_id: str) -> Handler[Any, Any]:
         try:
@@ -257,3 +286,81 @@ def _isolation(queue: str, limits: Limits | None, env: Sequence[str] | None, cwd
     return Isolation(env=DEFAULT_CHILD_ENV if env is None else tuple(env), cwd=cwd,
                      limits=limits, max_jobs_per_child=max_jobs_per_child,
                      new_session=new_session)
+
+
+def _dataclass_payload(queue: str, fn: Callable[..., Any]) -> type[Any] | None:
+    """The dataclass ``X`` of a first parameter annotated ``Job[X]``, or None.
+
+    A TypedDict payload is a plain dict at run time: nothing to rebuild, so None too, as for
+    any annotation that cannot be resolved where the function is defined (a name imported
+    under ``if TYPE_CHECKING:``, for example).
+    """
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+        hints = typing.get_type_hints(fn) if first is not None else {}
+    except Exception:  # unresolvable forward references, builtins without a signature
+        return None
+    hint = hints.get(first.name) if first is not None else None
+    if typing.get_origin(hint) is not Job:
+        return None
+    [payload] = typing.get_args(hint)
+    if not (isinstance(payload, type) and dataclasses.is_dataclass(payload)):
+        return None
+    try:
+        fields = typing.get_type_hints(payload)
+    except Exception:
+        fields = {}
+    for field_name, field_type in fields.items():
+        nested = _nested_dataclass(field_type)
+        if nested is not None:
+            raise ConfigError(
+                f"handler for queue {queue!r}: field {field_name!r} of payload "
+                f"{payload.__name__} is a dataclass ({nested.__name__}); a dataclass payload "
+                "is rebuilt one level deep only: make that field a TypedDict or a dict, or "
+                "make the payload a TypedDict")
+    return payload
+
+
+def _nested_dataclass(annotation: Any) -> type[Any] | None:
+    """The first dataclass inside a field's annotation (``Size``, ``list[Size]``, ...)."""
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _nested_dataclass(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _rebuilding(fn: Callable[..., Any], payload: type[Any]) -> Callable[..., Any]:
+    """``fn`` behind a step that turns the job's stored dict back into ``payload``.
+
+    Data that does not fit the dataclass fails the job at once (:class:`Fail`): another
+    attempt would get the same data.
+    """
+    def rebuild(job: Job[Any]) -> None:
+        data = job.data
+        if isinstance(data, payload):
+            return
+        if not isinstance(data, dict):
+            raise Fail(f"job data does not fit {payload.__name__}: expected an object with its "
+                       f"fields, got {type(data).__name__}")
+        try:
+            job.data = payload(**data)
+        except TypeError as exc:
+            raise Fail(f"job data does not fit {payload.__name__}: {exc}") from None
+
+    if inspect.iscoroutinefunction(fn):
+        async def run_async(job: Job[Any]) -> Any:
+            rebuild(job)
+            return await fn(job)
+
+        functools.update_wrapper(run_async, fn)
+        return run_async
+
+    def run(job: Job[Any]) -> Any:
+        rebuild(job)
+        return fn(job)
+
+    functools.update_wrapper(run, fn)
+    return run

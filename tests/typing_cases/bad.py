@@ -1,0 +1,44 @@
+"""User code that ``mypy --strict`` must reject, exactly on the lines marked ``# error: CODE``
+(tests/test_typing.py checks the line numbers and error codes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypedDict
+
+from panqueue import Job, QueueClient, Registry, SyncQueueClient
+
+queues = Registry()
+
+
+class Email(TypedDict):
+    to: str
+    subject: str
+
+
+@dataclass
+class Thumbnail:
+    path: str
+    width: int = 128
+
+
+@queues.handler("emails")
+async def send_email(job: Job[Email]) -> None:
+    assert job.data["body"]  # error: typeddict-item
+
+@queues.handler("thumbnails", executor="thread")
+def thumbnail(job: Job[Thumbnail]) -> None:
+    assert job.data.height  # error: attr-defined
+
+async def produce(client: QueueClient) -> None:
+    emails = client.queue(send_email)
+    await emails.add({"to": "a@example.com", "subjet": "typo"})  # error: typeddict-item
+    await emails.add({"to": 42, "subject": "hi"})  # error: typeddict-item
+    await emails.add(Thumbnail("a.png"))  # error: arg-type
+    await emails.add_bulk([{"to": "b@example.com"}])  # error: typeddict-item
+    await client.queue(thumbnail).add({"path": "a.png", "width": 10})  # error: arg-type
+
+
+def produce_sync(client: SyncQueueClient) -> None:
+    client.queue(send_email).add({"to": "c@example.com"})  # error: typeddict-item
+    client.queue(thumbnail).add_bulk(["a.png"])  # error: list-item
