@@ -50,8 +50,8 @@ class QueueKeys:
     """Names of the keys and the notify channel of one queue."""
 
     __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "failed",
-                 "key_active", "limited", "meta", "name", "notify", "prefix", "rate", "ready",
-                 "schedules", "wait", "worker_info", "workers")
+                 "idle", "key_active", "limited", "meta", "name", "notify", "prefix", "rate",
+                 "ready", "schedules", "wait", "worker_info", "workers")
 
     def __init__(self, name: str) -> None:
         self.name = check_queue_name(name)
@@ -77,6 +77,8 @@ class QueueKeys:
         # The worker registry: worker name -> when its entry expires (ZSET), and -> its record.
         self.workers = self.prefix + "workers"
         self.worker_info = self.prefix + "worker_info"
+        # Idle workers waiting for a job to be handed to them (lua/lib/handoff.lua).
+        self.idle = self.prefix + "idle"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

@@ -5,6 +5,11 @@ each to a slot task. A slot task runs its job, whose recording claims the next j
 slot, so a busy worker claims mostly through its completions. When nothing is claimable the
 slots go back and the loop sleeps until a wake-up, the next delayed job, or the poll interval.
 No claimed job ever waits locally.
+
+An empty claim also registers the worker as idle (lua/lib/handoff.lua): the next add claims a
+job for it and hands it over in the wake-up message itself, so an idle worker starts a new job
+without a claim of its own. The next claim withdraws the registration and takes over a job
+whose message went missing; a stopping worker withdraws it and releases what it was handed.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from panqueue._runtime.locks import Tokens
 from panqueue._runtime.trouble import Trouble
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._store import transitions
-from panqueue._store.transitions import Claimed, ClaimedJob
+from panqueue._store.transitions import Claimed, ClaimedJob, parse_handoff
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
@@ -50,6 +55,12 @@ class Claimer:
         self._process = process
         self._trouble = Trouble(log, "claiming jobs")
         self._slots = anyio.Semaphore(concurrency)
+        # How long an idle registration lasts: the loop claims again within the poll interval.
+        self._idle_ms = max(1, int(poll_interval * 1000))
+        # Tokens of idle registrations still to withdraw, and jobs handed over, not yet started.
+        self._registered: list[str] = []
+        self._handed: list[ClaimedJob] = []
+        self._group: anyio.abc.TaskGroup | None = None  # where slot tasks run, once running
         self.on_claim: Callable[[float], None] | None = None  # metrics: a claim's round trip
         self.busy = 0
         self.idle = anyio.Event()  # set while no slot runs a job
@@ -58,6 +69,7 @@ class Claimer:
 
     async def run(self, tg: anyio.abc.TaskGroup) -> None:
         """Claim until ``stopping`` (or cancellation); slot tasks are started in ``tg``."""
+        self._group = tg
         while not self.stopping:
             await self._slots.acquire()
             free = 1
@@ -70,6 +82,12 @@ class Claimer:
             if self.stopping:
                 self._release_slots(free)
                 break
+            if self._handed:
+                handed, self._handed = self._handed[:free], self._handed[free:]
+                free -= len(handed)
+                self._start(tg, handed)
+                if free == 0:
+                    continue
             # A fresh event before the claim: a wake-up published after the claim ran is
             # delivered to this event, so no wake-up is lost between claim and wait.
             wake = self._wakeups.arm()
@@ -79,18 +97,67 @@ class Claimer:
                 with anyio.move_on_after(self._trouble.backoff()):
                     await wake.wait()
                 continue
-            self._release_slots(free - len(claimed.jobs))
-            for job in claimed.jobs:
-                self.busy += 1
-                if self.busy == 1:
-                    self.idle = anyio.Event()
-                tg.start_soon(self._run_slot, job)
-            if not claimed.jobs:
+            jobs = claimed.jobs
+            if len(jobs) > free:
+                # Jobs handed to registrations this worker could not withdraw earlier (their
+                # claims failed), taken over now: each waits for a slot of its own.
+                for _ in range(len(jobs) - free):
+                    await self._slots.acquire()
+                free = len(jobs)
+            self._release_slots(free - len(jobs))
+            self._start(tg, jobs)
+            if not jobs and not self._handed:
                 timeout = self._poll_interval
                 if claimed.wake_in_ms >= 0:
                     timeout = min(timeout, claimed.wake_in_ms / 1000)
                 with anyio.move_on_after(timeout):
                     await wake.wait()
+
+    def _start(self, tg: anyio.abc.TaskGroup, jobs: list[ClaimedJob]) -> None:
+        """Run each job on a slot of its own (taken already)."""
+        for job in jobs:
+            self.busy += 1
+            if self.busy == 1:
+                self.idle = anyio.Event()
+            tg.start_soon(self._run_slot, job)
+
+    def handoff(self, payload: bytes) -> None:
+        """A job handed over in a wake-up message (``h`` + payload). It is this worker's when
+        it was handed to the registration it is waiting on; any other (another worker's, or
+        one this worker has since withdrawn and so takes over through its claim) is ignored."""
+        if self.stopping or not self._registered:
+            return
+        token, jobs = parse_handoff(payload)
+        if token != self._registered[-1] or len(self._registered) > 1:
+            # Only the newest registration's message is taken as is; with older ones still to
+            # withdraw, the next claim collects everything in one step.
+            if token in self._registered:
+                self._wakeups.wake()
+            return
+        self._registered.clear()
+        self._handed.extend(jobs)
+        # Start them at once where a slot is free (the loop would start them too, one claim
+        # later); the loop then claims for the remaining free slots and registers again.
+        if self._group is not None:
+            while self._handed:
+                try:
+                    self._slots.acquire_nowait()
+                except anyio.WouldBlock:
+                    break
+                self._start(self._group, [self._handed.pop(0)])
+        self._wakeups.wake()
+
+    async def withdraw(self) -> list[ClaimedJob]:
+        """On stopping: end this worker's idle registrations; returns the jobs it was handed
+        and did not start (to be released)."""
+        handed, self._handed = self._handed, []
+        if self._registered:
+            token = self._tokens.new()
+            claimed = await self._transport.run(transitions.claim(
+                self._keys, token, self._ttl_ms, 0, withdraw=self._registered))
+            self._registered = []
+            handed += claimed.jobs
+        return handed
 
     async def _claim(self, free: int) -> Claimed | None:
         """One claim of up to ``free`` jobs; None if Redis could not be asked.
@@ -101,20 +168,32 @@ class Claimer:
         up once the claimed jobs' locks could have expired, or when the worker stops.
         """
         token = self._tokens.new()
+        withdraw = self._registered
+        # Registered before the call is sent: a call whose reply is lost may still register it.
+        self._registered = [*withdraw, token]
         give_up = time.monotonic() + self._lock_ttl * 0.8
         while True:
             with anyio.CancelScope(shield=True) as scope:
                 scope.deadline = anyio.current_time() + _CLAIM_BOUND
                 try:
                     sent = time.monotonic()
-                    claimed = await self._transport.run(
-                        transitions.claim(self._keys, token, self._ttl_ms, free))
+                    claimed = await self._transport.run(transitions.claim(
+                        self._keys, token, self._ttl_ms, free, withdraw=withdraw,
+                        idle_ms=self._idle_ms))
                     if self.on_claim is not None:
                         self.on_claim(time.monotonic() - sent)
                 except PanqueueError as exc:
                     self._trouble.failed(exc)
                 else:
                     self._trouble.ok()
+                    # The withdrawn registrations are over; this call's stands if it was empty
+                    # and no job was handed to it yet. If one was, and its message came first,
+                    # a resent call answers that same job again: it runs once, from the message.
+                    consumed = token not in self._registered
+                    if consumed and self._handed:
+                        handed = {job.id for job in self._handed}
+                        claimed.jobs = [job for job in claimed.jobs if job.id not in handed]
+                    self._registered = [] if claimed.jobs or consumed else [token]
                     return claimed
             if scope.cancelled_caught:
                 self._trouble.failed(TimeoutError(f"no reply in {_CLAIM_BOUND:g} s"))

@@ -1,5 +1,5 @@
-"""Wake-ups: the queue's notify channel, which tells idle workers there is work and running ones
-that a job was cancelled.
+"""Wake-ups: the queue's notify channel, which tells idle workers there is work (or hands them a
+job outright, lua/lib/handoff.lua) and running ones that a job was cancelled.
 
 The subscription exists before the first claim (so no wake-up is lost), is pinged when quiet and
 replaced when it breaks or stops answering; after a reconnect the worker looks for work at once,
@@ -26,11 +26,13 @@ _CLOSE_WAIT = 2.0
 
 class WakeUps:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, *, health_interval: float,
-                 on_cancel: Callable[[str], None], log: Any) -> None:
+                 on_cancel: Callable[[str], None], on_handoff: Callable[[bytes], None],
+                 log: Any) -> None:
         self._transport = transport
         self._keys = keys
         self._health_interval = health_interval
         self._on_cancel = on_cancel
+        self._on_handoff = on_handoff
         self._log = log
         self._wake = anyio.Event()
 
@@ -38,6 +40,10 @@ class WakeUps:
         """A fresh event that the next wake-up sets (armed before each claim)."""
         self._wake = anyio.Event()
         return self._wake
+
+    def wake(self) -> None:
+        """Wake the claim loop now (as a wake-up message would)."""
+        self._wake.set()
 
     async def subscribe(self) -> AsyncSubscriber:
         """The first subscription, made before the first claim (a refusal raises here)."""
@@ -85,5 +91,7 @@ class WakeUps:
                 ping_sent = None
             elif message == b"w":
                 self._wake.set()
+            elif message.startswith(b"h"):
+                self._on_handoff(message[1:])
             elif message.startswith(b"c:"):
                 self._on_cancel(message[2:].decode())

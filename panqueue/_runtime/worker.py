@@ -41,7 +41,7 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncTransport, open_async_transport
 from panqueue._url import resolve_url
-from panqueue.errors import ConfigError
+from panqueue.errors import ConfigError, PanqueueError
 from panqueue.executors import create_executor
 from panqueue.executors.base import Executor
 
@@ -157,7 +157,8 @@ class Worker:
             self._runner = AttemptRunner(executor, self.keys.name, options.job, self._attempts,
                                          recorder.report, recorder.release)
             wakeups = WakeUps(transport, self.keys, health_interval=self.health_interval,
-                              on_cancel=self._cancel_requested, log=log)
+                              on_cancel=self._cancel_requested,
+                              on_handoff=self._handed_over, log=log)
             # Subscribed before the first claim (no lost wake-up), and outside the task group so
             # that a refusal at start is raised as itself.
             subscriber = await wakeups.subscribe()
@@ -198,6 +199,7 @@ class Worker:
                 task_status.started()
                 with self._claim_scope:
                     await claimer.run(tg)
+                await self._withdraw(claimer)
                 await self._drain(claimer)
                 tg.cancel_scope.cancel()
         finally:
@@ -324,6 +326,22 @@ class Worker:
         assert self.metrics is not None
         wait_s = time.time() - run_s - job.enqueued_at_ms / 1000
         self.metrics.attempt_finished(self.keys.name, outcome, run_s, wait_s)
+
+    def _handed_over(self, payload: bytes) -> None:
+        if self._claimer is not None:
+            self._claimer.handoff(payload)
+
+    async def _withdraw(self, claimer: Claimer) -> None:
+        """End the claim loop's idle registration and release the jobs handed to it that did
+        not start (bounded: past that, their locks expire and the stalled sweep requeues them).
+        """
+        with anyio.move_on_after(_CLOSE_WAIT, shield=True):
+            try:
+                handed = await claimer.withdraw()
+            except PanqueueError as exc:
+                self._log.warning("could not withdraw the idle registration", error=str(exc))
+                return
+            await self._recorder.release([(job.id, job.token) for job in handed])
 
     def _cancel_requested(self, job_id: str) -> None:
         attempt = self._attempts.of_job(job_id)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
@@ -33,6 +35,7 @@ __all__ = [
     "heartbeat",
     "leave_registry",
     "parse_claim",
+    "parse_handoff",
     "progress",
     "promote",
     "release",
@@ -127,11 +130,28 @@ def _claimed(reply: list[Any], offset: int, token: str) -> Claimed:
     return Claimed(jobs, wake_in)
 
 
-def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int) -> Op[Claimed]:
+def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int, *,
+          withdraw: Sequence[str] = (), idle_ms: int = 0) -> Op[Claimed]:
     """WAITING -> ACTIVE for up to ``n`` jobs, locked with ``token``. The token must be fresh
-    for this call: it is also the call's request id, so a resend answers the same jobs."""
-    reply = yield _call(SCRIPTS.claim, keys, (token, ttl_ms, n))
+    for this call: it is also the call's request id, so a resend answers the same jobs.
+
+    ``withdraw``: the tokens of this worker's idle registrations: the call ends them and takes
+    over the jobs handed to them meanwhile (counted among the ``n``, locked with ``token``).
+    ``idle_ms``: when nothing is claimed, register ``token`` as idle for that long, so that an
+    add hands the next job straight to this worker (see lua/lib/handoff.lua and
+    :func:`parse_handoff`).
+    """
+    reply = yield _call(SCRIPTS.claim, keys, (token, ttl_ms, n, idle_ms, *withdraw))
     return _claimed(reply, 0, token)
+
+
+def parse_handoff(payload: bytes) -> tuple[str, list[ClaimedJob]]:
+    """A job handed to an idle worker, from the notify message's payload (after the ``h``):
+    (the registration's token, the jobs claimed with it)."""
+    token, reply = msgpack.unpackb(payload, raw=True)
+    token = token.decode()
+    jobs, _ = parse_claim(reply, 0, token)
+    return token, jobs
 
 
 def complete_batch(keys: QueueKeys, batch: Sequence[Completion], *, claim_next: bool,

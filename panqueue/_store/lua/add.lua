@@ -11,7 +11,8 @@
 --          does not fit the queue's mode, or an unknown dependency.
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
 --          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
---          idle workers are woken when claimable work appears.
+--          claimable work goes straight to idle workers that registered for it
+--          (lib/handoff.lua), and idle workers are woken for what is left.
 --          A dependency on an earlier item of the batch means the job that item resolved to:
 --          when the item's id was not created (a dedup no-op returned another job), that job;
 --          when it was deleted since (a later dedup replace), it no longer exists and the
@@ -19,6 +20,7 @@
 --!include layout.lua
 --!include waiting.lua
 --!include new_job.lua
+--!include handoff.lua
 
 local n = tonumber(ARGV[1])
 local mode, problem = resolve_mode(ARGV[2])
@@ -74,5 +76,6 @@ for _, f in ipairs(jobs) do
   reply[#reply + 1] = id
   reply[#reply + 1] = created
 end
+hand_off(now)
 wake_if_work_appeared(before)
 return reply

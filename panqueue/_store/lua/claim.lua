@@ -3,6 +3,11 @@
 -- KEYS[1]  queue prefix
 -- ARGV[1]  lock token (fresh for this call: also its request id, see lib/memo.lua)
 -- ARGV[2]  lock ttl ms   ARGV[3] n (free slots)
+-- ARGV[4]  (optional) idle wait ms: when nothing is claimed, register this call's token as
+--          idle for that long, so that the next add hands a job straight to the worker (0 or
+--          absent: do not)
+-- ARGV[5...] tokens of this worker's idle registrations to withdraw: the call ends them and
+--          takes over the jobs handed to them meanwhile (lib/handoff.lua)
 -- Returns  {count, wake_in, id, data, attempt, enqueued_at, options, ...}
 --          wake_in: when count is 0, ms until the next delayed job is due (-1: none).
 -- Invariants: nothing is claimed while the queue is paused; due delayed jobs are promoted first;
@@ -11,12 +16,27 @@
 --!include layout.lua
 --!include claim.lua
 --!include memo.lua
+--!include handoff.lua
 
 local reply = recall(ARGV[1])
 if reply then
   return reply
 end
+local now = now_ms()
+local ttl = tonumber(ARGV[2])
+local taken = {}
+for i = 5, #ARGV do
+  withdraw_idle(ARGV[i], ARGV[1], ttl, taken)
+end
 reply = {}
-claim(now_ms(), ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), reply)
-remember(ARGV[1], reply, 1, tonumber(ARGV[2]))
+claim(now, ARGV[1], ttl, tonumber(ARGV[3]) - #taken / 5, reply)
+for _, field in ipairs(taken) do
+  reply[#reply + 1] = field
+end
+reply[1] = reply[1] + #taken / 5
+local idle_ms = tonumber(ARGV[4] or '0')
+if reply[1] == 0 and idle_ms > 0 and not meta().paused then
+  register_idle(ARGV[1], ttl, now, idle_ms)
+end
+remember(ARGV[1], reply, 1, ttl)
 return reply

@@ -24,6 +24,8 @@
 -- Worker registry: ZSET "workers" (worker name -> when its entry expires, ms) and HASH
 -- "worker_info" (worker name -> its record, msgpack); heartbeat.lua writes both, workers.lua
 -- reads them and prunes the expired.
+-- Idle workers (ZSET "idle", lib/handoff.lua): "<lock ttl ms>:<claim token>" -> when the
+-- registration expires (ms); an add hands a job straight to one of them.
 -- All times come from the server clock (TIME), never from a worker host.
 
 local P = KEYS[1]
@@ -44,6 +46,7 @@ local K_LIMITED = P .. 'k:limited'
 local K_RATE = P .. 'rl'
 local K_WORKERS = P .. 'workers'
 local K_WORKER_INFO = P .. 'worker_info'
+local K_IDLE = P .. 'idle'
 local EVENTS_MAXLEN = 10000
 
 local function job_key(id)

@@ -1,0 +1,258 @@
+"""Hand-off: an add claims a job for an idle worker and hands it over in the wake-up message, so
+the worker starts it without a claim of its own (lua/lib/handoff.lua).
+
+The message is only the fast path: a worker's next claim withdraws its registration and takes
+over whatever was handed to it, so a lost message delays a job but never strands it, and a
+stopping worker gives back what it was handed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import msgpack
+import pytest
+import redis
+
+from panqueue import Job, QueueClient, Registry
+from panqueue._codec import encode
+from panqueue._keys import QueueKeys
+from panqueue._store import transitions
+from panqueue._store.ops import NewJob, add_jobs, pause
+from panqueue._store.status import Status
+from panqueue._store.transitions import Completion
+from panqueue._store.transport import SyncTransport
+from panqueue.testing import run_worker
+from tests.helpers import async_wait_until
+
+TTL = 30_000
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[SyncTransport]:
+    transport = SyncTransport(redis_url)
+    yield transport
+    transport.close()
+
+
+@pytest.fixture
+def notify(redis_url: str, queue_name: str) -> Iterator[Any]:
+    """A subscription to the queue's notify channel, as a worker has one."""
+    client = redis.Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    pubsub.ssubscribe(QueueKeys(queue_name).notify)
+    assert pubsub.get_message(timeout=5)["type"] == "ssubscribe"
+    yield pubsub
+    pubsub.close()
+    client.close()
+
+
+def add(store: SyncTransport, keys: QueueKeys, n: int = 1) -> list[str]:
+    jobs = [NewJob(None, encode(i)) for i in range(n)]
+    return [job_id for job_id, _ in store.run(add_jobs(keys, jobs))]
+
+
+def register(store: SyncTransport, keys: QueueKeys, token: str, idle_ms: int = 10_000) -> None:
+    """An empty claim that registers ``token`` as an idle worker's."""
+    claimed = store.run(transitions.claim(keys, token, TTL, 5, idle_ms=idle_ms))
+    assert claimed.jobs == []
+
+
+def messages(pubsub: Any) -> list[bytes]:
+    found = []
+    while (message := pubsub.get_message(timeout=0.2)) is not None:
+        if message["type"] == "smessage":
+            found.append(message["data"])
+    return found
+
+
+def test_an_add_hands_its_job_to_an_idle_worker_in_the_wake_up(
+        store: SyncTransport, redis_client: redis.Redis, notify: Any, queue_name: str) -> None:
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1")
+    [job_id] = add(store, keys)
+    [message] = messages(notify)
+    assert message.startswith(b"h")
+    token, [job] = transitions.parse_handoff(message[1:])
+    assert (token, job.id, job.attempt, job.token) == ("w:1", job_id, 1, "w:1")
+    # Claimed and locked in the add itself: active, with the registration's token.
+    assert redis_client.hmget(keys.job(job_id), "s", "tk") == [b"active", b"w:1"]
+    assert redis_client.zcard(keys.wait) == 0 and redis_client.zcard(keys.idle) == 0
+    done = store.run(transitions.complete_batch(
+        keys, [Completion(job_id, "w:1", encode("ok"))], claim_next=False, keep=-1, token="",
+        ttl_ms=TTL))
+    assert done.statuses == [Status.COMPLETED]
+
+
+def test_one_registration_takes_one_job_and_the_rest_wait_in_order(
+        store: SyncTransport, redis_client: redis.Redis, notify: Any, queue_name: str) -> None:
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1")
+    first, second, third = add(store, keys, 3)
+    handed, wake = messages(notify)
+    assert [job.id for job in transitions.parse_handoff(handed[1:])[1]] == [first]
+    assert wake == b"w"  # other workers are woken for the rest
+    assert [x.decode() for x in redis_client.zrange(keys.wait, 0, -1)] == [second, third]
+
+
+def test_a_lost_message_costs_a_delay_not_the_job(
+        store: SyncTransport, redis_client: redis.Redis, queue_name: str) -> None:
+    """Nobody reads the hand-off message: the worker's next claim withdraws its registration
+    and takes the job over, locked with that claim's token; the old token no longer holds it,
+    and nothing was charged as a stall."""
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1")
+    [job_id] = add(store, keys)
+    claimed = store.run(transitions.claim(keys, "w:2", TTL, 5, withdraw=["w:1"], idle_ms=10_000))
+    assert [(job.id, job.token) for job in claimed.jobs] == [(job_id, "w:2")]
+    assert redis_client.hmget(keys.job(job_id), "tk", "a", "sc") == [b"w:2", b"1", None]
+    # The claim took a job, so it did not register: no registration is left.
+    assert redis_client.zcard(keys.idle) == 0
+    stale = store.run(transitions.complete_batch(
+        keys, [Completion(job_id, "w:1", encode("ok"))], claim_next=False, keep=-1, token="",
+        ttl_ms=TTL))
+    assert stale.statuses == [Status.LOCK_LOST]
+    # Withdrawing again finds nothing more: the job is handed out once.
+    again = store.run(transitions.claim(keys, "w:3", TTL, 5, withdraw=["w:1"]))
+    assert again.jobs == []
+
+
+def test_a_stopping_worker_takes_back_what_it_was_handed(
+        store: SyncTransport, redis_client: redis.Redis, queue_name: str) -> None:
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1")
+    [job_id] = add(store, keys)
+    # A claim of nothing that withdraws: what a stopping worker sends.
+    claimed = store.run(transitions.claim(keys, "w:2", TTL, 0, withdraw=["w:1"]))
+    assert [job.id for job in claimed.jobs] == [job_id]
+    assert store.run(transitions.release(keys, [(job_id, "w:2")])) == 1
+    assert redis_client.hget(keys.job(job_id), "s") == b"waiting"
+    assert redis_client.zcard(keys.idle) == 0
+
+
+def test_an_expired_registration_gets_nothing(
+        store: SyncTransport, redis_client: redis.Redis, notify: Any, queue_name: str) -> None:
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1", idle_ms=1)
+    redis_client.zadd(keys.idle, {f"{TTL}:w:1": 0})  # expired long ago
+    [job_id] = add(store, keys)
+    assert messages(notify) == [b"w"]  # a plain wake-up
+    assert redis_client.hget(keys.job(job_id), "s") == b"waiting"
+    assert redis_client.zcard(keys.idle) == 0
+
+
+def test_a_paused_queue_hands_nothing_over(
+        store: SyncTransport, redis_client: redis.Redis, notify: Any, queue_name: str) -> None:
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1")
+    store.run(pause(keys, True))
+    [job_id] = add(store, keys)
+    assert not [m for m in messages(notify) if m.startswith(b"h")]
+    assert redis_client.hget(keys.job(job_id), "s") == b"waiting"
+    # The registration stands for when the queue resumes; a paused claim makes none.
+    assert redis_client.zcard(keys.idle) == 1
+    register(store, keys, "w:2")
+    assert redis_client.zscore(keys.idle, f"{TTL}:w:2") is None
+
+
+def test_a_resent_registering_claim_answers_the_job_handed_to_it(
+        store: SyncTransport, queue_name: str) -> None:
+    """A registering claim's reply was lost and a job was handed to its token before the
+    resend: the resend (same token, its request id) answers that job."""
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1")
+    [job_id] = add(store, keys)
+    resent = store.run(transitions.claim(keys, "w:1", TTL, 5, idle_ms=10_000))
+    assert [(job.id, job.token) for job in resent.jobs] == [(job_id, "w:1")]
+
+
+# --------------------------------------------------------------------------- real workers
+
+
+async def test_an_idle_worker_runs_an_added_job_it_was_handed(
+        redis_url: str, queue_name: str) -> None:
+    keys = QueueKeys(queue_name)
+    registry = Registry()
+    ran: list[str] = []
+
+    @registry.handler(queue_name, concurrency=4)
+    async def handler(job: Job) -> Any:
+        ran.append(job.id)
+        return job.data
+
+    watcher = redis.Redis.from_url(redis_url)
+
+    async def registered() -> bool:
+        return watcher.zcard(keys.idle) == 1
+
+    pubsub = watcher.pubsub()
+    pubsub.ssubscribe(keys.notify)
+    try:
+        async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+            await async_wait_until(registered)
+            for i in range(5):
+                handle = await client.queue(queue_name).add(i)
+                assert await handle.result(timeout=10) == i
+                # Registered again after each job: the next add is handed over too.
+                await async_wait_until(registered)
+            handed = []
+            while (message := pubsub.get_message(timeout=0.1)) is not None:
+                if message["type"] == "smessage" and message["data"].startswith(b"h"):
+                    handed += [job.id for job in
+                               transitions.parse_handoff(message["data"][1:])[1]]
+            assert handed == ran and len(ran) == 5
+        # A stopped worker leaves no registration behind.
+        assert watcher.zcard(keys.idle) == 0
+    finally:
+        pubsub.close()
+        watcher.close()
+
+
+async def test_jobs_added_one_at_a_time_to_idle_workers_run_once_each(
+        redis_url: str, queue_name: str) -> None:
+    """Three workers, each idle and registered, take jobs added one at a time: every job runs
+    exactly once, on its first attempt, and none is charged a stall."""
+    registry = Registry()
+    runs: dict[int, int] = {}
+
+    @registry.handler(queue_name, concurrency=2)
+    async def handler(job: Job) -> Any:
+        runs[job.data] = runs.get(job.data, 0) + 1
+        await anyio.sleep(0.001)
+
+    keys = QueueKeys(queue_name)
+    check = redis.Redis.from_url(redis_url)
+    try:
+        async with QueueClient(redis_url) as client, \
+                run_worker(registry, queue_name, redis_url), \
+                run_worker(registry, queue_name, redis_url), \
+                run_worker(registry, queue_name, redis_url):
+            queue = client.queue(queue_name)
+            handles = []
+            for i in range(150):
+                handles.append(await queue.add(i))
+                if i % 10 == 0:
+                    await anyio.sleep(0.002)  # let workers go idle and register in between
+            for handle in handles:
+                await handle.result(timeout=15)
+        assert runs == {i: 1 for i in range(150)}
+        for handle in handles:
+            assert check.hmget(keys.job(handle.id), "a", "sc") == [b"1", None]
+        assert check.zcard(keys.idle) == 0
+    finally:
+        check.close()
+
+
+def test_the_hand_off_message_is_msgpack_of_token_and_claim(
+        store: SyncTransport, notify: Any, queue_name: str) -> None:
+    """The wire format workers parse (lua/lib/handoff.lua): "h" + msgpack [token, claim]."""
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1")
+    add(store, keys)
+    [message] = messages(notify)
+    token, reply = msgpack.unpackb(message[1:], raw=True)
+    assert token == b"w:1" and reply[0] == 1
