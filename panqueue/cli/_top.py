@@ -18,9 +18,11 @@ def top(interval: float, url: str) -> None:
     """Live terminal view of every queue and the live workers.
 
     Per queue: waiting, delayed, active and failed counts, completed and failed jobs per
-    second (with a sparkline of the last minutes), lag (age of the oldest waiting job),
-    paused, live workers. Keys: arrows or j/k pick a queue, f shows its failed jobs with
-    their errors, q quits. Needs the tui extra: pip install 'panqueue[tui]'.
+    second (with a sparkline of the last minutes), lag (age of the oldest waiting job), wait
+    and run time p50/p95 of the jobs finished in the last minute, paused, live workers; and
+    the live workers (name, host, queues, running jobs, heartbeat age). Keys: arrows or j/k
+    pick a queue, f shows its failed jobs with their errors, q quits. Needs the tui extra:
+    pip install 'panqueue[tui]'.
     """
     try:
         from panqueue._tui import TopApp
