@@ -39,9 +39,11 @@ fi
 
 # The other supported Pythons (the classifiers in pyproject.toml): the core subset covers the
 # lifecycle, the Lua scripts, every executor, faults, results and the transport, on asyncio and
-# trio. The interpreter comes from PATH (python3.12) or pyenv's versions directory.
+# trio, and typed handlers (mypy on user code). The interpreter comes from PATH (python3.12) or
+# pyenv's versions directory.
 core_subset=(tests/test_lifecycle.py tests/test_scripts.py tests/test_executors.py
-             tests/test_faults.py tests/test_results.py tests/test_transport.py)
+             tests/test_faults.py tests/test_results.py tests/test_transport.py
+             tests/test_typing.py)
 
 find_python() {  # find_python 3.12: the path of a CPython 3.12 interpreter, or nothing
   local wanted=$1 candidate

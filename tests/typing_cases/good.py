@@ -67,3 +67,10 @@ def produce_sync(client: SyncQueueClient) -> None:
     emails.add({"to": "d@example.com", "subject": "sync"})
     client.queue(thumbnail).add_bulk([Thumbnail("b.png", width=64)])
     client.queue("thumbnails").add("not checked")
+
+
+def bare_annotations(queue: Queue, sync_queue: SyncQueue, job: Job) -> None:
+    """Unparametrized Queue, SyncQueue and Job are accepted under --strict (data is Any)."""
+    assert_type(queue, Queue[Any])
+    assert_type(sync_queue, SyncQueue[Any])
+    assert_type(job.data, Any)
