@@ -227,6 +227,22 @@ def test_backend_without_enqueue_on_commit_adds_at_once_inside_a_transaction(
         assert client.get_job("direct", result.id).state is JobState.WAITING
 
 
+def test_results_are_kept_as_the_backends_retention_says(
+        django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
+    from django_tasks.exceptions import TaskResultDoesNotExist
+
+    from tests.django_project.shop.tasks import add
+
+    django_worker()
+    direct = add.using(backend="direct", queue_name="direct")
+    results = [direct.enqueue(n, 0) for n in range(3)]
+    wait_until(_finished(results[2]), what="the last task to finish")  # one at a time, FIFO
+    results[1].refresh()
+    assert [r.return_value for r in results[1:]] == [1, 2]
+    with pytest.raises(TaskResultDoesNotExist):  # Retention(completed=2) trimmed the oldest
+        add.get_result(results[0].id)
+
+
 def test_priority_and_run_after_map_onto_panqueue_priority_and_delay(
         client: SyncQueueClient) -> None:
     from django_tasks import TaskResultStatus
@@ -351,6 +367,7 @@ def test_example_project_enqueues_on_commit_and_a_burst_worker_runs_its_tasks(
     ({"OPTIONS": {"task_modules": "mysite"}}, "['task_modules'] must be a list"),
     ({"QUEUES": ["a{b}"]}, "TASKS['bad']['QUEUES']: queue name 'a{b}'"),
     ({"ENQUEUE_ON_COMMIT": "yes"}, "['ENQUEUE_ON_COMMIT'] must be True or False"),
+    ({"OPTIONS": {"retention": 10}}, "['retention'] must be a panqueue.Retention"),
 ])
 def test_bad_backend_settings_raise_one_config_error_naming_the_entry(
         django_db: Path, params: dict[str, Any], problem: str) -> None:

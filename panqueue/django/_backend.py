@@ -22,7 +22,7 @@ from panqueue._client import SyncQueueClient
 from panqueue._codec import check_json_compatible
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import check_queue_name
-from panqueue._options import check_attempts, check_positive
+from panqueue._options import Retention, check_attempts, check_positive
 from panqueue.django._compat import (
     BaseTaskBackend,
     Task,
@@ -42,7 +42,7 @@ T = TypeVar("T")
 # The job log line each attempt starts with; TaskResult.worker_ids is read back from these.
 WORKER_LINE = "django task running on worker "
 
-_OPTIONS = frozenset({"url", "task_modules", "attempts", "timeout"})
+_OPTIONS = frozenset({"url", "task_modules", "attempts", "timeout", "retention"})
 
 # panqueue job states as Django sees them. Django has no cancelled state: a cancelled (or
 # expired) job did not run to success, so it reads as FAILED.
@@ -95,8 +95,9 @@ class PanqueueBackend(BaseTaskBackend):
     ``TASKS = {"default": {"BACKEND": "panqueue.django.PanqueueBackend", "QUEUES": [...],
     "ENQUEUE_ON_COMMIT": True, "OPTIONS": {"url": "redis://..."}}}``. ``OPTIONS``:
     ``url`` (default ``PANQUEUE_URL``, else ``redis://localhost:6379/0``), ``task_modules``
-    (modules outside the installed apps whose tasks workers may run), ``attempts`` (default 1)
-    and ``timeout`` (seconds, default none) for the workers' handlers.
+    (modules outside the installed apps whose tasks workers may run), and for the workers'
+    handlers ``attempts`` (default 1), ``timeout`` (seconds, default none) and ``retention``
+    (a :class:`panqueue.Retention`: how many finished tasks keep their results).
 
     Each of ``QUEUES`` is the panqueue queue of that name. ``panqueue worker
     panqueue.django:registry`` runs the tasks.
@@ -140,6 +141,11 @@ class PanqueueBackend(BaseTaskBackend):
         self.attempts = check_attempts(options.get("attempts", 1))
         timeout = options.get("timeout")
         self.timeout = None if timeout is None else check_positive(timeout, "timeout")
+        retention = options.get("retention")
+        if retention is not None and not isinstance(retention, Retention):
+            raise ConfigError(f"{where}['OPTIONS']['retention'] must be a panqueue.Retention, "
+                              f"got {retention!r}")
+        self.retention: Retention | None = retention
         on_commit = params.get("ENQUEUE_ON_COMMIT", True)
         if not isinstance(on_commit, bool):
             raise ConfigError(f"{where}['ENQUEUE_ON_COMMIT'] must be True or False, "

@@ -35,7 +35,7 @@ from panqueue.django._compat import (
     task_finished,
     task_started,
 )
-from panqueue.errors import ConfigError, Fail
+from panqueue.errors import ConfigError, Fail, JobNotFound
 from panqueue.executors import RemoteError
 
 __all__ = ["registry_for", "setup_django"]
@@ -64,7 +64,8 @@ def setup_django() -> None:
 def registry_for(*aliases: str) -> Registry:
     """A registry that runs the tasks of the ``TASKS`` backends ``aliases`` (default: every
     backend that is a :class:`PanqueueBackend`): one handler per queue of each, on the thread
-    executor, with the backend's ``attempts`` and ``timeout``. Sets Django up first."""
+    executor, with the backend's ``attempts``, ``timeout`` and ``retention``. Sets Django up
+    first."""
     setup_django()
     from django.core.exceptions import ImproperlyConfigured
 
@@ -87,7 +88,8 @@ def registry_for(*aliases: str) -> Registry:
         runner = _TaskRunner(backend)
         for queue in sorted(backend.queues):
             registry.handler(queue, executor="thread", attempts=backend.attempts,
-                             timeout=backend.timeout)(runner.handler())
+                             timeout=backend.timeout, retention=backend.retention
+                             )(runner.handler())
     return registry
 
 
@@ -119,11 +121,16 @@ class _TaskRunner:
         close_old_connections()
         try:
             try:
-                result = backend.get_result(job.id)  # RUNNING, with the attempts so far
-            except TaskResultDoesNotExist:
+                # Read through the backend, as Django would: RUNNING, with the attempts so far.
+                info = backend.client.get_job(job.queue, job.id)
+            except JobNotFound:
                 raise Fail(f"job {job.id} is not in the Redis of TASKS[{backend.alias!r}] "
                            f"({redact_url(backend.url)}): run the worker with that URL"
                            ) from None
+            try:
+                result = backend.result_from_job(info)
+            except TaskResultDoesNotExist as exc:
+                raise Fail(f"refused: {exc}") from None
             return self._call(result)
         finally:
             close_old_connections()

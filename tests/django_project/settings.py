@@ -3,6 +3,8 @@ the tests set (PQ_DJANGO_DB, PANQUEUE_URL)."""
 
 import os
 
+from panqueue import Retention
+
 SECRET_KEY = "panqueue-tests-only"
 USE_TZ = True
 INSTALLED_APPS = ["django_tasks", "tests.django_project.shop"]
@@ -20,6 +22,7 @@ TASKS = {
         "BACKEND": "panqueue.django.PanqueueBackend",
         "QUEUES": ["direct"],
         "ENQUEUE_ON_COMMIT": False,
-        "OPTIONS": {"url": os.environ["PANQUEUE_URL"]},
+        # Its workers keep the results of the newest two completed tasks only.
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "retention": Retention(completed=2)},
     },
 }
