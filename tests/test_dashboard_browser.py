@@ -120,12 +120,15 @@ def test_overview_shows_the_right_counts_and_follows_them_live(
     expect(_cell(page, "mail", "delayed")).to_have_text("1")
     expect(_cell(page, "reports", "waiting")).to_have_text("1")
     expect(_cell(page, "reports", "paused")).to_have_text("paused")
+    expect(page.locator('tr[data-queue="reports"] button[data-action="resume"]')).to_be_visible()
+    expect(page.locator('tr[data-queue="reports"] button[data-action="pause"]')).to_be_hidden()
     # Live: the page follows Redis without a reload.
     client.queue("mail").add_bulk([{"n": n} for n in range(4)])
     client.resume("reports")
     expect(_cell(page, "mail", "waiting")).to_have_text("7")
     expect(_cell(page, "reports", "paused")).to_have_text("running")
-    expect(page.locator('tr[data-queue="reports"] form[data-show="running"]')).to_be_visible()
+    expect(page.locator('tr[data-queue="reports"] button[data-action="pause"]')).to_be_visible()
+    expect(page.locator('tr[data-queue="reports"] button[data-action="resume"]')).to_be_hidden()
 
 
 def test_a_failed_jobs_page_shows_its_traceback_and_retry_runs_it_again(
