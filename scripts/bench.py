@@ -1,6 +1,6 @@
 """panqueue baseline benchmark: enqueue rate, process rate, pickup latency.
 
-    .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed | --spark]
+    .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed | --spark | --dashboard]
                                       [--backend asyncio|trio] [--json FILE]
 
 Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
@@ -16,6 +16,8 @@ measured, in the docstring of its module under ``scripts/benchmarks/``:
 * ``--keyed``: ``keyed``, claim cost against the number of distinct keys (only on request).
 * ``--spark``: ``spark``, enqueue_dataframe and read_jobs against add_bulk (only on request;
   needs the ``spark`` extra and Java 17).
+* ``--dashboard``: ``dashboard_paging``, the dashboard's jobs page of a state holding
+  1,000,000 jobs (only on request; needs the ``dashboard`` extra).
 
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from benchmarks import baseline, executors, keyed, spark
+from benchmarks import baseline, dashboard_paging, executors, keyed, spark
 from benchmarks.common import Bench, log, machine_info
 
 from panqueue._store import SyncTransport
@@ -55,6 +57,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="only the Spark figures: enqueue_dataframe and read_jobs on "
                              "local[2] against add_bulk, 1,000,000 rows (not part of the full "
                              "run; needs the spark extra and Java 17)")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="only the dashboard's paging figures: the jobs page of a state "
+                             "holding 1,000,000 jobs, first, middle and last page (not part "
+                             "of the full run; needs the dashboard extra)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -64,15 +70,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def sections(args: argparse.Namespace) -> tuple[list[str], str]:
     """The sections to run, in order, and the mode named in the output. ``--executors``,
     ``--keyed`` and ``--spark`` each select their section; together they run together."""
-    only = args.executors or args.keyed or args.spark
+    only = args.executors or args.keyed or args.spark or args.dashboard
     todo = [name for name, wanted in (
         ("baseline", not only),
-        ("executors", args.executors or (not args.quick and not args.keyed and not args.spark)),
+        ("executors", args.executors or (not args.quick and not args.keyed and not args.spark
+                                         and not args.dashboard)),
         ("keyed", args.keyed),
         ("spark", args.spark),
+        ("dashboard", args.dashboard),
     ) if wanted]
     mode = "quick" if args.quick else "full"
-    if args.spark:
+    if args.dashboard:
+        mode += ", dashboard only"
+    elif args.spark:
         mode += ", spark only"
     elif args.keyed:
         mode += ", keyed mode only"
@@ -104,6 +114,8 @@ def measure(bench: Bench, todo: list[str], quick: bool) -> dict[str, Any]:
         figures["keyed"] = keyed.run(bench, quick)
     if "spark" in todo:
         figures["spark"] = spark.run(bench, quick)
+    if "dashboard" in todo:
+        figures["dashboard"] = dashboard_paging.run(bench, quick)
     return figures
 
 
@@ -118,6 +130,8 @@ def report(figures: dict[str, Any], quick: bool, backend: str, worker_log: str) 
         keyed.report(figures["keyed"], quick)
     if "spark" in figures:
         spark.report(figures["spark"])
+    if "dashboard" in figures:
+        dashboard_paging.report(figures["dashboard"])
     if worker_log:
         print()
         print("worker output (warnings and errors):")

@@ -1,0 +1,105 @@
+"""The dashboard on a big queue (``--dashboard`` only; not part of the full run; needs the
+``dashboard`` extra).
+
+Fills one queue's WAITING state with N jobs (``SyncQueueClient.add_bulk`` in batches of 1000,
+small dicts as data), then renders the jobs page of that state, 50 jobs a page, through the
+dashboard's ASGI app in this process (httpx's ASGITransport: no network, no server process):
+the first page (offset 0), a middle page (offset N/2) and the last page (offset N - 50). Each
+page is asked for 10 times unmeasured, then ``REPEAT`` times measured; the figure is the wall
+time of one request, from the call to the complete response, so it includes everything the
+server does for the page: the counts, the page's ids by rank (one ZRANGE), the 50 job hashes
+and their logs, the paused flag and the template. ``list_jobs`` alone (the Redis part of it)
+is timed the same way.
+
+N is 1,000,000 (``--quick``: 100,000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from benchmarks.common import BATCH, Bench, log, percentile, print_table
+from panqueue import JobState, SyncQueueClient
+
+QUEUE = "bench-dashboard"
+PAGE = 50
+WARM = 10
+REPEAT = 100
+
+
+def run(bench: Bench, quick: bool) -> dict[str, Any]:
+    bench.redis.flushdb()
+    n = 100_000 if quick else 1_000_000
+    fill(bench, n)
+    figures = measure(bench, n)
+    bench.redis.flushdb()
+    return figures
+
+
+def fill(bench: Bench, n: int) -> None:
+    log(f"dashboard: adding {n:,} waiting jobs")
+    started = time.monotonic()
+    with SyncQueueClient(bench.url) as client:
+        queue = client.queue(QUEUE)
+        for first in range(0, n, BATCH):
+            queue.add_bulk([{"order": i, "customer": f"customer-{i % 5000}"}
+                            for i in range(first, min(n, first + BATCH))])
+        assert client.counts(QUEUE)[JobState.WAITING] == n
+    log(f"dashboard: filled in {time.monotonic() - started:.0f} s")
+
+
+def measure(bench: Bench, n: int) -> dict[str, Any]:
+    import httpx
+
+    from panqueue.dashboard import create_app
+
+    offsets = {"first": 0, "middle": n // 2, "last": n - PAGE}
+    rows: dict[str, Any] = {}
+
+    async def pages() -> None:
+        app = create_app(bench.url)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
+            for name, offset in offsets.items():
+                params = {"q": QUEUE, "state": "waiting", "offset": offset, "limit": PAGE}
+                times = []
+                for i in range(WARM + REPEAT):
+                    started = time.perf_counter()
+                    response = await http.get("/queue", params=params)
+                    elapsed = time.perf_counter() - started
+                    assert response.status_code == 200, response.text[:300]
+                    assert response.text.count("<tr data-job=") == PAGE
+                    if i >= WARM:
+                        times.append(elapsed * 1000)
+                rows[name] = {"offset": offset, "page_ms_p50": percentile(times, 50),
+                              "page_ms_p95": percentile(times, 95)}
+
+    asyncio.run(pages())
+    with SyncQueueClient(bench.url) as client:
+        for name, offset in offsets.items():
+            times = []
+            for i in range(WARM + REPEAT):
+                started = time.perf_counter()
+                jobs = client.list_jobs(QUEUE, JobState.WAITING, limit=PAGE, offset=offset)
+                elapsed = time.perf_counter() - started
+                assert len(jobs) == PAGE
+                if i >= WARM:
+                    times.append(elapsed * 1000)
+            rows[name].update(list_ms_p50=percentile(times, 50),
+                              list_ms_p95=percentile(times, 95))
+    return {"jobs": n, "page_size": PAGE, "repeat": REPEAT, "pages": rows}
+
+
+def report(figures: dict[str, Any]) -> None:
+    print()
+    print(f"dashboard: the jobs page of a state holding {figures['jobs']:,} jobs, "
+          f"{figures['page_size']} a page, {figures['repeat']} requests each "
+          "(in-process ASGI, ms)")
+    print_table(
+        ["page", "offset", "page p50", "page p95", "list_jobs p50", "list_jobs p95"],
+        [[name, f"{row['offset']:,}", f"{row['page_ms_p50']:.1f}", f"{row['page_ms_p95']:.1f}",
+          f"{row['list_ms_p50']:.1f}", f"{row['list_ms_p95']:.1f}"]
+         for name, row in figures["pages"].items()],
+        [False, True, True, True, True, True])
