@@ -253,6 +253,22 @@ def test_worker_and_exporter_count_every_outcome_of_what_ran(
     assert worker.stop() == 0, worker.stderr
 
 
+def test_observability_example_shows_counters_gauges_and_linked_spans(redis_url: str) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "observability.py")],
+                          capture_output=True, text=True, timeout=90, cwd=ROOT,
+                          env=subprocess_env(PANQUEUE_URL=redis_url))
+    assert proc.returncode == 0, proc.stderr
+    for line in ('panqueue_jobs_completed_total{queue="reports"} 1.0',
+                 'panqueue_jobs_retried_total{queue="reports"} 2.0',
+                 'panqueue_job_run_seconds_count{queue="reports"} 3.0',
+                 'panqueue_jobs{queue="reports",state="completed"} 1.0',
+                 "attempt 1: failed, child of the request: True, links to attempt(s) []",
+                 "attempt 2: failed, child of the request: True, links to attempt(s) [1]",
+                 "attempt 3: completed, child of the request: True, links to attempt(s) [2]"):
+        assert line in proc.stdout, proc.stdout
+    assert proc.stdout.splitlines()[-1] == "done"
+
+
 def test_worker_metrics_port_taken_is_one_line(private_redis: RedisServer) -> None:
     import socket
 
