@@ -115,12 +115,14 @@ def _finished(result: Any) -> Callable[[], bool]:
 
 
 def test_task_enqueued_from_django_runs_in_a_worker_and_its_result_reads_back(
-        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
+        tmp_path: Path) -> None:
     from django_tasks import TaskResultStatus
 
     from tests.django_project.shop.tasks import add, report
 
-    worker = django_worker()
+    signals = tmp_path / "signals.log"
+    worker = django_worker(PQ_SIGNAL_LOG=str(signals))
     result = add.enqueue(2, 3)
     assert result.status == TaskResultStatus.READY
     assert result.enqueued_at is not None  # outside a transaction: added at once
@@ -142,6 +144,9 @@ def test_task_enqueued_from_django_runs_in_a_worker_and_its_result_reads_back(
     assert (again.status, again.return_value, again.args) == (TaskResultStatus.SUCCESSFUL, 5,
                                                              [2, 3])
     assert asyncio.run(add.aget_result(result.id)).return_value == 5
+    # Django's signals, sent in the worker around the task.
+    assert signals.read_text().splitlines() == [f"started {result.id} RUNNING",
+                                                f"finished {result.id} SUCCESSFUL"]
 
     other = report.enqueue("sales", rows=3)  # another queue, kwargs, a tuple in the result
     wait_until(_finished(other), what="report to finish")
