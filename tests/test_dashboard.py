@@ -411,3 +411,39 @@ def test_the_example_mounts_the_dashboard_and_acts_through_it(redis_url: str) ->
                      "resume without the CSRF token: 403", "emails paused: True"):
         assert any(line.startswith(expected) for line in lines), (expected, lines)
     assert lines[-1] == "done"
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The IPv4 addresses a socket listens on at ``port`` (from /proc/net/tcp)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, _, hex_port = local.partition(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+def test_dashboard_command_listens_on_loopback_and_exits_0_on_sigterm(
+        redis_url: str, tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    err = tmp_path / "dashboard.err"
+    with err.open("wb") as log:
+        process = subprocess.Popen(panqueue_command("dashboard", "--url", redis_url, "--port",
+                                                    str(port)),
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   env=subprocess_env(), cwd=ROOT)
+    try:
+        wait_until(lambda: _listening_addresses(port), 20, "the dashboard to listen")
+        assert _listening_addresses(port) == {"127.0.0.1"}
+        page = httpx.get(f"http://127.0.0.1:{port}/", timeout=10)
+        assert page.status_code == 200 and "<h1>Queues</h1>" in page.text
+        process.terminate()
+        assert process.wait(15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert err.read_text().splitlines() == [f"serving the dashboard on http://127.0.0.1:{port}/"]

@@ -3,6 +3,7 @@ the ``dashboard`` extra). Loopback unless ``--host`` says otherwise."""
 
 from __future__ import annotations
 
+import signal
 import socket
 
 import click
@@ -69,12 +70,21 @@ def dashboard(port: int, host: str, read_only: bool, token: str | None, url: str
     client_for(url).close()  # an unreachable Redis is one error line, before we listen
     sock = _bind(host, port)
     app = create_app(url, read_only=read_only, token=token)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"serving the dashboard on http://{shown}:{sock.getsockname()[1]}/"
                + (" (read-only)" if read_only else ""), err=True)
     if token is None and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: {host} is not loopback and no --token is set: anyone who can "
                    f"reach it can act on your queues", err=True)
+    # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again with
+    # the handler that was there before it started: this one, so the command exits 0 (and a
+    # signal that comes before uvicorn listens ends it at once).
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_quietly)
     with sock:
         uvicorn.Server(config).run(sockets=[sock])
+
+
+def _exit_quietly(signum: int, frame: object) -> None:
+    raise SystemExit(0)

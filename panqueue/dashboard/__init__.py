@@ -7,8 +7,9 @@ history); the live workers; the schedules; a queue's event stream. Actions: retr
 job or all), cancel, remove, pause, resume, purge (behind a confirmation), each a POST carrying
 the session's CSRF token.
 
-This package is the only one that imports starlette and jinja2; it reads and acts through the
-public client alone.
+This package is the only one that imports starlette and jinja2. It reads and acts through the
+public client (a :class:`~panqueue.SyncQueueClient`), and computes lag as ``panqueue info``
+does.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ never in paths, so any name (slashes included) round-trips.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -379,7 +380,15 @@ def build_app(url: str | None, read_only: bool, token: str | None) -> Starlette:
     ]
     handlers: dict[Any, Any] = {exc: board.on_error for exc in (
         BadRequest, PanqueueError, HTTPException)}
-    app = Starlette(routes=routes, exception_handlers=handlers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Run by a server that serves the app itself (``panqueue dashboard``); a mounted app's
+        # client is closed with the process.
+        yield
+        board.client.close()
+
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     app.add_middleware(Guard, signer=board.signer)
     app.state.dashboard = board
     return app
