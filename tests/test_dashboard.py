@@ -202,6 +202,16 @@ def test_search_by_id_opens_the_job_or_says_it_is_not_there(
         assert "job &#39;order-43&#39; not found" in missing.text
 
 
+def test_an_unreachable_redis_is_a_503_page_with_one_line() -> None:
+    with browser(create_app("redis://127.0.0.1:1/0")) as web:
+        page = web.get("/")
+        assert page.status_code == 503
+        problem = re.search(r'id="problem">(.*?)</p>', page.text)
+        assert problem and problem.group(1).startswith("cannot reach Redis at redis://127.0.0.1:1")
+        live = web.get("/api/overview")
+        assert live.status_code == 503 and "cannot reach Redis" in live.json()["error"]
+
+
 # --------------------------------------------------------------------------- actions
 
 
