@@ -94,7 +94,8 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
 
     --metrics-port serves this worker's Prometheus counters and histograms at /metrics
     (loopback only unless --metrics-host says otherwise; pip install 'panqueue[metrics]'):
-    attempts by outcome, run, wait and claim times, lock renewals and losses.
+    attempts by outcome, run, wait and claim times, lock renewals and losses, executor
+    restarts.
     """
     if burst and reload:
         raise UsageFailure("--burst and --reload do not go together")
