@@ -28,6 +28,7 @@ local k = tonumber(ARGV[4])
 local before = claimable()
 reply = {}
 local wanted = 0
+local completed = 0
 for i = 0, k - 1 do
   local b = 5 + i * 4
   local id = ARGV[b]
@@ -35,14 +36,17 @@ for i = 0, k - 1 do
   if redis.call('HGET', jkey, 'tk') ~= ARGV[b + 1] then
     reply[#reply + 1] = LOCK_LOST
   else
-    leave_active(jkey, id)
-    redis.call('HDEL', jkey, 'e')  -- earlier attempts' errors stay in the history
-    end_job(jkey, id, 'completed', now, keep, {result = ARGV[b + 2]})
+    leave_active(jkey, id, 'e')  -- earlier attempts' errors stay in the history
+    end_job(jkey, id, 'completed', now, keep, {result = ARGV[b + 2], trim_later = true})
+    completed = completed + 1
     reply[#reply + 1] = COMPLETED
     if ARGV[b + 3] == '1' then
       wanted = wanted + 1
     end
   end
+end
+if completed > 0 then
+  trim_finished(K_COMPLETED, keep, now)  -- retention once for the batch
 end
 claim(now, ARGV[2], tonumber(ARGV[3]), wanted, reply)
 wake_if_work_appeared(before)

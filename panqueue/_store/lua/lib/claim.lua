@@ -20,10 +20,10 @@ end
 -- see a job that is claimed but not yet locked). Appends the job to `out`.
 local function activate(id, now, token, ttl, out)
   local jkey = job_key(id)
-  local attempt = redis.call('HINCRBY', jkey, 'a', 1)
-  redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token)
+  local f = redis.call('HMGET', jkey, 'd', 'et', 'o', 'a')
+  local attempt = tonumber(f[4] or '0') + 1
+  redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt)
   redis.call('ZADD', K_ACTIVE, now + ttl, id)
-  local f = redis.call('HMGET', jkey, 'd', 'et', 'o')
   out[#out + 1] = id
   out[#out + 1] = f[1]
   out[#out + 1] = attempt

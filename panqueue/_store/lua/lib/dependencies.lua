@@ -26,6 +26,9 @@ end
 -- come). A dependent that failed with it earlier learns that it completed, for a later retry.
 local function release_dependents(id, now)
   local dkey = deps_key(id)
+  if redis.call('EXISTS', dkey) == 0 then
+    return  -- the common case: nothing waits for this job (one read instead of two)
+  end
   for _, dependent in ipairs(redis.call('SMEMBERS', dkey)) do
     local nkey = needs_key(dependent)
     redis.call('SREM', nkey, id)

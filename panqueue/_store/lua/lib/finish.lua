@@ -35,18 +35,18 @@ end
 
 -- Job `id` ends in `state` ('completed', 'failed' or 'cancelled') at `now`. The caller has
 -- taken it out of the set it was in (leave_active, detach); then, in this order:
---   1. the fields of the ending: r result (completed); e error and fr reason (failed);
---      fr 'cancelled' (cancelled);
+--   1. s state, ft finish time and the fields of the ending, in one write: r result
+--      (completed); e error and fr reason (failed); fr 'cancelled' (cancelled);
 --   2. the event named after the state, with those fields (a cancelled event carries none);
 --      how.event replaces it ({name, field, value, ...}: an add announces a job born failed);
 --   3. its dependents: a completed job releases them; a failed or cancelled one fails every
 --      job blocked on it, transitively (fail_dependents), recorded before any retention;
---   4. s state, ft finish time, and the finished set of the state;
+--   4. the finished set of the state;
 --   5. a cancelled job's dependency edges go (forget_edges): it will never complete nor run;
 --   6. retention trims that set to `keep` jobs (-1 keeps all).
--- `how` (optional): {result=, error=, reason=, event=, cascaded=}. cascaded: the job is a
--- dependent failed by fail_dependents, which handles its dependents and retention for the whole
--- cascade.
+-- `how` (optional): {result=, error=, reason=, event=, cascaded=, trim_later=}. cascaded: the
+-- job is a dependent failed by fail_dependents, which handles its dependents and retention for
+-- the whole cascade. trim_later: the caller ends several jobs and trims once after the last.
 local function end_job(jkey, id, state, now, keep, how)
   how = how or {}
   local set = FINAL_SETS[state]
@@ -58,7 +58,7 @@ local function end_job(jkey, id, state, now, keep, how)
   else
     fields = {'fr', 'cancelled'}
   end
-  redis.call('HSET', jkey, unpack(fields))
+  redis.call('HSET', jkey, 's', state, 'ft', now, unpack(fields))
   if how.event then
     emit(how.event[1], id, unpack(how.event, 2))
   elseif state == 'cancelled' then
@@ -71,12 +71,11 @@ local function end_job(jkey, id, state, now, keep, how)
   elseif not how.cascaded then
     fail_dependents(id, now, keep)
   end
-  redis.call('HSET', jkey, 's', state, 'ft', now)
   redis.call('ZADD', set, now, id)
   if state == 'cancelled' then
     forget_edges(id)
   end
-  if not how.cascaded then
+  if not how.cascaded and not how.trim_later then
     trim_finished(set, keep, now)
   end
 end

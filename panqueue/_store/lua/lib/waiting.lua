@@ -157,11 +157,11 @@ local function detach(jkey, id, state)
   end
 end
 
--- A running job stops running (finished, failed, stalled, released): its lock goes and its
--- key's slot is freed.
-local function leave_active(jkey, id)
+-- A running job stops running (finished, failed, stalled, released): its lock goes (with the
+-- other job hash fields named in `...`, in the same command) and its key's slot is freed.
+local function leave_active(jkey, id, ...)
   redis.call('ZREM', K_ACTIVE, id)
-  redis.call('HDEL', jkey, 'tk')
+  redis.call('HDEL', jkey, 'tk', ...)
   if keyed() then
     local key = redis.call('HGET', jkey, 'k')
     if key then
