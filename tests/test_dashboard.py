@@ -305,6 +305,7 @@ def test_a_request_without_the_token_is_refused(redis_url: str) -> None:
         # The login form: a wrong token is refused, the right one sets the login cookie.
         form = web.get("/login", params={"next": "/queue?q=x"})
         assert form.status_code == 200
+        assert "127.0.0.1" not in form.text  # which server: not for anonymous eyes
         refused = web.post("/login", data={"csrf": csrf_of(form), "token": "nope",
                                            "next": "/queue?q=x"})
         assert refused.status_code == 401

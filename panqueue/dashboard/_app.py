@@ -115,7 +115,8 @@ class Dashboard:
             csrf=self.signer.csrf_token(sid),
             read_only=self.read_only,
             login=self.signer.token is not None,
-            server=redact_url(self.client.url),
+            # Which server, only to those who may see it (not on an anonymous login page).
+            server=redact_url(self.client.url) if request.state.authenticated else "",
             notice=notice,
             here=_here(request),
             states=list(JobState),

@@ -122,7 +122,8 @@ def cookie_header(scope: Scope, name: str, value: str, *, max_age: int | None = 
 class Guard:
     """ASGI middleware in front of the dashboard's routes.
 
-    Gives every browser a session (``scope["state"]["session"]``), refuses requests without
+    Gives every browser a session (``scope["state"]["session"]``, and whether the request
+    carries the access token in ``scope["state"]["authenticated"]``), refuses requests without
     the access token when one is configured (a page: 303 to the login form; anything else:
     401), and adds the security headers to every response.
     """
@@ -171,7 +172,9 @@ class Guard:
                 message = {**message, "headers": headers}
             await send(message)
 
-        if static or path in _OPEN_PATHS or self.authenticated(scope, sid):
+        # The open pages are served to anyone: what they show depends on this flag.
+        state["authenticated"] = self.authenticated(scope, sid)
+        if static or path in _OPEN_PATHS or state["authenticated"]:
             await self.app(scope, receive, send_with_headers)
             return
         await self._refuse(scope, path, send_with_headers)

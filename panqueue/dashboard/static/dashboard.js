@@ -114,7 +114,8 @@
       position = found.position;
       for (const event of found.events) {
         const tr = document.createElement("tr");
-        const cells = [event.time, event.type, event.job_id, event.fields];
+        const details = event.fields.length > 200 ? event.fields.slice(0, 197) + "..." : event.fields;
+        const cells = [event.time, event.type, event.job_id, details];
         cells.forEach(function (text, index) {
           const td = document.createElement("td");
           if (index === 1) {
