@@ -11,7 +11,11 @@ server does for the page: the counts, the page's ids by rank (one ZRANGE), the 5
 and their logs, the paused flag and the template. ``list_jobs`` alone (the Redis part of it)
 is timed the same way.
 
-N is 1,000,000 (``--quick``: 100,000).
+Then a keyed queue (``mode="keyed"``) with K keys of 100 waiting jobs each: its waiting jobs
+page through the claim's turns over keys, so a page past the first reads each key's length
+too. ``list_jobs`` of 50 jobs at the first, middle and last offset is timed as above.
+
+N is 1,000,000 and K 1,000 (``--quick``: 100,000 and 100).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from benchmarks.common import BATCH, Bench, log, percentile, print_table
 from panqueue import JobState, SyncQueueClient
 
 QUEUE = "bench-dashboard"
+KEYED_QUEUE = "bench-dashboard-keyed"
+KEYED_DEPTH = 100  # waiting jobs per key
 PAGE = 50
 WARM = 10
 REPEAT = 100
@@ -34,6 +40,11 @@ def run(bench: Bench, quick: bool) -> dict[str, Any]:
     n = 100_000 if quick else 1_000_000
     fill(bench, n)
     figures = measure(bench, n)
+    bench.redis.flushdb()
+    keys = 100 if quick else 1000
+    fill_keyed(bench, keys)
+    figures["keyed"] = {"keys": keys, "jobs_per_key": KEYED_DEPTH,
+                        "pages": time_list_jobs(bench, KEYED_QUEUE, keys * KEYED_DEPTH)}
     bench.redis.flushdb()
     return figures
 
@@ -50,12 +61,43 @@ def fill(bench: Bench, n: int) -> None:
     log(f"dashboard: filled in {time.monotonic() - started:.0f} s")
 
 
+def fill_keyed(bench: Bench, keys: int) -> None:
+    log(f"dashboard: adding {keys * KEYED_DEPTH:,} jobs over {keys:,} keys")
+    with SyncQueueClient(bench.url) as client:
+        queue = client.queue(KEYED_QUEUE, mode="keyed")
+        for turn in range(KEYED_DEPTH):
+            for key in range(keys):
+                queue.add({"turn": turn}, key=f"customer-{key}")
+
+
+def offsets_of(n: int) -> dict[str, int]:
+    return {"first": 0, "middle": n // 2, "last": n - PAGE}
+
+
+def time_list_jobs(bench: Bench, queue: str, n: int) -> dict[str, Any]:
+    """``list_jobs`` of one page at each offset: p50 and p95, ms."""
+    rows: dict[str, Any] = {}
+    with SyncQueueClient(bench.url) as client:
+        for name, offset in offsets_of(n).items():
+            times = []
+            for i in range(WARM + REPEAT):
+                started = time.perf_counter()
+                jobs = client.list_jobs(queue, JobState.WAITING, limit=PAGE, offset=offset)
+                elapsed = time.perf_counter() - started
+                assert len(jobs) == PAGE
+                if i >= WARM:
+                    times.append(elapsed * 1000)
+            rows[name] = {"offset": offset, "list_ms_p50": percentile(times, 50),
+                          "list_ms_p95": percentile(times, 95)}
+    return rows
+
+
 def measure(bench: Bench, n: int) -> dict[str, Any]:
     import httpx
 
     from panqueue.dashboard import create_app
 
-    offsets = {"first": 0, "middle": n // 2, "last": n - PAGE}
+    offsets = offsets_of(n)
     rows: dict[str, Any] = {}
 
     async def pages() -> None:
@@ -77,18 +119,8 @@ def measure(bench: Bench, n: int) -> dict[str, Any]:
                               "page_ms_p95": percentile(times, 95)}
 
     asyncio.run(pages())
-    with SyncQueueClient(bench.url) as client:
-        for name, offset in offsets.items():
-            times = []
-            for i in range(WARM + REPEAT):
-                started = time.perf_counter()
-                jobs = client.list_jobs(QUEUE, JobState.WAITING, limit=PAGE, offset=offset)
-                elapsed = time.perf_counter() - started
-                assert len(jobs) == PAGE
-                if i >= WARM:
-                    times.append(elapsed * 1000)
-            rows[name].update(list_ms_p50=percentile(times, 50),
-                              list_ms_p95=percentile(times, 95))
+    for name, timed in time_list_jobs(bench, QUEUE, n).items():
+        rows[name].update(list_ms_p50=timed["list_ms_p50"], list_ms_p95=timed["list_ms_p95"])
     return {"jobs": n, "page_size": PAGE, "repeat": REPEAT, "pages": rows}
 
 
@@ -103,3 +135,12 @@ def report(figures: dict[str, Any]) -> None:
           f"{row['list_ms_p50']:.1f}", f"{row['list_ms_p95']:.1f}"]
          for name, row in figures["pages"].items()],
         [False, True, True, True, True, True])
+    keyed = figures["keyed"]
+    print()
+    print(f"dashboard: list_jobs of a keyed queue's waiting jobs, {keyed['keys']:,} keys of "
+          f"{keyed['jobs_per_key']} jobs, {figures['page_size']} a page (ms)")
+    print_table(
+        ["page", "offset", "list_jobs p50", "list_jobs p95"],
+        [[name, f"{row['offset']:,}", f"{row['list_ms_p50']:.1f}", f"{row['list_ms_p95']:.1f}"]
+         for name, row in keyed["pages"].items()],
+        [False, True, True, True])
