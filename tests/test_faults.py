@@ -284,6 +284,42 @@ async def test_redis_refusing_commands_never_stops_a_worker(
         admin.close()
 
 
+async def test_a_worker_started_while_redis_refuses_writes_waits_and_then_serves(
+        own_server: RedisServer, queue_name: str) -> None:
+    """A worker (re)started while the server is full under maxmemory does not die of the
+    refused start: it logs the trouble once, waits, and serves once writes are taken again."""
+    url = own_server.url
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def handler(job: Job) -> Any:
+        return job.data
+
+    admin = redis.Redis.from_url(url)
+    try:
+        async with QueueClient(url) as client:
+            handle = await client.queue(queue_name).add(7)
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]))
+            with capture_panqueue_logs() as logs:
+                async def lift_when_refused() -> None:
+                    async def refused() -> bool:
+                        return any("starting the worker failed" in e["event"] for e in logs)
+                    await async_wait_until(refused)
+                    admin.config_set("maxmemory", 0)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(lift_when_refused)
+                    async with run_worker(registry, queue_name, url):
+                        assert await handle.result(timeout=10) == 7
+            assert [e["event"] for e in logs if "starting the worker" in e["event"]] == [
+                "starting the worker failed; retrying until Redis answers",
+                "starting the worker works again"]
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+
+
 # --------------------------------------------------------------------------- reports, shutdown
 
 

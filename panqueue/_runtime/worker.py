@@ -19,6 +19,8 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -33,6 +35,7 @@ from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.locks import Attempts, Renewer, Tokens
 from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.stats import log_summary
+from panqueue._runtime.trouble import Trouble
 from panqueue._runtime.upkeep import Upkeep
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._runtime.watchdog import BEAT_INTERVAL, LoopWatchdog
@@ -41,11 +44,13 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncTransport, open_async_transport
 from panqueue._url import resolve_url
-from panqueue.errors import ConfigError, PanqueueError
+from panqueue.errors import ConfigError, PanqueueError, ServerUnavailable
 from panqueue.executors import create_executor
 from panqueue.executors.base import Executor
 
 __all__ = ["Worker"]
+
+T = TypeVar("T")
 
 # Bounds of the shutdown's forced phase: how long cancelled jobs get to stop and be released,
 # and how long each closing step may take, so that shutdown(grace) returns within
@@ -140,10 +145,11 @@ class Worker:
         try:
             options = self.handler.options
             rate = options.rate_limit
-            await transport.run(ops.setup_queue(
+            starting = Trouble(self._log, "starting the worker")
+            await self._when_served(starting, lambda: transport.run(ops.setup_queue(
                 self.keys, options.mode, options.key_concurrency,
                 0 if rate is None else rate.max, 0 if rate is None else int(rate.per * 1000),
-                rate is not None and rate.per_key, options.retention.failed))
+                rate is not None and rate.per_key, options.retention.failed)))
             self._executor = executor = create_executor(self.handler)
             if self.metrics is not None:
                 executor.on_restart = (lambda reason, m=self.metrics, e=executor.name:
@@ -161,7 +167,7 @@ class Worker:
                               on_handoff=self._handed_over, log=log)
             # Subscribed before the first claim (no lost wake-up), and outside the task group so
             # that a refusal at start is raised as itself.
-            subscriber = await wakeups.subscribe()
+            subscriber = await self._when_served(starting, wakeups.subscribe)
             self._claimer = claimer = Claimer(
                 transport, self.keys, self._tokens, wakeups, concurrency=self.concurrency,
                 lock_ttl=self.lock_ttl, poll_interval=self.poll_interval, process=self._process,
@@ -180,7 +186,7 @@ class Worker:
                 transport, self.keys, name=self.name, concurrency=self.concurrency,
                 running=lambda: [job_id for job_id, _ in self._attempts.locks()],
                 interval=self.heartbeat_interval, log=log)
-            await beats.beat()
+            await self._when_served(starting, beats.beat)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(beats.run)
                 tg.start_soon(self._heartbeat, watchdog)
@@ -219,6 +225,22 @@ class Worker:
             self._stopping = True
             done.set()
             self._log.info("worker stopped", processed=self.processed, failed=self.failed)
+
+    async def _when_served(self, trouble: Trouble, call: Callable[[], Awaitable[T]]) -> T:
+        """One step of the start, sent again while Redis answers that it cannot serve now (it
+        is loading, out of memory, failing over): a worker started during such an episode
+        waits it out. A server that cannot be reached at all fails the start at once."""
+        while True:
+            try:
+                result = await call()
+            except ServerUnavailable as exc:
+                if self._stopping:
+                    raise
+                trouble.failed(exc)
+                await anyio.sleep(trouble.backoff())
+            else:
+                trouble.ok()
+                return result
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Two-phase stop: claim nothing more and let running jobs finish for up to ``grace``
