@@ -41,9 +41,16 @@ RELEASE_WAIT = 2.0
 class _Pending(Completion):
     """A completion waiting in the batch being gathered."""
 
-    done: anyio.Event = field(default_factory=anyio.Event)
     status: Status | None = None  # None: not recorded (Redis away)
     next_job: ClaimedJob | None = None
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Completions sent in one call; ``done`` is set once it was answered (or given up)."""
+
+    items: list[_Pending]
+    done: anyio.Event = field(default_factory=anyio.Event)
 
 
 def _traceback(error: ErrorInfo) -> dict[str, str]:
@@ -66,7 +73,7 @@ class Recorder:
         self._stopping = stopping
         self._log = log
         # The batch still gathering (its leader has not sent it yet), if any.
-        self._gathering: list[_Pending] | None = None
+        self._gathering: _Batch | None = None
         self._max_batch = max(1, (concurrency + 1) // 2)
         self._trouble = Trouble(log, "recording outcomes")
         self._report_trouble = Trouble(log, "progress reporting")
@@ -83,9 +90,9 @@ class Recorder:
         """
         pending = _Pending(job_id, token, result)
         batch = self._gathering
-        if batch is not None and len(batch) < self._max_batch:
-            batch.append(pending)
-            await pending.done.wait()
+        if batch is not None and len(batch.items) < self._max_batch:
+            batch.items.append(pending)
+            await batch.done.wait()
         else:
             await self._lead_batch(pending)
         if pending.status == Status.LOCK_LOST:
@@ -96,25 +103,25 @@ class Recorder:
     async def _lead_batch(self, first: _Pending) -> None:
         """Open a batch with ``first``, let the jobs finishing in this tick join it (a full
         batch makes the next one open its own), then send it."""
-        self._gathering = batch = [first]
+        self._gathering = batch = _Batch([first])
         try:
             await anyio.lowlevel.checkpoint()
         finally:
             if self._gathering is batch:
                 self._gathering = None
+        items = batch.items
         claiming = not self._stopping()
         token = self._tokens.new()
         finished = await self._record(transitions.complete_batch(
-            self._keys, batch, claim_next=claiming, keep=self._keep_completed, token=token,
-            ttl_ms=self._ttl_ms), batch[0].job_id)
+            self._keys, items, claim_next=claiming, keep=self._keep_completed, token=token,
+            ttl_ms=self._ttl_ms), items[0].job_id)
         if finished is not None:
             claimed = iter(finished.claimed.jobs)
-            for pending, status in zip(batch, finished.statuses, strict=True):
+            for pending, status in zip(items, finished.statuses, strict=True):
                 pending.status = status
                 if status == Status.COMPLETED and claiming:
                     pending.next_job = next(claimed, None)
-        for pending in batch:
-            pending.done.set()
+        batch.done.set()
 
     async def fail(self, failure: Failure, log: Any) -> tuple[Status | None, ClaimedJob | None]:
         """Record a failed attempt; returns (status, the job claimed next for the slot)."""
