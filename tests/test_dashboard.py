@@ -22,6 +22,7 @@ from starlette.routing import Mount
 
 from panqueue import ConfigError, JobState, SyncQueueClient
 from panqueue.dashboard import create_app
+from panqueue.dashboard._reads import QueueNames
 from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
 
 PAYLOAD = "<script>window.__pwned = 1</script>"
@@ -138,6 +139,18 @@ def test_overview_shows_every_queue_with_its_counts(redis_url: str,
         assert mail["counts"]["waiting"] == 4 and mail["counts"]["delayed"] == 1
         assert mail["lag_seconds"] is not None and mail["lag_seconds"] >= 0
         assert mail["cells"]["waiting"] == "4"
+
+
+def test_the_queue_list_is_refreshed_in_the_background_not_scanned_per_page(
+        client: SyncQueueClient) -> None:
+    """A page never waits for the keyspace scan once the list exists: a stale list is served
+    while a thread scans again, and the new queue shows on a later read."""
+    client.queue("first").add({})
+    names = QueueNames(client, ttl=0.0)
+    assert names.get() == ["first"]
+    client.queue("second").add({})
+    assert names.get() == ["first"]  # served at once, the scan runs behind it
+    wait_until(lambda: names.get() == ["first", "second"], 10, "the refreshed list")
 
 
 def test_job_data_is_shown_as_text_everywhere(redis_url: str, client: SyncQueueClient,

@@ -36,8 +36,10 @@ from panqueue import (
 )
 from panqueue._store.transport import redact_url
 from panqueue.dashboard._reads import (
+    QueueNames,
     Rates,
     age,
+    live_workers,
     overview,
     pretty_json,
     preview,
@@ -87,6 +89,7 @@ class Dashboard:
         self.read_only = read_only
         self.signer = Signer(token)
         self.rates = Rates(self.client)
+        self.queue_names = QueueNames(self.client)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
             undefined=jinja2.StrictUndefined)
@@ -129,7 +132,7 @@ class Dashboard:
     # ------------------------------------------------------------------ pages
 
     def index(self, request: Request) -> Response:
-        snap = overview(self.client, self.rates)
+        snap = overview(self.client, self.queue_names, self.rates)
         return self.render(request, "overview.html", overview=snap)
 
     def queue(self, request: Request) -> Response:
@@ -160,10 +163,11 @@ class Dashboard:
                            history_columns=columns)
 
     def workers(self, request: Request) -> Response:
-        return self.render(request, "workers.html", workers=self.client.workers())
+        return self.render(request, "workers.html",
+                           workers=live_workers(self.client, self.queue_names.get()))
 
     def schedules(self, request: Request) -> Response:
-        found = [s for q in self.client.queues() for s in self.client.schedules(q)]
+        found = [s for q in self.queue_names.get() for s in self.client.schedules(q)]
         return self.render(request, "schedules.html", schedules=found)
 
     def events(self, request: Request) -> Response:
@@ -179,7 +183,7 @@ class Dashboard:
     # ------------------------------------------------------------------ live parts (JSON)
 
     def api_overview(self, request: Request) -> Response:
-        return JSONResponse(overview(self.client, self.rates).to_dict())
+        return JSONResponse(overview(self.client, self.queue_names, self.rates).to_dict())
 
     def api_events(self, request: Request) -> Response:
         name = _required(request.query_params, "q")

@@ -2,6 +2,11 @@
 (counts, rates, lag, paused, workers), a queue's recent events, and the text each value is
 shown as (one formatting for the page and for its live updates).
 
+Queue names: ``client.queues()`` scans the keyspace, which takes about 0.8 s on a Redis
+holding 1,000,000 jobs, so :class:`QueueNames` keeps the list for :data:`QUEUE_LIST_TTL`
+seconds and refreshes it in the background once it is older: a page never waits for a scan but
+the very first one. The live workers are then read queue by queue, without a scan either.
+
 Rates: the completed and failed sets are trimmed by retention, so their sizes cannot give
 rates. :class:`Rates` counts the ``completed`` and ``failed`` events appended to each queue's
 event stream between reads instead, over a sliding window of :data:`RATE_WINDOW` seconds (the
@@ -19,12 +24,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from panqueue import ErrorInfo, Event, JobState, SyncQueueClient
+from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient, WorkerInfo
+from panqueue._store.ops import merge_workers
 from panqueue.cli._ops import _lag as lag_of  # the same lag as `panqueue info`
 
-__all__ = ["RATE_WINDOW", "Overview", "QueueRow", "Rates", "age", "event_dict", "overview",
-           "pretty_json", "preview", "recent_events", "timestamp"]
+__all__ = ["QUEUE_LIST_TTL", "RATE_WINDOW", "Overview", "QueueNames", "QueueRow", "Rates", "age",
+           "event_dict", "live_workers", "overview", "pretty_json", "preview", "recent_events",
+           "timestamp"]
 
+QUEUE_LIST_TTL = 10.0
 RATE_WINDOW = 10.0
 _RATE_MIN_INTERVAL = 0.5  # reads closer together than this reuse the last figure
 _EVENT_BATCH = 1000
@@ -145,11 +153,50 @@ class Rates:
             return (sum(s[1] for s in counted) / elapsed, sum(s[2] for s in counted) / elapsed)
 
 
-def overview(client: SyncQueueClient, rates: Rates) -> Overview:
+class QueueNames:
+    """The names of the queues in Redis, scanned at most every :data:`QUEUE_LIST_TTL` seconds
+    (thread-safe; a stale list is served while a background thread scans again)."""
+
+    def __init__(self, client: SyncQueueClient, ttl: float = QUEUE_LIST_TTL) -> None:
+        self.client = client
+        self.ttl = ttl
+        self._names: list[str] | None = None
+        self._taken = 0.0
+        self._refreshing = False
+        self._lock = threading.Lock()
+
+    def get(self) -> list[str]:
+        with self._lock:
+            if self._names is None:
+                self._names, self._taken = self.client.queues(), time.monotonic()
+            elif time.monotonic() - self._taken > self.ttl and not self._refreshing:
+                self._refreshing = True
+                threading.Thread(target=self._refresh, name="panqueue-dashboard-queues",
+                                 daemon=True).start()
+            return list(self._names)
+
+    def _refresh(self) -> None:
+        try:
+            names = self.client.queues()
+        except PanqueueError:
+            names = None  # Redis away: keep the old list; the pages say what is wrong
+        with self._lock:
+            if names is not None:
+                self._names, self._taken = names, time.monotonic()
+            self._refreshing = False
+
+
+def live_workers(client: SyncQueueClient, queues: list[str]) -> list[WorkerInfo]:
+    """The live workers of ``queues``, one entry per worker name."""
+    return merge_workers([w for queue in queues for w in client.workers(queue)])
+
+
+def overview(client: SyncQueueClient, names: QueueNames, rates: Rates) -> Overview:
     """Every queue's row, and how many workers are live."""
-    live = client.workers()
+    queues = names.get()
+    live = live_workers(client, queues)
     rows = []
-    for queue in client.queues():
+    for queue in queues:
         completed, failed = rates.read(queue)
         rows.append(QueueRow(queue, client.counts(queue), client.is_paused(queue),
                              lag_of(client, queue), completed, failed,
