@@ -9,7 +9,8 @@ page is asked for 10 times unmeasured, then ``REPEAT`` times measured; the figur
 time of one request, from the call to the complete response, so it includes everything the
 server does for the page: the counts, the page's ids by rank (one ZRANGE), the 50 job hashes
 and their logs, the paused flag and the template. ``list_jobs`` alone (the Redis part of it)
-is timed the same way.
+is timed the same way, and so is the live overview's endpoint (``/api/overview``: counts,
+lag, rates and workers of every queue) on that Redis.
 
 Then a keyed queue (``mode="keyed"``) with K keys of 100 waiting jobs each: its waiting jobs
 page through the claim's turns over keys, so a page past the first reads each key's length
@@ -99,6 +100,7 @@ def measure(bench: Bench, n: int) -> dict[str, Any]:
 
     offsets = offsets_of(n)
     rows: dict[str, Any] = {}
+    overview: dict[str, float] = {}
 
     async def pages() -> None:
         app = create_app(bench.url)
@@ -117,11 +119,21 @@ def measure(bench: Bench, n: int) -> dict[str, Any]:
                         times.append(elapsed * 1000)
                 rows[name] = {"offset": offset, "page_ms_p50": percentile(times, 50),
                               "page_ms_p95": percentile(times, 95)}
+            times = []
+            for i in range(WARM + REPEAT):
+                started = time.perf_counter()
+                response = await http.get("/api/overview")
+                elapsed = time.perf_counter() - started
+                assert response.status_code == 200
+                if i >= WARM:
+                    times.append(elapsed * 1000)
+            overview.update(p50=percentile(times, 50), p95=percentile(times, 95))
 
     asyncio.run(pages())
     for name, timed in time_list_jobs(bench, QUEUE, n).items():
         rows[name].update(list_ms_p50=timed["list_ms_p50"], list_ms_p95=timed["list_ms_p95"])
-    return {"jobs": n, "page_size": PAGE, "repeat": REPEAT, "pages": rows}
+    return {"jobs": n, "page_size": PAGE, "repeat": REPEAT, "pages": rows,
+            "overview_ms": overview}
 
 
 def report(figures: dict[str, Any]) -> None:
@@ -135,6 +147,9 @@ def report(figures: dict[str, Any]) -> None:
           f"{row['list_ms_p50']:.1f}", f"{row['list_ms_p95']:.1f}"]
          for name, row in figures["pages"].items()],
         [False, True, True, True, True, True])
+    overview = figures["overview_ms"]
+    print(f"the live overview (/api/overview) on the same Redis: p50 {overview['p50']:.1f} ms, "
+          f"p95 {overview['p95']:.1f} ms")
     keyed = figures["keyed"]
     print()
     print(f"dashboard: list_jobs of a keyed queue's waiting jobs, {keyed['keys']:,} keys of "
