@@ -275,6 +275,11 @@ def test_actions_cancel_remove_pause_resume_and_purge(redis_url: str, client: Sy
         assert purged.status_code == 303 and "n=1" in purged.headers["location"]
         assert client.counts(queue_name)[JobState.WAITING] == 0
         assert client.counts(queue_name)[JobState.CANCELLED] == 1
+        page = web.get(purged.headers["location"])
+        assert "1 job(s) deleted." in page.text
+        # The notice takes only a count and a state from the URL, nothing else.
+        crafted = web.get("/", params={"done": "cancel", "was": "hacked, call 555"})
+        assert "Job cancelled (it was ?)." in crafted.text and "555" not in crafted.text
         assert act("explode").status_code == 400
         assert act("cancel").status_code == 400  # no job_id
 

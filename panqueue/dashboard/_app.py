@@ -71,7 +71,6 @@ _DONE = {
     "cancel": "Job cancelled (it was {was}).",
     "remove": "Job removed.",
     "purge": "{n} job(s) deleted.",
-    "login": "Logged in.",
 }
 _NOTICE_PARAMS = frozenset({"done", "n", "was"})
 ACTIONS = ("pause", "resume", "retry", "retry_all", "cancel", "remove", "purge")
@@ -110,8 +109,13 @@ class Dashboard:
         done = request.query_params.get("done")
         notice = None
         if done in _DONE:
-            notice = _DONE[done].format(n=request.query_params.get("n", "?"),
-                                        was=request.query_params.get("was", "?"))
+            # Only a count and a state name come from the URL: a crafted link cannot put
+            # words of its own on the page.
+            n = request.query_params.get("n", "")
+            was = request.query_params.get("was", "")
+            notice = _DONE[done].format(
+                n=n if n.isascii() and n.isdigit() else "?",
+                was=was if was in {s.value for s in JobState} else "?")
         page = self.templates.get_template(template).render(
             base=request.scope.get("root_path", ""),
             link=lambda path, **params: self.link(request, path, **params),
