@@ -54,8 +54,8 @@ class Web:
 
 
 @contextlib.contextmanager
-def browser(app: Any) -> Iterator[Web]:
-    with anyio.from_thread.start_blocking_portal() as portal:
+def browser(app: Any, backend: str = "asyncio") -> Iterator[Web]:
+    with anyio.from_thread.start_blocking_portal(backend) as portal:
         web = Web(app, portal)
         try:
             yield web
@@ -244,6 +244,18 @@ def test_an_action_without_the_sessions_csrf_token_is_refused(
         done = web.post("/action", data={**form, "csrf": token})
         assert done.status_code == 303
         assert client.is_paused(queue_name)
+
+
+def test_the_app_serves_pages_and_actions_under_trio(redis_url: str, client: SyncQueueClient,
+                                                     queue_name: str) -> None:
+    job = client.queue(queue_name).add({"n": 1})
+    with browser(create_app(redis_url), backend="trio") as web:
+        page = web.get("/job", params={"q": queue_name, "id": job.id})
+        assert page.status_code == 200 and 'id="job-state">waiting<' in page.text
+        done = web.post("/action", data={"csrf": csrf_of(page), "action": "cancel",
+                                         "queue": queue_name, "job_id": job.id})
+        assert done.status_code == 303
+    assert client.get_job(queue_name, job.id).state is JobState.CANCELLED
 
 
 def test_actions_cancel_remove_pause_resume_and_purge(redis_url: str, client: SyncQueueClient,
