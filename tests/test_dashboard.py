@@ -384,7 +384,7 @@ def test_events_page_and_its_live_endpoint(redis_url: str, client: SyncQueueClie
         assert bad.status_code == 400 and "stream id" in bad.json()["error"]
 
 
-def test_rates_count_completions_from_the_event_stream(
+def test_rates_workers_and_schedules_come_from_a_real_worker(
         redis_url: str, client: SyncQueueClient, tmp_path: Path) -> None:
     worker = subprocess.Popen(panqueue_command("worker", "dashboard_app:queues", "-q",
                                                "dash-echo", "--url", redis_url),
@@ -401,6 +401,11 @@ def test_rates_count_completions_from_the_event_stream(
             client.queue("dash-echo").add_bulk([{"n": n} for n in range(20)])
             wait_until(lambda: (rate() or 0) > 0, 15, "a completion rate above zero",
                        interval=0.2)
+            workers = web.get("/workers")
+            assert re.search(rf"<td class=\"num\">{worker.pid}</td>", workers.text)
+            schedules = web.get("/schedules")
+            assert "<td>dash-nightly</td>" in schedules.text
+            assert "&#34;report&#34;:&#34;nightly&#34;" in schedules.text
     finally:
         worker.kill()
         worker.wait()

@@ -22,3 +22,7 @@ async def flaky(job: Job) -> dict[str, Any]:
 @queues.handler("dash-echo")
 async def echo(job: Job) -> Any:
     return job.data
+
+
+# Registered in Redis by the worker that serves dash-echo: the schedules page shows it.
+queues.schedule("dash-nightly", "dash-echo", cron="0 3 * * *", data={"report": "nightly"})
