@@ -1,7 +1,7 @@
 """panqueue baseline benchmark: enqueue rate, process rate, pickup latency.
 
-    .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed | --spark | --dashboard]
-                                      [--backend asyncio|trio] [--json FILE]
+    .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed | --spark | --dashboard
+                                      | --memory | --scale] [--backend asyncio|trio] [--json FILE]
 
 Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
 snapshots off, no maxmemory), runs every measurement against it, and stops it. The Redis on
@@ -18,6 +18,9 @@ measured, in the docstring of its module under ``scripts/benchmarks/``:
   needs the ``spark`` extra and Java 17).
 * ``--dashboard``: ``dashboard_paging``, the dashboard's jobs page of a state holding
   1,000,000 jobs (only on request; needs the ``dashboard`` extra).
+* ``--memory``: ``memory``, Redis memory per waiting job, panqueue against BullMQ (only on
+  request; the BullMQ row needs node and bullmq, see the module).
+* ``--scale``: ``scale``, 1, 2 and 4 worker processes draining one queue (only on request).
 
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from benchmarks import baseline, dashboard_paging, executors, keyed, spark
+from benchmarks import baseline, dashboard_paging, executors, keyed, memory, scale, spark
 from benchmarks.common import Bench, log, machine_info
 
 from panqueue._store import SyncTransport
@@ -61,6 +64,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="only the dashboard's paging figures: the jobs page of a state "
                              "holding 1,000,000 jobs, first, middle and last page (not part "
                              "of the full run; needs the dashboard extra)")
+    parser.add_argument("--memory", action="store_true",
+                        help="only Redis memory per waiting job: 100,000 waiting jobs of 100 "
+                             "bytes, panqueue against BullMQ (not part of the full run; "
+                             "BullMQ's row needs node and bullmq, found through "
+                             "BULLMQ_PACKAGE_JSON)")
+    parser.add_argument("--scale", action="store_true",
+                        help="only the scale-out curve: 1, 2 and 4 worker processes draining "
+                             "one queue, jobs/s and Redis CPU (not part of the full run)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -70,17 +81,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def sections(args: argparse.Namespace) -> tuple[list[str], str]:
     """The sections to run, in order, and the mode named in the output. ``--executors``,
     ``--keyed`` and ``--spark`` each select their section; together they run together."""
-    only = args.executors or args.keyed or args.spark or args.dashboard
+    only = (args.executors or args.keyed or args.spark or args.dashboard or args.memory
+            or args.scale)
     todo = [name for name, wanted in (
         ("baseline", not only),
-        ("executors", args.executors or (not args.quick and not args.keyed and not args.spark
-                                         and not args.dashboard)),
+        ("executors", args.executors or (not args.quick and not only)),
         ("keyed", args.keyed),
         ("spark", args.spark),
         ("dashboard", args.dashboard),
+        ("memory", args.memory),
+        ("scale", args.scale),
     ) if wanted]
     mode = "quick" if args.quick else "full"
-    if args.dashboard:
+    if args.scale:
+        mode += ", scale-out only"
+    elif args.memory:
+        mode += ", memory only"
+    elif args.dashboard:
         mode += ", dashboard only"
     elif args.spark:
         mode += ", spark only"
@@ -116,6 +133,10 @@ def measure(bench: Bench, todo: list[str], quick: bool) -> dict[str, Any]:
         figures["spark"] = spark.run(bench, quick)
     if "dashboard" in todo:
         figures["dashboard"] = dashboard_paging.run(bench, quick)
+    if "memory" in todo:
+        figures["memory"] = memory.run(bench, quick)
+    if "scale" in todo:
+        figures["scale"] = scale.run(bench, quick)
     return figures
 
 
@@ -132,6 +153,10 @@ def report(figures: dict[str, Any], quick: bool, backend: str, worker_log: str) 
         spark.report(figures["spark"])
     if "dashboard" in figures:
         dashboard_paging.report(figures["dashboard"])
+    if "memory" in figures:
+        memory.report(figures["memory"])
+    if "scale" in figures:
+        scale.report(figures["scale"])
     if worker_log:
         print()
         print("worker output (warnings and errors):")

@@ -1,0 +1,163 @@
+"""Scale-out: 1, 2 and 4 worker processes draining one queue (``--scale`` only; not part of
+the full run).
+
+The process-rate measurement (``process``) with k worker processes instead of one: the same
+``bench_app:queues`` no-op handler on ``bench-noop``, concurrency 50 each. The queue is paused,
+filled with N no-op jobs (``add_bulk``, 1000 per call), the k workers are started together,
+and once each has registered in the worker registry and subscribed to the queue's wake-ups
+(``CLIENT LIST``), the queue is resumed: no worker's start-up falls inside the window, which
+opens at the first claim and closes when the queue is empty. jobs/s = N / (last finished_at -
+first started_at), server clock (and "polled", the benchmark's own clock over the window, as a
+cross-check).
+
+CPU over the window, from /proc (utime + stime): redis-server's as a share of one core (the
+ceiling: Redis runs its commands on one thread), the k workers' together (100 % = one core),
+and the machine's idle share (``/proc/stat``, all CPUs: idle + iowait over all jiffies). Per
+job, Redis µs/job gives the rate at which its core would be full: 1 / (µs/job).
+
+Each count runs on an emptied server after an unmeasured warm-up drain (a fresh redis-server
+is slower on its first scripts calls). N is 100,000 (``--quick``: 20,000).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+from benchmarks.common import (
+    BATCH,
+    Bench,
+    counts,
+    last_finished_ms,
+    log,
+    print_table,
+    proc_cpu_seconds,
+    start_worker,
+    started_ms,
+    stop_worker,
+    wait_for,
+)
+from benchmarks.process import NOOP_QUEUE
+from panqueue import JobState, SyncQueueClient
+
+PROCESSES = (1, 2, 4)
+CONCURRENCY = 50
+WARMUP_JOBS = 5_000
+
+
+def run(bench: Bench, quick: bool) -> dict[str, Any]:
+    n = 20_000 if quick else 100_000
+    log(f"scale: warm-up, {WARMUP_JOBS:,} jobs, 1 worker process")
+    bench.redis.flushdb()
+    drain(bench, 1, WARMUP_JOBS)
+    rows = []
+    for k in PROCESSES:
+        bench.redis.flushdb()
+        log(f"scale: {n:,} no-op jobs, {k} worker process{'es' if k > 1 else ''}, "
+            f"concurrency {CONCURRENCY} each")
+        rows.append(drain(bench, k, n))
+    bench.redis.flushdb()
+    return {"jobs": n, "concurrency": CONCURRENCY, "runs": rows}
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(idle + iowait, all) jiffies of all CPUs since boot, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]  # user .. steal; guests are in user
+    return fields[3] + fields[4], sum(fields)
+
+
+def subscribed_connections(bench: Bench) -> int:
+    """Connections to the server subscribed to a channel (SUBSCRIBE or SSUBSCRIBE)."""
+    return sum(1 for c in bench.redis.client_list()
+               if int(c.get("sub", 0)) + int(c.get("ssub", 0)) > 0)
+
+
+def drain(bench: Bench, k: int, n: int) -> dict[str, Any]:
+    """Fill a paused queue with ``n`` no-op jobs, start ``k`` workers, resume, time the drain."""
+    with SyncQueueClient(bench.url) as client:
+        client.pause(NOOP_QUEUE)
+        queue = client.queue(NOOP_QUEUE)
+        first_id: str | None = None
+        for b in range(0, n, BATCH):
+            handles = queue.add_bulk([{"i": i} for i in range(b, min(b + BATCH, n))])
+            first_id = first_id or handles[0].id
+        assert first_id is not None and counts(bench, NOOP_QUEUE)[JobState.WAITING] == n
+
+        procs = [start_worker(bench, NOOP_QUEUE, CONCURRENCY) for _ in range(k)]
+        try:
+            def all_ready() -> bool:
+                exited = [p.returncode for p in procs if p.poll() is not None]
+                if exited:
+                    raise RuntimeError(f"a worker exited with code {exited[0]} before the run")
+                # Registered, and subscribed to the wake-ups (the benchmark's own connections
+                # subscribe to nothing): the resume's wake-up reaches every worker.
+                return (len(client.workers(NOOP_QUEUE)) == k
+                        and subscribed_connections(bench) >= k)
+
+            wait_for(all_ready, 120, 0.01, f"{k} workers to be ready")
+            client.resume(NOOP_QUEUE)
+            figures = measure_window(bench, procs, n, first_id)
+        finally:
+            codes = [stop_worker(p) for p in procs]
+    return {**figures, "worker_exit_codes": codes}
+
+
+def measure_window(bench: Bench, procs: list[subprocess.Popen[bytes]], n: int,
+                   first_id: str) -> dict[str, Any]:
+    def waiting() -> int:
+        return counts(bench, NOOP_QUEUE)[JobState.WAITING]
+
+    def drained() -> bool:
+        exited = [p.returncode for p in procs if p.poll() is not None]
+        if exited:
+            raise RuntimeError(f"a worker exited with code {exited[0]} during the run")
+        now = counts(bench, NOOP_QUEUE)
+        return now[JobState.WAITING] + now[JobState.ACTIVE] == 0
+
+    def cpu() -> tuple[float, float, tuple[int, int], float]:
+        return (sum(proc_cpu_seconds(p.pid) for p in procs), proc_cpu_seconds(bench.server_pid),
+                machine_jiffies(), time.monotonic())
+
+    # The window opens at the first claim: poll the waiting count tightly until it shrinks.
+    wait_for(lambda: waiting() < n, 60, 0.0005, "the first claim")
+    # Read now: retention deletes the first job long before the queue is empty.
+    first_started = started_ms(bench, NOOP_QUEUE, first_id)
+    if not first_started:
+        raise RuntimeError(f"job {first_id} was gone before its start could be read")
+    workers0, redis0, (idle0, all0), t0 = cpu()
+    wait_for(drained, 900, 0.005, "the queue to drain")
+    workers1, redis1, (idle1, all1), t1 = cpu()
+    span_ms = last_finished_ms(bench, NOOP_QUEUE) - first_started
+    failed = counts(bench, NOOP_QUEUE)[JobState.FAILED]
+    if failed:
+        raise RuntimeError(f"{failed} no-op jobs failed")
+    wall = t1 - t0
+    return {
+        "processes": len(procs),
+        "jobs_per_s": n / (span_ms / 1000),
+        "span_s": span_ms / 1000,
+        "jobs_per_s_polled": n / wall,
+        "redis_cpu_utilisation": (redis1 - redis0) / wall,
+        "redis_cpu_us_per_job": (redis1 - redis0) / n * 1e6,
+        "workers_cpu_utilisation": (workers1 - workers0) / wall,
+        "workers_cpu_us_per_job": (workers1 - workers0) / n * 1e6,
+        "machine_idle": (idle1 - idle0) / (all1 - all0) if all1 > all0 else 0.0,
+    }
+
+
+def report(figures: dict[str, Any]) -> None:
+    print()
+    print(f"scale-out: {figures['jobs']:,} no-op jobs on one queue, k worker processes, "
+          f"concurrency {figures['concurrency']} each (CPU: % of one core over the window)")
+    print_table(
+        ["k", "jobs/s", "polled", "Redis CPU %", "Redis µs/job", "workers CPU %",
+         "workers µs/job", "machine idle %", "rate at 100 % Redis"],
+        [[str(row["processes"]), f"{row['jobs_per_s']:,.0f}", f"{row['jobs_per_s_polled']:,.0f}",
+          f"{row['redis_cpu_utilisation']:.0%}", f"{row['redis_cpu_us_per_job']:.1f}",
+          f"{row['workers_cpu_utilisation']:.0%}", f"{row['workers_cpu_us_per_job']:.1f}",
+          f"{row['machine_idle']:.0%}",
+          f"{1e6 / row['redis_cpu_us_per_job']:,.0f}/s" if row["redis_cpu_us_per_job"] else "-"]
+         for row in figures["runs"]],
+        [True] * 9)
