@@ -11,12 +11,13 @@ first started_at), server clock (and "polled", the benchmark's own clock over th
 cross-check).
 
 CPU over the window, from /proc (utime + stime): redis-server's as a share of one core (the
-ceiling: Redis runs its commands on one thread), the k workers' together (100 % = one core),
-and the machine's idle share (``/proc/stat``, all CPUs: idle + iowait over all jiffies). Per
-job, Redis µs/job gives the rate at which its core would be full: 1 / (µs/job).
+ceiling: Redis runs its commands on one thread), the k workers' together (100 % = one core;
+each worker's share is in the JSON output, to show the work was spread), and the machine's
+idle share (``/proc/stat``, all CPUs: idle + iowait over all jiffies). Per job, Redis µs/job
+gives the rate at which its core would be full: 1 / (µs/job).
 
 Each count runs on an emptied server after an unmeasured warm-up drain (a fresh redis-server
-is slower on its first scripts calls). N is 100,000 (``--quick``: 20,000).
+is slower on its first script calls). N is 100,000 (``--quick``: 20,000).
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ def measure_window(bench: Bench, procs: list[subprocess.Popen[bytes]], n: int,
         now = counts(bench, NOOP_QUEUE)
         return now[JobState.WAITING] + now[JobState.ACTIVE] == 0
 
-    def cpu() -> tuple[float, float, tuple[int, int], float]:
-        return (sum(proc_cpu_seconds(p.pid) for p in procs), proc_cpu_seconds(bench.server_pid),
+    def cpu() -> tuple[list[float], float, tuple[int, int], float]:
+        return ([proc_cpu_seconds(p.pid) for p in procs], proc_cpu_seconds(bench.server_pid),
                 machine_jiffies(), time.monotonic())
 
     # The window opens at the first claim: poll the waiting count tightly until it shrinks.
@@ -134,6 +135,7 @@ def measure_window(bench: Bench, procs: list[subprocess.Popen[bytes]], n: int,
     if failed:
         raise RuntimeError(f"{failed} no-op jobs failed")
     wall = t1 - t0
+    each = [c1 - c0 for c0, c1 in zip(workers0, workers1, strict=True)]
     return {
         "processes": len(procs),
         "jobs_per_s": n / (span_ms / 1000),
@@ -141,8 +143,9 @@ def measure_window(bench: Bench, procs: list[subprocess.Popen[bytes]], n: int,
         "jobs_per_s_polled": n / wall,
         "redis_cpu_utilisation": (redis1 - redis0) / wall,
         "redis_cpu_us_per_job": (redis1 - redis0) / n * 1e6,
-        "workers_cpu_utilisation": (workers1 - workers0) / wall,
-        "workers_cpu_us_per_job": (workers1 - workers0) / n * 1e6,
+        "workers_cpu_utilisation": sum(each) / wall,
+        "workers_cpu_us_per_job": sum(each) / n * 1e6,
+        "each_worker_cpu_utilisation": [c / wall for c in each],
         "machine_idle": (idle1 - idle0) / (all1 - all0) if all1 > all0 else 0.0,
     }
 
