@@ -10,6 +10,7 @@ every call after that returns at once (see docs/observability.md).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +23,8 @@ LINK = "link"
 
 _MISSING: Any = object()
 _api: Any = _MISSING  # (trace module, propagator, tracer), or None without opentelemetry-api
+# The API loads a provider named by this variable on first use.
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 def _load() -> Any:
@@ -39,16 +42,27 @@ def _load() -> Any:
     return _api
 
 
+# Whether a provider was seen set (once set, it stays: the API sets it only once).
+_provider_set = False
+
+
 def enabled() -> bool:
     """Whether attempts are traced: opentelemetry-api is importable and the application has set
     a tracer provider (an SDK). With the API's default provider every span would record nothing,
-    so the worker makes none: an installed but unconfigured API costs the hot path one check."""
+    so the worker makes none: an installed but unconfigured API costs the hot path one attribute
+    read (the API's own lookup reads the environment on every call, too dear for every job)."""
+    global _provider_set
+    if _provider_set:
+        return True
     api = _load() if _api is _MISSING else _api
     if api is None:
         return False
     trace = api[0]
-    return not isinstance(trace.get_tracer_provider(),
-                          (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    if getattr(trace, "_TRACER_PROVIDER", _MISSING) is None and not _PROVIDER_FROM_ENV:
+        return False  # nothing set yet, and the environment names no provider to load
+    _provider_set = not isinstance(trace.get_tracer_provider(),
+                                   (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    return _provider_set
 
 
 def current_carrier() -> dict[str, str] | None:

@@ -26,7 +26,7 @@ from panqueue._runtime.locks import Attempt, Tokens
 from panqueue._runtime.trouble import Trouble
 from panqueue._store import transitions
 from panqueue._store.status import Status
-from panqueue._store.transitions import ClaimedJob, Completion, Failure, Finished
+from panqueue._store.transitions import ClaimedJob, Completion, Failure, Finished, Snoozing
 from panqueue._store.transport import AsyncTransport, Op
 from panqueue.errors import LockLost, PanqueueError
 
@@ -62,7 +62,8 @@ def _traceback(error: ErrorInfo) -> dict[str, str]:
 class Recorder:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens, *,
                  lock_ttl: float, keep_completed: int, keep_failed: int, concurrency: int,
-                 stopping: Callable[[], bool], log: Any) -> None:
+                 stopping: Callable[[], bool], log: Any, max_snoozes: int | None = None
+                 ) -> None:
         self._transport = transport
         self._keys = keys
         self._tokens = tokens
@@ -70,6 +71,7 @@ class Recorder:
         self._ttl_ms = max(1, int(lock_ttl * 1000))
         self._keep_completed = keep_completed
         self._keep_failed = keep_failed
+        self._max_snoozes = max_snoozes
         self._stopping = stopping
         self._log = log
         # The batch still gathering (its leader has not sent it yet), if any.
@@ -102,10 +104,22 @@ class Recorder:
 
     async def _lead_batch(self, first: _Pending) -> None:
         """Open a batch with ``first``, let the jobs finishing in this tick join it (a full
-        batch makes the next one open its own), then send it."""
+        batch makes the next one open its own), then send it.
+
+        It yields until the batch is full, or twice and then as long as the last yield brought
+        new members: asyncio runs every ready task within one yield, trio spreads them over
+        scheduler passes in a random order (the leader may come first in the pass that runs
+        the others)."""
         self._gathering = batch = _Batch([first])
         try:
-            await anyio.lowlevel.checkpoint()
+            yields = 0
+            while True:
+                size = len(batch.items)
+                await anyio.lowlevel.checkpoint()
+                yields += 1
+                grown = len(batch.items)
+                if grown >= self._max_batch or (yields >= 2 and grown == size):
+                    break
         finally:
             if self._gathering is batch:
                 self._gathering = None
@@ -145,6 +159,30 @@ class Recorder:
         else:
             log.warning("job failed", error=error.message, error_type=error.type,
                         reason=failure.reason or "max_attempts_exceeded", **_traceback(error))
+        jobs = finished.claimed.jobs
+        return status, (jobs[0] if jobs else None)
+
+    async def snooze(self, snoozing: Snoozing, log: Any
+                     ) -> tuple[Status | None, ClaimedJob | None]:
+        """Record a snooze; returns (status, the job claimed next for the slot)."""
+        claiming = not self._stopping()
+        finished = await self._record(transitions.snooze(
+            self._keys, snoozing, max_snoozes=self._max_snoozes, claim_next=claiming,
+            keep=self._keep_failed, token=self._tokens.new(), ttl_ms=self._ttl_ms),
+            snoozing.job_id)
+        if finished is None:
+            return None, None
+        status = finished.statuses[0]
+        if status == Status.LOCK_LOST:
+            log.warning("lock lost before the snooze was recorded",
+                        error=str(LockLost(self._keys.name, snoozing.job_id)))
+        elif status == Status.FAILED:
+            log.warning("job failed", error_type="MaxSnoozesExceeded",
+                        reason="max_snoozes_exceeded", max_snoozes=self._max_snoozes)
+        elif status == Status.CANCELLED:
+            log.info("job cancelled")
+        else:
+            log.debug("job snoozed", snooze_s=snoozing.delay_ms / 1000)
         jobs = finished.claimed.jobs
         return status, (jobs[0] if jobs else None)
 
