@@ -17,12 +17,17 @@ local function earliest(a, b)
 end
 
 -- WAITING -> ACTIVE with the lock token and a lock deadline, in one step (a sweeper can never
--- see a job that is claimed but not yet locked). Appends the job to `out`.
-local function activate(id, now, token, ttl, out)
+-- see a job that is claimed but not yet locked). `ws`: its place in the wait set (global mode),
+-- kept with it for a requeue. Appends the job to `out`.
+local function activate(id, now, token, ttl, out, ws)
   local jkey = job_key(id)
   local f = redis.call('HMGET', jkey, 'd', 'et', 'o', 'a')
   local attempt = tonumber(f[4] or '0') + 1
-  redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt)
+  if ws then
+    redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt, 'ws', ws)
+  else
+    redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt)
+  end
   redis.call('ZADD', K_ACTIVE, now + ttl, id)
   out[#out + 1] = id
   out[#out + 1] = f[1]
@@ -92,7 +97,7 @@ local function claim(now, token, ttl, n, out)
   else
     local popped = redis.call('ZPOPMIN', K_WAIT, n)
     for i = 1, #popped, 2 do
-      activate(popped[i], now, token, ttl, out)
+      activate(popped[i], now, token, ttl, out, popped[i + 1])
       count = count + 1
       if global_limit then
         rate_record(K_RATE, now)

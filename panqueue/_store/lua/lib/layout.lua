@@ -7,11 +7,12 @@
 -- for Python (tests/test_lua_layout.py holds the two together).
 --
 -- Job hash fields (job_key(id)):
---   d  data (msgpack)          s  state              p  priority        ws wait-set score
+--   d  data (msgpack)          s  state              p  priority (absent: 0)  ws wait-set score (set at claim)
 --   et enqueued at (ms)        st started at (ms)    ft finished at     a  attempts started
 --   tk lock token (while active)                     o  job options (msgpack, optional)
 --   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
 --   fr failure reason          sc times stalled      cx cancel requested
+--   sn times snoozed (snooze.lua: Snooze from the handler; not attempts)
 --   pg progress (msgpack)      k  concurrency key (keyed mode)
 --   dd dedup key               ra run-at of a blocked job that was added with a delay
 --   dx a dependency that was cancelled or deleted before it completed: the job can never run
@@ -20,7 +21,9 @@
 -- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
 -- kf failed/cancelled jobs kept (for producers' cancels), seq (wait order), id (generated ids),
 -- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
--- rls (rate-limit entry counter).
+-- rls (rate-limit entry counter), kh (history records kept: Retention.history; 0 = none).
+-- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
+-- read by exports (panqueue.spark.export_history) through their consumer group.
 -- Worker registry: ZSET "workers" (worker name -> when its entry expires, ms) and HASH
 -- "worker_info" (worker name -> its record, msgpack); heartbeat.lua writes both, workers.lua
 -- reads them and prunes the expired.
@@ -47,7 +50,9 @@ local K_RATE = P .. 'rl'
 local K_WORKERS = P .. 'workers'
 local K_WORKER_INFO = P .. 'worker_info'
 local K_IDLE = P .. 'idle'
+local K_HISTORY = P .. 'history'
 local EVENTS_MAXLEN = 10000
+local HISTORY_MAXLEN = 100000  -- Retention.history's default, for a queue no worker has set up
 
 local function job_key(id)
   return P .. 'job:' .. id
@@ -94,10 +99,10 @@ end
 local META = nil
 local function meta()
   if not META then
-    local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk')
+    local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh')
     META = {mode = m[1] or 'global', kc = tonumber(m[2] or '1'), paused = m[3],
             rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
-            rate_per_key = m[6] == '1'}
+            rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN)}
   end
   return META
 end

@@ -84,7 +84,13 @@ local function add_job(now, f)
   if run_at == 0 and f.delay > 0 then
     run_at = now + f.delay
   end
-  redis.call('HSET', jkey, 'd', f.data, 'p', f.priority, 'et', now, 'a', 0)
+  -- A field at its default is not written (priority 0, no attempt yet): a waiting job's hash
+  -- is most of the memory a queue of them takes.
+  if f.priority ~= 0 then
+    redis.call('HSET', jkey, 'd', f.data, 'et', now, 'p', f.priority)
+  else
+    redis.call('HSET', jkey, 'd', f.data, 'et', now)
+  end
   if f.options ~= '' then
     redis.call('HSET', jkey, 'o', f.options)
   end

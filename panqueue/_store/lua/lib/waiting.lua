@@ -71,9 +71,10 @@ local function next_wait_seq()
   for n, job in ipairs(held) do
     local priority_part = math.floor(job.score / WAIT_SEQ_SPAN)
     local ws = string.format('%d', priority_part * WAIT_SEQ_SPAN + n)
-    redis.call('HSET', job_key(job.id), 'ws', ws)
     if job.waiting then
       redis.call('ZADD', K_WAIT, ws, job.id)
+    else
+      redis.call('HSET', job_key(job.id), 'ws', ws)
     end
   end
   redis.call('HSET', K_META, 'seq', #held + 1)
@@ -109,9 +110,9 @@ local function enqueue_waiting(jkey, id)
     return
   end
   local priority = tonumber(redis.call('HGET', jkey, 'p') or '0') or 0
-  local ws = wait_score(priority, next_wait_seq())
-  redis.call('HSET', jkey, 'ws', ws)
-  redis.call('ZADD', K_WAIT, ws, id)
+  -- The place is kept in the wait set alone; a claim copies it to the job ("ws"), so that a
+  -- stalled or released job can go back to it (requeue_waiting).
+  redis.call('ZADD', K_WAIT, wait_score(priority, next_wait_seq()), id)
 end
 
 -- Put a job back at the front (a stalled or released job goes before later arrivals).
