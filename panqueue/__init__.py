@@ -31,6 +31,7 @@ from panqueue.errors import (
     PayloadError,
     Retry,
     ServerUnavailable,
+    Snooze,
     TimeoutError,
 )
 from panqueue.executors import Executor
@@ -69,6 +70,7 @@ __all__ = [
     "Schedule",
     "ScheduleInfo",
     "ServerUnavailable",
+    "Snooze",
     "SyncJobHandle",
     "SyncQueue",
     "SyncQueueClient",

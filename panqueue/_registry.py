@@ -50,6 +50,7 @@ class HandlerOptions:
     mode: str = "global"
     key_concurrency: int = 1
     rate_limit: RateLimit | None = None
+    max_snoozes: int | None = None
 
 
 class Handler(Generic[P, R, PayloadT]):
@@ -160,6 +161,7 @@ class Registry:
         mode: str = "global",
         key_concurrency: int = 1,
         rate_limit: RateLimit | None = None,
+        max_snoozes: int | None = None,
         **job_defaults: Any,
     ) -> _HandlerDecorator:
         """Register the decorated function as the handler of ``queue_id``.
@@ -176,6 +178,8 @@ class Registry:
         ``mode="keyed"`` with ``key_concurrency=M``: at most M running jobs per concurrency key
         (``add(..., key=...)``), keys served round-robin. ``rate_limit``: at most
         ``RateLimit.max`` starts per ``RateLimit.per`` seconds across all workers.
+        ``max_snoozes``: a job whose handler raises ``Snooze`` more than this many times fails
+        with reason ``max_snoozes_exceeded`` (default ``None``: no limit).
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
         ``client.queue(handler)``.
 
@@ -200,6 +204,10 @@ class Registry:
             raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
         if isinstance(max_stalls, bool) or not isinstance(max_stalls, int) or max_stalls < 0:
             raise ConfigError(f"max_stalls must be an int >= 0, got {max_stalls!r}")
+        if max_snoozes is not None and (isinstance(max_snoozes, bool)
+                                        or not isinstance(max_snoozes, int) or max_snoozes < 0):
+            raise ConfigError(f"max_snoozes must be an int >= 0 or None (no limit), "
+                              f"got {max_snoozes!r}")
         if retention is not None and not isinstance(retention, Retention):
             raise ConfigError(f"retention must be a panqueue.Retention, got {retention!r}")
         if backoff is not None and not isinstance(backoff, Backoff):
@@ -230,6 +238,7 @@ class Registry:
             mode=mode,
             key_concurrency=key_concurrency,
             rate_limit=rate_limit,
+            max_snoozes=max_snoozes,
         )
 
         def register(fn: Callable[..., Any]) -> Handler[..., Any, Any]:

@@ -18,6 +18,7 @@ Errors of redis-py and of the network are translated in one place
     │   signals a handler raises (not errors: they say what to do with the job)
     ├── Retry                     retry the job, after a delay or the backoff
     ├── Fail                      fail the job now, without further attempts
+    ├── Snooze                    run the job again after a while, without using an attempt
     │
     │   how an executor reports that an attempt failed (re-exported by executors.base)
     ├── JobTimeout                the attempt exceeded its timeout
@@ -56,6 +57,7 @@ __all__ = [
     "RemoteError",
     "Retry",
     "ServerUnavailable",
+    "Snooze",
     "TimeoutError",
 ]
 
@@ -152,6 +154,21 @@ class Fail(Exception):
     def __init__(self, reason: str = "failed by handler") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the job again in ``seconds`` (for polling an outside
+    state): the job goes back to DELAYED for that long and its attempt is not used up.
+
+    Each snooze is recorded in the job's history (type ``Snoozed``). A handler registered with
+    ``max_snoozes=N`` fails a job that snoozes more than N times (``max_snoozes_exceeded``).
+    ``seconds`` must be finite, >= 0 and at most a year; any other value fails the attempt
+    (error type ``InvalidSnooze``) like any error.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"snoozed for {seconds} s")
+        self.seconds = seconds
 
 
 # -- how an executor reports a failed attempt (executors import these from executors.base) --

@@ -106,8 +106,9 @@ CONTAINERS = {"waiting": "wait", "delayed": "delayed", "blocked": "blocked", "ac
               "completed": "completed", "failed": "failed", "cancelled": "cancelled"}
 FINAL = frozenset({"completed", "failed", "cancelled"})
 FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
-CLAIMING = frozenset({"claim", "complete", "fail"})
-FINISHING = frozenset({"complete", "fail", "stalled", "release", "cancel"})  # they may trim
+CLAIMING = frozenset({"claim", "complete", "fail", "snooze"})
+# The scripts that may trim.
+FINISHING = frozenset({"complete", "fail", "snooze", "stalled", "release", "cancel"})
 
 # No explain phase: it traces every line (slow before Python 3.12) to annotate a failure; and
 # one failure shrunk, not each distinct one (shrinking replays whole runs against Redis).
@@ -624,6 +625,51 @@ class ScriptMachine(RuleBasedStateMachine):
         self.expect(outcome_state)
 
     @precondition(lambda self: self.handed)
+    @rule(data=st.data(), delay=st.sampled_from([0, DELAY]), cap=st.sampled_from([-1, 0, 2]),
+          fetch=st.integers(0, 1))
+    def snooze_job(self, data: st.DataObject, delay: int, cap: int, fetch: int) -> None:
+        """The handler snoozes its job: delayed (or waiting) again without using an attempt,
+        or failed once it snoozed more than the cap; maybe claims next."""
+        before = self.last
+        [(job_id, tk)] = self.draw_locks(data, before, 1) or [("nope", "bogus")]
+        token = self.token()
+        entry = encode({"attempt": 1, "type": "Snoozed", "message": "snoozed"})
+        reply = self.call("snooze", SCRIPTS.snooze, job_id, tk, delay, entry, cap, self.keep,
+                          fetch, token, LOCK_TTL, token=token, claim_at=1)
+        if before.get(job_id, "tk") != tk:
+            assert reply == [Status.LOCK_LOST], reply
+            self.expect(lambda b, a: self._unchanged(b, a, "a refused snooze"))
+            return
+        attempts = int(before.get(job_id, "a") or 0)
+        snoozes = int(before.get(job_id, "sn") or 0) + 1
+        if before.get(job_id, "cx") is not None:
+            expected = Status.CANCELLED
+        elif 0 <= cap < snoozes:
+            expected = Status.FAILED
+        else:
+            expected = Status.SNOOZED
+        assert int(reply[0]) == expected, (cap, snoozes, reply[0])
+        ids = self.check_handed_out(before, reply, 1, token, finishing=job_id)
+        assert len(ids) <= fetch
+        self.check_short_claim(fetch, len(ids))
+
+        def outcome_state(_: Snapshot, after: Snapshot) -> None:
+            state = after.state(job_id)
+            if expected == Status.SNOOZED:
+                if delay:
+                    assert state == "delayed", state
+                else:
+                    assert state == "waiting" or (state == "active" and job_id in ids), state
+                if state != "active":  # the snooze gave back the attempt the claim took
+                    assert int(after.get(job_id, "a") or 0) == attempts - 1
+                    assert int(after.get(job_id, "sn") or 0) == snoozes
+            else:
+                wanted = {Status.FAILED: "failed", Status.CANCELLED: "cancelled"}[expected]
+                assert state in (wanted, None), (expected, state)
+
+        self.expect(outcome_state)
+
+    @precondition(lambda self: self.handed)
     @rule(data=st.data())
     def extend_locks(self, data: st.DataObject) -> None:
         """Renewal: only the holder of a job's current token moves its deadline."""
@@ -825,7 +871,7 @@ class ScriptMachine(RuleBasedStateMachine):
         """A resent claim / complete / fail answers as the first call did and changes nothing
         (its token is its request id)."""
         first = self.first_reply[sent.token]
-        if sent.name == "fail" and first == [Status.LOCK_LOST]:
+        if sent.name in ("fail", "snooze") and first == [Status.LOCK_LOST]:
             assert reply == first, f"resent refused fail answered {reply}"
             self.expect(lambda b, a: self._unchanged(b, a, "a resent refused fail"))
             return
@@ -839,7 +885,7 @@ class ScriptMachine(RuleBasedStateMachine):
                 self.first_reply[sent.token] = reply
             return
         held = [i for i in first_ids if before.get(i, "tk") == sent.token]
-        refused = sent.name == "fail" and reply == [Status.LOCK_LOST]
+        refused = sent.name in ("fail", "snooze") and reply == [Status.LOCK_LOST]
         ids = [] if refused else self.check_handed_out(before, reply, sent.claim_at,
                                                        sent.token, finishing=held)
         statuses = [int(x) for x in first[:sent.claim_at]]

@@ -22,8 +22,8 @@ from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._options import JobOptions
 from panqueue._runtime.locks import Attempt, Attempts
 from panqueue._store.ops.add import TRACE_OPTION
-from panqueue._store.transitions import ClaimedJob, Failure
-from panqueue.errors import PayloadError
+from panqueue._store.transitions import ClaimedJob, Failure, Snoozing
+from panqueue.errors import PayloadError, Snooze
 from panqueue.executors.base import (
     ChildCrashed,
     Executor,
@@ -34,7 +34,8 @@ from panqueue.executors.base import (
 
 __all__ = ["AttemptRunner", "Ending", "Outcome"]
 
-# The longest a retry delay may be (a year); a longer, negative or non-finite one is refused.
+# The longest a retry delay or a snooze may be (a year); a longer, negative or non-finite one
+# is refused.
 _MAX_RETRY_DELAY = 365 * 24 * 3600.0
 
 
@@ -43,6 +44,7 @@ class Ending(enum.Enum):
     FAILED = "failed"
     LOST = "lost"  # the lock was lost: discard the outcome, the job belongs to another attempt
     RELEASE = "release"  # forced shutdown: give the job back to waiting
+    SNOOZED = "snoozed"  # the handler raised Snooze: run it again later, no attempt used
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class Outcome:
     duration: float
     result: bytes = b""  # COMPLETED: the encoded result
     failure: Failure | None = None  # FAILED: what to record
+    snooze: Snoozing | None = None  # SNOOZED: what to record
 
 
 class _Cancelled(Fail):
@@ -133,6 +136,12 @@ class AttemptRunner:
             return Outcome(Ending.RELEASE, duration)
         if attempt.cancel_requested and attempt.scope.cancelled_caught:
             error = _Cancelled()
+        if isinstance(error, Snooze):
+            seconds = _requested_delay("Snooze(seconds)", error.seconds)
+            if not isinstance(seconds, str):  # an unusable value fails the attempt below
+                return Outcome(Ending.SNOOZED, duration, snooze=Snoozing(
+                    claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
+                    int(seconds * 1000)))
         if error is None:
             try:
                 check_json_compatible(outcome, "result")
@@ -149,7 +158,8 @@ def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, dur
     final = False
     reason = ""
     asked: float | None = None  # the delay a Retry asked for
-    note = ""
+    note = ""  # why a Retry's delay or a Snooze's seconds are unusable
+    note_type = "InvalidRetry"
     if isinstance(error, JobTimeout):
         reason = "timeout"
     if isinstance(error, _Cancelled):
@@ -157,11 +167,13 @@ def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, dur
     elif isinstance(error, Fail):
         final, reason = True, "explicit_fail"
     elif isinstance(error, Retry) and error.delay is not None:
-        wanted = _retry_delay(error)
+        wanted = _requested_delay("Retry(delay=...)", error.delay)
         if isinstance(wanted, str):  # unusable: recorded, and the backoff applies instead
             note = wanted
         else:
             asked = wanted
+    elif isinstance(error, Snooze):  # only an unusable one fails the attempt
+        note, note_type = str(_requested_delay("Snooze(seconds)", error.seconds)), "InvalidSnooze"
     delay = 0.0
     if asked is not None:
         delay = asked
@@ -173,19 +185,17 @@ def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, dur
         info = ErrorInfo.from_exception(error.original)
     else:
         info = ErrorInfo.from_exception(error, with_traceback=not isinstance(
-            error, (Fail, Retry, JobTimeout, ChildCrashed)))
+            error, (Fail, Retry, Snooze, JobTimeout, ChildCrashed)))
     if note:
-        info = ErrorInfo("InvalidRetry", note, info.traceback)
+        info = ErrorInfo(note_type, note, info.traceback)
     return Failure(claimed.id, claimed.token, info, claimed.attempt, round(duration * 1000),
                    options.attempts, int(delay * 1000), final, reason)
 
 
-def _retry_delay(error: Retry) -> float | str:
-    """The delay a Retry asked for, or why it is unusable."""
-    delay = error.delay
+def _requested_delay(what: str, delay: object) -> float | str:
+    """The delay in seconds a Retry or a Snooze asked for, or why it is unusable."""
     if isinstance(delay, bool) or not isinstance(delay, (int, float)):
-        return f"Retry(delay=...) must be a number of seconds, got {delay!r}"
+        return f"{what} must be a number of seconds, got {delay!r}"
     if not math.isfinite(delay) or delay < 0 or delay > _MAX_RETRY_DELAY:
-        return (f"Retry(delay=...) must be finite, >= 0 and at most {_MAX_RETRY_DELAY:g} s, "
-                f"got {delay!r}")
+        return f"{what} must be finite, >= 0 and at most {_MAX_RETRY_DELAY:g} s, got {delay!r}"
     return float(delay)

@@ -60,7 +60,8 @@ _CLOSE_WAIT = 2.0
 # A recorded failure's status, as the metrics' outcome.
 _OUTCOME_NAMES = {Status.LOCK_LOST: "lock_lost", Status.RETRY_NOW: "retried",
                   Status.RETRY_DELAYED: "retried", Status.FAILED: "failed",
-                  Status.CANCELLED: "cancelled", Status.COMPLETED: "completed"}
+                  Status.CANCELLED: "cancelled", Status.COMPLETED: "completed",
+                  Status.SNOOZED: "snoozed"}
 
 
 class Worker:
@@ -159,7 +160,8 @@ class Worker:
             self._recorder = recorder = Recorder(
                 transport, self.keys, self._tokens, lock_ttl=self.lock_ttl,
                 keep_completed=options.retention.completed, keep_failed=options.retention.failed,
-                concurrency=self.concurrency, stopping=lambda: self._stopping, log=log)
+                concurrency=self.concurrency, stopping=lambda: self._stopping, log=log,
+                max_snoozes=options.max_snoozes)
             self._runner = AttemptRunner(executor, self.keys.name, options.job, self._attempts,
                                          recorder.report, recorder.release)
             wakeups = WakeUps(transport, self.keys, health_interval=self.health_interval,
@@ -336,8 +338,12 @@ class Worker:
                 self._observe(job, "released", outcome.duration)
             log.warning("job released at forced shutdown")
             return None
-        assert outcome.failure is not None
-        status, following = await self._recorder.fail(outcome.failure, log)
+        if outcome.ending == Ending.SNOOZED:
+            assert outcome.snooze is not None
+            status, following = await self._recorder.snooze(outcome.snooze, log)
+        else:
+            assert outcome.failure is not None
+            status, following = await self._recorder.fail(outcome.failure, log)
         if status == Status.FAILED:
             self.failed += 1
         if self.metrics is not None and status is not None:

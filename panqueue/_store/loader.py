@@ -91,6 +91,7 @@ class _Scripts:
         self.claim = _load("claim")
         self.complete = _load("complete")
         self.fail = _load("fail")
+        self.snooze = _load("snooze")
         self.extend = _load("extend")
         self.stalled = _load("stalled")
         self.release = _load("release")

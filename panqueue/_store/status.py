@@ -1,4 +1,4 @@
-"""What a finishing script (complete, fail) did to each job: one named code per outcome.
+"""What a finishing script (complete, fail, snooze) did to each job: one named code per outcome.
 
 The Lua scripts return these numbers; ``lua/lib/status.lua`` names the same values, and a test
 holds the two together.
@@ -18,6 +18,7 @@ class Status(enum.IntEnum):
     FAILED = 3  # failed for good (the dead-letter set)
     CANCELLED = 4  # its cancellation was requested: ended cancelled
     COMPLETED = 5  # completed
+    SNOOZED = 6  # the handler snoozed it: delayed (or waiting), no attempt used
 
     @property
     def retried(self) -> bool:

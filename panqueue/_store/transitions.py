@@ -1,5 +1,5 @@
-"""The worker's transitions, one typed function each: claim, complete a batch, fail, renew,
-release, report progress, sweep stalled jobs, promote delayed ones.
+"""The worker's transitions, one typed function each: claim, complete a batch, fail, snooze,
+renew, release, report progress, sweep stalled jobs, promote delayed ones.
 
 Each function is an operation (a generator a transport drives, like those of ``ops``): it
 builds the script's ARGV and turns the reply into named values, so the runtime never sees
@@ -28,6 +28,7 @@ __all__ = [
     "Completion",
     "Failure",
     "Finished",
+    "Snoozing",
     "claim",
     "complete_batch",
     "extend",
@@ -39,6 +40,7 @@ __all__ = [
     "progress",
     "promote",
     "release",
+    "snooze",
     "sweep_stalled",
 ]
 
@@ -94,6 +96,17 @@ class Failure:
     final: bool  # never retry (Fail, cancellation)
     reason: str  # the failure reason if this ends the job ('' = attempts ran out)
     options: bytes = b""  # the job's options from now on (b'': unchanged; see _tracing)
+
+
+@dataclass(slots=True)
+class Snoozing:
+    """One attempt that snoozed its job (``Snooze``): run it again in ``delay_ms``."""
+
+    job_id: str
+    token: str
+    attempt: int
+    duration_ms: int
+    delay_ms: int
 
 
 @dataclass(slots=True)
@@ -177,6 +190,24 @@ def fail(keys: QueueKeys, failure: Failure, *, claim_next: bool, keep: int, toke
         failure.job_id, failure.token, encode_error(failure.error), entry, failure.max_attempts,
         failure.retry_delay_ms, 1 if failure.final else 0, failure.reason, keep,
         1 if claim_next else 0, token, ttl_ms, failure.options))
+    status = _STATUS[int(reply[0])]
+    if status == Status.LOCK_LOST:
+        return Finished([status], Claimed([], -1))
+    return Finished([status], _claimed(reply, 1, token))
+
+
+def snooze(keys: QueueKeys, snoozing: Snoozing, *, max_snoozes: int | None, claim_next: bool,
+           keep: int, token: str, ttl_ms: int) -> Op[Finished]:
+    """Snooze a job: back to delayed for ``delay_ms`` without using an attempt, or failed once
+    it snoozed more than ``max_snoozes`` times (``None``: no limit), or cancelled if that was
+    requested; then claim a next job with ``token`` (fresh for this call) if asked."""
+    entry = encode({"attempt": snoozing.attempt, "type": "Snoozed",
+                    "message": f"snoozed for {snoozing.delay_ms / 1000:g} s",
+                    "duration_ms": snoozing.duration_ms, "delay_ms": snoozing.delay_ms})
+    reply = yield _call(SCRIPTS.snooze, keys, (
+        snoozing.job_id, snoozing.token, snoozing.delay_ms, entry,
+        -1 if max_snoozes is None else max_snoozes, keep, 1 if claim_next else 0, token,
+        ttl_ms))
     status = _STATUS[int(reply[0])]
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))

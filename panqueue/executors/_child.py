@@ -138,7 +138,7 @@ def main() -> None:
 
 def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
     from panqueue._job import ErrorInfo
-    from panqueue.errors import Fail, Retry
+    from panqueue.errors import Fail, Retry, Snooze
 
     try:
         if inspect.iscoroutinefunction(fn):
@@ -156,9 +156,20 @@ def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
             frame["retry"] = exc.delay
         elif isinstance(exc, Fail):
             frame["fail"] = exc.reason
+        elif isinstance(exc, Snooze):
+            frame["snooze"] = _wire_number(exc.seconds)
         elif isinstance(exc, MemoryError):
             frame["recycle"] = True  # the interpreter may be in a bad state: use a fresh child
         return frame
+
+
+def _wire_number(value: Any) -> Any:
+    """A signal's number as a frame carries it: a value msgpack cannot carry goes as its repr
+    (the worker then records it as unusable, like any bad value)."""
+    if value is None or isinstance(value, float | str) or (
+            isinstance(value, int) and -(2**63) <= value < 2**64):
+        return value
+    return repr(value)
 
 
 if __name__ == "__main__":

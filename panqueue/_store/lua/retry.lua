@@ -1,4 +1,4 @@
--- retry: FAILED -> WAITING with a fresh set of attempts (the attempt history is kept), or
+-- retry: FAILED -> WAITING with a fresh set of attempts and snoozes (the history is kept), or
 -- FAILED -> BLOCKED when a dependency of the job has not completed yet.
 --
 -- KEYS[1]  queue prefix
@@ -79,7 +79,7 @@ for _, id in ipairs(candidates) do
   else
     redis.call('ZREM', K_FAILED, id)
     redis.call('HSET', jkey, 'a', 0, 'sc', 0)
-    redis.call('HDEL', jkey, 'e', 'fr', 'ft', 'r', 'ra')
+    redis.call('HDEL', jkey, 'e', 'fr', 'ft', 'r', 'ra', 'sn')  -- sn: snoozes start over too
     if redis.call('SCARD', needs_key(id)) > 0 then
       redis.call('HSET', jkey, 's', 'blocked')
       redis.call('ZADD', K_BLOCKED, now, id)

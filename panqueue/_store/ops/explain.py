@@ -4,9 +4,12 @@ one reason and a sentence a person can act on."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
+
+import msgpack
 
 from panqueue._job import JobState, from_ms
 from panqueue._keys import QueueKeys
@@ -16,7 +19,7 @@ from panqueue.errors import JobNotFound
 
 __all__ = ["Explanation", "Reason", "explain"]
 
-Reason = Literal["paused", "delayed", "blocked", "rate_limited", "key_busy", "queued",
+Reason = Literal["paused", "delayed", "snoozed", "blocked", "rate_limited", "key_busy", "queued",
                  "no_worker", "running", "finished"]
 
 # How many running jobs explain looks through for those that hold a busy key.
@@ -58,7 +61,13 @@ def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
     if state.is_final:
         return _finished(state, fields[1], fields[2])
     if state is JobState.DELAYED:
-        due = yield Command(("ZSCORE", keys.delayed, job_id))
+        due, history = yield Batch((Command(("ZSCORE", keys.delayed, job_id)),
+                                    Command(("HGET", jkey, "h"))))
+        last = _last_entry(history)
+        if last.get("type") == "Snoozed":
+            return Explanation(state, "snoozed", f"snoozed by its handler until {_at(due)} "
+                               f"(attempt {last.get('attempt')} raised Snooze; no attempt "
+                               "used); it moves to waiting then")
         return Explanation(state, "delayed", f"delayed until {_at(due)}; it moves to waiting "
                            "then (a worker's upkeep promotes it)")
     if state is JobState.BLOCKED:
@@ -106,6 +115,19 @@ def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
         return (yield from _keyed(keys, job_id, fields[3], int(kc or 1)))
     ahead = yield Command(("ZRANK", keys.wait, job_id))
     return _queued(state, int(ahead or 0), live)
+
+
+def _last_entry(history: bytes | None) -> dict[Any, Any]:
+    """The newest entry of a job's history (what the last attempt or snooze recorded)."""
+    last: Any = {}
+    if history:
+        try:
+            for entry in msgpack.Unpacker(io.BytesIO(history), raw=False,
+                                          strict_map_key=False):
+                last = entry
+        except ValueError:  # a damaged history: say what the state alone says
+            return {}
+    return last if isinstance(last, dict) else {}
 
 
 def _finished(state: JobState, finished_ms: bytes | None, reason: bytes | None) -> Explanation:

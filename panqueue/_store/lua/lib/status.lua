@@ -1,5 +1,5 @@
--- lib/status.lua: what a finishing script (complete, fail) did to each job, one named code per
--- outcome. panqueue/_store/status.py's Status names the same values for Python
+-- lib/status.lua: what a finishing script (complete, fail, snooze) did to each job, one named
+-- code per outcome. panqueue/_store/status.py's Status names the same values for Python
 -- (tests/test_lua_layout.py holds the two together).
 -- Needs: nothing.
 
@@ -9,3 +9,4 @@ local RETRY_DELAYED = 2   -- failed attempt; delayed by the backoff
 local FAILED = 3          -- failed for good (the dead-letter set)
 local CANCELLED = 4       -- its cancellation was requested: ended cancelled
 local COMPLETED = 5       -- completed
+local SNOOZED = 6         -- the handler snoozed it: delayed (or waiting), no attempt used

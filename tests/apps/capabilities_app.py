@@ -1,0 +1,43 @@
+"""Handlers for the job-capability tests (snooze, expiry, rate limited by the handler), one
+per executor where the executor matters. Module-level, so a subprocess child imports them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from panqueue import Job, Registry, Snooze
+
+queues = Registry()
+
+
+def _poll(job: Job) -> dict[str, Any]:
+    """Snooze for ``step`` seconds the first ``snoozes`` times the job runs (the runs are
+    counted in Redis at ``url``: the outside state); ``bad``: snooze with that value instead."""
+    if "bad" in job.data:
+        raise Snooze(job.data["bad"])
+    runs = redis.Redis.from_url(job.data["url"]).incr(f"runs:{job.id}")
+    if runs <= job.data["snoozes"]:
+        raise Snooze(job.data["step"])
+    return {"attempt": job.attempt, "runs": runs}
+
+
+@queues.handler("cap-snooze-inline")
+async def poll_inline(job: Job) -> dict[str, Any]:
+    return _poll(job)
+
+
+@queues.handler("cap-snooze-thread", executor="thread")
+def poll_thread(job: Job) -> dict[str, Any]:
+    return _poll(job)
+
+
+@queues.handler("cap-snooze-subprocess", executor="subprocess")
+def poll_subprocess(job: Job) -> dict[str, Any]:
+    return _poll(job)
+
+
+@queues.handler("cap-snooze-capped", max_snoozes=2, attempts=3)
+async def always_snooze(job: Job) -> None:
+    raise Snooze(0.01)
