@@ -184,6 +184,8 @@ class Retention:
     ``completed`` / ``failed``: keep at most this many (the newest); ``-1`` keeps all.
     Failed jobs are the dead-letter set; cancelled jobs follow the ``failed`` limits.
     ``completed_for`` / ``failed_for``: also delete them this many seconds after they finished.
+    ``history``: the queue's history stream (one record per finished job, for
+    ``panqueue.spark.export_history``) keeps about this many records; ``0`` writes none.
     The defaults bound Redis memory under any stream of jobs.
     """
 
@@ -191,6 +193,7 @@ class Retention:
     failed: int = 10_000
     completed_for: float | None = None
     failed_for: float | None = 7 * 24 * 3600.0
+    history: int = 100_000
 
     def __post_init__(self) -> None:
         for name in ("completed", "failed"):
@@ -198,6 +201,10 @@ class Retention:
             if isinstance(value, bool) or not isinstance(value, int) or value < -1:
                 raise ConfigError(f"Retention.{name} must be an int >= -1 (-1 keeps all), "
                                   f"got {value!r}")
+        if (isinstance(self.history, bool) or not isinstance(self.history, int)
+                or self.history < 0):
+            raise ConfigError(f"Retention.history must be an int >= 0 (0 keeps no history), "
+                              f"got {self.history!r}")
         for name in ("completed_for", "failed_for"):
             value = getattr(self, name)
             if value is not None:

@@ -8,6 +8,10 @@ so a re-run job or a retried/speculative task adds nothing twice.
 ``read_jobs`` lists a queue's job ids once on the driver, then reads the job records in
 parallel, in pipelined batches, into a DataFrame with a fixed schema (``JOB_SCHEMA``).
 
+``export_history`` appends the records of a queue's history stream (one per finished job) that
+no export has written yet to a Parquet dataset partitioned by date (``HISTORY_SCHEMA``), and
+acknowledges them only once the write has committed.
+
 Needs the ``spark`` extra (``pip install 'panqueue[spark]'``).
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -31,7 +36,8 @@ from panqueue._store import SyncTransport, check_url, ops
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
 
-__all__ = ["JOB_SCHEMA", "EnqueueStats", "converter", "enqueue_dataframe", "read_jobs"]
+__all__ = ["HISTORY_SCHEMA", "JOB_SCHEMA", "EnqueueStats", "HistoryExport", "converter",
+           "enqueue_dataframe", "export_history", "read_jobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,3 +295,112 @@ def _read_chunk(client: SyncTransport, keys: QueueKeys, ids: list[str],
     # Skips jobs removed since the listing, and jobs that moved to a state not asked for.
     for info in client.run(ops.read_jobs(keys, ids, states=states, logs=False)):
         yield _record(info)
+
+
+# --------------------------------------------------------------------------- history export
+
+HISTORY_SCHEMA = T.StructType([
+    T.StructField("id", T.StringType(), False),
+    T.StructField("queue", T.StringType(), False),
+    T.StructField("state", T.StringType(), False),
+    T.StructField("attempts", T.IntegerType(), False),
+    T.StructField("enqueued_at", T.TimestampType(), True),
+    T.StructField("started_at", T.TimestampType(), True),
+    T.StructField("finished_at", T.TimestampType(), False),
+    T.StructField("wait_ms", T.DoubleType(), True),
+    T.StructField("run_ms", T.DoubleType(), True),
+    T.StructField("error_type", T.StringType(), True),
+    T.StructField("error_message", T.StringType(), True),
+    T.StructField("failure_reason", T.StringType(), True),
+    T.StructField("worker", T.StringType(), True),
+    T.StructField("entry", T.StringType(), False),
+])
+# What a batch writes: the records, then the two partition columns (directories in the dataset).
+_EXPORT_SCHEMA = T.StructType([*HISTORY_SCHEMA.fields,
+                               T.StructField("date", T.DateType(), False),
+                               T.StructField("batch", T.StringType(), False)])
+_EXPORT_BATCH = 100_000
+_ROWS_PER_SLICE = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryExport:
+    """What ``export_history`` did: records written (and acknowledged), in how many batches,
+    and records the stream dropped (``Retention.history``) before any export wrote them."""
+
+    exported: int
+    batches: int
+    lost: int
+
+
+def _instant(ms: int | None) -> dt.datetime | None:
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+
+
+def _history_row(queue: str, record: ops.HistoryRecord, batch: str) -> tuple[Any, ...]:
+    enqueued, started = record.enqueued_ms, record.started_ms
+    finished = _instant(record.finished_ms)
+    assert finished is not None
+    return (record.id, queue, record.state, record.attempts, _instant(enqueued),
+            _instant(started), finished,
+            None if enqueued is None or started is None else float(started - enqueued),
+            None if started is None else float(record.finished_ms - started),
+            record.error_type, record.error_message, record.reason, record.worker,
+            record.entry, finished.date(), batch)
+
+
+def _write_batch(spark: SparkSession, rows: list[tuple[Any, ...]], path: str) -> None:
+    """Write one batch's rows under ``path/date=.../batch=.../``. Dynamic partition overwrite
+    replaces exactly the (date, batch) directories of these rows: writing the same batch again
+    (a re-run after a failure) replaces its files instead of adding a second copy, and leaves
+    every other batch alone."""
+    slices = max(1, min(spark.sparkContext.defaultParallelism,
+                        len(rows) // _ROWS_PER_SLICE + 1))
+    frame = spark.createDataFrame(spark.sparkContext.parallelize(rows, slices), _EXPORT_SCHEMA)
+    (frame.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+     .partitionBy("date", "batch").parquet(path))
+
+
+def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
+                   path: str | os.PathLike[str], batch_size: int = _EXPORT_BATCH
+                   ) -> HistoryExport:
+    """Append the records of ``queue``'s history stream that no export has written yet to the
+    Parquet dataset at ``path`` (``HISTORY_SCHEMA``, partitioned by ``date`` of ``finished_at``
+    in UTC, then by ``batch``), and acknowledge them.
+
+    Records are read on the driver, ``batch_size`` at a time, through the stream's ``export``
+    consumer group. A batch is acknowledged only after its write committed; an export that
+    failed leaves its batch pending, and the next export writes that same batch again first,
+    over the same directories: each record lands in the dataset once. Run one export of a queue
+    at a time.
+    """
+    if not isinstance(spark, SparkSession):
+        raise ConfigError(f"spark must be a SparkSession, got {spark!r}")
+    check_queue_name(queue)
+    url = check_url(resolve_url(url))
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"path must be a non-empty str or path (where the Parquet dataset "
+                          f"goes), got {path!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    keys = QueueKeys(queue)
+    exported = batches = lost = 0
+    transport = SyncTransport(url)
+    try:
+        transport.run(ops.open_history_export(keys))
+        while True:
+            batch = transport.run(ops.read_history(keys, batch_size))
+            if not batch.entries:
+                break
+            lost += batch.skipped + batch.trimmed
+            if batch.records:
+                _write_batch(spark, [_history_row(queue, r, batch.name) for r in batch.records],
+                             path)
+            transport.run(ops.acknowledge_history(keys, batch.entries))
+            exported += len(batch.records)
+            batches += 1
+    finally:
+        transport.close()
+    return HistoryExport(exported=exported, batches=batches, lost=lost)

@@ -42,17 +42,19 @@ if ARGV[13] and ARGV[13] ~= '' then
 end
 
 local status
-local attempts = tonumber(redis.call('HGET', jkey, 'a'))
+local job = redis.call('HMGET', jkey, 'a', 'et', 'st')  -- et, st: for its history record
+local attempts = tonumber(job[1])
 if redis.call('HEXISTS', jkey, 'cx') == 1 then
   status = CANCELLED
-  end_job(jkey, id, 'cancelled', now, keep)
+  end_job(jkey, id, 'cancelled', now, keep, {seen = job, token = ARGV[2]})
 elseif ARGV[7] == '1' or attempts >= tonumber(ARGV[5]) then
   status = FAILED
   local reason = ARGV[8]
   if reason == '' then
     reason = 'max_attempts_exceeded'
   end
-  end_job(jkey, id, 'failed', now, keep, {error = ARGV[3], reason = reason})
+  end_job(jkey, id, 'failed', now, keep, {error = ARGV[3], reason = reason, seen = job,
+    token = ARGV[2]})
 else
   local delay = tonumber(ARGV[6])
   if delay > 0 then

@@ -18,7 +18,8 @@ for i = 1, #ARGV, 2 do
   if redis.call('HGET', jkey, 'tk') == ARGV[i + 1] then
     leave_active(jkey, id)
     if redis.call('HEXISTS', jkey, 'cx') == 1 then
-      end_job(jkey, id, 'cancelled', now_ms(), -1)  -- cancellation was requested: honour it
+      -- cancellation was requested: honour it
+      end_job(jkey, id, 'cancelled', now_ms(), -1, {token = ARGV[i + 1]})
     else
       redis.call('HINCRBY', jkey, 'a', -1)
       requeue_waiting(jkey, id)

@@ -4,6 +4,7 @@
 -- ARGV[1]  mode (global | keyed)   ARGV[2] key concurrency   ARGV[3] rate max (0 = no limit)
 -- ARGV[4]  rate window ms   ARGV[5] rate limit per key (1/0)   ARGV[6] schema version
 -- ARGV[7]  how many failed/cancelled jobs the queue keeps (used when a producer cancels a job)
+-- ARGV[8]  how many history records the queue keeps (0: none; absent: left as stored)
 -- Returns  {'ok'} or {'!', message} when the queue's stored mode differs (nothing changed).
 --!include layout.lua
 --!include waiting.lua
@@ -18,6 +19,9 @@ if not stored and ARGV[1] == 'keyed' and redis.call('ZCARD', K_WAIT) > 0 then
 end
 redis.call('HSETNX', K_META, 'v', ARGV[6])
 redis.call('HSET', K_META, 'mode', ARGV[1], 'kc', ARGV[2], 'kf', ARGV[7])
+if ARGV[8] then
+  redis.call('HSET', K_META, 'kh', ARGV[8])
+end
 if tonumber(ARGV[3]) > 0 then
   redis.call('HSET', K_META, 'rlm', ARGV[3], 'rlp', ARGV[4], 'rlk', ARGV[5])
 else

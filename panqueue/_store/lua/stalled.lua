@@ -19,20 +19,23 @@ local requeued, failed = 0, 0
 local before = claimable()
 for _, id in ipairs(expired) do
   local jkey = job_key(id)
-  if redis.call('EXISTS', jkey) == 1 then
+  -- Read before leave_active drops the lock token: whose attempt stalled (history record).
+  local job = redis.call('HMGET', jkey, 'a', 'et', 'st', 'tk')
+  if job[2] then  -- every job hash has et (enqueued at)
     leave_active(jkey, id)
     local stalls = redis.call('HINCRBY', jkey, 'sc', 1)
-    local attempt = tonumber(redis.call('HGET', jkey, 'a'))
-    local started = tonumber(redis.call('HGET', jkey, 'st') or now)
+    local attempt = tonumber(job[1])
+    local started = tonumber(job[3] or now)
     local entry = cmsgpack.pack({attempt = attempt, type = 'Stalled',
       message = 'lock expired (worker lost or blocked)', duration_ms = now - started})
     redis.call('HSET', jkey, 'h', (redis.call('HGET', jkey, 'h') or '') .. entry)
     if redis.call('HEXISTS', jkey, 'cx') == 1 then
       -- Its cancellation was requested and its worker is gone: it ends cancelled, not re-run.
-      end_job(jkey, id, 'cancelled', now, keep)
+      end_job(jkey, id, 'cancelled', now, keep, {seen = job, token = job[4] or nil})
       failed = failed + 1
     elseif stalls > tonumber(ARGV[1]) then
-      end_job(jkey, id, 'failed', now, keep, {error = ARGV[4], reason = 'stalled'})
+      end_job(jkey, id, 'failed', now, keep, {error = ARGV[4], reason = 'stalled', seen = job,
+        token = job[4] or nil})
       failed = failed + 1
     else
       redis.call('HINCRBY', jkey, 'a', -1)

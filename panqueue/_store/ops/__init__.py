@@ -11,6 +11,7 @@ a script's ARGV, read its reply or know a job hash's field letters. By concern:
 - ``schedules``: repeatable jobs' schedules and the server's clock.
 - ``workers``: the worker registry; ``explain``: why a job is where it is.
 - ``timings``: wait and run time percentiles of the jobs finished in the last minute.
+- ``history``: the history stream of finished jobs, read and acknowledged by exports.
 
 The worker's transitions (claim, complete, fail, renew...) are in ``panqueue._store.transitions``.
 """
@@ -19,12 +20,20 @@ from panqueue._store.ops.add import ADD_OPTIONS, NewJob, add_call, add_jobs, new
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_COMPLETED,
     DEFAULT_KEEP_FAILED,
+    DEFAULT_KEEP_HISTORY,
     SCHEMA_VERSION,
     encode_error,
     script_call,
 )
 from panqueue._store.ops.events import Event, events_now, last_event_id, read_events
 from panqueue._store.ops.explain import Explanation, explain
+from panqueue._store.ops.history import (
+    HistoryBatch,
+    HistoryRecord,
+    acknowledge_history,
+    open_history_export,
+    read_history,
+)
 from panqueue._store.ops.jobs import (
     STATE_SETS,
     counts,
@@ -65,14 +74,18 @@ __all__ = [
     "ADD_OPTIONS",
     "DEFAULT_KEEP_COMPLETED",
     "DEFAULT_KEEP_FAILED",
+    "DEFAULT_KEEP_HISTORY",
     "SCHEMA_VERSION",
     "STATE_SETS",
     "Event",
     "Explanation",
+    "HistoryBatch",
+    "HistoryRecord",
     "NewJob",
     "ScheduleInfo",
     "Timings",
     "WorkerInfo",
+    "acknowledge_history",
     "add_call",
     "add_jobs",
     "cancel",
@@ -90,6 +103,7 @@ __all__ = [
     "list_schedules",
     "merge_workers",
     "new_job",
+    "open_history_export",
     "parse_added",
     "parse_job",
     "pause",
@@ -97,6 +111,7 @@ __all__ = [
     "purge",
     "queues",
     "read_events",
+    "read_history",
     "read_jobs",
     "recent_timings",
     "remove",

@@ -12,14 +12,17 @@ from panqueue._store.loader import Script
 from panqueue._store.transport import ScriptCall
 from panqueue.errors import ConfigError
 
-__all__ = ["DEFAULT_KEEP_COMPLETED", "DEFAULT_KEEP_FAILED", "SCHEMA_VERSION", "check_refusal",
-           "encode_error", "script_call"]
+__all__ = ["DEFAULT_KEEP_COMPLETED", "DEFAULT_KEEP_FAILED", "DEFAULT_KEEP_HISTORY",
+           "SCHEMA_VERSION", "check_refusal", "encode_error", "script_call"]
 
 # The layout version written to {q:X}:meta field v (a later layout change migrates from it).
 SCHEMA_VERSION = 1
 # How many finished jobs a queue keeps by default (completed, and failed/cancelled each).
 DEFAULT_KEEP_COMPLETED = 1000
 DEFAULT_KEEP_FAILED = 10_000
+# How many records a queue's history stream keeps by default (Retention.history; lib/layout.lua's
+# HISTORY_MAXLEN for a queue no worker has set up).
+DEFAULT_KEEP_HISTORY = 100_000
 
 
 def script_call(script: Script, keys: QueueKeys, *args: Any) -> ScriptCall:

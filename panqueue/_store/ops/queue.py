@@ -8,7 +8,13 @@ from collections.abc import Collection, Sequence
 from panqueue._job import JobState
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops.base import DEFAULT_KEEP_FAILED, SCHEMA_VERSION, check_refusal, script_call
+from panqueue._store.ops.base import (
+    DEFAULT_KEEP_FAILED,
+    DEFAULT_KEEP_HISTORY,
+    SCHEMA_VERSION,
+    check_refusal,
+    script_call,
+)
 from panqueue._store.transport import Command, Op, Scan
 from panqueue.errors import ConfigError, JobNotFound, PanqueueError
 
@@ -46,11 +52,13 @@ def known_queue(keys: QueueKeys) -> Op[bool]:
 
 def setup_queue(keys: QueueKeys, mode: str, key_concurrency: int, rate_max: int,
                 rate_per_ms: int, rate_per_key: bool,
-                keep_failed: int = DEFAULT_KEEP_FAILED) -> Op[None]:
+                keep_failed: int = DEFAULT_KEEP_FAILED,
+                keep_history: int = DEFAULT_KEEP_HISTORY) -> Op[None]:
     """Store a worker's settings of the queue (:class:`ConfigError` if they contradict the
     stored mode)."""
     reply = yield script_call(SCRIPTS.setup, keys, mode, key_concurrency, rate_max, rate_per_ms,
-                              1 if rate_per_key else 0, SCHEMA_VERSION, keep_failed)
+                              1 if rate_per_key else 0, SCHEMA_VERSION, keep_failed,
+                              keep_history)
     check_refusal(keys, reply)
 
 

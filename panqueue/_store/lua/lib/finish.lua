@@ -33,6 +33,38 @@ local function trim_finished(set, keep, now)
   end
 end
 
+-- The history stream (K_HISTORY): one entry per finished job, for exports
+-- (panqueue.spark.export_history), trimmed to about meta().history entries (MAXLEN ~; 0: no
+-- stream). Every entry has the same fields in the same order, so the stream stores their names
+-- once per node, not per entry; a missing value is '':
+--   id, state, attempts, enqueued, started, finished (ms, server clock), reason (failure
+--   reason), error_type, error_message (its first 1000 bytes; from the msgpack error, so no
+--   traceback is kept), worker (the worker-name part of the ending attempt's lock token).
+-- how.seen: {attempts, enqueued, started} as the caller read them in a command it makes anyway
+-- (complete, fail, stalled); without it, one HMGET reads them. how.token: the lock token of the
+-- attempt that ended ('' worker when absent: a job that never ran, or a cascaded dependent).
+local function record_history(jkey, id, state, now, how)
+  local limit = meta().history
+  if limit <= 0 then
+    return
+  end
+  local seen = how.seen or redis.call('HMGET', jkey, 'a', 'et', 'st')
+  local error_type, error_message = '', ''
+  if how.error then
+    local ok, err = pcall(cmsgpack.unpack, how.error)
+    if ok and type(err) == 'table' then
+      error_type = tostring(err.type or '')
+      error_message = string.sub(tostring(err.message or ''), 1, 1000)
+    end
+  end
+  local worker = how.token and string.match(how.token, '^(.*):[^:]*:[^:]*$') or ''
+  local reason = how.reason or (state == 'cancelled' and 'cancelled') or ''
+  redis.call('XADD', K_HISTORY, 'MAXLEN', '~', limit, '*', 'id', id, 'state', state,
+    'attempts', seen[1] or 0, 'enqueued', seen[2] or '', 'started', seen[3] or '',
+    'finished', now, 'reason', reason, 'error_type', error_type, 'error_message', error_message,
+    'worker', worker)
+end
+
 -- Job `id` ends in `state` ('completed', 'failed' or 'cancelled') at `now`. The caller has
 -- taken it out of the set it was in (leave_active, detach); then, in this order:
 --   1. s state, ft finish time and the fields of the ending, in one write: r result
@@ -44,7 +76,8 @@ end
 --   4. the finished set of the state;
 --   5. a cancelled job's dependency edges go (forget_edges): it will never complete nor run;
 --   6. retention trims that set to `keep` jobs (-1 keeps all).
--- `how` (optional): {result=, error=, reason=, event=, cascaded=, trim_later=}. cascaded: the
+-- Between 1 and 2, its record goes to the history stream (record_history).
+-- `how` (optional): {result=, error=, reason=, event=, cascaded=, trim_later=, seen=, token=}. cascaded: the
 -- job is a dependent failed by fail_dependents, which handles its dependents and retention for
 -- the whole cascade. trim_later: the caller ends several jobs and trims once after the last.
 local function end_job(jkey, id, state, now, keep, how)
@@ -59,6 +92,7 @@ local function end_job(jkey, id, state, now, keep, how)
     fields = {'fr', 'cancelled'}
   end
   redis.call('HSET', jkey, 's', state, 'ft', now, unpack(fields))
+  record_history(jkey, id, state, now, how)
   if how.event then
     emit(how.event[1], id, unpack(how.event, 2))
   elseif state == 'cancelled' then

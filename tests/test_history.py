@@ -1,0 +1,296 @@
+"""The history stream: every ending of a job appends exactly one record (lua/lib/finish.lua),
+bounded by Retention(history=); and its export to Parquet (panqueue.spark.export_history), which
+writes each record once, even when an export process is killed between its write and its
+acknowledgement and run again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from pyspark.sql import SparkSession
+
+from panqueue import ConfigError, Job, Registry, Retention, SyncQueueClient, Worker
+from panqueue._codec import encode
+from panqueue._job import ErrorInfo
+from panqueue._keys import QueueKeys
+from panqueue._store import ops
+from panqueue._store.loader import SCRIPTS, Script
+from panqueue._store.ops import NewJob, add_jobs, encode_error
+from panqueue._store.transitions import parse_claim
+from panqueue._store.transport import ScriptCall, SyncTransport
+from panqueue.spark import HISTORY_SCHEMA, export_history
+from tests.helpers import subprocess_env, wait_until
+
+ERR = encode_error(ErrorInfo("ValueError", "boom", "Traceback (most recent call last): ..."))
+STALL_ERR = encode_error(ErrorInfo("Stalled", "lock expired"))
+
+
+class Store:
+    """Direct script calls for one queue, on a real Redis."""
+
+    def __init__(self, transport: SyncTransport, keys: QueueKeys) -> None:
+        self.t = transport
+        self.keys = keys
+
+    def call(self, script: Script, *args: Any) -> Any:
+        return self.t.execute(ScriptCall(script, (self.keys.prefix,), args))
+
+    def add(self, n: int = 1, **options: Any) -> list[str]:
+        jobs = [NewJob(None, encode(i), **options) for i in range(n)]
+        return [job_id for job_id, _ in self.t.run(add_jobs(self.keys, jobs))]
+
+    def claim(self, token: str, n: int = 1, ttl_ms: int = 30_000) -> list[str]:
+        jobs, _ = parse_claim(self.call(SCRIPTS.claim, token, ttl_ms, n))
+        return [j.id for j in jobs]
+
+    def complete(self, job_id: str, token: str) -> None:
+        self.call(SCRIPTS.complete, -1, token + ":next", 1000, 1, job_id, token, encode("ok"), 0)
+
+    def fail(self, job_id: str, token: str, max_attempts: int = 1) -> None:
+        entry = encode({"attempt": 1, "type": "ValueError", "message": "boom"})
+        self.call(SCRIPTS.fail, job_id, token, ERR, entry, max_attempts, 0, 0, "", -1, 0,
+                  token + ":next", 1000)
+
+    def history(self) -> list[dict[str, str]]:
+        return [{k.decode(): v.decode() for k, v in fields.items()}
+                for _, fields in self.t.client.xrange(self.keys.history)]
+
+
+@pytest.fixture
+def store(redis_url: str, queue_name: str) -> Iterator[Store]:
+    transport = SyncTransport(redis_url)
+    yield Store(transport, QueueKeys(queue_name))
+    transport.close()
+
+
+def test_every_ending_appends_exactly_one_history_record(store: Store) -> None:
+    done, retried, waiting, parent, stalled = store.add(5)
+    [child] = store.add(1, depends_on=(parent,))
+    assert store.claim("worker-a:x1:1") == [done]
+    store.complete(done, "worker-a:x1:1")
+    # Failed after a retry: the retry writes nothing, the final failure one record.
+    assert store.claim("w:b:c:x2:1") == [retried]
+    store.fail(retried, "w:b:c:x2:1", max_attempts=2)
+    assert store.claim("w:b:c:x2:2") == [waiting]  # the retried job went to the back
+    store.call(SCRIPTS.cancel, waiting, -1)  # an active job: only marked, not ended yet
+    store.fail(waiting, "w:b:c:x2:2")  # its handler stopped: it ends cancelled
+    assert store.claim("w:b:c:x2:3") == [parent]
+    store.fail(parent, "w:b:c:x2:3")  # fails, and its blocked dependent fails with it
+    [born_failed] = store.add(1, depends_on=(parent,))  # added after its dependency failed
+    # Stalled beyond max_stalls (0): the sweep fails it, naming the worker whose lock expired.
+    assert store.claim("worker-s:x3:1", ttl_ms=1) == [stalled]
+    wait_until(lambda: store.call(SCRIPTS.stalled, 0, 1000, -1, STALL_ERR)[1] == 1,
+               what="the 1 ms lock to expire")
+    assert store.claim("w:x4:1") == [retried]
+    store.fail(retried, "w:x4:1", max_attempts=2)
+
+    records = store.history()
+    assert Counter(r["id"] for r in records) == {
+        done: 1, waiting: 1, parent: 1, child: 1, born_failed: 1, stalled: 1, retried: 1}
+    by_id = {r["id"]: r for r in records}
+    assert list(by_id[done]) == ["id", "state", "attempts", "enqueued", "started", "finished",
+                                 "reason", "error_type", "error_message", "worker"]
+    assert {k: by_id[done][k] for k in ("state", "attempts", "reason", "error_type",
+                                        "worker")} == {
+        "state": "completed", "attempts": "1", "reason": "", "error_type": "", "worker": "worker-a"}
+    assert (int(by_id[done]["enqueued"]) <= int(by_id[done]["started"])
+            <= int(by_id[done]["finished"]))
+    assert {k: by_id[retried][k] for k in ("state", "attempts", "reason", "error_type",
+                                           "error_message", "worker")} == {
+        "state": "failed", "attempts": "2", "reason": "max_attempts_exceeded",
+        "error_type": "ValueError", "error_message": "boom", "worker": "w"}
+    assert (by_id[waiting]["state"], by_id[waiting]["reason"], by_id[waiting]["worker"]) == (
+        "cancelled", "cancelled", "w:b:c")  # a worker name may hold colons
+    for dependent in (child, born_failed):
+        assert (by_id[dependent]["state"], by_id[dependent]["reason"],
+                by_id[dependent]["error_type"], by_id[dependent]["started"],
+                by_id[dependent]["worker"]) == (
+            "failed", "dependency_failed", "DependencyFailed", "", "")
+    assert (by_id[stalled]["reason"], by_id[stalled]["error_type"],
+            by_id[stalled]["worker"]) == ("stalled", "Stalled", "worker-s")
+    [cancelled_waiting] = store.add(1)
+    store.call(SCRIPTS.cancel, cancelled_waiting, -1)
+    assert store.history()[-1] | {"enqueued": "", "finished": ""} == {
+        "id": cancelled_waiting, "state": "cancelled", "attempts": "0", "enqueued": "",
+        "started": "", "finished": "", "reason": "cancelled", "error_type": "",
+        "error_message": "", "worker": ""}
+
+
+def test_retention_history_bounds_the_stream_and_zero_turns_it_off(store: Store) -> None:
+    store.t.run(ops.setup_queue(store.keys, "global", 1, 0, 0, False, keep_history=300))
+    [parent] = store.add(1)
+    store.add(3000, depends_on=(parent,))
+    store.call(SCRIPTS.cancel, parent, -1)  # one script ends 3001 jobs
+    length = store.t.client.xlen(store.keys.history)
+    assert 300 <= length <= 400  # MAXLEN ~ trims whole nodes (100 entries each)
+    store.t.run(ops.setup_queue(store.keys, "global", 1, 0, 0, False, keep_history=0))
+    [more] = store.add(1)
+    store.call(SCRIPTS.cancel, more, -1)
+    assert store.t.client.xlen(store.keys.history) == length
+    with pytest.raises(ConfigError, match=r"Retention\.history must be an int >= 0"):
+        Retention(history=-1)
+
+
+@pytest.mark.anyio
+async def test_a_worker_stores_its_retention_and_records_carry_its_name(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, retention=Retention(history=1000))
+    async def handle(job: Job) -> int:
+        return int(job.data)
+
+    async with anyio.create_task_group() as tg:
+        worker = Worker(registry, queue_name, url=redis_url, name="history-worker")
+        tg.start_soon(worker.run)
+        with SyncQueueClient(redis_url) as client:
+            handles = client.queue(queue_name).add_bulk(list(range(5)))
+            for handle in handles:
+                await anyio.to_thread.run_sync(lambda h=handle: h.result(timeout=10))
+        await worker.shutdown(5)
+    client_redis = redis.Redis.from_url(redis_url)
+    try:
+        assert client_redis.hget(QueueKeys(queue_name).meta, "kh") == b"1000"
+        records = client_redis.xrange(QueueKeys(queue_name).history)
+    finally:
+        client_redis.close()
+    assert sorted(f[b"id"].decode() for _, f in records) == sorted(h.id for h in handles)
+    assert {f[b"worker"] for _, f in records} == {b"history-worker"}
+
+
+# --------------------------------------------------------------------------- export (Spark)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]")
+               .appName("panqueue-history-tests")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("OFF")
+    yield session
+    session.stop()
+
+
+def finish_jobs(store: Store, n: int) -> list[str]:
+    """``n`` jobs that end (cancelled: one record each, the fastest ending to produce)."""
+    ids = store.add(n)
+    for job_id in ids:
+        store.call(SCRIPTS.cancel, job_id, -1)
+    return ids
+
+
+def exported_ids(spark: SparkSession, path: Path) -> Counter[str]:
+    return Counter(row.id for row in spark.read.parquet(str(path)).select("id").collect())
+
+
+def test_export_writes_each_record_once_and_a_rerun_exports_nothing_new(
+        spark: SparkSession, store: Store, redis_url: str, tmp_path: Path) -> None:
+    first = finish_jobs(store, 120)
+    out = tmp_path / "history"
+    stats = export_history(spark, store.keys.name, url=redis_url, path=out, batch_size=50)
+    assert (stats.exported, stats.batches, stats.lost) == (120, 3, 0)
+    assert export_history(spark, store.keys.name, url=redis_url, path=out).exported == 0
+    second = finish_jobs(store, 30)
+    assert export_history(spark, store.keys.name, url=redis_url, path=str(out)).exported == 30
+    assert exported_ids(spark, out) == Counter(first + second)  # earlier batches were kept
+    frame = spark.read.parquet(str(out))
+    assert [f.name for f in frame.schema.fields] == [*HISTORY_SCHEMA.fieldNames(), "date",
+                                                     "batch"]
+    row = frame.filter(frame.id == first[0]).first()
+    assert row is not None
+    assert (row.queue, row.state, row.failure_reason, row.attempts) == (
+        store.keys.name, "cancelled", "cancelled", 0)
+    assert row.finished_at is not None and row.date == row.finished_at.date()
+    # Everything is acknowledged: nothing pending for the export group.
+    assert store.t.client.xpending(store.keys.history, "export")["pending"] == 0
+
+
+def test_export_refuses_bad_arguments_with_one_clear_error(
+        spark: SparkSession, redis_url: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="path must be a non-empty str"):
+        export_history(spark, "q", url=redis_url, path="")
+    with pytest.raises(ConfigError, match="batch_size must be an int >= 1"):
+        export_history(spark, "q", url=redis_url, path=tmp_path, batch_size=0)
+    with pytest.raises(ConfigError, match="queue name"):
+        export_history(spark, "bad{name}", url=redis_url, path=tmp_path)
+    with pytest.raises(ConfigError, match="spark must be a SparkSession"):
+        export_history(None, "q", url=redis_url, path=tmp_path)  # type: ignore[arg-type]
+    assert not any(tmp_path.iterdir())
+
+
+# The export process of the next test: the third batch's write commits, then the process
+# stops before its acknowledgement and waits there to be killed.
+KILLED_EXPORT = """
+import os, sys, threading
+from pathlib import Path
+from pyspark.sql import SparkSession
+import panqueue.spark as pqspark
+
+url, queue, out, marker = sys.argv[1:5]
+os.environ["PYSPARK_PYTHON"] = sys.executable
+spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.ui.enabled", "false")
+         .getOrCreate())
+spark.sparkContext.setLogLevel("OFF")
+write = pqspark._write_batch
+written = []
+
+def write_then_hang(*args):
+    write(*args)
+    written.append(1)
+    if len(written) == 3:
+        Path(marker).write_text("written")
+        threading.Event().wait()
+
+pqspark._write_batch = write_then_hang
+pqspark.export_history(spark, queue, url=url, path=out, batch_size=40)
+"""
+
+
+def test_an_export_killed_after_writing_and_run_again_writes_every_record_once(
+        spark: SparkSession, store: Store, redis_url: str, tmp_path: Path) -> None:
+    ids = finish_jobs(store, 200)
+    out, marker = tmp_path / "history", tmp_path / "written"
+    script = tmp_path / "export.py"
+    script.write_text(textwrap.dedent(KILLED_EXPORT))
+    process = subprocess.Popen([sys.executable, str(script), redis_url, store.keys.name,
+                                str(out), str(marker)], env=subprocess_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(marker.exists, timeout=120, what="the export to write its third batch")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+    assert exported_ids(spark, out) == Counter(ids[:120])  # three batches written, two acknowledged
+    assert store.t.client.xpending(store.keys.history, "export")["pending"] == 40
+    stats = export_history(spark, store.keys.name, url=redis_url, path=out, batch_size=40)
+    assert (stats.exported, stats.lost) == (120, 0)  # the unacknowledged batch, then the rest
+    assert exported_ids(spark, out) == Counter(ids)
+
+
+def test_records_trimmed_before_an_export_read_them_are_counted_as_lost(
+        spark: SparkSession, store: Store, redis_url: str, tmp_path: Path) -> None:
+    store.t.run(ops.setup_queue(store.keys, "global", 1, 0, 0, False, keep_history=100))
+    store.t.run(ops.open_history_export(store.keys))
+    finish_jobs(store, 450)
+    kept = store.t.client.xlen(store.keys.history)
+    stats = export_history(spark, store.keys.name, url=redis_url, path=tmp_path / "h")
+    assert (stats.exported, stats.lost) == (kept, 450 - kept)
