@@ -96,14 +96,17 @@ def check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter("is empty (give a URL such as redis://localhost:6379/0)")
     url = resolve_url(value)
     shown = redact_url(url)
+    sentinel = url.split("://", 1)[0].lower().endswith("+sentinel")
     try:
         transport_check_url(url)
-    except ConfigError:
+    except ConfigError as exc:
+        if sentinel:  # the transport names what is wrong: an address, the service, the db
+            raise click.BadParameter(str(exc)) from None
         raise click.BadParameter(
             f"{shown!r} is not a Redis URL (redis://HOST:PORT/DB; the scheme must be one of "
             f"{', '.join(URL_SCHEMES)})") from None
     parts = urlsplit(url)
-    if parts.scheme != "unix":
+    if parts.scheme != "unix" and not sentinel:
         try:
             port = parts.port
         except ValueError:

@@ -117,15 +117,18 @@ def parse_added(keys: QueueKeys, reply: Any) -> list[tuple[str, bool]]:
 def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
              durable_timeout_ms: int | None = None) -> Op[list[tuple[str, bool]]]:
     """Add jobs in one script call. With ``durable_timeout_ms``, also wait (on the same
-    connection) until the server reports the write fsynced to its append-only file."""
+    connection) until the server reports the write fsynced to its append-only file and, when
+    the server has replicas, until one replica has received it: a failover then promotes a
+    replica that holds the job."""
     call = add_call(keys, jobs, mode)
     if durable_timeout_ms is None:
         reply = yield call
         return parse_added(keys, reply)
     # Every request below goes to the server that holds the queue: on Redis Cluster, commands
-    # without keys (INFO, WAITAOF) would otherwise reach an arbitrary master.
-    server, persistence = yield Batch((Command(("INFO", "server")),
-                                       Command(("INFO", "persistence"))), route=keys.prefix)
+    # without keys (INFO, WAITAOF, WAIT) would otherwise reach an arbitrary master.
+    server, persistence, replication = yield Batch(
+        (Command(("INFO", "server")), Command(("INFO", "persistence")),
+         Command(("INFO", "replication"))), route=keys.prefix)
     version = tuple(int(part) for part in str(server.get("redis_version", "0.0")).split(".")[:2])
     if version < (7, 2):  # Valkey reports 7.2.x here too, and has WAITAOF
         raise ConfigError("durable=True needs a server with WAITAOF (Redis >= 7.2 or Valkey >= "
@@ -133,13 +136,24 @@ def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
     if not int(persistence.get("aof_enabled", 0)):
         raise ConfigError("durable=True needs the server's append-only file (appendonly yes); "
                           "it is off, so nothing was added")
-    # WAITAOF waits for the writes of *this connection*: send both in one pipeline (the batch
-    # sends the script with EVAL, so a server without it cached cannot fail the pipeline).
-    reply, persisted = yield Batch((call, Command(("WAITAOF", 1, 0, durable_timeout_ms))),
-                                   route=keys.prefix)
+    # WAITAOF and WAIT wait for the writes of *this connection*: send them with the add in one
+    # pipeline (the batch sends the script with EVAL, so a server without it cached cannot fail
+    # the pipeline). The server runs them one after the other, so with a replica each gets half
+    # the time, and the whole stays within the socket timeout.
+    replicas = int(replication.get("connected_slaves", 0))
+    wait_ms = durable_timeout_ms // 2 if replicas else durable_timeout_ms
+    waits: tuple[Command, ...] = (Command(("WAITAOF", 1, 0, wait_ms)),)
+    if replicas:
+        waits += (Command(("WAIT", 1, wait_ms)),)
+    reply, persisted, *replicated = yield Batch((call, *waits), route=keys.prefix)
     added = parse_added(keys, reply)
+    ids = ", ".join(i for i, _ in added)
     if int(persisted[0]) < 1:
         raise PanqueueError(
-            f"queue {keys.name!r}: the job(s) {', '.join(i for i, _ in added)} were added, but "
-            f"the server did not confirm an fsync within {durable_timeout_ms} ms")
+            f"queue {keys.name!r}: the job(s) {ids} were added, but the server did not confirm "
+            f"an fsync within {wait_ms} ms")
+    if replicated and int(replicated[0]) < 1:
+        raise PanqueueError(
+            f"queue {keys.name!r}: the job(s) {ids} were added and fsynced, but no replica "
+            f"confirmed them within {wait_ms} ms (a failover now could lose them)")
     return added

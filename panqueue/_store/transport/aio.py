@@ -11,6 +11,7 @@ import anyio.to_thread
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.sentinel
 import redis.cluster
 import redis.exceptions
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -30,6 +31,8 @@ from panqueue._store.transport.options import (
     _SCAN_COUNT,
     _node_url,
     _parse,
+    _sentinel_clients,
+    _sentinel_target,
     _standalone_options,
     _timeouts,
     redact_url,
@@ -53,9 +56,15 @@ class _AsyncioTransport(AsyncTransport):
         self._redis_url = redis_url
         # Cluster only: a standalone client per master, for batches routed to a slot's owner.
         self._owners: dict[str, Any] = {}
+        self._sentinels: Any = None  # Sentinel URLs: the client of the sentinels
+        self.client: Any
         try:
-            if self.is_cluster:
-                self.client: Any = redis.asyncio.cluster.RedisCluster.from_url(
+            target = _sentinel_target(url)
+            if target is not None:
+                self._sentinels, self.client = _sentinel_clients(
+                    target, redis.asyncio.sentinel.Sentinel, AsyncRetry, redis_url)
+            elif self.is_cluster:
+                self.client = redis.asyncio.cluster.RedisCluster.from_url(
                     redis_url, **_timeouts())
             else:
                 self.client = redis.asyncio.Redis.from_url(
@@ -147,6 +156,9 @@ class _AsyncioTransport(AsyncTransport):
             with contextlib.suppress(*_REDIS_ERRORS):
                 await owner.aclose()
         await self.client.aclose()
+        if self._sentinels is not None:
+            with contextlib.suppress(*_REDIS_ERRORS):
+                await self._sentinels.aclose()
 
 
 class _AsyncioSubscriber(AsyncSubscriber):

@@ -10,8 +10,10 @@ from collections.abc import Iterator
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.sentinel
 import redis.cluster
 import redis.exceptions
+import redis.sentinel
 
 from panqueue._store.transport.options import redact_url
 from panqueue.errors import ConnectionError as PanqueueConnectionError
@@ -34,9 +36,17 @@ _UNAVAILABLE_CLASSES: tuple[tuple[type[Exception], str], ...] = (
     (redis.exceptions.TryAgainError, "TRYAGAIN"),
     (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
 )
+# UNBLOCKED: the server ended a blocking read (XREAD BLOCK) because it turned into a replica
+# (a failover) or the read's key moved to another node; nothing was read, so it is retried.
 _UNAVAILABLE_CODE = re.compile(
-    r"(?:^|caused error: )(OOM|BUSY|LOADING|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|NOREPLICAS)"
-    r"\b")
+    r"(?:^|caused error: )"
+    r"(OOM|BUSY|LOADING|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|NOREPLICAS|UNBLOCKED)\b")
+
+
+# redis-py's Sentinel clients turn a READONLY answer of a demoted master into a connection
+# error with this message (after dropping the connection, so the next one asks the sentinels).
+_DEMOTED_MASTER = "The previous master is now a slave"
+_NO_MASTER = (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)
 
 
 def _unavailable_code(exc: BaseException) -> str | None:
@@ -44,6 +54,13 @@ def _unavailable_code(exc: BaseException) -> str | None:
     for cls, code in _UNAVAILABLE_CLASSES:
         if isinstance(exc, cls):
             return code
+    if isinstance(exc, redis.exceptions.ConnectionError) and str(exc) == _DEMOTED_MASTER:
+        return "READONLY"
+    if isinstance(exc, _NO_MASTER) and " : " not in str(exc):
+        # Every sentinel answered and none names a master that is up: a failover is under
+        # way. (When sentinels could not be reached, their errors follow " : ", and the
+        # error stays a plain ConnectionError: nothing answered.)
+        return "MASTERDOWN"
     if isinstance(exc, redis.exceptions.ResponseError):
         match = _UNAVAILABLE_CODE.search(str(exc))
         if match is not None:
@@ -63,6 +80,9 @@ def translate_error(url: str, exc: BaseException) -> PanqueueError:
         return exc
     where = redact_url(url)
     detail = str(exc) or type(exc).__name__
+    if isinstance(exc, _NO_MASTER) and " : " in detail:
+        # redis-py appends the repr of every sentinel client it could not reach: keep one line.
+        detail = f"{detail.split(' : ', 1)[0]}: no sentinel could be reached"
     code = _unavailable_code(exc)
     if code is not None:
         if not detail.startswith(code):

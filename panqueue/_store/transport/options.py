@@ -1,11 +1,13 @@
-"""Redis URLs (their forms, redaction of passwords) and the options every connection gets:
-timeouts, keepalive, one resend of a command whose pooled connection had died."""
+"""Redis URLs (their forms, redaction of passwords; a Sentinel URL taken apart into its
+sentinels, service and connection options) and the options every connection gets: timeouts,
+keepalive, one resend of a command whose pooled connection had died."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
@@ -13,10 +15,15 @@ import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
 from redis.backoff import NoBackoff
+from redis.connection import parse_url
 
 from panqueue.errors import ConfigError
 
-_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
+            "rediss+sentinel")
+_SENTINEL_FORM = "redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]"
+# Sentinel's own port, for an address given without one.
+_SENTINEL_PORT = 26379
 
 # Every connection gets both timeouts (a URL's query string may override them, for example
 # ?socket_timeout=30): a network that silently drops packets must end a call with an error,
@@ -32,18 +39,18 @@ _SCAN_COUNT = 1000
 
 
 
-_SECRET_PARAMS = re.compile(r"((?:^|&)(?:password|ssl_password)=)[^&]*", re.IGNORECASE)
+_SECRET_PARAMS = re.compile(r"((?:^|&)(?:password|ssl_password|sentinel_password)=)[^&]*",
+                            re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
     """The URL without its passwords (user:pass@ and ?password=), for messages and logs."""
     parts = urlsplit(url)
     netloc = parts.netloc
-    if parts.password is not None:
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        netloc = f"{parts.username or ''}:***@{host}"
+    # Split by hand rather than through parts.port: a Sentinel URL names several addresses.
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
     query = _SECRET_PARAMS.sub(r"\1***", parts.query)
     if netloc == parts.netloc and query == parts.query:
         return url  # nothing to hide
@@ -70,7 +77,96 @@ def _parse(url: str) -> tuple[bool, str]:
         )
     if scheme.endswith("+cluster"):
         return True, scheme.removesuffix("+cluster") + url[len(scheme) :]
+    if scheme.endswith("+sentinel"):
+        _sentinel_target(url)  # checks the form
     return False, url
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a ``redis+sentinel://`` URL names: the sentinels to ask, the master's service name,
+    and the options of the connections to the master (credentials, db, TLS, query string) and
+    to the sentinels (timeouts, TLS, ``sentinel_username``/``sentinel_password``)."""
+
+    sentinels: list[tuple[str, int]]
+    service: str
+    connection: dict[str, Any] = field(default_factory=dict)
+    sentinel: dict[str, Any] = field(default_factory=dict)
+
+
+def _sentinel_address(url: str, address: str) -> tuple[str, int]:
+    host, port_text = address, ""
+    if address.startswith("["):  # [IPv6]:port
+        host, _, rest = address[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            host = ""
+        port_text = rest[1:]
+    elif ":" in address:
+        host, _, port_text = address.rpartition(":")
+    if not host:
+        raise ConfigError(f"invalid Sentinel URL {redact_url(url)!r}: the sentinel address "
+                          f"{address!r} has no host; expected {_SENTINEL_FORM}")
+    if not port_text:
+        return host, _SENTINEL_PORT
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ConfigError(f"invalid Sentinel URL {redact_url(url)!r}: the sentinel address "
+                          f"{address!r} has an invalid port (1-65535)")
+    return host, int(port_text)
+
+
+def _sentinel_target(url: str) -> SentinelTarget | None:
+    """The sentinels, service and options a ``redis+sentinel://`` (or ``rediss+sentinel://``)
+    URL names; ``None`` for any other URL. A malformed one raises :class:`ConfigError` naming
+    what is wrong."""
+    scheme, _, rest = url.partition("://")
+    if not scheme.lower().endswith("+sentinel"):
+        return None
+    shown = redact_url(url)
+    authority, slash, path_query = rest.partition("/")
+    path, _, query = path_query.partition("?")
+    if "?" in authority:  # no path at all: "host:port?x=y"
+        authority, _, query = authority.partition("?")
+    userinfo, at, hosts = authority.rpartition("@")
+    addresses = [a.strip() for a in hosts.split(",")]
+    if not hosts.strip() or any(not a for a in addresses):
+        raise ConfigError(f"invalid Sentinel URL {shown!r}: it names no sentinel address "
+                          f"(or an empty one between commas); expected {_SENTINEL_FORM}")
+    sentinels = [_sentinel_address(url, a) for a in addresses]
+    segments = path.split("/") if slash else []
+    if segments and segments[-1] == "":  # a trailing slash
+        segments.pop()
+    if not segments or not segments[0]:
+        raise ConfigError(f"invalid Sentinel URL {shown!r}: it names no service (the master's "
+                          f"name in the sentinels' configuration); expected {_SENTINEL_FORM}")
+    if len(segments) > 2:
+        raise ConfigError(f"invalid Sentinel URL {shown!r}: the path has more than "
+                          f"/service_name/db; expected {_SENTINEL_FORM}")
+    service = unquote(segments[0])
+    db = segments[1] if len(segments) == 2 else "0"
+    if not db.isdigit():
+        raise ConfigError(f"invalid Sentinel URL {shown!r}: the database {db!r} is not a "
+                          f"number; expected {_SENTINEL_FORM}")
+    # redis-py reads the credentials, db and query string (types and all) as for a plain URL.
+    tls = scheme.lower().startswith("rediss")
+    plain = f"{'rediss' if tls else 'redis'}://{userinfo}{at}sentinel/{db}"
+    try:
+        connection: dict[str, Any] = parse_url(  # type: ignore[no-untyped-call]
+            f"{plain}?{query}" if query else plain)
+    except ValueError as exc:
+        raise ConfigError(f"invalid Sentinel URL {shown!r}: {exc}") from exc
+    connection.pop("host", None)
+    connection.pop("port", None)
+    sentinel: dict[str, Any] = {}
+    for name in ("username", "password"):
+        value = connection.pop(f"sentinel_{name}", None)
+        if value is not None:
+            sentinel[name] = value
+    if connection.pop("connection_class", None) is not None:  # rediss: redis-py's SSLConnection
+        connection["ssl"] = True
+    # The sentinels get the master's socket and TLS options, not its credentials or db.
+    sentinel.update({k: v for k, v in connection.items()
+                     if k.startswith(("socket_", "ssl"))})
+    return SentinelTarget(sentinels, service, connection, sentinel)
 
 
 def _timeouts() -> dict[str, Any]:
@@ -95,6 +191,23 @@ def _standalone_options(url: str, retry_class: Any) -> dict[str, Any]:
     if not url.startswith("unix:"):
         options["socket_keepalive"] = True  # TCP only: unix sockets reject the option
     return options
+
+
+def _sentinel_clients(target: SentinelTarget, sentinel_class: Any, retry_class: Any,
+                      url: str) -> tuple[Any, Any]:
+    """(the sentinels' client, a client of the master they name) of redis-py's ``sentinel``
+    module (sync or asyncio, by ``sentinel_class``). The master client asks the sentinels where
+    the master is whenever it opens a connection, so it follows a promotion: a connection
+    that breaks, or that a demoted master answers with READONLY, is dropped, and the next one
+    goes to the address the sentinels give then."""
+    # One try per sentinel: asking the next sentinel is the retry (redis-py's default would
+    # retry an unreachable one with backoff for seconds before trying the next).
+    no_retry = retry_class(NoBackoff(), 0)
+    manager = sentinel_class(target.sentinels,
+                             sentinel_kwargs={**_timeouts(), "retry": no_retry,
+                                              **target.sentinel})
+    options = {**_standalone_options(url, retry_class), **target.connection}
+    return manager, manager.master_for(target.service, **options)
 
 
 def _node_url(redis_url: str, host: str, port: int) -> str:

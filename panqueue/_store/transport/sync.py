@@ -11,6 +11,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
+import redis.sentinel
 from redis.retry import Retry as SyncRetry
 
 from panqueue._store.transport.base import _confirm_subscription
@@ -18,6 +19,8 @@ from panqueue._store.transport.errors import _REDIS_ERRORS, _translated
 from panqueue._store.transport.options import (
     _SCAN_COUNT,
     _parse,
+    _sentinel_clients,
+    _sentinel_target,
     _standalone_options,
     _timeouts,
     redact_url,
@@ -42,10 +45,16 @@ class SyncTransport:
     def __init__(self, url: str) -> None:
         self.url = url
         self.is_cluster, redis_url = _parse(url)
+        self._sentinels: Any = None  # Sentinel URLs: the client of the sentinels
+        self.client: Any
         with _translated(url):
             try:
-                if self.is_cluster:
-                    self.client: Any = redis.cluster.RedisCluster.from_url(redis_url,
+                target = _sentinel_target(url)
+                if target is not None:
+                    self._sentinels, self.client = _sentinel_clients(
+                        target, redis.sentinel.Sentinel, SyncRetry, redis_url)
+                elif self.is_cluster:
+                    self.client = redis.cluster.RedisCluster.from_url(redis_url,
                                                                            **_timeouts())
                 else:
                     self.client = redis.Redis.from_url(
@@ -121,3 +130,6 @@ class SyncTransport:
 
     def close(self) -> None:
         self.client.close()
+        if self._sentinels is not None:
+            with contextlib.suppress(*_REDIS_ERRORS):
+                self._sentinels.close()
