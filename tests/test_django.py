@@ -24,9 +24,18 @@ from panqueue import JobNotFound, JobState, PayloadError, SyncQueueClient
 from panqueue.embedded import RedisServer
 from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
 
-pytest.importorskip("django_tasks")
-
 SETTINGS = "tests.django_project.settings"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tasks_framework() -> None:
+    """Every test here fails, none is skipped, where this Django has no Tasks framework (neither
+    Django 6's django.tasks nor the django-tasks package): the tests of an extra that is
+    installed but cannot run must not pass as skipped."""
+    try:
+        import tests.django_project.tasks_compat  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +123,29 @@ def _finished(result: Any) -> Callable[[], bool]:
     return check
 
 
+def test_backend_is_one_of_the_tasks_framework_this_django_version_has(
+        django_db: Path) -> None:
+    import django
+    from django.core.checks import run_checks
+
+    from panqueue.django import PanqueueBackend
+    from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import BaseTaskBackend, Task, task_backends
+
+    # Django 6's built-in framework, else the django-tasks package: the one TASKS is read by.
+    framework = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    assert BaseTaskBackend.__module__ == f"{framework}.backends.base"
+    backend = task_backends["default"]
+    assert isinstance(backend, PanqueueBackend) and isinstance(backend, BaseTaskBackend)
+    assert isinstance(add, Task) and add.get_backend() is backend
+    assert run_checks() == []  # the framework's system checks, which ask every backend
+
+
 def test_task_enqueued_from_django_runs_in_a_worker_and_its_result_reads_back(
         client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
         tmp_path: Path) -> None:
-    from django_tasks import TaskResultStatus
-
     from tests.django_project.shop.tasks import add, report
+    from tests.django_project.tasks_compat import TaskResultStatus
 
     signals = tmp_path / "signals.log"
     worker = django_worker(PQ_SIGNAL_LOG=str(signals))
@@ -156,9 +182,8 @@ def test_task_enqueued_from_django_runs_in_a_worker_and_its_result_reads_back(
 
 def test_failing_task_reads_back_failed_with_its_exception_class_and_traceback(
         django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
-    from django_tasks import TaskResultStatus
-
     from tests.django_project.shop.tasks import PaymentDeclined, charge
+    from tests.django_project.tasks_compat import TaskResultStatus
 
     django_worker()
     result = charge.enqueue("4242")
@@ -177,10 +202,9 @@ def test_failing_task_reads_back_failed_with_its_exception_class_and_traceback(
 def test_task_added_inside_atomic_is_enqueued_on_commit_and_sees_the_committed_row(
         client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     from django.db import connection, transaction
-    from django_tasks import TaskResultStatus
-    from django_tasks.exceptions import TaskResultDoesNotExist
 
     from tests.django_project.shop.tasks import read_order
+    from tests.django_project.tasks_compat import TaskResultDoesNotExist, TaskResultStatus
 
     django_worker()
     with transaction.atomic():
@@ -202,9 +226,9 @@ def test_task_added_inside_atomic_is_enqueued_on_commit_and_sees_the_committed_r
 def test_task_added_inside_a_rolled_back_transaction_is_never_enqueued(
         client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     from django.db import transaction
-    from django_tasks.exceptions import TaskResultDoesNotExist
 
     from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import TaskResultDoesNotExist
 
     django_worker()
     with pytest.raises(RuntimeError, match="abort"):
@@ -234,9 +258,8 @@ def test_backend_without_enqueue_on_commit_adds_at_once_inside_a_transaction(
 
 def test_results_are_kept_as_the_backends_retention_says(
         django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
-    from django_tasks.exceptions import TaskResultDoesNotExist
-
     from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import TaskResultDoesNotExist
 
     django_worker()
     direct = add.using(backend="direct", queue_name="direct")
@@ -250,10 +273,8 @@ def test_results_are_kept_as_the_backends_retention_says(
 
 def test_priority_and_run_after_map_onto_panqueue_priority_and_delay(
         client: SyncQueueClient) -> None:
-    from django_tasks import TaskResultStatus
-    from django_tasks.exceptions import InvalidTaskError
-
     from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import InvalidTask, TaskResultStatus
 
     low = add.using(priority=-20).enqueue(1, 1)
     plain = add.enqueue(2, 2)
@@ -271,9 +292,9 @@ def test_priority_and_run_after_map_onto_panqueue_priority_and_delay(
     assert (back.status, back.task.run_after) == (TaskResultStatus.READY, later)
     assert add.get_result(high.id).task.priority == 100
 
-    with pytest.raises(InvalidTaskError, match="priority"):
+    with pytest.raises(InvalidTask, match="priority"):
         add.using(priority=101)
-    with pytest.raises(InvalidTaskError, match="Queue 'nope'"):
+    with pytest.raises(InvalidTask, match="Queue 'nope'"):
         add.using(queue_name="nope")
 
 

@@ -4,7 +4,7 @@ refused a job naming it without importing it."""
 import os
 from pathlib import Path
 
-from django_tasks import task
+from tests.django_project.tasks_compat import task
 
 if os.environ.get("PQ_OUTSIDE_MARK"):
     Path(os.environ["PQ_OUTSIDE_MARK"]).write_text("imported")

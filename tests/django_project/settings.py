@@ -3,11 +3,16 @@ the tests set (PQ_DJANGO_DB, PANQUEUE_URL)."""
 
 import os
 
+import django
+
 from panqueue import Retention
 
 SECRET_KEY = "panqueue-tests-only"
 USE_TZ = True
-INSTALLED_APPS = ["django_tasks", "tests.django_project.shop"]
+# Django 6 has the Tasks framework built in (django.tasks); Django 5.2 has it from the
+# django-tasks package, which is an app of its own.
+INSTALLED_APPS = [*(["django_tasks"] if django.VERSION < (6, 0) else []),
+                  "tests.django_project.shop"]
 DATABASES = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["PQ_DJANGO_DB"]},
 }

@@ -22,7 +22,7 @@ class ShopConfig(AppConfig):
     name = "tests.django_project.shop"
 
     def ready(self) -> None:
-        from django_tasks.signals import task_enqueued, task_finished, task_started
+        from tests.django_project.tasks_compat import task_enqueued, task_finished, task_started
 
         for signal_name, signal in [("enqueued", task_enqueued), ("started", task_started),
                                     ("finished", task_finished)]:

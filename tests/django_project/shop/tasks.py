@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection
-from django_tasks import TaskContext, task
+
+from tests.django_project.tasks_compat import TaskContext, task
 
 
 class PaymentDeclined(Exception):
