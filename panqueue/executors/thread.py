@@ -74,6 +74,33 @@ def _call_soon(token: anyio.lowlevel.EventLoopToken, fn: Callable[[], None]) -> 
         pass
 
 
+class _Finished:
+    """Wakes the attempts whose threads finished: the events are set on the event loop by one
+    callback per burst of finishing threads, not one each (every callback from a thread costs
+    the loop a wake-up)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[anyio.Event] = []
+        self._scheduled = False
+
+    def add(self, token: anyio.lowlevel.EventLoopToken, event: anyio.Event) -> None:
+        """Called from a handler's thread."""
+        with self._lock:
+            self._events.append(event)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        _call_soon(token, self._set_all)
+
+    def _set_all(self) -> None:
+        with self._lock:
+            events, self._events = self._events, []
+            self._scheduled = False
+        for event in events:
+            event.set()
+
+
 async def _await(awaitable: Awaitable[None]) -> None:
     await awaitable
 
@@ -94,6 +121,7 @@ class ThreadExecutor(Executor):
     def __init__(self, handler: Any) -> None:
         super().__init__(handler)
         self._threads = _DaemonThreads(f"panqueue-{handler.queue}")
+        self._finished = _Finished()
 
     async def run(self, job: Job, timeout: float | None) -> Any:
         token = anyio.lowlevel.current_token()
@@ -113,13 +141,14 @@ class ThreadExecutor(Executor):
 
         thread_job = job.rebind(sink, should_stop)
         fn = self.handler.fn
+        finished = self._finished
 
         def work() -> None:
             try:
                 outcome.append((True, fn(thread_job)))
             except BaseException as exc:  # handed to the event loop, which re-raises it
                 outcome.append((False, exc))
-            _call_soon(token, done.set)
+            finished.add(token, done)
 
         self._threads.submit(work)
         scope = anyio.move_on_after(timeout)
