@@ -35,7 +35,7 @@ def main(url: str, workdir: str) -> None:
     from django.core.management import call_command
     from django.db import transaction
     from django_app.accounts.tasks import charge, send_welcome
-    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_app.tasks_compat import TaskResultDoesNotExist
 
     call_command("migrate", verbosity=0)
 

@@ -3,14 +3,18 @@ may use, and the Redis URL (None: $PANQUEUE_URL, else redis://localhost:6379/0).
 
 import os
 
+import django
+
 SECRET_KEY = "example-only-not-secret"
 USE_TZ = True
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
-    "django_tasks",  # Django 5.2's tasks package; on Django 6 the framework is built in
     "django_app.accounts",
 ]
+if django.VERSION < (6, 0):
+    # Django 5.2's Tasks framework is the django-tasks package, an app; Django 6 has it built in.
+    INSTALLED_APPS.append("django_tasks")
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",

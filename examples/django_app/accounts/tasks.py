@@ -4,7 +4,8 @@ panqueue.django:registry``."""
 from __future__ import annotations
 
 from django.contrib.auth.models import User
-from django_tasks import task
+
+from django_app.tasks_compat import task
 
 
 class CardDeclined(Exception):
