@@ -35,7 +35,11 @@ def tasks_framework() -> None:
     try:
         import tests.django_project.tasks_compat  # noqa: F401
     except ImportError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    else:
+        return
+    pytest.fail(f"tests/test_django.py needs Django and its Tasks framework (pip install -e "
+                f"'.[django]'): {problem}", pytrace=False)
 
 
 @pytest.fixture(scope="module")

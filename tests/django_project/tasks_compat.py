@@ -19,9 +19,9 @@ else:
         from django_tasks import TaskContext, TaskResultStatus, task, task_backends
     except ImportError as exc:
         raise ImportError(
-            f"the Django tests need Django's Tasks framework: Django {django.get_version()} "
-            f"has it from the django-tasks package, which is not installed (pip install -e "
-            f"'.[django]'), and Django 6 has it built in as django.tasks") from exc
+            f"Django {django.get_version()} has the Tasks framework from the django-tasks "
+            f"package, which is not installed (Django 6 has it built in as django.tasks)"
+        ) from exc
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
