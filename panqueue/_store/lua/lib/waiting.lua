@@ -83,10 +83,11 @@ end
 
 -- The readiness invariant of keyed mode, checked on every path that changes a key: a key is in
 -- the ready set exactly when it has waiting jobs, free capacity and no rate-limit pause. A key
--- with nothing waiting and nothing running leaves no structures behind.
-local function refresh_key(key)
+-- with nothing waiting and nothing running leaves no structures behind. `active`: the key's
+-- running count when the caller has just read or changed it (saves reading it again).
+local function refresh_key(key, active)
   local waiting = redis.call('LLEN', key_list(key))
-  local active = tonumber(redis.call('HGET', K_KEY_ACTIVE, key) or '0')
+  active = active or tonumber(redis.call('HGET', K_KEY_ACTIVE, key) or '0')
   if waiting > 0 and active < meta().kc and not redis.call('ZSCORE', K_LIMITED, key) then
     if not redis.call('ZSCORE', K_READY, key) then
       redis.call('ZADD', K_READY, redis.call('HINCRBY', K_META, 'seq', 1), key)
@@ -166,10 +167,12 @@ local function leave_active(jkey, id, ...)
   if keyed() then
     local key = redis.call('HGET', jkey, 'k')
     if key then
-      if redis.call('HINCRBY', K_KEY_ACTIVE, key, -1) < 0 then
+      local active = redis.call('HINCRBY', K_KEY_ACTIVE, key, -1)
+      if active < 0 then
+        active = 0
         redis.call('HSET', K_KEY_ACTIVE, key, 0)
       end
-      refresh_key(key)
+      refresh_key(key, active)
     end
   end
 end
