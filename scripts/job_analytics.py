@@ -1,9 +1,11 @@
-"""Job analytics with PySpark over ``panqueue.spark.read_jobs``.
+"""Job analytics with PySpark over ``panqueue.spark.read_jobs`` or the exported job history.
 
     .venv/bin/python scripts/job_analytics.py --url redis://HOST:6379/0 --queue emails \\
         [--queue reports ...] --out analytics/
     .venv/bin/python scripts/job_analytics.py --queue emails --parquet-in analytics/jobs.parquet \\
         --out analytics2/
+    .venv/bin/python scripts/job_analytics.py --history analytics/history/ [--queue emails] \
+        --out analytics3/
     .venv/bin/python scripts/job_analytics.py --demo --out /tmp/analytics [--chart docs/img/x.png]
 
 Per queue it computes:
@@ -24,7 +26,9 @@ It writes, under ``--out``:
   (matplotlib, Agg backend);
 
 and prints a short table. The analytics run over ``jobs.parquet`` once it is written, so Redis
-is read once.
+is read once. ``--history PATH`` (repeatable) reads the Parquet dataset that
+``panqueue.spark.export_history`` appends to instead (every finished job, not only those the
+queue's retention keeps; schema ``HISTORY_SCHEMA``): no Redis, and ``--queue`` is optional.
 
 Longer than our usual 300 lines: one command, read top to bottom (options, demo data, the three
 aggregates, the chart); each part is a short function.
@@ -78,11 +82,13 @@ def spark_session(master: str) -> Any:
 
 
 def load_jobs(spark: Any, args: argparse.Namespace, out: Path) -> Any:
-    """The job records: from Redis (read_jobs, written to out/jobs.parquet) or --parquet-in."""
+    """The job records: from Redis (read_jobs, written to out/jobs.parquet), --parquet-in, or
+    --history (export_history's dataset, one record per finished job)."""
     from pyspark.sql import functions as F
 
-    if args.parquet_in:
-        jobs = spark.read.parquet(args.parquet_in)
+    if args.parquet_in or args.history:
+        jobs = (spark.read.parquet(*args.history) if args.history
+                else spark.read.parquet(args.parquet_in))
         if args.queue:
             jobs = jobs.where(F.col("queue").isin(args.queue))
         return jobs
@@ -242,7 +248,7 @@ def run_analytics(args: argparse.Namespace) -> None:
     draw_chart(pm_rows, lat_rows, chart, args.bucket)
     if args.chart:  # the copy under --out as well
         draw_chart(pm_rows, lat_rows, out / "job_analytics.png", args.bucket)
-    written = "" if args.parquet_in else "jobs.parquet, "
+    written = "" if args.parquet_in or args.history else "jobs.parquet, "
     print(f"{n_jobs:,} jobs in {', '.join(sorted(totals)) or 'no finished jobs'}; "
           f"written to {out}/ ({written}per_minute.parquet, latency.parquet, "
           f"failures.parquet, job_analytics.png)")
@@ -335,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parquet-in", metavar="PATH",
                         help="read job records from this Parquet (a jobs.parquet written "
                              "earlier) instead of Redis")
+    parser.add_argument("--history", action="append", metavar="PATH",
+                        help="read the job history that panqueue.spark.export_history wrote "
+                             "to this Parquet dataset instead of Redis (repeatable)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     parser.add_argument("--bucket", type=int, default=60,
                         help="time bucket in seconds for the per-minute figures (default 60)")
@@ -350,12 +359,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.demo:
         run_demo(args)
         return 0
-    if not args.queue:
-        parser.error("--queue is required (unless --demo)")
-    if not args.parquet_in:
+    if args.history and args.parquet_in:
+        parser.error("--history and --parquet-in are two sources: give one")
+    if not args.queue and not args.history:
+        parser.error("--queue is required (unless --demo or --history)")
+    if not args.parquet_in and not args.history:
         args.url = args.url or os.environ.get("PANQUEUE_URL")
         if not args.url:
-            parser.error("--url (or PANQUEUE_URL) is required unless --parquet-in is given")
+            parser.error("--url (or PANQUEUE_URL) is required unless --parquet-in or "
+                         "--history is given")
     run_analytics(args)
     return 0
 

@@ -28,6 +28,7 @@ from panqueue._store.ops.base import (
 from panqueue._store.ops.events import Event, events_now, last_event_id, read_events
 from panqueue._store.ops.explain import Explanation, explain
 from panqueue._store.ops.history import (
+    HISTORY_FIELDS,
     HistoryBatch,
     HistoryRecord,
     acknowledge_history,
@@ -75,6 +76,7 @@ __all__ = [
     "DEFAULT_KEEP_COMPLETED",
     "DEFAULT_KEEP_FAILED",
     "DEFAULT_KEEP_HISTORY",
+    "HISTORY_FIELDS",
     "SCHEMA_VERSION",
     "STATE_SETS",
     "Event",
