@@ -1,8 +1,11 @@
-"""Snooze: a handler that polls an outside state runs again later without using an attempt.
+"""Snooze and expiry: run a job again later without using an attempt; or never, if too late.
 
-A report export takes a while on the provider's side. The handler looks at its status; while
-the export is still running it raises Snooze(seconds): the job goes back to DELAYED for that
-long, keeps its attempts, and each snooze is written to the job's history.
+Snooze: a report export takes a while on the provider's side. The handler looks at its status;
+while the export is still running it raises Snooze(seconds): the job goes back to DELAYED for
+that long, keeps its attempts, and each snooze is written to the job's history.
+
+Expiry: a reminder is worth sending only soon. add(..., expires=seconds or datetime) gives a
+job a deadline to start by; a job not started by then ends CANCELLED ("expired") and never runs.
 
     PANQUEUE_URL=redis://127.0.0.1:6390/0 python examples/snooze_and_expiry.py
 
@@ -30,6 +33,11 @@ async def wait_for_export(job: Job) -> str:
     return f"{name} ready after {checks[name]} checks (attempt {job.attempt})"
 
 
+@queues.handler("reminders")
+async def remind(job: Job) -> str:
+    return f"reminded {job.data['to']}"
+
+
 async def main(url: str) -> None:
     worker = Worker(queues, "exports", url=url)
     async with anyio.create_task_group() as tg:
@@ -52,6 +60,22 @@ async def main(url: str) -> None:
                 print(f"stuck: {exc.state} ({info.failure_reason}) after "
                       f"{len(info.history)} snoozes")
         await worker.shutdown(grace=5.0)
+
+        # The upkeep that ends expired jobs nobody claims runs every stalled_interval seconds.
+        reminder_worker = Worker(queues, "reminders", url=url, stalled_interval=0.1)
+        await tg.start(reminder_worker.run)
+        async with QueueClient(url) as client:
+            reminders = client.queue("reminders")
+            on_time = await reminders.add({"to": "ada"}, expires=30)
+            print(await on_time.result(timeout=10.0))
+            # Due in a minute, but worth sending only within 0.3 s: it will never run.
+            late = await reminders.add({"to": "bob"}, delay=60, expires=0.3)
+            try:
+                await late.result(timeout=10.0)
+            except JobFailed as exc:
+                info = await late.info()
+                print(f"late reminder: {exc.state} ({info.failure_reason})")
+        await reminder_worker.shutdown(grace=5.0)
 
 
 if __name__ == "__main__":

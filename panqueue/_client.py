@@ -55,7 +55,7 @@ _EVENTS_BLOCK_MS = 1000
 _RECONNECT_MIN = 0.05
 _RECONNECT_MAX = 5.0
 
-_QUEUE_DEFAULTS = frozenset({"delay", "priority", "attempts", "backoff", "timeout"})
+_QUEUE_DEFAULTS = frozenset({"delay", "priority", "attempts", "backoff", "timeout", "expires"})
 # How long ``add(..., durable=True)`` waits for the server's fsync.
 DURABLE_TIMEOUT_MS = 10_000
 
@@ -216,18 +216,20 @@ class Queue(Generic[PayloadT]):
                   backoff: Backoff | None = None, timeout: float | None = None,
                   key: str | None = None, dedup: Dedup | None = None,
                   depends_on: Sequence[Dependency] | None = None,
-                  durable: bool = False) -> JobHandle:
+                  durable: bool = False,
+                  expires: float | datetime | None = None) -> JobHandle:
         """Add one job. With ``job_id``, adding an existing id returns that job unchanged.
 
         ``key``: the concurrency key (keyed queues). ``dedup``: see :class:`Dedup`.
         ``depends_on``: jobs of this queue that must complete first, as ids or handles (the
         job is BLOCKED until then). ``durable``: return only once the server has fsynced the
-        write.
+        write. ``expires``: seconds from now (on the server's clock) or an aware datetime: a job
+        not started by then ends CANCELLED with failure reason ``expired`` and never runs.
         """
         job = ops.new_job(self.defaults, _stored_form(data), dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup,
-            depends_on=_dependency_ids(self.name, depends_on)))
+            depends_on=_dependency_ids(self.name, depends_on), expires=expires))
         [(job_id_, created)] = await self._client._run(ops.add_jobs(
             self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
         return JobHandle(self._client, self.keys, job_id_, created)
@@ -461,11 +463,12 @@ class SyncQueue(Generic[PayloadT]):
             attempts: int | None = None, backoff: Backoff | None = None,
             timeout: float | None = None, key: str | None = None, dedup: Dedup | None = None,
             depends_on: Sequence[Dependency] | None = None,
-            durable: bool = False) -> SyncJobHandle:
+            durable: bool = False,
+            expires: float | datetime | None = None) -> SyncJobHandle:
         job = ops.new_job(self.defaults, _stored_form(data), dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup,
-            depends_on=_dependency_ids(self.name, depends_on)))
+            depends_on=_dependency_ids(self.name, depends_on), expires=expires))
         [(job_id_, created)] = self._client._run(ops.add_jobs(
             self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
         return SyncJobHandle(self._client, self.keys, job_id_, created)

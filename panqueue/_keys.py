@@ -49,9 +49,9 @@ def check_job_id(job_id: object) -> str:
 class QueueKeys:
     """Names of the keys and the notify channel of one queue."""
 
-    __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "failed",
-                 "history", "idle", "key_active", "limited", "meta", "name", "notify", "prefix",
-                 "rate", "ready", "schedules", "wait", "worker_info", "workers")
+    __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "expires",
+                 "failed", "history", "idle", "key_active", "limited", "meta", "name", "notify",
+                 "prefix", "rate", "ready", "schedules", "wait", "worker_info", "workers")
 
     def __init__(self, name: str) -> None:
         self.name = check_queue_name(name)
@@ -79,6 +79,8 @@ class QueueKeys:
         self.worker_info = self.prefix + "worker_info"
         # Idle workers waiting for a job to be handed to them (lua/lib/handoff.lua).
         self.idle = self.prefix + "idle"
+        # Jobs that must start by a deadline (add's expires=), scored by it (lua/lib/expiry.lua).
+        self.expires = self.prefix + "expires"
         # One record per finished job, for exports (panqueue.spark.export_history).
         self.history = self.prefix + "history"
 

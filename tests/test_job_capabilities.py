@@ -1,25 +1,36 @@
 """Job capabilities a handler or a producer asks for: Snooze (run again later without using
-an attempt), with real workers on every executor, and the scripts behind them on their own."""
+an attempt) and expiry (a deadline to start by), with real workers (on every executor where
+the executor matters), and the scripts behind them on their own."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 
-from panqueue import ConfigError, JobFailed, JobState, QueueClient, Registry
+from panqueue import (
+    ConfigError,
+    FlowJob,
+    JobFailed,
+    JobState,
+    QueueClient,
+    Registry,
+    SyncQueueClient,
+)
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops import NewJob, add_jobs
+from panqueue._store.ops import NewJob, add_jobs, server_time_ms
 from panqueue._store.status import Status
 from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.testing import run_worker
-from tests.helpers import APPS
+from tests.helpers import APPS, async_wait_until
 
 sys.path.insert(0, str(APPS))
 import capabilities_app
@@ -91,10 +102,11 @@ async def test_explain_says_a_job_is_snoozed_and_until_when(redis_url: str) -> N
             QueueClient(redis_url) as client:
         job = await client.queue("cap-snooze-inline").add(
             {"url": redis_url, "snoozes": 1, "step": 60})
-        deadline = time.monotonic() + 10
-        while (await job.info()).state is not JobState.DELAYED:
-            assert time.monotonic() < deadline, "the job was not snoozed"
-            await client.get_job("cap-snooze-inline", job.id)  # a round trip, no sleep
+
+        async def is_delayed() -> bool:
+            return (await job.info()).state is JobState.DELAYED
+
+        await async_wait_until(is_delayed, what="the job to be snoozed")
         explanation = await client.explain("cap-snooze-inline", job.id)
         await client.cancel("cap-snooze-inline", job.id)
     assert explanation.reason == "snoozed"
@@ -106,6 +118,127 @@ def test_max_snoozes_must_be_a_whole_number_or_none() -> None:
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(ConfigError, match="max_snoozes must be an int >= 0"):
             registry.handler("q", max_snoozes=bad)
+
+
+# ----------------------------------------------------------------------------- expiry
+
+
+async def server_ms(client: QueueClient) -> int:
+    return await client._run(server_time_ms())
+
+
+async def wait_past(client: QueueClient, deadline_ms: int) -> None:
+    """Until the server's clock has passed ``deadline_ms``."""
+    async def past() -> bool:
+        return await server_ms(client) > deadline_ms
+
+    await async_wait_until(past, what="the deadline to pass")
+
+
+async def ended_expired(client: QueueClient, queue: str, job_id: str) -> Any:
+    async def ended() -> bool:
+        return (await client.get_job(queue, job_id)).state.is_final
+
+    await async_wait_until(ended, what=f"job {job_id} to end")
+    info = await client.get_job(queue, job_id)
+    assert (info.state, info.failure_reason) == (JobState.CANCELLED, "expired"), info
+    return info
+
+
+def deadline_of(redis_client: redis.Redis, queue: str, job_id: str) -> int:
+    raw = redis_client.hget(QueueKeys(queue).job(job_id), "x")
+    assert raw is not None
+    return int(raw)
+
+
+async def test_a_waiting_job_past_its_deadline_is_ended_by_the_claim_which_takes_the_next(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    capabilities_app.RAN.clear()
+    async with QueueClient(redis_url) as client:
+        queue = client.queue("cap-expiry")
+        stale = await queue.add({}, expires=0.2)
+        fresh = await queue.add({})
+        await wait_past(client, deadline_of(redis_client, "cap-expiry", stale.id))
+        # No worker ran meanwhile: the first claim meets the expired job.
+        async with run_worker(capabilities_app.queues, "cap-expiry", redis_url,
+                              stalled_interval=60):
+            assert await fresh.result(timeout=10) == "ran"
+            with pytest.raises(JobFailed) as failed:
+                await stale.result(timeout=10)
+        info = await ended_expired(client, "cap-expiry", stale.id)
+        explanation = await client.explain("cap-expiry", stale.id)
+    assert failed.value.state == "cancelled"
+    assert [fresh.id] == capabilities_app.RAN and info.attempts == 0
+    assert explanation.reason == "expired" and "never ran" in explanation.detail
+    assert redis_client.zcard(QueueKeys("cap-expiry").expires) == 0
+
+
+async def test_delayed_blocked_and_retrying_jobs_expire_and_their_dependents_fail(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    capabilities_app.RAN.clear()
+    async with run_worker(capabilities_app.queues, "cap-expiry", redis_url,
+                          stalled_interval=0.05), QueueClient(redis_url) as client:
+        queue = client.queue("cap-expiry")
+        delayed = await queue.add({"kind": "delayed"}, delay=60, expires=0.3)
+        anchor = await queue.add({"kind": "anchor"}, delay=60)  # no deadline: it stays
+        blocked = await queue.add({"kind": "blocked"}, depends_on=[anchor.id], expires=0.3)
+        dependent = await queue.add({"kind": "dependent"}, depends_on=[blocked.id])
+        retrying = await queue.add({"retry_in": 60}, expires=0.5)
+
+        async def ran_once() -> bool:
+            return retrying.id in capabilities_app.RAN
+
+        await async_wait_until(ran_once, what="the first attempt of the retrying job")
+        for job in (delayed, blocked, retrying):
+            await ended_expired(client, "cap-expiry", job.id)
+        dependent_info = await client.get_job("cap-expiry", dependent.id)
+        retried = await retrying.info()
+    assert [retrying.id] == capabilities_app.RAN  # it ran once, and never after its deadline
+    assert retried.attempts == 1
+    assert dependent_info.state is JobState.FAILED
+    assert dependent_info.failure_reason == "dependency_failed"
+    assert redis_client.zcard(QueueKeys("cap-expiry").expires) == 0
+    assert redis_client.zscore(QueueKeys("cap-expiry").delayed, anchor.id) is not None
+
+
+async def test_a_deadline_already_past_at_add_ends_the_job_at_once(redis_url: str) -> None:
+    async with QueueClient(redis_url) as client:
+        queue = client.queue("cap-expiry")
+        job = await queue.add({}, expires=datetime.now(UTC) - timedelta(seconds=1))
+        info = await job.info()
+        counts = await client.counts("cap-expiry")
+    assert (info.state, info.failure_reason) == (JobState.CANCELLED, "expired")
+    assert counts[JobState.CANCELLED] == 1 and counts[JobState.WAITING] == 0
+
+
+def test_expires_works_for_bulk_flows_and_the_sync_client(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    with SyncQueueClient(redis_url) as client:
+        handle = client.queue("cap-expiry", expires=30)
+        bulk = handle.add_bulk([{}, {}])
+        flow = handle.add_flow([FlowJob({}, options={"expires": 60}), FlowJob({},
+                                                                        depends_on=[0])])
+        at = datetime.now(UTC) + timedelta(minutes=5)
+        single = client.queue("cap-expiry").add({}, expires=at)
+        now = client._run(server_time_ms())
+    deadlines = {j.id: deadline_of(redis_client, "cap-expiry", j.id) for j in [*bulk, *flow]}
+    assert all(29_000 < deadlines[j.id] - now <= 30_000 for j in bulk)
+    assert 59_000 < deadlines[flow[0].id] - now <= 60_000
+    assert deadline_of(redis_client, "cap-expiry", single.id) == int(at.timestamp() * 1000)
+    assert redis_client.zcard(QueueKeys("cap-expiry").expires) == 5
+
+
+@pytest.mark.parametrize("bad", [-1, 0, float("nan"), float("inf"), "5", True,
+                                 datetime(2030, 1, 1)],
+                         ids=["negative", "zero", "nan", "inf", "str", "bool", "naive"])
+def test_a_bad_expires_is_one_clear_error_and_nothing_is_written(
+        redis_url: str, redis_client: redis.Redis, bad: Any) -> None:
+    with SyncQueueClient(redis_url) as client:
+        with pytest.raises(ConfigError, match="expires must be"):
+            client.queue("cap-expiry").add({}, expires=bad)
+        with pytest.raises(ConfigError, match="expires must be"):
+            client.queue("cap-expiry", expires=bad).add_bulk([{}, {}])
+    assert redis_client.dbsize() == 0
 
 
 # ----------------------------------------------------------------------------- the scripts
@@ -183,3 +316,58 @@ def test_snooze_script_fails_the_job_past_the_cap(store: Store) -> None:
     assert store.field(job_id, "s") == "failed"
     assert store.field(job_id, "fr") == "max_snoozes_exceeded"
     assert store.t.client.zscore(store.keys.failed, job_id) is not None
+
+
+def test_claim_ends_expired_jobs_and_takes_the_next_in_the_same_call(store: Store) -> None:
+    expired = [store.add(expires_at_ms=1), store.add(expires_at_ms=1)]  # born past: at once
+    assert [store.field(i, "fr") for i in expired] == ["expired", "expired"]
+    soon = [store.add(expires_in_ms=60_000) for _ in range(2)]
+    store.t.client.hset(store.keys.job(soon[0]), "x", 1)  # its deadline has passed
+    later = store.add()
+    jobs, _ = parse_claim(store.call(SCRIPTS.claim, "w:1", 30_000, 2))
+    assert [j.id for j in jobs] == [soon[1], later]
+    assert store.field(soon[0], "s") == "cancelled" and store.field(soon[0], "fr") == "expired"
+    # A started job leaves the deadline set: it cannot expire while it runs.
+    assert store.t.client.zrange(store.keys.expires, 0, -1) == []
+
+
+def test_keyed_claim_skips_an_expired_job_of_a_key_for_its_next_one(
+        redis_url: str, queue_name: str) -> None:
+    transport = SyncTransport(redis_url)
+    try:
+        keys = QueueKeys(queue_name)
+        store = Store(transport, keys)
+        assert store.call(SCRIPTS.setup, "keyed", 1, 0, 0, 0, 1, -1, 0) == [b"ok"]
+        first = store.add(key="a", expires_in_ms=60_000)
+        second = store.add(key="a")
+        transport.client.hset(keys.job(first), "x", 1)
+        assert store.claim("w:1") == [second]
+        assert store.field(first, "fr") == "expired"
+        assert int(transport.client.hget(keys.key_active, "a") or 0) == 1
+    finally:
+        transport.close()
+
+
+def test_expire_sweep_ends_waiting_jobs_past_their_deadline_and_leaves_running_ones(
+        store: Store) -> None:
+    running, waiting, kept = (store.add(expires_in_ms=60_000) for _ in range(3))
+    assert store.claim("w:1") == [running]
+    for job_id in (waiting, running):
+        store.t.client.hset(store.keys.job(job_id), "x", 1)
+        store.t.client.zadd(store.keys.expires, {job_id: 1})
+    assert store.call(SCRIPTS.expire, 100) == 1
+    assert store.field(waiting, "s") == "cancelled" and store.field(waiting, "fr") == "expired"
+    assert store.field(running, "s") == "active" and store.field(kept, "s") == "waiting"
+    assert store.t.client.zrange(store.keys.expires, 0, -1) == [kept.encode()]
+
+
+def test_a_retried_job_is_back_under_its_deadline(store: Store) -> None:
+    job_id = store.add(expires_in_ms=60_000)
+    assert store.claim("w:1") == [job_id]
+    assert store.t.client.zscore(store.keys.expires, job_id) is None
+    entry = encode({"attempt": 1, "type": "ValueError", "message": "boom"})
+    error = encode({"type": "ValueError", "message": "boom"})
+    reply = store.call(SCRIPTS.fail, job_id, "w:1", error, entry, 3, 60_000, 0, "", -1, 0, "",
+                       1000)
+    assert reply[0] == Status.RETRY_DELAYED
+    assert store.t.client.zscore(store.keys.expires, job_id) == int(store.field(job_id, "x"))

@@ -901,7 +901,7 @@ class ScriptMachine(RuleBasedStateMachine):
         args = sent.args
         items = []
         for n in range(int(args[0])):
-            b = 2 + n * 11
+            b = 2 + n * 13
             deps = tuple(decode(args[b + 7])) if args[b + 7] else ()
             items.append(NewJob(args[b] or None, args[b + 1], depends_on=deps))
         return items

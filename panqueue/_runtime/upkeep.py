@@ -1,6 +1,7 @@
 """Upkeep every worker of a queue does on a timer: the stalled sweep, promotion of due delayed
-jobs, age-based cleaning, and schedules. Each is a script that any number of workers may run at
-once (a tick is enqueued by exactly one of them)."""
+jobs, the sweep of jobs past their deadline to start, age-based cleaning, and schedules. Each
+is a script that any number of workers may run at once (a tick is enqueued by exactly one of
+them)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class Upkeep:
         self._schedule_trouble = Trouble(log, "schedules")
 
     async def run(self) -> None:
-        """The stalled sweep, promotion and cleaning, every ``interval`` seconds."""
+        """The stalled sweep, promotion, expiry and cleaning, every ``interval`` seconds."""
         transport, keys, retention, trouble = (self._transport, self._keys, self._retention,
                                                self._trouble)
         while True:
@@ -48,6 +49,7 @@ class Upkeep:
                 if requeued or failed:
                     self._log.warning("stalled jobs recovered", requeued=requeued, failed=failed)
                 await transport.run(transitions.promote(keys))
+                await transport.run(transitions.expire_due(keys))
                 await transport.run(ops.clean(keys, Retention.age_ms(retention.completed_for),
                                               Retention.age_ms(retention.failed_for)))
             except PanqueueError as exc:

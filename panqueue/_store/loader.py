@@ -94,6 +94,7 @@ class _Scripts:
         self.snooze = _load("snooze")
         self.extend = _load("extend")
         self.stalled = _load("stalled")
+        self.expire = _load("expire")
         self.release = _load("release")
         self.promote = _load("promote")
         self.pause = _load("pause")

@@ -1,5 +1,6 @@
 """The worker's transitions, one typed function each: claim, complete a batch, fail, snooze,
-renew, release, report progress, sweep stalled jobs, promote delayed ones.
+renew, release, report progress, sweep stalled jobs, promote delayed ones, expire jobs past
+their deadline to start.
 
 Each function is an operation (a generator a transport drives, like those of ``ops``): it
 builds the script's ARGV and turns the reply into named values, so the runtime never sees
@@ -31,6 +32,7 @@ __all__ = [
     "Snoozing",
     "claim",
     "complete_batch",
+    "expire_due",
     "extend",
     "fail",
     "heartbeat",
@@ -242,6 +244,13 @@ def sweep_stalled(keys: QueueKeys, max_stalls: int, keep_failed: int, limit: int
     requeued, failed = yield _call(SCRIPTS.stalled, keys,
                                    (max_stalls, limit, keep_failed, _STALL_ERROR))
     return int(requeued), int(failed)
+
+
+def expire_due(keys: QueueKeys, limit: int = 1000) -> Op[int]:
+    """End the jobs not started by their deadline (``add(..., expires=)``) CANCELLED with
+    reason ``expired``; returns how many."""
+    reply = yield _call(SCRIPTS.expire, keys, (limit,))
+    return int(reply)
 
 
 def promote(keys: QueueKeys) -> Op[int]:

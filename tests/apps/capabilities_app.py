@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from panqueue import Job, Registry, Snooze
+from panqueue import Job, Registry, Retry, Snooze
 
 queues = Registry()
 
@@ -41,3 +41,14 @@ def poll_subprocess(job: Job) -> dict[str, Any]:
 @queues.handler("cap-snooze-capped", max_snoozes=2, attempts=3)
 async def always_snooze(job: Job) -> None:
     raise Snooze(0.01)
+
+
+RAN: list[str] = []  # the ids of the jobs "cap-expiry" ran (in-process workers only)
+
+
+@queues.handler("cap-expiry", attempts=3)
+async def expiring(job: Job) -> str:
+    RAN.append(job.id)
+    if "retry_in" in job.data:
+        raise Retry(delay=job.data["retry_in"])
+    return "ran"

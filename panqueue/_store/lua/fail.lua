@@ -20,6 +20,7 @@
 --!include waiting.lua
 --!include claim.lua
 --!include finish.lua
+--!include expiry.lua
 --!include memo.lua
 
 local replayed = recall(ARGV[11])
@@ -42,7 +43,8 @@ if ARGV[13] and ARGV[13] ~= '' then
 end
 
 local status
-local job = redis.call('HMGET', jkey, 'a', 'et', 'st')  -- et, st: for its history record
+-- et, st: for its history record; x: a deadline to start by applies again to a retry
+local job = redis.call('HMGET', jkey, 'a', 'et', 'st', 'x')
 local attempts = tonumber(job[1])
 if redis.call('HEXISTS', jkey, 'cx') == 1 then
   status = CANCELLED
@@ -59,6 +61,7 @@ else
   local delay = tonumber(ARGV[6])
   if delay > 0 then
     status = RETRY_DELAYED
+    rearm_expiry(id, job[4])
     redis.call('HSET', jkey, 's', 'delayed')
     redis.call('ZADD', K_DELAYED, now + delay, id)
     emit('retried', id, 's', 'delayed', 'a', attempts)
@@ -68,6 +71,7 @@ else
     end
   else
     status = RETRY_NOW
+    rearm_expiry(id, job[4])
     enqueue_waiting(jkey, id)
     emit('retried', id, 's', 'waiting', 'a', attempts)
   end

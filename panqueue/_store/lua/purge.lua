@@ -112,7 +112,7 @@ elseif all then
   -- under it would silently drop its mode and rate limit.
   if redis.call('ZCARD', K_ACTIVE) == 0
       and redis.call('ZCOUNT', K_WORKERS, '(' .. now, '+inf') == 0 then
-    redis.call('DEL', K_META, K_RATE, K_READY, K_LIMITED, K_KEY_ACTIVE)
+    redis.call('DEL', K_META, K_RATE, K_READY, K_LIMITED, K_KEY_ACTIVE, K_EXPIRES)
   end
 end
 if deleted > 0 then

@@ -9,6 +9,7 @@
 --!include layout.lua
 --!include waiting.lua
 --!include finish.lua
+--!include expiry.lua
 
 local released = 0
 local before = claimable()
@@ -22,6 +23,7 @@ for i = 1, #ARGV, 2 do
       end_job(jkey, id, 'cancelled', now_ms(), -1, {token = ARGV[i + 1]})
     else
       redis.call('HINCRBY', jkey, 'a', -1)
+      rearm_expiry(id, redis.call('HGET', jkey, 'x'))
       requeue_waiting(jkey, id)
       emit('waiting', id, 'why', 'released')
     end

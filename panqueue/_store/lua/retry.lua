@@ -79,7 +79,8 @@ for _, id in ipairs(candidates) do
   else
     redis.call('ZREM', K_FAILED, id)
     redis.call('HSET', jkey, 'a', 0, 'sc', 0)
-    redis.call('HDEL', jkey, 'e', 'fr', 'ft', 'r', 'ra', 'sn')  -- sn: snoozes start over too
+    -- sn: snoozes start over too; x: a job retried by hand no longer has a deadline to start by
+    redis.call('HDEL', jkey, 'e', 'fr', 'ft', 'r', 'ra', 'sn', 'x')
     if redis.call('SCARD', needs_key(id)) > 0 then
       redis.call('HSET', jkey, 's', 'blocked')
       redis.call('ZADD', K_BLOCKED, now, id)

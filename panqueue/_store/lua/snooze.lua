@@ -20,6 +20,7 @@
 --!include waiting.lua
 --!include claim.lua
 --!include finish.lua
+--!include expiry.lua
 --!include memo.lua
 
 local replayed = recall(ARGV[8])
@@ -51,6 +52,7 @@ elseif max_snoozes >= 0 and snoozes > max_snoozes then
 else
   status = SNOOZED
   local attempts = redis.call('HINCRBY', jkey, 'a', -1)
+  rearm_expiry(id, redis.call('HGET', jkey, 'x'))
   local delay = tonumber(ARGV[3])
   if delay > 0 then
     redis.call('HSET', jkey, 's', 'delayed')

@@ -11,6 +11,7 @@
 --!include layout.lua
 --!include waiting.lua
 --!include finish.lua
+--!include expiry.lua
 
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
@@ -20,7 +21,7 @@ local before = claimable()
 for _, id in ipairs(expired) do
   local jkey = job_key(id)
   -- Read before leave_active drops the lock token: whose attempt stalled (history record).
-  local job = redis.call('HMGET', jkey, 'a', 'et', 'st', 'tk')
+  local job = redis.call('HMGET', jkey, 'a', 'et', 'st', 'tk', 'x')
   if job[2] then  -- every job hash has et (enqueued at)
     leave_active(jkey, id)
     local stalls = redis.call('HINCRBY', jkey, 'sc', 1)
@@ -39,6 +40,7 @@ for _, id in ipairs(expired) do
       failed = failed + 1
     else
       redis.call('HINCRBY', jkey, 'a', -1)
+      rearm_expiry(id, job[5])
       requeue_waiting(jkey, id)
       emit('stalled', id)
       requeued = requeued + 1

@@ -23,7 +23,7 @@ __all__ = ["ADD_OPTIONS", "TRACE_OPTION", "NewJob", "add_call", "add_jobs", "new
 
 # The keyword arguments of ``add()`` (and of the options of a flow's job).
 ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
-                         "timeout", "key", "dedup", "depends_on"})
+                         "timeout", "key", "dedup", "depends_on", "expires"})
 # The stored option that carries the producer's W3C trace context (traceparent, tracestate).
 TRACE_OPTION = "trace"
 
@@ -43,6 +43,28 @@ class NewJob:
     dedup_key: str = ""
     dedup_ttl_ms: int = 0
     dedup_strategy: str = ""
+    expires_in_ms: int = 0  # the deadline to start by, from the server's clock at the add
+    expires_at_ms: int = 0  # or as an instant (ms since the epoch)
+
+
+def _expiry(expires: object) -> tuple[int, int]:
+    """``expires=`` as (ms from the add, ms since the epoch); (0, 0) for none."""
+    if expires is None:
+        return 0, 0
+    if isinstance(expires, datetime):
+        if expires.tzinfo is None:
+            raise ConfigError(
+                f"expires must be a number of seconds or a timezone-aware datetime, got the "
+                f"naive datetime {expires.isoformat()} (attach a timezone, for example "
+                "datetime.now(UTC) + timedelta(minutes=5))")
+        if expires.timestamp() - time.time() > MAX_SECONDS:
+            raise ConfigError(f"expires must be at most {MAX_SECONDS} s (100 years) from now, "
+                              f"got {expires.isoformat()}")
+        return 0, int(expires.timestamp() * 1000) or -1  # 0 means none: the epoch is past
+    if isinstance(expires, bool) or not isinstance(expires, (int, float)):
+        raise ConfigError(f"expires must be a number of seconds or a timezone-aware datetime, "
+                          f"got {expires!r}")
+    return max(1, int(check_positive(expires, "expires") * 1000)), 0
 
 
 def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> NewJob:
@@ -79,6 +101,7 @@ def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> New
     dedup = o.get("dedup")
     if dedup is not None and not isinstance(dedup, Dedup):
         raise ConfigError(f"dedup must be a panqueue.Dedup, got {dedup!r}")
+    expires_in_ms, expires_at_ms = _expiry(o.get("expires"))
     depends_on = o.get("depends_on") or ()
     if isinstance(depends_on, str) or not all(isinstance(d, str) and d for d in depends_on):
         raise ConfigError(f"depends_on must be a list of job ids, got {depends_on!r}")
@@ -94,6 +117,8 @@ def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> New
         dedup_key="" if dedup is None else dedup.key,
         dedup_ttl_ms=0 if dedup is None else max(1, int(dedup.ttl * 1000)),
         dedup_strategy="" if dedup is None else dedup.strategy,
+        expires_in_ms=expires_in_ms,
+        expires_at_ms=expires_at_ms,
     )
 
 
@@ -104,7 +129,8 @@ def add_call(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "") -> ScriptC
     for job in jobs:
         args += [job.job_id or "", job.data, job.priority, job.delay_ms, job.run_at_ms,
                  job.options, job.key, encode(list(job.depends_on)) if job.depends_on else "",
-                 job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy]
+                 job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy, job.expires_in_ms,
+                 job.expires_at_ms]
     return ScriptCall(SCRIPTS.add, (keys.prefix,), tuple(args))
 
 

@@ -20,7 +20,7 @@ from panqueue.errors import JobNotFound
 __all__ = ["Explanation", "Reason", "explain"]
 
 Reason = Literal["paused", "delayed", "snoozed", "blocked", "rate_limited", "key_busy", "queued",
-                 "no_worker", "running", "finished"]
+                 "no_worker", "running", "finished", "expired"]
 
 # How many running jobs explain looks through for those that hold a busy key.
 _ACTIVE_SCAN = 1000
@@ -134,6 +134,9 @@ def _finished(state: JobState, finished_ms: bytes | None, reason: bytes | None) 
     when = _at(finished_ms)
     if state is JobState.COMPLETED:
         how = f"completed at {when}"
+    elif state is JobState.CANCELLED and reason == b"expired":
+        return Explanation(state, "expired", f"expired at {when}: it had not started by its "
+                           "deadline (add(..., expires=)), so it never ran")
     elif state is JobState.CANCELLED:
         how = f"cancelled at {when}"
     else:

@@ -1,9 +1,11 @@
 -- lib/claim.lua: WAITING -> ACTIVE. Taking up to n jobs for one worker's free slots, each
 -- locked in the same step, honouring pause, the rate limit and keyed mode's round robin.
--- Needs: layout.lua, waiting.lua (the wait order, promotion, readiness), rate.lua.
+-- Needs: layout.lua, waiting.lua (the wait order, promotion, readiness), rate.lua, expiry.lua
+-- (a job past its deadline to start is ended instead of claimed).
 --!include layout.lua
 --!include waiting.lua
 --!include rate.lua
+--!include expiry.lua
 
 -- The sooner of two waits in ms, where -1 means none.
 local function earliest(a, b)
@@ -18,10 +20,18 @@ end
 
 -- WAITING -> ACTIVE with the lock token and a lock deadline, in one step (a sweeper can never
 -- see a job that is claimed but not yet locked). `ws`: its place in the wait set (global mode),
--- kept with it for a requeue. Appends the job to `out`.
+-- kept with it for a requeue. Appends the job to `out` and returns true; or, when the job is
+-- past its deadline to start (x), ends it CANCELLED "expired" and returns false.
 local function activate(id, now, token, ttl, out, ws)
   local jkey = job_key(id)
-  local f = redis.call('HMGET', jkey, 'd', 'et', 'o', 'a')
+  local f = redis.call('HMGET', jkey, 'd', 'et', 'o', 'a', 'x')
+  if f[5] then
+    if tonumber(f[5]) <= now then
+      expire_job(jkey, id, now)
+      return false
+    end
+    redis.call('ZREM', K_EXPIRES, id)  -- started in time: it cannot expire while it runs
+  end
   local attempt = tonumber(f[4] or '0') + 1
   if ws then
     redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt, 'ws', ws)
@@ -35,6 +45,7 @@ local function activate(id, now, token, ttl, out, ws)
   out[#out + 1] = f[2]
   out[#out + 1] = f[3] or ''
   emit('active', id, 'a', attempt)
+  return true
 end
 
 -- Claim up to n jobs for one worker (its free slots). Appends to `out`: count, wake_in (when
@@ -71,8 +82,11 @@ local function claim(now, token, ttl, n, out)
       local id = redis.call('LPOP', key_list(key))
       if id then
         redis.call('HINCRBY', K_META, 'kw', -1)
+      end
+      if id and not activate(id, now, token, ttl, out) then
+        refresh_key(key)  -- that job expired: the key's next one is up
+      elseif id then
         local running = redis.call('HINCRBY', K_KEY_ACTIVE, key, 1)
-        activate(id, now, token, ttl, out)
         count = count + 1
         if global_limit then
           rate_record(K_RATE, now)
@@ -95,13 +109,24 @@ local function claim(now, token, ttl, n, out)
       end
     end
   else
-    local popped = redis.call('ZPOPMIN', K_WAIT, n)
-    for i = 1, #popped, 2 do
-      activate(popped[i], now, token, ttl, out, popped[i + 1])
-      count = count + 1
-      if global_limit then
-        rate_record(K_RATE, now)
+    local want = n
+    while want > 0 do
+      local popped = redis.call('ZPOPMIN', K_WAIT, want)
+      local expired = 0
+      for i = 1, #popped, 2 do
+        if activate(popped[i], now, token, ttl, out, popped[i + 1]) then
+          count = count + 1
+          if global_limit then
+            rate_record(K_RATE, now)
+          end
+        else
+          expired = expired + 1
+        end
       end
+      if expired == 0 then
+        break
+      end
+      want = n - count  -- the places of the expired jobs go to the next ones
     end
   end
   out[count_at] = count

@@ -89,14 +89,18 @@ local function end_job(jkey, id, state, now, keep, how)
   elseif state == 'failed' then
     fields = {'e', how.error, 'fr', how.reason}
   else
-    fields = {'fr', 'cancelled'}
+    fields = {'fr', how.reason or 'cancelled'}  -- 'expired': not started by its deadline
   end
   redis.call('HSET', jkey, 's', state, 'ft', now, unpack(fields))
   record_history(jkey, id, state, now, how)
   if how.event then
     emit(how.event[1], id, unpack(how.event, 2))
   elseif state == 'cancelled' then
-    emit('cancelled', id)
+    if how.reason then
+      emit('cancelled', id, 'fr', how.reason)
+    else
+      emit('cancelled', id)
+    end
   else
     emit(state, id, unpack(fields))
   end

@@ -13,6 +13,7 @@
 --   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
 --   fr failure reason          sc times stalled      cx cancel requested
 --   sn times snoozed (snooze.lua: Snooze from the handler; not attempts)
+--   x  deadline to start by (ms; add's expires=, lib/expiry.lua)
 --   pg progress (msgpack)      k  concurrency key (keyed mode)
 --   dd dedup key               ra run-at of a blocked job that was added with a delay
 --   dx a dependency that was cancelled or deleted before it completed: the job can never run
@@ -50,6 +51,7 @@ local K_RATE = P .. 'rl'
 local K_WORKERS = P .. 'workers'
 local K_WORKER_INFO = P .. 'worker_info'
 local K_IDLE = P .. 'idle'
+local K_EXPIRES = P .. 'expires'
 local K_HISTORY = P .. 'history'
 local EVENTS_MAXLEN = 10000
 local HISTORY_MAXLEN = 100000  -- Retention.history's default, for a queue no worker has set up

@@ -1,11 +1,12 @@
 -- lib/new_job.lua: creating a job (add, and a schedule's tick): the checks every new job
 -- passes before anything is written, and add_job, which makes it WAITING, DELAYED or BLOCKED
 -- (or FAILED at once, when a dependency will not complete), honouring custom ids and dedup keys.
--- Needs: layout.lua, waiting.lua, dependencies.lua, finish.lua.
+-- Needs: layout.lua, waiting.lua, dependencies.lua, finish.lua, expiry.lua.
 --!include layout.lua
 --!include waiting.lua
 --!include dependencies.lua
 --!include finish.lua
+--!include expiry.lua
 
 -- Times and durations an add may carry (ms): 2^52 ms is about 142,000 years. Any such value,
 -- added to the server's clock, is still an exact integer in a double, Redis formats it without
@@ -37,6 +38,10 @@ local function new_job_problem(f)
     return 'delay must be a whole number of ms between 0 and 2^52'
   elseif not whole_in(f.run_at, -MAX_TIME_MS, MAX_TIME_MS) then
     return 'run_at must be a whole number of ms since the epoch, at most 2^52 either way'
+  elseif f.expires_in and not whole_in(f.expires_in, 0, MAX_TIME_MS) then
+    return 'expires must be a whole number of ms between 0 and 2^52'
+  elseif f.expires_at and not whole_in(f.expires_at, -MAX_TIME_MS, MAX_TIME_MS) then
+    return 'expires_at must be a whole number of ms since the epoch, at most 2^52 either way'
   elseif f.dedup ~= '' and not whole_in(f.ttl, 1, MAX_TIME_MS) then
     return 'dedup ttl must be a whole number of ms between 1 and 2^52'
   elseif f.dedup ~= '' and f.strategy ~= 'keep' and f.strategy ~= 'replace'
@@ -100,6 +105,22 @@ local function add_job(now, f)
   if dkey then
     redis.call('HSET', jkey, 'dd', f.dedup)
     redis.call('SET', dkey, id, 'PX', f.ttl)
+  end
+  -- A deadline to start by: absolute (expires_at), or ms from now on the server's clock.
+  local deadline = nil
+  if f.expires_at and f.expires_at ~= 0 then
+    deadline = f.expires_at
+  elseif f.expires_in and f.expires_in > 0 then
+    deadline = now + f.expires_in
+  end
+  if deadline then
+    redis.call('HSET', jkey, 'x', deadline)
+    if deadline <= now then  -- already past: it never waits
+      end_job(jkey, id, 'cancelled', now, cancelled_keep(), {reason = 'expired',
+        event = {'added', 's', 'cancelled', 'fr', 'expired'}})
+      return id, 1
+    end
+    redis.call('ZADD', K_EXPIRES, deadline, id)
   end
   -- Each distinct dependency that has not completed is an edge (a set: naming one twice
   -- makes one edge). One that failed may still be retried: the job fails now but keeps the
