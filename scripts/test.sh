@@ -39,8 +39,9 @@ fi
 
 # The other supported Pythons (the classifiers in pyproject.toml): the core subset covers the
 # lifecycle, the Lua scripts, every executor, faults, results and the transport, on asyncio and
-# trio, and typed handlers (mypy on user code). The interpreter comes from PATH (python3.12) or
-# pyenv's versions directory.
+# trio, and typed handlers (mypy on user code). On 3.13 the Django tests run too, on Django 6
+# and its built-in django.tasks (the main run has Django 5.2 and the django-tasks package).
+# The interpreter comes from PATH (python3.12) or pyenv's versions directory.
 core_subset=(tests/test_lifecycle.py tests/test_scripts.py tests/test_executors.py
              tests/test_faults.py tests/test_results.py tests/test_transport.py
              tests/test_typing.py)
@@ -69,6 +70,12 @@ for minor in 3.12 3.13; do
   if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
   fi
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,trio,embedded]"
-  "$venv/bin/pytest" -q -p no:cacheprovider "${core_subset[@]}"
+  packages=(-e ".[dev,trio,embedded]")
+  files=("${core_subset[@]}")
+  if [ "$minor" = 3.13 ]; then
+    packages+=("django>=6,<7")
+    files+=(tests/test_django.py)
+  fi
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${packages[@]}"
+  "$venv/bin/pytest" -q -p no:cacheprovider "${files[@]}"
 done
