@@ -1,7 +1,8 @@
 """panqueue baseline benchmark: enqueue rate, process rate, pickup latency.
 
     .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed | --spark | --dashboard
-                                      | --memory | --scale] [--backend asyncio|trio] [--json FILE]
+                                      | --memory | --scale | --history] [--backend asyncio|trio]
+                                      [--json FILE]
 
 Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
 snapshots off, no maxmemory), runs every measurement against it, and stops it. The Redis on
@@ -21,6 +22,9 @@ measured, in the docstring of its module under ``scripts/benchmarks/``:
 * ``--memory``: ``memory``, Redis memory per waiting job, panqueue against BullMQ (only on
   request; the BullMQ row needs node and bullmq, see the module).
 * ``--scale``: ``scale``, 1, 2 and 4 worker processes draining one queue (only on request).
+* ``--history``: ``history``, what the history record costs a completion, the history stream's
+  memory per record, and export_history of 1,000,000 records on local[2] (only on request;
+  the export needs the ``spark`` extra and Java 17).
 
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from benchmarks import baseline, dashboard_paging, executors, keyed, memory, scale, spark
+from benchmarks import baseline, dashboard_paging, executors, history, keyed, memory, scale, spark
 from benchmarks.common import Bench, log, machine_info
 
 from panqueue._store import SyncTransport
@@ -72,6 +76,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale", action="store_true",
                         help="only the scale-out curve: 1, 2 and 4 worker processes draining "
                              "one queue, jobs/s and Redis CPU (not part of the full run)")
+    parser.add_argument("--history", action="store_true",
+                        help="only the job history figures: the record's cost per completion, "
+                             "stream memory per record, export_history of 1,000,000 records "
+                             "on local[2] (not part of the full run; needs the spark extra)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -82,7 +90,7 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
     """The sections to run, in order, and the mode named in the output. ``--executors``,
     ``--keyed`` and ``--spark`` each select their section; together they run together."""
     only = (args.executors or args.keyed or args.spark or args.dashboard or args.memory
-            or args.scale)
+            or args.scale or args.history)
     todo = [name for name, wanted in (
         ("baseline", not only),
         ("executors", args.executors or (not args.quick and not only)),
@@ -91,9 +99,12 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
         ("dashboard", args.dashboard),
         ("memory", args.memory),
         ("scale", args.scale),
+        ("history", args.history),
     ) if wanted]
     mode = "quick" if args.quick else "full"
-    if args.scale:
+    if args.history:
+        mode += ", history only"
+    elif args.scale:
         mode += ", scale-out only"
     elif args.memory:
         mode += ", memory only"
@@ -137,6 +148,8 @@ def measure(bench: Bench, todo: list[str], quick: bool) -> dict[str, Any]:
         figures["memory"] = memory.run(bench, quick)
     if "scale" in todo:
         figures["scale"] = scale.run(bench, quick)
+    if "history" in todo:
+        figures["history"] = history.run(bench, quick)
     return figures
 
 
@@ -157,6 +170,8 @@ def report(figures: dict[str, Any], quick: bool, backend: str, worker_log: str) 
         memory.report(figures["memory"])
     if "scale" in figures:
         scale.report(figures["scale"])
+    if "history" in figures:
+        history.report(figures["history"])
     if worker_log:
         print()
         print("worker output (warnings and errors):")

@@ -19,6 +19,7 @@ import anyio
 import pytest
 import redis
 from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 from panqueue import ConfigError, Job, Registry, Retention, SyncQueueClient, Worker
 from panqueue._codec import encode
@@ -212,8 +213,9 @@ def test_export_writes_each_record_once_and_a_rerun_exports_nothing_new(
     assert export_history(spark, store.keys.name, url=redis_url, path=str(out)).exported == 30
     assert exported_ids(spark, out) == Counter(first + second)  # earlier batches were kept
     frame = spark.read.parquet(str(out))
-    assert [f.name for f in frame.schema.fields] == [*HISTORY_SCHEMA.fieldNames(), "date",
-                                                     "batch"]
+    assert [(f.name, f.dataType) for f in frame.schema.fields] == [
+        *((f.name, f.dataType) for f in HISTORY_SCHEMA.fields), ("date", T.DateType()),
+        ("batch", T.StringType())]
     row = frame.filter(frame.id == first[0]).first()
     assert row is not None
     assert (row.queue, row.state, row.failure_reason, row.attempts) == (
