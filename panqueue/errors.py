@@ -19,6 +19,7 @@ Errors of redis-py and of the network are translated in one place
     ├── Retry                     retry the job, after a delay or the backoff
     ├── Fail                      fail the job now, without further attempts
     ├── Snooze                    run the job again after a while, without using an attempt
+    ├── RateLimited               an outside service refuses for now: pause the key or queue
     │
     │   how an executor reports that an attempt failed (re-exported by executors.base)
     ├── JobTimeout                the attempt exceeded its timeout
@@ -54,6 +55,7 @@ __all__ = [
     "LockLost",
     "PanqueueError",
     "PayloadError",
+    "RateLimited",
     "RemoteError",
     "Retry",
     "ServerUnavailable",
@@ -169,6 +171,21 @@ class Snooze(Exception):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"snoozed for {seconds} s")
         self.seconds = seconds
+
+
+class RateLimited(Exception):
+    """Raise from a handler when an outside service refuses for now (an HTTP 429, a quota):
+    the job goes back to WAITING without using an attempt, and its key (keyed queues) or its
+    whole queue starts no new job for ``retry_after`` seconds, across all workers.
+
+    Each one is recorded in the job's history (type ``RateLimited``). ``retry_after`` must be
+    finite, >= 0 and at most a year; any other value fails the attempt (error type
+    ``InvalidRateLimited``) like any error.
+    """
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"rate limited; retry after {retry_after} s")
+        self.retry_after = retry_after
 
 
 # -- how an executor reports a failed attempt (executors import these from executors.base) --

@@ -1,6 +1,7 @@
 """Job capabilities a handler or a producer asks for: Snooze (run again later without using
-an attempt) and expiry (a deadline to start by), with real workers (on every executor where
-the executor matters), and the scripts behind them on their own."""
+an attempt), expiry (a deadline to start by) and RateLimited (pause a key or the queue), with
+real workers (on every executor where the executor matters), and the scripts behind them on
+their own."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.testing import run_worker
-from tests.helpers import APPS, async_wait_until
+from tests.helpers import APPS, async_wait_until, run_cli
 
 sys.path.insert(0, str(APPS))
 import capabilities_app
@@ -241,6 +242,93 @@ def test_a_bad_expires_is_one_clear_error_and_nothing_is_written(
     assert redis_client.dbsize() == 0
 
 
+# ----------------------------------------------------------------------------- RateLimited
+
+
+async def pause_ends(client: QueueClient, queue: str) -> list[int]:
+    """The ends (ms) of the pauses RateLimited asked for, from the queue's events."""
+    events, _ = await client.read_events(queue, "0-0")
+    return [int(e.fields["until"]) for e in events if e.type == "rate_limited"]
+
+
+def ms(when: datetime | None) -> int:
+    assert when is not None
+    return int(when.timestamp() * 1000)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+async def test_rate_limited_pauses_the_whole_queue_and_uses_no_attempt(
+        redis_url: str, executor: str) -> None:
+    queue = f"cap-throttle-{executor}"
+    async with run_worker(capabilities_app.queues, queue, redis_url, concurrency=1), \
+            QueueClient(redis_url) as client:
+        refused = await client.queue(queue).add(
+            {"url": redis_url, "limited": 1, "retry_after": 0.4})
+        behind = await client.queue(queue).add({"url": redis_url})
+        assert await refused.result(timeout=20) == {"attempt": 1, "runs": 2}
+        assert await behind.result(timeout=20) == {"attempt": 1, "runs": 1}
+        [until] = await pause_ends(client, queue)
+        first, second = await refused.info(), await behind.info()
+    # No job of the queue started during the pause: the refused one went back to its place
+    # at the front, and the one behind it waited too.
+    assert ms(first.started_at) >= until and ms(second.started_at) >= until
+    assert first.attempts == 1
+    [entry] = first.history
+    assert (entry["type"], entry["attempt"], entry["retry_after_ms"]) == ("RateLimited", 1, 400)
+
+
+async def test_rate_limited_in_a_keyed_queue_pauses_only_that_key(redis_url: str) -> None:
+    queue = "cap-throttle-keyed"
+    async with run_worker(capabilities_app.queues, queue, redis_url), \
+            QueueClient(redis_url) as client:
+        handle = client.queue(queue)
+        refused = await handle.add({"url": redis_url, "limited": 1, "retry_after": 0.5},
+                                   key="api-a")
+        same_key = await handle.add({"url": redis_url}, key="api-a")
+        await async_wait_until(lambda: _has_pause(client, queue), what="the key's pause")
+        other_key = await handle.add({"url": redis_url}, key="api-b")
+        for job in (refused, same_key, other_key):
+            await job.result(timeout=20)
+        [until] = await pause_ends(client, queue)
+        infos = [await job.info() for job in (refused, same_key, other_key)]
+    assert ms(infos[0].started_at) >= until and ms(infos[1].started_at) >= until
+    assert ms(infos[2].started_at) < until  # another key ran during the pause
+    assert infos[0].attempts == 1
+
+
+async def _has_pause(client: QueueClient, queue: str) -> bool:
+    return bool(await pause_ends(client, queue))
+
+
+async def test_explain_names_a_handlers_pause_and_resume_ends_it(redis_url: str) -> None:
+    queue = "cap-throttle-inline"
+    async with run_worker(capabilities_app.queues, queue, redis_url), \
+            QueueClient(redis_url) as client:
+        refused = await client.queue(queue).add(
+            {"url": redis_url, "limited": 1, "retry_after": 600})
+        await async_wait_until(lambda: _has_pause(client, queue), what="the queue's pause")
+        waiting = await client.queue(queue).add({"url": redis_url})
+        explanation = await client.explain(queue, waiting.id)
+        await client.resume(queue)  # ends the pause at once
+        assert await waiting.result(timeout=20) == {"attempt": 1, "runs": 1}
+        assert (await refused.result(timeout=20))["runs"] == 2
+    assert explanation.reason == "rate_limited"
+    assert "raised RateLimited" in explanation.detail
+
+
+@pytest.mark.parametrize("executor", ["inline", "subprocess"])
+async def test_an_unusable_retry_after_fails_the_attempt(redis_url: str, executor: str) -> None:
+    queue = f"cap-throttle-{executor}"
+    async with run_worker(capabilities_app.queues, queue, redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue(queue).add({"bad": "nan"})
+        with pytest.raises(JobFailed) as failed:
+            await job.result(timeout=20)
+        assert not await pause_ends(client, queue)
+    assert failed.value.error is not None and failed.value.error.type == "InvalidRateLimited"
+    assert "got nan" in failed.value.error.message
+
+
 # ----------------------------------------------------------------------------- the scripts
 
 
@@ -371,3 +459,66 @@ def test_a_retried_job_is_back_under_its_deadline(store: Store) -> None:
                        1000)
     assert reply[0] == Status.RETRY_DELAYED
     assert store.t.client.zscore(store.keys.expires, job_id) == int(store.field(job_id, "x"))
+
+
+def rate_limit(store: Store, job_id: str, token: str, retry_after_ms: int,
+               request: str = "") -> list[Any]:
+    entry = encode({"attempt": 1, "type": "RateLimited", "retry_after_ms": retry_after_ms})
+    return list(store.call(SCRIPTS.rate_limited, job_id, token, retry_after_ms, entry, -1, 0,
+                           request, 30_000))
+
+
+def test_rate_limited_script_requeues_at_the_front_and_pauses_the_queue(store: Store) -> None:
+    first, second = store.add(), store.add()
+    assert store.claim("w:1") == [first]
+    assert rate_limit(store, first, "w:1", 60_000, request="w:2")[0] == Status.RATE_LIMITED
+    assert store.field(first, "s") == "waiting" and store.field(first, "a") == "0"
+    # Nothing starts while the pause lasts; the claim says how long it has to go.
+    reply = store.call(SCRIPTS.claim, "w:3", 30_000, 2)
+    assert reply[0] == 0 and 59_000 < reply[1] <= 60_000
+    # A resend answers the same and changes nothing.
+    pause = store.t.client.hget(store.keys.meta, "pu")
+    assert rate_limit(store, first, "w:1", 60_000, request="w:2")[0] == Status.RATE_LIMITED
+    assert store.t.client.hget(store.keys.meta, "pu") == pause and store.field(first, "a") == "0"
+    store.t.client.hset(store.keys.meta, "pu", 1)  # the pause is over
+    assert store.claim("w:4") == [first]  # back at its place, ahead of the second
+    # Another job's shorter pause leaves the longer one as it is.
+    store.t.client.hset(store.keys.meta, "pu", pause or 0)
+    assert rate_limit(store, first, "w:4", 10)[0] == Status.RATE_LIMITED
+    assert store.t.client.hget(store.keys.meta, "pu") == pause
+    assert store.field(second, "s") == "waiting"
+
+
+def test_rate_limited_script_refuses_a_job_whose_lock_it_does_not_hold(store: Store) -> None:
+    job_id = store.add()
+    store.claim("w:1")
+    assert rate_limit(store, job_id, "not-mine", 60_000) == [Status.LOCK_LOST]
+    assert store.t.client.hget(store.keys.meta, "pu") is None
+    assert store.field(job_id, "s") == "active"
+
+
+def test_rate_limited_script_pauses_only_the_key_in_keyed_mode(
+        redis_url: str, queue_name: str) -> None:
+    transport = SyncTransport(redis_url)
+    try:
+        keys = QueueKeys(queue_name)
+        store = Store(transport, keys)
+        assert store.call(SCRIPTS.setup, "keyed", 1, 0, 0, 0, 1, -1, 0) == [b"ok"]
+        a1, a2, b1 = store.add(key="a"), store.add(key="a"), store.add(key="b")
+        assert store.claim("w:1") == [a1]
+        assert rate_limit(store, a1, "w:1", 60_000)[0] == Status.RATE_LIMITED
+        assert transport.client.zscore(keys.limited, "a") is not None
+        assert transport.client.hget(keys.meta, "pu") is None
+        jobs, _ = parse_claim(store.call(SCRIPTS.claim, "w:2", 30_000, 3))
+        assert [j.id for j in jobs] == [b1]  # key a waits out its pause, with a1 and a2
+        assert {store.field(a1, "s"), store.field(a2, "s")} == {"waiting"}
+    finally:
+        transport.close()
+
+
+def test_the_cli_explains_an_expired_job(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        job = client.queue("cap-expiry").add({}, expires=datetime.now(UTC) - timedelta(1))
+    proc = run_cli("explain", "cap-expiry", job.id, "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{job.id}: cancelled (expired): expired at" in proc.stdout

@@ -22,8 +22,8 @@ from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._options import JobOptions
 from panqueue._runtime.locks import Attempt, Attempts
 from panqueue._store.ops.add import TRACE_OPTION
-from panqueue._store.transitions import ClaimedJob, Failure, Snoozing
-from panqueue.errors import PayloadError, Snooze
+from panqueue._store.transitions import ClaimedJob, Failure, Snoozing, Throttled
+from panqueue.errors import PayloadError, RateLimited, Snooze
 from panqueue.executors.base import (
     ChildCrashed,
     Executor,
@@ -45,6 +45,7 @@ class Ending(enum.Enum):
     LOST = "lost"  # the lock was lost: discard the outcome, the job belongs to another attempt
     RELEASE = "release"  # forced shutdown: give the job back to waiting
     SNOOZED = "snoozed"  # the handler raised Snooze: run it again later, no attempt used
+    RATE_LIMITED = "rate_limited"  # the handler raised RateLimited: pause, run it again
 
 
 @dataclass(slots=True)
@@ -54,6 +55,7 @@ class Outcome:
     result: bytes = b""  # COMPLETED: the encoded result
     failure: Failure | None = None  # FAILED: what to record
     snooze: Snoozing | None = None  # SNOOZED: what to record
+    throttled: Throttled | None = None  # RATE_LIMITED: what to record
 
 
 class _Cancelled(Fail):
@@ -142,6 +144,12 @@ class AttemptRunner:
                 return Outcome(Ending.SNOOZED, duration, snooze=Snoozing(
                     claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
                     int(seconds * 1000)))
+        if isinstance(error, RateLimited):
+            seconds = _requested_delay("RateLimited(retry_after)", error.retry_after)
+            if not isinstance(seconds, str):  # an unusable value fails the attempt below
+                return Outcome(Ending.RATE_LIMITED, duration, throttled=Throttled(
+                    claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
+                    int(seconds * 1000)))
         if error is None:
             try:
                 check_json_compatible(outcome, "result")
@@ -174,6 +182,9 @@ def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, dur
             asked = wanted
     elif isinstance(error, Snooze):  # only an unusable one fails the attempt
         note, note_type = str(_requested_delay("Snooze(seconds)", error.seconds)), "InvalidSnooze"
+    elif isinstance(error, RateLimited):  # only an unusable one fails the attempt
+        note = str(_requested_delay("RateLimited(retry_after)", error.retry_after))
+        note_type = "InvalidRateLimited"
     delay = 0.0
     if asked is not None:
         delay = asked
@@ -185,7 +196,7 @@ def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, dur
         info = ErrorInfo.from_exception(error.original)
     else:
         info = ErrorInfo.from_exception(error, with_traceback=not isinstance(
-            error, (Fail, Retry, Snooze, JobTimeout, ChildCrashed)))
+            error, (Fail, Retry, Snooze, RateLimited, JobTimeout, ChildCrashed)))
     if note:
         info = ErrorInfo(note_type, note, info.traceback)
     return Failure(claimed.id, claimed.token, info, claimed.attempt, round(duration * 1000),

@@ -26,7 +26,14 @@ from panqueue._runtime.locks import Attempt, Tokens
 from panqueue._runtime.trouble import Trouble
 from panqueue._store import transitions
 from panqueue._store.status import Status
-from panqueue._store.transitions import ClaimedJob, Completion, Failure, Finished, Snoozing
+from panqueue._store.transitions import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    Finished,
+    Snoozing,
+    Throttled,
+)
 from panqueue._store.transport import AsyncTransport, Op
 from panqueue.errors import LockLost, PanqueueError
 
@@ -183,6 +190,27 @@ class Recorder:
             log.info("job cancelled")
         else:
             log.debug("job snoozed", snooze_s=snoozing.delay_ms / 1000)
+        jobs = finished.claimed.jobs
+        return status, (jobs[0] if jobs else None)
+
+    async def rate_limited(self, throttled: Throttled, log: Any
+                           ) -> tuple[Status | None, ClaimedJob | None]:
+        """Record a RateLimited attempt; returns (status, the job claimed next for the slot)."""
+        claiming = not self._stopping()
+        finished = await self._record(transitions.rate_limited(
+            self._keys, throttled, claim_next=claiming, keep=self._keep_failed,
+            token=self._tokens.new(), ttl_ms=self._ttl_ms), throttled.job_id)
+        if finished is None:
+            return None, None
+        status = finished.statuses[0]
+        if status == Status.LOCK_LOST:
+            log.warning("lock lost before the rate limit was recorded",
+                        error=str(LockLost(self._keys.name, throttled.job_id)))
+        elif status == Status.CANCELLED:
+            log.info("job cancelled")
+        else:
+            log.info("handler rate limited; its key or queue pauses",
+                     retry_after_s=throttled.retry_after_ms / 1000)
         jobs = finished.claimed.jobs
         return status, (jobs[0] if jobs else None)
 

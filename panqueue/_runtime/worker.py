@@ -61,7 +61,7 @@ _CLOSE_WAIT = 2.0
 _OUTCOME_NAMES = {Status.LOCK_LOST: "lock_lost", Status.RETRY_NOW: "retried",
                   Status.RETRY_DELAYED: "retried", Status.FAILED: "failed",
                   Status.CANCELLED: "cancelled", Status.COMPLETED: "completed",
-                  Status.SNOOZED: "snoozed"}
+                  Status.SNOOZED: "snoozed", Status.RATE_LIMITED: "rate_limited"}
 
 
 class Worker:
@@ -342,6 +342,9 @@ class Worker:
         if outcome.ending == Ending.SNOOZED:
             assert outcome.snooze is not None
             status, following = await self._recorder.snooze(outcome.snooze, log)
+        elif outcome.ending == Ending.RATE_LIMITED:
+            assert outcome.throttled is not None
+            status, following = await self._recorder.rate_limited(outcome.throttled, log)
         else:
             assert outcome.failure is not None
             status, following = await self._recorder.fail(outcome.failure, log)

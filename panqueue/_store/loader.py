@@ -92,6 +92,7 @@ class _Scripts:
         self.complete = _load("complete")
         self.fail = _load("fail")
         self.snooze = _load("snooze")
+        self.rate_limited = _load("rate_limited")
         self.extend = _load("extend")
         self.stalled = _load("stalled")
         self.expire = _load("expire")

@@ -1,4 +1,5 @@
-"""What a finishing script (complete, fail, snooze) did to each job: one named code per outcome.
+"""What a finishing script (complete, fail, snooze, rate_limited) did to each job: one named
+code per outcome.
 
 The Lua scripts return these numbers; ``lua/lib/status.lua`` names the same values, and a test
 holds the two together.
@@ -19,6 +20,7 @@ class Status(enum.IntEnum):
     CANCELLED = 4  # its cancellation was requested: ended cancelled
     COMPLETED = 5  # completed
     SNOOZED = 6  # the handler snoozed it: delayed (or waiting), no attempt used
+    RATE_LIMITED = 7  # the handler raised RateLimited: waiting, key or queue paused
 
     @property
     def retried(self) -> bool:

@@ -1,6 +1,6 @@
 """The worker's transitions, one typed function each: claim, complete a batch, fail, snooze,
-renew, release, report progress, sweep stalled jobs, promote delayed ones, expire jobs past
-their deadline to start.
+rate-limited by the handler, renew, release, report progress, sweep stalled jobs, promote
+delayed ones, expire jobs past their deadline to start.
 
 Each function is an operation (a generator a transport drives, like those of ``ops``): it
 builds the script's ARGV and turns the reply into named values, so the runtime never sees
@@ -30,6 +30,7 @@ __all__ = [
     "Failure",
     "Finished",
     "Snoozing",
+    "Throttled",
     "claim",
     "complete_batch",
     "expire_due",
@@ -41,6 +42,7 @@ __all__ = [
     "parse_handoff",
     "progress",
     "promote",
+    "rate_limited",
     "release",
     "snooze",
     "sweep_stalled",
@@ -109,6 +111,18 @@ class Snoozing:
     attempt: int
     duration_ms: int
     delay_ms: int
+
+
+@dataclass(slots=True)
+class Throttled:
+    """One attempt whose handler raised ``RateLimited``: pause its key or queue for
+    ``retry_after_ms`` and put the job back."""
+
+    job_id: str
+    token: str
+    attempt: int
+    duration_ms: int
+    retry_after_ms: int
 
 
 @dataclass(slots=True)
@@ -210,6 +224,24 @@ def snooze(keys: QueueKeys, snoozing: Snoozing, *, max_snoozes: int | None, clai
         snoozing.job_id, snoozing.token, snoozing.delay_ms, entry,
         -1 if max_snoozes is None else max_snoozes, keep, 1 if claim_next else 0, token,
         ttl_ms))
+    status = _STATUS[int(reply[0])]
+    if status == Status.LOCK_LOST:
+        return Finished([status], Claimed([], -1))
+    return Finished([status], _claimed(reply, 1, token))
+
+
+def rate_limited(keys: QueueKeys, throttled: Throttled, *, claim_next: bool, keep: int,
+                 token: str, ttl_ms: int) -> Op[Finished]:
+    """The handler was refused for now: the job back to waiting without using an attempt, its
+    key (keyed mode) or queue paused for ``retry_after_ms``, or cancelled if that was
+    requested; then claim a next job with ``token`` (fresh for this call) if asked."""
+    entry = encode({"attempt": throttled.attempt, "type": "RateLimited",
+                    "message": f"rate limited; retry after {throttled.retry_after_ms / 1000:g} s",
+                    "duration_ms": throttled.duration_ms,
+                    "retry_after_ms": throttled.retry_after_ms})
+    reply = yield _call(SCRIPTS.rate_limited, keys, (
+        throttled.job_id, throttled.token, throttled.retry_after_ms, entry, keep,
+        1 if claim_next else 0, token, ttl_ms))
     status = _STATUS[int(reply[0])]
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))

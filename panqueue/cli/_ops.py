@@ -130,9 +130,10 @@ def workers(queue: str | None, url: str, as_json: bool) -> None:
 @url_option
 @_JSON
 def explain(queue: str, job_id: str, url: str, as_json: bool) -> None:
-    """Why job ID is in its state: paused, delayed until when, blocked on which dependency,
-    rate limited, its key busy, queued behind how many jobs, no live worker, running on which
-    worker, or finished. An unknown ID exits 1."""
+    """Why job ID is in its state: paused, delayed until when, snoozed by its handler until
+    when, blocked on which dependency, rate limited (by the queue's limit or a handler's
+    RateLimited), its key busy, queued behind how many jobs, no live worker, running on which
+    worker, finished, or expired (not started by its deadline). An unknown ID exits 1."""
     with client_for(url) as client:
         found: Explanation = client.explain(queue, job_id)
     if as_json:

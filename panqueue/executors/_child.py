@@ -138,7 +138,7 @@ def main() -> None:
 
 def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
     from panqueue._job import ErrorInfo
-    from panqueue.errors import Fail, Retry, Snooze
+    from panqueue.errors import Fail, RateLimited, Retry, Snooze
 
     try:
         if inspect.iscoroutinefunction(fn):
@@ -158,6 +158,8 @@ def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
             frame["fail"] = exc.reason
         elif isinstance(exc, Snooze):
             frame["snooze"] = _wire_number(exc.seconds)
+        elif isinstance(exc, RateLimited):
+            frame["rate_limited"] = _wire_number(exc.retry_after)
         elif isinstance(exc, MemoryError):
             frame["recycle"] = True  # the interpreter may be in a bad state: use a fresh child
         return frame

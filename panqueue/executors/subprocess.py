@@ -26,7 +26,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from panqueue._job import Job
 from panqueue._options import Isolation
-from panqueue.errors import ConfigError, Fail, Retry, Snooze
+from panqueue.errors import ConfigError, Fail, RateLimited, Retry, Snooze
 from panqueue.executors.base import ChildCrashed, Executor, JobTimeout, RemoteError
 
 __all__ = ["ChildCrashed", "RemoteError", "SubprocessExecutor"]
@@ -221,6 +221,8 @@ class SubprocessExecutor(Executor):
             raise Fail(str(frame["fail"]))
         if "snooze" in frame:
             raise Snooze(frame["snooze"])
+        if "rate_limited" in frame:
+            raise RateLimited(frame["rate_limited"])
         error = frame.get("e") or {}
         type_name = str(error.get("type", "Exception"))
         message = str(error.get("message", ""))

@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from panqueue import Job, Registry, Retry, Snooze
+from panqueue import Job, RateLimited, Registry, Retry, Snooze
 
 queues = Registry()
 
@@ -52,3 +52,34 @@ async def expiring(job: Job) -> str:
     if "retry_in" in job.data:
         raise Retry(delay=job.data["retry_in"])
     return "ran"
+
+
+def _throttle(job: Job) -> dict[str, Any]:
+    """Refused (RateLimited) the first ``limited`` times the job runs (counted in Redis at
+    ``url``); ``bad``: RateLimited with that value instead."""
+    if "bad" in job.data:  # "nan": a NaN (job data cannot hold one)
+        raise RateLimited(float("nan") if job.data["bad"] == "nan" else job.data["bad"])
+    runs = redis.Redis.from_url(job.data["url"]).incr(f"runs:{job.id}")
+    if runs <= job.data.get("limited", 0):
+        raise RateLimited(job.data["retry_after"])
+    return {"attempt": job.attempt, "runs": runs}
+
+
+@queues.handler("cap-throttle-inline")
+async def throttle_inline(job: Job) -> dict[str, Any]:
+    return _throttle(job)
+
+
+@queues.handler("cap-throttle-thread", executor="thread")
+def throttle_thread(job: Job) -> dict[str, Any]:
+    return _throttle(job)
+
+
+@queues.handler("cap-throttle-subprocess", executor="subprocess")
+def throttle_subprocess(job: Job) -> dict[str, Any]:
+    return _throttle(job)
+
+
+@queues.handler("cap-throttle-keyed", mode="keyed", key_concurrency=1, concurrency=4)
+async def throttle_keyed(job: Job) -> dict[str, Any]:
+    return _throttle(job)

@@ -51,7 +51,7 @@ def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
     jkey = keys.job(job_id)
     fields, meta, time_reply = yield Batch((
         Command(("HMGET", jkey, "s", "ft", "fr", "k", "dx", "tk")),
-        Command(("HMGET", keys.meta, "paused", "mode", "kc", "rlm", "rlp", "rlk")),
+        Command(("HMGET", keys.meta, "paused", "mode", "kc", "rlm", "rlp", "rlk", "pu")),
         Command(("TIME",)),
     ))
     if fields[0] is None:
@@ -88,10 +88,14 @@ def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
         return Explanation(state, "running", "running, lock deadline "
                            f"{_at(deadline)}; no live worker reports it: if its worker died, "
                            "the stalled sweep puts it back to waiting after that deadline")
-    paused, mode, kc, rate_max, rate_per, rate_per_key = meta
+    paused, mode, kc, rate_max, rate_per, rate_per_key, paused_until = meta
     if paused is not None:
         return Explanation(state, "paused", f"queue {keys.name!r} is paused; "
                            "resume it (client.resume) and workers will claim the job")
+    if paused_until is not None and int(paused_until) > now and mode != b"keyed":
+        return Explanation(state, "rate_limited", "a handler raised RateLimited: queue "
+                           f"{keys.name!r} starts no job until {_at(paused_until)} "
+                           "(client.resume ends the pause now)")
     if not live:
         return Explanation(state, "no_worker", f"no live worker serves queue {keys.name!r}; "
                            "start one (panqueue worker) to run the job")
@@ -171,8 +175,9 @@ def _keyed(keys: QueueKeys, job_id: str, key_raw: bytes | None, kc: int) -> Op[E
         Command(("LPOS", keys.key_list(key), job_id)),
     ))
     if limited is not None:
-        return Explanation(state, "rate_limited", f"key {key!r} has used up its rate limit "
-                           f"until {_at(limited)}")
+        return Explanation(state, "rate_limited", f"key {key!r} is rate limited until "
+                           f"{_at(limited)} (its rate limit is used up, or a handler of the "
+                           "key raised RateLimited)")
     if int(running or 0) >= kc:
         active = yield Command(("ZRANGE", keys.active, 0, _ACTIVE_SCAN - 1))
         ids = [m.decode() for m in active]

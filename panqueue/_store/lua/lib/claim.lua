@@ -50,13 +50,18 @@ end
 
 -- Claim up to n jobs for one worker (its free slots). Appends to `out`: count, wake_in (when
 -- nothing was claimed: ms until something may be claimable, -1 unknown), then per job
--- id, data, attempt, enqueued_at, options. Honours pause, the rate limit and keyed mode.
+-- id, data, attempt, enqueued_at, options. Honours pause, a handler's RateLimited pause of the
+-- queue (pu), the rate limit and keyed mode.
 local function claim(now, token, ttl, n, out)
   local count_at = #out + 1
   out[count_at] = 0
   out[count_at + 1] = -1
   local m = meta()
   if n <= 0 or m.paused then
+    return
+  end
+  if m.paused_until and tonumber(m.paused_until) > now then
+    out[count_at + 1] = tonumber(m.paused_until) - now  -- a handler's RateLimited: look then
     return
   end
   promote_due(now)

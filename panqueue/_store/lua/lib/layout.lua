@@ -22,7 +22,9 @@
 -- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
 -- kf failed/cancelled jobs kept (for producers' cancels), seq (wait order), id (generated ids),
 -- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
--- rls (rate-limit entry counter), kh (history records kept: Retention.history; 0 = none).
+-- rls (rate-limit entry counter), kh (history records kept: Retention.history; 0 = none),
+-- pu (global mode: no job starts before this time, ms: a handler raised RateLimited,
+-- rate_limited.lua).
 -- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
 -- read by exports (panqueue.spark.export_history) through their consumer group.
 -- Worker registry: ZSET "workers" (worker name -> when its entry expires, ms) and HASH
@@ -101,10 +103,12 @@ end
 local META = nil
 local function meta()
   if not META then
-    local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh')
+    local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh',
+      'pu')
     META = {mode = m[1] or 'global', kc = tonumber(m[2] or '1'), paused = m[3],
             rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
-            rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN)}
+            rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
+            paused_until = m[8]}
   end
   return META
 end
