@@ -30,11 +30,14 @@ import redis
 from panqueue import (
     ConfigError,
     ConnectionError,
+    Job,
     JobState,
     PanqueueError,
     QueueClient,
+    Registry,
     ServerUnavailable,
     SyncQueueClient,
+    Worker,
 )
 from panqueue._keys import QueueKeys
 from panqueue._store.transport import translate_error
@@ -339,3 +342,43 @@ async def test_durable_add_says_so_when_no_replica_confirms_it(
             assert (await client.get_job("sn-frozen", "frozen-1")).state is JobState.WAITING
     finally:
         replica.send_signal(signal.SIGCONT)
+
+
+async def test_idle_worker_is_woken_on_the_new_master_after_a_switch(
+        group: SentinelGroup) -> None:
+    """SENTINEL FAILOVER promotes the replica while the old master stays up, as a replica. An
+    idle worker (polling only every 30 s) must follow: its commands and its wake-up
+    subscription move to the new master, so a job added there starts within seconds."""
+    queue = "sn-switch"
+    registry = Registry()
+
+    @registry.handler(queue)
+    async def double(job: Job) -> int:
+        return int(job.data) * 2
+
+    worker = Worker(registry, queue, url=group.url, poll_interval=30.0, grace=5.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)  # returns once the worker is subscribed
+        assert _ask(group.sentinel_ports[0], "SENTINEL", "FAILOVER", SERVICE) == "OK"
+        await anyio.to_thread.run_sync(
+            wait_until, lambda: group.master_port_per_sentinels() == {group.replica.port}, 30,
+            "every sentinel to name the replica as the master")
+        await anyio.to_thread.run_sync(
+            wait_until, lambda: (_ask(group.master.port, "ROLE") or ["?"])[0] == "slave", 30,
+            "the old master to become a replica")
+        await anyio.to_thread.run_sync(
+            wait_until, lambda: _shard_subscribers(group.replica.port, QueueKeys(queue).notify),
+            15, "the worker to subscribe on the new master")
+        async with QueueClient(group.url) as client:
+            started = time.monotonic()
+            handle = await client.queue(queue).add(21)
+            assert await handle.result(timeout=10) == 42
+            assert time.monotonic() - started < 10  # well before the next poll
+        assert _ask(group.replica.port, "EXISTS", QueueKeys(queue).job(handle.id)) == 1
+        await worker.shutdown(grace=5)
+        tg.cancel_scope.cancel()
+
+
+def _shard_subscribers(port: int, channel: str) -> int:
+    reply = _ask(port, "PUBSUB", "SHARDNUMSUB", channel)
+    return int(reply[1]) if reply else 0

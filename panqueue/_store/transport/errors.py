@@ -98,6 +98,26 @@ def translate_error(url: str, exc: BaseException) -> PanqueueError:
 _REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
+def _connection_closed_under_a_call(exc: BaseException) -> bool:
+    """``exc`` is redis.asyncio's cluster client finding its connection closed mid-call.
+
+    When a failover changes the cluster's topology, redis.asyncio's cluster client closes the
+    connections of the nodes whose role changed, including ones that another task is using at
+    that moment; that task then fails inside redis-py's connection code with an AttributeError
+    (the closed connection's reader or writer is None) instead of a ConnectionError. Only an
+    AttributeError raised in redis-py's own ``connection`` module counts, so that a bug of
+    panqueue's is never taken for a lost connection."""
+    if not isinstance(exc, AttributeError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    return "/redis/" in path and path.endswith("/connection.py")
+
+
 @contextlib.contextmanager
 def _translated(url: str) -> Iterator[None]:
     """Raise redis-py's errors (and the socket's) inside the block as panqueue's: every call
@@ -108,3 +128,9 @@ def _translated(url: str) -> Iterator[None]:
         raise
     except _REDIS_ERRORS as exc:
         raise translate_error(url, exc) from exc
+    except AttributeError as exc:
+        if not _connection_closed_under_a_call(exc):
+            raise
+        raise PanqueueConnectionError(
+            f"cannot reach Redis at {redact_url(url)}: the connection was closed during the "
+            f"call (the cluster's topology changed)") from exc
