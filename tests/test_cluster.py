@@ -28,6 +28,7 @@ from redis.crc import key_slot
 
 from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Worker, WorkerPool
 from panqueue._keys import QueueKeys
+from panqueue._store import SyncTransport, ops
 from panqueue._store.loader import SCRIPTS
 from panqueue.embedded import find_server_binary, free_port
 from tests.helpers import run_cli, wait_until
@@ -441,3 +442,30 @@ async def test_client_lists_the_queues_of_every_master_and_their_jobs(cluster: C
             waiting = await client.list_jobs(name, JobState.WAITING)
             assert [j.id for j in waiting] == [h.id for h in handles]
             assert [j.data for j in waiting] == list(range(len(handles)))
+
+
+def test_history_records_are_read_and_acknowledged_on_each_queues_master(
+        cluster: Cluster) -> None:
+    # export_history's Redis side: the history stream is a key of the queue, on its master.
+    queues = _spread_queues(cluster, 3)
+    with SyncQueueClient(cluster.url) as client:
+        ended = {}
+        for count, name in enumerate(queues, start=1):
+            handles = client.queue(name).add_bulk(list(range(count)))
+            for handle in handles:
+                client.cancel(name, handle.id)
+            ended[name] = [h.id for h in handles]
+    transport = SyncTransport(cluster.url)
+    try:
+        for name, port in queues.items():
+            keys = QueueKeys(name)
+            assert cluster.owner_port(keys.history) == port
+            transport.run(ops.open_history_export(keys))
+            transport.run(ops.open_history_export(keys))  # a second export finds the group
+            batch = transport.run(ops.read_history(keys, 100))
+            assert [r.id for r in batch.records] == ended[name]
+            assert {r.state for r in batch.records} == {"cancelled"}
+            assert transport.run(ops.acknowledge_history(keys, batch.entries)) == len(ended[name])
+            assert transport.run(ops.read_history(keys, 100)).entries == []
+    finally:
+        transport.close()
