@@ -40,7 +40,7 @@ from panqueue import (
     Worker,
 )
 from panqueue._keys import QueueKeys
-from panqueue._store.transport import translate_error
+from panqueue._store.transport import SyncTransport, translate_error
 from panqueue.embedded import RedisServer, free_port
 from tests.failover import journal_runs, tail_completions
 from tests.helpers import APPS, WorkerProcess, run_cli, wait_until
@@ -382,3 +382,29 @@ async def test_idle_worker_is_woken_on_the_new_master_after_a_switch(
 def _shard_subscribers(port: int, channel: str) -> int:
     reply = _ask(port, "PUBSUB", "SHARDNUMSUB", channel)
     return int(reply[1]) if reply else 0
+
+
+def test_rediss_sentinel_url_uses_tls_to_the_sentinels_and_to_the_master() -> None:
+    """``rediss+sentinel://``: both the sentinels' connections and the master's are TLS, with
+    the query's TLS options; the URL's credentials go to the master only, the sentinels get
+    ``sentinel_password``. (Built, not connected: no TLS server runs here.)"""
+    from redis.sentinel import SentinelManagedSSLConnection
+
+    url = (f"rediss+sentinel://app:pw@127.0.0.1:26379,127.0.0.1:26380/{SERVICE}/2"
+           "?ssl_cert_reqs=none&sentinel_password=spw&socket_timeout=7")
+    transport = SyncTransport(url)
+    try:
+        pool = transport.client.connection_pool
+        assert pool.connection_class is SentinelManagedSSLConnection
+        assert pool.connection_kwargs["db"] == 2
+        assert pool.connection_kwargs["password"] == "pw"
+        assert pool.connection_kwargs["ssl_cert_reqs"] == "none"
+        sentinels = transport._sentinels.sentinels
+        assert len(sentinels) == 2
+        for sentinel in sentinels:
+            options = sentinel.connection_pool.connection_kwargs
+            assert sentinel.connection_pool.connection_class.__name__ == "SSLConnection"
+            assert options["password"] == "spw" and options["ssl_cert_reqs"] == "none"
+            assert options["socket_timeout"] == 7.0 and options.get("db", 0) == 0
+    finally:
+        transport.close()
