@@ -140,10 +140,10 @@ def test_demo_on_panqueue_url_says_so_and_removes_its_jobs(redis_url: str,
     assert "started a private" not in proc.stdout
     assert sum(counts(redis_url, "demo").values()) == 0
     # The queue was the demo's: nothing of it is left but records that expire on their own
-    # (the workers' dedup records of finished calls) and the bounded events stream, which
-    # client.purge keeps for whoever reads it.
+    # (the workers' dedup records of finished calls) and the bounded events and history
+    # streams, which client.purge keeps for whoever reads them.
     lasting = [key for key in redis_client.keys("*") if redis_client.ttl(key) < 0]
-    assert lasting in ([], [b"{q:demo}:events"])
+    assert set(lasting) <= {b"{q:demo}:events", b"{q:demo}:history"}
     with SyncQueueClient(redis_url) as client:
         assert not client.queue_exists("demo")
 
