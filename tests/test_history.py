@@ -128,6 +128,17 @@ def test_every_ending_appends_exactly_one_history_record(store: Store) -> None:
         "error_message": "", "worker": ""}
 
 
+def test_a_job_released_after_its_cancel_was_requested_records_one_cancelled_ending(
+        store: Store) -> None:
+    [job_id, requeued] = store.add(2)
+    assert store.claim("worker-r:x5:1", n=2) == [job_id, requeued]
+    store.call(SCRIPTS.cancel, job_id, -1)  # active: marked for its worker
+    assert store.call(SCRIPTS.release, job_id, "worker-r:x5:1", requeued, "worker-r:x5:1") == 2
+    [record] = store.history()  # the released job went back to waiting: no record
+    assert (record["id"], record["state"], record["reason"], record["worker"]) == (
+        job_id, "cancelled", "cancelled", "worker-r")
+
+
 def test_retention_history_bounds_the_stream_and_zero_turns_it_off(store: Store) -> None:
     store.t.run(ops.setup_queue(store.keys, "global", 1, 0, 0, False, keep_history=300))
     [parent] = store.add(1)
