@@ -1,6 +1,7 @@
 """Redis access for the rest of panqueue: the only module that knows asyncio from trio.
 
-* On asyncio, ``redis.asyncio`` (standalone or cluster) is used directly.
+* On asyncio, ``redis.asyncio`` (standalone, cluster, or a Sentinel-managed master) is used
+  directly.
 * On trio, ``redis.asyncio`` cannot run, so redis-py's sync client is called in worker threads.
 * The sync client (``SyncQueueClient``, Spark executors) uses redis-py's sync client as is.
 

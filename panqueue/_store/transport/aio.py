@@ -1,4 +1,5 @@
-"""The async transport on asyncio: ``redis.asyncio`` (standalone or cluster) directly."""
+"""The async transport on asyncio: ``redis.asyncio`` (standalone, cluster, or a master found
+through Sentinel) directly."""
 
 from __future__ import annotations
 
