@@ -106,9 +106,12 @@ CONTAINERS = {"waiting": "wait", "delayed": "delayed", "blocked": "blocked", "ac
               "completed": "completed", "failed": "failed", "cancelled": "cancelled"}
 FINAL = frozenset({"completed", "failed", "cancelled"})
 FINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
-CLAIMING = frozenset({"claim", "complete", "fail", "snooze"})
+CLAIMING = frozenset({"claim", "complete", "fail", "snooze", "rate_limited"})
+# The finishing scripts that answer LOCK_LOST alone when the token does not match.
+REFUSABLE = frozenset({"fail", "snooze", "rate_limited"})
 # The scripts that may trim.
-FINISHING = frozenset({"complete", "fail", "snooze", "stalled", "release", "cancel"})
+FINISHING = frozenset({"complete", "fail", "snooze", "rate_limited", "stalled", "release",
+                       "cancel", "expire"})
 
 # No explain phase: it traces every line (slow before Python 3.12) to annotate a failure; and
 # one failure shrunk, not each distinct one (shrinking replays whole runs against Redis).
@@ -347,8 +350,8 @@ class ScriptMachine(RuleBasedStateMachine):
 
     def claimable_count(self, s: Snapshot) -> int:
         """How many jobs a claim of unlimited size would take now."""
-        if "paused" in s.meta:
-            return 0
+        if "paused" in s.meta or int(s.meta.get("pu", 0)) > time.time() * 1000:
+            return 0  # paused, or paused until later by a handler's RateLimited
         if self.mode == "global":
             return len(s.sets["waiting"])
         total = 0
@@ -524,7 +527,8 @@ class ScriptMachine(RuleBasedStateMachine):
                 depends_on=tuple(deps),
                 dedup_key=dedup[0] if dedup else "",
                 dedup_ttl_ms=DEDUP_TTL if dedup else 0,
-                dedup_strategy=dedup[1] if dedup else ""))
+                dedup_strategy=dedup[1] if dedup else "",
+                expires_in_ms=DELAY if data.draw(st.booleans(), label="deadline") else 0))
             if custom:
                 batch_custom.append(custom)
         call = add_call(self.keys, items)
@@ -536,6 +540,33 @@ class ScriptMachine(RuleBasedStateMachine):
                 assert after.state(job_id) in (None, "waiting", "delayed", "blocked", "failed")
 
         self.expect(states)
+
+    @rule(data=st.data())
+    def deadlines_pass(self, data: st.DataObject) -> None:
+        """The deadline to start by of some jobs that have not started passes and a worker's
+        upkeep sweeps: each ends CANCELLED "expired", unless an expired dependency failed it
+        first (dependency_failed); a running job is not touched."""
+        before = self.last
+        candidates = sorted(i for i in before.jobs if before.get(i, "x") is not None
+                            and before.state(i) in ("waiting", "delayed", "blocked"))
+        chosen = data.draw(st.lists(st.sampled_from(candidates), unique=True, max_size=3),
+                           label="past their deadline") if candidates else []
+        for job_id in chosen:
+            self.client.hset(self.prefix + "job:" + job_id, "x", 1)
+            self.client.zadd(self.prefix + "expires", {job_id: 1})
+        swept = int(self.call("expire", SCRIPTS.expire, 1000))
+        assert (swept == len(chosen)) if len(chosen) < 2 else (1 <= swept <= len(chosen))
+
+        def expired(_: Snapshot, after: Snapshot) -> None:
+            for job_id in chosen:
+                ending = (after.state(job_id), after.get(job_id, "fr"))
+                assert ending in (("cancelled", "expired"), ("failed", "dependency_failed"),
+                                  (None, None)), ending
+            for job_id in set(before.jobs) - set(chosen):
+                if before.state(job_id) == "active":
+                    assert after.state(job_id) == "active"
+
+        self.expect(expired)
 
     # ------------------------------------------------------------------ workers
 
@@ -666,6 +697,43 @@ class ScriptMachine(RuleBasedStateMachine):
             else:
                 wanted = {Status.FAILED: "failed", Status.CANCELLED: "cancelled"}[expected]
                 assert state in (wanted, None), (expected, state)
+
+        self.expect(outcome_state)
+
+    @precondition(lambda self: self.handed)
+    @rule(data=st.data(), fetch=st.integers(0, 1))
+    def rate_limit_job(self, data: st.DataObject, fetch: int) -> None:
+        """The handler was refused for now: the job waits again, without using an attempt, and
+        its key or the whole queue pauses (for longer than a run lasts); maybe claims next."""
+        before = self.last
+        [(job_id, tk)] = self.draw_locks(data, before, 1) or [("nope", "bogus")]
+        token = self.token()
+        entry = encode({"attempt": 1, "type": "RateLimited", "retry_after_ms": DELAY})
+        reply = self.call("rate_limited", SCRIPTS.rate_limited, job_id, tk, DELAY, entry,
+                          self.keep, fetch, token, LOCK_TTL, token=token, claim_at=1)
+        if before.get(job_id, "tk") != tk:
+            assert reply == [Status.LOCK_LOST], reply
+            self.expect(lambda b, a: self._unchanged(b, a, "a refused rate_limited"))
+            return
+        attempts = int(before.get(job_id, "a") or 0)
+        cancelled = before.get(job_id, "cx") is not None
+        expected = Status.CANCELLED if cancelled else Status.RATE_LIMITED
+        assert int(reply[0]) == expected, reply[0]
+        ids = self.check_handed_out(before, reply, 1, token, finishing=job_id)
+        assert job_id not in ids and len(ids) <= fetch
+        self.check_short_claim(fetch, len(ids))
+
+        def outcome_state(_: Snapshot, after: Snapshot) -> None:
+            state = after.state(job_id)
+            if expected == Status.CANCELLED:
+                assert state in ("cancelled", None), state
+                return
+            assert state == "waiting", state
+            assert int(after.get(job_id, "a") or 0) == attempts - 1
+            if self.mode == "global":
+                assert int(after.meta["pu"]) > time.time() * 1000
+            else:
+                assert after.get(job_id, "k") in after.limited
 
         self.expect(outcome_state)
 
@@ -871,7 +939,7 @@ class ScriptMachine(RuleBasedStateMachine):
         """A resent claim / complete / fail answers as the first call did and changes nothing
         (its token is its request id)."""
         first = self.first_reply[sent.token]
-        if sent.name in ("fail", "snooze") and first == [Status.LOCK_LOST]:
+        if sent.name in REFUSABLE and first == [Status.LOCK_LOST]:
             assert reply == first, f"resent refused fail answered {reply}"
             self.expect(lambda b, a: self._unchanged(b, a, "a resent refused fail"))
             return
@@ -885,7 +953,7 @@ class ScriptMachine(RuleBasedStateMachine):
                 self.first_reply[sent.token] = reply
             return
         held = [i for i in first_ids if before.get(i, "tk") == sent.token]
-        refused = sent.name in ("fail", "snooze") and reply == [Status.LOCK_LOST]
+        refused = sent.name in REFUSABLE and reply == [Status.LOCK_LOST]
         ids = [] if refused else self.check_handed_out(before, reply, sent.claim_at,
                                                        sent.token, finishing=held)
         statuses = [int(x) for x in first[:sent.claim_at]]
@@ -903,7 +971,8 @@ class ScriptMachine(RuleBasedStateMachine):
         for n in range(int(args[0])):
             b = 2 + n * 13
             deps = tuple(decode(args[b + 7])) if args[b + 7] else ()
-            items.append(NewJob(args[b] or None, args[b + 1], depends_on=deps))
+            items.append(NewJob(args[b] or None, args[b + 1], depends_on=deps,
+                                expires_in_ms=int(args[b + 11])))
         return items
 
     def _unchanged(self, before: Snapshot, after: Snapshot, what: str) -> None:
