@@ -138,24 +138,25 @@ class AttemptRunner:
             return Outcome(Ending.RELEASE, duration)
         if attempt.cancel_requested and attempt.scope.cancelled_caught:
             error = _Cancelled()
-        if isinstance(error, Snooze):
-            seconds = _requested_delay("Snooze(seconds)", error.seconds)
-            if not isinstance(seconds, str):  # an unusable value fails the attempt below
-                return Outcome(Ending.SNOOZED, duration, snooze=Snoozing(
-                    claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
-                    int(seconds * 1000)))
-        if isinstance(error, RateLimited):
-            seconds = _requested_delay("RateLimited(retry_after)", error.retry_after)
-            if not isinstance(seconds, str):  # an unusable value fails the attempt below
-                return Outcome(Ending.RATE_LIMITED, duration, throttled=Throttled(
-                    claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
-                    int(seconds * 1000)))
         if error is None:
             try:
                 check_json_compatible(outcome, "result")
                 return Outcome(Ending.COMPLETED, duration, result=encode(outcome))
             except PayloadError as exc:
                 error = exc
+        # Signals that are not failures (checked off the completed path).
+        if isinstance(error, Snooze):
+            seconds = _requested_delay("Snooze(seconds)", error.seconds)
+            if not isinstance(seconds, str):  # an unusable value fails the attempt below
+                return Outcome(Ending.SNOOZED, duration, snooze=Snoozing(
+                    claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
+                    int(seconds * 1000)))
+        elif isinstance(error, RateLimited):
+            seconds = _requested_delay("RateLimited(retry_after)", error.retry_after)
+            if not isinstance(seconds, str):  # an unusable value fails the attempt below
+                return Outcome(Ending.RATE_LIMITED, duration, throttled=Throttled(
+                    claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
+                    int(seconds * 1000)))
         return Outcome(Ending.FAILED, duration,
                        failure=_failure(claimed, options, error, duration))
 
