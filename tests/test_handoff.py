@@ -20,12 +20,13 @@ from panqueue import Job, QueueClient, Registry
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._store import transitions
+from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops import NewJob, add_jobs, pause
 from panqueue._store.status import Status
 from panqueue._store.transitions import Completion
 from panqueue._store.transport import SyncTransport
-from panqueue.testing import run_worker
-from tests.helpers import async_wait_until
+from panqueue.testing import FaultProxy, run_worker
+from tests.helpers import async_wait_until, capture_panqueue_logs
 
 TTL = 30_000
 
@@ -256,3 +257,65 @@ def test_the_hand_off_message_is_msgpack_of_token_and_claim(
     [message] = messages(notify)
     token, reply = msgpack.unpackb(message[1:], raw=True)
     assert token == b"w:1" and reply[0] == 1
+
+
+# --------------------------------------------------------------------------- lost replies
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[FaultProxy]:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultProxy(port) as p:
+        yield p
+
+
+async def test_a_job_handed_to_a_claim_whose_reply_was_lost_runs_once(
+        proxy: FaultProxy, redis_url: str, queue_name: str) -> None:
+    """The worker's first claim finds nothing and registers, but its reply is lost; before the
+    claim is sent again, an add hands a job to that registration and the message reaches the
+    worker, which starts the job. The resent claim answers the same job (its token is its
+    request id): the job still runs once."""
+    registry = Registry()
+    runs: list[int] = []
+    release = anyio.Event()
+
+    @registry.handler(queue_name, max_stalls=0, concurrency=2)
+    async def handler(job: Job) -> Any:
+        runs.append(job.data)
+        await release.wait()  # still running when the resent claim's reply comes back
+        return job.data
+
+    loader = redis.Redis.from_url(redis_url)
+    sha = loader.script_load(SCRIPTS.claim.body).encode()  # cached: EVALSHA runs at once
+    loader.close()
+    # Three lost replies in a row: the resends come after 0.1, 0.2 and 0.4 s of backoff, so the
+    # add below lands before the last one.
+    proxy.drop_next_reply(3, match=sha)
+    with capture_panqueue_logs() as logs:
+        await _run_handed_job(client_url=redis_url, proxy=proxy, registry=registry,
+                              queue_name=queue_name, runs=runs, release=release)
+    # Started once: never stopped as "claimed again" by a second start of the same job.
+    assert not [e for e in logs if "lock lost" in e["event"]], logs
+    assert runs == [1]
+
+
+async def _run_handed_job(*, client_url: str, proxy: FaultProxy, registry: Registry,
+                          queue_name: str, runs: list[int], release: anyio.Event) -> None:
+    redis_url = client_url
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, proxy.url):
+        await anyio.to_thread.run_sync(proxy.wait_for_dropped_replies, 1)
+        handle = await client.queue(queue_name).add(1)
+
+        async def ran() -> bool:
+            return bool(runs)
+        await async_wait_until(ran)
+        # The resend (after the claim loop's backoff) has answered by the time the worker
+        # claims again: wait for the registration it makes after that, then let the job end.
+        check = redis.Redis.from_url(redis_url)
+
+        async def claimed_again() -> bool:
+            return check.zcard(QueueKeys(queue_name).idle) == 1
+        await async_wait_until(claimed_again)
+        check.close()
+        release.set()
+        assert await handle.result(timeout=10) == 1

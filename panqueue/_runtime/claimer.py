@@ -60,6 +60,11 @@ class Claimer:
         # Tokens of idle registrations still to withdraw, and jobs handed over, not yet started.
         self._registered: list[str] = []
         self._handed: list[ClaimedJob] = []
+        # The token of the claim being sent, and the ids of the jobs a message handed to it
+        # while it was out: a resend of that claim answers them again, and they must not start
+        # twice.
+        self._sending = ""
+        self._delivered: set[str] = set()
         self._group: anyio.abc.TaskGroup | None = None  # where slot tasks run, once running
         self.on_claim: Callable[[float], None] | None = None  # metrics: a claim's round trip
         self.busy = 0
@@ -135,6 +140,8 @@ class Claimer:
                 self._wakeups.wake()
             return
         self._registered.clear()
+        if token == self._sending:
+            self._delivered.update(job.id for job in jobs)
         self._handed.extend(jobs)
         # Start them at once where a slot is free (the loop would start them too, one claim
         # later); the loop then claims for the remaining free slots and registers again.
@@ -171,6 +178,15 @@ class Claimer:
         withdraw = self._registered
         # Registered before the call is sent: a call whose reply is lost may still register it.
         self._registered = [*withdraw, token]
+        self._sending = token
+        self._delivered.clear()
+        try:
+            return await self._send_claim(token, free, withdraw)
+        finally:
+            self._sending = ""
+            self._delivered.clear()
+
+    async def _send_claim(self, token: str, free: int, withdraw: list[str]) -> Claimed | None:
         give_up = time.monotonic() + self._lock_ttl * 0.8
         while True:
             with anyio.CancelScope(shield=True) as scope:
@@ -190,9 +206,9 @@ class Claimer:
                     # and no job was handed to it yet. If one was, and its message came first,
                     # a resent call answers that same job again: it runs once, from the message.
                     consumed = token not in self._registered
-                    if consumed and self._handed:
-                        handed = {job.id for job in self._handed}
-                        claimed.jobs = [job for job in claimed.jobs if job.id not in handed]
+                    if self._delivered:
+                        claimed.jobs = [job for job in claimed.jobs
+                                        if job.id not in self._delivered]
                     self._registered = [] if claimed.jobs or consumed else [token]
                     return claimed
             if scope.cancelled_caught:
