@@ -102,6 +102,8 @@ class JobInfo:
     failure_reason: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    #: The deadline to start by (``add(..., expires=)``), or None.
+    expires_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the CLI's ``panqueue job`` prints this)."""
@@ -125,6 +127,7 @@ class JobInfo:
             "enqueued_at": iso(self.enqueued_at),
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
+            "expires_at": iso(self.expires_at),
         }
 
 

@@ -222,6 +222,11 @@ def test_expires_works_for_bulk_flows_and_the_sync_client(
         at = datetime.now(UTC) + timedelta(minutes=5)
         single = client.queue("cap-expiry").add({}, expires=at)
         now = client._run(server_time_ms())
+        info = client.get_job("cap-expiry", single.id)
+    assert info.expires_at == at.replace(microsecond=at.microsecond // 1000 * 1000)
+    assert info.to_dict()["expires_at"] == info.expires_at.isoformat()
+    with SyncQueueClient(redis_url) as client:
+        assert client.get_job("cap-expiry", bulk[0].id).expires_at is not None
     deadlines = {j.id: deadline_of(redis_client, "cap-expiry", j.id) for j in [*bulk, *flow]}
     assert all(29_000 < deadlines[j.id] - now <= 30_000 for j in bulk)
     assert 59_000 < deadlines[flow[0].id] - now <= 60_000

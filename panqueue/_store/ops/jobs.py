@@ -68,6 +68,7 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         failure_reason=text(b"fr"),
         history=history,
         options=decode(fields.get(b"o")) or {},
+        expires_at=from_ms(fields.get(b"x")),
     )
 
 
