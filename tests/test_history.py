@@ -249,8 +249,9 @@ def test_export_refuses_bad_arguments_with_one_clear_error(
     assert not any(tmp_path.iterdir())
 
 
-# The export process of the next test: the third batch's write commits, then the process
-# stops before its acknowledgement and waits there to be killed.
+# The export process of the next test: two batches are written and acknowledged; of the
+# third, half the rows are written (as when a write dies after some of its files committed),
+# then the process stops before the acknowledgement and waits there to be killed.
 KILLED_EXPORT = """
 import os, sys, threading
 from pathlib import Path
@@ -266,19 +267,20 @@ spark.sparkContext.setLogLevel("OFF")
 write = pqspark._write_batch
 written = []
 
-def write_then_hang(*args):
-    write(*args)
+def write_then_hang(spark, queue, batch, rows, path):
     written.append(1)
-    if len(written) == 3:
-        Path(marker).write_text("written")
-        threading.Event().wait()
+    if len(written) < 3:
+        return write(spark, queue, batch, rows, path)
+    write(spark, queue, batch, rows[: len(rows) // 2], path)
+    Path(marker).write_text("written")
+    threading.Event().wait()
 
 pqspark._write_batch = write_then_hang
 pqspark.export_history(spark, queue, url=url, path=out, batch_size=40)
 """
 
 
-def test_an_export_killed_after_writing_and_run_again_writes_every_record_once(
+def test_an_export_killed_mid_write_and_run_again_writes_every_record_once(
         spark: SparkSession, store: Store, redis_url: str, tmp_path: Path) -> None:
     ids = finish_jobs(store, 200)
     out, marker = tmp_path / "history", tmp_path / "written"
@@ -288,11 +290,12 @@ def test_an_export_killed_after_writing_and_run_again_writes_every_record_once(
                                 str(out), str(marker)], env=subprocess_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(marker.exists, timeout=120, what="the export to write its third batch")
+        wait_until(marker.exists, timeout=120, what="the export to write half a batch")
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait(30)
-    assert exported_ids(spark, out) == Counter(ids[:120])  # three batches written, two acknowledged
+    # Two batches written and acknowledged, half of the third written: 100 records.
+    assert exported_ids(spark, out) == Counter(ids[:100])
     assert store.t.client.xpending(store.keys.history, "export")["pending"] == 40
     stats = export_history(spark, store.keys.name, url=redis_url, path=out, batch_size=40)
     assert (stats.exported, stats.lost) == (120, 0)  # the unacknowledged batch, then the rest
