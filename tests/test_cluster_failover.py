@@ -316,6 +316,10 @@ async def test_no_job_is_lost_or_completed_twice_across_two_failovers(
         reruns = sum(runs.values()) - JOBS - len(QUEUES)
         print(f"cluster failover: {JOBS} jobs, {reruns} re-runs, " +
               ", ".join(f"{k}={v:.1f}" for k, v in figures.items()))
+        # The faults reached the workers: some call failed during a switch and was retried
+        # until it worked again, or a wake-up subscription broke and was re-established.
+        logs = "".join(worker.stderr for worker in workers)
+        assert "works again" in logs or "wake-up channel re-established" in logs, logs[-3000:]
         for worker in workers:
             assert worker.alive(), worker.stderr
             assert await anyio.to_thread.run_sync(worker.stop) == 0, worker.stderr

@@ -274,7 +274,7 @@ async def test_worker_follows_a_promotion_after_the_master_is_killed(
     journal = tmp_path / "journal"
     journal.mkdir()
     monkeypatch.setenv("FAILOVER_JOURNAL", str(journal))
-    monkeypatch.setenv("FAILOVER_JOB_SECONDS", "0.02")
+    monkeypatch.setenv("FAILOVER_JOB_SECONDS", "0.05")
     completed: Counter[str] = Counter()
     ids: list[str] = []
     worker = WorkerProcess(tmp_path, "-q", queue, "--url", group.url, "--backend", anyio_backend,
@@ -319,6 +319,10 @@ async def test_worker_follows_a_promotion_after_the_master_is_killed(
         assert all(runs[(queue, job_id)] >= 1 for job_id in ids)
         assert promoted_after < 30
         assert worker.alive(), worker.stderr
+        # The kill reached the worker, and it rode it out: its calls failed and worked again,
+        # or (if it was idle at that moment) its wake-up subscription broke and came back.
+        assert ("works again" in worker.stderr
+                or "wake-up channel re-established" in worker.stderr), worker.stderr[-3000:]
         assert await anyio.to_thread.run_sync(worker.stop) == 0, worker.stderr
     finally:
         worker.kill()
