@@ -320,6 +320,37 @@ async def test_a_worker_started_while_redis_refuses_writes_waits_and_then_serves
         admin.close()
 
 
+async def test_a_worker_stopped_while_its_start_waits_stops_cleanly(
+        own_server: RedisServer, queue_name: str) -> None:
+    """Stopped while its start waits for a full server: the worker returns without an error
+    (the stop was asked for; the refusal is not a failure of it)."""
+    from panqueue import Worker
+
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def handler(job: Job) -> Any:
+        return job.data
+
+    admin = redis.Redis.from_url(own_server.url)
+    try:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]))
+        worker = Worker(registry, queue_name, url=own_server.url)
+        with capture_panqueue_logs() as logs:
+            async def refused() -> bool:
+                return any("starting the worker failed" in e["event"] for e in logs)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker.run)
+                await async_wait_until(refused)
+                with anyio.fail_after(10):
+                    await worker.shutdown()
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+
+
 # --------------------------------------------------------------------------- reports, shutdown
 
 

@@ -52,6 +52,10 @@ __all__ = ["Worker"]
 
 T = TypeVar("T")
 
+
+class _StoppedWhileStarting(Exception):
+    """Stopped while the start waited for a server that could not serve: a clean stop."""
+
 # Bounds of the shutdown's forced phase: how long cancelled jobs get to stop and be released,
 # and how long each closing step may take, so that shutdown(grace) returns within
 # grace + _FORCE_WAIT + 2 * _CLOSE_WAIT seconds even when the network drops every packet.
@@ -211,6 +215,8 @@ class Worker:
                 await self._withdraw(claimer)
                 await self._drain(claimer)
                 tg.cancel_scope.cancel()
+        except _StoppedWhileStarting:
+            task_status.started()
         finally:
             if watchdog is not None:
                 watchdog.stop()
@@ -232,13 +238,14 @@ class Worker:
     async def _when_served(self, trouble: Trouble, call: Callable[[], Awaitable[T]]) -> T:
         """One step of the start, sent again while Redis answers that it cannot serve now (it
         is loading, out of memory, failing over): a worker started during such an episode
-        waits it out. A server that cannot be reached at all fails the start at once."""
+        waits it out, unless it is stopped meanwhile. A server that cannot be reached at all
+        fails the start at once."""
         while True:
             try:
                 result = await call()
             except ServerUnavailable as exc:
                 if self._stopping:
-                    raise
+                    raise _StoppedWhileStarting from exc
                 trouble.failed(exc)
                 await anyio.sleep(trouble.backoff())
             else:

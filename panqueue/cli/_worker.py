@@ -29,6 +29,7 @@ from panqueue.cli._common import (
     url_option,
 )
 from panqueue.cli._metrics import import_metrics
+from panqueue.errors import ServerUnavailable
 
 __all__ = ["worker"]
 
@@ -122,8 +123,12 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         worker_metrics = import_metrics("--metrics-port").WorkerMetrics()
     configure_logging("json" if log_format == "json" else "console", log_level,
                       log_jobs=log_jobs)
-    # An unreachable Redis is one error line, not worker start/stop logs followed by it.
-    client_for(url).close()
+    # An unreachable Redis is one error line, not worker start/stop logs followed by it. A server
+    # that answers but cannot serve yet (loading its data, full) is waited out by the worker.
+    try:
+        client_for(url).close()
+    except ServerUnavailable:
+        pass
     options: dict[str, Any] = {} if name is None else {"name": name}
     if worker_metrics is not None:
         options["metrics"] = worker_metrics
