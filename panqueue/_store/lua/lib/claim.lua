@@ -78,6 +78,7 @@ local function claim(now, token, ttl, n, out)
   if keyed() then
     local key_limit = m.rate_max > 0 and m.rate_per_key
     release_limited_keys(now)
+    local taken = 0  -- jobs taken out of the keys' lists (the kw count drops once, at the end)
     while count < n do
       local popped = redis.call('ZPOPMIN', K_READY)
       if #popped == 0 then
@@ -86,7 +87,7 @@ local function claim(now, token, ttl, n, out)
       local key = popped[1]
       local id = redis.call('LPOP', key_list(key))
       if id then
-        redis.call('HINCRBY', K_META, 'kw', -1)
+        taken = taken + 1
       end
       if id and not activate(id, now, token, ttl, out) then
         refresh_key(key)  -- that job expired: the key's next one is up
@@ -107,11 +108,14 @@ local function claim(now, token, ttl, n, out)
         -- Back of the round robin with a new sequence number, if still eligible (a key now
         -- at capacity is not: it was popped and stays out until a job of it finishes).
         if running < m.kc then
-          refresh_key(key)
+          refresh_key(key, running)
         end
       else
         refresh_key(key)
       end
+    end
+    if taken > 0 then
+      redis.call('HINCRBY', K_META, 'kw', -taken)
     end
   else
     local want = n
