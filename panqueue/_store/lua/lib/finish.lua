@@ -24,10 +24,13 @@ local function trim_finished(set, keep, now)
     return
   end
   local excess = redis.call('ZCARD', set) - keep
+  -- A completed job has no dependency edge left: its dependencies completed before it ran,
+  -- its completion released its dependents, and no edge is made to a job that completed.
+  local edgeless = set == K_COMPLETED
   while excess > 0 do
     local old = redis.call('ZPOPMIN', set, excess)
     for i = 1, #old, 2 do
-      delete_job(old[i], now)
+      delete_job(old[i], now, edgeless)
     end
     excess = redis.call('ZCARD', set) - keep
   end
@@ -43,6 +46,18 @@ end
 -- how.seen: {attempts, enqueued, started} as the caller read them in a command it makes anyway
 -- (complete, fail, stalled); without it, one HMGET reads them. how.token: the lock token of the
 -- attempt that ended ('' worker when absent: a job that never ran, or a cascaded dependent).
+-- The worker-name part of a lock token ("<name>:<random>:<counter>"), once per token: the jobs
+-- of one batch mostly share the token of the claim that took them.
+local WORKER_OF = {}
+local function worker_of(token)
+  local name = WORKER_OF[token]
+  if not name then
+    name = string.match(token, '^(.*):[^:]*:[^:]*$') or ''
+    WORKER_OF[token] = name
+  end
+  return name
+end
+
 local function record_history(jkey, id, state, now, how)
   local limit = meta().history
   if limit <= 0 then
@@ -57,7 +72,7 @@ local function record_history(jkey, id, state, now, how)
       error_message = string.sub(tostring(err.message or ''), 1, 1000)
     end
   end
-  local worker = how.token and string.match(how.token, '^(.*):[^:]*:[^:]*$') or ''
+  local worker = how.token and worker_of(how.token) or ''
   local reason = how.reason or (state == 'cancelled' and 'cancelled') or ''
   redis.call('XADD', K_HISTORY, 'MAXLEN', '~', limit, '*', 'id', id, 'state', state,
     'attempts', seen[1] or 0, 'enqueued', seen[2] or '', 'started', seen[3] or '',
@@ -138,9 +153,10 @@ end
 
 -- Delete a job: its hash, its log list and its dependency edges on both sides; the jobs still
 -- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
--- retention takes at every finish.)
-delete_job = function(id, now)
-  if redis.call('EXISTS', deps_key(id), needs_key(id)) > 0 then
+-- retention takes at every finish; `edgeless`: the caller knows there is none, see
+-- trim_finished.)
+delete_job = function(id, now, edgeless)
+  if not edgeless and redis.call('EXISTS', deps_key(id), needs_key(id)) > 0 then
     fail_dependents(id, now or now_ms(), -1)
     forget_edges(id)
   end
