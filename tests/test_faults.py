@@ -486,3 +486,24 @@ def test_a_loop_blocked_for_good_stops_renewing_its_locks(redis_url: str, queue_
     renewed_late = {score for t, score in deadlines if t - start > lock_ttl * 10 + 0.5}
     assert len(renewed_early) > 3  # renewed while blocked, within the bound
     assert len(renewed_late) <= 1  # then no more
+
+
+async def test_jobs_taken_by_one_claim_all_keep_their_locks_while_they_run(
+        redis_url: str, queue_name: str) -> None:
+    """The jobs one claim takes share its token: renewal must keep every one of their locks
+    (a lock is the job id with the token), so none is swept as stalled while it runs."""
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=5, lock_ttl=0.6, max_stalls=0)
+    async def handler(job: Job) -> Any:
+        await anyio.sleep(1.5)  # well past the lock TTL: only renewals keep the locks
+        return job.data
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(queue_name).add_bulk(list(range(5)))
+        with capture_panqueue_logs() as logs:
+            async with run_worker(registry, queue_name, redis_url):
+                assert [await h.result(timeout=10) for h in handles] == list(range(5))
+    for handle in handles:
+        assert b"sc" not in job_hash(redis_url, queue_name, handle.id)  # never seen stalled
+    assert not [e for e in logs if "lock lost" in e["event"]]

@@ -744,12 +744,11 @@ class ScriptMachine(RuleBasedStateMachine):
         before = self.last
         pairs = self.draw_locks(data, before, 3)
         args = [x for pair in pairs for x in pair]
-        lost = [x.decode() for x in self.call("extend", SCRIPTS.extend, LOCK_TTL, *args)]
+        flat = [x.decode() for x in self.call("extend", SCRIPTS.extend, LOCK_TTL, *args)]
+        lost = list(zip(flat[::2], flat[1::2], strict=True))
         mismatched = [(i, tk) for i, tk in pairs if before.get(i, "tk") != tk]
-        # Lost locks are answered by id or by token (the reply is changing to tokens).
-        assert len(lost) == len(mismatched), (pairs, lost)
-        for x, (i, tk) in zip(lost, mismatched, strict=True):
-            assert x in (i, tk), (x, i, tk)
+        # Lost locks are answered as (job id, token) pairs, in the order asked.
+        assert lost == mismatched, (pairs, lost)
 
         def deadlines(before: Snapshot, after: Snapshot) -> None:
             for i, tk in pairs:

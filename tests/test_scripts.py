@@ -86,7 +86,7 @@ def test_worker_that_lost_its_lock_cannot_finish_a_reclaimed_job(store: Store) -
     before = store.t.client.hgetall(store.keys.job(job_id))
     assert store.complete(job_id, "worker-a:1") == Status.LOCK_LOST
     assert store.fail(job_id, "worker-a:1") == Status.LOCK_LOST
-    assert store.extend(30_000, job_id, "worker-a:1") == ["worker-a:1"]  # the lost token
+    assert store.extend(30_000, job_id, "worker-a:1") == [job_id, "worker-a:1"]  # the lost lock
     assert store.t.client.hgetall(store.keys.job(job_id)) == before
     assert store.complete(job_id, "worker-b:1") == Status.COMPLETED
     assert store.state(job_id) == "completed"

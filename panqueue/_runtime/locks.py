@@ -56,23 +56,29 @@ class Attempt:
     def should_stop(self) -> bool:
         return self.stopping or self.cancel_requested or self.lost
 
+    @property
+    def lock(self) -> tuple[str, str]:
+        """(job id, token): what identifies this attempt's lock. The token alone does not: the
+        jobs one claim took share its token."""
+        return (self.job_id, self.token)
+
 
 class Attempts:
-    """The attempts running on one worker, by token and (the newest) by job id."""
+    """The attempts running on one worker, by lock (job id, token) and (the newest) by job id."""
 
     def __init__(self, log: Any, lock_ttl: float) -> None:
         self._log = log
         self.lock_ttl = lock_ttl
-        self.by_token: dict[str, Attempt] = {}
+        self.by_lock: dict[tuple[str, str], Attempt] = {}
         self._by_job: dict[str, Attempt] = {}
         self.on_lost: Callable[[], None] | None = None  # metrics: an attempt's lock was lost
 
     def __len__(self) -> int:
-        return len(self.by_token)
+        return len(self.by_lock)
 
     def start(self, job_id: str, token: str, stopping: bool) -> Attempt:
         attempt = Attempt(job_id, token, time.monotonic() + self.lock_ttl, stopping=stopping)
-        self.by_token[token] = attempt
+        self.by_lock[attempt.lock] = attempt
         self._by_job[job_id] = attempt
         return attempt
 
@@ -82,7 +88,7 @@ class Attempts:
 
     def end(self, attempt: Attempt) -> None:
         """The attempt's executor has returned: it no longer runs here."""
-        self.by_token.pop(attempt.token, None)
+        self.by_lock.pop(attempt.lock, None)
         if self._by_job.get(attempt.job_id) is attempt:
             del self._by_job[attempt.job_id]
         attempt.ended.set()
@@ -97,12 +103,12 @@ class Attempts:
 
     def locks(self) -> list[tuple[str, str]]:
         """(job id, token) of every running attempt (safe to call from another thread)."""
-        return [(a.job_id, a.token) for a in list(self.by_token.values())]
+        return list(self.by_lock)
 
-    def renewed(self, tokens: list[str], sent: float) -> None:
+    def renewed(self, locks: list[tuple[str, str]], sent: float) -> None:
         """These locks were renewed by a call sent at ``sent`` (monotonic)."""
-        for token in tokens:
-            attempt = self.by_token.get(token)
+        for lock in locks:
+            attempt = self.by_lock.get(lock)
             if attempt is not None:
                 attempt.deadline = max(attempt.deadline, sent + self.lock_ttl)
 
@@ -127,23 +133,23 @@ class Renewer:
             await self.renew()
 
     async def renew(self) -> None:
-        running = list(self._attempts.by_token.values())
+        running = list(self._attempts.by_lock.values())
         if not running:
             return
         sent = time.monotonic()
         try:
             lost = await self._transport.run(transitions.extend(
-                self._keys, self._ttl_ms, [(a.job_id, a.token) for a in running]))
+                self._keys, self._ttl_ms, [a.lock for a in running]))
         except PanqueueError as exc:
             self._trouble.failed(exc)
         else:
             self._trouble.ok()
             if self.on_renewed is not None:
-                self.on_renewed(sum(a.token not in lost for a in running))
+                self.on_renewed(sum(a.lock not in lost for a in running))
             for attempt in running:
-                if attempt.token in lost:
+                if attempt.lock in lost:
                     self._attempts.lose(attempt, "the lock had been taken away")
-            self._attempts.renewed([a.token for a in running if a.token not in lost], sent)
+            self._attempts.renewed([a.lock for a in running if a.lock not in lost], sent)
         now = time.monotonic()
         for attempt in running:
             if attempt.deadline < now:

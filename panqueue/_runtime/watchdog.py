@@ -34,7 +34,7 @@ RENEW_BOUND = 10
 class LoopWatchdog:
     def __init__(self, *, url: str, keys: QueueKeys, handler_name: str, executor_name: str,
                  lock_ttl: float, running: Callable[[], list[tuple[str, str]]],
-                 renewed: Callable[[list[str], float], None], log: Any,
+                 renewed: Callable[[list[tuple[str, str]], float], None], log: Any,
                  threshold: float = 1.0) -> None:
         self._url = url
         self._keys = keys
@@ -113,4 +113,4 @@ class LoopWatchdog:
         except PanqueueError as exc:
             self._log.warning("lock renewal from the watchdog failed", error=str(exc))
             return
-        self._renewed([token for _, token in jobs if token not in lost], sent)
+        self._renewed([lock for lock in jobs if lock not in lost], sent)

@@ -274,7 +274,7 @@ class Worker:
         if not self._stopping:
             self._stopping = True
             self._log.info("worker stopping", running=len(self._attempts), grace=self.grace)
-            for attempt in self._attempts.by_token.values():
+            for attempt in self._attempts.by_lock.values():
                 attempt.stopping = True
             if self._executor is not None:
                 self._executor.request_stop()
@@ -300,7 +300,7 @@ class Worker:
             self._force.set()
             self._log.warning("grace period over; cancelling running jobs",
                               running=len(self._attempts))
-            for attempt in list(self._attempts.by_token.values()):
+            for attempt in list(self._attempts.by_lock.values()):
                 attempt.forced = True
                 attempt.scope.cancel()
             with anyio.move_on_after(_FORCE_WAIT):

@@ -248,11 +248,12 @@ def rate_limited(keys: QueueKeys, throttled: Throttled, *, claim_next: bool, kee
     return Finished([status], _claimed(reply, 1, token))
 
 
-def extend(keys: QueueKeys, ttl_ms: int, locks: Sequence[tuple[str, str]]) -> Op[set[str]]:
-    """Renew the locks ``(job id, token)``; returns the tokens whose lock is lost."""
+def extend(keys: QueueKeys, ttl_ms: int, locks: Sequence[tuple[str, str]]
+           ) -> Op[set[tuple[str, str]]]:
+    """Renew the locks ``(job id, token)``; returns the locks that are lost."""
     reply = yield _call(SCRIPTS.extend, keys,
                         (ttl_ms, *(item for pair in locks for item in pair)))
-    return {raw.decode() for raw in reply}
+    return {(reply[i].decode(), reply[i + 1].decode()) for i in range(0, len(reply), 2)}
 
 
 def release(keys: QueueKeys, locks: Sequence[tuple[str, str]]) -> Op[int]:
