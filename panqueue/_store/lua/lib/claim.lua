@@ -90,7 +90,7 @@ local function claim(now, token, ttl, n, out)
         taken = taken + 1
       end
       if id and not activate(id, now, token, ttl, out) then
-        refresh_key(key)  -- that job expired: the key's next one is up
+        refresh_key(key, nil, true)  -- that job expired: the key's next one is up
       elseif id then
         local running = redis.call('HINCRBY', K_KEY_ACTIVE, key, 1)
         count = count + 1
@@ -108,10 +108,10 @@ local function claim(now, token, ttl, n, out)
         -- Back of the round robin with a new sequence number, if still eligible (a key now
         -- at capacity is not: it was popped and stays out until a job of it finishes).
         if running < m.kc then
-          refresh_key(key, running)
+          refresh_key(key, running, true)
         end
       else
-        refresh_key(key)
+        refresh_key(key, nil, true)
       end
     end
     if taken > 0 then

@@ -85,14 +85,15 @@ end
 -- the ready set exactly when it has waiting jobs, free capacity and no rate-limit pause. A key
 -- with nothing waiting and nothing running leaves no structures behind. `active`: the key's
 -- running count when the caller has just read or changed it (saves reading it again).
-local function refresh_key(key, active)
+-- `popped`: the caller has just taken the key out of the ready set (a claim), so it is not in it.
+local function refresh_key(key, active, popped)
   local waiting = redis.call('LLEN', key_list(key))
   active = active or tonumber(redis.call('HGET', K_KEY_ACTIVE, key) or '0')
   if waiting > 0 and active < meta().kc and not redis.call('ZSCORE', K_LIMITED, key) then
-    if not redis.call('ZSCORE', K_READY, key) then
+    if popped or not redis.call('ZSCORE', K_READY, key) then
       redis.call('ZADD', K_READY, redis.call('HINCRBY', K_META, 'seq', 1), key)
     end
-  else
+  elseif not popped then
     redis.call('ZREM', K_READY, key)
   end
   if waiting == 0 and active <= 0 then
