@@ -47,7 +47,8 @@ class Attempt:
     token: str
     deadline: float  # local (monotonic) time by which the lock is surely expired unless renewed
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    ended: anyio.Event = field(default_factory=anyio.Event)  # the executor has returned
+    done: bool = False  # the executor has returned
+    _ended: anyio.Event | None = None  # made only when someone waits for the end (rare)
     lost: bool = False  # lock lost: another attempt may own the job now; do not finish it
     forced: bool = False  # forced shutdown: release the job back to waiting
     cancel_requested: bool = False  # cancel(queue, id) was called for this job
@@ -55,6 +56,13 @@ class Attempt:
 
     def should_stop(self) -> bool:
         return self.stopping or self.cancel_requested or self.lost
+
+    async def wait_ended(self) -> None:
+        """Until the executor has returned."""
+        if not self.done:
+            if self._ended is None:
+                self._ended = anyio.Event()
+            await self._ended.wait()
 
     @property
     def lock(self) -> tuple[str, str]:
@@ -91,7 +99,9 @@ class Attempts:
         self.by_lock.pop(attempt.lock, None)
         if self._by_job.get(attempt.job_id) is attempt:
             del self._by_job[attempt.job_id]
-        attempt.ended.set()
+        attempt.done = True
+        if attempt._ended is not None:
+            attempt._ended.set()
 
     def lose(self, attempt: Attempt, why: str) -> None:
         if not attempt.lost:

@@ -319,7 +319,7 @@ class Worker:
             # expired unseen. Stop it, and start this one only once it has ended, so that this
             # worker never runs two attempts of a job at once.
             self._attempts.lose(previous, "the job was claimed again")
-            await previous.ended.wait()
+            await previous.wait_ended()
         outcome = await self._runner.run(job, self._stopping)
         if outcome.ending == Ending.COMPLETED:
             # The common path binds nothing: a per-job line costs one level check when off.
