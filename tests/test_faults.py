@@ -320,6 +320,42 @@ async def test_a_worker_started_while_redis_refuses_writes_waits_and_then_serves
         admin.close()
 
 
+async def test_a_start_that_reached_the_server_waits_out_a_lost_connection(
+        proxy: FaultProxy, redis_url: str, queue_name: str) -> None:
+    """The worker's start reaches a server that cannot serve (full under maxmemory), and then
+    the connection breaks: the server was there a moment ago, so the start waits that out too
+    and the worker serves once both are over."""
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def handler(job: Job) -> Any:
+        return job.data
+
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        async with QueueClient(redis_url) as client:
+            handle = await client.queue(queue_name).add(5)
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]))
+            with capture_panqueue_logs() as logs:
+                async def faults() -> None:
+                    async def refused() -> bool:
+                        return any("starting the worker failed" in e["event"] for e in logs)
+                    await async_wait_until(refused)
+                    proxy.cut()  # every connection through the proxy breaks, new ones fail
+                    await anyio.sleep(0.3)  # some retries of the start meet the cut
+                    proxy.restore()
+                    admin.config_set("maxmemory", 0)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(faults)
+                    async with run_worker(registry, queue_name, proxy.url):
+                        assert await handle.result(timeout=15) == 5
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+
+
 async def test_a_worker_stopped_while_its_start_waits_stops_cleanly(
         own_server: RedisServer, queue_name: str) -> None:
     """Stopped while its start waits for a full server: the worker returns without an error

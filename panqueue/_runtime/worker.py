@@ -44,7 +44,7 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncTransport, open_async_transport
 from panqueue._url import resolve_url
-from panqueue.errors import ConfigError, PanqueueError, ServerUnavailable
+from panqueue.errors import ConfigError, ConnectionError, PanqueueError, ServerUnavailable
 from panqueue.executors import create_executor
 from panqueue.executors.base import Executor
 
@@ -128,6 +128,7 @@ class Worker:
         self._executor: Executor | None = None
         self._claimer: Claimer | None = None
         self._stopping = False
+        self._reached = False  # the server answered during this start (see _when_served)
         self._done: anyio.Event | None = None
         self.processed = 0
         self.failed = 0
@@ -238,17 +239,23 @@ class Worker:
     async def _when_served(self, trouble: Trouble, call: Callable[[], Awaitable[T]]) -> T:
         """One step of the start, sent again while Redis answers that it cannot serve now (it
         is loading, out of memory, failing over): a worker started during such an episode
-        waits it out, unless it is stopped meanwhile. A server that cannot be reached at all
-        fails the start at once."""
+        waits it out, unless it is stopped meanwhile. Once the server has been reached in this
+        start, a lost connection is waited out the same way (the server was there a moment
+        ago: it is restarting, or the network broke). A server that cannot be reached at all,
+        from the first step on, fails the start at once."""
         while True:
             try:
                 result = await call()
-            except ServerUnavailable as exc:
+            except ConnectionError as exc:
+                if not isinstance(exc, ServerUnavailable) and not self._reached:
+                    raise
+                self._reached = True
                 if self._stopping:
                     raise _StoppedWhileStarting from exc
                 trouble.failed(exc)
                 await anyio.sleep(trouble.backoff())
             else:
+                self._reached = True
                 trouble.ok()
                 return result
 
