@@ -395,6 +395,7 @@ def build_app(url: str | None, read_only: bool, token: str | None) -> Starlette:
         # Run by a server that serves the app itself (``panqueue dashboard``); a mounted app's
         # client is closed with the process.
         yield
+        board.queue_names.close()
         board.client.close()
 
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -163,6 +163,7 @@ class QueueNames:
         self._names: list[str] | None = None
         self._taken = 0.0
         self._refreshing = False
+        self._refresher: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def get(self) -> list[str]:
@@ -171,9 +172,16 @@ class QueueNames:
                 self._names, self._taken = self.client.queues(), time.monotonic()
             elif time.monotonic() - self._taken > self.ttl and not self._refreshing:
                 self._refreshing = True
-                threading.Thread(target=self._refresh, name="panqueue-dashboard-queues",
-                                 daemon=True).start()
+                self._refresher = threading.Thread(
+                    target=self._refresh, name="panqueue-dashboard-queues", daemon=True)
+                self._refresher.start()
             return list(self._names)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait for a scan in progress (before the client it uses is closed)."""
+        refresher = self._refresher
+        if refresher is not None:
+            refresher.join(timeout)
 
     def _refresh(self) -> None:
         try:
