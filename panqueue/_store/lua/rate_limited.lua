@@ -23,15 +23,12 @@
 --!include expiry.lua
 --!include memo.lua
 
-local replayed = recall(ARGV[7])
-if replayed then
-  return replayed
+local early = resent_or_lock_lost(ARGV[7], ARGV[1], ARGV[2])
+if early then
+  return early
 end
 local id = ARGV[1]
 local jkey = job_key(id)
-if redis.call('HGET', jkey, 'tk') ~= ARGV[2] then
-  return {LOCK_LOST}
-end
 local now = now_ms()
 local until_ms = now + tonumber(ARGV[3])
 local before = claimable()

@@ -1,5 +1,5 @@
 -- lib/memo.lua: resend safety for the calls that claim jobs (claim, complete, fail).
--- Needs: layout.lua.
+-- Needs: layout.lua, status.lua.
 --
 -- A reply can be lost after its script ran (the connection broke on the way back); the caller
 -- then sends the same call again. Each of these calls carries a lock token that is fresh for
@@ -14,6 +14,7 @@
 -- the claimed part from the job hashes, keeping only the jobs still locked by that token (a
 -- job the sweep has since taken away is not handed out again).
 --!include layout.lua
+--!include status.lua
 
 local function req_key(token)
   return P .. 'req:' .. token
@@ -64,4 +65,19 @@ local function recall(token)
     end
   end
   return reply
+end
+
+-- The opening of a call that ends one running attempt and may claim the slot's next job (fail,
+-- snooze, rate_limited): a resent call answers what the first one did; an attempt whose lock
+-- token no longer holds the job answers LOCK_LOST and changes nothing. Returns that answer, or
+-- nil when the call goes on.
+local function resent_or_lock_lost(request_token, id, lock_token)
+  local replayed = recall(request_token)
+  if replayed then
+    return replayed
+  end
+  if redis.call('HGET', job_key(id), 'tk') ~= lock_token then
+    return {LOCK_LOST}
+  end
+  return nil
 end
