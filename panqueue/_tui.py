@@ -32,6 +32,7 @@ from textual.widgets import DataTable, Footer, Static
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys
+from panqueue._lag import lag_seconds
 from panqueue._store import ops
 from panqueue._store.transport import redact_url
 
@@ -161,10 +162,7 @@ class Sampler:
         rows = []
         for queue in sorted(self.client.queues()):
             counts = self.client.counts(queue)
-            head = self.client.list_jobs(queue, JobState.WAITING, limit=1)
-            lag = None
-            if head and head[0].enqueued_at is not None:
-                lag = max(0.0, (now - head[0].enqueued_at).total_seconds())
+            lag = lag_seconds(self.client, queue)
             self._finished_since_last(queue)
             rates = self._rates[queue]
             # The store's door: the client has no call for this read (the dashboard shares it).

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 try:
@@ -31,6 +30,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobState
+from panqueue._lag import lag_seconds
 
 __all__ = ["OUTCOMES", "QueueCollector", "WorkerMetrics", "serve"]
 
@@ -44,10 +44,6 @@ _RUN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 _WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
                  21600.0, 86400.0)
 _CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
-# Lag looks at this many jobs at the head of the waiting list (with priorities the first to be
-# claimed need not be the oldest).
-_LAG_SAMPLE = 100
-
 
 class WorkerMetrics:
     """A worker's counters and histograms, in a registry of their own (``self.registry``).
@@ -155,11 +151,8 @@ class QueueCollector(Collector):
             for queue in worker.queues:
                 live[queue] = live.get(queue, 0) + 1
         rows = []
-        now = datetime.now(UTC)
         for queue in client.queues():
-            head = client.list_jobs(queue, JobState.WAITING, limit=_LAG_SAMPLE)
-            added = [j.enqueued_at for j in head if j.enqueued_at is not None]
-            age = max(0.0, (now - min(added)).total_seconds()) if added else 0.0
+            age = lag_seconds(client, queue) or 0.0
             rows.append((queue, client.counts(queue), age, client.is_paused(queue),
                          live.get(queue, 0)))
         return rows

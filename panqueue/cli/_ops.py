@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from panqueue import Explanation, JobState, SyncQueueClient, WorkerInfo
+from panqueue._lag import lag_seconds
 from panqueue.cli._common import (
     FLOAT_POSITIVE,
     RuntimeFailure,
@@ -26,23 +26,10 @@ __all__ = ["check", "explain", "info", "purge", "workers"]
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 _COUNTED = [JobState.WAITING, JobState.DELAYED, JobState.ACTIVE, JobState.FAILED]
-# Lag looks at this many jobs at the head of the waiting list: with priorities the first to be
-# claimed need not be the oldest, so the oldest of the head is taken.
-_LAG_SAMPLE = 100
-
 
 def _worker_dict(w: WorkerInfo) -> dict[str, Any]:
     return {**dataclasses.asdict(w), "started_at": w.started_at.isoformat(),
             "heartbeat_at": w.heartbeat_at.isoformat()}
-
-
-def _lag(client: SyncQueueClient, queue: str) -> float | None:
-    """Seconds since the oldest job at the head of the waiting list was added (None: empty)."""
-    head = client.list_jobs(queue, JobState.WAITING, limit=_LAG_SAMPLE)
-    added = [j.enqueued_at for j in head if j.enqueued_at is not None]
-    if not added:
-        return None
-    return max(0.0, (datetime.now(UTC) - min(added)).total_seconds())
 
 
 def _snapshot(client: SyncQueueClient) -> dict[str, Any]:
@@ -50,7 +37,8 @@ def _snapshot(client: SyncQueueClient) -> dict[str, Any]:
     for queue in client.queues():
         counts = client.counts(queue)
         queues[queue] = {**{s.value: counts[s] for s in _COUNTED},
-                         "paused": client.is_paused(queue), "lag_seconds": _lag(client, queue)}
+                         "paused": client.is_paused(queue),
+                         "lag_seconds": lag_seconds(client, queue)}
     return {"queues": queues, "workers": [_worker_dict(w) for w in client.workers()]}
 
 

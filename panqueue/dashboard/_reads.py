@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient, WorkerInfo
+from panqueue._lag import lag_seconds
 from panqueue._store.ops import merge_workers
-from panqueue.cli._ops import _lag as lag_of  # the same lag as `panqueue info`
 
 __all__ = ["QUEUE_LIST_TTL", "RATE_WINDOW", "Overview", "QueueNames", "QueueRow", "Rates", "age",
            "event_dict", "live_workers", "overview", "pretty_json", "preview", "recent_events",
@@ -207,7 +207,7 @@ def overview(client: SyncQueueClient, names: QueueNames, rates: Rates) -> Overvi
     for queue in queues:
         completed, failed = rates.read(queue)
         rows.append(QueueRow(queue, client.counts(queue), client.is_paused(queue),
-                             lag_of(client, queue), completed, failed,
+                             lag_seconds(client, queue), completed, failed,
                              sum(1 for w in live if queue in w.queues)))
     return Overview(rows, len(live), datetime.now(UTC))
 

@@ -1,0 +1,25 @@
+"""A queue's lag: how long its longest-waiting job has waited, the figure `panqueue info`, the
+metrics exporter, `panqueue top` and the dashboard all show."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from panqueue._client import SyncQueueClient
+from panqueue._job import JobState
+
+__all__ = ["lag_seconds"]
+
+# Jobs read from the head of the claim order. With priorities, or keyed mode's one job per key
+# in turn, the longest-waiting job need not come first: the oldest of the sample is taken.
+_SAMPLE = 100
+
+
+def lag_seconds(client: SyncQueueClient, queue: str) -> float | None:
+    """Seconds since the oldest job at the head of the waiting list was added (None: none
+    waiting)."""
+    head = client.list_jobs(queue, JobState.WAITING, limit=_SAMPLE)
+    added = [job.enqueued_at for job in head if job.enqueued_at is not None]
+    if not added:
+        return None
+    return max(0.0, (datetime.now(UTC) - min(added)).total_seconds())
