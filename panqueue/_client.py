@@ -12,6 +12,7 @@ method added to one and not the other shows.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -498,6 +499,10 @@ class SyncQueueClient:
     def __init__(self, url: str | None = None) -> None:
         self.url = check_url(resolve_url(url))
         self._transport: SyncTransport | None = None
+        # The client may be shared by threads (a web app's thread pool): the first connection
+        # is made once, not once per thread that finds none (an extra one would be dropped and
+        # closed under the thread still using it).
+        self._connecting = threading.Lock()
 
     def __enter__(self) -> SyncQueueClient:
         self._connect()
@@ -508,9 +513,13 @@ class SyncQueueClient:
         self.close()
 
     def _connect(self) -> SyncTransport:
-        if self._transport is None:
-            self._transport = SyncTransport(self.url)
-        return self._transport
+        transport = self._transport
+        if transport is None:
+            with self._connecting:
+                transport = self._transport
+                if transport is None:
+                    transport = self._transport = SyncTransport(self.url)
+        return transport
 
     def _run(self, op: Op[T]) -> T:
         return self._connect().run(op)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tempfile
 import traceback
 from collections.abc import Iterator
@@ -393,3 +394,36 @@ async def test_password_in_the_query_string_is_redacted_too(
         assert isinstance(exc, ConnectionError), repr(exc)
         assert "invalid username-password pair" in str(exc).lower(), str(exc)
         assert WRONG_PASSWORD not in _full_text(exc)
+
+
+def test_a_sync_client_shared_by_threads_makes_one_connection_pool(redis_url: str) -> None:
+    """Threads that first use a fresh SyncQueueClient at the same moment (a web app's thread
+    pool) share one transport: a second one would be dropped, and closed under the thread
+    still using it."""
+    import threading
+
+    from panqueue import SyncQueueClient
+
+    def first_use(client: SyncQueueClient, start: threading.Barrier, used: list[object]
+                  ) -> None:
+        start.wait()
+        used.append(client._connect())  # the transport this thread's call runs on
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns as often as they can: the race shows
+    try:
+        for _ in range(20):
+            client = SyncQueueClient(redis_url)
+            start = threading.Barrier(16)
+            used: list[object] = []
+            threads = [threading.Thread(target=first_use, args=(client, start, used))
+                       for _ in range(16)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            client.ping()  # the shared transport works
+            client.close()
+            assert len(used) == 16 and len({id(t) for t in used}) == 1
+    finally:
+        sys.setswitchinterval(switch)
