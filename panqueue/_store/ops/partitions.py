@@ -1,0 +1,233 @@
+"""Operations over every partition of a queue (``partitions=N``, panqueue/_keys.py).
+
+Each partition is a queue layout of its own in a hash slot of its own, so a question about the
+whole queue asks each partition and merges the answers: counts add up, lists merge, a job is
+looked up where its id routes it and then, failing that, in the other partitions. With one
+partition every operation here is the plain one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Collection, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from panqueue._job import JobInfo, JobState
+from panqueue._keys import QueueKeys, partition_keys, route
+from panqueue._store.ops import add as _add
+from panqueue._store.ops import events as _events
+from panqueue._store.ops import jobs as _jobs
+from panqueue._store.ops import queue as _queue
+from panqueue._store.ops.add import NewJob
+from panqueue._store.ops.events import Event
+from panqueue._store.transport import Batch, Command, Op
+from panqueue.errors import ConfigError
+
+__all__ = ["PartitionCounts", "add_routed", "all_counts", "all_events", "all_list_jobs",
+           "all_pause", "all_purge", "all_retry_failed", "job_partition", "partition_count"]
+
+T = TypeVar("T")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def partition_count(name: str) -> Op[int | None]:
+    """The partition count stored for queue ``name``; None while it has none (no producer or
+    worker has declared it yet, so it may still become anything)."""
+    reply = yield Command(("HGET", QueueKeys(name).meta, "np"))
+    return None if reply is None else int(reply)
+
+
+class PartitionCounts:
+    """A client's memory of its queues' partition counts, so that adds route without a read.
+    Only a stored count is remembered: a queue not declared yet may still become anything (a
+    stored count changes only when the queue is emptied and a worker declares another)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, int] = {}
+
+    def parts(self, name: str, declared: int | None = None) -> Op[list[QueueKeys]]:
+        """Every partition of ``name``; ``declared``: the count the producer's handler says
+        (:class:`ConfigError` when the stored one differs)."""
+        n = self._known.get(name)
+        if n is None:
+            stored = yield from partition_count(name)
+            if stored is not None:
+                self._known[name] = stored
+            n = stored or declared or 1
+        if declared is not None and declared != n:
+            raise ConfigError(f"queue {name!r}: partition count mismatch: the queue has {n} "
+                              f"partition(s), the handler says {declared}")
+        return partition_keys(name, n)
+
+    def on_job(self, name: str, job_id: str, fn: Callable[..., Op[T]], *args: Any) -> Op[T]:
+        """``fn(keys, job_id, *args)`` on the partition that holds the job."""
+        parts = yield from self.parts(name)
+        keys = yield from job_partition(parts, job_id)
+        return (yield from fn(keys, job_id, *args))
+
+    def on_all(self, name: str, fn: Callable[..., Op[T]], *args: Any) -> Op[T]:
+        """``fn(partitions, *args)``: an operation over the whole queue."""
+        parts = yield from self.parts(name)
+        return (yield from fn(parts, *args))
+
+
+def job_partition(parts: Sequence[QueueKeys], job_id: str) -> Op[QueueKeys]:
+    """The partition that holds ``job_id``: where its id routes it (generated ids always, custom
+    ids unless the job was routed by its key or its dependencies), else the first that has it.
+    A job found nowhere answers the routed partition, whose operations then report it
+    missing."""
+    if len(parts) == 1:
+        return parts[0]
+    guess = parts[route(len(parts), job_id) or 0]
+    if (yield Command(("EXISTS", guess.job(job_id)))):
+        return guess
+    others = [p for p in parts if p is not guess]
+    found = yield Batch(tuple(Command(("EXISTS", p.job(job_id))) for p in others))
+    for part, exists in zip(others, found, strict=True):
+        if exists:
+            return part
+    return guess
+
+
+def all_counts(parts: Sequence[QueueKeys]) -> Op[dict[JobState, int]]:
+    total: dict[JobState, int] = {}
+    for part in parts:
+        for state, n in (yield from _jobs.counts(part)).items():
+            total[state] = total.get(state, 0) + n
+    return total
+
+
+def _order(state: JobState) -> Any:
+    """How a merged list of jobs in ``state`` is sorted: finished ones newest first, the rest
+    by when they were enqueued (within a partition, each list keeps its own order)."""
+    if state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
+        return lambda job: -(job.finished_at or _EPOCH).timestamp()
+    return lambda job: (job.enqueued_at or _EPOCH).timestamp()
+
+
+def all_list_jobs(parts: Sequence[QueueKeys], state: JobState | str, limit: int, offset: int
+                  ) -> Op[list[JobInfo]]:
+    """One page of the merged list: each partition's first ``offset + limit`` jobs, merged.
+    Exact for the order :func:`_order` names; O(partitions x (offset + limit))."""
+    if len(parts) == 1:
+        return (yield from _jobs.list_jobs(parts[0], state, limit, offset))
+    try:
+        wanted = JobState(state)
+    except ValueError:
+        raise ConfigError(f"unknown job state {state!r}") from None
+    lists = []
+    for part in parts:
+        lists.append((yield from _jobs.list_jobs(part, wanted, offset + limit, 0)))
+    merged = list(heapq.merge(*lists, key=_order(wanted)))
+    return merged[offset:offset + limit]
+
+
+def all_pause(parts: Sequence[QueueKeys], paused: bool) -> Op[None]:
+    for part in parts:
+        yield from _queue.pause(part, paused)
+
+
+def all_retry_failed(parts: Sequence[QueueKeys], ids: Sequence[str] | None) -> Op[int]:
+    if ids is None or len(parts) == 1:
+        done = 0
+        for part in parts:
+            done += yield from _queue.retry_failed(part, ids)
+        return done
+    by_part: dict[int, list[str]] = {}
+    for job_id in ids:
+        part = yield from job_partition(parts, job_id)
+        by_part.setdefault(part.partition, []).append(job_id)
+    done = 0
+    for index, chosen in by_part.items():
+        done += yield from _queue.retry_failed(parts[index], chosen)
+    return done
+
+
+def all_purge(parts: Sequence[QueueKeys], states: Collection[JobState | str] | None) -> Op[int]:
+    deleted = 0
+    for part in parts:
+        deleted += yield from _queue.purge(part, states)
+    return deleted
+
+
+def _cursor(parts: Sequence[QueueKeys], after: str | None) -> list[str | None]:
+    if after is None:
+        return [None] * len(parts)
+    positions = after.split(",")
+    if len(positions) == 1:  # one stream id (an Event.id, "0-0"): the same in every partition
+        return positions * len(parts)
+    if len(positions) != len(parts):
+        raise ConfigError(f"event position {after!r} is not one of this queue's "
+                          f"{len(parts)} partitions' positions")
+    return list(positions)
+
+
+def all_events(parts: Sequence[QueueKeys], after: str | None, count: int
+               ) -> Op[tuple[list[Event], str]]:
+    """The events of every partition after ``after`` (the position an earlier call returned:
+    one stream id per partition, comma-separated; or one stream id for all), merged in time
+    order."""
+    if len(parts) == 1:
+        return (yield from _events.events_now(parts[0], after, count))
+    found: list[list[Event]] = []
+    positions = []
+    for part, position in zip(parts, _cursor(parts, after), strict=True):
+        events, following = yield from _events.events_now(part, position, count)
+        found.append(events)
+        positions.append(following)
+    merged = list(heapq.merge(*found, key=lambda e: _stream_order(e.id)))
+    return merged, ",".join(positions)
+
+
+def _stream_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _home(parts: Sequence[QueueKeys], job: NewJob, spread: int) -> Op[QueueKeys]:
+    """The partition a new job goes to: its key's, its dependencies' (a job waits only for jobs
+    of its own partition), its id's, its dedup key's (so that the same key meets itself), or,
+    for a job with none of these, the ``spread``-th (the producer turns it)."""
+    n = len(parts)
+    if n == 1:
+        return parts[0]
+    if job.key:
+        return parts[route(n, key=job.key) or 0]
+    if job.depends_on:
+        return (yield from job_partition(parts, job.depends_on[0]))
+    if job.job_id:
+        return parts[route(n, job.job_id) or 0]
+    if job.dedup_key:
+        return parts[route(n, key="dd:" + job.dedup_key) or 0]
+    return parts[spread % n]
+
+
+def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, spread: int,
+               durable_timeout_ms: int | None = None, together: bool = False
+               ) -> Op[list[tuple[str, bool]]]:
+    """Add ``jobs`` each to its partition (:func:`_home`), one script call per partition, all
+    sent in one round trip (on a cluster, one pipeline per node); the reply in the order of
+    ``jobs``. ``together``: the jobs depend on each other (a flow): all go where the first
+    goes, in one atomic call. ``durable_timeout_ms`` applies to a single partition's add."""
+    if len(parts) == 1 or (together and len(jobs) > 0):
+        home = yield from _home(parts, jobs[0], spread)
+        return (yield from _add.add_jobs(home, jobs, mode, durable_timeout_ms))
+    groups: dict[int, list[int]] = {}
+    for index, job in enumerate(jobs):
+        home = yield from _home(parts, job, spread + index)
+        groups.setdefault(home.partition, []).append(index)
+    if durable_timeout_ms is not None:
+        [(partition, members)] = groups.items()  # a single add: one partition
+        return (yield from _add.add_jobs(parts[partition], [jobs[i] for i in members], mode,
+                                         durable_timeout_ms))
+    order = list(groups.items())
+    calls = tuple(_add.add_call(parts[p], [jobs[i] for i in members], mode)
+                  for p, members in order)
+    replies = yield Batch(calls)
+    added: list[tuple[str, bool]] = [("", False)] * len(jobs)
+    for (partition, members), reply in zip(order, replies, strict=True):
+        for index, item in zip(members, _add.parse_added(parts[partition], reply), strict=True):
+            added[index] = item
+    return added

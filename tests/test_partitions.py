@@ -1,0 +1,196 @@
+"""Partitioned queues (``partitions=N``) on one server: routing, the claim rotation, and the
+client's whole-queue views. The spread over a real cluster's masters is tests/test_cluster.py's."""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import (
+    ConfigError,
+    Job,
+    JobState,
+    QueueClient,
+    Registry,
+    SyncQueueClient,
+    Worker,
+)
+from panqueue._keys import partition_keys
+from panqueue.testing import drain, run_worker
+
+pytestmark = pytest.mark.anyio
+
+N = 3
+
+
+def _partition_of(redis_client: redis.Redis, queue: str, job_id: str) -> list[int]:
+    """The partitions whose keyspace holds the job (exactly one, for a sound layout)."""
+    return [keys.partition for keys in partition_keys(queue, N)
+            if redis_client.exists(keys.job(job_id))]
+
+
+def _custom_id_in(partition: int, prefix: str) -> str:
+    """A custom job id that routes to ``partition`` (by its CRC-32)."""
+    for i in range(1000):
+        job_id = f"{prefix}-{i}"
+        if zlib.crc32(job_id.encode()) % N == partition:
+            return job_id
+    raise AssertionError("no id found")
+
+
+async def test_jobs_spread_over_partitions_and_each_runs_once(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.handler(queue_name, partitions=N, concurrency=4)
+    async def work(job: Job[int]) -> int:
+        ran.append(job.data)
+        return job.data * 2
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        handles = await queue.add_bulk(range(30))
+        single = await queue.add(100)
+        where = Counter(_partition_of(redis_client, queue_name, h.id)[0] for h in handles)
+        assert where == {0: 10, 1: 10, 2: 10}
+        # A generated id names its partition.
+        for handle in [*handles, single]:
+            assert _partition_of(redis_client, queue_name, handle.id) == [int(handle.id) % N]
+        counts = await client.counts(queue_name)
+        assert counts[JobState.WAITING] == 31
+        async with run_worker(registry, queue_name, redis_url):
+            assert await single.result(timeout=10) == 200
+            counts = await drain(redis_url, queue_name)
+        assert counts[JobState.COMPLETED] == 31
+        assert sorted(ran) == [*range(30), 100]
+        info = await client.get_job(queue_name, handles[4].id)
+        assert info.state == JobState.COMPLETED and info.result == 8
+        listed = await client.list_jobs(queue_name, JobState.COMPLETED, limit=100)
+        assert sorted(job.id for job in listed) == sorted(h.id for h in [*handles, single])
+        page = await client.list_jobs(queue_name, JobState.COMPLETED, limit=7, offset=5)
+        assert [job.id for job in page] == [job.id for job in listed[5:12]]
+        assert await client.queues() == [queue_name]
+
+
+async def test_the_claim_moves_past_empty_partitions(redis_url: str, queue_name: str) -> None:
+    """Jobs only in the last partition: the first claim starts at an empty one and must go on
+    (the poll interval is far longer than the test may take)."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[None]) -> str:
+        return job.id
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        ids = [_custom_id_in(2, f"p2-{i}") for i in range(5)]
+        for job_id in ids:
+            await queue.add(None, job_id=job_id)
+        with anyio.fail_after(20):
+            async with run_worker(registry, queue_name, redis_url, poll_interval=60):
+                for job_id in ids:
+                    assert await queue.job(job_id).result(timeout=15) == job_id
+
+
+async def test_custom_ids_stay_idempotent_and_keys_stay_in_one_partition(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = Registry()
+    running: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+
+    @registry.handler(queue_name, partitions=N, mode="keyed", key_concurrency=1, concurrency=8)
+    async def work(job: Job[str]) -> None:
+        running[job.data] += 1
+        most[job.data] = max(most[job.data], running[job.data])
+        await anyio.sleep(0.01)
+        running[job.data] -= 1
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = await queue.add("a", job_id="order-1", key="tenant-a")
+        again = await queue.add("a", job_id="order-1", key="tenant-a")
+        assert first.created and not again.created and again.id == first.id
+        handles = []
+        for i in range(40):
+            tenant = f"tenant-{i % 4}"
+            handles.append(await queue.add(tenant, key=tenant))
+        for tenant in ("tenant-0", "tenant-1", "tenant-2", "tenant-3"):
+            homes = {_partition_of(redis_client, queue_name, h.id)[0]
+                     for h in handles if (await h.info()).data == tenant}
+            assert len(homes) == 1
+        async with run_worker(registry, queue_name, redis_url):
+            counts = await drain(redis_url, queue_name)
+        assert counts[JobState.COMPLETED] == 41
+        assert set(most.values()) == {1}  # key_concurrency=1 held in every partition
+
+
+async def test_flows_pause_cancel_and_events_cover_every_partition(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+    order: list[int] = []
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[int]) -> None:
+        order.append(job.data)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        _, position = await client.read_events(queue_name)
+        await client.pause(queue_name)
+        assert await client.is_paused(queue_name)
+        chain = await queue.add_chain([1, 2, 3])
+        spread = await queue.add_bulk([10, 11, 12])
+        doomed = await queue.add(99)
+        assert await client.cancel(queue_name, doomed.id) == JobState.WAITING
+        assert (await doomed.info()).state == JobState.CANCELLED
+        async with run_worker(registry, queue_name, redis_url, poll_interval=0.2):
+            await anyio.sleep(0.3)  # paused: nothing may start (no event to wait for)
+            assert order == []
+            await client.resume(queue_name)
+            counts = await drain(redis_url, queue_name)
+        assert counts[JobState.COMPLETED] == 6 and counts[JobState.CANCELLED] == 1
+        assert [n for n in order if n < 10] == [1, 2, 3]
+        events, _ = await client.read_events(queue_name, position, limit=1000)
+        completed = {e.job_id for e in events if e.type == "completed"}
+        assert completed == {h.id for h in [*chain, *spread]}
+        assert await client.retry_failed(queue_name) == 0
+        assert await client.purge(queue_name) == 7
+
+
+async def test_partition_count_is_validated(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[Any]) -> None:
+        return None
+
+    with SyncQueueClient(redis_url) as client:
+        client.queue(queue_name).add(1)  # by name, before any worker: one partition
+        with pytest.raises(ConfigError, match="partition count mismatch"):
+            client.queue(work).add(2)
+    with pytest.raises(ConfigError, match="partition count mismatch: the queue has 1 "):
+        await Worker(registry, queue_name, url=redis_url).run()
+    with pytest.raises(ConfigError, match="partitions must be an int between 1 and 1024"):
+        Registry().handler("other", partitions=0)
+    with pytest.raises(ConfigError, match="may not contain"):
+        Registry().handler("a#1")
+
+
+async def test_a_named_producer_follows_the_stored_count(redis_url: str,
+                                                         queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[int]) -> int:
+        return job.data
+
+    async with run_worker(registry, queue_name, redis_url), QueueClient(redis_url) as client:
+        handles = await client.queue(queue_name).add_bulk(range(9))
+        assert {int(h.id) % N for h in handles} == {0, 1, 2}
+        assert [await h.result(timeout=10) for h in handles] == list(range(9))
