@@ -40,6 +40,7 @@ from panqueue._store import (
     open_async_transport,
     ops,
 )
+from panqueue._store.ops import partitions as parted
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, ConnectionError, PayloadError
 
@@ -73,13 +74,16 @@ class FlowJob:
 
 
 def _queue_target(queue: str | Handler[Any, Any], defaults: dict[str, Any]
-                  ) -> tuple[QueueKeys, dict[str, Any], str]:
-    """Keys, producer defaults and declared mode ('' = whatever the queue has) of a handle."""
+                  ) -> tuple[QueueKeys, dict[str, Any], str, int | None]:
+    """Keys, producer defaults, declared mode ('' = whatever the queue has) and partition count
+    (None = whatever the queue has) of a handle."""
     mode = defaults.pop("mode", "")
+    partitions = None
     if isinstance(queue, Handler):
         merged = {**queue.job_defaults, **defaults}
         name = queue.queue
         mode = mode or queue.options.mode
+        partitions = queue.options.partitions
     else:
         merged = dict(defaults)
         name = queue
@@ -89,7 +93,7 @@ def _queue_target(queue: str | Handler[Any, Any], defaults: dict[str, Any]
     if unknown:
         raise ConfigError(f"unknown queue default(s): {', '.join(sorted(unknown))} "
                           f"(allowed: {', '.join(sorted(_QUEUE_DEFAULTS))})")
-    return QueueKeys(name), merged, mode
+    return QueueKeys(name), merged, mode, partitions
 
 
 def _stored_form(data: Any) -> Any:
@@ -178,7 +182,8 @@ class JobHandle:
         self.created = created
 
     async def info(self) -> JobInfo:
-        return await self._client._run(ops.get_job(self._keys, self.id))
+        return await self._client._run(self._client._parts.on_job(self.queue, self.id,
+                                                                  ops.get_job))
 
     async def result(self, timeout: float | None = None) -> Any:
         """Wait for the job to finish and return its result.
@@ -186,8 +191,8 @@ class JobHandle:
         Raises :class:`JobFailed` if it ended FAILED or CANCELLED, and :class:`TimeoutError`
         after ``timeout`` seconds. Waits on the queue's event stream, not by polling.
         """
-        return await self._client._run(ops.wait_result(self._keys, self.id, timeout,
-                                                       self._client.url))
+        return await self._client._run(self._client._parts.on_job(
+            self.queue, self.id, ops.wait_result, timeout, self._client.url))
 
     def __repr__(self) -> str:
         return f"<JobHandle {self.queue}/{self.id}>"
@@ -203,12 +208,13 @@ class Queue(Generic[PayloadT]):
     """
 
     def __init__(self, client: QueueClient, keys: QueueKeys, defaults: dict[str, Any],
-                 mode: str = "") -> None:
+                 mode: str = "", partitions: int | None = None) -> None:
         self._client = client
         self.keys = keys
         self.name = keys.name
         self.defaults = defaults
         self.mode = mode
+        self.partitions = partitions
 
     async def add(self, data: PayloadT = None, *,  # type: ignore[assignment]
                   job_id: str | None = None, delay: float | None = None,
@@ -231,8 +237,8 @@ class Queue(Generic[PayloadT]):
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup,
             depends_on=_dependency_ids(self.name, depends_on), expires=expires))
-        [(job_id_, created)] = await self._client._run(ops.add_jobs(
-            self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
+        [(job_id_, created)] = await self._client._run(self._add(
+            [job], DURABLE_TIMEOUT_MS if durable else None))
         return JobHandle(self._client, self.keys, job_id_, created)
 
     async def add_bulk(self, items: Iterable[PayloadT]) -> list[JobHandle]:
@@ -241,13 +247,13 @@ class Queue(Generic[PayloadT]):
         jobs = _new_jobs(self.defaults, items)
         if not jobs:
             return []
-        added = await self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
+        added = await self._client._run(self._add(jobs))
         return [JobHandle(self._client, self.keys, i, c) for i, c in added]
 
     async def add_flow(self, flow: Sequence[FlowJob]) -> list[JobHandle]:
         """Add a tree (or any DAG) of jobs with their dependencies in one atomic call."""
         jobs = _flow_jobs(self.name, self.defaults, flow)
-        added = await self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
+        added = await self._client._run(self._add(jobs, together=True))
         return [JobHandle(self._client, self.keys, i, c) for i, c in added]
 
     async def add_chain(self, items: Iterable[PayloadT]) -> list[JobHandle]:
@@ -258,6 +264,11 @@ class Queue(Generic[PayloadT]):
         """A handle on an existing job, by id."""
         return JobHandle(self._client, self.keys, job_id, False)
 
+    def _add(self, jobs: Sequence[NewJob], durable_timeout_ms: int | None = None,
+             together: bool = False) -> Op[list[tuple[str, bool]]]:
+        return _add_op(self._client._parts, self, jobs, self._client._spread(len(jobs)),
+                       durable_timeout_ms, together)
+
 
 class QueueClient:
     """The async client: ``async with QueueClient(url) as client: ...``."""
@@ -265,6 +276,8 @@ class QueueClient:
     def __init__(self, url: str | None = None) -> None:
         self.url = check_url(resolve_url(url))
         self._transport: AsyncTransport | None = None
+        self._parts = parted.PartitionCounts()
+        self._spread = _Spread()
 
     async def __aenter__(self) -> QueueClient:
         self._connect()
@@ -298,8 +311,8 @@ class QueueClient:
         ``backoff``, ``timeout``) and optionally ``mode`` ('global' or 'keyed': adds fail
         if the queue's stored mode differs). A handler's queue is typed by its payload
         (``Queue[Email]`` for a handler of ``Job[Email]``)."""
-        keys, merged, mode = _queue_target(queue, defaults)
-        return Queue(self, keys, merged, mode)
+        keys, merged, mode, partitions = _queue_target(queue, defaults)
+        return Queue(self, keys, merged, mode, partitions)
 
     async def ping(self) -> None:
         """Check that Redis answers; raises :class:`ConnectionError` if it cannot be reached."""
@@ -319,7 +332,7 @@ class QueueClient:
         return await self._run(ops.is_paused(QueueKeys(queue)))
 
     async def get_job(self, queue: str, job_id: str) -> JobInfo:
-        return await self._run(ops.get_job(QueueKeys(queue), job_id))
+        return await self._run(self._parts.on_job(queue, job_id, ops.get_job))
 
     async def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100,
                         offset: int = 0) -> list[JobInfo]:
@@ -335,25 +348,26 @@ class QueueClient:
         ``offset`` pages through that order: a page costs O(log N + limit) in Redis at any
         depth (a keyed queue's waiting jobs: one LLEN per waiting key besides).
         """
-        return await self._run(ops.list_jobs(QueueKeys(queue), state, limit, offset))
+        return await self._run(self._parts.on_all(queue, parted.all_list_jobs, state, limit,
+                                                  offset))
 
     async def counts(self, queue: str) -> dict[JobState, int]:
-        return await self._run(ops.counts(QueueKeys(queue)))
+        return await self._run(self._parts.on_all(queue, parted.all_counts))
 
     async def pause(self, queue: str) -> None:
-        await self._run(ops.pause(QueueKeys(queue), True))
+        await self._run(self._parts.on_all(queue, parted.all_pause, True))
 
     async def resume(self, queue: str) -> None:
-        await self._run(ops.pause(QueueKeys(queue), False))
+        await self._run(self._parts.on_all(queue, parted.all_pause, False))
 
     async def cancel(self, queue: str, job_id: str) -> JobState:
-        return await self._run(ops.cancel(QueueKeys(queue), job_id))
+        return await self._run(self._parts.on_job(queue, job_id, ops.cancel))
 
     async def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        return await self._run(ops.retry_failed(QueueKeys(queue), ids))
+        return await self._run(self._parts.on_all(queue, parted.all_retry_failed, ids))
 
     async def remove(self, queue: str, job_id: str) -> bool:
-        return await self._run(ops.remove(QueueKeys(queue), job_id))
+        return await self._run(self._parts.on_job(queue, job_id, ops.remove))
 
     async def workers(self, queue: str | None = None) -> list[WorkerInfo]:
         """The live workers of ``queue`` (``None``: of every queue, one entry per worker name),
@@ -370,7 +384,7 @@ class QueueClient:
         """Why the job is in its state, from Redis alone: paused, delayed until when, blocked
         on which dependency, its key busy, rate-limited, queued behind how many jobs, no live
         worker, running on which worker, or finished (how and when)."""
-        return await self._run(ops.explain(QueueKeys(queue), job_id))
+        return await self._run(self._parts.on_job(queue, job_id, ops.explain))
 
     async def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Delete the jobs of ``queue`` in ``states`` and return how many were deleted.
@@ -378,7 +392,7 @@ class QueueClient:
         active or a live worker serves the queue.
         Active jobs are deleted only when ``states`` names ACTIVE (their workers then lose
         their locks). Dependents of a deleted job that still wait for it fail."""
-        return await self._run(ops.purge(QueueKeys(queue), _states(states)))
+        return await self._run(self._parts.on_all(queue, parted.all_purge, _states(states)))
 
     async def schedules(self, queue: str) -> list[ScheduleInfo]:
         """The queue's schedules as registered in Redis, with their next run times."""
@@ -394,7 +408,7 @@ class QueueClient:
         """The events of ``queue`` after stream id ``after`` that are there now (at most
         ``limit``), without waiting, and the id to pass as ``after`` next time. With ``after``
         None: no events, and the id of the stream's end (start watching from now)."""
-        return await self._run(ops.events_now(QueueKeys(queue), after, limit))
+        return await self._run(self._parts.on_all(queue, parted.all_events, after, limit))
 
     async def events(self, queue: str, *, after: str | None = None) -> AsyncIterator[Event]:
         """Lifecycle events of a queue, as they happen, forever.
@@ -438,10 +452,11 @@ class SyncJobHandle:
         self.created = created
 
     def info(self) -> JobInfo:
-        return self._client._run(ops.get_job(self._keys, self.id))
+        return self._client._run(self._client._parts.on_job(self.queue, self.id, ops.get_job))
 
     def result(self, timeout: float | None = None) -> Any:
-        return self._client._run(ops.wait_result(self._keys, self.id, timeout, self._client.url))
+        return self._client._run(self._client._parts.on_job(
+            self.queue, self.id, ops.wait_result, timeout, self._client.url))
 
     def __repr__(self) -> str:
         return f"<SyncJobHandle {self.queue}/{self.id}>"
@@ -451,12 +466,13 @@ class SyncQueue(Generic[PayloadT]):
     """:class:`Queue` for :class:`SyncQueueClient` (typed the same way)."""
 
     def __init__(self, client: SyncQueueClient, keys: QueueKeys, defaults: dict[str, Any],
-                 mode: str = "") -> None:
+                 mode: str = "", partitions: int | None = None) -> None:
         self._client = client
         self.keys = keys
         self.name = keys.name
         self.defaults = defaults
         self.mode = mode
+        self.partitions = partitions
 
     def add(self, data: PayloadT = None, *,  # type: ignore[assignment]
             job_id: str | None = None, delay: float | None = None,
@@ -470,20 +486,20 @@ class SyncQueue(Generic[PayloadT]):
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup,
             depends_on=_dependency_ids(self.name, depends_on), expires=expires))
-        [(job_id_, created)] = self._client._run(ops.add_jobs(
-            self.keys, [job], self.mode, DURABLE_TIMEOUT_MS if durable else None))
+        [(job_id_, created)] = self._client._run(self._add(
+            [job], DURABLE_TIMEOUT_MS if durable else None))
         return SyncJobHandle(self._client, self.keys, job_id_, created)
 
     def add_bulk(self, items: Iterable[PayloadT]) -> list[SyncJobHandle]:
         jobs = _new_jobs(self.defaults, items)
         if not jobs:
             return []
-        added = self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
+        added = self._client._run(self._add(jobs))
         return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
 
     def add_flow(self, flow: Sequence[FlowJob]) -> list[SyncJobHandle]:
         jobs = _flow_jobs(self.name, self.defaults, flow)
-        added = self._client._run(ops.add_jobs(self.keys, jobs, self.mode))
+        added = self._client._run(self._add(jobs, together=True))
         return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
 
     def add_chain(self, items: Iterable[PayloadT]) -> list[SyncJobHandle]:
@@ -492,6 +508,11 @@ class SyncQueue(Generic[PayloadT]):
     def job(self, job_id: str) -> SyncJobHandle:
         return SyncJobHandle(self._client, self.keys, job_id, False)
 
+    def _add(self, jobs: Sequence[NewJob], durable_timeout_ms: int | None = None,
+             together: bool = False) -> Op[list[tuple[str, bool]]]:
+        return _add_op(self._client._parts, self, jobs, self._client._spread(len(jobs)),
+                       durable_timeout_ms, together)
+
 
 class SyncQueueClient:
     """The blocking client, for scripts, web apps without an event loop, and Spark executors."""
@@ -499,6 +520,8 @@ class SyncQueueClient:
     def __init__(self, url: str | None = None) -> None:
         self.url = check_url(resolve_url(url))
         self._transport: SyncTransport | None = None
+        self._parts = parted.PartitionCounts()
+        self._spread = _Spread()
         # The client may be shared by threads (a web app's thread pool): the first connection
         # is made once, not once per thread that finds none (an extra one would be dropped and
         # closed under the thread still using it).
@@ -537,8 +560,8 @@ class SyncQueueClient:
 
     def queue(self, queue: str | Handler[Any, Any, Any], **defaults: Any) -> SyncQueue[Any]:
         """Blocking :meth:`QueueClient.queue`."""
-        keys, merged, mode = _queue_target(queue, defaults)
-        return SyncQueue(self, keys, merged, mode)
+        keys, merged, mode, partitions = _queue_target(queue, defaults)
+        return SyncQueue(self, keys, merged, mode, partitions)
 
     def ping(self) -> None:
         """Blocking :meth:`QueueClient.ping`."""
@@ -555,30 +578,30 @@ class SyncQueueClient:
         return self._run(ops.is_paused(QueueKeys(queue)))
 
     def get_job(self, queue: str, job_id: str) -> JobInfo:
-        return self._run(ops.get_job(QueueKeys(queue), job_id))
+        return self._run(self._parts.on_job(queue, job_id, ops.get_job))
 
     def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100,
                   offset: int = 0) -> list[JobInfo]:
         """Blocking :meth:`QueueClient.list_jobs`."""
-        return self._run(ops.list_jobs(QueueKeys(queue), state, limit, offset))
+        return self._run(self._parts.on_all(queue, parted.all_list_jobs, state, limit, offset))
 
     def counts(self, queue: str) -> dict[JobState, int]:
-        return self._run(ops.counts(QueueKeys(queue)))
+        return self._run(self._parts.on_all(queue, parted.all_counts))
 
     def pause(self, queue: str) -> None:
-        self._run(ops.pause(QueueKeys(queue), True))
+        self._run(self._parts.on_all(queue, parted.all_pause, True))
 
     def resume(self, queue: str) -> None:
-        self._run(ops.pause(QueueKeys(queue), False))
+        self._run(self._parts.on_all(queue, parted.all_pause, False))
 
     def cancel(self, queue: str, job_id: str) -> JobState:
-        return self._run(ops.cancel(QueueKeys(queue), job_id))
+        return self._run(self._parts.on_job(queue, job_id, ops.cancel))
 
     def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        return self._run(ops.retry_failed(QueueKeys(queue), ids))
+        return self._run(self._parts.on_all(queue, parted.all_retry_failed, ids))
 
     def remove(self, queue: str, job_id: str) -> bool:
-        return self._run(ops.remove(QueueKeys(queue), job_id))
+        return self._run(self._parts.on_job(queue, job_id, ops.remove))
 
     def workers(self, queue: str | None = None) -> list[WorkerInfo]:
         """Blocking :meth:`QueueClient.workers`."""
@@ -591,11 +614,11 @@ class SyncQueueClient:
 
     def explain(self, queue: str, job_id: str) -> Explanation:
         """Blocking :meth:`QueueClient.explain`."""
-        return self._run(ops.explain(QueueKeys(queue), job_id))
+        return self._run(self._parts.on_job(queue, job_id, ops.explain))
 
     def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Blocking :meth:`QueueClient.purge`."""
-        return self._run(ops.purge(QueueKeys(queue), _states(states)))
+        return self._run(self._parts.on_all(queue, parted.all_purge, _states(states)))
 
     def schedules(self, queue: str) -> list[ScheduleInfo]:
         return self._run(ops.list_schedules(QueueKeys(queue)))
@@ -606,7 +629,7 @@ class SyncQueueClient:
     def read_events(self, queue: str, after: str | None = None, *, limit: int = 500
                     ) -> tuple[list[Event], str]:
         """See :meth:`QueueClient.read_events`."""
-        return self._run(ops.events_now(QueueKeys(queue), after, limit))
+        return self._run(self._parts.on_all(queue, parted.all_events, after, limit))
 
     def events(self, queue: str, *, after: str | None = None) -> Iterator[Event]:
         """Blocking :meth:`QueueClient.events`."""
@@ -626,6 +649,26 @@ class SyncQueueClient:
             for event in batch:
                 position = event.id
                 yield event
+
+
+class _Spread:
+    """Where a producer's jobs without id, key or dependency go: the partitions in turn."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def __call__(self, n: int) -> int:
+        start, self._next = self._next, self._next + n
+        return start
+
+
+def _add_op(parts: parted.PartitionCounts, queue: Queue[Any] | SyncQueue[Any],
+            jobs: Sequence[NewJob], spread: int, durable_timeout_ms: int | None,
+            together: bool) -> Op[list[tuple[str, bool]]]:
+    """Add ``jobs`` to ``queue``, each in its partition."""
+    where = yield from parts.parts(queue.name, queue.partitions)
+    return (yield from parted.add_routed(where, jobs, queue.mode, spread, durable_timeout_ms,
+                                         together))
 
 
 def _states(states: Iterable[JobState | str] | None) -> list[JobState | str] | None:

@@ -4,16 +4,25 @@ Every key of queue ``X`` starts with ``{q:X}:`` so that Redis Cluster keeps them
 and a Lua script can touch all of them atomically. Scripts receive the prefix as their only key
 and derive the rest (``_store/lua/lib/layout.lua``; ``tests/test_lua_layout.py`` holds the two
 layouts together).
+
+A queue with ``partitions=N`` is N such layouts: partition 0 is ``{q:X}:`` (so a one-partition
+queue is exactly the plain layout) and partition ``i`` is ``{q:X#i}:``. Each is a hash slot of its
+own, so Redis Cluster spreads them over its masters. Which partition holds a job is a pure
+function of the partition count (:func:`route`).
 """
 
 from __future__ import annotations
 
+import zlib
+
 from panqueue.errors import ConfigError
 
-__all__ = ["QueueKeys", "check_job_id", "check_queue_name"]
+__all__ = ["MAX_PARTITIONS", "QueueKeys", "check_job_id", "check_partitions", "check_queue_name",
+           "partition_keys", "route"]
 
 _MAX_NAME = 200
 _MAX_JOB_ID = 256
+MAX_PARTITIONS = 1024
 
 
 def check_queue_name(name: object) -> str:
@@ -22,9 +31,9 @@ def check_queue_name(name: object) -> str:
         raise ConfigError(f"queue name must be a non-empty str, got {name!r}")
     if len(name) > _MAX_NAME:
         raise ConfigError(f"queue name {name[:40]!r}... is longer than {_MAX_NAME} characters")
-    if any(c in name for c in "{}") or not name.isprintable() or name != name.strip():
+    if any(c in name for c in "{}#") or not name.isprintable() or name != name.strip():
         raise ConfigError(
-            f"queue name {name!r} may not contain braces, control characters or "
+            f"queue name {name!r} may not contain braces, '#', control characters or "
             "leading/trailing spaces"
         )
     return name
@@ -46,16 +55,46 @@ def check_job_id(job_id: object) -> str:
     return job_id
 
 
+def check_partitions(n: object) -> int:
+    """Return a valid partition count, else raise :class:`ConfigError`."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PARTITIONS:
+        raise ConfigError(f"partitions must be an int between 1 and {MAX_PARTITIONS}, got {n!r}")
+    return n
+
+
+def route(n: int, job_id: str | None = None, key: str | None = None) -> int | None:
+    """The partition (of ``n``) that holds a job: by its concurrency ``key`` in keyed mode (a
+    key lives in one partition, so per-key limits hold exactly), else by its id: a generated id
+    (all digits) carries its partition as ``id % n`` (the add script makes it so), a custom id
+    goes where its CRC-32 says, so adding it again finds it. None: the job has neither, any
+    partition will do (the producer spreads such jobs)."""
+    if n == 1:
+        return 0
+    if key:
+        return zlib.crc32(key.encode()) % n
+    if job_id:
+        return int(job_id) % n if job_id.isdigit() else zlib.crc32(job_id.encode()) % n
+    return None
+
+
+def partition_keys(name: str, n: int) -> list[QueueKeys]:
+    """The key layouts of every partition of queue ``name``."""
+    return [QueueKeys(name, i, n) for i in range(n)]
+
+
 class QueueKeys:
-    """Names of the keys and the notify channel of one queue."""
+    """Names of the keys and the notify channel of one queue (of one partition of it)."""
 
     __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "expires",
                  "failed", "history", "idle", "key_active", "limited", "meta", "name", "notify",
-                 "prefix", "rate", "ready", "schedules", "wait", "worker_info", "workers")
+                 "partition", "partitions", "prefix", "rate", "ready", "schedules",
+                 "shared_rate", "wait", "worker_info", "workers")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, partition: int = 0, partitions: int = 1) -> None:
         self.name = check_queue_name(name)
-        self.prefix = f"{{q:{name}}}:"
+        self.partition = partition
+        self.partitions = partitions
+        self.prefix = f"{{q:{name}#{partition}}}:" if partition else f"{{q:{name}}}:"
         self.meta = self.prefix + "meta"
         self.wait = self.prefix + "wait"
         self.delayed = self.prefix + "delayed"
@@ -83,6 +122,14 @@ class QueueKeys:
         self.expires = self.prefix + "expires"
         # One record per finished job, for exports (panqueue.spark.export_history).
         self.history = self.prefix + "history"
+        # A partitioned queue's global rate limit: one window for every partition, in a slot
+        # of its own (lua/rate_take.lua).
+        self.shared_rate = f"{{q:{name}#rate}}:rl"
+
+    @property
+    def declared(self) -> str:
+        """How this partition declares itself to the scripts: "<count>:<index>"."""
+        return f"{self.partitions}:{self.partition}"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from panqueue._job import Job, PayloadT
-from panqueue._keys import check_queue_name
+from panqueue._keys import check_partitions, check_queue_name
 from panqueue._options import (
     DEFAULT_CHILD_ENV,
     Backoff,
@@ -51,6 +51,7 @@ class HandlerOptions:
     key_concurrency: int = 1
     rate_limit: RateLimit | None = None
     max_snoozes: int | None = None
+    partitions: int = 1
 
 
 class Handler(Generic[P, R, PayloadT]):
@@ -162,6 +163,7 @@ class Registry:
         key_concurrency: int = 1,
         rate_limit: RateLimit | None = None,
         max_snoozes: int | None = None,
+        partitions: int = 1,
         **job_defaults: Any,
     ) -> _HandlerDecorator:
         """Register the decorated function as the handler of ``queue_id``.
@@ -180,6 +182,9 @@ class Registry:
         ``RateLimit.max`` starts per ``RateLimit.per`` seconds across all workers.
         ``max_snoozes``: a job whose handler raises ``Snooze`` more than this many times fails
         with reason ``max_snoozes_exceeded`` (default ``None``: no limit).
+        ``partitions=N``: store the queue under N hash tags, so that Redis Cluster spreads it
+        over several masters (docs/scaling.md); jobs go to a partition by key (keyed mode) or
+        id, and a worker claims across them in rotation.
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
         ``client.queue(handler)``.
 
@@ -239,6 +244,7 @@ class Registry:
             key_concurrency=key_concurrency,
             rate_limit=rate_limit,
             max_snoozes=max_snoozes,
+            partitions=check_partitions(partitions),
         )
 
         def register(fn: Callable[..., Any]) -> Handler[..., Any, Any]:

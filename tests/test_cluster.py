@@ -27,10 +27,11 @@ import redis
 from redis.crc import key_slot
 
 from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Worker, WorkerPool
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, partition_keys
 from panqueue._store import SyncTransport, ops
 from panqueue._store.loader import SCRIPTS
 from panqueue.embedded import find_server_binary, free_port
+from panqueue.testing import drain, run_worker
 from tests.helpers import run_cli, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -469,3 +470,58 @@ def test_history_records_are_read_and_acknowledged_on_each_queues_master(
             assert transport.run(ops.read_history(keys, 100)).entries == []
     finally:
         transport.close()
+
+
+def _partitioned_queue(cluster: Cluster, n: int) -> str:
+    """A fresh queue name whose ``n`` partitions live on ``n`` different masters."""
+    while True:
+        name = f"pt-{uuid.uuid4().hex[:8]}"
+        owners = {cluster.owner_port(keys.prefix) for keys in partition_keys(name, n)}
+        if len(owners) == n:
+            return name
+
+
+def _cpu_seconds(port: int) -> float:
+    """The CPU time the node's process has used (INFO cpu: user + system; unlike the time
+    commands took, not inflated when the machine is busy and the process waits for a core)."""
+    stats = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        cpu = stats.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    finally:
+        stats.close()
+
+
+async def test_a_partitioned_queue_spreads_over_every_master(cluster: Cluster) -> None:
+    """partitions=3 on three masters: each master holds a third of the jobs, two workers run
+    each job once, and each master spends about the same time per job (within 20 %)."""
+    name = _partitioned_queue(cluster, MASTERS)
+    parts = partition_keys(name, MASTERS)
+    registry = Registry()
+    ran: dict[str, int] = {}
+
+    @registry.handler(name, partitions=MASTERS, concurrency=20)
+    async def work(job: Job[int]) -> None:
+        ran[job.id] = ran.get(job.id, 0) + 1
+
+    total = 12_000
+    async with QueueClient(cluster.url) as client:
+        queue = client.queue(work)
+        before = {port: _cpu_seconds(port) for port in cluster.ports}
+        handles = []
+        for start in range(0, total, 2000):
+            handles += await queue.add_bulk(range(start, start + 2000))
+        for keys in parts:
+            node = cluster.node_client(cluster.owner_port(keys.prefix))
+            try:
+                assert node.zcard(keys.wait) == total // MASTERS
+            finally:
+                node.close()
+        async with run_worker(registry, name, cluster.url), \
+                run_worker(registry, name, cluster.url):
+            await drain(cluster.url, name, timeout=60)
+        after = {port: _cpu_seconds(port) for port in cluster.ports}
+    assert sorted(ran) == sorted(h.id for h in handles) and set(ran.values()) == {1}
+    per_job = [(after[port] - before[port]) / (total / MASTERS) for port in cluster.ports]
+    mean = sum(per_job) / len(per_job)
+    assert all(abs(cpu - mean) <= 0.2 * mean for cpu in per_job), per_job

@@ -16,6 +16,7 @@ from panqueue import (
     Job,
     JobState,
     QueueClient,
+    RateLimit,
     Registry,
     SyncQueueClient,
     Worker,
@@ -194,3 +195,26 @@ async def test_a_named_producer_follows_the_stored_count(redis_url: str,
         handles = await client.queue(queue_name).add_bulk(range(9))
         assert {int(h.id) % N for h in handles} == {0, 1, 2}
         assert [await h.result(timeout=10) for h in handles] == list(range(9))
+
+
+async def test_the_rate_limit_stays_global_across_partitions(redis_url: str,
+                                                            queue_name: str) -> None:
+    """Two workers, three partitions, one window: no 1-second span holds more than 10 starts
+    (by the server's start times). Per-partition windows would allow 30."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N, concurrency=10,
+                      rate_limit=RateLimit(max=10, per=1.0))
+    async def work(job: Job[int]) -> None:
+        return None
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(work).add_bulk(range(25))
+        async with run_worker(registry, queue_name, redis_url), \
+                run_worker(registry, queue_name, redis_url):
+            await drain(redis_url, queue_name, timeout=20)
+        starts = sorted([(await h.info()).started_at for h in handles])  # type: ignore[type-var]
+    assert len(starts) == 25 and None not in starts
+    # A start is counted when its claim takes it, a moment before the claim stamps the job.
+    for first, eleventh in zip(starts, starts[10:], strict=False):
+        assert (eleventh - first).total_seconds() >= 0.95

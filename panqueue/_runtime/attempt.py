@@ -66,7 +66,8 @@ class _Cancelled(Fail):
 
 
 Report = Callable[[Attempt, str, Any], Awaitable[None]]
-Release = Callable[[list[tuple[str, str]]], Awaitable[None]]
+# Gives locks back to waiting: (job id, token) pairs of one partition (the second argument).
+Release = Callable[[list[tuple[str, str]], int], Awaitable[None]]
 
 
 class AttemptRunner:
@@ -101,7 +102,7 @@ class AttemptRunner:
             return outcome
 
     async def _run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
-        attempt = self._attempts.start(claimed.id, claimed.token, stopping)
+        attempt = self._attempts.start(claimed.id, claimed.token, stopping, claimed.partition)
         options = self._options
         started = time.monotonic()
         outcome: Any = None
@@ -125,7 +126,7 @@ class AttemptRunner:
             # The whole worker is being cancelled from outside: give the job back at once.
             self._attempts.end(attempt)
             with anyio.CancelScope(shield=True):
-                await self._release([(claimed.id, claimed.token)])
+                await self._release([(claimed.id, claimed.token)], claimed.partition)
             raise
         except SystemExit as exc:  # sys.exit() in an inline handler ends the attempt only
             error = HandlerAborted(exc)

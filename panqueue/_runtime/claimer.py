@@ -10,6 +10,14 @@ An empty claim also registers the worker as idle (lua/lib/handoff.lua): the next
 job for it and hands it over in the wake-up message itself, so an idle worker starts a new job
 without a claim of its own. The next claim withdraws the registration and takes over a job
 whose message went missing; a stopping worker withdraws it and releases what it was handed.
+
+A partitioned queue (``partitions=N``) has one loop all the same: each claim asks the partitions
+in turn, starting one further each time, until the free slots are filled or every partition was
+asked, so no partition waits while another has work. Its idle workers do not register (a job
+handed over in one partition could not be withdrawn from the others); a wake-up from any
+partition wakes the loop. Its global rate limit is one window in a slot of its own: before
+each partition's claim the loop takes starts from it, and gives back those no job used
+(lua/rate_take.lua); its jobs' recordings then claim nothing, so every start goes through it.
 """
 
 from __future__ import annotations
@@ -44,9 +52,13 @@ Process = Callable[[ClaimedJob], Awaitable[ClaimedJob | None]]
 class Claimer:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens,
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
-                 process: Process, log: Any) -> None:
+                 process: Process, log: Any, parts: list[QueueKeys] | None = None,
+                 shared_rate: tuple[int, int] | None = None) -> None:
         self._transport = transport
         self._keys = keys
+        self._parts = parts or [keys]
+        self._turn = 0  # the partition the next claim asks first
+        self._shared_rate = shared_rate  # (max, window ms): a partitioned queue's rate limit
         self._tokens = tokens
         self._wakeups = wakeups
         self._lock_ttl = lock_ttl
@@ -174,6 +186,8 @@ class Claimer:
         jobs it claimed (see lua/lib/memo.lua), so none waits for the stalled sweep. It is given
         up once the claimed jobs' locks could have expired, or when the worker stops.
         """
+        if len(self._parts) > 1:
+            return await self._claim_partitions(free)
         token = self._tokens.new()
         withdraw = self._registered
         # Registered before the call is sent: a call whose reply is lost may still register it.
@@ -186,7 +200,64 @@ class Claimer:
             self._sending = ""
             self._delivered.clear()
 
-    async def _send_claim(self, token: str, free: int, withdraw: list[str]) -> Claimed | None:
+    async def _claim_partitions(self, free: int) -> Claimed | None:
+        """Claim up to ``free`` jobs from the partitions in turn (see the module docstring);
+        None if no partition could be asked."""
+        n = len(self._parts)
+        start, self._turn = self._turn, (self._turn + 1) % n
+        jobs: list[ClaimedJob] = []
+        wake_in = -1
+        answered = False
+        for step in range(n):
+            keys = self._parts[(start + step) % n]
+            token = self._tokens.new()
+            wanted = free - len(jobs)
+            if self._shared_rate is not None:
+                taken = await self._take_starts(keys, wanted, token)
+                if taken is None:
+                    continue
+                wanted, until_free = taken
+                if wanted == 0:
+                    answered = True
+                    wake_in = until_free if wake_in < 0 else min(wake_in, until_free)
+                    break
+            claimed = await self._send_claim(token, wanted, [], keys)
+            got = 0 if claimed is None else len(claimed.jobs)
+            if self._shared_rate is not None and got < wanted:
+                await self._give_back_starts(keys, token, got + 1, wanted)
+            if claimed is None:
+                continue
+            answered = True
+            jobs += claimed.jobs
+            if claimed.wake_in_ms >= 0:
+                wake_in = claimed.wake_in_ms if wake_in < 0 else min(wake_in, claimed.wake_in_ms)
+            if len(jobs) >= free:
+                break
+        return Claimed(jobs, wake_in) if answered else None
+
+    async def _take_starts(self, keys: QueueKeys, wanted: int, name: str
+                           ) -> tuple[int, int] | None:
+        assert self._shared_rate is not None
+        limit, per_ms = self._shared_rate
+        try:
+            return await self._transport.run(transitions.take_starts(keys, wanted, limit,
+                                                                     per_ms, name))
+        except PanqueueError as exc:
+            self._trouble.failed(exc)
+            return None
+
+    async def _give_back_starts(self, keys: QueueKeys, name: str, first: int, last: int
+                                ) -> None:
+        """Starts no job used go back (if this fails, they only leave the window less full
+        until they age out of it)."""
+        try:
+            await self._transport.run(transitions.give_back_starts(keys, name, first, last))
+        except PanqueueError as exc:
+            self._trouble.failed(exc)
+
+    async def _send_claim(self, token: str, free: int, withdraw: list[str],
+                          keys: QueueKeys | None = None) -> Claimed | None:
+        registering = keys is None
         give_up = time.monotonic() + self._lock_ttl * 0.8
         while True:
             with anyio.CancelScope(shield=True) as scope:
@@ -194,14 +265,16 @@ class Claimer:
                 try:
                     sent = time.monotonic()
                     claimed = await self._transport.run(transitions.claim(
-                        self._keys, token, self._ttl_ms, free, withdraw=withdraw,
-                        idle_ms=self._idle_ms))
+                        keys or self._keys, token, self._ttl_ms, free, withdraw=withdraw,
+                        idle_ms=self._idle_ms if registering else 0))
                     if self.on_claim is not None:
                         self.on_claim(time.monotonic() - sent)
                 except PanqueueError as exc:
                     self._trouble.failed(exc)
                 else:
                     self._trouble.ok()
+                    if not registering:
+                        return claimed
                     # The withdrawn registrations are over; this call's stands if it was empty
                     # and no job was handed to it yet. If one was, and its message came first,
                     # a resent call answers that same job again: it runs once, from the message.

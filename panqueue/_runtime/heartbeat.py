@@ -26,11 +26,11 @@ BEATS_PER_TTL = 3
 class Heartbeat:
     """Beats for one worker on one queue. ``running`` returns the ids of the jobs it runs now."""
 
-    def __init__(self, transport: AsyncTransport, keys: QueueKeys, *, name: str,
+    def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *, name: str,
                  concurrency: int, running: Callable[[], list[str]], interval: float,
                  log: Any) -> None:
         self._transport = transport
-        self._keys = keys
+        self._parts = parts  # every partition has the entry: explain reads its own
         self._name = name
         self._concurrency = concurrency
         self._running = running
@@ -41,9 +41,11 @@ class Heartbeat:
         self._trouble = Trouble(log, "worker heartbeat")
 
     async def beat(self) -> None:
-        await self._transport.run(transitions.heartbeat(
-            self._keys, self._name, self._ttl_ms, host=self._host, pid=self._pid,
-            queues=[self._keys.name], concurrency=self._concurrency, running=self._running()))
+        running = self._running()
+        for keys in self._parts:
+            await self._transport.run(transitions.heartbeat(
+                keys, self._name, self._ttl_ms, host=self._host, pid=self._pid,
+                queues=[keys.name], concurrency=self._concurrency, running=running))
 
     async def run(self) -> None:
         """Beat until cancelled. A failed beat is retried sooner; the entry lives on meanwhile
@@ -62,6 +64,7 @@ class Heartbeat:
         """Remove the entry now (a clean stop). If Redis cannot be reached the entry expires
         by itself within its TTL."""
         try:
-            await self._transport.run(transitions.leave_registry(self._keys, self._name))
+            for keys in self._parts:
+                await self._transport.run(transitions.leave_registry(keys, self._name))
         except PanqueueError:
             pass

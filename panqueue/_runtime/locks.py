@@ -53,6 +53,7 @@ class Attempt:
     forced: bool = False  # forced shutdown: release the job back to waiting
     cancel_requested: bool = False  # cancel(queue, id) was called for this job
     stopping: bool = False  # the worker is shutting down
+    partition: int = 0  # the partition of a partitioned queue that holds the job
 
     def should_stop(self) -> bool:
         return self.stopping or self.cancel_requested or self.lost
@@ -84,8 +85,9 @@ class Attempts:
     def __len__(self) -> int:
         return len(self.by_lock)
 
-    def start(self, job_id: str, token: str, stopping: bool) -> Attempt:
-        attempt = Attempt(job_id, token, time.monotonic() + self.lock_ttl, stopping=stopping)
+    def start(self, job_id: str, token: str, stopping: bool, partition: int = 0) -> Attempt:
+        attempt = Attempt(job_id, token, time.monotonic() + self.lock_ttl, stopping=stopping,
+                          partition=partition)
         self.by_lock[attempt.lock] = attempt
         self._by_job[job_id] = attempt
         return attempt
@@ -111,6 +113,10 @@ class Attempts:
             attempt.lost = True
             attempt.scope.cancel()
 
+    def partition_of(self, lock: tuple[str, str]) -> int:
+        attempt = self.by_lock.get(lock)
+        return 0 if attempt is None else attempt.partition
+
     def locks(self) -> list[tuple[str, str]]:
         """(job id, token) of every running attempt (safe to call from another thread)."""
         return list(self.by_lock)
@@ -123,15 +129,23 @@ class Attempts:
                 attempt.deadline = max(attempt.deadline, sent + self.lock_ttl)
 
 
+def by_partition(running: list[Attempt]) -> dict[int, list[tuple[str, str]]]:
+    """The locks of ``running`` attempts, by the partition that holds their job."""
+    found: dict[int, list[tuple[str, str]]] = {}
+    for attempt in running:
+        found.setdefault(attempt.partition, []).append(attempt.lock)
+    return found
+
+
 class Renewer:
     """Renews the locks of every running attempt in one call every ``lock_ttl / 3``, and stops
     the attempts whose lock is lost, or surely expired because renewals kept failing (the job
     may already run elsewhere: finishing it here would be a double run)."""
 
-    def __init__(self, transport: AsyncTransport, keys: QueueKeys, attempts: Attempts,
+    def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], attempts: Attempts,
                  log: Any) -> None:
         self._transport = transport
-        self._keys = keys
+        self._parts = parts
         self._attempts = attempts
         self._ttl_ms = max(1, int(attempts.lock_ttl * 1000))
         self._trouble = Trouble(log, "lock renewal")
@@ -148,8 +162,10 @@ class Renewer:
             return
         sent = time.monotonic()
         try:
-            lost = await self._transport.run(transitions.extend(
-                self._keys, self._ttl_ms, [a.lock for a in running]))
+            lost: set[tuple[str, str]] = set()
+            for partition, locks in by_partition(running).items():
+                lost |= set(await self._transport.run(transitions.extend(
+                    self._parts[partition], self._ttl_ms, locks)))
         except PanqueueError as exc:
             self._trouble.failed(exc)
         else:

@@ -23,11 +23,12 @@ __all__ = ["Upkeep"]
 
 
 class Upkeep:
-    def __init__(self, transport: AsyncTransport, keys: QueueKeys, *, interval: float,
+    def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *, interval: float,
                  max_stalls: int, retention: Retention, schedules: dict[str, Schedule],
                  log: Any) -> None:
         self._transport = transport
-        self._keys = keys
+        self._parts = parts
+        self._keys = parts[0]  # a partitioned queue's schedules live in its first partition
         self._interval = interval
         self._max_stalls = max_stalls
         self._retention = retention
@@ -38,24 +39,28 @@ class Upkeep:
 
     async def run(self) -> None:
         """The stalled sweep, promotion, expiry and cleaning, every ``interval`` seconds."""
-        transport, keys, retention, trouble = (self._transport, self._keys, self._retention,
-                                               self._trouble)
+        trouble = self._trouble
         while True:
             await anyio.sleep(self._interval if not trouble.count
                               else max(self._interval, trouble.backoff()))
             try:
-                requeued, failed = await transport.run(transitions.sweep_stalled(
-                    keys, self._max_stalls, retention.failed))
-                if requeued or failed:
-                    self._log.warning("stalled jobs recovered", requeued=requeued, failed=failed)
-                await transport.run(transitions.promote(keys))
-                await transport.run(transitions.expire_due(keys))
-                await transport.run(ops.clean(keys, Retention.age_ms(retention.completed_for),
-                                              Retention.age_ms(retention.failed_for)))
+                for keys in self._parts:
+                    await self._sweep(keys)
             except PanqueueError as exc:
                 trouble.failed(exc)
             else:
                 trouble.ok()
+
+    async def _sweep(self, keys: QueueKeys) -> None:
+        transport, retention = self._transport, self._retention
+        requeued, failed = await transport.run(transitions.sweep_stalled(
+            keys, self._max_stalls, retention.failed))
+        if requeued or failed:
+            self._log.warning("stalled jobs recovered", requeued=requeued, failed=failed)
+        await transport.run(transitions.promote(keys))
+        await transport.run(transitions.expire_due(keys))
+        await transport.run(ops.clean(keys, Retention.age_ms(retention.completed_for),
+                                      Retention.age_ms(retention.failed_for)))
 
     async def run_schedules(self) -> None:
         """Register this queue's schedules, then enqueue each tick when it is due. Every worker

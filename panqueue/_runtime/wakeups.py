@@ -3,7 +3,8 @@ job outright, lua/lib/handoff.lua) and running ones that a job was cancelled.
 
 The subscription exists before the first claim (so no wake-up is lost), is pinged when quiet and
 replaced when it breaks or stops answering; after a reconnect the worker looks for work at once,
-since anything published meanwhile was lost.
+since anything published meanwhile was lost. A partitioned queue has a channel per partition;
+each is listened to, and any of them wakes the one claim loop.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ _CLOSE_WAIT = 2.0
 
 
 class WakeUps:
-    def __init__(self, transport: AsyncTransport, keys: QueueKeys, *, health_interval: float,
-                 on_cancel: Callable[[str], None], on_handoff: Callable[[bytes], None],
-                 log: Any) -> None:
+    def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *,
+                 health_interval: float, on_cancel: Callable[[str], None],
+                 on_handoff: Callable[[bytes], None], log: Any) -> None:
         self._transport = transport
-        self._keys = keys
+        self._channels = [keys.notify for keys in parts]
         self._health_interval = health_interval
         self._on_cancel = on_cancel
         self._on_handoff = on_handoff
@@ -45,17 +46,34 @@ class WakeUps:
         """Wake the claim loop now (as a wake-up message would)."""
         self._wake.set()
 
-    async def subscribe(self) -> AsyncSubscriber:
-        """The first subscription, made before the first claim (a refusal raises here)."""
-        return await self._transport.subscribe(self._keys.notify)
+    async def subscribe(self) -> list[AsyncSubscriber]:
+        """The first subscriptions, made before the first claim (a refusal raises here)."""
+        made: list[AsyncSubscriber] = []
+        try:
+            for channel in self._channels:
+                made.append(await self._transport.subscribe(channel))
+        except BaseException:
+            with anyio.move_on_after(_CLOSE_WAIT, shield=True):
+                for subscriber in made:
+                    await subscriber.aclose()
+            raise
+        return made
 
-    async def listen(self, first: AsyncSubscriber) -> None:
+    async def listen(self, first: list[AsyncSubscriber]) -> None:
+        if len(first) == 1:
+            await self._listen(self._channels[0], first[0])
+            return
+        async with anyio.create_task_group() as tg:
+            for channel, subscriber in zip(self._channels, first, strict=True):
+                tg.start_soon(self._listen, channel, subscriber)
+
+    async def _listen(self, channel: str, first: AsyncSubscriber) -> None:
         subscriber: AsyncSubscriber | None = first
         delay = 0.1
         while True:
             if subscriber is None:
                 try:
-                    subscriber = await self._transport.subscribe(self._keys.notify)
+                    subscriber = await self._transport.subscribe(channel)
                 except PanqueueError as exc:
                     if delay == 0.1:
                         self._log.warning("wake-up channel unavailable; polling",

@@ -32,12 +32,14 @@ RENEW_BOUND = 10
 
 
 class LoopWatchdog:
-    def __init__(self, *, url: str, keys: QueueKeys, handler_name: str, executor_name: str,
-                 lock_ttl: float, running: Callable[[], list[tuple[str, str]]],
+    def __init__(self, *, url: str, parts: list[QueueKeys], handler_name: str,
+                 executor_name: str, lock_ttl: float, running: Callable[[], list[tuple[str, str]]],
                  renewed: Callable[[list[tuple[str, str]], float], None], log: Any,
-                 threshold: float = 1.0) -> None:
+                 threshold: float = 1.0,
+                 partition_of: Callable[[tuple[str, str]], int] = lambda lock: 0) -> None:
         self._url = url
-        self._keys = keys
+        self._parts = parts
+        self._partition_of = partition_of
         self._handler_name = handler_name
         self._executor_name = executor_name
         self._lock_ttl_ms = max(1, int(lock_ttl * 1000))
@@ -109,7 +111,13 @@ class LoopWatchdog:
             if self._transport is None:
                 self._transport = SyncTransport(self._url)
             sent = time.monotonic()
-            lost = self._transport.run(transitions.extend(self._keys, self._lock_ttl_ms, jobs))
+            grouped: dict[int, list[tuple[str, str]]] = {}
+            for lock in jobs:
+                grouped.setdefault(self._partition_of(lock), []).append(lock)
+            lost: set[tuple[str, str]] = set()
+            for partition, locks in grouped.items():
+                lost |= set(self._transport.run(transitions.extend(
+                    self._parts[partition], self._lock_ttl_ms, locks)))
         except PanqueueError as exc:
             self._log.warning("lock renewal from the watchdog failed", error=str(exc))
             return

@@ -20,19 +20,19 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
 
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, partition_keys
 from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
 from panqueue._runtime.attempt import AttemptRunner, Ending
 from panqueue._runtime.claimer import Claimer
 from panqueue._runtime.heartbeat import Heartbeat
 from panqueue._runtime.hooks import MetricsHook
-from panqueue._runtime.locks import Attempts, Renewer, Tokens
+from panqueue._runtime.locks import Attempt, Attempts, Renewer, Tokens
 from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.stats import log_summary
 from panqueue._runtime.trouble import Trouble
@@ -102,7 +102,9 @@ class Worker:
     ) -> None:
         self.handler = registry.get(queue)
         self.schedules = {s.name: s for s in registry.schedules_for(queue)}
-        self.keys = QueueKeys(queue)
+        # Every partition of the queue (one for most queues); the first is the queue's home.
+        self.parts = partition_keys(queue, self.handler.options.partitions)
+        self.keys = self.parts[0]
         self.url = resolve_url(url)
         options = self.handler.options
         self.concurrency = options.concurrency or concurrency or 1
@@ -151,26 +153,41 @@ class Worker:
         try:
             options = self.handler.options
             rate = options.rate_limit
+            # A partitioned queue's global rate limit is one window outside every partition:
+            # the claim loop takes its starts (Claimer), not the partitions' scripts.
+            shared_rate = None
+            if rate is not None and not rate.per_key and len(self.parts) > 1:
+                shared_rate, rate = (rate.max, int(rate.per * 1000)), None
             starting = Trouble(self._log, "starting the worker")
-            await self._when_served(starting, lambda: transport.run(ops.setup_queue(
-                self.keys, options.mode, options.key_concurrency,
-                0 if rate is None else rate.max, 0 if rate is None else int(rate.per * 1000),
-                rate is not None and rate.per_key, options.retention.failed,
-                options.retention.history)))
+            for keys in self.parts:
+                def setup(keys: QueueKeys = keys) -> Awaitable[None]:
+                    return transport.run(ops.setup_queue(
+                        keys, options.mode, options.key_concurrency,
+                        0 if rate is None else rate.max,
+                        0 if rate is None else int(rate.per * 1000),
+                        rate is not None and rate.per_key, options.retention.failed,
+                        options.retention.history))
+                await self._when_served(starting, setup)
+            if len(self.parts) > 1:
+                await self._when_served(starting, lambda: transport.run(
+                    ops.pause_like_home(self.parts)))
             self._executor = executor = create_executor(self.handler)
             if self.metrics is not None:
                 executor.on_restart = (lambda reason, m=self.metrics, e=executor.name:
                                        m.executor_restarted(self.keys.name, e, reason))
             await executor.start()
             log = self._log
-            self._recorder = recorder = Recorder(
-                transport, self.keys, self._tokens, lock_ttl=self.lock_ttl,
+            self._recorders = [Recorder(
+                transport, keys, self._tokens, lock_ttl=self.lock_ttl,
                 keep_completed=options.retention.completed, keep_failed=options.retention.failed,
-                concurrency=self.concurrency, stopping=lambda: self._stopping, log=log,
-                max_snoozes=options.max_snoozes)
+                concurrency=self.concurrency,
+                # With a shared rate window, recordings claim nothing: every start is taken
+                # through it by the claim loop.
+                stopping=lambda: self._stopping or shared_rate is not None, log=log,
+                max_snoozes=options.max_snoozes) for keys in self.parts]
             self._runner = AttemptRunner(executor, self.keys.name, options.job, self._attempts,
-                                         recorder.report, recorder.release)
-            wakeups = WakeUps(transport, self.keys, health_interval=self.health_interval,
+                                         self._report, self._release)
+            wakeups = WakeUps(transport, self.parts, health_interval=self.health_interval,
                               on_cancel=self._cancel_requested,
                               on_handoff=self._handed_over, log=log)
             # Subscribed before the first claim (no lost wake-up), and outside the task group so
@@ -179,19 +196,20 @@ class Worker:
             self._claimer = claimer = Claimer(
                 transport, self.keys, self._tokens, wakeups, concurrency=self.concurrency,
                 lock_ttl=self.lock_ttl, poll_interval=self.poll_interval, process=self._process,
-                log=log)
+                log=log, parts=self.parts, shared_rate=shared_rate)
             if self.metrics is not None:
                 claimer.on_claim = lambda s, m=self.metrics: m.claim_finished(self.keys.name, s)
-            upkeep = Upkeep(transport, self.keys, interval=self.stalled_interval,
+            upkeep = Upkeep(transport, self.parts, interval=self.stalled_interval,
                             max_stalls=options.max_stalls, retention=options.retention,
                             schedules=self.schedules, log=log)
             watchdog = LoopWatchdog(
-                url=self.url, keys=self.keys, handler_name=self.handler.import_path,
+                url=self.url, parts=self.parts, handler_name=self.handler.import_path,
                 executor_name=executor.name, lock_ttl=self.lock_ttl,
-                running=self._attempts.locks, renewed=self._attempts.renewed, log=log)
+                running=self._attempts.locks, renewed=self._attempts.renewed, log=log,
+                partition_of=self._attempts.partition_of)
             watchdog.start()
             beats = Heartbeat(
-                transport, self.keys, name=self.name, concurrency=self.concurrency,
+                transport, self.parts, name=self.name, concurrency=self.concurrency,
                 running=lambda: [job_id for job_id, _ in self._attempts.locks()],
                 interval=self.heartbeat_interval, log=log)
             await self._when_served(starting, beats.beat)
@@ -199,7 +217,7 @@ class Worker:
                 tg.start_soon(beats.run)
                 tg.start_soon(self._heartbeat, watchdog)
                 tg.start_soon(wakeups.listen, subscriber)
-                renewer = Renewer(transport, self.keys, self._attempts, log)
+                renewer = Renewer(transport, self.parts, self._attempts, log)
                 if self.metrics is not None:
                     renewer.on_renewed = (
                         lambda n, m=self.metrics: m.locks_renewed(self.keys.name, n))
@@ -317,8 +335,9 @@ class Worker:
 
     async def _process(self, job: ClaimedJob) -> ClaimedJob | None:
         """Run one job and record its outcome; returns the job claimed next for the slot."""
+        recorder = self._recorders[job.partition]
         if self._stopping and self._force.is_set():
-            await self._recorder.release([(job.id, job.token)])
+            await recorder.release([(job.id, job.token)])
             return None
         previous = self._attempts.of_job(job.id)
         if previous is not None:
@@ -330,8 +349,8 @@ class Worker:
         outcome = await self._runner.run(job, self._stopping)
         if outcome.ending == Ending.COMPLETED:
             # The common path binds nothing: a per-job line costs one level check when off.
-            recorded, following = await self._recorder.complete(job.id, job.token,
-                                                                 outcome.result, self._log)
+            recorded, following = await recorder.complete(job.id, job.token, outcome.result,
+                                                          self._log)
             if self.metrics is not None:
                 self._observe(job, "completed" if recorded else "lock_lost", outcome.duration)
             if recorded:
@@ -348,20 +367,20 @@ class Worker:
             log.warning("attempt stopped: its lock was lost; outcome discarded")
             return None
         if outcome.ending == Ending.RELEASE:
-            await self._recorder.release([(job.id, job.token)])
+            await recorder.release([(job.id, job.token)])
             if self.metrics is not None:
                 self._observe(job, "released", outcome.duration)
             log.warning("job released at forced shutdown")
             return None
         if outcome.ending == Ending.SNOOZED:
             assert outcome.snooze is not None
-            status, following = await self._recorder.snooze(outcome.snooze, log)
+            status, following = await recorder.snooze(outcome.snooze, log)
         elif outcome.ending == Ending.RATE_LIMITED:
             assert outcome.throttled is not None
-            status, following = await self._recorder.rate_limited(outcome.throttled, log)
+            status, following = await recorder.rate_limited(outcome.throttled, log)
         else:
             assert outcome.failure is not None
-            status, following = await self._recorder.fail(outcome.failure, log)
+            status, following = await recorder.fail(outcome.failure, log)
         if status == Status.FAILED:
             self.failed += 1
         if self.metrics is not None and status is not None:
@@ -387,7 +406,13 @@ class Worker:
             except PanqueueError as exc:
                 self._log.warning("could not withdraw the idle registration", error=str(exc))
                 return
-            await self._recorder.release([(job.id, job.token) for job in handed])
+            await self._recorders[0].release([(job.id, job.token) for job in handed])
+
+    async def _report(self, attempt: Attempt, kind: str, value: Any) -> None:
+        await self._recorders[attempt.partition].report(attempt, kind, value)
+
+    async def _release(self, locks: list[tuple[str, str]], partition: int) -> None:
+        await self._recorders[partition].release(locks)
 
     def _cancel_requested(self, job_id: str) -> None:
         attempt = self._attempts.of_job(job_id)

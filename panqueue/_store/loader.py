@@ -93,6 +93,7 @@ class _Scripts:
         self.fail = _load("fail")
         self.snooze = _load("snooze")
         self.rate_limited = _load("rate_limited")
+        self.rate_take = _load("rate_take")
         self.extend = _load("extend")
         self.stalled = _load("stalled")
         self.expire = _load("expire")

@@ -21,7 +21,7 @@ from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import encode_error
 from panqueue._store.status import Status
-from panqueue._store.transport import Op, ScriptCall
+from panqueue._store.transport import Command, Op, ScriptCall
 
 __all__ = [
     "Claimed",
@@ -36,6 +36,7 @@ __all__ = [
     "expire_due",
     "extend",
     "fail",
+    "give_back_starts",
     "heartbeat",
     "leave_registry",
     "parse_claim",
@@ -46,6 +47,7 @@ __all__ = [
     "release",
     "snooze",
     "sweep_stalled",
+    "take_starts",
 ]
 
 _STALL_ERROR = encode_error(
@@ -66,6 +68,7 @@ class ClaimedJob:
     enqueued_at_ms: int
     options: bytes
     token: str
+    partition: int = 0  # of a partitioned queue: where the job is (its scripts run there)
 
 
 @dataclass(slots=True)
@@ -140,7 +143,7 @@ def _call(script: Script, keys: QueueKeys, args: Sequence[Any]) -> ScriptCall:
     return ScriptCall(script, (keys.prefix,), tuple(args))
 
 
-def parse_claim(reply: list[Any], offset: int = 0, token: str = ""
+def parse_claim(reply: list[Any], offset: int = 0, token: str = "", partition: int = 0
                 ) -> tuple[list[ClaimedJob], int]:
     """The claim part of a claim / complete / fail reply, from ``offset``: (jobs locked with
     ``token``, wake_in ms or -1)."""
@@ -149,13 +152,13 @@ def parse_claim(reply: list[Any], offset: int = 0, token: str = ""
     i = offset + 2
     for _ in range(count):
         jobs.append(ClaimedJob(reply[i].decode(), reply[i + 1], int(reply[i + 2]),
-                               int(reply[i + 3] or 0), reply[i + 4], token))
+                               int(reply[i + 3] or 0), reply[i + 4], token, partition))
         i += 5
     return jobs, int(reply[offset + 1])
 
 
-def _claimed(reply: list[Any], offset: int, token: str) -> Claimed:
-    jobs, wake_in = parse_claim(reply, offset, token)
+def _claimed(reply: list[Any], offset: int, token: str, keys: QueueKeys) -> Claimed:
+    jobs, wake_in = parse_claim(reply, offset, token, keys.partition)
     return Claimed(jobs, wake_in)
 
 
@@ -171,7 +174,7 @@ def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int, *,
     :func:`parse_handoff`).
     """
     reply = yield _call(SCRIPTS.claim, keys, (token, ttl_ms, n, idle_ms, *withdraw))
-    return _claimed(reply, 0, token)
+    return _claimed(reply, 0, token, keys)
 
 
 def parse_handoff(payload: bytes) -> tuple[str, list[ClaimedJob]]:
@@ -193,7 +196,7 @@ def complete_batch(keys: QueueKeys, batch: Sequence[Completion], *, claim_next: 
         args += [item.job_id, item.token, item.result, flag]
     reply = yield _call(SCRIPTS.complete, keys, args)
     return Finished([_STATUS[int(s)] for s in reply[:len(batch)]],
-                    _claimed(reply, len(batch), token))
+                    _claimed(reply, len(batch), token, keys))
 
 
 def fail(keys: QueueKeys, failure: Failure, *, claim_next: bool, keep: int, token: str,
@@ -209,7 +212,7 @@ def fail(keys: QueueKeys, failure: Failure, *, claim_next: bool, keep: int, toke
     status = _STATUS[int(reply[0])]
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))
-    return Finished([status], _claimed(reply, 1, token))
+    return Finished([status], _claimed(reply, 1, token, keys))
 
 
 def snooze(keys: QueueKeys, snoozing: Snoozing, *, max_snoozes: int | None, claim_next: bool,
@@ -227,7 +230,7 @@ def snooze(keys: QueueKeys, snoozing: Snoozing, *, max_snoozes: int | None, clai
     status = _STATUS[int(reply[0])]
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))
-    return Finished([status], _claimed(reply, 1, token))
+    return Finished([status], _claimed(reply, 1, token, keys))
 
 
 def rate_limited(keys: QueueKeys, throttled: Throttled, *, claim_next: bool, keep: int,
@@ -245,7 +248,7 @@ def rate_limited(keys: QueueKeys, throttled: Throttled, *, claim_next: bool, kee
     status = _STATUS[int(reply[0])]
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))
-    return Finished([status], _claimed(reply, 1, token))
+    return Finished([status], _claimed(reply, 1, token, keys))
 
 
 def extend(keys: QueueKeys, ttl_ms: int, locks: Sequence[tuple[str, str]]
@@ -305,3 +308,19 @@ def heartbeat(keys: QueueKeys, name: str, ttl_ms: int, *, host: str, pid: int,
 def leave_registry(keys: QueueKeys, name: str) -> Op[None]:
     """Remove this worker's entry from the queue's registry (a clean stop)."""
     yield _call(SCRIPTS.heartbeat, keys, (name, 0, b""))
+
+
+def take_starts(keys: QueueKeys, wanted: int, limit: int, per_ms: int, name: str
+                ) -> Op[tuple[int, int]]:
+    """A partitioned queue's global rate limit: take up to ``wanted`` starts from its shared
+    window (named ``name:1`` ...); (taken, ms until one is free when none was)."""
+    taken, wake_in = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
+                                      (wanted, limit, per_ms, name))
+    return int(taken), int(wake_in)
+
+
+def give_back_starts(keys: QueueKeys, name: str, first: int, last: int) -> Op[None]:
+    """Give back starts ``name:first`` .. ``name:last`` that no job used."""
+    if first <= last:
+        yield Command(("ZREM", keys.shared_rate,
+                       *(f"{name}:{i}" for i in range(first, last + 1))))

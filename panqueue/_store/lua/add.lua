@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  number of jobs n   ARGV[2] the producer's declared mode ('' | global | keyed)
+-- ARGV[3]  the producer's declared partition ("<count>:<index>", '' = as stored)
 --          then n groups of 13: id ('' = generate), data (msgpack), priority, delay ms,
 --          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
 --          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy,
@@ -10,7 +11,8 @@
 --          deadline to start by (lib/expiry.lua; an add past it ends the job CANCELLED)
 -- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written):
 --          an item with a value out of range (new_job_problem in lib/new_job.lua), a key that
---          does not fit the queue's mode, or an unknown dependency.
+--          does not fit the queue's mode, a partition count that is not the queue's, or an
+--          unknown dependency.
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
 --          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
 --          claimable work goes straight to idle workers that registered for it
@@ -29,10 +31,14 @@ local mode, problem = resolve_mode(ARGV[2])
 if not mode then
   return {'!', problem}
 end
+problem = partition_problem(ARGV[3])
+if problem then
+  return {'!', problem}
+end
 local jobs = {}
 local batch_ids = {}
 for i = 0, n - 1 do
-  local b = 3 + i * 13
+  local b = 4 + i * 13
   local f = {id = ARGV[b], data = ARGV[b + 1], priority = tonumber(ARGV[b + 2]),
              delay = tonumber(ARGV[b + 3]), run_at = tonumber(ARGV[b + 4]),
              options = ARGV[b + 5], key = ARGV[b + 6], deps = {}, dedup = ARGV[b + 8],
@@ -64,6 +70,7 @@ if not redis.call('HGET', K_META, 'mode') then
   redis.call('HSET', K_META, 'mode', mode)
   META = nil
 end
+store_partition(ARGV[3])
 local now = now_ms()
 local before = claimable()
 local reply = {}

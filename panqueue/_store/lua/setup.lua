@@ -5,7 +5,9 @@
 -- ARGV[4]  rate window ms   ARGV[5] rate limit per key (1/0)   ARGV[6] schema version
 -- ARGV[7]  how many failed/cancelled jobs the queue keeps (used when a producer cancels a job)
 -- ARGV[8]  how many history records the queue keeps (0: none; absent: left as stored)
--- Returns  {'ok'} or {'!', message} when the queue's stored mode differs (nothing changed).
+-- ARGV[9]  this partition, "<count>:<index>" (absent: as stored, else 1:0)
+-- Returns  {'ok'} or {'!', message} when the queue's stored mode differs, or its partition
+--          count while it holds jobs (nothing changed).
 --!include layout.lua
 --!include waiting.lua
 
@@ -16,6 +18,23 @@ if stored and stored ~= ARGV[1] then
 end
 if not stored and ARGV[1] == 'keyed' and redis.call('ZCARD', K_WAIT) > 0 then
   return {'!', 'queue has unkeyed waiting jobs; it cannot become keyed'}
+end
+local count, index = string.match(ARGV[9] or '', '^(%d+):(%d+)$')
+local stored_count = redis.call('HGET', K_META, 'np') or '1'
+if count and count ~= stored_count then
+  -- Generated ids and routing follow the count: it may change only while nothing is stored.
+  local held = tonumber(redis.call('HGET', K_META, 'kw') or '0')
+  for _, set in ipairs({K_WAIT, K_DELAYED, K_BLOCKED, K_ACTIVE, K_COMPLETED, K_FAILED,
+                        K_CANCELLED}) do
+    held = held + redis.call('ZCARD', set)
+  end
+  if held > 0 then
+    return {'!', 'partition count mismatch: the queue has ' .. stored_count .. ' partition(s) '
+      .. 'and holds jobs, this worker runs it with ' .. count .. ' (purge it to change)'}
+  end
+end
+if count then
+  redis.call('HSET', K_META, 'np', count, 'pi', index)
 end
 redis.call('HSETNX', K_META, 'v', ARGV[6])
 redis.call('HSET', K_META, 'mode', ARGV[1], 'kc', ARGV[2], 'kf', ARGV[7])

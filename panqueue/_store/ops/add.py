@@ -125,7 +125,7 @@ def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> New
 def add_call(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "") -> ScriptCall:
     """The add script's call for ``jobs`` (``mode``: the mode the producer expects, '' for
     any)."""
-    args: list[Any] = [len(jobs), mode]
+    args: list[Any] = [len(jobs), mode, keys.declared]
     for job in jobs:
         args += [job.job_id or "", job.data, job.priority, job.delay_ms, job.run_at_ms,
                  job.options, job.key, encode(list(job.depends_on)) if job.depends_on else "",

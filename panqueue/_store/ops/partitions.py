@@ -155,13 +155,13 @@ def all_purge(parts: Sequence[QueueKeys], states: Collection[JobState | str] | N
 def _cursor(parts: Sequence[QueueKeys], after: str | None) -> list[str | None]:
     if after is None:
         return [None] * len(parts)
-    positions = after.split(",")
+    positions: list[str | None] = list(after.split(","))
     if len(positions) == 1:  # one stream id (an Event.id, "0-0"): the same in every partition
         return positions * len(parts)
     if len(positions) != len(parts):
         raise ConfigError(f"event position {after!r} is not one of this queue's "
                           f"{len(parts)} partitions' positions")
-    return list(positions)
+    return positions
 
 
 def all_events(parts: Sequence[QueueKeys], after: str | None, count: int

@@ -40,7 +40,8 @@ def queues() -> Op[list[str]]:
     names = set()
     for key in found:
         text = key.decode()
-        names.add(text[3 : text.index("}:meta")])
+        # "{q:X#i}:meta" is partition i of queue X (queue names have no '#').
+        names.add(text[3 : text.index("}:meta")].partition("#")[0])
     return sorted(names)
 
 
@@ -54,11 +55,11 @@ def setup_queue(keys: QueueKeys, mode: str, key_concurrency: int, rate_max: int,
                 rate_per_ms: int, rate_per_key: bool,
                 keep_failed: int = DEFAULT_KEEP_FAILED,
                 keep_history: int = DEFAULT_KEEP_HISTORY) -> Op[None]:
-    """Store a worker's settings of the queue (:class:`ConfigError` if they contradict the
-    stored mode)."""
+    """Store a worker's settings of the queue, one partition of it (:class:`ConfigError` if
+    they contradict the stored mode, or the stored partition count while jobs are stored)."""
     reply = yield script_call(SCRIPTS.setup, keys, mode, key_concurrency, rate_max, rate_per_ms,
                               1 if rate_per_key else 0, SCHEMA_VERSION, keep_failed,
-                              keep_history)
+                              keep_history, keys.declared)
     check_refusal(keys, reply)
 
 
@@ -69,6 +70,14 @@ def is_paused(keys: QueueKeys) -> Op[bool]:
 
 def pause(keys: QueueKeys, paused: bool) -> Op[None]:
     yield script_call(SCRIPTS.pause, keys, "1" if paused else "0")
+
+
+def pause_like_home(parts: Sequence[QueueKeys]) -> Op[None]:
+    """A partitioned queue paused by name before it was declared has only its first partition
+    paused (a client could not know the others yet): a worker starting on it pauses the rest."""
+    if (yield from is_paused(parts[0])):
+        for keys in parts[1:]:
+            yield from pause(keys, True)
 
 
 def cancel(keys: QueueKeys, job_id: str) -> Op[JobState]:

@@ -24,7 +24,9 @@
 -- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
 -- rls (rate-limit entry counter), kh (history records kept: Retention.history; 0 = none),
 -- pu (global mode: no job starts before this time, ms: a handler raised RateLimited,
--- rate_limited.lua).
+-- rate_limited.lua), np / pi (partitioned queues: the partition count and this partition's
+-- index; absent: 1 and 0; a generated id is then id counter * np + pi, so id % np names the
+-- partition, panqueue/_keys.py route).
 -- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
 -- read by exports (panqueue.spark.export_history) through their consumer group.
 -- Worker registry: ZSET "workers" (worker name -> when its entry expires, ms) and HASH
@@ -104,11 +106,12 @@ local META = nil
 local function meta()
   if not META then
     local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh',
-      'pu')
+      'pu', 'np', 'pi')
     META = {mode = m[1] or 'global', kc = tonumber(m[2] or '1'), paused = m[3],
             rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
             rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
-            paused_until = m[8]}
+            paused_until = m[8], partitions = tonumber(m[9] or '1'),
+            partition = tonumber(m[10] or '0')}
   end
   return META
 end
