@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import math
 import os
+import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, check_queue_name
 from panqueue._options import Backoff
 from panqueue._store import SyncTransport, check_url, ops
+from panqueue._store.ops import partitions as parted
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
 
@@ -178,10 +180,21 @@ def enqueue_dataframe(
 
     def add_partition(rows: Iterable[Row]) -> Iterator[tuple[int, int]]:
         transport = SyncTransport(url)
-        keys = QueueKeys(queue)
         added = existing = 0
         batch = []
+        spread = random.randrange(1 << 16)  # where this task's rows without id or key start
         try:
+            # A partitioned queue: each batch goes out as one script call per partition,
+            # pipelined (one round trip per node of a cluster).
+            parts = transport.run(parted.PartitionCounts().parts(queue))
+
+            def add(jobs: list[ops.NewJob]) -> int:
+                nonlocal spread
+                created = sum(c for _, c in transport.run(parted.add_routed(
+                    parts, jobs, mode, spread)))
+                spread += len(jobs)
+                return created
+
             for row in rows:
                 values = row.asDict(recursive=False)
                 data = to_data(values[data_column] if data_column else row)
@@ -199,11 +212,11 @@ def enqueue_dataframe(
                     options["delay"] = float(values[delay_column])
                 batch.append(ops.new_job(defaults, data, options))
                 if len(batch) >= batch_size:
-                    created = sum(c for _, c in transport.run(ops.add_jobs(keys, batch, mode)))
+                    created = add(batch)
                     added, existing = added + created, existing + len(batch) - created
                     batch = []
             if batch:
-                created = sum(c for _, c in transport.run(ops.add_jobs(keys, batch, mode)))
+                created = add(batch)
                 added, existing = added + created, existing + len(batch) - created
         finally:
             transport.close()
@@ -258,13 +271,14 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
     The ids are listed once on the driver; the records are read by the executors in pipelined
     batches. Jobs removed between listing and reading are skipped.
     """
-    keys = QueueKeys(queue)
     url = check_url(resolve_url(url))
     wanted = list(JobState) if states is None else [JobState(s) for s in states]
     transport = SyncTransport(url)
     try:
+        parts = transport.run(parted.PartitionCounts().parts(queue))
         # A job moving between states while the states are listed can be listed twice.
-        ids = list(dict.fromkeys(job_id for state in wanted
+        ids = list(dict.fromkeys((keys.partition, job_id) for keys in parts
+                                 for state in wanted
                                  for job_id in transport.run(ops.list_ids(keys, state, None))))
     finally:
         transport.close()
@@ -272,17 +286,19 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
     slices = partitions or max(1, min(spark.sparkContext.defaultParallelism * 4,
                                       len(ids) // _READ_BATCH + 1))
 
-    def read_partition(part: Iterable[str]) -> Iterator[tuple[Any, ...]]:
+    def read_partition(part: Iterable[tuple[int, str]]) -> Iterator[tuple[Any, ...]]:
         client = SyncTransport(url)
+        chunks: dict[int, list[str]] = {}  # by the queue partition that holds the jobs
         try:
-            chunk: list[str] = []
-            for job_id in part:
+            for partition, job_id in part:
+                chunk = chunks.setdefault(partition, [])
                 chunk.append(job_id)
                 if len(chunk) >= _READ_BATCH:
-                    yield from _read_chunk(client, keys, chunk, wanted_states)
-                    chunk = []
-            if chunk:
-                yield from _read_chunk(client, keys, chunk, wanted_states)
+                    yield from _read_chunk(client, parts[partition], chunk, wanted_states)
+                    chunk.clear()
+            for partition, chunk in chunks.items():
+                if chunk:
+                    yield from _read_chunk(client, parts[partition], chunk, wanted_states)
         finally:
             client.close()
 
@@ -402,22 +418,26 @@ def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
                           f"goes), got {path!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    keys = QueueKeys(queue)
     exported = batches = lost = 0
     transport = SyncTransport(url)
     try:
-        transport.run(ops.open_history_export(keys))
-        while True:
-            batch = transport.run(ops.read_history(keys, batch_size))
-            if not batch.entries:
-                break
-            lost += batch.skipped + batch.trimmed
-            if batch.records:
-                _write_batch(spark, queue, batch.name,
-                             [_history_row(r) for r in batch.records], path)
-            transport.run(ops.acknowledge_history(keys, batch.entries))
-            exported += len(batch.records)
-            batches += 1
+        # A partitioned queue has a stream per partition; stream ids of different partitions
+        # may be equal, so their batches are named after the partition too.
+        parts = transport.run(parted.PartitionCounts().parts(queue))
+        for keys in parts:
+            transport.run(ops.open_history_export(keys))
+            while True:
+                batch = transport.run(ops.read_history(keys, batch_size))
+                if not batch.entries:
+                    break
+                lost += batch.skipped + batch.trimmed
+                if batch.records:
+                    name = batch.name if len(parts) == 1 else f"p{keys.partition}_{batch.name}"
+                    _write_batch(spark, queue, name, [_history_row(r) for r in batch.records],
+                                 path)
+                transport.run(ops.acknowledge_history(keys, batch.entries))
+                exported += len(batch.records)
+                batches += 1
     finally:
         transport.close()
     return HistoryExport(exported=exported, batches=batches, lost=lost)

@@ -24,13 +24,13 @@ from pyspark.sql import types as T
 from panqueue import ConfigError, Job, Registry, Retention, SyncQueueClient, Worker
 from panqueue._codec import encode
 from panqueue._job import ErrorInfo
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, partition_keys
 from panqueue._store import ops
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import NewJob, add_jobs, encode_error
 from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
-from panqueue.spark import HISTORY_SCHEMA, export_history
+from panqueue.spark import HISTORY_SCHEMA, enqueue_dataframe, export_history
 from tests.helpers import subprocess_env, wait_until
 
 ERR = encode_error(ErrorInfo("ValueError", "boom", "Traceback (most recent call last): ..."))
@@ -310,3 +310,39 @@ def test_records_trimmed_before_an_export_read_them_are_counted_as_lost(
     kept = store.t.client.xlen(store.keys.history)
     stats = export_history(spark, store.keys.name, url=redis_url, path=tmp_path / "h")
     assert (stats.exported, stats.lost) == (kept, 450 - kept)
+
+
+def test_a_partitioned_queue_exports_every_partitions_history_once(
+        spark: SparkSession, redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    """Three partitions, three streams: rows enqueued from Spark spread over them, and one
+    export writes every record once (batches named per partition, so equal stream ids of two
+    partitions cannot overwrite each other)."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=3)
+    async def work(job: Job) -> None: ...
+
+    with SyncQueueClient(redis_url) as client:
+        client.queue(work).add(None, job_id="declares-3-partitions")
+        frame = spark.createDataFrame([(f"row-{i}", i) for i in range(90)], ["id", "n"])
+        stats = enqueue_dataframe(frame, queue_name, url=redis_url, id_column="id",
+                                  data_column="n")
+        assert stats.added == 90
+        ids = [f"id:row-{i}" for i in range(90)]  # enqueue_dataframe prefixes the column
+        transport = SyncTransport(redis_url)
+        try:
+            homes: Counter[int] = Counter()
+            for keys in partition_keys(queue_name, 3):
+                homes[keys.partition] = sum(transport.client.exists(keys.job(i)) for i in ids)
+                for job_id in ids:
+                    if transport.client.exists(keys.job(job_id)):
+                        transport.execute(ScriptCall(SCRIPTS.cancel, (keys.prefix,),
+                                                     (job_id, -1)))
+        finally:
+            transport.close()
+        assert sum(homes.values()) == 90 and min(homes.values()) > 10
+    out = tmp_path / "history"
+    stats = export_history(spark, queue_name, url=redis_url, path=out, batch_size=20)
+    assert stats.exported == 90 and stats.lost == 0
+    assert exported_ids(spark, out) == Counter(ids)
+    assert export_history(spark, queue_name, url=redis_url, path=out).exported == 0

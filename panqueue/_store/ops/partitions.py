@@ -53,6 +53,8 @@ class PartitionCounts:
         n = self._known.get(name)
         if n is None:
             stored = yield from partition_count(name)
+            if stored is None and declared is not None and declared > 1:
+                stored = yield from _declare(name, declared)
             if stored is not None:
                 self._known[name] = stored
             n = stored or declared or 1
@@ -71,6 +73,16 @@ class PartitionCounts:
         """``fn(partitions, *args)``: an operation over the whole queue."""
         parts = yield from self.parts(name)
         return (yield from fn(parts, *args))
+
+
+def _declare(name: str, n: int) -> Op[int]:
+    """Store a producer's partition count in the queue's first partition, where every client
+    reads it (the add itself may go to another partition); the count stored first wins."""
+    home = QueueKeys(name)
+    _, _, stored = yield Batch((Command(("HSETNX", home.meta, "np", n)),
+                                Command(("HSETNX", home.meta, "pi", 0)),
+                                Command(("HGET", home.meta, "np"))), route=home.prefix)
+    return int(stored)
 
 
 def job_partition(parts: Sequence[QueueKeys], job_id: str) -> Op[QueueKeys]:
