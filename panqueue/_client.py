@@ -413,25 +413,29 @@ class QueueClient:
     async def events(self, queue: str, *, after: str | None = None) -> AsyncIterator[Event]:
         """Lifecycle events of a queue, as they happen, forever.
 
-        ``after``: a stream id to resume from (an :attr:`Event.id`); default: only new events.
+        ``after``: a stream id to resume from (an :attr:`Event.id`, or a position
+        :meth:`read_events` returned); default: only new events. On a partitioned queue the
+        partitions' events arrive merged by time, each within 0.2 s.
         A broken connection is re-established and reading resumes where it stopped, so no
         event is skipped (unless the capped stream dropped it meanwhile).
         """
-        keys = QueueKeys(queue)
-        position = after
+        positions: list[str] | None = None
         delay = _RECONNECT_MIN
+        turn = 0
         while True:
             try:
-                if position is None:
-                    position = await self._run(ops.last_event_id(keys))
-                batch = await self._run(ops.read_events(keys, position, _EVENTS_BLOCK_MS))
+                if positions is None:
+                    positions = await self._run(self._parts.on_all(
+                        queue, parted.event_positions, after))
+                batch, positions = await self._run(self._parts.on_all(
+                    queue, parted.next_events, positions, _EVENTS_BLOCK_MS, turn))
             except ConnectionError:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, _RECONNECT_MAX)
                 continue
             delay = _RECONNECT_MIN
+            turn += 1
             for event in batch:
-                position = event.id
                 yield event
 
 
@@ -633,22 +637,23 @@ class SyncQueueClient:
 
     def events(self, queue: str, *, after: str | None = None) -> Iterator[Event]:
         """Blocking :meth:`QueueClient.events`."""
-        keys = QueueKeys(queue)
-        position = after
+        positions: list[str] | None = None
         delay = _RECONNECT_MIN
+        turn = 0
         while True:
             try:
-                if position is None:
-                    position = self._run(ops.last_event_id(keys))
-                batch = self._run(ops.read_events(keys, position, _EVENTS_BLOCK_MS))
+                if positions is None:
+                    positions = self._run(self._parts.on_all(queue, parted.event_positions,
+                                                             after))
+                batch, positions = self._run(self._parts.on_all(
+                    queue, parted.next_events, positions, _EVENTS_BLOCK_MS, turn))
             except ConnectionError:
                 time.sleep(delay)
                 delay = min(delay * 2, _RECONNECT_MAX)
                 continue
             delay = _RECONNECT_MIN
-            for event in batch:
-                position = event.id
-                yield event
+            turn += 1
+            yield from batch
 
 
 class _Spread:

@@ -525,3 +525,34 @@ async def test_a_partitioned_queue_spreads_over_every_master(cluster: Cluster) -
     per_job = [(after[port] - before[port]) / (total / MASTERS) for port in cluster.ports]
     mean = sum(per_job) / len(per_job)
     assert all(abs(cpu - mean) <= 0.2 * mean for cpu in per_job), per_job
+
+
+async def test_a_worker_has_one_subscription_per_node_for_its_partitions(
+        cluster: Cluster) -> None:
+    """Six partitions on three masters: each master carries its partitions' wake-up channels
+    on one connection of the worker's, and a job added to any partition wakes it."""
+    name = f"pt-{uuid.uuid4().hex[:8]}"
+    parts = partition_keys(name, 6)
+    registry = Registry()
+
+    @registry.handler(name, partitions=6)
+    async def work(job: Job[int]) -> int:
+        return job.data
+
+    def pubsub_clients(port: int) -> int:
+        node = cluster.node_client(port)
+        try:
+            return len(node.client_list(_type="pubsub"))
+        finally:
+            node.close()
+
+    async with QueueClient(cluster.url) as client:
+        queue = client.queue(work)
+        async with run_worker(registry, name, cluster.url, poll_interval=60):
+            for keys in parts:
+                assert _shard_subscribers(cluster.owner_port(keys.prefix), keys.notify) == 1
+            serving = {cluster.owner_port(keys.prefix) for keys in parts}
+            assert [pubsub_clients(port) for port in sorted(serving)] == [1] * len(serving)
+            with anyio.fail_after(10):  # far sooner than the poll interval
+                for n in range(12):
+                    assert await (await queue.add(n)).result(timeout=10) == n

@@ -13,6 +13,8 @@ import redis
 
 from panqueue import (
     ConfigError,
+    Dedup,
+    Event,
     Job,
     JobState,
     QueueClient,
@@ -218,3 +220,41 @@ async def test_the_rate_limit_stays_global_across_partitions(redis_url: str,
     # A start is counted when its claim takes it, a moment before the claim stamps the job.
     for first, eleventh in zip(starts, starts[10:], strict=False):
         assert (eleventh - first).total_seconds() >= 0.95
+
+
+async def test_events_schedules_and_dedup_on_a_partitioned_queue(redis_url: str,
+                                                                 queue_name: str) -> None:
+    registry = Registry()
+    ticks: list[str] = []
+
+    @registry.handler(queue_name, partitions=N, concurrency=4)
+    async def work(job: Job[Any]) -> None:
+        if job.id.startswith("schedule:"):
+            ticks.append(job.id)
+
+    registry.schedule("often", queue_name, every=0.1)
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = await queue.add("x", dedup=Dedup(key="same", ttl=60))
+        second = await queue.add("y", dedup=Dedup(key="same", ttl=60))
+        assert second.id == first.id and not second.created
+        followed: list[Event] = []
+        spread = await queue.add_bulk(range(6))
+        expected = {h.id for h in [first, *spread]}
+
+        async def follow() -> None:
+            async for event in client.events(queue_name, after="0-0"):
+                followed.append(event)
+                if expected <= {e.job_id for e in followed if e.type == "completed"}:
+                    return
+
+        with anyio.fail_after(15):
+            async with run_worker(registry, queue_name, redis_url), \
+                    run_worker(registry, queue_name, redis_url), anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                while len(ticks) < 4:
+                    await anyio.sleep(0.05)
+    # Every partition's events came through, in time order within each partition.
+    assert {e.job_id for e in followed if e.type == "added"} >= expected
+    # Two workers, one job per tick.
+    assert len(ticks) == len(set(ticks)) >= 4

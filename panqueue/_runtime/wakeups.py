@@ -3,8 +3,9 @@ job outright, lua/lib/handoff.lua) and running ones that a job was cancelled.
 
 The subscription exists before the first claim (so no wake-up is lost), is pinged when quiet and
 replaced when it breaks or stops answering; after a reconnect the worker looks for work at once,
-since anything published meanwhile was lost. A partitioned queue has a channel per partition;
-each is listened to, and any of them wakes the one claim loop.
+since anything published meanwhile was lost. A partitioned queue has a channel per partition:
+one subscription per node carries the channels of the partitions it serves, and any of them
+wakes the one claim loop.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from panqueue._keys import QueueKeys
 from panqueue._store.transport import AsyncSubscriber, AsyncTransport
@@ -46,34 +48,46 @@ class WakeUps:
         """Wake the claim loop now (as a wake-up message would)."""
         self._wake.set()
 
-    async def subscribe(self) -> list[AsyncSubscriber]:
-        """The first subscriptions, made before the first claim (a refusal raises here)."""
-        made: list[AsyncSubscriber] = []
+    async def _by_node(self, channels: list[str]) -> list[list[str]]:
+        """``channels`` grouped by the node that serves them: one subscription each."""
+        groups: dict[str, list[str]] = {}
+        for channel in channels:
+            groups.setdefault(await self._transport.node_of(channel), []).append(channel)
+        return list(groups.values())
+
+    async def subscribe(self) -> list[tuple[list[str], AsyncSubscriber]]:
+        """The first subscriptions, one per node, made before the first claim (a refusal
+        raises here)."""
+        made: list[tuple[list[str], AsyncSubscriber]] = []
         try:
-            for channel in self._channels:
-                made.append(await self._transport.subscribe(channel))
+            for channels in await self._by_node(self._channels):
+                made.append((channels, await self._transport.subscribe(*channels)))
         except BaseException:
             with anyio.move_on_after(_CLOSE_WAIT, shield=True):
-                for subscriber in made:
+                for _, subscriber in made:
                     await subscriber.aclose()
             raise
         return made
 
-    async def listen(self, first: list[AsyncSubscriber]) -> None:
-        if len(first) == 1:
-            await self._listen(self._channels[0], first[0])
-            return
+    async def listen(self, first: list[tuple[list[str], AsyncSubscriber]]) -> None:
         async with anyio.create_task_group() as tg:
-            for channel, subscriber in zip(self._channels, first, strict=True):
-                tg.start_soon(self._listen, channel, subscriber)
+            for channels, subscriber in first:
+                tg.start_soon(self._listen, tg, channels, subscriber)
 
-    async def _listen(self, channel: str, first: AsyncSubscriber) -> None:
-        subscriber: AsyncSubscriber | None = first
+    async def _listen(self, tg: anyio.abc.TaskGroup, channels: list[str],
+                      first: AsyncSubscriber | None) -> None:
+        subscriber = first
         delay = 0.1
         while True:
             if subscriber is None:
                 try:
-                    subscriber = await self._transport.subscribe(channel)
+                    # Slots may have moved to other nodes since (resharding, failover): the
+                    # channels that left this node get subscriptions of their own.
+                    mine, *moved = await self._by_node(channels)
+                    for others in moved:
+                        tg.start_soon(self._listen, tg, others, None)
+                    channels = mine
+                    subscriber = await self._transport.subscribe(*channels)
                 except PanqueueError as exc:
                     if delay == 0.1:
                         self._log.warning("wake-up channel unavailable; polling",

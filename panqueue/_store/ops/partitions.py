@@ -25,7 +25,8 @@ from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import ConfigError
 
 __all__ = ["PartitionCounts", "add_routed", "all_counts", "all_events", "all_list_jobs",
-           "all_pause", "all_purge", "all_retry_failed", "job_partition", "partition_count"]
+           "all_pause", "all_purge", "all_retry_failed", "event_positions", "job_partition",
+           "next_events", "partition_count"]
 
 T = TypeVar("T")
 
@@ -191,6 +192,48 @@ def all_events(parts: Sequence[QueueKeys], after: str | None, count: int
         positions.append(following)
     merged = list(heapq.merge(*found, key=lambda e: _stream_order(e.id)))
     return merged, ",".join(positions)
+
+
+# How long a partitioned queue's event follower blocks on one partition's stream before it looks
+# at the others again: the most an event of another partition waits to be delivered.
+_FOLLOW_BLOCK_MS = 200
+
+
+def event_positions(parts: Sequence[QueueKeys], after: str | None) -> Op[list[str]]:
+    """Where following the events starts: after ``after`` (see :func:`all_events`), or at the
+    end of every partition's stream."""
+    if after is not None:
+        return [position or "0-0" for position in _cursor(parts, after)]
+    ends = []
+    for part in parts:
+        ends.append((yield from _events.last_event_id(part)))
+    return ends
+
+
+def next_events(parts: Sequence[QueueKeys], positions: list[str], block_ms: int, turn: int
+                ) -> Op[tuple[list[Event], list[str]]]:
+    """The next events after ``positions`` (one per partition), waiting for the first up to
+    ``block_ms``, and the positions after them. A partitioned queue's streams live in several
+    slots, which one XREAD cannot wait on together: each is read without waiting, and when all
+    are quiet the ``turn``-th is waited on, briefly."""
+    if len(parts) == 1:
+        events = yield from _events.read_events(parts[0], positions[0], block_ms)
+        return events, [events[-1].id if events else positions[0]]
+    found: list[list[Event]] = []
+    following = list(positions)
+    for index, part in enumerate(parts):
+        events = yield from _events.read_events(part, positions[index], None)
+        if events:
+            found.append(events)
+            following[index] = events[-1].id
+    if not found:
+        index = turn % len(parts)
+        events = yield from _events.read_events(parts[index], positions[index],
+                                                min(block_ms, _FOLLOW_BLOCK_MS))
+        if events:
+            found.append(events)
+            following[index] = events[-1].id
+    return list(heapq.merge(*found, key=lambda e: _stream_order(e.id))), following
 
 
 def _stream_order(entry_id: str) -> tuple[int, int]:

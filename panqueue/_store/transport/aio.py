@@ -115,7 +115,14 @@ class _AsyncioTransport(AsyncTransport):
             pipe.execute_command(*_batch_args(command))
         return await pipe.execute()
 
-    async def subscribe(self, channel: str) -> AsyncSubscriber:
+    async def node_of(self, key: str) -> str:
+        if not self.is_cluster:
+            return ""
+        with _translated(self.url):
+            await self.client.initialize()
+            return str(self.client.get_node_from_key(key).name)
+
+    async def subscribe(self, *channels: str) -> AsyncSubscriber:
         owner: Any = None
         ps: Any = None
         with _translated(self.url):
@@ -127,17 +134,19 @@ class _AsyncioTransport(AsyncTransport):
                     # client on the master that owns the channel's slot instead (same
                     # credentials and TLS).
                     await self.client.initialize()
-                    node = self.client.get_node_from_key(channel)
+                    node = self.client.get_node_from_key(channels[0])
                     owner = redis.asyncio.Redis.from_url(
                         _node_url(self._redis_url, node.host, node.port), **_timeouts())
                 ps = (owner or self.client).pubsub()
-                await ps.ssubscribe(channel)
+                for channel in channels:  # one command each: on a cluster, slots differ
+                    await ps.ssubscribe(channel)
                 deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
-                while time.monotonic() < deadline:
+                waiting = len(channels)
+                while time.monotonic() < deadline and waiting:
                     message = await ps.get_message(timeout=0.5)
                     if message is not None and message.get("type") in _SUBSCRIBED:
-                        break
-                else:
+                        waiting -= 1
+                if waiting:
                     raise redis.exceptions.TimeoutError("no confirmation of the subscription")
             except Exception as exc:
                 await _AsyncioSubscriber(self.url, ps, owner).aclose()

@@ -60,14 +60,17 @@ _SUBSCRIBE_TIMEOUT = 10.0
 _SUBSCRIBED = ("ssubscribe", b"ssubscribe")
 
 
-def _confirm_subscription(get_message: Callable[..., Any]) -> None:
-    """Read until the server confirms the subscription; a refusal (ACL: no channel access)
-    raises here, at subscribe time, instead of surfacing later as a broken wake-up path."""
+def _confirm_subscription(get_message: Callable[..., Any], count: int = 1) -> None:
+    """Read until the server confirms ``count`` subscriptions; a refusal (ACL: no channel
+    access) raises here, at subscribe time, instead of surfacing later as a broken wake-up
+    path."""
     deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
     while time.monotonic() < deadline:
         message = get_message(timeout=0.5)
         if message is not None and message.get("type") in _SUBSCRIBED:
-            return
+            count -= 1
+            if count == 0:
+                return
     raise redis.exceptions.TimeoutError("no confirmation of the subscription")
 
 
@@ -116,8 +119,13 @@ class AsyncTransport(ABC):
             return result
 
     @abstractmethod
-    async def subscribe(self, channel: str) -> AsyncSubscriber:
-        ...
+    async def subscribe(self, *channels: str) -> AsyncSubscriber:
+        """One connection subscribed to ``channels`` (on a cluster, all served by one node:
+        see :meth:`node_of`)."""
+
+    async def node_of(self, key: str) -> str:
+        """The name of the node that serves ``key`` ('' when there is one server)."""
+        return ""
 
     @abstractmethod
     async def aclose(self) -> None:

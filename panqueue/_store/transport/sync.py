@@ -108,15 +108,23 @@ class SyncTransport:
             result: T = done.value
             return result
 
-    def pubsub(self, channel: str) -> Any:
+    def node_of(self, key: str) -> str:
+        """See AsyncTransport.node_of."""
+        if not self.is_cluster:
+            return ""
+        with _translated(self.url):
+            return str(self.client.get_node_from_key(key).name)
+
+    def pubsub(self, *channels: str) -> Any:
         ps: Any = None
         with _translated(self.url):
             try:
-                # On Cluster, see _AsyncioTransport.subscribe: a plain pub/sub on the channel's
+                # On Cluster, see _AsyncioTransport.subscribe: a plain pub/sub on the channels'
                 # master.
-                ps = (self._owner(channel) if self.is_cluster else self.client).pubsub()
-                ps.ssubscribe(channel)
-                _confirm_subscription(ps.get_message)
+                ps = (self._owner(channels[0]) if self.is_cluster else self.client).pubsub()
+                for channel in channels:
+                    ps.ssubscribe(channel)
+                _confirm_subscription(ps.get_message, len(channels))
             except Exception as exc:
                 if ps is not None:
                     with contextlib.suppress(*_REDIS_ERRORS):

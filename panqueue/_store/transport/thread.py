@@ -45,10 +45,13 @@ class _ThreadTransport(AsyncTransport):
         return await anyio.to_thread.run_sync(self._sync.execute, request,
                                               abandon_on_cancel=True, limiter=self._limiter)
 
-    async def subscribe(self, channel: str) -> AsyncSubscriber:
+    async def node_of(self, key: str) -> str:
+        return self._sync.node_of(key)
+
+    async def subscribe(self, *channels: str) -> AsyncSubscriber:
         self._limiter.total_tokens += 1  # the subscription's own thread, from now on
         try:
-            ps = await anyio.to_thread.run_sync(self._sync.pubsub, channel,
+            ps = await anyio.to_thread.run_sync(self._sync.pubsub, *channels,
                                                 limiter=self._limiter)
         except BaseException:
             self._limiter.total_tokens -= 1
