@@ -156,7 +156,7 @@ class Worker:
                 self.keys, options.mode, options.key_concurrency,
                 0 if rate is None else rate.max, 0 if rate is None else int(rate.per * 1000),
                 rate is not None and rate.per_key, options.retention.failed,
-                options.retention.history)))
+                options.retention.history, 0 if rate is None else rate.recover_every_ms)))
             self._executor = executor = create_executor(self.handler)
             if self.metrics is not None:
                 executor.on_restart = (lambda reason, m=self.metrics, e=executor.name:

@@ -5,6 +5,7 @@
 -- ARGV[4]  rate window ms   ARGV[5] rate limit per key (1/0)   ARGV[6] schema version
 -- ARGV[7]  how many failed/cancelled jobs the queue keeps (used when a producer cancels a job)
 -- ARGV[8]  how many history records the queue keeps (0: none; absent: left as stored)
+-- ARGV[9]  adaptive rate limit: its recovery step ms (0 or absent: the limit is fixed)
 -- Returns  {'ok'} or {'!', message} when the queue's stored mode differs (nothing changed).
 --!include layout.lua
 --!include waiting.lua
@@ -26,6 +27,12 @@ if tonumber(ARGV[3]) > 0 then
   redis.call('HSET', K_META, 'rlm', ARGV[3], 'rlp', ARGV[4], 'rlk', ARGV[5])
 else
   redis.call('HDEL', K_META, 'rlm', 'rlp', 'rlk')
+end
+-- An adaptive limit keeps its cuts (lib/rate.lua) across worker restarts; a fixed one has none.
+if tonumber(ARGV[3]) > 0 and tonumber(ARGV[9] or '0') > 0 then
+  redis.call('HSET', K_META, 'rla', ARGV[9])
+else
+  redis.call('HDEL', K_META, 'rla', 'rle')
 end
 META = nil
 -- A changed key concurrency can make keys eligible (or not): re-check the ready set. Keys held
