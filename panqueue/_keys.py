@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from panqueue.errors import ConfigError
 
-__all__ = ["QueueKeys", "check_job_id", "check_queue_name"]
+__all__ = ["BatchKeys", "QueueKeys", "check_job_id", "check_queue_name"]
 
 _MAX_NAME = 200
 _MAX_JOB_ID = 256
@@ -49,9 +49,10 @@ def check_job_id(job_id: object) -> str:
 class QueueKeys:
     """Names of the keys and the notify channel of one queue."""
 
-    __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "expires",
-                 "failed", "history", "idle", "key_active", "limited", "meta", "name", "notify",
-                 "prefix", "rate", "ready", "schedules", "wait", "worker_info", "workers")
+    __slots__ = ("active", "batch_outbox", "batches", "blocked", "cancelled", "completed",
+                 "delayed", "events", "expires", "failed", "history", "idle", "key_active",
+                 "limited", "meta", "name", "notify", "prefix", "rate", "ready", "schedules",
+                 "wait", "worker_info", "workers")
 
     def __init__(self, name: str) -> None:
         self.name = check_queue_name(name)
@@ -83,6 +84,11 @@ class QueueKeys:
         self.expires = self.prefix + "expires"
         # One record per finished job, for exports (panqueue.spark.export_history).
         self.history = self.prefix + "history"
+        # Batches (panqueue/_batch.py): the endings of this queue's batch jobs waiting to be
+        # relayed to their batch (ZSET "<batch>\t<job>\t<state>" -> when, lib/finish.lua), and
+        # the batches whose callbacks go to this queue (ZSET batch id -> when to look again).
+        self.batch_outbox = self.prefix + "batch_outbox"
+        self.batches = self.prefix + "batches"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
@@ -97,3 +103,21 @@ class QueueKeys:
     def key_list(self, key: str) -> str:
         """Keyed mode: the list of the waiting jobs of concurrency key ``key``."""
         return f"{self.prefix}k:wait:{key}"
+
+
+class BatchKeys:
+    """Names of the keys of one batch. A batch's jobs may live in several queues, so its state
+    has a hash slot of its own (``{b:<id>}``); lib/batch_layout.lua derives the same names."""
+
+    __slots__ = ("ended", "id", "jobs", "prefix", "queues", "state")
+
+    def __init__(self, batch_id: str) -> None:
+        self.id = batch_id
+        self.prefix = f"{{b:{batch_id}}}:"
+        # HASH: the callbacks, closed, counts, fired/added marks (lib/batch_layout.lua).
+        self.state = self.prefix + "state"
+        # SET of "<queue>\t<job id>": every job registered in the batch, and those that ended.
+        self.jobs = self.prefix + "jobs"
+        self.ended = self.prefix + "ended"
+        # SET of the queues the batch's jobs were added to (whose outboxes to relay).
+        self.queues = self.prefix + "queues"
