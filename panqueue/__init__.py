@@ -42,10 +42,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backoff",
-    "Chunk",
-    "ChunkFailure",
     "Batch",
     "BatchInfo",
+    "Chunk",
+    "ChunkFailure",
     "ConfigError",
     "ConnectionError",
     "Dedup",

@@ -275,3 +275,18 @@ class Dedup:
         if self.strategy not in DEDUP_STRATEGIES:
             raise ConfigError(f"Dedup.strategy must be one of {', '.join(DEDUP_STRATEGIES)}, "
                               f"got {self.strategy!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Run a handler on chunks of jobs: it gets up to ``size`` jobs in one call, or fewer once
+    ``wait`` seconds have passed since the first of them was claimed (see docs/job-control.md,
+    "Chunk handlers")."""
+
+    size: int
+    wait: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ConfigError(f"Chunk.size must be an int >= 1, got {self.size!r}")
+        check_positive(self.wait, "Chunk.wait", allow_zero=True)

@@ -15,6 +15,7 @@ from panqueue._keys import check_queue_name
 from panqueue._options import (
     DEFAULT_CHILD_ENV,
     Backoff,
+    Chunk,
     Isolation,
     JobOptions,
     Limits,
@@ -51,6 +52,7 @@ class HandlerOptions:
     key_concurrency: int = 1
     rate_limit: RateLimit | None = None
     max_snoozes: int | None = None
+    chunk: Chunk | None = None
 
 
 class Handler(Generic[P, R, PayloadT]):
@@ -162,6 +164,7 @@ class Registry:
         key_concurrency: int = 1,
         rate_limit: RateLimit | None = None,
         max_snoozes: int | None = None,
+        chunk: Chunk | None = None,
         **job_defaults: Any,
     ) -> _HandlerDecorator:
         """Register the decorated function as the handler of ``queue_id``.
@@ -180,6 +183,9 @@ class Registry:
         ``RateLimit.max`` starts per ``RateLimit.per`` seconds across all workers.
         ``max_snoozes``: a job whose handler raises ``Snooze`` more than this many times fails
         with reason ``max_snoozes_exceeded`` (default ``None``: no limit).
+        ``chunk=Chunk(size, wait)``: the function takes a list of jobs and returns their
+        results in the same order (see docs/job-control.md, "Chunk handlers"); inline and
+        thread executors only.
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
         ``client.queue(handler)``.
 
@@ -212,6 +218,8 @@ class Registry:
             raise ConfigError(f"retention must be a panqueue.Retention, got {retention!r}")
         if backoff is not None and not isinstance(backoff, Backoff):
             raise ConfigError(f"backoff must be a panqueue.Backoff, got {backoff!r}")
+        if chunk is not None and not isinstance(chunk, Chunk):
+            raise ConfigError(f"chunk must be a panqueue.Chunk, got {chunk!r}")
         job_options = JobOptions(
             attempts=check_attempts(attempts),
             backoff=backoff if backoff is not None else JobOptions().backoff,
@@ -239,6 +247,7 @@ class Registry:
             key_concurrency=key_concurrency,
             rate_limit=rate_limit,
             max_snoozes=max_snoozes,
+            chunk=chunk,
         )
 
         def register(fn: Callable[..., Any]) -> Handler[..., Any, Any]:
@@ -246,7 +255,8 @@ class Registry:
                 raise ConfigError(f"handler for queue {name!r} must be callable, got {fn!r}")
             from panqueue.executors import check_executor
 
-            check_executor(options.executor, fn, name, isolated=isolation is not None)
+            check_executor(options.executor, fn, name, isolated=isolation is not None,
+                           chunked=chunk is not None)
             handler = Handler(name, fn, options, dict(job_defaults))
             self._handlers[name] = handler
             return handler
