@@ -90,11 +90,16 @@ class Handler(Generic[P, R, PayloadT]):
 
 class _HandlerDecorator(Protocol):
     """What ``Registry.handler(...)`` returns. A function whose first parameter is annotated
-    ``Job[X]`` becomes a ``Handler`` whose payload type is ``X``; any other, ``Any``."""
+    ``Job[X]`` (or ``list[Job[X]]``, a chunk handler) becomes a ``Handler`` whose payload type
+    is ``X``; any other, ``Any``."""
 
     @overload
     def __call__(self, fn: Callable[Concatenate[Job[D], P], R]
                  ) -> Handler[Concatenate[Job[D], P], R, D]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[list[Job[D]], P], R]
+                 ) -> Handler[Concatenate[list[Job[D]], P], R, D]: ...
 
     @overload
     def __call__(self, fn: Callable[P, R]) -> Handler[P, R, Any]: ...
