@@ -21,19 +21,25 @@ from panqueue import (
     Batch,
     BatchInfo,
     ConfigError,
+    Fail,
+    Job,
     JobNotFound,
     JobState,
     PayloadError,
     QueueClient,
+    Registry,
     SyncBatch,
     SyncQueueClient,
+    WorkerPool,
 )
 from panqueue._keys import BatchKeys, QueueKeys
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.batches import callback_id, sweep_batches
 from panqueue._store.transport import ScriptCall
+from panqueue.embedded import find_server_binary
 from panqueue.testing import run_worker
 from tests.helpers import APPS, WorkerProcess, async_wait_until, wait_until
+from tests.test_cluster import Cluster, _running_cluster, _spread_queues
 
 sys.path.insert(0, str(APPS))
 import batch_app
@@ -417,3 +423,51 @@ def test_callback_added_once_after_a_worker_is_killed_mid_batch(
         assert rescuer.stop() == 0
         assert sum(client.counts(DONE).values()) == 1
     assert callback_runs(redis_client, complete_id(batch)) == 1
+
+
+# ----------------------------------------------------------------------------- Redis Cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Three masters (tests/test_cluster.py's cluster, started for this module)."""
+    with _running_cluster(find_server_binary()) as running:
+        yield running
+
+
+async def _noop(job: Job) -> None:
+    if job.data.get("fail"):
+        raise Fail("asked to fail")
+
+
+@pytest.mark.anyio
+async def test_a_batch_spanning_queues_on_several_masters_fires_once(
+        cluster: Cluster) -> None:
+    """The batch's slot, its jobs' queues and its callback's queue live on different masters:
+    every step is a single-slot call on Redis Cluster."""
+    queues = list(_spread_queues(cluster, 3))
+    callbacks = f"{queues[0]}-done"
+    registry = Registry()
+    for name in [*queues, callbacks]:
+        registry.handler(name, concurrency=4)(_noop)
+    async with QueueClient(cluster.url) as client:
+        batch = await client.batch(on_complete=(callbacks, {}), on_success=(callbacks, {}))
+        for index, name in enumerate(queues):
+            await batch.add_bulk(name, [{"fail": index == 2 and n == 0} for n in range(20)])
+        await batch.close()
+        ports = {cluster.owner_port(QueueKeys(name).prefix) for name in queues}
+        assert len(ports | {cluster.owner_port(BatchKeys(batch.id).prefix)}) >= 2
+        async with WorkerPool(registry, url=cluster.url, queues=[*queues, callbacks],
+                              grace=5.0):
+            callback = client.queue(callbacks).job(complete_id(batch))
+            await async_wait_until(lambda: _is_done(callback), 30, "the callback ran")
+        assert await batch.info() == info(batch.id, 60, 0, 59, 1, True)
+        counts = await client.counts(callbacks)
+        assert sum(counts.values()) == counts[JobState.COMPLETED] == 1
+
+
+async def _is_done(handle: Any) -> bool:
+    try:
+        return (await handle.info()).state == JobState.COMPLETED
+    except JobNotFound:
+        return False
