@@ -22,6 +22,7 @@ from panqueue._store.ops.rate import effective_rate_limit
 from panqueue._store.status import Status
 from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
+from scripts.adaptive_rate_curve import HIDDEN, SLACK, WINDOW, run_scenario
 from tests.helpers import wait_until
 
 STEP_MS = 60_000  # the recovery step of the script tests: no climb happens while they run
@@ -252,3 +253,51 @@ def test_adaptive_options_are_validated() -> None:
         with pytest.raises(ConfigError, match=r"RateLimit\.recover_every"):
             RateLimit(10, adaptive=True, recover_every=bad)  # type: ignore[arg-type]
     Registry().handler("q", mode="keyed", rate_limit=RateLimit(5, per_key=True, adaptive=True))
+
+
+# ----------------------------------------------------------------------------- convergence
+
+# The scenario of scripts/adaptive_rate_curve.py: a fake API with hidden per-tenant rates
+# (A 5/s, B 12/s, with 0.1 s of slack for scheduling delays), RateLimit(max=30, per=1.0,
+# per_key=True, adaptive=True, recover_every=1.0), two workers sharing the queue. The limits
+# settle within a few seconds (30 -> 15 -> 7 -> 3 takes three refused windows), so "after
+# convergence" starts at SETTLED.
+SETTLED = 5.0
+
+
+def accepted_rate(times: list[float], start: float) -> float:
+    """Accepted calls per second from ``start`` to the last one."""
+    later = [t for t in times if t >= start]
+    return len(later) / (max(later) - start)
+
+
+# One backend: the dynamics live in the scripts and the fake API, not in the event loop, and the
+# run takes about 15 s.
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_per_key_limits_converge_to_each_tenants_hidden_rate(
+        redis_url: str, queue_name: str) -> None:
+    run = await run_scenario(redis_url, queue_name, jobs={"A": 60, "B": 150}, timeout=40.0)
+    # No job lost, each completed exactly once, no attempt spent on a 429.
+    assert sorted(run.completions) == sorted(run.job_ids)
+    assert set(run.completions.values()) == {1}
+    assert run.attempts == {1}
+    for tenant, hidden in HIDDEN.items():
+        accepted, refused = run.accepted[tenant], run.refused[tenant]
+        end = max(accepted)
+        # Halving on a 429 and climbing by one per clean second keeps the limit between about
+        # half the hidden rate and just above it once it has settled (never near the max of 30).
+        later = [limit for t, limit in run.limits[tenant] if SETTLED <= t <= end]
+        assert later and hidden // 2 - 1 <= min(later) and max(later) <= hidden + 2, (
+            tenant, later)
+        # So the accepted rate stays close to the hidden one: halving and climbing back by one
+        # averages about 3/4 of it or more; the API itself lets through at most its rate over
+        # its slightly shorter window.
+        rate = accepted_rate(accepted, SETTLED)
+        assert 0.6 * hidden <= rate <= hidden / (WINDOW - SLACK), (tenant, rate)
+        # And 429s are rare: about one per climb back above the hidden rate.
+        late_refusals = len([t for t in refused if t >= SETTLED])
+        assert late_refusals <= 0.2 * len([t for t in accepted if t >= SETTLED]), (
+            tenant, late_refusals)
+    # Before settling, the limits came down from the maximum in a few refused windows.
+    assert all(run.refused[t] and min(run.refused[t]) < 1.0 for t in HIDDEN)

@@ -106,6 +106,13 @@ EXPECTED: dict[str, list[str]] = {
         "next event is 'added' for job ",
         "(the first ping: True)",
     ],
+    "adaptive_rate_limit.py": [
+        "added 48 jobs for 2 tenants, 2 workers, limit 20/s per tenant",
+        "completed 48 of 48 jobs, each once (queue counts: completed=48)",
+        "attempt numbers seen by the handler: [1] (429s use no attempt)",
+        "acme: ",
+        "globex: ",
+    ],
     "keyed_rate_limit.py": [
         "added 9 jobs: 6 for acme first, then 3 for globex",
         "first six starts: 3 acme, 3 globex (round robin between the tenants)",
