@@ -171,6 +171,28 @@ async def test_a_job_deleted_before_it_ended_counts_as_failed(redis_url: str) ->
         await client.get_job(DONE, complete_id(batch))
 
 
+@pytest.mark.anyio
+async def test_the_callback_follows_the_last_ending_without_waiting_for_an_upkeep_tick(
+        redis_url: str) -> None:
+    """The worker that ends a batch job relays the ending at once, also when jobs end while
+    it is relaying earlier ones (the upkeep tick here is a minute away)."""
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(DONE, {}))
+        await batch.add_bulk(WORK, [{"n": i} for i in range(200)])
+        await batch.close()
+        async with run_worker(batch_app.queues, WORK, redis_url, stalled_interval=60.0):
+            callback = client.queue(DONE).job(complete_id(batch))
+            await async_wait_until(lambda: _exists(callback), 10, "the callback was added")
+
+
+async def _exists(handle: Any) -> bool:
+    try:
+        await handle.info()
+    except JobNotFound:
+        return False
+    return True
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

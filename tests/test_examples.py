@@ -19,6 +19,13 @@ from tests.helpers import ROOT, subprocess_env
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 
 EXPECTED: dict[str, list[str]] = {
+    "batches.py": [
+        "album holiday: 3 photos in the batch, closed=True",
+        "album holiday publish: 3 of 3 photos resized, 0 failed",
+        "album holiday report: 3 of 3 photos resized, 0 failed",
+        "album party report: 1 of 2 photos resized, 1 failed",
+        "album party: pending=0 completed=1 failed=1",
+    ],
     "quickstart.py": [
         "added 3 jobs",
         "job 1: hello, ada",

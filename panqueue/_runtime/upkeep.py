@@ -72,14 +72,18 @@ class Upkeep:
         (the endings no worker relayed: a worker that died after ending a job, a cancel or an
         expiry), and look at the batches whose callbacks go to this queue."""
         transport, keys, trouble = self._transport, self._keys, self._batch_trouble
+        self._relay_due = anyio.Event()
+        swept_at = anyio.current_time()
         while True:
-            self._relay_due = due = anyio.Event()
             with anyio.move_on_after(self._interval if not trouble.count
                                      else max(self._interval, trouble.backoff())):
-                await due.wait()
+                await self._relay_due.wait()
+            # An ending signalled from here on is relayed by the next round, not lost.
+            self._relay_due = anyio.Event()
             try:
                 await transport.run(relay(keys))
-                if not due.is_set():  # a tick, not an ending here
+                if anyio.current_time() - swept_at >= self._interval:
+                    swept_at = anyio.current_time()
                     await transport.run(sweep_batches(keys))
             except PanqueueError as exc:
                 trouble.failed(exc)
