@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from panqueue import ConfigError, RateLimit, Registry
+from panqueue import ConfigError, Job, QueueClient, RateLimit, RateLimited, Registry
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
@@ -22,6 +22,7 @@ from panqueue._store.ops.rate import effective_rate_limit
 from panqueue._store.status import Status
 from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
+from panqueue.testing import run_worker
 from scripts.adaptive_rate_curve import HIDDEN, SLACK, WINDOW, run_scenario
 from tests.helpers import wait_until
 
@@ -253,6 +254,40 @@ def test_adaptive_options_are_validated() -> None:
         with pytest.raises(ConfigError, match=r"RateLimit\.recover_every"):
             RateLimit(10, adaptive=True, recover_every=bad)  # type: ignore[arg-type]
     Registry().handler("q", mode="keyed", rate_limit=RateLimit(5, per_key=True, adaptive=True))
+
+
+# ----------------------------------------------------------------------------- a worker
+
+
+refused_once: set[str] = set()
+explained = Registry()
+
+
+@explained.handler("adaptive-explain", attempts=1,
+                   rate_limit=RateLimit(4, per=60.0, adaptive=True))
+async def refuse_first_call(job: Job) -> None:
+    """Refuse the first call of a job whose data starts with "refuse" (unique per test)."""
+    if job.data.startswith("refuse") and job.data not in refused_once:
+        refused_once.add(job.data)
+        raise RateLimited(retry_after=0)
+
+
+@pytest.mark.anyio
+async def test_explain_names_the_cut_limit_of_the_queue(redis_url: str, queue_name: str
+                                                        ) -> None:
+    queue = "adaptive-explain"
+    async with run_worker(explained, queue, redis_url), QueueClient(redis_url) as client:
+        refused = await client.queue(queue).add(f"refuse-{queue_name}")
+        await refused.result(timeout=20)  # two starts: the refused one and its re-run
+        waiting = await client.queue(queue).add("wait")
+        explanation = await client.explain(queue, waiting.id)
+        info = await refused.info()
+    # The cut took the limit from 4 to 2, which the two starts have used up (a fixed limit of 4
+    # would have let the second job run).
+    assert explanation.reason == "rate_limited", explanation
+    assert "(2 starts per 60 s, cut from 4 by RateLimited) is used up until" in (
+        explanation.detail)
+    assert info.attempts == 1
 
 
 # ----------------------------------------------------------------------------- convergence
