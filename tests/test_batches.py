@@ -493,3 +493,12 @@ async def _is_done(handle: Any) -> bool:
         return (await handle.info()).state == JobState.COMPLETED
     except JobNotFound:
         return False
+
+
+def test_explain_names_the_batch_of_a_job(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        batch = client.batch(on_complete=(DONE, {}))
+        job = batch.add(WORK, {})
+        outside = client.queue(WORK).add({})
+        assert f"a job of batch {batch.id}" in client.explain(WORK, job.id).detail
+        assert "a job of batch" not in client.explain(WORK, outside.id).detail

@@ -5,7 +5,7 @@ one reason and a sentence a person can act on."""
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -48,7 +48,16 @@ def _fmt(when: datetime) -> str:
 
 def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
     """Read the job and what holds it, and say why it is where it is (:class:`JobNotFound` if
-    there is no such job)."""
+    there is no such job); a job of a batch says which."""
+    explanation = yield from _why(keys, job_id)
+    batch = yield Command(("HGET", keys.job(job_id), "b"))
+    if batch is None:
+        return explanation
+    return replace(explanation, detail=f"{explanation.detail} (a job of batch "
+                   f"{batch.decode()}: client.batch)")
+
+
+def _why(keys: QueueKeys, job_id: str) -> Op[Explanation]:
     jkey = keys.job(job_id)
     fields, meta, time_reply = yield Batch((
         Command(("HMGET", jkey, "s", "ft", "fr", "k", "dx", "tk")),
