@@ -22,11 +22,13 @@ from panqueue import (
     Fail,
     Job,
     JobFailed,
+    JobNotFound,
     JobState,
     QueueClient,
     Registry,
     SyncQueueClient,
 )
+from panqueue._store.ops.batches import callback_id
 from panqueue.testing import run_worker
 from tests.helpers import async_wait_until, panqueue_command, subprocess_env, wait_until
 
@@ -363,6 +365,32 @@ async def test_a_thread_chunk_handler_reports_and_returns_per_job(
             results = [await handle.result(timeout=10) for handle in handles]
             progress = [(await handle.info()).progress for handle in handles]
     assert results == [2, 4, 6] and progress == [100, 100, 100]
+
+
+async def test_the_jobs_of_a_batch_ended_by_a_chunk_reach_the_batch_at_once(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, chunk=Chunk(size=10, wait=0))
+    async def rows(jobs: list[Job]) -> list[None]:
+        return [None] * len(jobs)
+
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(f"{queue_name}-done", None))
+        await batch.add_bulk(queue_name, [{"n": n} for n in range(25)])
+        await batch.close()
+        callback = client.queue(f"{queue_name}-done").job(callback_id(batch.id, "complete"))
+
+        async def added() -> bool:
+            try:
+                await callback.info()
+            except JobNotFound:
+                return False
+            return True
+
+        # The upkeep's own relay is a minute away: the chunk's endings are relayed as they end.
+        async with run_worker(registry, queue_name, redis_url, stalled_interval=60.0):
+            await async_wait_until(added, 10, "the batch's callback")
 
 
 # ----------------------------------------------------------------------------- configuration

@@ -266,6 +266,8 @@ class Worker:
         if self.metrics is not None and outcome is not None:
             self._observe(job, outcome if isinstance(outcome, str) else _OUTCOME_NAMES[outcome],
                           run_s)
+        if self._upkeep is not None and in_batch(job.options):
+            self._upkeep.batch_job_ended()  # as _process_and_relay does for a plain job
 
     async def _when_served(self, trouble: Trouble, call: Callable[[], Awaitable[T]]) -> T:
         """One step of the start, sent again while Redis answers that it cannot serve now (it
