@@ -7,7 +7,6 @@ The storage side (how endings reach the batch, why each callback is added once) 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import uuid
 from collections.abc import Iterable, Sequence
@@ -21,6 +20,8 @@ from panqueue._store.ops.batches import (
     BatchInfo,
     add_to_batch,
     batch_info,
+    batch_member,
+    batch_options,
     close_batch,
     open_batch,
 )
@@ -82,23 +83,23 @@ class _Jobs:
     def __init__(self, batch_id: str) -> None:
         self.id = batch_id
         self._numbers = itertools.count()
+        self._plain_options = batch_options(batch_id)
 
-    def _with_id(self, job: NewJob) -> NewJob:
+    def _member(self, job: NewJob) -> NewJob:
         # A batch job needs its id before the add (it is registered first): generated ones
         # are the batch id and a counter, never all digits.
-        if job.job_id:
-            return job
-        return dataclasses.replace(job, job_id=f"{self.id}-{next(self._numbers)}")
+        job_id = job.job_id or f"{self.id}-{next(self._numbers)}"
+        return batch_member(job, self.id, job_id, self._plain_options)
 
     def _one(self, target: Any, data: Any, options: dict[str, Any]) -> list[NewJob]:
         from panqueue._client import _dependency_ids, _stored_form
         if "depends_on" in options:
             options["depends_on"] = _dependency_ids(target.name, options["depends_on"])
-        return [self._with_id(new_job(target.defaults, _stored_form(data), options))]
+        return [self._member(new_job(target.defaults, _stored_form(data), options))]
 
     def _many(self, target: Any, items: Iterable[Any]) -> list[NewJob]:
         from panqueue._client import _new_jobs
-        return [self._with_id(job) for job in _new_jobs(target.defaults, items)]
+        return [self._member(job) for job in _new_jobs(target.defaults, items)]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id}>"

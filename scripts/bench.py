@@ -27,6 +27,8 @@ measured, in the docstring of its module under ``scripts/benchmarks/``:
   the export needs the ``spark`` extra and Java 17).
 * ``--chunk``: ``chunk``, a no-op plain handler against a no-op chunk handler of 100, and the
   ratio of their process rates (only on request).
+* ``--batch``: ``batch``, 100,000 jobs added through ``batch.add_bulk`` against plain
+  ``add_bulk`` (only on request).
 
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
@@ -47,6 +49,7 @@ from typing import Any
 import redis
 from benchmarks import (
     baseline,
+    batch,
     chunk,
     dashboard_paging,
     executors,
@@ -92,6 +95,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="only the job history figures: the record's cost per completion, "
                              "stream memory per record, export_history of 1,000,000 records "
                              "on local[2] (not part of the full run; needs the spark extra)")
+    parser.add_argument("--batch", action="store_true",
+                        help="only the batch figures: 100,000 jobs through batch.add_bulk "
+                             "against client add_bulk, jobs/s and their ratio (not part of "
+                             "the full run)")
     parser.add_argument("--chunk", action="store_true",
                         help="only the chunk handler figures: a no-op plain handler against a "
                              "no-op chunk handler of 100, jobs/s and their ratio (not part of "
@@ -106,7 +113,7 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
     """The sections to run, in order, and the mode named in the output. ``--executors``,
     ``--keyed`` and ``--spark`` each select their section; together they run together."""
     only = (args.executors or args.keyed or args.spark or args.dashboard or args.memory
-            or args.scale or args.history or args.chunk)
+            or args.scale or args.history or args.chunk or args.batch)
     todo = [name for name, wanted in (
         ("baseline", not only),
         ("executors", args.executors or (not args.quick and not only)),
@@ -117,10 +124,13 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
         ("scale", args.scale),
         ("history", args.history),
         ("chunk", args.chunk),
+        ("batch", args.batch),
     ) if wanted]
     mode = "quick" if args.quick else "full"
     if args.chunk:
         mode += ", chunk handlers only"
+    elif args.batch:
+        mode += ", batches only"
     elif args.history:
         mode += ", history only"
     elif args.scale:
@@ -171,6 +181,8 @@ def measure(bench: Bench, todo: list[str], quick: bool) -> dict[str, Any]:
         figures["history"] = history.run(bench, quick)
     if "chunk" in todo:
         figures["chunk"] = chunk.run(bench, quick)
+    if "batch" in todo:
+        figures["batch"] = batch.run(bench, quick)
     return figures
 
 
@@ -195,6 +207,8 @@ def report(figures: dict[str, Any], quick: bool, backend: str, worker_log: str) 
         history.report(figures["history"])
     if "chunk" in figures:
         chunk.report(figures["chunk"])
+    if "batch" in figures:
+        batch.report(figures["batch"])
     if worker_log:
         print()
         print("worker output (warnings and errors):")

@@ -25,8 +25,8 @@ from panqueue._store.ops.schedules import server_time_ms
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue.errors import ConfigError, PanqueueError
 
-__all__ = ["BatchInfo", "add_to_batch", "batch_info", "callback_id", "close_batch",
-           "in_batch", "open_batch", "relay", "sweep_batches"]
+__all__ = ["BatchInfo", "add_to_batch", "batch_info", "batch_member", "batch_options",
+           "callback_id", "close_batch", "in_batch", "open_batch", "relay", "sweep_batches"]
 
 # Outbox entries relayed per read; batches a sweep looks at per run; how long the sweep waits
 # before it looks again at a batch that is still open.
@@ -107,7 +107,7 @@ def _fire(answer: _Answer) -> Op[None]:
                 yield from _unregister(answer.parent, queue, [job_id])
             continue
         job = NewJob(job_id, encode({**(data or {}), "batch": info.as_dict()}),
-                     options=_batch_options(answer.parent), batch=answer.parent)
+                     options=batch_options(answer.parent), batch=answer.parent)
         yield from add_jobs(QueueKeys(queue), [job])
     yield from _call(SCRIPTS.batch_added, info.id)
     for queue in _callback_queues(answer):
@@ -124,12 +124,21 @@ def _unregister(batch_id: str, queue: str, ids: Sequence[str]) -> Op[None]:
         yield from _settle((yield from _call(SCRIPTS.batch_unregister, batch_id, queue, *ids)))
 
 
-def _batch_options(batch_id: str, options: bytes = b"") -> bytes:
+def batch_options(batch_id: str, options: bytes = b"") -> bytes:
     """A job's stored options with its batch: the worker that ends it relays the ending at once
     (panqueue/_runtime/upkeep.py); a job outside any batch keeps its options as they were."""
     if not batch_id:
         return options
     return encode({**(decode(options) if options else {}), "batch": batch_id})
+
+
+def batch_member(job: NewJob, batch_id: str, job_id: str, plain_options: bytes) -> NewJob:
+    """``job`` as a job of the batch, under ``job_id``. ``plain_options``: the stored options
+    of a job that has none of its own (``batch_options(batch_id)``, encoded once per batch)."""
+    options = batch_options(batch_id, job.options) if job.options else plain_options
+    return NewJob(job_id, job.data, job.priority, job.delay_ms, job.run_at_ms, options, job.key,
+                  job.depends_on, job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy,
+                  job.expires_in_ms, job.expires_at_ms, batch_id)
 
 
 def in_batch(options: bytes) -> bool:
@@ -157,16 +166,13 @@ def open_batch(batch_id: str, on_complete: tuple[str, Any],
 
 def add_to_batch(batch_id: str, keys: QueueKeys, jobs: Sequence[NewJob],
                  mode: str = "") -> Op[list[tuple[str, bool]]]:
-    """Register ``jobs`` (their ids set) in the batch, then add them. A job the add did not
-    create (its id or dedup key named a job outside the batch), or an add that failed, is
-    taken back out, so the batch never waits for a job that is not in it."""
+    """Register ``jobs`` (made by :func:`batch_member`) in the batch, then add them. A job the
+    add did not create (its id or dedup key named a job outside the batch), or an add that
+    failed, is taken back out, so the batch never waits for a job that is not in it."""
     ids = [job.job_id or "" for job in jobs]
     yield from _call(SCRIPTS.batch_register, batch_id, keys.name, "0", *ids)
-    marked = [dataclasses.replace(job, batch=batch_id, options=_batch_options(batch_id,
-                                                                              job.options))
-              for job in jobs]
     try:
-        added = yield from add_jobs(keys, marked, mode)
+        added = yield from add_jobs(keys, jobs, mode)
     except ConfigError:  # refused: nothing was written
         yield from _unregister(batch_id, keys.name, ids)
         raise
