@@ -21,12 +21,13 @@ local function rate_step()
 end
 
 -- Where the effective limit of a window (K_RATE or K_RATE .. ':' .. key) is kept: nil for the
--- queue's (a meta field), else the key's STRING. "rle:" cannot collide with any "rl:<key>".
+-- queue's (a meta field), else the key's STRING "rle:<key>", named after its window as the
+-- window is after K_RATE. "rle:" cannot collide with any "rl:<key>".
 local function limit_key(rkey)
   if rkey == K_RATE then
     return nil
   end
-  return P .. 'rle' .. string.sub(rkey, #K_RATE + 1)
+  return K_RATE .. 'e' .. string.sub(rkey, #K_RATE + 1)
 end
 
 -- The effective limit of a window now, and the time (ms) of its last cut (nil: none in force).
