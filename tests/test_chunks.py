@@ -328,6 +328,71 @@ async def test_cancelling_one_job_stops_the_chunk_and_the_others_run_again_unhar
         (JobState.COMPLETED, 1), (JobState.CANCELLED, 1), (JobState.COMPLETED, 1)]
 
 
+async def test_a_job_cancelled_while_its_chunk_gathers_ends_cancelled_without_running(
+        redis_url: str, queue_name: str) -> None:
+    registry, calls = Registry(), Calls()
+
+    @registry.handler(queue_name, chunk=Chunk(size=2, wait=30.0))
+    async def rows(jobs: list[Job]) -> list[str]:
+        calls.enter(jobs)
+        calls.leave()
+        return ["done"] * len(jobs)
+
+    async with QueueClient(redis_url) as client, \
+            run_worker(registry, queue_name, redis_url):
+        queue = client.queue(queue_name)
+        first = await queue.add(None)
+        await async_wait_until(
+            lambda: _is(client, queue_name, first.id, JobState.ACTIVE), what="the claim")
+        await client.cancel(queue_name, first.id)
+        second = await queue.add(None)
+        assert await second.result(timeout=10) == "done"
+        info = await first.info()
+    assert calls.ids == [[second.id]]
+    assert info.state is JobState.CANCELLED and info.failure_reason == "cancelled"
+
+
+async def test_shutdown_past_the_grace_period_releases_every_job_of_a_running_chunk(
+        redis_url: str, queue_name: str) -> None:
+    registry, calls = Registry(), Calls()
+
+    @registry.handler(queue_name, chunk=Chunk(size=3, wait=0))
+    async def rows(jobs: list[Job]) -> list[None]:
+        calls.enter(jobs)
+        await anyio.sleep(30)
+        return [None] * len(jobs)
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(queue_name).add_bulk([1, 2, 3])
+        started = time.monotonic()
+        async with run_worker(registry, queue_name, redis_url, grace=0.2):
+            await calls.started.wait()
+        infos = [await handle.info() for handle in handles]
+    assert time.monotonic() - started < 10
+    assert calls.ids == [[h.id for h in handles]]
+    # Back to waiting at once, and the interrupted attempt does not count.
+    assert [(i.state, i.attempts) for i in infos] == [(JobState.WAITING, 0)] * 3
+
+
+async def test_a_chunk_still_gathering_when_the_worker_stops_is_released(
+        redis_url: str, queue_name: str) -> None:
+    registry, calls = Registry(), Calls()
+
+    @registry.handler(queue_name, chunk=Chunk(size=5, wait=30.0))
+    async def rows(jobs: list[Job]) -> list[None]:
+        calls.enter(jobs)
+        return [None] * len(jobs)
+
+    async with QueueClient(redis_url) as client:
+        async with run_worker(registry, queue_name, redis_url):
+            handle = await client.queue(queue_name).add(None)
+            await async_wait_until(
+                lambda: _is(client, queue_name, handle.id, JobState.ACTIVE), what="the claim")
+        info = await handle.info()
+    assert calls.ids == []
+    assert (info.state, info.attempts) == (JobState.WAITING, 0)
+
+
 async def test_concurrency_counts_chunks(redis_url: str, queue_name: str) -> None:
     registry, calls = Registry(), Calls()
 
