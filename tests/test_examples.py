@@ -120,6 +120,13 @@ EXPECTED: dict[str, list[str]] = {
         "acme: ",
         "globex: ",
     ],
+    "chunk_handler.py": [
+        "120 rows loaded by inserts of [50, 50, 20] rows",
+        "first result: {'row': 0}, last result: {'row': 119}",
+        "bad row: {'row': 120} on attempt 2",
+        "its first attempt: negative qty for sku-x",
+        "a lone row ran once the chunk's 0.2 s wait was over: True",
+    ],
     "keyed_rate_limit.py": [
         "added 9 jobs: 6 for acme first, then 3 for globex",
         "first six starts: 3 acme, 3 globex (round robin between the tenants)",
