@@ -1,7 +1,7 @@
 """Adaptive rate limits against an outside API with hidden per-tenant limits, and their curve.
 
     .venv/bin/python scripts/adaptive_rate_curve.py [--url redis://127.0.0.1:6379/0]
-        [--out docs/img/adaptive-rate.png] [--recover-every 1.0] [--max 30]
+        [--out docs/img/adaptive-rate.png] [--recover-every 1.0] [--max 30] [--fixed]
 
 A fake API (in this process) accepts at most 5 calls per second for tenant "A" and 12 for
 tenant "B" (accepted calls in any 0.9 s window: 0.1 s of slack for the workers' scheduling
@@ -13,7 +13,8 @@ nor the handler knows the hidden rates: the limit of each tenant's key settles a
 
 The run samples each key's effective limit (what the claim allows now) every 0.1 s and writes a
 PNG (matplotlib, extra ``panqueue[docs]``) of the effective limit, the accepted calls per second
-and the 429s over time, per tenant. It produced ``docs/img/adaptive-rate.png``.
+and the 429s over time, per tenant. It produced ``docs/img/adaptive-rate.png``. ``--fixed``
+runs the same with a fixed limit and prints the same summary, for comparison.
 ``tests/test_adaptive_rate.py`` runs the same scenario (``run_scenario``) and checks that it
 converges, loses no job and spends no attempt on a 429.
 
@@ -43,6 +44,7 @@ WINDOW = 1.0  # the queue's rate-limit window (s)
 SLACK = 0.1
 HIDDEN = {"A": 5, "B": 12}  # calls per window the API accepts, per tenant
 JOBS = {"A": 80, "B": 190}  # about 20 s of work each at the hidden rates' AIMD average
+SETTLED = 5.0  # seconds after which the limits have come down (for the printed summary)
 
 
 class FakeApi:
@@ -112,15 +114,15 @@ async def sample_limits(url: str, queue: str, started: float,
 
 
 async def run_scenario(url: str, queue: str = "adaptive-demo", *, maximum: int = 30,
-                       recover_every: float = 1.0, workers: int = 2,
+                       recover_every: float = 1.0, workers: int = 2, adaptive: bool = True,
                        jobs: dict[str, int] | None = None, timeout: float = 60.0) -> Run:
     """Add every tenant's jobs, run ``workers`` workers until all are completed, and return what
-    the API and the handlers saw."""
+    the API and the handlers saw. ``adaptive=False``: the same with a fixed limit, to compare."""
     jobs = JOBS if jobs is None else jobs
     api = FakeApi(HIDDEN)
     calls: list[tuple[str, int]] = []
     completions: Counter[str] = Counter()
-    rate = RateLimit(maximum, per=WINDOW, per_key=True, adaptive=True,
+    rate = RateLimit(maximum, per=WINDOW, per_key=True, adaptive=adaptive,
                      recover_every=recover_every)
     registry = build_registry(api, queue, rate, calls, completions)
     limits: dict[str, list[tuple[float, int]]] = {t: [] for t in jobs}
@@ -184,20 +186,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/img/adaptive-rate.png"))
     parser.add_argument("--recover-every", type=float, default=1.0)
     parser.add_argument("--max", type=int, default=30)
+    parser.add_argument("--fixed", action="store_true",
+                        help="a fixed limit of --max instead, for comparison (no figure)")
     args = parser.parse_args()
 
     async def go(url: str) -> Run:
         return await run_scenario(url, f"adaptive-demo-{int(time.time())}", maximum=args.max,
-                                  recover_every=args.recover_every)
+                                  recover_every=args.recover_every, adaptive=not args.fixed)
 
     if args.url:
         run = anyio.run(go, args.url)
     else:
         with url_or_private_server() as url:
             run = anyio.run(go, url)
+    print(f"all jobs completed in {run.duration:.1f} s")
     for tenant in run.limits:
+        late = [len([t for t in times[tenant] if t >= SETTLED])
+                for times in (run.accepted, run.refused)]
         print(f"tenant {tenant}: {len(run.accepted[tenant])} accepted, "
-              f"{len(run.refused[tenant])} refused, final limit {run.limits[tenant][-1][1]}")
+              f"{len(run.refused[tenant])} refused ({late[1] / max(1, late[0]):.0%} of the "
+              f"accepted after {SETTLED:g} s), final limit {run.limits[tenant][-1][1]}")
+    if args.fixed:
+        return
     plot(run, args.out, f"RateLimit(max={args.max}, per={WINDOW}, per_key=True, adaptive=True, "
                         f"recover_every={args.recover_every}), 2 workers")
     print(f"wrote {args.out}")

@@ -23,7 +23,7 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.testing import run_worker
-from scripts.adaptive_rate_curve import HIDDEN, SLACK, WINDOW, run_scenario
+from scripts.adaptive_rate_curve import HIDDEN, SETTLED, SLACK, WINDOW, run_scenario
 from tests.helpers import wait_until
 
 STEP_MS = 60_000  # the recovery step of the script tests: no climb happens while they run
@@ -297,7 +297,6 @@ async def test_explain_names_the_cut_limit_of_the_queue(redis_url: str, queue_na
 # per_key=True, adaptive=True, recover_every=1.0), two workers sharing the queue. The limits
 # settle within a few seconds (30 -> 15 -> 7 -> 3 takes three refused windows), so "after
 # convergence" starts at SETTLED.
-SETTLED = 5.0
 
 
 def accepted_rate(times: list[float], start: float) -> float:
