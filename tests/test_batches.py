@@ -226,7 +226,8 @@ async def test_bad_arguments_are_one_clear_error_and_write_nothing(
             await batch.add(WORK, {}, job_id="late")
         assert not redis_client.exists(QueueKeys(WORK).job("late"))
         with pytest.raises(ConfigError, match="no such batch"):
-            await client.batch(on_complete=(DONE, {}), parent="no-such-batch")
+            await client.batch(on_complete=("elsewhere", {}), parent="no-such-batch")
+        assert not redis_client.exists(QueueKeys("elsewhere").batches)
 
 
 @pytest.mark.anyio

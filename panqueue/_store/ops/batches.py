@@ -149,16 +149,19 @@ def in_batch(options: bytes) -> bool:
 
 def open_batch(batch_id: str, on_complete: tuple[str, Any],
                on_success: tuple[str, Any] | None, parent: str) -> Op[BatchInfo]:
-    """Create a batch. Its callbacks' queues learn of it first (their workers' sweep adds the
-    callbacks if whoever fires the batch dies first); a child batch's callbacks join its parent
-    before the child exists, so the parent cannot fire without them."""
+    """Create a batch. A child batch's callbacks join its parent first (a parent that cannot
+    take them refuses before anything is written), so the parent cannot fire without them;
+    then the callbacks' queues learn of the batch (their workers' sweep adds the callbacks if
+    whoever fires the batch dies first)."""
     callbacks = [("complete", on_complete)] + ([("success", on_success)] if on_success else [])
+    if parent:
+        yield from _call(SCRIPTS.batch_register, parent, on_complete[0], "1",
+                         callback_id(batch_id, "complete"))
+        if on_success:
+            yield from _call(SCRIPTS.batch_register, parent, on_success[0], "1",
+                             callback_id(batch_id, "success"))
     for _, (queue, _data) in callbacks:
         yield Command(("ZADD", QueueKeys(queue).batches, 0, batch_id))
-    if parent:
-        for which, (queue, _data) in callbacks:
-            yield from _call(SCRIPTS.batch_register, parent, queue, "1",
-                             callback_id(batch_id, which))
     answer = yield from _call(SCRIPTS.batch_open, batch_id, encode(list(on_complete)),
                               encode(list(on_success)) if on_success else b"", parent)
     return answer.info
