@@ -413,7 +413,6 @@ async def test_concurrency_counts_chunks(redis_url: str, queue_name: str) -> Non
     assert sorted(i for ids in calls.ids for i in ids) == sorted(h.id for h in handles)
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_thread_chunk_handler_reports_and_returns_per_job(
         redis_url: str, queue_name: str) -> None:
     registry = Registry()
