@@ -201,11 +201,14 @@ def main() -> None:
             run = anyio.run(go, url)
     print(f"all jobs completed in {run.duration:.1f} s")
     for tenant in run.limits:
-        late = [len([t for t in times[tenant] if t >= SETTLED])
-                for times in (run.accepted, run.refused)]
+        accepted = [t for t in run.accepted[tenant] if t >= SETTLED]
+        refused = [t for t in run.refused[tenant] if t >= SETTLED]
+        rate = len(accepted) / (max(accepted) - SETTLED) if accepted else 0.0
         print(f"tenant {tenant}: {len(run.accepted[tenant])} accepted, "
-              f"{len(run.refused[tenant])} refused ({late[1] / max(1, late[0]):.0%} of the "
-              f"accepted after {SETTLED:g} s), final limit {run.limits[tenant][-1][1]}")
+              f"{len(run.refused[tenant])} refused; after {SETTLED:g} s: {rate:.1f} accepted/s "
+              f"({rate / HIDDEN[tenant]:.0%} of its hidden rate), refused "
+              f"{len(refused) / max(1, len(accepted)):.0%} as many; final limit "
+              f"{run.limits[tenant][-1][1]}")
     if args.fixed:
         return
     plot(run, args.out, f"RateLimit(max={args.max}, per={WINDOW}, per_key=True, adaptive=True, "
