@@ -26,6 +26,7 @@ from panqueue import (
     JobState,
     QueueClient,
     Registry,
+    Snooze,
     SyncQueueClient,
 )
 from panqueue._store.ops.batches import callback_id
@@ -223,6 +224,51 @@ async def test_a_chunk_failure_with_a_message_or_fail_follows_the_jobs_policy(
         "ChunkItemFailed", "no such customer")
     assert first.state in (JobState.DELAYED, JobState.WAITING, JobState.ACTIVE)
     assert final_info.failure_reason == "explicit_fail" and final_info.attempts == 1
+
+
+async def test_a_bad_slot_fails_only_its_job(redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, chunk=Chunk(size=3, wait=0))
+    async def rows(jobs: list[Job]) -> list[Any]:
+        return ["fine", {1, 2}, ChunkFailure(0, "wrong slot")]
+
+    async with QueueClient(redis_url) as client:
+        fine, unencodable, misplaced = await client.queue(queue_name).add_bulk([1, 2, 3])
+        async with run_worker(registry, queue_name, redis_url):
+            assert await fine.result(timeout=10) == "fine"
+            errors = []
+            for handle in (unencodable, misplaced):
+                with pytest.raises(JobFailed) as failed:
+                    await handle.result(timeout=10)
+                errors.append(failed.value.error)
+    assert [(e.type if e else None) for e in errors] == ["PayloadError", "InvalidChunkResult"]
+    assert errors[0] is not None and "result[1]" in errors[0].message
+    assert errors[1] is not None and errors[1].message == (
+        "ChunkFailure(0, ...) was returned in slot 2: return it in the slot of the job it fails")
+
+
+async def test_a_snooze_raised_by_a_chunk_handler_snoozes_every_job_of_the_chunk(
+        redis_url: str, queue_name: str) -> None:
+    registry, calls = Registry(), Calls()
+
+    @registry.handler(queue_name, chunk=Chunk(size=2, wait=0))
+    async def rows(jobs: list[Job]) -> list[int]:
+        calls.enter(jobs)
+        calls.leave()
+        if len(calls.ids) == 1:
+            raise Snooze(0.2)
+        return [job.attempt for job in jobs]
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(queue_name).add_bulk([1, 2])
+        async with run_worker(registry, queue_name, redis_url):
+            results = [await handle.result(timeout=10) for handle in handles]
+            infos = [await handle.info() for handle in handles]
+    ids = [h.id for h in handles]
+    assert calls.ids == [ids, ids] and results == [1, 1]  # no attempt used
+    for info in infos:
+        assert [(e["type"], e["delay_ms"]) for e in info.history] == [("Snoozed", 200)]
 
 
 async def test_raising_fails_every_job_of_the_chunk_each_by_its_own_policy(
