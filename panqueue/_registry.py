@@ -262,6 +262,8 @@ class Registry:
 
             check_executor(options.executor, fn, name, isolated=isolation is not None,
                            chunked=chunk is not None)
+            if chunk is not None:
+                _check_chunk_payload(name, fn)
             handler = Handler(name, fn, options, dict(job_defaults))
             self._handlers[name] = handler
             return handler
@@ -319,12 +321,7 @@ def _dataclass_payload(queue: str, fn: Callable[..., Any]) -> type[Any] | None:
     any annotation that cannot be resolved where the function is defined (a name imported
     under ``if TYPE_CHECKING:``, for example).
     """
-    try:
-        first = next(iter(inspect.signature(fn).parameters.values()), None)
-        hints = typing.get_type_hints(fn) if first is not None else {}
-    except Exception:  # unresolvable forward references, builtins without a signature
-        return None
-    hint = hints.get(first.name) if first is not None else None
+    hint = _first_parameter_hint(fn)
     if typing.get_origin(hint) is not Job:
         return None
     [payload] = typing.get_args(hint)
@@ -343,6 +340,30 @@ def _dataclass_payload(queue: str, fn: Callable[..., Any]) -> type[Any] | None:
                 "is rebuilt one level deep only: make that field a TypedDict or a dict, or "
                 "make the payload a TypedDict")
     return payload
+
+
+def _first_parameter_hint(fn: Callable[..., Any]) -> Any:
+    """The resolved annotation of ``fn``'s first parameter, or None."""
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+        hints = typing.get_type_hints(fn) if first is not None else {}
+    except Exception:  # unresolvable forward references, builtins without a signature
+        return None
+    return hints.get(first.name) if first is not None else None
+
+
+def _check_chunk_payload(queue: str, fn: Callable[..., Any]) -> None:
+    """Refuse a chunk handler of ``list[Job[X]]`` with ``X`` a dataclass: its jobs' data
+    reaches it as stored (a dict), which the annotation would misdescribe."""
+    hint = _first_parameter_hint(fn)
+    if typing.get_origin(hint) is not list:
+        return
+    [job_hint] = typing.get_args(hint) or [None]
+    payload = typing.get_args(job_hint)[0] if typing.get_origin(job_hint) is Job else None
+    if isinstance(payload, type) and dataclasses.is_dataclass(payload):
+        raise ConfigError(f"chunk handler for queue {queue!r}: payload {payload.__name__} is a "
+                          "dataclass, which a chunk handler does not rebuild (job.data stays "
+                          "a dict): make it a TypedDict")
 
 
 def _nested_dataclass(annotation: Any) -> type[Any] | None:

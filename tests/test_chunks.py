@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -529,6 +530,23 @@ def test_a_chunk_handler_on_the_subprocess_executor_is_refused_at_registration()
     with pytest.raises(ConfigError, match=r"chunk must be a panqueue\.Chunk, got 10"):
         registry.handler("rows", chunk=10)  # type: ignore[arg-type]
     assert "rows" not in registry
+
+
+@dataclass
+class Point:
+    x: int
+
+
+def test_a_chunk_handler_of_dataclass_payloads_is_refused_at_registration() -> None:
+    registry = Registry()
+
+    async def rows(jobs: list[Job[Point]]) -> list[int]:
+        return [job.data.x for job in jobs]
+
+    with pytest.raises(ConfigError, match="payload Point is a dataclass, which a chunk handler "
+                                          "does not rebuild"):
+        registry.handler("points", chunk=Chunk(size=10))(rows)
+    assert "points" not in registry
 
 
 # ----------------------------------------------------------------------------- a crash
