@@ -193,6 +193,37 @@ async def _exists(handle: Any) -> bool:
     return True
 
 
+@pytest.mark.anyio
+async def test_endings_nobody_relayed_reach_the_batch_through_a_workers_tick(
+        redis_url: str) -> None:
+    """Cancels from a client: no worker ended the jobs, nobody calls info() or close() again.
+    A worker of the jobs' queue relays them on its upkeep tick."""
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(DONE, {}))
+        jobs = await batch.add_bulk(WORK, [{}, {}])
+        await batch.close()
+        await client.pause(WORK)  # the worker runs nothing: only its upkeep
+        async with run_worker(batch_app.queues, WORK, redis_url, stalled_interval=0.2):
+            for job in jobs:
+                await client.cancel(WORK, job.id)
+            callback = client.queue(DONE).job(complete_id(batch))
+            await async_wait_until(lambda: _exists(callback), 10, "the callback was added")
+
+
+@pytest.mark.anyio
+async def test_a_worker_of_the_callback_queue_relays_for_an_open_batch(redis_url: str) -> None:
+    """The jobs' queue has no worker at all: the callback queue's sweep relays the outboxes
+    of the batch's queues."""
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(DONE, {"url": redis_url}))
+        job = await batch.add(WORK, {})
+        await batch.close()
+        await client.cancel(WORK, job.id)
+        async with run_worker(batch_app.queues, DONE, redis_url, stalled_interval=0.2):
+            callback = client.queue(DONE).job(complete_id(batch))
+            await async_wait_until(lambda: _exists(callback), 10, "the callback was added")
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
