@@ -150,7 +150,8 @@ class ChunkRunner:
                     if o.ending == Ending.RELEASE]
         if released:
             await self._recorder.release([held.attempt.lock for held in released])
-            self._log.warning("chunk stopped; its other jobs were released to waiting",
+            # A forced shutdown, or a call stopped for another job of the chunk.
+            self._log.warning("jobs of a stopped chunk released to waiting",
                               job_ids=[held.job.id for held in released])
         completed: list[tuple[ClaimedJob, Outcome]] = []
         for held, outcome in zip(chunk, outcomes, strict=True):
