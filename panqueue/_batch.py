@@ -10,8 +10,18 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+# No import cycle: the clients import this module only inside client.batch().
+from panqueue._client import (
+    JobHandle,
+    QueueClient,
+    SyncJobHandle,
+    SyncQueueClient,
+    _dependency_ids,
+    _new_jobs,
+    _stored_form,
+)
 from panqueue._codec import encode_checked
 from panqueue._keys import check_queue_name
 from panqueue._registry import Handler
@@ -27,9 +37,6 @@ from panqueue._store.ops.batches import (
 )
 from panqueue._store.transport import Op
 from panqueue.errors import ConfigError, PayloadError
-
-if TYPE_CHECKING:
-    from panqueue._client import JobHandle, QueueClient, SyncJobHandle, SyncQueueClient
 
 __all__ = ["Batch", "BatchInfo", "SyncBatch", "batch_opening"]
 
@@ -92,13 +99,11 @@ class _Jobs:
         return batch_member(job, self.id, job_id, self._plain_options)
 
     def _one(self, target: Any, data: Any, options: dict[str, Any]) -> list[NewJob]:
-        from panqueue._client import _dependency_ids, _stored_form
         if "depends_on" in options:
             options["depends_on"] = _dependency_ids(target.name, options["depends_on"])
         return [self._member(new_job(target.defaults, _stored_form(data), options))]
 
     def _many(self, target: Any, items: Iterable[Any]) -> list[NewJob]:
-        from panqueue._client import _new_jobs
         return [self._member(job) for job in _new_jobs(target.defaults, items)]
 
     def __repr__(self) -> str:
