@@ -161,6 +161,26 @@ async def test_cancelled_and_expired_jobs_count_as_failed(redis_url: str) -> Non
 
 
 @pytest.mark.anyio
+async def test_a_running_job_cancelled_from_the_client_ends_the_batch(redis_url: str) -> None:
+    async with QueueClient(redis_url) as client, \
+            run_worker(batch_app.queues, WORK, redis_url, stalled_interval=0.2):
+        batch = await client.batch(on_complete=(DONE, {}), on_success=(DONE, {}))
+        running = await batch.add(WORK, {"sleep": 30})
+        await batch.close()
+        await async_wait_until(lambda: _state_is(running, JobState.ACTIVE), 10, "it runs")
+        await client.cancel(WORK, running.id)
+        callback = client.queue(DONE).job(complete_id(batch))
+        await async_wait_until(lambda: _exists(callback), 10, "the callback was added")
+        assert (await callback.info()).data["batch"] == info(batch.id, 1, 0, 0, 1,
+                                                             True).as_dict()
+        assert not await _exists(client.queue(DONE).job(success_id(batch)))
+
+
+async def _state_is(handle: Any, state: JobState) -> bool:
+    return (await handle.info()).state == state
+
+
+@pytest.mark.anyio
 async def test_a_job_deleted_before_it_ended_counts_as_failed(redis_url: str) -> None:
     async with QueueClient(redis_url) as client:
         batch = await client.batch(on_complete=(DONE, {}))
