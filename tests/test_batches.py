@@ -34,7 +34,7 @@ from panqueue import (
 )
 from panqueue._keys import BatchKeys, QueueKeys
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops.batches import callback_id, sweep_batches
+from panqueue._store.ops.batches import callback_id, relay, sweep_batches
 from panqueue._store.transport import ScriptCall
 from panqueue.embedded import find_server_binary
 from panqueue.testing import run_worker
@@ -279,6 +279,32 @@ async def test_bad_arguments_are_one_clear_error_and_write_nothing(
         with pytest.raises(ConfigError, match="no such batch"):
             await client.batch(on_complete=("elsewhere", {}), parent="no-such-batch")
         assert not redis_client.exists(QueueKeys("elsewhere").batches)
+
+
+def test_a_callback_its_queue_refuses_holds_up_no_other_batch(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    with SyncQueueClient(redis_url) as client:
+        client.queue("keyed-done", mode="keyed").add({}, key="k")
+        with pytest.raises(ConfigError, match="queue 'keyed-done' is keyed"):
+            client.batch(on_complete=("keyed-done", {}))
+        # A queue that becomes keyed after the batch was opened refuses the callback's add.
+        doomed = client.batch(on_complete=("later-keyed", {}))
+        fine = client.batch(on_complete=(DONE, {}))
+        jobs = [doomed.add(WORK, {}), fine.add(WORK, {})]
+        doomed.close()
+        fine.close()
+        client.queue("later-keyed", mode="keyed").add({}, key="k")
+        for job in jobs:
+            client.cancel(WORK, job.id)
+        with pytest.raises(ConfigError, match="keyed"):
+            client._run(relay(QueueKeys(WORK)))
+        assert client.get_job(DONE, complete_id(fine)).state == JobState.WAITING
+        assert redis_client.zcard(QueueKeys(WORK).batch_outbox) == 0
+        assert doomed.info().pending == 0
+        with pytest.raises(ConfigError, match="keyed"):
+            client._run(sweep_batches(QueueKeys("later-keyed")))
+        # It stays due: the sweep looks at it again in 30 s.
+        assert redis_client.zscore(QueueKeys("later-keyed").batches, doomed.id)
 
 
 @pytest.mark.anyio

@@ -154,6 +154,10 @@ def open_batch(batch_id: str, on_complete: tuple[str, Any],
     then the callbacks' queues learn of the batch (their workers' sweep adds the callbacks if
     whoever fires the batch dies first)."""
     callbacks = [("complete", on_complete)] + ([("success", on_success)] if on_success else [])
+    for which, (queue, _data) in callbacks:
+        if (yield Command(("HGET", QueueKeys(queue).meta, "mode"))) == b"keyed":
+            raise ConfigError(f"on_{which}: queue {queue!r} is keyed, and a batch's callback "
+                              "is added without a key: send it to a global queue")
     if parent:
         yield from _call(SCRIPTS.batch_register, parent, on_complete[0], "1",
                          callback_id(batch_id, "complete"))
@@ -210,20 +214,27 @@ def relay(keys: QueueKeys) -> Op[int]:
     batches that fire, then remove the entries. Returns how many entries were relayed. Any
     number of relayers may run at once: each step is repeatable."""
     relayed = 0
+    refused: ConfigError | None = None
     while True:
         entries = yield Command(("ZRANGE", keys.batch_outbox, 0, RELAY_CHUNK - 1))
-        if not entries:
-            return relayed
         by_batch: dict[str, list[str]] = {}
         for entry in entries:
             batch_id, job_id, state = entry.decode().split("\t")
             by_batch.setdefault(batch_id, []).extend((job_id, state))
         for batch_id, pairs in by_batch.items():
-            yield from _settle((yield from _call(SCRIPTS.batch_record, batch_id, keys.name,
-                                                 *pairs)))
-        yield Command(("ZREM", keys.batch_outbox, *entries))
-        relayed += len(entries)
+            answer = yield from _call(SCRIPTS.batch_record, batch_id, keys.name, *pairs)
+            try:
+                yield from _settle(answer)
+            except ConfigError as exc:
+                # A callback its queue refuses must not hold up the endings of other batches:
+                # this one stays due, and the callback queue's sweep tries it again.
+                refused = refused or exc
+        if entries:
+            yield Command(("ZREM", keys.batch_outbox, *entries))
+            relayed += len(entries)
         if len(entries) < RELAY_CHUNK:
+            if refused is not None:
+                raise refused
             return relayed
 
 
@@ -263,15 +274,21 @@ def sweep_batches(keys: QueueKeys) -> Op[int]:
     now = yield from server_time_ms()
     due = yield Command(("ZRANGE", keys.batches, "-inf", now, "BYSCORE", "LIMIT", 0,
                          SWEEP_CHUNK))
+    refused: ConfigError | None = None
     for raw in due:
         batch_id = raw.decode()
-        answer = yield from _call(SCRIPTS.batch_info, batch_id)
-        if answer.status == "open":
-            yield from _relay_queues(batch_id)
+        try:
             answer = yield from _call(SCRIPTS.batch_info, batch_id)
-        if answer.status == "open":
-            yield Command(("ZADD", keys.batches, "XX", now + RECHECK_MS, batch_id))
-            continue
-        yield from _settle(answer)
-        yield Command(("ZREM", keys.batches, batch_id))
+            if answer.status == "open":
+                yield from _relay_queues(batch_id)
+                answer = yield from _call(SCRIPTS.batch_info, batch_id)
+            if answer.status != "open":
+                yield from _settle(answer)
+                yield Command(("ZREM", keys.batches, batch_id))
+                continue
+        except ConfigError as exc:  # a refused callback: look again later, go on with others
+            refused = refused or exc
+        yield Command(("ZADD", keys.batches, "XX", now + RECHECK_MS, batch_id))
+    if refused is not None:
+        raise refused
     return len(due)
