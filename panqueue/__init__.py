@@ -3,6 +3,7 @@
 Everything public is importable from here; other modules are private.
 """
 
+from panqueue._batch import Batch, BatchInfo, SyncBatch
 from panqueue._client import (
     FlowJob,
     JobHandle,
@@ -12,9 +13,9 @@ from panqueue._client import (
     SyncQueue,
     SyncQueueClient,
 )
-from panqueue._job import ErrorInfo, Job, JobInfo, JobState
+from panqueue._job import ChunkFailure, ErrorInfo, Job, JobInfo, JobState
 from panqueue._log import configure_logging
-from panqueue._options import Backoff, Dedup, JobOptions, Limits, RateLimit, Retention
+from panqueue._options import Backoff, Chunk, Dedup, JobOptions, Limits, RateLimit, Retention
 from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
 from panqueue._runtime.worker import Worker
@@ -41,6 +42,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backoff",
+    "Batch",
+    "BatchInfo",
+    "Chunk",
+    "ChunkFailure",
     "ConfigError",
     "ConnectionError",
     "Dedup",
@@ -73,6 +78,7 @@ __all__ = [
     "ScheduleInfo",
     "ServerUnavailable",
     "Snooze",
+    "SyncBatch",
     "SyncJobHandle",
     "SyncQueue",
     "SyncQueueClient",

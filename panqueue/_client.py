@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, overload
 
 import anyio
 
@@ -43,6 +43,9 @@ from panqueue._store import (
 from panqueue._store.ops import partitions as parted
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, ConnectionError, PayloadError
+
+if TYPE_CHECKING:
+    from panqueue._batch import Batch, SyncBatch
 
 __all__ = ["FlowJob", "JobHandle", "Queue", "QueueClient", "SyncJobHandle", "SyncQueue",
            "SyncQueueClient"]
@@ -314,6 +317,16 @@ class QueueClient:
         keys, merged, mode, partitions = _queue_target(queue, defaults)
         return Queue(self, keys, merged, mode, partitions)
 
+    async def batch(self, on_complete: tuple[str, Any], on_success: tuple[str, Any] | None = None,
+                    *, parent: Batch | str | None = None) -> Batch:
+        """Open a batch (panqueue/_batch.py): ``on_complete=("queue", data)`` is added once
+        the batch is closed and every job in it ended; ``on_success`` only if none failed.
+        ``parent``: a batch whose jobs these callbacks become (a child batch)."""
+        from panqueue._batch import Batch, batch_opening
+        batch_id, opening = batch_opening(on_complete, on_success, parent)
+        await self._run(opening)
+        return Batch(self, batch_id)
+
     async def ping(self) -> None:
         """Check that Redis answers; raises :class:`ConnectionError` if it cannot be reached."""
         await self._run(ops.ping())
@@ -566,6 +579,14 @@ class SyncQueueClient:
         """Blocking :meth:`QueueClient.queue`."""
         keys, merged, mode, partitions = _queue_target(queue, defaults)
         return SyncQueue(self, keys, merged, mode, partitions)
+
+    def batch(self, on_complete: tuple[str, Any], on_success: tuple[str, Any] | None = None,
+              *, parent: SyncBatch | str | None = None) -> SyncBatch:
+        """Blocking :meth:`QueueClient.batch`."""
+        from panqueue._batch import SyncBatch, batch_opening
+        batch_id, opening = batch_opening(on_complete, on_success, parent)
+        self._run(opening)
+        return SyncBatch(self, batch_id)
 
     def ping(self) -> None:
         """Blocking :meth:`QueueClient.ping`."""

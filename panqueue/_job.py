@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Generic
 from panqueue._options import JobOptions
 from panqueue.errors import Fail, Retry, exception_message  # Fail, Retry: defined there, kept here
 
-__all__ = ["DONE", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "PayloadT", "Retry",
-           "from_ms"]
+__all__ = ["DONE", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "PayloadT",
+           "Retry", "from_ms"]
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -209,3 +209,17 @@ class Job(Generic[PayloadT]):
     def __repr__(self) -> str:
         return f"<Job {self.queue}/{self.id} attempt={self.attempt}>"
 
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFailure:
+    """What a chunk handler returns in the slot of a job that failed, instead of its result:
+    that job alone fails (its own retry policy applies), the others complete.
+
+    ``index``: the job's position in the chunk (the slot it is returned in). ``error``: an
+    exception (``Retry``, ``Fail`` and ``Snooze`` work as if the job's own handler had raised
+    them) or a message.
+    """
+
+    index: int
+    error: BaseException | str

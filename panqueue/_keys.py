@@ -17,8 +17,8 @@ import zlib
 
 from panqueue.errors import ConfigError
 
-__all__ = ["MAX_PARTITIONS", "QueueKeys", "check_job_id", "check_partitions", "check_queue_name",
-           "partition_keys", "route"]
+__all__ = ["MAX_PARTITIONS", "BatchKeys", "QueueKeys", "check_job_id", "check_partitions",
+           "check_queue_name", "partition_keys", "route"]
 
 _MAX_NAME = 200
 _MAX_JOB_ID = 256
@@ -85,12 +85,12 @@ def partition_keys(name: str, n: int) -> list[QueueKeys]:
 class QueueKeys:
     """Names of the keys and the notify channel of one queue (of one partition of it)."""
 
-    __slots__ = ("active", "blocked", "cancelled", "completed", "delayed", "events", "expires",
-                 "failed", "history", "idle", "key_active", "limited", "meta", "name", "notify",
-                 "partition", "partitions", "prefix", "rate", "ready", "schedules",
-                 "shared_rate", "wait", "worker_info", "workers")
+    __slots__ = ("active", "batch_outbox", "batches", "blocked", "cancelled", "completed",
+                 "delayed", "events", "expires", "failed", "history", "idle", "key_active",
+                 "limited", "meta", "name", "notify", "partition", "partitions", "prefix", "rate",
+                 "ready", "schedules", "shared_rate", "wait", "worker_info", "workers")
 
-    def __init__(self, name: str, partition: int = 0, partitions: int = 1) -> None:
+    def __init__(self, name: str, partition: int = 0, partitions: int | None = None) -> None:
         self.name = check_queue_name(name)
         self.partition = partition
         self.partitions = partitions
@@ -122,14 +122,21 @@ class QueueKeys:
         self.expires = self.prefix + "expires"
         # One record per finished job, for exports (panqueue.spark.export_history).
         self.history = self.prefix + "history"
+        # Batches (panqueue/_batch.py): the endings of this queue's batch jobs waiting to be
+        # relayed to their batch (ZSET "<batch>\t<job>\t<state>" -> when, lib/finish.lua), and
+        # the batches whose callbacks go to this queue (ZSET batch id -> when to look again).
+        self.batch_outbox = self.prefix + "batch_outbox"
+        self.batches = self.prefix + "batches"
         # A partitioned queue's global rate limit: one window for every partition, in a slot
         # of its own (lua/rate_take.lua).
         self.shared_rate = f"{{q:{name}#rate}}:rl"
 
     @property
     def declared(self) -> str:
-        """How this partition declares itself to the scripts: "<count>:<index>"."""
-        return f"{self.partitions}:{self.partition}"
+        """How this partition declares itself to the scripts: "<count>:<index>", or '' when
+        the count is not known here (the layout of queue X alone, the first partition of
+        whatever X has): the scripts then neither check nor store it."""
+        return "" if self.partitions is None else f"{self.partitions}:{self.partition}"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
@@ -144,3 +151,21 @@ class QueueKeys:
     def key_list(self, key: str) -> str:
         """Keyed mode: the list of the waiting jobs of concurrency key ``key``."""
         return f"{self.prefix}k:wait:{key}"
+
+
+class BatchKeys:
+    """Names of the keys of one batch. A batch's jobs may live in several queues, so its state
+    has a hash slot of its own (``{b:<id>}``); lib/batch_layout.lua derives the same names."""
+
+    __slots__ = ("ended", "id", "jobs", "prefix", "queues", "state")
+
+    def __init__(self, batch_id: str) -> None:
+        self.id = batch_id
+        self.prefix = f"{{b:{batch_id}}}:"
+        # HASH: the callbacks, closed, counts, fired/added marks (lib/batch_layout.lua).
+        self.state = self.prefix + "state"
+        # SET of "<queue>\t<job id>": every job registered in the batch, and those that ended.
+        self.jobs = self.prefix + "jobs"
+        self.ended = self.prefix + "ended"
+        # SET of the queues the batch's jobs were added to (whose outboxes to relay).
+        self.queues = self.prefix + "queues"

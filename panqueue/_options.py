@@ -219,11 +219,18 @@ class Retention:
 class RateLimit:
     """At most ``max`` jobs of the queue start in any window of ``per`` seconds, across all
     workers and hosts (a sliding window, so no burst of 2 x max across a window boundary).
-    With ``per_key=True`` (keyed queues) the limit applies to each key separately."""
+    With ``per_key=True`` (keyed queues) the limit applies to each key separately.
+
+    With ``adaptive=True`` the limit in force (the effective limit) follows what an outside
+    service accepts: a handler's ``RateLimited`` halves it (down to 1), and every
+    ``recover_every`` seconds without one raise it by one again, up to ``max``. It is kept per
+    key with ``per_key=True``, else for the whole queue, in Redis (shared by every worker)."""
 
     max: int
     per: float = 1.0
     per_key: bool = False
+    adaptive: bool = False
+    recover_every: float = 60.0
 
     def __post_init__(self) -> None:
         if isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1:
@@ -231,6 +238,17 @@ class RateLimit:
         check_positive(self.per, "RateLimit.per")
         if self.per < 0.001:
             raise ConfigError(f"RateLimit.per must be at least 0.001 s, got {self.per!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ConfigError(f"RateLimit.adaptive must be a bool, got {self.adaptive!r}")
+        check_positive(self.recover_every, "RateLimit.recover_every")
+        if self.recover_every < 0.001:
+            raise ConfigError("RateLimit.recover_every must be at least 0.001 s, "
+                              f"got {self.recover_every!r}")
+
+    @property
+    def recover_every_ms(self) -> int:
+        """The recovery step as stored in queue meta: 0 when the limit is not adaptive."""
+        return int(self.recover_every * 1000) if self.adaptive else 0
 
 
 DEDUP_STRATEGIES = ("keep", "replace", "extend")
@@ -257,3 +275,18 @@ class Dedup:
         if self.strategy not in DEDUP_STRATEGIES:
             raise ConfigError(f"Dedup.strategy must be one of {', '.join(DEDUP_STRATEGIES)}, "
                               f"got {self.strategy!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Run a handler on chunks of jobs: it gets up to ``size`` jobs in one call, or fewer once
+    ``wait`` seconds have passed since the first of them was claimed (see docs/job-control.md,
+    "Chunk handlers")."""
+
+    size: int
+    wait: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ConfigError(f"Chunk.size must be an int >= 1, got {self.size!r}")
+        check_positive(self.wait, "Chunk.wait", allow_zero=True)

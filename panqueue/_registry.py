@@ -15,6 +15,7 @@ from panqueue._keys import check_partitions, check_queue_name
 from panqueue._options import (
     DEFAULT_CHILD_ENV,
     Backoff,
+    Chunk,
     Isolation,
     JobOptions,
     Limits,
@@ -52,6 +53,7 @@ class HandlerOptions:
     rate_limit: RateLimit | None = None
     max_snoozes: int | None = None
     partitions: int = 1
+    chunk: Chunk | None = None
 
 
 class Handler(Generic[P, R, PayloadT]):
@@ -89,11 +91,16 @@ class Handler(Generic[P, R, PayloadT]):
 
 class _HandlerDecorator(Protocol):
     """What ``Registry.handler(...)`` returns. A function whose first parameter is annotated
-    ``Job[X]`` becomes a ``Handler`` whose payload type is ``X``; any other, ``Any``."""
+    ``Job[X]`` (or ``list[Job[X]]``, a chunk handler) becomes a ``Handler`` whose payload type
+    is ``X``; any other, ``Any``."""
 
     @overload
     def __call__(self, fn: Callable[Concatenate[Job[D], P], R]
                  ) -> Handler[Concatenate[Job[D], P], R, D]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[list[Job[D]], P], R]
+                 ) -> Handler[Concatenate[list[Job[D]], P], R, D]: ...
 
     @overload
     def __call__(self, fn: Callable[P, R]) -> Handler[P, R, Any]: ...
@@ -164,6 +171,7 @@ class Registry:
         rate_limit: RateLimit | None = None,
         max_snoozes: int | None = None,
         partitions: int = 1,
+        chunk: Chunk | None = None,
         **job_defaults: Any,
     ) -> _HandlerDecorator:
         """Register the decorated function as the handler of ``queue_id``.
@@ -185,6 +193,9 @@ class Registry:
         ``partitions=N``: store the queue under N hash tags, so that Redis Cluster spreads it
         over several masters (docs/scaling.md); jobs go to a partition by key (keyed mode) or
         id, and a worker claims across them in rotation.
+        ``chunk=Chunk(size, wait)``: the function takes a list of jobs and returns their
+        results in the same order (see docs/job-control.md, "Chunk handlers"); inline and
+        thread executors only.
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
         ``client.queue(handler)``.
 
@@ -217,6 +228,8 @@ class Registry:
             raise ConfigError(f"retention must be a panqueue.Retention, got {retention!r}")
         if backoff is not None and not isinstance(backoff, Backoff):
             raise ConfigError(f"backoff must be a panqueue.Backoff, got {backoff!r}")
+        if chunk is not None and not isinstance(chunk, Chunk):
+            raise ConfigError(f"chunk must be a panqueue.Chunk, got {chunk!r}")
         job_options = JobOptions(
             attempts=check_attempts(attempts),
             backoff=backoff if backoff is not None else JobOptions().backoff,
@@ -232,6 +245,13 @@ class Registry:
             raise ConfigError(f"rate_limit must be a panqueue.RateLimit, got {rate_limit!r}")
         if rate_limit is not None and rate_limit.per_key and mode != "keyed":
             raise ConfigError(f"RateLimit(per_key=True) for queue {name!r} needs mode='keyed'")
+        if partitions != 1 and chunk is not None:
+            raise ConfigError(f"queue {name!r}: chunk handlers do not run on partitioned queues "
+                              "(partitions > 1); use one or the other")
+        if partitions != 1 and rate_limit is not None and rate_limit.adaptive \
+                and not rate_limit.per_key:
+            raise ConfigError(f"queue {name!r}: an adaptive rate limit of a partitioned queue "
+                              "must be per key (RateLimit(per_key=True), keyed mode)")
         options = HandlerOptions(
             executor=executor,
             concurrency=concurrency,
@@ -245,6 +265,7 @@ class Registry:
             rate_limit=rate_limit,
             max_snoozes=max_snoozes,
             partitions=check_partitions(partitions),
+            chunk=chunk,
         )
 
         def register(fn: Callable[..., Any]) -> Handler[..., Any, Any]:
@@ -252,7 +273,10 @@ class Registry:
                 raise ConfigError(f"handler for queue {name!r} must be callable, got {fn!r}")
             from panqueue.executors import check_executor
 
-            check_executor(options.executor, fn, name, isolated=isolation is not None)
+            check_executor(options.executor, fn, name, isolated=isolation is not None,
+                           chunked=chunk is not None)
+            if chunk is not None:
+                _check_chunk_payload(name, fn)
             handler = Handler(name, fn, options, dict(job_defaults))
             self._handlers[name] = handler
             return handler
@@ -310,12 +334,7 @@ def _dataclass_payload(queue: str, fn: Callable[..., Any]) -> type[Any] | None:
     any annotation that cannot be resolved where the function is defined (a name imported
     under ``if TYPE_CHECKING:``, for example).
     """
-    try:
-        first = next(iter(inspect.signature(fn).parameters.values()), None)
-        hints = typing.get_type_hints(fn) if first is not None else {}
-    except Exception:  # unresolvable forward references, builtins without a signature
-        return None
-    hint = hints.get(first.name) if first is not None else None
+    hint = _first_parameter_hint(fn)
     if typing.get_origin(hint) is not Job:
         return None
     [payload] = typing.get_args(hint)
@@ -334,6 +353,30 @@ def _dataclass_payload(queue: str, fn: Callable[..., Any]) -> type[Any] | None:
                 "is rebuilt one level deep only: make that field a TypedDict or a dict, or "
                 "make the payload a TypedDict")
     return payload
+
+
+def _first_parameter_hint(fn: Callable[..., Any]) -> Any:
+    """The resolved annotation of ``fn``'s first parameter, or None."""
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+        hints = typing.get_type_hints(fn) if first is not None else {}
+    except Exception:  # unresolvable forward references, builtins without a signature
+        return None
+    return hints.get(first.name) if first is not None else None
+
+
+def _check_chunk_payload(queue: str, fn: Callable[..., Any]) -> None:
+    """Refuse a chunk handler of ``list[Job[X]]`` with ``X`` a dataclass: its jobs' data
+    reaches it as stored (a dict), which the annotation would misdescribe."""
+    hint = _first_parameter_hint(fn)
+    if typing.get_origin(hint) is not list:
+        return
+    [job_hint] = typing.get_args(hint) or [None]
+    payload = typing.get_args(job_hint)[0] if typing.get_origin(job_hint) is Job else None
+    if isinstance(payload, type) and dataclasses.is_dataclass(payload):
+        raise ConfigError(f"chunk handler for queue {queue!r}: payload {payload.__name__} is a "
+                          "dataclass, which a chunk handler does not rebuild (job.data stays "
+                          "a dict): make it a TypedDict")
 
 
 def _nested_dataclass(annotation: Any) -> type[Any] | None:

@@ -25,6 +25,10 @@ measured, in the docstring of its module under ``scripts/benchmarks/``:
 * ``--history``: ``history``, what the history record costs a completion, the history stream's
   memory per record, and export_history of 1,000,000 records on local[2] (only on request;
   the export needs the ``spark`` extra and Java 17).
+* ``--chunk``: ``chunk``, a no-op plain handler against a no-op chunk handler of 100, and the
+  ratio of their process rates (only on request).
+* ``--batch``: ``batch``, 100,000 jobs added through ``batch.add_bulk`` against plain
+  ``add_bulk`` (only on request).
 
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
@@ -43,7 +47,18 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from benchmarks import baseline, dashboard_paging, executors, history, keyed, memory, scale, spark
+from benchmarks import (
+    baseline,
+    batch,
+    chunk,
+    dashboard_paging,
+    executors,
+    history,
+    keyed,
+    memory,
+    scale,
+    spark,
+)
 from benchmarks.common import Bench, log, machine_info
 
 from panqueue._store import SyncTransport
@@ -80,6 +95,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="only the job history figures: the record's cost per completion, "
                              "stream memory per record, export_history of 1,000,000 records "
                              "on local[2] (not part of the full run; needs the spark extra)")
+    parser.add_argument("--batch", action="store_true",
+                        help="only the batch figures: 100,000 jobs through batch.add_bulk "
+                             "against client add_bulk, jobs/s and their ratio (not part of "
+                             "the full run)")
+    parser.add_argument("--chunk", action="store_true",
+                        help="only the chunk handler figures: a no-op plain handler against a "
+                             "no-op chunk handler of 100, jobs/s and their ratio (not part of "
+                             "the full run)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -90,7 +113,7 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
     """The sections to run, in order, and the mode named in the output. ``--executors``,
     ``--keyed`` and ``--spark`` each select their section; together they run together."""
     only = (args.executors or args.keyed or args.spark or args.dashboard or args.memory
-            or args.scale or args.history)
+            or args.scale or args.history or args.chunk or args.batch)
     todo = [name for name, wanted in (
         ("baseline", not only),
         ("executors", args.executors or (not args.quick and not only)),
@@ -100,9 +123,15 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
         ("memory", args.memory),
         ("scale", args.scale),
         ("history", args.history),
+        ("chunk", args.chunk),
+        ("batch", args.batch),
     ) if wanted]
     mode = "quick" if args.quick else "full"
-    if args.history:
+    if args.chunk:
+        mode += ", chunk handlers only"
+    elif args.batch:
+        mode += ", batches only"
+    elif args.history:
         mode += ", history only"
     elif args.scale:
         mode += ", scale-out only"
@@ -150,6 +179,10 @@ def measure(bench: Bench, todo: list[str], quick: bool) -> dict[str, Any]:
         figures["scale"] = scale.run(bench, quick)
     if "history" in todo:
         figures["history"] = history.run(bench, quick)
+    if "chunk" in todo:
+        figures["chunk"] = chunk.run(bench, quick)
+    if "batch" in todo:
+        figures["batch"] = batch.run(bench, quick)
     return figures
 
 
@@ -172,6 +205,10 @@ def report(figures: dict[str, Any], quick: bool, backend: str, worker_log: str) 
         scale.report(figures["scale"])
     if "history" in figures:
         history.report(figures["history"])
+    if "chunk" in figures:
+        chunk.report(figures["chunk"])
+    if "batch" in figures:
+        batch.report(figures["batch"])
     if worker_log:
         print()
         print("worker output (warnings and errors):")

@@ -19,6 +19,13 @@ from tests.helpers import ROOT, subprocess_env
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 
 EXPECTED: dict[str, list[str]] = {
+    "batches.py": [
+        "album holiday: 3 photos in the batch, closed=True",
+        "album holiday publish: 3 of 3 photos resized, 0 failed",
+        "album holiday report: 3 of 3 photos resized, 0 failed",
+        "album party report: 1 of 2 photos resized, 1 failed",
+        "album party: pending=0 completed=1 failed=1",
+    ],
     "quickstart.py": [
         "added 3 jobs",
         "job 1: hello, ada",
@@ -105,6 +112,20 @@ EXPECTED: dict[str, list[str]] = {
         "was trimmed by retention: info() raises JobNotFound",
         "next event is 'added' for job ",
         "(the first ping: True)",
+    ],
+    "adaptive_rate_limit.py": [
+        "added 48 jobs for 2 tenants, 2 workers, limit 20/s per tenant",
+        "completed 48 of 48 jobs, each once (queue counts: completed=48)",
+        "attempt numbers seen by the handler: [1] (429s use no attempt)",
+        "acme: ",
+        "globex: ",
+    ],
+    "chunk_handler.py": [
+        "120 rows loaded by inserts of [50, 50, 20] rows",
+        "first result: {'row': 0}, last result: {'row': 119}",
+        "bad row: {'row': 120} on attempt 2",
+        "its first attempt: negative qty for sku-x",
+        "a lone row ran once the chunk's 0.2 s wait was over: True",
     ],
     "keyed_rate_limit.py": [
         "added 9 jobs: 6 for acme first, then 3 for globex",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from panqueue._keys import QueueKeys
+from panqueue._keys import BatchKeys, QueueKeys
 from panqueue._store.loader import SCRIPTS, ScriptSourceError, assemble
 from panqueue._store.status import Status
 
@@ -104,6 +104,18 @@ def test_keys_are_derived_only_in_layout_lua() -> None:
         if path.name in ("layout.lua", "memo.lua"):
             continue
         assert not re.search(r"\bP \.\.", path.read_text()), f"{path.name} builds a key"
+
+
+def test_batch_keys_have_the_same_names_in_lua_and_only_batch_layout_builds_them() -> None:
+    text = (LIB / "batch_layout.lua").read_text()
+    lua = {m[1]: m[2] for m in re.finditer(r"^local (K_\w+) = B \.\. '([^']*)'$", text, re.M)}
+    keys = BatchKeys("x")
+    python = {f"K_{attr.upper()}": getattr(keys, attr)[len(keys.prefix):]
+              for attr in BatchKeys.__slots__ if attr not in ("id", "prefix")}
+    assert python == lua
+    for path in [*LUA.glob("*.lua"), *LIB.glob("*.lua")]:
+        if path.name != "batch_layout.lua":
+            assert not re.search(r"\bB \.\.", path.read_text()), f"{path.name} builds a key"
 
 
 # --------------------------------------------------------------------------- the files

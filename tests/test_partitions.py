@@ -258,3 +258,37 @@ async def test_events_schedules_and_dedup_on_a_partitioned_queue(redis_url: str,
     assert {e.job_id for e in followed if e.type == "added"} >= expected
     # Two workers, one job per tick.
     assert len(ticks) == len(set(ticks)) >= 4
+
+
+async def test_a_batch_over_a_partitioned_queue_fires_once(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """The batch's jobs spread over the partitions; their endings reach the batch from each
+    partition's outbox, and the callback (on another partitioned queue) is added once."""
+    registry = Registry()
+    done = f"{queue_name}-done"
+    called: list[dict[str, Any]] = []
+
+    @registry.handler(queue_name, partitions=N, concurrency=8)
+    async def work(job: Job[int]) -> None:
+        return None
+
+    @registry.handler(done, partitions=N)
+    async def finished(job: Job[dict[str, Any]]) -> None:
+        called.append(job.data["batch"])
+
+    async with QueueClient(redis_url) as client:
+        client.queue(finished)  # (the callback queue is declared by its worker below)
+        batch = await client.batch(on_complete=(done, {}))
+        handles = await batch.add_bulk(work, range(30))
+        await batch.close()
+        homes = {keys.partition for keys in partition_keys(queue_name, N)
+                 for h in handles if redis_client.exists(keys.job(h.id))}
+        assert homes == {0, 1, 2}
+        with anyio.fail_after(20):
+            async with run_worker(registry, queue_name, redis_url), \
+                    run_worker(registry, done, redis_url):
+                while not called:
+                    await anyio.sleep(0.05)
+        info = await batch.info()
+    assert (info.total, info.completed, info.failed, info.pending) == (30, 30, 0, 0)
+    assert len(called) == 1 and called[0]["completed"] == 30

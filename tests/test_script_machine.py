@@ -968,7 +968,7 @@ class ScriptMachine(RuleBasedStateMachine):
         args = sent.args
         items = []
         for n in range(int(args[0])):
-            b = 3 + n * 13
+            b = 3 + n * 14  # 14 fields per job after 3 leading ones (add.lua)
             deps = tuple(decode(args[b + 7])) if args[b + 7] else ()
             items.append(NewJob(args[b] or None, args[b + 1], depends_on=deps,
                                 expires_in_ms=int(args[b + 11])))

@@ -32,7 +32,7 @@ from panqueue.executors.base import (
     RemoteError,
 )
 
-__all__ = ["AttemptRunner", "Ending", "Outcome"]
+__all__ = ["AttemptRunner", "CancelRequested", "Ending", "Outcome", "ending_of", "failure_of"]
 
 # The longest a retry delay or a snooze may be (a year); a longer, negative or non-finite one
 # is refused.
@@ -58,7 +58,7 @@ class Outcome:
     throttled: Throttled | None = None  # RATE_LIMITED: what to record
 
 
-class _Cancelled(Fail):
+class CancelRequested(Fail):
     """The handler was stopped because ``cancel(queue, id)`` was called for its job."""
 
     def __init__(self) -> None:
@@ -138,31 +138,38 @@ class AttemptRunner:
         if attempt.forced and not attempt.cancel_requested:
             return Outcome(Ending.RELEASE, duration)
         if attempt.cancel_requested and attempt.scope.cancelled_caught:
-            error = _Cancelled()
+            error = CancelRequested()
         if error is None:
             try:
                 check_json_compatible(outcome, "result")
                 return Outcome(Ending.COMPLETED, duration, result=encode(outcome))
             except PayloadError as exc:
                 error = exc
-        # Signals that are not failures (checked off the completed path).
-        if isinstance(error, Snooze):
-            seconds = _requested_delay("Snooze(seconds)", error.seconds)
-            if not isinstance(seconds, str):  # an unusable value fails the attempt below
-                return Outcome(Ending.SNOOZED, duration, snooze=Snoozing(
-                    claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
-                    int(seconds * 1000)))
-        elif isinstance(error, RateLimited):
-            seconds = _requested_delay("RateLimited(retry_after)", error.retry_after)
-            if not isinstance(seconds, str):  # an unusable value fails the attempt below
-                return Outcome(Ending.RATE_LIMITED, duration, throttled=Throttled(
-                    claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
-                    int(seconds * 1000)))
-        return Outcome(Ending.FAILED, duration,
-                       failure=_failure(claimed, options, error, duration))
+        return ending_of(claimed, options, error, duration)
 
 
-def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float
+def ending_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float
+              ) -> Outcome:
+    """How an attempt whose handler raised ``error`` ends: snoozed or rate limited when it
+    raised a usable signal for that, else failed (retried or not, by ``options``)."""
+    # Signals that are not failures (checked off the completed path).
+    if isinstance(error, Snooze):
+        seconds = _requested_delay("Snooze(seconds)", error.seconds)
+        if not isinstance(seconds, str):  # an unusable value fails the attempt below
+            return Outcome(Ending.SNOOZED, duration, snooze=Snoozing(
+                claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
+                int(seconds * 1000)))
+    elif isinstance(error, RateLimited):
+        seconds = _requested_delay("RateLimited(retry_after)", error.retry_after)
+        if not isinstance(seconds, str):  # an unusable value fails the attempt below
+            return Outcome(Ending.RATE_LIMITED, duration, throttled=Throttled(
+                claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
+                int(seconds * 1000)))
+    return Outcome(Ending.FAILED, duration,
+                   failure=failure_of(claimed, options, error, duration))
+
+
+def failure_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float
              ) -> Failure:
     """What a failed attempt records, and whether (and when) the job is tried again."""
     final = False
@@ -172,7 +179,7 @@ def _failure(claimed: ClaimedJob, options: JobOptions, error: BaseException, dur
     note_type = "InvalidRetry"
     if isinstance(error, JobTimeout):
         reason = "timeout"
-    if isinstance(error, _Cancelled):
+    if isinstance(error, CancelRequested):
         final, reason = True, "cancelled"
     elif isinstance(error, Fail):
         final, reason = True, "explicit_fail"

@@ -38,7 +38,7 @@ from panqueue._store.transitions import Claimed, ClaimedJob, parse_handoff
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
-__all__ = ["Claimer"]
+__all__ = ["ClaimLoop", "Claimer"]
 
 _MAX_CLAIM_BATCH = 100
 # One claim is abandoned after this long (it is shielded: jobs it claimed are never dropped by a
@@ -49,10 +49,14 @@ _CLAIM_BOUND = 10.0
 Process = Callable[[ClaimedJob], Awaitable[ClaimedJob | None]]
 
 
-class Claimer:
+class ClaimLoop:
+    """What every claim loop shares: the slots, claim calls sent again after a lost reply, the
+    idle registration and the jobs handed over to it. :class:`Claimer` runs one job per slot;
+    chunk handlers have a loop of their own (``chunks.py``)."""
+
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens,
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
-                 process: Process, log: Any, parts: list[QueueKeys] | None = None,
+                 log: Any, parts: list[QueueKeys] | None = None,
                  shared_rate: tuple[int, int] | None = None) -> None:
         self._transport = transport
         self._keys = keys
@@ -64,7 +68,6 @@ class Claimer:
         self._lock_ttl = lock_ttl
         self._ttl_ms = max(1, int(lock_ttl * 1000))
         self._poll_interval = poll_interval
-        self._process = process
         self._trouble = Trouble(log, "claiming jobs")
         self._slots = anyio.Semaphore(concurrency)
         # How long an idle registration lasts: the loop claims again within the poll interval.
@@ -84,59 +87,9 @@ class Claimer:
         self.idle.set()
         self.stopping = False
 
-    async def run(self, tg: anyio.abc.TaskGroup) -> None:
-        """Claim until ``stopping`` (or cancellation); slot tasks are started in ``tg``."""
-        self._group = tg
-        while not self.stopping:
-            await self._slots.acquire()
-            free = 1
-            while free < _MAX_CLAIM_BATCH:
-                try:
-                    self._slots.acquire_nowait()
-                except anyio.WouldBlock:
-                    break
-                free += 1
-            if self.stopping:
-                self._release_slots(free)
-                break
-            if self._handed:
-                handed, self._handed = self._handed[:free], self._handed[free:]
-                free -= len(handed)
-                self._start(tg, handed)
-                if free == 0:
-                    continue
-            # A fresh event before the claim: a wake-up published after the claim ran is
-            # delivered to this event, so no wake-up is lost between claim and wait.
-            wake = self._wakeups.arm()
-            claimed = await self._claim(free)
-            if claimed is None:
-                self._release_slots(free)
-                with anyio.move_on_after(self._trouble.backoff()):
-                    await wake.wait()
-                continue
-            jobs = claimed.jobs
-            if len(jobs) > free:
-                # Jobs handed to registrations this worker could not withdraw earlier (their
-                # claims failed), taken over now: each waits for a slot of its own.
-                for _ in range(len(jobs) - free):
-                    await self._slots.acquire()
-                free = len(jobs)
-            self._release_slots(free - len(jobs))
-            self._start(tg, jobs)
-            if not jobs and not self._handed:
-                timeout = self._poll_interval
-                if claimed.wake_in_ms >= 0:
-                    timeout = min(timeout, claimed.wake_in_ms / 1000)
-                with anyio.move_on_after(timeout):
-                    await wake.wait()
-
-    def _start(self, tg: anyio.abc.TaskGroup, jobs: list[ClaimedJob]) -> None:
-        """Run each job on a slot of its own (taken already)."""
-        for job in jobs:
-            self.busy += 1
-            if self.busy == 1:
-                self.idle = anyio.Event()
-            tg.start_soon(self._run_slot, job)
+    def _start_handed(self) -> None:
+        """Jobs were just handed over (they are in ``_handed``). Default: the loop takes
+        them."""
 
     def handoff(self, payload: bytes) -> None:
         """A job handed over in a wake-up message (``h`` + payload). It is this worker's when
@@ -155,15 +108,7 @@ class Claimer:
         if token == self._sending:
             self._delivered.update(job.id for job in jobs)
         self._handed.extend(jobs)
-        # Start them at once where a slot is free (the loop would start them too, one claim
-        # later); the loop then claims for the remaining free slots and registers again.
-        if self._group is not None:
-            while self._handed:
-                try:
-                    self._slots.acquire_nowait()
-                except anyio.WouldBlock:
-                    break
-                self._start(self._group, [self._handed.pop(0)])
+        self._start_handed()
         self._wakeups.wake()
 
     async def withdraw(self) -> list[ClaimedJob]:
@@ -294,13 +239,97 @@ class Claimer:
         for _ in range(n):
             self._slots.release()
 
+    def _slot_started(self) -> None:
+        self.busy += 1
+        if self.busy == 1:
+            self.idle = anyio.Event()
+
+    def _slot_ended(self) -> None:
+        self.busy -= 1
+        if self.busy == 0:
+            self.idle.set()
+        self._slots.release()
+
+
+class Claimer(ClaimLoop):
+    """The claim loop of a handler that runs one job per slot."""
+
+    def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens,
+                 wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
+                 process: Process, log: Any, parts: list[QueueKeys] | None = None,
+                 shared_rate: tuple[int, int] | None = None) -> None:
+        super().__init__(transport, keys, tokens, wakeups, concurrency=concurrency,
+                         lock_ttl=lock_ttl, poll_interval=poll_interval, log=log, parts=parts,
+                         shared_rate=shared_rate)
+        self._process = process
+
+    async def run(self, tg: anyio.abc.TaskGroup) -> None:
+        """Claim until ``stopping`` (or cancellation); slot tasks are started in ``tg``."""
+        self._group = tg
+        while not self.stopping:
+            await self._slots.acquire()
+            free = 1
+            while free < _MAX_CLAIM_BATCH:
+                try:
+                    self._slots.acquire_nowait()
+                except anyio.WouldBlock:
+                    break
+                free += 1
+            if self.stopping:
+                self._release_slots(free)
+                break
+            if self._handed:
+                handed, self._handed = self._handed[:free], self._handed[free:]
+                free -= len(handed)
+                self._start(tg, handed)
+                if free == 0:
+                    continue
+            # A fresh event before the claim: a wake-up published after the claim ran is
+            # delivered to this event, so no wake-up is lost between claim and wait.
+            wake = self._wakeups.arm()
+            claimed = await self._claim(free)
+            if claimed is None:
+                self._release_slots(free)
+                with anyio.move_on_after(self._trouble.backoff()):
+                    await wake.wait()
+                continue
+            jobs = claimed.jobs
+            if len(jobs) > free:
+                # Jobs handed to registrations this worker could not withdraw earlier (their
+                # claims failed), taken over now: each waits for a slot of its own.
+                for _ in range(len(jobs) - free):
+                    await self._slots.acquire()
+                free = len(jobs)
+            self._release_slots(free - len(jobs))
+            self._start(tg, jobs)
+            if not jobs and not self._handed:
+                timeout = self._poll_interval
+                if claimed.wake_in_ms >= 0:
+                    timeout = min(timeout, claimed.wake_in_ms / 1000)
+                with anyio.move_on_after(timeout):
+                    await wake.wait()
+
+    def _start(self, tg: anyio.abc.TaskGroup, jobs: list[ClaimedJob]) -> None:
+        """Run each job on a slot of its own (taken already)."""
+        for job in jobs:
+            self._slot_started()
+            tg.start_soon(self._run_slot, job)
+
+    def _start_handed(self) -> None:
+        # Start them at once where a slot is free (the loop would start them too, one claim
+        # later); the loop then claims for the remaining free slots and registers again.
+        if self._group is not None:
+            while self._handed:
+                try:
+                    self._slots.acquire_nowait()
+                except anyio.WouldBlock:
+                    break
+                self._start(self._group, [self._handed.pop(0)])
+
     async def _run_slot(self, job: ClaimedJob) -> None:
         try:
             following: ClaimedJob | None = job
             while following is not None:
                 following = await self._process(following)
         finally:
-            self.busy -= 1
-            if self.busy == 0:
-                self.idle.set()
-            self._slots.release()
+            self._slot_ended()

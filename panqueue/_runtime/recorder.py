@@ -144,6 +144,23 @@ class Recorder:
                     pending.next_job = next(claimed, None)
         batch.done.set()
 
+    async def complete_chunk(self, completions: list[Completion], log: Any
+                             ) -> tuple[list[Status | None], list[ClaimedJob]]:
+        """Record the successes of one chunk in one call, claiming a next job for each (the
+        slot's next chunk) unless the worker stops; returns each one's status (None: not
+        recorded, Redis away) and the jobs claimed."""
+        claiming = not self._stopping()
+        finished = await self._record(transitions.complete_batch(
+            self._keys, completions, claim_next=claiming, keep=self._keep_completed,
+            token=self._tokens.new(), ttl_ms=self._ttl_ms), completions[0].job_id)
+        if finished is None:
+            return [None] * len(completions), []
+        for item, status in zip(completions, finished.statuses, strict=True):
+            if status == Status.LOCK_LOST:
+                log.warning("lock lost before completion; result discarded", job_id=item.job_id,
+                            error=str(LockLost(self._keys.name, item.job_id)))
+        return list(finished.statuses), finished.claimed.jobs
+
     async def fail(self, failure: Failure, log: Any) -> tuple[Status | None, ClaimedJob | None]:
         """Record a failed attempt; returns (status, the job claimed next for the slot)."""
         claiming = not self._stopping()

@@ -1,5 +1,6 @@
 """Upkeep every worker of a queue does on a timer: the stalled sweep, promotion of due delayed
-jobs, the sweep of jobs past their deadline to start, age-based cleaning, and schedules. Each
+jobs, the sweep of jobs past their deadline to start, age-based cleaning, schedules, and
+batches (relaying the endings of batch jobs, adding the callbacks of batches that fired). Each
 is a script that any number of workers may run at once (a tick is enqueued by exactly one of
 them)."""
 
@@ -16,6 +17,7 @@ from panqueue._runtime.trouble import Trouble
 from panqueue._schedule import Schedule
 from panqueue._store import ops, transitions
 from panqueue._store.ops import NewJob
+from panqueue._store.ops.batches import relay, sweep_batches
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
@@ -36,6 +38,8 @@ class Upkeep:
         self._log = log
         self._trouble = Trouble(log, "upkeep (stalled sweep, promotion, cleaning)")
         self._schedule_trouble = Trouble(log, "schedules")
+        self._batch_trouble = Trouble(log, "batches")
+        self._relay_due: anyio.Event | None = None
 
     async def run(self) -> None:
         """The stalled sweep, promotion, expiry and cleaning, every ``interval`` seconds."""
@@ -61,6 +65,37 @@ class Upkeep:
         await transport.run(transitions.expire_due(keys))
         await transport.run(ops.clean(keys, Retention.age_ms(retention.completed_for),
                                       Retention.age_ms(retention.failed_for)))
+
+    def batch_job_ended(self) -> None:
+        """A job of a batch ended in this worker: relay its ending now, not at the next tick
+        (the last job of a batch is then followed by its callback at once)."""
+        if self._relay_due is not None:
+            self._relay_due.set()
+
+    async def run_batches(self) -> None:
+        """Relay this queue's batch outbox when a batch job ended here, and every ``interval``
+        (the endings no worker relayed: a worker that died after ending a job, a cancel or an
+        expiry), and look at the batches whose callbacks go to this queue."""
+        transport, trouble = self._transport, self._batch_trouble
+        self._relay_due = anyio.Event()
+        swept_at = anyio.current_time()
+        while True:
+            with anyio.move_on_after(self._interval if not trouble.count
+                                     else max(self._interval, trouble.backoff())):
+                await self._relay_due.wait()
+            # An ending signalled from here on is relayed by the next round, not lost.
+            self._relay_due = anyio.Event()
+            try:
+                for keys in self._parts:
+                    await transport.run(relay(keys))
+                if anyio.current_time() - swept_at >= self._interval:
+                    swept_at = anyio.current_time()
+                    for keys in self._parts:
+                        await transport.run(sweep_batches(keys))
+            except PanqueueError as exc:
+                trouble.failed(exc)
+            else:
+                trouble.ok()
 
     async def run_schedules(self) -> None:
         """Register this queue's schedules, then enqueue each tick when it is due. Every worker

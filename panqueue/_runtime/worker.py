@@ -29,7 +29,9 @@ from panqueue._keys import QueueKeys, partition_keys
 from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
 from panqueue._runtime.attempt import AttemptRunner, Ending
-from panqueue._runtime.claimer import Claimer
+from panqueue._runtime.chunk_runner import ChunkRunner
+from panqueue._runtime.chunks import ChunkClaimer
+from panqueue._runtime.claimer import Claimer, ClaimLoop
 from panqueue._runtime.heartbeat import Heartbeat
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.locks import Attempt, Attempts, Renewer, Tokens
@@ -40,6 +42,7 @@ from panqueue._runtime.upkeep import Upkeep
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._runtime.watchdog import BEAT_INTERVAL, LoopWatchdog
 from panqueue._store import ops
+from panqueue._store.ops.batches import in_batch
 from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncTransport, open_async_transport
@@ -128,7 +131,8 @@ class Worker:
         if metrics is not None:
             self._attempts.on_lost = lambda: metrics.lock_lost(queue)
         self._executor: Executor | None = None
-        self._claimer: Claimer | None = None
+        self._claimer: ClaimLoop | None = None
+        self._upkeep: Upkeep | None = None
         self._stopping = False
         self._reached = False  # the server answered during this start (see _when_served)
         self._done: anyio.Event | None = None
@@ -166,7 +170,7 @@ class Worker:
                         0 if rate is None else rate.max,
                         0 if rate is None else int(rate.per * 1000),
                         rate is not None and rate.per_key, options.retention.failed,
-                        options.retention.history))
+                        options.retention.history, 0 if rate is None else rate.recover_every_ms))
                 await self._when_served(starting, setup)
             if len(self.parts) > 1:
                 await self._when_served(starting, lambda: transport.run(
@@ -193,15 +197,19 @@ class Worker:
             # Subscribed before the first claim (no lost wake-up), and outside the task group so
             # that a refusal at start is raised as itself.
             subscriber = await self._when_served(starting, wakeups.subscribe)
-            self._claimer = claimer = Claimer(
+            self._claimer = claimer = self._chunk_loop(transport, wakeups, executor,
+                                                       self._recorders[0]) \
+                if options.chunk is not None else Claimer(
                 transport, self.keys, self._tokens, wakeups, concurrency=self.concurrency,
-                lock_ttl=self.lock_ttl, poll_interval=self.poll_interval, process=self._process,
+                lock_ttl=self.lock_ttl, poll_interval=self.poll_interval,
+                process=self._process_and_relay,
                 log=log, parts=self.parts, shared_rate=shared_rate)
             if self.metrics is not None:
                 claimer.on_claim = lambda s, m=self.metrics: m.claim_finished(self.keys.name, s)
-            upkeep = Upkeep(transport, self.parts, interval=self.stalled_interval,
-                            max_stalls=options.max_stalls, retention=options.retention,
-                            schedules=self.schedules, log=log)
+            self._upkeep = upkeep = Upkeep(
+                transport, self.parts, interval=self.stalled_interval,
+                max_stalls=options.max_stalls, retention=options.retention,
+                schedules=self.schedules, log=log)
             watchdog = LoopWatchdog(
                 url=self.url, parts=self.parts, handler_name=self.handler.import_path,
                 executor_name=executor.name, lock_ttl=self.lock_ttl,
@@ -223,6 +231,7 @@ class Worker:
                         lambda n, m=self.metrics: m.locks_renewed(self.keys.name, n))
                 tg.start_soon(renewer.run)
                 tg.start_soon(upkeep.run)
+                tg.start_soon(upkeep.run_batches)
                 if self.schedules:
                     tg.start_soon(upkeep.run_schedules)
                 if self.summary_interval:
@@ -253,6 +262,31 @@ class Worker:
             self._stopping = True
             done.set()
             self._log.info("worker stopped", processed=self.processed, failed=self.failed)
+
+    def _chunk_loop(self, transport: AsyncTransport, wakeups: WakeUps, executor: Executor,
+                    recorder: Recorder) -> ChunkClaimer:
+        """The claim loop of a chunk handler: one chunk per slot (see chunks.py)."""
+        chunk = self.handler.options.chunk
+        assert chunk is not None
+        runner = ChunkRunner(executor, self.keys.name, self.handler.options.job, self._attempts,
+                             recorder, stopping=lambda: self._stopping,
+                             forced=self._force.is_set, count=self._counted, log=self._log)
+        return ChunkClaimer(transport, self.keys, self._tokens, wakeups,
+                            concurrency=self.concurrency, lock_ttl=self.lock_ttl,
+                            poll_interval=self.poll_interval, chunk=chunk,
+                            attempts=self._attempts, run_chunk=runner.run, log=self._log)
+
+    def _counted(self, job: ClaimedJob, outcome: Status | str | None, run_s: float) -> None:
+        """A chunk's job ended (``outcome``: its recorded status, or what happened instead)."""
+        if outcome == Status.COMPLETED:
+            self.processed += 1
+        elif outcome == Status.FAILED:
+            self.failed += 1
+        if self.metrics is not None and outcome is not None:
+            self._observe(job, outcome if isinstance(outcome, str) else _OUTCOME_NAMES[outcome],
+                          run_s)
+        if self._upkeep is not None and in_batch(job.options):
+            self._upkeep.batch_job_ended()  # as _process_and_relay does for a plain job
 
     async def _when_served(self, trouble: Trouble, call: Callable[[], Awaitable[T]]) -> T:
         """One step of the start, sent again while Redis answers that it cannot serve now (it
@@ -310,7 +344,7 @@ class Worker:
         if self._done is not None:
             self._claim_scope.cancel()
 
-    async def _drain(self, claimer: Claimer) -> None:
+    async def _drain(self, claimer: ClaimLoop) -> None:
         if len(self._attempts) or claimer.busy:
             async with anyio.create_task_group() as tg:
                 async def wait_force() -> None:
@@ -332,6 +366,13 @@ class Worker:
                 await claimer.idle.wait()
 
     # ------------------------------------------------------------------ one slot's job
+
+    async def _process_and_relay(self, job: ClaimedJob) -> ClaimedJob | None:
+        """:meth:`_process`; then, for a job of a batch, its ending is relayed to the batch."""
+        following = await self._process(job)
+        if self._upkeep is not None and in_batch(job.options):
+            self._upkeep.batch_job_ended()
+        return following
 
     async def _process(self, job: ClaimedJob) -> ClaimedJob | None:
         """Run one job and record its outcome; returns the job claimed next for the slot."""
@@ -396,7 +437,7 @@ class Worker:
         if self._claimer is not None:
             self._claimer.handoff(payload)
 
-    async def _withdraw(self, claimer: Claimer) -> None:
+    async def _withdraw(self, claimer: ClaimLoop) -> None:
         """End the claim loop's idle registration and release the jobs handed to it that did
         not start (bounded: past that, their locks expire and the stalled sweep requeues them).
         """

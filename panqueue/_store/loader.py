@@ -112,6 +112,13 @@ class _Scripts:
         self.heartbeat = _load("heartbeat")
         self.workers = _load("workers")
         self.purge = _load("purge")
+        self.batch_open = _load("batch_open")
+        self.batch_register = _load("batch_register")
+        self.batch_unregister = _load("batch_unregister")
+        self.batch_close = _load("batch_close")
+        self.batch_record = _load("batch_record")
+        self.batch_added = _load("batch_added")
+        self.batch_info = _load("batch_info")
 
     def __iter__(self) -> Iterator[Script]:
         return iter(vars(self).values())

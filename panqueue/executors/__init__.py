@@ -69,9 +69,15 @@ def _resolve(spec: Any, fn: Any) -> type[Executor]:
     raise ConfigError(f"executor must be a name or an Executor subclass, got {spec!r}")
 
 
-def check_executor(spec: Any, fn: Any, queue: str, *, isolated: bool = False) -> None:
-    """Validate at registration time that ``spec`` can run ``fn``."""
+def check_executor(spec: Any, fn: Any, queue: str, *, isolated: bool = False,
+                   chunked: bool = False) -> None:
+    """Validate at registration time that ``spec`` can run ``fn`` (on chunks of jobs, when
+    ``chunked``)."""
     cls = _resolve(spec, fn)
+    if chunked and not cls.runs_chunks:
+        raise ConfigError(
+            f"chunk handler for queue {queue!r}: executor {cls.name!r} cannot run chunks of "
+            "jobs; use executor='inline' (async) or 'thread' (plain function)")
     if isolated and not getattr(cls, "isolates", False):
         raise ConfigError(
             f"limits/env/cwd/max_jobs_per_child/new_session for queue {queue!r} apply to "

@@ -33,6 +33,8 @@ class Executor(ABC):
     name: ClassVar[str] = "executor"
     #: Whether the executor honours the subprocess isolation options (limits, env, cwd, ...).
     isolates: ClassVar[bool] = False
+    #: Whether the executor can run chunk handlers (:meth:`run_chunk`).
+    runs_chunks: ClassVar[bool] = False
     #: Told why, each time the executor replaces what runs handlers because an attempt went
     #: wrong: ``"crashed"`` (a child died), ``"timeout"`` or ``"stopped"`` (a child killed, or
     #: a thread left running, when its attempt timed out or was stopped). The worker sets it
@@ -57,6 +59,12 @@ class Executor(ABC):
         executor that cannot report the handler's own exception raises :class:`HandlerAborted`,
         :class:`ChildCrashed` or :class:`RemoteError` instead.
         """
+
+    async def run_chunk(self, jobs: list[Job], timeout: float | None) -> Any:
+        """Run a chunk handler on ``jobs`` in one call and return what it returned; raises as
+        :meth:`run` does, the timeout bounding the whole call. Only for executors whose
+        :attr:`runs_chunks` is true (registration refuses the others)."""
+        raise NotImplementedError(f"executor {self.name!r} does not run chunks")
 
     def restarted(self, reason: str) -> None:
         """Report a replaced child, thread or pool (see :attr:`on_restart`)."""

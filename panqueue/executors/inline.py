@@ -18,6 +18,7 @@ class InlineExecutor(Executor):
     """Awaits the handler coroutine directly. Forced shutdown is plain cancellation."""
 
     name = "inline"
+    runs_chunks = True
 
     @classmethod
     def check_handler(cls, fn: Any, queue: str) -> None:
@@ -27,10 +28,16 @@ class InlineExecutor(Executor):
                 "async functions only (use executor='thread' for blocking code)")
 
     async def run(self, job: Job, timeout: float | None) -> Any:
+        return await self._call(job, timeout)
+
+    async def run_chunk(self, jobs: list[Job], timeout: float | None) -> Any:
+        return await self._call(jobs, timeout)
+
+    async def _call(self, argument: Job | list[Job], timeout: float | None) -> Any:
         if timeout is None:
-            return await self.handler.fn(job)
+            return await self.handler.fn(argument)
         with anyio.move_on_after(timeout) as scope:
-            return await self.handler.fn(job)
+            return await self.handler.fn(argument)
         if scope.cancelled_caught:
             raise JobTimeout(timeout)
         return None  # pragma: no cover - the handler returned inside the scope

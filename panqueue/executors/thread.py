@@ -109,6 +109,7 @@ class ThreadExecutor(Executor):
     """Runs sync handlers in threads; ``job.progress()``/``job.log()`` are plain calls there."""
 
     name = "thread"
+    runs_chunks = True
 
     @classmethod
     def check_handler(cls, fn: Any, queue: str) -> None:
@@ -124,28 +125,42 @@ class ThreadExecutor(Executor):
         self._finished = _Finished()
 
     async def run(self, job: Job, timeout: float | None) -> Any:
+        return await self._in_thread(lambda for_thread: for_thread(job), timeout)
+
+    async def run_chunk(self, jobs: list[Job], timeout: float | None) -> Any:
+        return await self._in_thread(lambda for_thread: [for_thread(job) for job in jobs],
+                                     timeout)
+
+    async def _in_thread(self, argument: Callable[[Callable[[Job], Job]], Any],
+                         timeout: float | None) -> Any:
+        """Call the handler in a thread with ``argument(for_thread)``, where ``for_thread``
+        makes a job's view for the thread (its reports go through the event loop)."""
         token = anyio.lowlevel.current_token()
         done = anyio.Event()
         outcome: list[tuple[bool, Any]] = []
         abandoned = False
-        async_sink = job._sink
 
-        def sink(kind: str, value: Any) -> Awaitable[None]:
-            # Report from the handler's thread through the event loop, and wait for it.
-            if not abandoned:
-                anyio.from_thread.run(_await, async_sink(kind, value), token=token)
-            return DONE
+        def for_thread(job: Job) -> Job:
+            async_sink = job._sink
 
-        def should_stop() -> bool:
-            return abandoned or job.should_stop()
+            def sink(kind: str, value: Any) -> Awaitable[None]:
+                # Report from the handler's thread through the event loop, and wait for it.
+                if not abandoned:
+                    anyio.from_thread.run(_await, async_sink(kind, value), token=token)
+                return DONE
 
-        thread_job = job.rebind(sink, should_stop)
+            def should_stop() -> bool:
+                return abandoned or job.should_stop()
+
+            return job.rebind(sink, should_stop)
+
+        handler_argument = argument(for_thread)
         fn = self.handler.fn
         finished = self._finished
 
         def work() -> None:
             try:
-                outcome.append((True, fn(thread_job)))
+                outcome.append((True, fn(handler_argument)))
             except BaseException as exc:  # handed to the event loop, which re-raises it
                 outcome.append((False, exc))
             finished.add(token, done)

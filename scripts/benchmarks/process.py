@@ -28,35 +28,37 @@ from panqueue import JobState, SyncQueueClient
 NOOP_QUEUE = "bench-noop"
 
 
-def process_rate(bench: Bench, n: int) -> dict[str, Any]:
+def process_rate(bench: Bench, n: int, queue_name: str = NOOP_QUEUE, concurrency: int = 50,
+                 app: str = "bench_app:queues") -> dict[str, Any]:
+    """The process rate of ``queue_name`` (``app``'s handler, run at ``concurrency``)."""
     with SyncQueueClient(bench.url) as client:
-        queue = client.queue(NOOP_QUEUE)
+        queue = client.queue(queue_name)
         first_id: str | None = None
         for b in range(0, n, BATCH):
             handles = queue.add_bulk([{"i": i} for i in range(b, min(b + BATCH, n))])
             first_id = first_id or handles[0].id
-    assert counts(bench, NOOP_QUEUE)[JobState.WAITING] == n
+    assert counts(bench, queue_name)[JobState.WAITING] == n
     assert first_id is not None
 
     def waiting() -> int:
-        return counts(bench, NOOP_QUEUE)[JobState.WAITING]
+        return counts(bench, queue_name)[JobState.WAITING]
 
     def drained() -> bool:
-        now = counts(bench, NOOP_QUEUE)
+        now = counts(bench, queue_name)
         return now[JobState.WAITING] + now[JobState.ACTIVE] == 0
 
-    proc = start_worker(bench, NOOP_QUEUE, 50)
+    proc = start_worker(bench, queue_name, concurrency, app)
     try:
         # The window opens at the first claim: poll the waiting count tightly until it shrinks.
         wait_for(lambda: waiting() < n, 60, 0.0005, "the first claim", proc)
         cpu0, redis_cpu0, t0 = (proc_cpu_seconds(proc.pid), proc_cpu_seconds(bench.server_pid),
                                 time.monotonic())
-        first_started = started_ms(bench, NOOP_QUEUE, first_id)
+        first_started = started_ms(bench, queue_name, first_id)
         wait_for(drained, 600, 0.005, "the queue to drain", proc)
         cpu1, redis_cpu1, t1 = (proc_cpu_seconds(proc.pid), proc_cpu_seconds(bench.server_pid),
                                 time.monotonic())
-        last_finished = last_finished_ms(bench, NOOP_QUEUE)
-        failed = counts(bench, NOOP_QUEUE)[JobState.FAILED]
+        last_finished = last_finished_ms(bench, queue_name)
+        failed = counts(bench, queue_name)[JobState.FAILED]
     finally:
         code = stop_worker(proc)
     span_ms = last_finished - first_started

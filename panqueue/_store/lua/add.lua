@@ -4,11 +4,12 @@
 -- KEYS[1]  queue prefix
 -- ARGV[1]  number of jobs n   ARGV[2] the producer's declared mode ('' | global | keyed)
 -- ARGV[3]  the producer's declared partition ("<count>:<index>", '' = as stored)
---          then n groups of 13: id ('' = generate), data (msgpack), priority, delay ms,
+--          then n groups of 14: id ('' = generate), data (msgpack), priority, delay ms,
 --          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
 --          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy,
 --          expires in ms (0 = none; from the server's clock), expires at ms (0 = none): the
---          deadline to start by (lib/expiry.lua; an add past it ends the job CANCELLED)
+--          deadline to start by (lib/expiry.lua; an add past it ends the job CANCELLED),
+--          batch id ('' = none; registered in the batch beforehand, panqueue/_batch.py)
 -- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written):
 --          an item with a value out of range (new_job_problem in lib/new_job.lua), a key that
 --          does not fit the queue's mode, a partition count that is not the queue's, or an
@@ -38,12 +39,13 @@ end
 local jobs = {}
 local batch_ids = {}
 for i = 0, n - 1 do
-  local b = 4 + i * 13
+  local b = 4 + i * 14
   local f = {id = ARGV[b], data = ARGV[b + 1], priority = tonumber(ARGV[b + 2]),
              delay = tonumber(ARGV[b + 3]), run_at = tonumber(ARGV[b + 4]),
              options = ARGV[b + 5], key = ARGV[b + 6], deps = {}, dedup = ARGV[b + 8],
              ttl = tonumber(ARGV[b + 9]), strategy = ARGV[b + 10],
-             expires_in = tonumber(ARGV[b + 11]), expires_at = tonumber(ARGV[b + 12])}
+             expires_in = tonumber(ARGV[b + 11]), expires_at = tonumber(ARGV[b + 12]),
+             batch = ARGV[b + 13]}
   local bad = new_job_problem(f)
   if bad then
     return {'!', 'item ' .. i .. ': ' .. bad}

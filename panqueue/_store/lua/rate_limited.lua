@@ -13,11 +13,15 @@
 -- Returns  {status, count, wake_in, jobs...}; status (lib/status.lua) RATE_LIMITED or
 --          CANCELLED; or {LOCK_LOST} when the token does not match (nothing changed). A resent
 --          call answers as the first one did and changes nothing.
+-- An adaptive rate limit (RateLimit(adaptive=True)) is cut in the same call: the key's own
+-- (per_key) or the queue's effective limit halves (lib/rate.lua limit_cut).
 -- Invariants: a pause only ever grows (a shorter retry_after leaves a longer pause as it is);
---          the key is paused before its job goes back, so the requeue cannot make it ready.
+--          the key is paused before its job goes back, so the requeue cannot make it ready;
+--          a resent call cuts nothing (it answers from memory before any change).
 --!include layout.lua
 --!include status.lua
 --!include waiting.lua
+--!include rate.lua
 --!include claim.lua
 --!include finish.lua
 --!include expiry.lua
@@ -32,7 +36,14 @@ local jkey = job_key(id)
 local now = now_ms()
 local until_ms = now + tonumber(ARGV[3])
 local before = claimable()
-local job = redis.call('HMGET', jkey, 'k', 'x')
+local job = redis.call('HMGET', jkey, 'k', 'x', 'st')
+if meta().rate_max > 0 then
+  local window = K_RATE
+  if meta().rate_per_key then
+    window = K_RATE .. ':' .. job[1]
+  end
+  limit_cut(window, now, tonumber(job[3] or now))
+end
 if keyed() then
   local paused = tonumber(redis.call('ZSCORE', K_LIMITED, job[1]) or '0')
   if paused < until_ms then

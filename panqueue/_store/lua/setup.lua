@@ -5,7 +5,8 @@
 -- ARGV[4]  rate window ms   ARGV[5] rate limit per key (1/0)   ARGV[6] schema version
 -- ARGV[7]  how many failed/cancelled jobs the queue keeps (used when a producer cancels a job)
 -- ARGV[8]  how many history records the queue keeps (0: none; absent: left as stored)
--- ARGV[9]  this partition, "<count>:<index>" (absent: as stored, else 1:0)
+-- ARGV[9]  adaptive rate limit: its recovery step ms (0 or absent: the limit is fixed)
+-- ARGV[10] this partition, "<count>:<index>" (absent: as stored, else 1:0)
 -- Returns  {'ok'} or {'!', message} when the queue's stored mode differs, or its partition
 --          count while it holds jobs (nothing changed).
 --!include layout.lua
@@ -19,7 +20,7 @@ end
 if not stored and ARGV[1] == 'keyed' and redis.call('ZCARD', K_WAIT) > 0 then
   return {'!', 'queue has unkeyed waiting jobs; it cannot become keyed'}
 end
-local count, index = string.match(ARGV[9] or '', '^(%d+):(%d+)$')
+local count, index = string.match(ARGV[10] or '', '^(%d+):(%d+)$')
 local stored_count = redis.call('HGET', K_META, 'np') or '1'
 if count and count ~= stored_count then
   -- Generated ids and routing follow the count: it may change only while nothing is stored.
@@ -45,6 +46,12 @@ if tonumber(ARGV[3]) > 0 then
   redis.call('HSET', K_META, 'rlm', ARGV[3], 'rlp', ARGV[4], 'rlk', ARGV[5])
 else
   redis.call('HDEL', K_META, 'rlm', 'rlp', 'rlk')
+end
+-- An adaptive limit keeps its cuts (lib/rate.lua) across worker restarts; a fixed one has none.
+if tonumber(ARGV[3]) > 0 and tonumber(ARGV[9] or '0') > 0 then
+  redis.call('HSET', K_META, 'rla', ARGV[9])
+else
+  redis.call('HDEL', K_META, 'rla', 'rle')
 end
 META = nil
 -- A changed key concurrency can make keys eligible (or not): re-check the ready set. Keys held

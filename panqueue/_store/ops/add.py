@@ -45,6 +45,7 @@ class NewJob:
     dedup_strategy: str = ""
     expires_in_ms: int = 0  # the deadline to start by, from the server's clock at the add
     expires_at_ms: int = 0  # or as an instant (ms since the epoch)
+    batch: str = ""  # the batch the job belongs to (panqueue/_batch.py), registered there first
 
 
 def _expiry(expires: object) -> tuple[int, int]:
@@ -130,7 +131,7 @@ def add_call(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "") -> ScriptC
         args += [job.job_id or "", job.data, job.priority, job.delay_ms, job.run_at_ms,
                  job.options, job.key, encode(list(job.depends_on)) if job.depends_on else "",
                  job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy, job.expires_in_ms,
-                 job.expires_at_ms]
+                 job.expires_at_ms, job.batch]
     return ScriptCall(SCRIPTS.add, (keys.prefix,), tuple(args))
 
 

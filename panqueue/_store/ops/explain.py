@@ -5,7 +5,7 @@ one reason and a sentence a person can act on."""
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -13,6 +13,7 @@ import msgpack
 
 from panqueue._job import JobState, from_ms
 from panqueue._keys import QueueKeys
+from panqueue._store.ops.rate import effective_rate_limit
 from panqueue._store.ops.workers import WorkerInfo, workers
 from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import JobNotFound
@@ -47,7 +48,16 @@ def _fmt(when: datetime) -> str:
 
 def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
     """Read the job and what holds it, and say why it is where it is (:class:`JobNotFound` if
-    there is no such job)."""
+    there is no such job); a job of a batch says which."""
+    explanation = yield from _why(keys, job_id)
+    batch = yield Command(("HGET", keys.job(job_id), "b"))
+    if batch is None:
+        return explanation
+    return replace(explanation, detail=f"{explanation.detail} (a job of batch "
+                   f"{batch.decode()}: client.batch)")
+
+
+def _why(keys: QueueKeys, job_id: str) -> Op[Explanation]:
     jkey = keys.job(job_id)
     fields, meta, time_reply = yield Batch((
         Command(("HMGET", jkey, "s", "ft", "fr", "k", "dx", "tk")),
@@ -103,17 +113,19 @@ def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
     rate_max_n = int(rate_max or 0)
     if rate_max_n > 0 and rate_per_key != b"1":
         window = int(rate_per or 0)
+        limit = (yield from effective_rate_limit(keys)) or rate_max_n  # adaptive: maybe lower
         # The claim drops the starts at or before now - window (lib/rate.lua).
         since = f"({now - window}"
-        used, oldest = yield Batch((
-            Command(("ZCOUNT", keys.rate, since, "+inf")),
-            Command(("ZRANGEBYSCORE", keys.rate, since, "+inf", "LIMIT", 0, 1)),
-        ))
-        if int(used) >= rate_max_n and oldest:
-            started = yield Command(("ZSCORE", keys.rate, oldest[0]))
+        used = int((yield Command(("ZCOUNT", keys.rate, since, "+inf"))))
+        # The next start waits until enough starts leave the window to go below the limit.
+        leaving = [] if used < limit else (yield Command((
+            "ZRANGEBYSCORE", keys.rate, since, "+inf", "LIMIT", used - limit, 1)))
+        if leaving:
+            started = yield Command(("ZSCORE", keys.rate, leaving[0]))
             free_at = int(float(started)) + window
-            return Explanation(state, "rate_limited", f"the queue's rate limit ({rate_max_n} "
-                               f"starts per {window / 1000:g} s) is used up until "
+            cut = f", cut from {rate_max_n} by RateLimited" if limit < rate_max_n else ""
+            return Explanation(state, "rate_limited", f"the queue's rate limit ({limit} "
+                               f"starts per {window / 1000:g} s{cut}) is used up until "
                                f"{_at(free_at)}")
     if keyed:
         return (yield from _keyed(keys, job_id, fields[3], int(kc or 1)))

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, partition_keys, route
 from panqueue._store.ops import add as _add
+from panqueue._store.ops import batches as _batches
 from panqueue._store.ops import events as _events
 from panqueue._store.ops import jobs as _jobs
 from panqueue._store.ops import queue as _queue
@@ -24,9 +25,9 @@ from panqueue._store.ops.events import Event
 from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import ConfigError
 
-__all__ = ["PartitionCounts", "add_routed", "all_counts", "all_events", "all_list_jobs",
-           "all_pause", "all_purge", "all_retry_failed", "event_positions", "job_partition",
-           "next_events", "partition_count"]
+__all__ = ["PartitionCounts", "add_routed", "add_to_batch", "all_counts", "all_events",
+           "all_list_jobs", "all_pause", "all_purge", "all_retry_failed", "event_positions",
+           "job_partition", "next_events", "partition_count"]
 
 T = TypeVar("T")
 
@@ -70,9 +71,11 @@ class PartitionCounts:
         keys = yield from job_partition(parts, job_id)
         return (yield from fn(keys, job_id, *args))
 
-    def on_all(self, name: str, fn: Callable[..., Op[T]], *args: Any) -> Op[T]:
-        """``fn(partitions, *args)``: an operation over the whole queue."""
-        parts = yield from self.parts(name)
+    def on_all(self, name: str, fn: Callable[..., Op[T]], *args: Any,
+               declared: int | None = None) -> Op[T]:
+        """``fn(partitions, *args)``: an operation over the whole queue (``declared``: see
+        :meth:`parts`)."""
+        parts = yield from self.parts(name, declared)
         return (yield from fn(parts, *args))
 
 
@@ -257,6 +260,25 @@ def _home(parts: Sequence[QueueKeys], job: NewJob, spread: int) -> Op[QueueKeys]
     if job.dedup_key:
         return parts[route(n, key="dd:" + job.dedup_key) or 0]
     return parts[spread % n]
+
+
+def add_to_batch(parts: Sequence[QueueKeys], batch_id: str, jobs: Sequence[NewJob],
+                 mode: str) -> Op[list[tuple[str, bool]]]:
+    """:func:`batches.add_to_batch` for a queue of any number of partitions: each partition's
+    share of ``jobs`` is registered in the batch and added there."""
+    if len(parts) == 1:
+        return (yield from _batches.add_to_batch(batch_id, parts[0], jobs, mode))
+    groups: dict[int, list[int]] = {}
+    for index, job in enumerate(jobs):
+        home = yield from _home(parts, job, index)
+        groups.setdefault(home.partition, []).append(index)
+    added: list[tuple[str, bool]] = [("", False)] * len(jobs)
+    for partition, members in groups.items():
+        got = yield from _batches.add_to_batch(batch_id, parts[partition],
+                                               [jobs[i] for i in members], mode)
+        for index, item in zip(members, got, strict=True):
+            added[index] = item
+    return added
 
 
 def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, spread: int,

@@ -30,7 +30,7 @@ local function trim_finished(set, keep, now)
   while excess > 0 do
     local old = redis.call('ZPOPMIN', set, excess)
     for i = 1, #old, 2 do
-      delete_job(old[i], now, edgeless)
+      delete_job(old[i], now, edgeless, true)
     end
     excess = redis.call('ZCARD', set) - keep
   end
@@ -80,6 +80,17 @@ local function record_history(jkey, id, state, now, how)
     'worker', worker)
 end
 
+-- A job of a batch (field b) that ends, or is deleted before it ended, leaves its ending in the
+-- queue's batch outbox: the batch lives in a slot of its own, which this script cannot touch,
+-- so the ending is relayed to it afterwards (panqueue/_store/ops/batches.py). One member per
+-- (batch, job, state): a resent script writes the same member again.
+local function note_batch_ending(jkey, id, state, now)
+  local batch = redis.call('HGET', jkey, 'b')
+  if batch then
+    redis.call('ZADD', K_BATCH_OUTBOX, now, batch .. '\t' .. id .. '\t' .. state)
+  end
+end
+
 -- Job `id` ends in `state` ('completed', 'failed' or 'cancelled') at `now`. The caller has
 -- taken it out of the set it was in (leave_active, detach); then, in this order:
 --   1. s state, ft finish time and the fields of the ending, in one write: r result
@@ -91,7 +102,8 @@ end
 --   4. the finished set of the state;
 --   5. a cancelled job's dependency edges go (forget_edges): it will never complete nor run;
 --   6. retention trims that set to `keep` jobs (-1 keeps all).
--- Between 1 and 2, its record goes to the history stream (record_history).
+-- Between 1 and 2, its record goes to the history stream (record_history), and the ending of a
+-- batch job to the batch outbox (note_batch_ending).
 -- `how` (optional): {result=, error=, reason=, event=, cascaded=, trim_later=, seen=, token=}. cascaded: the
 -- job is a dependent failed by fail_dependents, which handles its dependents and retention for
 -- the whole cascade. trim_later: the caller ends several jobs and trims once after the last.
@@ -108,6 +120,7 @@ local function end_job(jkey, id, state, now, keep, how)
   end
   redis.call('HSET', jkey, 's', state, 'ft', now, unpack(fields))
   record_history(jkey, id, state, now, how)
+  note_batch_ending(jkey, id, state, now)
   if how.event then
     emit(how.event[1], id, unpack(how.event, 2))
   elseif state == 'cancelled' then
@@ -155,10 +168,17 @@ end
 -- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
 -- retention takes at every finish; `edgeless`: the caller knows there is none, see
 -- trim_finished.)
-delete_job = function(id, now, edgeless)
+delete_job = function(id, now, edgeless, finished)
+  local jkey = job_key(id)
+  if not finished then  -- retention (`finished`) deletes only jobs whose ending was noted
+    local ending = redis.call('HMGET', jkey, 'b', 's')
+    if ending[1] and not FINAL_SETS[ending[2]] then
+      note_batch_ending(jkey, id, 'removed', now or now_ms())  -- it will never end: count it
+    end
+  end
   if not edgeless and redis.call('EXISTS', deps_key(id), needs_key(id)) > 0 then
     fail_dependents(id, now or now_ms(), -1)
     forget_edges(id)
   end
-  redis.call('DEL', job_key(id), logs_key(id))
+  redis.call('DEL', jkey, logs_key(id))
 end

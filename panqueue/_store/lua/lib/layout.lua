@@ -17,6 +17,7 @@
 --   pg progress (msgpack)      k  concurrency key (keyed mode)
 --   dd dedup key               ra run-at of a blocked job that was added with a delay
 --   dx a dependency that was cancelled or deleted before it completed: the job can never run
+--   b  the batch the job belongs to (batch_*.lua; its ending goes to "batch_outbox")
 -- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua).
 --
 -- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
@@ -34,6 +35,9 @@
 -- reads them and prunes the expired.
 -- Idle workers (ZSET "idle", lib/handoff.lua): "<lock ttl ms>:<claim token>" -> when the
 -- registration expires (ms); an add hands a job straight to one of them.
+-- Batches: ZSET "batch_outbox" ("<batch>\t<job>\t<state>" -> when the job ended; lib/finish.lua
+-- writes it, panqueue/_store/ops/batches.py relays it to the batch's own slot) and ZSET
+-- "batches" (the batches whose callbacks go to this queue -> when to look at them again).
 -- All times come from the server clock (TIME), never from a worker host.
 
 local P = KEYS[1]
@@ -57,6 +61,8 @@ local K_WORKER_INFO = P .. 'worker_info'
 local K_IDLE = P .. 'idle'
 local K_EXPIRES = P .. 'expires'
 local K_HISTORY = P .. 'history'
+local K_BATCH_OUTBOX = P .. 'batch_outbox'
+local K_BATCHES = P .. 'batches'
 local EVENTS_MAXLEN = 10000
 local HISTORY_MAXLEN = 100000  -- Retention.history's default, for a queue no worker has set up
 

@@ -124,6 +124,9 @@ local function add_job(now, f)
   if f.key ~= '' then
     redis.call('HSET', jkey, 'k', f.key)
   end
+  if f.batch and f.batch ~= '' then
+    redis.call('HSET', jkey, 'b', f.batch)  -- before any ending below: end_job reports it
+  end
   if dkey then
     redis.call('HSET', jkey, 'dd', f.dedup)
     redis.call('SET', dkey, id, 'PX', f.ttl)

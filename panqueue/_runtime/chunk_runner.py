@@ -1,0 +1,265 @@
+"""One chunk: a chunk handler called once on its jobs, then each job's ending recorded.
+
+Every job of a chunk ends on its own, through the transitions a plain handler's job uses:
+the completions in one call (which claims the slot's next chunk), each failure, snooze or rate
+limit in a call of its own under the job's own retry policy. What ends the call ends it for
+every job: a raised exception (the handler's timeout included, which bounds the whole call)
+fails each one; a forced shutdown releases each one. A job cancelled, or whose lock is lost,
+while the chunk runs stops the call: that job ends cancelled (or is left to the attempt that
+holds it now) and the others go back to waiting without using an attempt.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from panqueue._codec import check_json_compatible, decode, encode
+from panqueue._job import ChunkFailure, Job
+from panqueue._options import JobOptions
+from panqueue._runtime.attempt import CancelRequested, Ending, Outcome, ending_of
+from panqueue._runtime.chunks import Held
+from panqueue._runtime.locks import Attempts
+from panqueue._runtime.recorder import Recorder
+from panqueue._store.status import Status
+from panqueue._store.transitions import ClaimedJob, Completion
+from panqueue.errors import PayloadError
+from panqueue.executors.base import Executor, HandlerAborted
+
+__all__ = ["ChunkItemFailed", "ChunkRunner", "InvalidChunkResult"]
+
+
+class ChunkItemFailed(Exception):
+    """A job failed by a ``ChunkFailure`` whose error is a message."""
+
+
+class InvalidChunkResult(Exception):
+    """A chunk handler returned something other than one result per job, in order."""
+
+
+# The worker's counters and metrics: (job, its recorded status, or "released" / "lock_lost",
+# or None when Redis could not record it; seconds the chunk ran).
+Count = Callable[[ClaimedJob, Status | str | None, float], None]
+
+
+class ChunkRunner:
+    """Runs the chunks of one chunk handler on its executor and records their jobs."""
+
+    def __init__(self, executor: Executor, queue: str, options: JobOptions, attempts: Attempts,
+                 recorder: Recorder, *, stopping: Callable[[], bool],
+                 forced: Callable[[], bool], count: Count, log: Any) -> None:
+        self._executor = executor
+        self._queue = queue
+        self._options = options
+        self._attempts = attempts
+        self._recorder = recorder
+        self._stopping = stopping
+        self._forced = forced
+        self._count = count
+        self._log = log
+
+    async def run(self, chunk: list[Held]) -> list[ClaimedJob]:
+        """Run one chunk and record how each of its jobs ended; returns the jobs claimed next
+        for the slot."""
+        for held in chunk:
+            if held.previous is not None:
+                await held.previous.wait_ended()
+        if self._stopping() and self._forced():
+            for held in chunk:
+                self._attempts.end(held.attempt)
+            await self._recorder.release([held.attempt.lock for held in chunk])
+            return []
+        outcomes = await self._execute(chunk)
+        return await self._record(chunk, outcomes)
+
+    async def _execute(self, chunk: list[Held]) -> list[Outcome]:
+        """Call the handler once on the jobs that can run; one outcome per job of ``chunk``."""
+        started = time.monotonic()
+        scope = anyio.CancelScope()  # the chunk's: stopping any of its attempts stops the call
+        outcomes: list[Outcome | None] = [None] * len(chunk)
+        options: list[JobOptions] = [self._options] * len(chunk)
+        running: list[int] = []  # positions in ``chunk`` of the jobs the handler gets
+        jobs: list[Job] = []
+        for i, held in enumerate(chunk):
+            held.attempt.scope = scope
+            outcomes[i] = _stopped_before(held, self._options)
+            if outcomes[i] is not None:
+                continue
+            try:
+                options[i] = self._job_options(held.job)
+                jobs.append(self._job(held, options[i]))
+            except Exception as exc:  # unreadable stored data or options: this job alone
+                outcomes[i] = ending_of(held.job, options[i], exc, 0.0)
+            else:
+                running.append(i)
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            if jobs:
+                with scope:
+                    result = await self._executor.run_chunk(jobs, self._options.timeout)
+        except Exception as exc:
+            error = exc
+        except anyio.get_cancelled_exc_class():
+            # The whole worker is being cancelled from outside: give the jobs back at once.
+            for held in chunk:
+                self._attempts.end(held.attempt)
+            with anyio.CancelScope(shield=True):
+                await self._recorder.release([held.attempt.lock for held in chunk])
+            raise
+        except SystemExit as exc:  # sys.exit() in an inline handler ends the chunk only
+            error = HandlerAborted(exc)
+        finally:
+            for held in chunk:
+                self._attempts.end(held.attempt)
+        duration = time.monotonic() - started
+        if error is None and jobs:
+            error = _misshapen(result, len(jobs))
+        for position, i in enumerate(running):
+            held = chunk[i]
+            stopped = _stopped_during(held, scope.cancelled_caught)
+            if stopped is not None:
+                outcomes[i] = stopped(held, options[i], duration)
+            elif error is not None:
+                outcomes[i] = ending_of(held.job, options[i], error, duration)
+            else:
+                outcomes[i] = _item_outcome(held, options[i], result[position], position,
+                                            duration)
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _job_options(self, claimed: ClaimedJob) -> JobOptions:
+        return self._options.merged(decode(claimed.options)) if claimed.options \
+            else self._options
+
+    def _job(self, held: Held, options: JobOptions) -> Job:
+        claimed = held.job
+        return Job(id=claimed.id, queue=self._queue, data=decode(claimed.data),
+                   attempt=claimed.attempt, options=options,
+                   enqueued_at_ms=claimed.enqueued_at_ms,
+                   sink=functools.partial(self._recorder.report, held.attempt),
+                   should_stop=held.attempt.should_stop)
+
+    async def _record(self, chunk: list[Held], outcomes: list[Outcome]) -> list[ClaimedJob]:
+        """Record every job's ending; returns the jobs claimed next for the slot."""
+        following: list[ClaimedJob] = []
+        released = [held for held, o in zip(chunk, outcomes, strict=True)
+                    if o.ending == Ending.RELEASE]
+        if released:
+            await self._recorder.release([held.attempt.lock for held in released])
+            # A forced shutdown, or a call stopped for another job of the chunk.
+            self._log.warning("jobs of a stopped chunk released to waiting",
+                              job_ids=[held.job.id for held in released])
+        completed: list[tuple[ClaimedJob, Outcome]] = []
+        for held, outcome in zip(chunk, outcomes, strict=True):
+            claimed = held.job
+            if outcome.ending == Ending.COMPLETED:
+                completed.append((claimed, outcome))
+                continue
+            if outcome.ending == Ending.RELEASE:
+                self._count(claimed, "released", outcome.duration)
+                continue
+            if outcome.ending == Ending.LOST:
+                self._log.warning("attempt stopped: its lock was lost; outcome discarded",
+                                  job_id=claimed.id, attempt=claimed.attempt)
+                self._count(claimed, "lock_lost", outcome.duration)
+                continue
+            status, next_job = await self._record_one(claimed, outcome)
+            self._count(claimed, status, outcome.duration)
+            if next_job is not None:
+                following.append(next_job)
+        if completed:
+            statuses, claimed_next = await self._recorder.complete_chunk(
+                [Completion(job.id, job.token, outcome.result) for job, outcome in completed],
+                self._log)
+            for (job, outcome), status in zip(completed, statuses, strict=True):
+                self._count(job, status, outcome.duration)
+            following += claimed_next
+        return following
+
+    async def _record_one(self, claimed: ClaimedJob, outcome: Outcome
+                          ) -> tuple[Status | None, ClaimedJob | None]:
+        """Record a job that did not complete: failed, snoozed or rate limited."""
+        log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt,
+                             duration_ms=round(outcome.duration * 1000, 3))
+        if outcome.snooze is not None:
+            return await self._recorder.snooze(outcome.snooze, log)
+        if outcome.throttled is not None:
+            return await self._recorder.rate_limited(outcome.throttled, log)
+        assert outcome.failure is not None
+        return await self._recorder.fail(outcome.failure, log)
+
+
+Stopped = Callable[[Held, JobOptions, float], Outcome]
+
+
+def _lost(held: Held, options: JobOptions, duration: float) -> Outcome:
+    return Outcome(Ending.LOST, duration)
+
+
+def _released(held: Held, options: JobOptions, duration: float) -> Outcome:
+    return Outcome(Ending.RELEASE, duration)
+
+
+def _cancelled(held: Held, options: JobOptions, duration: float) -> Outcome:
+    return ending_of(held.job, options, CancelRequested(), duration)
+
+
+def _stopped_before(held: Held, options: JobOptions) -> Outcome | None:
+    """The outcome of a job stopped while its chunk gathered (it does not run), or None."""
+    attempt = held.attempt
+    if attempt.lost:
+        return _lost(held, options, 0.0)
+    if attempt.cancel_requested:
+        return _cancelled(held, options, 0.0)
+    if attempt.forced:
+        return _released(held, options, 0.0)
+    return None
+
+
+def _stopped_during(held: Held, call_stopped: bool) -> Stopped | None:
+    """How a job of a chunk whose call was stopped (or whose attempt was) ends, or None when
+    its own result decides. As for a plain job: a lost lock discards the outcome; a forced
+    shutdown releases the job unless its cancellation was requested; a cancellation counts
+    when it stopped the call. The other jobs of a stopped call are released (not their
+    doing: no attempt used)."""
+    attempt = held.attempt
+    if attempt.lost:
+        return _lost
+    if attempt.forced and not attempt.cancel_requested:
+        return _released
+    if call_stopped:
+        return _cancelled if attempt.cancel_requested else _released
+    return None
+
+
+def _misshapen(result: Any, count: int) -> InvalidChunkResult | None:
+    """Why ``result`` is not one result per job of a chunk of ``count``, or None."""
+    if isinstance(result, list) and len(result) == count:
+        return None
+    got = f"a list of {len(result)}" if isinstance(result, list) else type(result).__name__
+    return InvalidChunkResult(f"a chunk handler must return a list of {count} results (one per "
+                              f"job, in the order of the jobs), got {got}")
+
+
+def _item_outcome(held: Held, options: JobOptions, value: Any, position: int, duration: float
+                  ) -> Outcome:
+    """How one job ends from its slot of the chunk's result."""
+    if isinstance(value, ChunkFailure):
+        if value.index != position:
+            error: BaseException = InvalidChunkResult(
+                f"ChunkFailure({value.index!r}, ...) was returned in slot {position}: return "
+                "it in the slot of the job it fails")
+        elif isinstance(value.error, BaseException):
+            error = value.error
+        else:
+            error = ChunkItemFailed(str(value.error))
+        return ending_of(held.job, options, error, duration)
+    try:
+        check_json_compatible(value, f"result[{position}]")
+        return Outcome(Ending.COMPLETED, duration, result=encode(value))
+    except PayloadError as exc:
+        return ending_of(held.job, options, exc, duration)

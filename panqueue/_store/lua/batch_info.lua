@@ -1,0 +1,15 @@
+-- batch_info: read a batch (changes nothing).
+--
+-- KEYS[1]  batch prefix "{b:<id>}:" (lib/batch_layout.lua)
+-- Returns  the batch's answer (lib/batch_layout.lua): 'open', 'fire' or 'done'; {'gone'} when
+--          there is no such batch.
+--!include batch_layout.lua
+
+if missing() then
+  return {'gone'}
+end
+local s = redis.call('HMGET', K_STATE, 'fired', 'added')
+if s[2] == '1' then
+  return answer('done')
+end
+return answer(s[1] == '1' and 'fire' or 'open')

@@ -1,0 +1,33 @@
+-- batch_register: make jobs members of a batch before they are added (so the batch cannot
+-- look finished while they are being added). Registering a job twice counts it once.
+--
+-- KEYS[1]  batch prefix "{b:<id>}:" (lib/batch_layout.lua)
+-- ARGV[1]  the jobs' queue   ARGV[2] '1': the jobs are a child batch's callbacks, which may
+--          join a closed batch (a running job of it opens the child, so it cannot have fired)
+-- ARGV[3..] job ids
+-- Returns  the batch's answer (lib/batch_layout.lua); or {'!', message}, nothing written, when
+--          the batch does not exist, has fired, or is closed (and these are not callbacks).
+--!include batch_layout.lua
+
+local refused = missing()
+if refused then
+  return refused
+end
+local s = redis.call('HMGET', K_STATE, 'closed', 'fired')
+if s[2] == '1' then
+  return {'!', 'the batch has finished (its callbacks are due): no job can join it'}
+elseif s[1] == '1' and ARGV[2] ~= '1' then
+  return {'!', 'the batch is closed (batch.close()): no job can join it'}
+end
+local queue = ARGV[1]
+redis.call('SADD', K_QUEUES, queue)
+-- SADD in slices: unpack() of a whole add_bulk chunk could pass Lua's stack limit.
+local slice = {}
+for i = 3, #ARGV do
+  slice[#slice + 1] = member(queue, ARGV[i])
+  if #slice == 1000 or i == #ARGV then
+    redis.call('SADD', K_JOBS, unpack(slice))
+    slice = {}
+  end
+end
+return settle()

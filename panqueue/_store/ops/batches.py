@@ -1,0 +1,294 @@
+"""Batches: groups of jobs, in any queues, with a callback job added once all of them ended.
+
+A batch's state lives in a hash slot of its own (``{b:<id>}``, lua/lib/batch_layout.lua); a
+job's ending happens in its queue's slot, so it reaches the batch in two steps: ``end_job``
+leaves it in the queue's batch outbox (lua/lib/finish.lua), and :func:`relay` hands the outbox
+to ``batch_record.lua`` and then empties it. Every step can be repeated: a job counts once, a
+batch fires once (``fired``), and a callback is added under an id derived from the batch id,
+so a second add of it finds the first. Whoever sees a batch fire adds its callbacks: the
+relayer, ``close()``, or the sweep of a callback queue's workers (:func:`sweep_batches`), which
+finds a batch whose firer died before adding them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from panqueue._codec import decode, encode
+from panqueue._keys import BatchKeys, QueueKeys
+from panqueue._store.loader import SCRIPTS, Script
+from panqueue._store.ops.add import NewJob, add_jobs
+from panqueue._store.ops.schedules import server_time_ms
+from panqueue._store.transport import Batch, Command, Op, ScriptCall
+from panqueue.errors import ConfigError, PanqueueError
+
+__all__ = ["BatchInfo", "add_to_batch", "batch_info", "batch_member", "batch_options",
+           "callback_id", "close_batch", "in_batch", "open_batch", "relay", "sweep_batches"]
+
+# Outbox entries relayed per read; batches a sweep looks at per run; how long the sweep waits
+# before it looks again at a batch that is still open.
+RELAY_CHUNK = 1000
+SWEEP_CHUNK = 100
+RECHECK_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """A batch's counts: ``total`` jobs registered, of which ``pending`` have not ended,
+    ``completed`` completed and ``failed`` did not (failed, cancelled, expired, or deleted
+    before they ended). ``closed``: :meth:`Batch.close` was called. Always
+    ``total == pending + completed + failed``."""
+
+    id: str
+    total: int
+    pending: int
+    completed: int
+    failed: int
+    closed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The form the callbacks' data carries under ``"batch"``."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """What a batch script answered (lua/lib/batch_layout.lua's answer())."""
+
+    status: str  # open | fire | done | gone
+    info: BatchInfo
+    on_complete: bytes = b""
+    on_success: bytes = b""
+    parent: str = ""
+
+
+def callback_id(batch_id: str, which: str) -> str:
+    """The id of a batch's callback job (``which``: "complete" or "success"): derived from
+    the batch id, so adding it twice adds it once."""
+    return f"batch:{batch_id}:{which}"
+
+
+def _parse(batch_id: str, reply: Any) -> _Answer:
+    if reply[0] == b"!":
+        raise ConfigError(f"batch {batch_id!r}: {reply[1].decode()}")
+    status = reply[0].decode()
+    if status == "gone":
+        return _Answer(status, BatchInfo(batch_id, 0, 0, 0, 0, False))
+    total, completed, failed = int(reply[1]), int(reply[2]), int(reply[3])
+    info = BatchInfo(batch_id, total, total - completed - failed, completed, failed,
+                     reply[4] == b"1")
+    return _Answer(status, info, reply[5], reply[6], reply[7].decode())
+
+
+def _call(script: Script, batch_id: str, *args: Any) -> Op[_Answer]:
+    reply = yield ScriptCall(script, (BatchKeys(batch_id).prefix,), args)
+    return _parse(batch_id, reply)
+
+
+def _callback_queues(answer: _Answer) -> list[str]:
+    return [decode(blob)[0] for blob in (answer.on_complete, answer.on_success) if blob]
+
+
+def _fire(answer: _Answer) -> Op[None]:
+    """Add the callbacks of a batch that fired, then mark them added. on_success only when
+    no job failed; when it is not added and the batch is a child, its parent stops waiting
+    for it."""
+    info = answer.info
+    for which, blob in (("complete", answer.on_complete), ("success", answer.on_success)):
+        if not blob:
+            continue
+        queue, data = decode(blob)
+        job_id = callback_id(info.id, which)
+        if which == "success" and info.failed:
+            if answer.parent:
+                yield from _unregister(answer.parent, queue, [job_id])
+            continue
+        job = NewJob(job_id, encode({**(data or {}), "batch": info.as_dict()}),
+                     options=batch_options(answer.parent), batch=answer.parent)
+        yield from add_jobs(QueueKeys(queue), [job])
+    yield from _call(SCRIPTS.batch_added, info.id)
+    for queue in _callback_queues(answer):
+        yield Command(("ZREM", QueueKeys(queue).batches, info.id))
+
+
+def _settle(answer: _Answer) -> Op[None]:
+    if answer.status == "fire":
+        yield from _fire(answer)
+
+
+def _unregister(batch_id: str, queue: str, ids: Sequence[str]) -> Op[None]:
+    if ids:
+        yield from _settle((yield from _call(SCRIPTS.batch_unregister, batch_id, queue, *ids)))
+
+
+def batch_options(batch_id: str, options: bytes = b"") -> bytes:
+    """A job's stored options with its batch: the worker that ends it relays the ending at once
+    (panqueue/_runtime/upkeep.py); a job outside any batch keeps its options as they were."""
+    if not batch_id:
+        return options
+    return encode({**(decode(options) if options else {}), "batch": batch_id})
+
+
+def batch_member(job: NewJob, batch_id: str, job_id: str, plain_options: bytes) -> NewJob:
+    """``job`` as a job of the batch, under ``job_id``. ``plain_options``: the stored options
+    of a job that has none of its own (``batch_options(batch_id)``, encoded once per batch)."""
+    options = batch_options(batch_id, job.options) if job.options else plain_options
+    return NewJob(job_id, job.data, job.priority, job.delay_ms, job.run_at_ms, options, job.key,
+                  job.depends_on, job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy,
+                  job.expires_in_ms, job.expires_at_ms, batch_id)
+
+
+def in_batch(options: bytes) -> bool:
+    """Whether a claimed job's stored options name a batch (msgpack's form of the key, found
+    without decoding the options of every job)."""
+    return b"\xa5batch" in options
+
+
+def open_batch(batch_id: str, on_complete: tuple[str, Any],
+               on_success: tuple[str, Any] | None, parent: str) -> Op[BatchInfo]:
+    """Create a batch. A child batch's callbacks join its parent first (a parent that cannot
+    take them refuses before anything is written), so the parent cannot fire without them;
+    then the callbacks' queues learn of the batch (their workers' sweep adds the callbacks if
+    whoever fires the batch dies first)."""
+    callbacks = [("complete", on_complete)] + ([("success", on_success)] if on_success else [])
+    for which, (queue, _data) in callbacks:
+        if (yield Command(("HGET", QueueKeys(queue).meta, "mode"))) == b"keyed":
+            raise ConfigError(f"on_{which}: queue {queue!r} is keyed, and a batch's callback "
+                              "is added without a key: send it to a global queue")
+    if parent:
+        yield from _call(SCRIPTS.batch_register, parent, on_complete[0], "1",
+                         callback_id(batch_id, "complete"))
+        if on_success:
+            yield from _call(SCRIPTS.batch_register, parent, on_success[0], "1",
+                             callback_id(batch_id, "success"))
+    for _, (queue, _data) in callbacks:
+        yield Command(("ZADD", QueueKeys(queue).batches, 0, batch_id))
+    answer = yield from _call(SCRIPTS.batch_open, batch_id, encode(list(on_complete)),
+                              encode(list(on_success)) if on_success else b"", parent)
+    return answer.info
+
+
+def add_to_batch(batch_id: str, keys: QueueKeys, jobs: Sequence[NewJob],
+                 mode: str = "") -> Op[list[tuple[str, bool]]]:
+    """Register ``jobs`` (made by :func:`batch_member`) in the batch, then add them. A job the
+    add did not create (its id or dedup key named a job outside the batch), or an add that
+    failed, is taken back out, so the batch never waits for a job that is not in it."""
+    ids = [job.job_id or "" for job in jobs]
+    yield from _call(SCRIPTS.batch_register, batch_id, keys.name, "0", *ids)
+    try:
+        added = yield from add_jobs(keys, jobs, mode)
+    except ConfigError:  # refused: nothing was written
+        yield from _unregister(batch_id, keys.name, ids)
+        raise
+    except PanqueueError:  # the add may or may not have run: keep the jobs that exist
+        yield from _unregister(batch_id, keys.name, (yield from _absent(keys, ids)))
+        raise
+    existing = [(wanted, got) for wanted, (got, created) in zip(ids, added, strict=True)
+                if not created]
+    if existing:
+        yield from _unregister(batch_id, keys.name,
+                               (yield from _outsiders(batch_id, keys, existing)))
+    return added
+
+
+def _absent(keys: QueueKeys, ids: Sequence[str]) -> Op[list[str]]:
+    found = yield Batch(tuple(Command(("EXISTS", keys.job(i))) for i in ids), route=keys.prefix)
+    return [i for i, exists in zip(ids, found, strict=True) if not int(exists)]
+
+
+def _outsiders(batch_id: str, keys: QueueKeys, existing: Sequence[tuple[str, str]]
+               ) -> Op[list[str]]:
+    """Of the registered ids whose add returned an existing job, those that are not that job
+    in this batch (an add resent after a lost reply finds its own job: that one stays)."""
+    owners = yield Batch(tuple(Command(("HGET", keys.job(got), "b")) for _, got in existing),
+                         route=keys.prefix)
+    return [wanted for (wanted, got), owner in zip(existing, owners, strict=True)
+            if wanted != got or owner != batch_id.encode()]
+
+
+def relay(keys: QueueKeys) -> Op[int]:
+    """Hand the endings in the queue's batch outbox to their batches, add the callbacks of the
+    batches that fire, then remove the entries. Returns how many entries were relayed. Any
+    number of relayers may run at once: each step is repeatable."""
+    relayed = 0
+    refused: ConfigError | None = None
+    while True:
+        entries = yield Command(("ZRANGE", keys.batch_outbox, 0, RELAY_CHUNK - 1))
+        by_batch: dict[str, list[str]] = {}
+        for entry in entries:
+            batch_id, job_id, state = entry.decode().split("\t")
+            by_batch.setdefault(batch_id, []).extend((job_id, state))
+        for batch_id, pairs in by_batch.items():
+            answer = yield from _call(SCRIPTS.batch_record, batch_id, keys.name, *pairs)
+            try:
+                yield from _settle(answer)
+            except ConfigError as exc:
+                # A callback its queue refuses must not hold up the endings of other batches:
+                # this one stays due, and the callback queue's sweep tries it again.
+                refused = refused or exc
+        if entries:
+            yield Command(("ZREM", keys.batch_outbox, *entries))
+            relayed += len(entries)
+        if len(entries) < RELAY_CHUNK:
+            if refused is not None:
+                raise refused
+            return relayed
+
+
+def _relay_queues(batch_id: str) -> Op[None]:
+    """Relay the outboxes of every queue the batch has jobs in (endings no worker relayed yet:
+    a cancel from a client, a queue without a worker)."""
+    queues = yield Command(("SMEMBERS", BatchKeys(batch_id).queues))
+    for queue in sorted(queues):
+        yield from relay(QueueKeys(queue.decode()))
+
+
+def close_batch(batch_id: str) -> Op[BatchInfo]:
+    """Close the batch; when every job already ended, it fires now and its callbacks are
+    added before this returns."""
+    yield from _relay_queues(batch_id)
+    answer = yield from _call(SCRIPTS.batch_close, batch_id)
+    yield from _settle(answer)
+    return answer.info
+
+
+def batch_info(batch_id: str) -> Op[BatchInfo]:
+    """The batch's counts, with every ending that happened so far (the outboxes of its queues
+    are relayed first). Raises :class:`ConfigError` when there is no such batch."""
+    yield from _relay_queues(batch_id)
+    answer = yield from _call(SCRIPTS.batch_info, batch_id)
+    if answer.status == "gone":
+        raise ConfigError(f"batch {batch_id!r}: no such batch (it was never opened, or it "
+                          "expired)")
+    return answer.info
+
+
+def sweep_batches(keys: QueueKeys) -> Op[int]:
+    """Look at the batches whose callbacks go to this queue and are due a look: add the
+    callbacks of one that fired (its firer died before adding them), forget one that is done
+    or gone, relay the outboxes of one still open and look again later. Returns how many
+    batches were looked at."""
+    now = yield from server_time_ms()
+    due = yield Command(("ZRANGE", keys.batches, "-inf", now, "BYSCORE", "LIMIT", 0,
+                         SWEEP_CHUNK))
+    refused: ConfigError | None = None
+    for raw in due:
+        batch_id = raw.decode()
+        try:
+            answer = yield from _call(SCRIPTS.batch_info, batch_id)
+            if answer.status == "open":
+                yield from _relay_queues(batch_id)
+                answer = yield from _call(SCRIPTS.batch_info, batch_id)
+            if answer.status != "open":
+                yield from _settle(answer)
+                yield Command(("ZREM", keys.batches, batch_id))
+                continue
+        except ConfigError as exc:  # a refused callback: look again later, go on with others
+            refused = refused or exc
+        yield Command(("ZADD", keys.batches, "XX", now + RECHECK_MS, batch_id))
+    if refused is not None:
+        raise refused
+    return len(due)
