@@ -1,8 +1,8 @@
 """panqueue baseline benchmark: enqueue rate, process rate, pickup latency.
 
     .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed | --spark | --dashboard
-                                      | --memory | --scale | --history] [--backend asyncio|trio]
-                                      [--json FILE]
+                                      | --memory | --scale | --history | --chunk | --batch
+                                      | --partitions] [--backend asyncio|trio] [--json FILE]
 
 Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
 snapshots off, no maxmemory), runs every measurement against it, and stops it. The Redis on
@@ -29,6 +29,8 @@ measured, in the docstring of its module under ``scripts/benchmarks/``:
   ratio of their process rates (only on request).
 * ``--batch``: ``batch``, 100,000 jobs added through ``batch.add_bulk`` against plain
   ``add_bulk`` (only on request).
+* ``--partitions``: ``partitions``, one queue of 1 and of 4 partitions on one server, 1 and 2
+  worker processes: jobs/s and Redis µs/job, for docs/scaling.md (only on request).
 
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
@@ -56,6 +58,7 @@ from benchmarks import (
     history,
     keyed,
     memory,
+    partitions,
     scale,
     spark,
 )
@@ -103,6 +106,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="only the chunk handler figures: a no-op plain handler against a "
                              "no-op chunk handler of 100, jobs/s and their ratio (not part of "
                              "the full run)")
+    parser.add_argument("--partitions", action="store_true",
+                        help="only the partitioned-queue figures: 1 and 4 partitions on one "
+                             "server, 1 and 2 worker processes (not part of the full run)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -113,7 +119,7 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
     """The sections to run, in order, and the mode named in the output. ``--executors``,
     ``--keyed`` and ``--spark`` each select their section; together they run together."""
     only = (args.executors or args.keyed or args.spark or args.dashboard or args.memory
-            or args.scale or args.history or args.chunk or args.batch)
+            or args.scale or args.history or args.chunk or args.batch or args.partitions)
     todo = [name for name, wanted in (
         ("baseline", not only),
         ("executors", args.executors or (not args.quick and not only)),
@@ -125,9 +131,12 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
         ("history", args.history),
         ("chunk", args.chunk),
         ("batch", args.batch),
+        ("partitions", args.partitions),
     ) if wanted]
     mode = "quick" if args.quick else "full"
-    if args.chunk:
+    if args.partitions:
+        mode += ", partitions only"
+    elif args.chunk:
         mode += ", chunk handlers only"
     elif args.batch:
         mode += ", batches only"
@@ -183,6 +192,8 @@ def measure(bench: Bench, todo: list[str], quick: bool) -> dict[str, Any]:
         figures["chunk"] = chunk.run(bench, quick)
     if "batch" in todo:
         figures["batch"] = batch.run(bench, quick)
+    if "partitions" in todo:
+        figures["partitions"] = partitions.run(bench, quick)
     return figures
 
 
@@ -209,6 +220,8 @@ def report(figures: dict[str, Any], quick: bool, backend: str, worker_log: str) 
         chunk.report(figures["chunk"])
     if "batch" in figures:
         batch.report(figures["batch"])
+    if "partitions" in figures:
+        partitions.report(figures["partitions"])
     if worker_log:
         print()
         print("worker output (warnings and errors):")

@@ -4,6 +4,7 @@
 ``queues`` (the baseline figures):
 
 * ``bench-noop``: an async no-op, concurrency 50: the process-rate figure.
+* ``bench-noop-p4``: the same no-op on a queue of 4 partitions (``--partitions``).
 * ``bench-latency``: an async handler, concurrency 1, that returns the wall-clock time (ns) at
   which it started, so the benchmark can measure pickup latency with sub-millisecond resolution
   in addition to the millisecond timestamps Redis records.
@@ -99,4 +100,9 @@ async def noop_keyed(job: Job) -> None:
 
 @keyed.handler("bench-keyed-global")
 async def noop_keyed_baseline(job: Job) -> None:
+    return None
+
+
+@queues.handler("bench-noop-p4", concurrency=50, partitions=4)
+async def noop_partitioned(job: Job) -> None:
     return None

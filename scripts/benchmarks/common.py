@@ -19,8 +19,8 @@ import redis
 
 import panqueue
 from panqueue import JobNotFound, JobState
-from panqueue._keys import QueueKeys
 from panqueue._store import SyncTransport, ops
+from panqueue._store.ops import partitions as parted
 from panqueue.embedded import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent.parent
@@ -49,14 +49,15 @@ class Bench:
 
 
 def counts(bench: Bench, queue: str) -> dict[JobState, int]:
-    """Jobs per state (keyed mode's per-key waiting lists included in WAITING)."""
-    return bench.store.run(ops.counts(QueueKeys(queue)))
+    """Jobs per state (keyed mode's per-key waiting lists included in WAITING; every partition
+    of a partitioned queue)."""
+    return bench.store.run(parted.PartitionCounts().on_all(queue, parted.all_counts))
 
 
 def started_ms(bench: Bench, queue: str, job_id: str) -> int:
     """When the job started (server clock, ms); 0 if it has not, or retention removed it."""
     try:
-        info = bench.store.run(ops.get_job(QueueKeys(queue), job_id))
+        info = bench.store.run(parted.PartitionCounts().on_job(queue, job_id, ops.get_job))
     except JobNotFound:
         return 0
     return 0 if info.started_at is None else round(info.started_at.timestamp() * 1000)
@@ -64,9 +65,8 @@ def started_ms(bench: Bench, queue: str, job_id: str) -> int:
 
 def last_finished_ms(bench: Bench, queue: str) -> int:
     """When the queue's most recently completed job finished (server clock, ms)."""
-    keys = QueueKeys(queue)
-    [newest] = bench.store.run(ops.list_ids(keys, JobState.COMPLETED, 1))  # newest first
-    info = bench.store.run(ops.get_job(keys, newest))
+    [info] = bench.store.run(parted.PartitionCounts().on_all(  # newest first
+        queue, parted.all_list_jobs, JobState.COMPLETED, 1, 0))
     assert info.finished_at is not None
     return round(info.finished_at.timestamp() * 1000)
 

@@ -75,18 +75,18 @@ def subscribed_connections(bench: Bench) -> int:
                if int(c.get("sub", 0)) + int(c.get("ssub", 0)) > 0)
 
 
-def drain(bench: Bench, k: int, n: int) -> dict[str, Any]:
+def drain(bench: Bench, k: int, n: int, queue_name: str = NOOP_QUEUE) -> dict[str, Any]:
     """Fill a paused queue with ``n`` no-op jobs, start ``k`` workers, resume, time the drain."""
     with SyncQueueClient(bench.url) as client:
-        client.pause(NOOP_QUEUE)
-        queue = client.queue(NOOP_QUEUE)
+        client.pause(queue_name)
+        queue = client.queue(queue_name)
         first_id: str | None = None
         for b in range(0, n, BATCH):
             handles = queue.add_bulk([{"i": i} for i in range(b, min(b + BATCH, n))])
             first_id = first_id or handles[0].id
-        assert first_id is not None and counts(bench, NOOP_QUEUE)[JobState.WAITING] == n
+        assert first_id is not None and counts(bench, queue_name)[JobState.WAITING] == n
 
-        procs = [start_worker(bench, NOOP_QUEUE, CONCURRENCY) for _ in range(k)]
+        procs = [start_worker(bench, queue_name, CONCURRENCY) for _ in range(k)]
         try:
             def all_ready() -> bool:
                 exited = [p.returncode for p in procs if p.poll() is not None]
@@ -94,27 +94,27 @@ def drain(bench: Bench, k: int, n: int) -> dict[str, Any]:
                     raise RuntimeError(f"a worker exited with code {exited[0]} before the run")
                 # Registered, and subscribed to the wake-ups (the benchmark's own connections
                 # subscribe to nothing): the resume's wake-up reaches every worker.
-                return (len(client.workers(NOOP_QUEUE)) == k
+                return (len(client.workers(queue_name)) == k
                         and subscribed_connections(bench) >= k)
 
             wait_for(all_ready, 120, 0.01, f"{k} workers to be ready")
-            client.resume(NOOP_QUEUE)
-            figures = measure_window(bench, procs, n, first_id)
+            client.resume(queue_name)
+            figures = measure_window(bench, procs, n, first_id, queue_name)
         finally:
             codes = [stop_worker(p) for p in procs]
     return {**figures, "worker_exit_codes": codes}
 
 
 def measure_window(bench: Bench, procs: list[subprocess.Popen[bytes]], n: int,
-                   first_id: str) -> dict[str, Any]:
+                   first_id: str, queue_name: str = NOOP_QUEUE) -> dict[str, Any]:
     def waiting() -> int:
-        return counts(bench, NOOP_QUEUE)[JobState.WAITING]
+        return counts(bench, queue_name)[JobState.WAITING]
 
     def drained() -> bool:
         exited = [p.returncode for p in procs if p.poll() is not None]
         if exited:
             raise RuntimeError(f"a worker exited with code {exited[0]} during the run")
-        now = counts(bench, NOOP_QUEUE)
+        now = counts(bench, queue_name)
         return now[JobState.WAITING] + now[JobState.ACTIVE] == 0
 
     def cpu() -> tuple[list[float], float, tuple[int, int], float]:
@@ -124,14 +124,14 @@ def measure_window(bench: Bench, procs: list[subprocess.Popen[bytes]], n: int,
     # The window opens at the first claim: poll the waiting count tightly until it shrinks.
     wait_for(lambda: waiting() < n, 60, 0.0005, "the first claim")
     # Read now: retention deletes the first job long before the queue is empty.
-    first_started = started_ms(bench, NOOP_QUEUE, first_id)
+    first_started = started_ms(bench, queue_name, first_id)
     if not first_started:
         raise RuntimeError(f"job {first_id} was gone before its start could be read")
     workers0, redis0, (idle0, all0), t0 = cpu()
     wait_for(drained, 900, 0.005, "the queue to drain")
     workers1, redis1, (idle1, all1), t1 = cpu()
-    span_ms = last_finished_ms(bench, NOOP_QUEUE) - first_started
-    failed = counts(bench, NOOP_QUEUE)[JobState.FAILED]
+    span_ms = last_finished_ms(bench, queue_name) - first_started
+    failed = counts(bench, queue_name)[JobState.FAILED]
     if failed:
         raise RuntimeError(f"{failed} no-op jobs failed")
     wall = t1 - t0
