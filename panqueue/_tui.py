@@ -31,7 +31,6 @@ from textual.widgets import DataTable, Footer, Static
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobInfo, JobState
-from panqueue._keys import QueueKeys
 from panqueue._lag import lag_seconds
 from panqueue._store import ops
 from panqueue._store.transport import redact_url
@@ -166,7 +165,8 @@ class Sampler:
             self._finished_since_last(queue)
             rates = self._rates[queue]
             # The store's door: the client has no call for this read (the dashboard shares it).
-            timings = self.client._run(ops.recent_timings(QueueKeys(queue), TIMINGS_WINDOW))
+            timings = self.client._run(self.client._parts.on_all(
+                queue, ops.recent_timings, TIMINGS_WINDOW))
             rows.append(QueueRow(queue, counts, self.client.is_paused(queue), lag,
                                  sum(1 for w in workers if queue in w.queues),
                                  list(rates.completed), list(rates.failed), timings))

@@ -26,6 +26,12 @@ EXPECTED: dict[str, list[str]] = {
         "album party report: 1 of 2 photos resized, 1 failed",
         "album party: pending=0 completed=1 failed=1",
     ],
+    "partitioned_queue.py": [
+        "re-adding job event-0 found it: created=False",
+        "counts over all partitions: waiting=60",
+        "60 jobs completed, first result 't0:0'",
+        "counts over all partitions: completed=60",
+    ],
     "quickstart.py": [
         "added 3 jobs",
         "job 1: hello, ada",

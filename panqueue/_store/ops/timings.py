@@ -56,31 +56,35 @@ def _pairs(reply: list[Any]) -> list[tuple[bytes, float]]:
     return [(member, float(score)) for member, score in reply]
 
 
-def recent_timings(keys: QueueKeys, window: float = 60.0, sample: int = DEFAULT_SAMPLE
-                   ) -> Op[Timings]:
+def recent_timings(keys: QueueKeys | Sequence[QueueKeys], window: float = 60.0,
+                   sample: int = DEFAULT_SAMPLE) -> Op[Timings]:
     """Percentiles of the wait and run times of the queue's jobs that completed or failed for
-    good in the last ``window`` seconds (the newest ``sample`` of them at most). Two round
-    trips: the finished sets' newest members with the server's clock, then the jobs' times.
-    Jobs that never started (cancelled before they ran, failed by a dependency) and jobs
-    removed in between are left out."""
+    good in the last ``window`` seconds (the newest ``sample`` of them at most). ``keys``: the
+    queue, or every partition of a partitioned one. Two round trips per partition: the
+    finished sets' newest members with the server's clock, then the jobs' times. Jobs that
+    never started (cancelled before they ran, failed by a dependency) and jobs removed in
+    between are left out."""
     if not window > 0 or not math.isfinite(window):
         raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
     if sample < 1:
         raise ValueError(f"sample must be >= 1, got {sample!r}")
-    now, completed, failed = yield Batch((
-        Command(("TIME",)),
-        Command(("ZREVRANGE", keys.completed, 0, sample - 1, "WITHSCORES")),
-        Command(("ZREVRANGE", keys.failed, 0, sample - 1, "WITHSCORES")),
-    ), route=keys.prefix)
-    since = int(now[0]) * 1000 + int(now[1]) // 1000 - window * 1000
-    finished = sorted(((score, member) for member, score in (*_pairs(completed),
-                                                             *_pairs(failed))
-                       if score >= since), reverse=True)[:sample]
+    finished: list[tuple[float, QueueKeys, bytes]] = []
+    for part in [keys] if isinstance(keys, QueueKeys) else keys:
+        now, completed, failed = yield Batch((
+            Command(("TIME",)),
+            Command(("ZREVRANGE", part.completed, 0, sample - 1, "WITHSCORES")),
+            Command(("ZREVRANGE", part.failed, 0, sample - 1, "WITHSCORES")),
+        ), route=part.prefix)
+        since = int(now[0]) * 1000 + int(now[1]) // 1000 - window * 1000
+        finished += [(score, part, member)
+                     for member, score in (*_pairs(completed), *_pairs(failed))
+                     if score >= since]
+    finished = sorted(finished, key=lambda item: item[0], reverse=True)[:sample]
     waits: list[float] = []
     runs: list[float] = []
     if finished:
-        replies = yield Batch(tuple(Command(("HMGET", keys.job(member.decode()), "et", "st",
-                                             "ft")) for _, member in finished))
+        replies = yield Batch(tuple(Command(("HMGET", part.job(member.decode()), "et", "st",
+                                             "ft")) for _, part, member in finished))
         for enqueued, started, ended in replies:
             if enqueued is None or started is None or ended is None:
                 continue
