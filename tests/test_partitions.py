@@ -3,6 +3,7 @@ client's whole-queue views. The spread over a real cluster's masters is tests/te
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections import Counter
 from typing import Any
@@ -25,6 +26,7 @@ from panqueue import (
 )
 from panqueue._keys import partition_keys
 from panqueue.testing import drain, run_worker
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.anyio
 
@@ -292,3 +294,26 @@ async def test_a_batch_over_a_partitioned_queue_fires_once(
         info = await batch.info()
     assert (info.total, info.completed, info.failed, info.pending) == (30, 30, 0, 0)
     assert len(called) == 1 and called[0]["completed"] == 30
+
+
+def test_the_cli_shows_a_partitioned_queue_whole(redis_url: str, queue_name: str) -> None:
+    """`info`, `jobs`, `dlq` and `explain` read every partition (through the client)."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[int]) -> None: ...
+
+    with SyncQueueClient(redis_url) as client:
+        handles = client.queue(work).add_bulk(range(9))
+        failed = client.queue(work).add(-1, job_id=_custom_id_in(2, "doomed"))
+        client.cancel(queue_name, failed.id)
+    info = run_cli("info", "--json", "--url", redis_url)
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["queues"][queue_name]["waiting"] == 9
+    listed = run_cli("jobs", queue_name, "--json", "--url", redis_url)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(job["id"] for job in json.loads(listed.stdout)) == sorted(h.id for h in handles)
+    cancelled = run_cli("jobs", queue_name, "--state", "cancelled", "--json", "--url", redis_url)
+    assert [job["id"] for job in json.loads(cancelled.stdout)] == [failed.id]
+    explained = run_cli("explain", queue_name, failed.id, "--json", "--url", redis_url)
+    assert explained.returncode == 0 and "cancelled" in explained.stdout, explained.stderr
