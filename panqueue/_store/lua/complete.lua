@@ -34,13 +34,13 @@ for i = 0, k - 1 do
   local id = ARGV[b]
   local jkey = job_key(id)
   -- The token check also reads what the job's history record needs (lib/finish.lua).
-  local job = redis.call('HMGET', jkey, 'tk', 'a', 'et', 'st')
+  local job = redis.call('HMGET', jkey, 'tk', 'a', 'et', 'st', 'b')
   if job[1] ~= ARGV[b + 1] then
     reply[#reply + 1] = LOCK_LOST
   else
     leave_active(jkey, id, 'e')  -- earlier attempts' errors stay in the history
     end_job(jkey, id, 'completed', now, keep, {result = ARGV[b + 2], trim_later = true,
-      seen = {job[2], job[3], job[4]}, token = ARGV[b + 1]})
+      seen = {job[2], job[3], job[4]}, token = ARGV[b + 1], batch = job[5]})
     completed = completed + 1
     reply[#reply + 1] = COMPLETED
     if ARGV[b + 3] == '1' then

@@ -83,9 +83,12 @@ end
 -- A job of a batch (field b) that ends, or is deleted before it ended, leaves its ending in the
 -- queue's batch outbox: the batch lives in a slot of its own, which this script cannot touch,
 -- so the ending is relayed to it afterwards (panqueue/_store/ops/batches.py). One member per
--- (batch, job, state): a resent script writes the same member again.
-local function note_batch_ending(jkey, id, state, now)
-  local batch = redis.call('HGET', jkey, 'b')
+-- (batch, job, state): a resent script writes the same member again. `batch`: the job's b field
+-- when the caller read it already (false: none), else nil and it is read here.
+local function note_batch_ending(jkey, id, state, now, batch)
+  if batch == nil then
+    batch = redis.call('HGET', jkey, 'b')
+  end
   if batch then
     redis.call('ZADD', K_BATCH_OUTBOX, now, batch .. '\t' .. id .. '\t' .. state)
   end
@@ -104,7 +107,8 @@ end
 --   6. retention trims that set to `keep` jobs (-1 keeps all).
 -- Between 1 and 2, its record goes to the history stream (record_history), and the ending of a
 -- batch job to the batch outbox (note_batch_ending).
--- `how` (optional): {result=, error=, reason=, event=, cascaded=, trim_later=, seen=, token=}. cascaded: the
+-- `how` (optional): {result=, error=, reason=, event=, cascaded=, trim_later=, seen=, token=,
+-- batch=}. cascaded: the
 -- job is a dependent failed by fail_dependents, which handles its dependents and retention for
 -- the whole cascade. trim_later: the caller ends several jobs and trims once after the last.
 local function end_job(jkey, id, state, now, keep, how)
@@ -120,7 +124,7 @@ local function end_job(jkey, id, state, now, keep, how)
   end
   redis.call('HSET', jkey, 's', state, 'ft', now, unpack(fields))
   record_history(jkey, id, state, now, how)
-  note_batch_ending(jkey, id, state, now)
+  note_batch_ending(jkey, id, state, now, how.batch)
   if how.event then
     emit(how.event[1], id, unpack(how.event, 2))
   elseif state == 'cancelled' then
