@@ -317,3 +317,27 @@ def test_the_cli_shows_a_partitioned_queue_whole(redis_url: str, queue_name: str
     assert [job["id"] for job in json.loads(cancelled.stdout)] == [failed.id]
     explained = run_cli("explain", queue_name, failed.id, "--json", "--url", redis_url)
     assert explained.returncode == 0 and "cancelled" in explained.stdout, explained.stderr
+
+
+async def test_a_worker_shares_its_slots_among_the_partitions(redis_url: str,
+                                                              queue_name: str) -> None:
+    """Six slots, three partitions full of work: two slots each, not six in the partition the
+    first claim asked (each slot's completion claims in its own partition, so the first
+    spread is the one that lasts)."""
+    registry = Registry()
+    running: list[int] = []
+    release = anyio.Event()
+
+    @registry.handler(queue_name, partitions=N, concurrency=6)
+    async def work(job: Job[int]) -> None:
+        running.append(int(job.id) % N)
+        await release.wait()
+
+    async with QueueClient(redis_url) as client:
+        await client.queue(work).add_bulk(range(30))
+        with anyio.fail_after(10):
+            async with run_worker(registry, queue_name, redis_url):
+                while len(running) < 6:
+                    await anyio.sleep(0.01)
+                assert Counter(running) == {0: 2, 1: 2, 2: 2}
+                release.set()

@@ -147,38 +147,64 @@ class ClaimLoop:
 
     async def _claim_partitions(self, free: int) -> Claimed | None:
         """Claim up to ``free`` jobs from the partitions in turn (see the module docstring);
-        None if no partition could be asked."""
+        None if no partition could be asked.
+
+        The free slots are shared out: each partition is asked for its share first, and only
+        then the partitions that filled theirs for what is left. A slot's completions claim
+        its next job from the same partition, so the slots stay spread as this first claim
+        spread them: every partition (on a cluster, every master) keeps being served, instead
+        of one partition taking every slot until it is empty."""
         n = len(self._parts)
         start, self._turn = self._turn, (self._turn + 1) % n
+        share = -(-free // n)
         jobs: list[ClaimedJob] = []
         wake_in = -1
         answered = False
-        for step in range(n):
-            keys = self._parts[(start + step) % n]
-            token = self._tokens.new()
-            wanted = free - len(jobs)
-            if self._shared_rate is not None:
-                taken = await self._take_starts(keys, wanted, token)
-                if taken is None:
-                    continue
-                wanted, until_free = taken
-                if wanted == 0:
-                    answered = True
-                    wake_in = until_free if wake_in < 0 else min(wake_in, until_free)
-                    break
-            claimed = await self._send_claim(token, wanted, [], keys)
-            got = 0 if claimed is None else len(claimed.jobs)
-            if self._shared_rate is not None and got < wanted:
-                await self._give_back_starts(keys, token, got + 1, wanted)
+        more: list[QueueKeys] = []  # partitions that gave their whole share: ask them again
+        for step in range(2 * n):
+            if len(jobs) >= free:
+                break
+            if step < n:
+                keys = self._parts[(start + step) % n]
+                wanted = min(share, free - len(jobs))
+            elif more:
+                keys = more.pop(0)
+                wanted = free - len(jobs)
+            else:
+                break
+            claimed, waits = await self._claim_from(keys, wanted)
+            if waits is not None:  # the rate window is full: no partition may start a job
+                answered = True
+                wake_in = waits if wake_in < 0 else min(wake_in, waits)
+                break
             if claimed is None:
                 continue
             answered = True
             jobs += claimed.jobs
+            if step < n and len(claimed.jobs) == wanted:
+                more.append(keys)
             if claimed.wake_in_ms >= 0:
                 wake_in = claimed.wake_in_ms if wake_in < 0 else min(wake_in, claimed.wake_in_ms)
-            if len(jobs) >= free:
-                break
         return Claimed(jobs, wake_in) if answered else None
+
+    async def _claim_from(self, keys: QueueKeys, wanted: int
+                          ) -> tuple[Claimed | None, int | None]:
+        """One partition's claim of up to ``wanted`` jobs, through the shared rate window when
+        the queue has one: (what was claimed, or None; ms until the window has room when it
+        had none)."""
+        token = self._tokens.new()
+        if self._shared_rate is not None:
+            taken = await self._take_starts(keys, wanted, token)
+            if taken is None:
+                return None, None
+            wanted, until_free = taken
+            if wanted == 0:
+                return None, until_free
+        claimed = await self._send_claim(token, wanted, [], keys)
+        got = 0 if claimed is None else len(claimed.jobs)
+        if self._shared_rate is not None and got < wanted:
+            await self._give_back_starts(keys, token, got + 1, wanted)
+        return claimed, None
 
     async def _take_starts(self, keys: QueueKeys, wanted: int, name: str
                            ) -> tuple[int, int] | None:

@@ -39,7 +39,8 @@ def run(bench: Bench, quick: bool) -> dict[str, Any]:
             bench.store.run(parted.PartitionCounts().parts(queue, partitions))
             log(f"partitions: {n:,} no-op jobs, {partitions} partition(s), {k} worker "
                 f"process{'es' if k > 1 else ''}")
-            rows.append({"partitions": partitions, **scale.drain(bench, k, n, queue)})
+            rows.append({"partitions": partitions,
+                         **scale.drain(bench, k, n, queue, partitions)})
     bench.redis.flushdb()
     return {"jobs": n, "concurrency": scale.CONCURRENCY, "runs": rows}
 

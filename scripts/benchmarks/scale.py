@@ -75,16 +75,17 @@ def subscribed_connections(bench: Bench) -> int:
                if int(c.get("sub", 0)) + int(c.get("ssub", 0)) > 0)
 
 
-def drain(bench: Bench, k: int, n: int, queue_name: str = NOOP_QUEUE) -> dict[str, Any]:
+def drain(bench: Bench, k: int, n: int, queue_name: str = NOOP_QUEUE, partitions: int = 1
+          ) -> dict[str, Any]:
     """Fill a paused queue with ``n`` no-op jobs, start ``k`` workers, resume, time the drain."""
     with SyncQueueClient(bench.url) as client:
         client.pause(queue_name)
         queue = client.queue(queue_name)
-        first_id: str | None = None
+        first_ids: list[str] = []  # the first job of each partition (the adds turn through them)
         for b in range(0, n, BATCH):
             handles = queue.add_bulk([{"i": i} for i in range(b, min(b + BATCH, n))])
-            first_id = first_id or handles[0].id
-        assert first_id is not None and counts(bench, queue_name)[JobState.WAITING] == n
+            first_ids = first_ids or [h.id for h in handles[:partitions]]
+        assert first_ids and counts(bench, queue_name)[JobState.WAITING] == n
 
         procs = [start_worker(bench, queue_name, CONCURRENCY) for _ in range(k)]
         try:
@@ -99,14 +100,14 @@ def drain(bench: Bench, k: int, n: int, queue_name: str = NOOP_QUEUE) -> dict[st
 
             wait_for(all_ready, 120, 0.01, f"{k} workers to be ready")
             client.resume(queue_name)
-            figures = measure_window(bench, procs, n, first_id, queue_name)
+            figures = measure_window(bench, procs, n, first_ids, queue_name)
         finally:
             codes = [stop_worker(p) for p in procs]
     return {**figures, "worker_exit_codes": codes}
 
 
 def measure_window(bench: Bench, procs: list[subprocess.Popen[bytes]], n: int,
-                   first_id: str, queue_name: str = NOOP_QUEUE) -> dict[str, Any]:
+                   first_ids: list[str], queue_name: str = NOOP_QUEUE) -> dict[str, Any]:
     def waiting() -> int:
         return counts(bench, queue_name)[JobState.WAITING]
 
@@ -123,10 +124,19 @@ def measure_window(bench: Bench, procs: list[subprocess.Popen[bytes]], n: int,
 
     # The window opens at the first claim: poll the waiting count tightly until it shrinks.
     wait_for(lambda: waiting() < n, 60, 0.0005, "the first claim")
-    # Read now: retention deletes the first job long before the queue is empty.
-    first_started = started_ms(bench, queue_name, first_id)
-    if not first_started:
-        raise RuntimeError(f"job {first_id} was gone before its start could be read")
+    # Read now: retention deletes the first jobs long before the queue is empty. A partitioned
+    # queue's window opens when the first partition's head started (the claims turn through
+    # the partitions: each head starts within the first turn).
+    starts: dict[str, int] = {}
+
+    def heads_started() -> bool:
+        for job_id in first_ids:
+            if job_id not in starts and (started := started_ms(bench, queue_name, job_id)):
+                starts[job_id] = started
+        return len(starts) == len(first_ids)
+
+    wait_for(heads_started, 10, 0.0005, "the first job of each partition to start")
+    first_started = min(starts.values())
     workers0, redis0, (idle0, all0), t0 = cpu()
     wait_for(drained, 900, 0.005, "the queue to drain")
     workers1, redis1, (idle1, all1), t1 = cpu()
