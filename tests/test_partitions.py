@@ -4,6 +4,7 @@ client's whole-queue views. The spread over a real cluster's masters is tests/te
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from collections import Counter
 from typing import Any
@@ -20,6 +21,7 @@ from panqueue import (
     JobState,
     QueueClient,
     RateLimit,
+    RateLimited,
     Registry,
     SyncQueueClient,
     Worker,
@@ -341,3 +343,26 @@ async def test_a_worker_shares_its_slots_among_the_partitions(redis_url: str,
                     await anyio.sleep(0.01)
                 assert Counter(running) == {0: 2, 1: 2, 2: 2}
                 release.set()
+
+
+async def test_a_handlers_rate_limited_pauses_every_partition(redis_url: str,
+                                                              queue_name: str) -> None:
+    """Global mode: RateLimited pauses the whole queue, not only the partition of the job that
+    raised it. One slot, jobs in every partition: nothing starts for retry_after."""
+    registry = Registry()
+    starts: list[float] = []
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[int]) -> None:
+        starts.append(time.monotonic())
+        if len(starts) == 1:
+            raise RateLimited(retry_after=1.0)
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(work).add_bulk(range(9))
+        with anyio.fail_after(20):
+            async with run_worker(registry, queue_name, redis_url, poll_interval=0.1):
+                for handle in handles:
+                    await handle.result(timeout=15)
+    assert len(starts) == 10
+    assert min(starts[1:]) - starts[0] >= 0.9

@@ -41,7 +41,7 @@ from panqueue._runtime.trouble import Trouble
 from panqueue._runtime.upkeep import Upkeep
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._runtime.watchdog import BEAT_INTERVAL, LoopWatchdog
-from panqueue._store import ops
+from panqueue._store import ops, transitions
 from panqueue._store.ops.batches import in_batch
 from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
@@ -151,7 +151,7 @@ class Worker:
         self._done = done = anyio.Event()
         if self._stopping:  # shutdown() was called before run()
             self._claim_scope.cancel()
-        transport = self._shared_transport or open_async_transport(self.url)
+        self._transport = transport = self._shared_transport or open_async_transport(self.url)
         watchdog: LoopWatchdog | None = None
         beats: Heartbeat | None = None
         try:
@@ -419,6 +419,8 @@ class Worker:
         elif outcome.ending == Ending.RATE_LIMITED:
             assert outcome.throttled is not None
             status, following = await recorder.rate_limited(outcome.throttled, log)
+            if status == Status.RATE_LIMITED:
+                await self._pause_other_partitions(job, outcome.throttled.retry_after_ms)
         else:
             assert outcome.failure is not None
             status, following = await recorder.fail(outcome.failure, log)
@@ -448,6 +450,20 @@ class Worker:
                 self._log.warning("could not withdraw the idle registration", error=str(exc))
                 return
             await self._recorders[0].release([(job.id, job.token) for job in handed])
+
+    async def _pause_other_partitions(self, job: ClaimedJob, ms: int) -> None:
+        """A global-mode queue's RateLimited pauses the whole queue: the script paused the
+        job's partition, the others are paused here (best effort: a partition this cannot
+        reach goes on until it can be told, or until the pause would have ended)."""
+        if len(self.parts) == 1 or self.handler.options.mode != "global":
+            return
+        for keys in self.parts:
+            if keys.partition != job.partition:
+                try:
+                    await self._transport.run(transitions.pause_for(keys, ms))
+                except PanqueueError as exc:
+                    self._log.warning("could not pause a partition", partition=keys.partition,
+                                      error=str(exc))
 
     async def _report(self, attempt: Attempt, kind: str, value: Any) -> None:
         await self._recorders[attempt.partition].report(attempt, kind, value)

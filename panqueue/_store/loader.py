@@ -94,6 +94,7 @@ class _Scripts:
         self.snooze = _load("snooze")
         self.rate_limited = _load("rate_limited")
         self.rate_take = _load("rate_take")
+        self.pause_for = _load("pause_for")
         self.extend = _load("extend")
         self.stalled = _load("stalled")
         self.expire = _load("expire")

@@ -41,6 +41,7 @@ __all__ = [
     "leave_registry",
     "parse_claim",
     "parse_handoff",
+    "pause_for",
     "progress",
     "promote",
     "rate_limited",
@@ -324,3 +325,8 @@ def give_back_starts(keys: QueueKeys, name: str, first: int, last: int) -> Op[No
     if first <= last:
         yield Command(("ZREM", keys.shared_rate,
                        *(f"{name}:{i}" for i in range(first, last + 1))))
+
+
+def pause_for(keys: QueueKeys, ms: int) -> Op[None]:
+    """Pause one partition for ``ms``, as a handler's RateLimited paused another one."""
+    yield _call(SCRIPTS.pause_for, keys, (ms,))
