@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from panqueue import (
+    Backoff,
     ConfigError,
     Dedup,
     Event,
@@ -366,3 +367,28 @@ async def test_a_handlers_rate_limited_pauses_every_partition(redis_url: str,
                     await handle.result(timeout=15)
     assert len(starts) == 10
     assert min(starts[1:]) - starts[0] >= 0.9
+
+
+async def test_delayed_and_retried_jobs_on_every_partition(redis_url: str,
+                                                          queue_name: str) -> None:
+    """Delays and retries with backoff work in each partition (each worker promotes due jobs
+    in every partition)."""
+    registry = Registry()
+    tries: Counter[str] = Counter()
+
+    @registry.handler(queue_name, partitions=N, attempts=2,
+                      backoff=Backoff(kind="fixed", delay=0.2))
+    async def work(job: Job[int]) -> int:
+        tries[job.id] += 1
+        if tries[job.id] == 1:
+            raise ValueError("first try fails")
+        return job.data
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        delayed = [await queue.add(i, delay=0.3) for i in range(6)]
+        assert {int(h.id) % N for h in delayed} == {0, 1, 2}
+        assert (await client.counts(queue_name))[JobState.DELAYED] == 6
+        async with run_worker(registry, queue_name, redis_url, stalled_interval=0.1):
+            assert [await h.result(timeout=10) for h in delayed] == list(range(6))
+    assert set(tries.values()) == {2}
