@@ -392,3 +392,21 @@ async def test_delayed_and_retried_jobs_on_every_partition(redis_url: str,
         async with run_worker(registry, queue_name, redis_url, stalled_interval=0.1):
             assert [await h.result(timeout=10) for h in delayed] == list(range(6))
     assert set(tries.values()) == {2}
+
+
+async def test_dependencies_in_two_partitions_are_refused(redis_url: str,
+                                                          queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[int]) -> None: ...
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = await queue.add(1, job_id=_custom_id_in(0, "first"))
+        second = await queue.add(2, job_id=_custom_id_in(1, "second"))
+        with pytest.raises(ConfigError, match="depends_on names jobs of two partitions"):
+            await queue.add(3, depends_on=[first, second])
+        after = await queue.add(4, depends_on=[second])
+        assert int(after.id) % N == 1 and (await after.info()).state == JobState.BLOCKED
+        assert (await client.counts(queue_name))[JobState.BLOCKED] == 1

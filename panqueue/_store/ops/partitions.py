@@ -254,7 +254,16 @@ def _home(parts: Sequence[QueueKeys], job: NewJob, spread: int) -> Op[QueueKeys]
     if job.key:
         return parts[route(n, key=job.key) or 0]
     if job.depends_on:
-        return (yield from job_partition(parts, job.depends_on[0]))
+        home = yield from job_partition(parts, job.depends_on[0])
+        for dep in job.depends_on[1:]:
+            other = yield from job_partition(parts, dep)
+            if other is not home:
+                raise ConfigError(
+                    f"queue {home.name!r}: depends_on names jobs of two partitions "
+                    f"({job.depends_on[0]!r} in {home.partition}, {dep!r} in "
+                    f"{other.partition}); a job of a partitioned queue can wait only for jobs "
+                    "of one partition (see docs/scaling.md)")
+        return home
     if job.job_id:
         return parts[route(n, job.job_id) or 0]
     if job.dedup_key:
