@@ -9,7 +9,12 @@
 - :mod:`heartbeat`: the worker's entry in the queue's worker registry.
 
 The Worker starts them, runs each slot's job (attempt, then record), and stops them in two
-phases on shutdown.
+phases on shutdown. A chunk handler's slots run in :mod:`chunks` instead; a partitioned queue
+has a recorder per partition, and each job is recorded by its partition's.
+
+Past our usual 400 lines: the start sequence and one slot's job are the two halves of the
+coordination; one slot's job (``_process`` and the partition dispatch around it) is the part
+to move into a module of its own when this grows again.
 """
 
 from __future__ import annotations

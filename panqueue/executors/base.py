@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from panqueue.errors import ChildCrashed, HandlerAborted, JobTimeout, RemoteError
+from panqueue.errors import ChildCrashed, ConfigError, HandlerAborted, JobTimeout, RemoteError
 
 if TYPE_CHECKING:
     from panqueue._job import Job
@@ -64,7 +64,7 @@ class Executor(ABC):
         """Run a chunk handler on ``jobs`` in one call and return what it returned; raises as
         :meth:`run` does, the timeout bounding the whole call. Only for executors whose
         :attr:`runs_chunks` is true (registration refuses the others)."""
-        raise NotImplementedError(f"executor {self.name!r} does not run chunks")
+        raise ConfigError(f"executor {self.name!r} does not run chunk handlers")
 
     def restarted(self, reason: str) -> None:
         """Report a replaced child, thread or pool (see :attr:`on_restart`)."""
