@@ -184,22 +184,21 @@ def all_events(parts: Sequence[QueueKeys], after: str | None, count: int
                ) -> Op[tuple[list[Event], str]]:
     """The events of every partition after ``after`` (the position an earlier call returned:
     one stream id per partition, comma-separated; or one stream id for all), merged in time
-    order."""
+    order, without waiting; with ``after`` None, none and the end of every stream."""
     if len(parts) == 1:
         return (yield from _events.events_now(parts[0], after, count))
-    found: list[list[Event]] = []
-    positions = []
-    for part, position in zip(parts, _cursor(parts, after), strict=True):
-        events, following = yield from _events.events_now(part, position, count)
-        found.append(events)
-        positions.append(following)
-    merged = list(heapq.merge(*found, key=lambda e: _stream_order(e.id)))
-    return merged, ",".join(positions)
+    positions = yield from event_positions(parts, after)
+    if after is None:
+        return [], ",".join(positions)
+    events, following = yield from _read_each(parts, positions, count)
+    return events, ",".join(following)
 
 
 # How long a partitioned queue's event follower blocks on one partition's stream before it looks
 # at the others again: the most an event of another partition waits to be delivered.
 _FOLLOW_BLOCK_MS = 200
+# Events read per partition per step when following (read_events' own default).
+_FOLLOW_COUNT = 500
 
 
 def event_positions(parts: Sequence[QueueKeys], after: str | None) -> Op[list[str]]:
@@ -213,6 +212,20 @@ def event_positions(parts: Sequence[QueueKeys], after: str | None) -> Op[list[st
     return ends
 
 
+def _read_each(parts: Sequence[QueueKeys], positions: list[str], count: int
+               ) -> Op[tuple[list[Event], list[str]]]:
+    """What each partition's stream holds after its position now (up to ``count`` each),
+    merged in time order, and the positions after it."""
+    found: list[list[Event]] = []
+    following = list(positions)
+    for index, part in enumerate(parts):
+        events = yield from _events.read_events(part, positions[index], None, count)
+        if events:
+            found.append(events)
+            following[index] = events[-1].id
+    return list(heapq.merge(*found, key=lambda e: _stream_order(e.id))), following
+
+
 def next_events(parts: Sequence[QueueKeys], positions: list[str], block_ms: int, turn: int
                 ) -> Op[tuple[list[Event], list[str]]]:
     """The next events after ``positions`` (one per partition), waiting for the first up to
@@ -222,21 +235,14 @@ def next_events(parts: Sequence[QueueKeys], positions: list[str], block_ms: int,
     if len(parts) == 1:
         events = yield from _events.read_events(parts[0], positions[0], block_ms)
         return events, [events[-1].id if events else positions[0]]
-    found: list[list[Event]] = []
-    following = list(positions)
-    for index, part in enumerate(parts):
-        events = yield from _events.read_events(part, positions[index], None)
-        if events:
-            found.append(events)
-            following[index] = events[-1].id
-    if not found:
+    events, following = yield from _read_each(parts, positions, _FOLLOW_COUNT)
+    if not events:
         index = turn % len(parts)
         events = yield from _events.read_events(parts[index], positions[index],
                                                 min(block_ms, _FOLLOW_BLOCK_MS))
         if events:
-            found.append(events)
             following[index] = events[-1].id
-    return list(heapq.merge(*found, key=lambda e: _stream_order(e.id))), following
+    return events, following
 
 
 def _stream_order(entry_id: str) -> tuple[int, int]:
