@@ -277,3 +277,54 @@ async def test_cancelled_jobs_follow_the_handlers_retention(redis_url: str,
         for handle in handles:
             assert await client.cancel(queue_name, handle.id) is JobState.WAITING
         assert (await client.counts(queue_name))[JobState.CANCELLED] == 2
+
+
+# ------------------------------------------------------------- a cancel that overtakes its claim
+
+
+@pytest.mark.anyio
+async def test_a_cancel_heard_before_its_claim_answered_stops_the_attempt_it_starts(
+        anyio_backend: str) -> None:
+    """The cancel message and the reply of the claim that made the job active come on
+    different connections, so the message may arrive first, when this worker has no attempt
+    of the job yet. The attempt that claim starts then begins cancelled and its handler never
+    runs. A claim made after the request was heard (a retry the user asked for since) is a
+    new run and is not touched."""
+    from panqueue._log import get_logger
+    from panqueue._options import JobOptions
+    from panqueue._runtime.attempt import AttemptRunner, Ending
+    from panqueue._runtime.locks import Attempts, Tokens
+    from panqueue._store.transitions import ClaimedJob
+    from panqueue.executors.inline import InlineExecutor
+
+    registry, ran = Registry(), []
+
+    @registry.handler("early-cancel")
+    async def handler(job: Job) -> None:
+        ran.append(job.id)
+
+    tokens = Tokens("w")
+    attempts = Attempts(get_logger("worker"), 30.0, tokens)
+
+    async def nothing(*args: Any) -> None:
+        pass
+
+    runner = AttemptRunner(InlineExecutor(registry.get("early-cancel")), "early-cancel",
+                           JobOptions(), attempts, nothing, nothing)
+
+    def claimed(job_id: str, token: str) -> ClaimedJob:
+        return ClaimedJob(job_id, b"\xc0", 1, 0, b"", token)
+
+    in_flight = tokens.new()  # the claim is sent...
+    attempts.request_cancel("7")  # ...the cancel overtakes its reply...
+    outcome = await runner.run(claimed("7", in_flight), stopping=False)  # ...which arrives
+    assert outcome.ending is Ending.FAILED
+    assert outcome.failure is not None and outcome.failure.final
+    assert outcome.failure.reason == "cancelled"
+    assert ran == []
+
+    attempts.request_cancel("8")  # heard before the claim below was made
+    later = tokens.new()
+    outcome = await runner.run(claimed("8", later), stopping=False)
+    assert outcome.ending is Ending.COMPLETED
+    assert ran == ["8"]

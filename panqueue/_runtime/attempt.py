@@ -118,6 +118,8 @@ class AttemptRunner:
                       attempt=claimed.attempt, options=options,
                       enqueued_at_ms=claimed.enqueued_at_ms, sink=sink,
                       should_stop=attempt.should_stop)
+            if attempt.cancel_requested:  # heard before the attempt started: do not run it
+                raise CancelRequested()
             with attempt.scope:
                 outcome = await self._executor.run(job, options.timeout)
         except Exception as exc:

@@ -25,6 +25,11 @@ from panqueue.errors import PanqueueError
 
 __all__ = ["Attempt", "Attempts", "Renewer", "Tokens"]
 
+# A cancel request heard before its job's attempt started is kept this long (a claim's reply
+# takes at most the socket timeout to arrive), and at most this many of them.
+_EARLY_CANCEL_SECONDS = 30.0
+_EARLY_CANCELS_KEPT = 10_000
+
 
 class Tokens:
     """Lock tokens, unique per process and call whatever ``name=`` the worker was given; each
@@ -37,6 +42,16 @@ class Tokens:
     def new(self) -> str:
         self._counter += 1
         return f"{self._prefix}:{self._counter}"
+
+    @property
+    def issued(self) -> int:
+        """How many tokens were made so far."""
+        return self._counter
+
+    @staticmethod
+    def number(token: str) -> int:
+        """The order in which ``token`` was made (1 for the first)."""
+        return int(token.rpartition(":")[2])
 
 
 @dataclass(slots=True, eq=False)
@@ -75,22 +90,54 @@ class Attempt:
 class Attempts:
     """The attempts running on one worker, by lock (job id, token) and (the newest) by job id."""
 
-    def __init__(self, log: Any, lock_ttl: float) -> None:
+    def __init__(self, log: Any, lock_ttl: float, tokens: Tokens) -> None:
         self._log = log
+        self._tokens = tokens
         self.lock_ttl = lock_ttl
         self.by_lock: dict[tuple[str, str], Attempt] = {}
         self._by_job: dict[str, Attempt] = {}
         self.on_lost: Callable[[], None] | None = None  # metrics: an attempt's lock was lost
+        # Cancel requests heard before their job's attempt started: job id -> (when, how
+        # many tokens had been made then).
+        self._early_cancels: dict[str, tuple[float, int]] = {}
 
     def __len__(self) -> int:
         return len(self.by_lock)
 
     def start(self, job_id: str, token: str, stopping: bool, partition: int = 0) -> Attempt:
-        attempt = Attempt(job_id, token, time.monotonic() + self.lock_ttl, stopping=stopping,
+        now = time.monotonic()
+        attempt = Attempt(job_id, token, now + self.lock_ttl, stopping=stopping,
                           partition=partition)
         self.by_lock[attempt.lock] = attempt
         self._by_job[job_id] = attempt
+        if self._early_cancels:
+            heard = self._early_cancels.pop(job_id, None)
+            # Only a claim made before the request was heard can have taken the job it was
+            # for (the job was active when it was cancelled); a later claim of the same id
+            # (a retry the user asked for since) is a new run.
+            if heard is not None and heard[0] > now - _EARLY_CANCEL_SECONDS and \
+                    Tokens.number(token) <= heard[1]:
+                attempt.cancel_requested = True
+                attempt.scope.cancel()
         return attempt
+
+    def request_cancel(self, job_id: str) -> None:
+        """``cancel(queue, id)`` was called for an active job (every worker of the queue
+        hears it). The job's attempt here is stopped. If there is none yet, the request is
+        kept for a while: a claim of this worker may have made the job active and not yet
+        answered, and the attempt that claim starts must begin cancelled."""
+        attempt = self._by_job.get(job_id)
+        if attempt is not None:
+            attempt.cancel_requested = True
+            attempt.scope.cancel()
+            return
+        now = time.monotonic()
+        if len(self._early_cancels) >= _EARLY_CANCELS_KEPT:
+            self._early_cancels = {job: heard for job, heard in self._early_cancels.items()
+                                   if heard[0] > now - _EARLY_CANCEL_SECONDS}
+            if len(self._early_cancels) >= _EARLY_CANCELS_KEPT:  # a flood: keep the newest
+                self._early_cancels.pop(next(iter(self._early_cancels)))
+        self._early_cancels[job_id] = (now, self._tokens.issued)
 
     def of_job(self, job_id: str) -> Attempt | None:
         """The newest attempt of ``job_id`` running here, if any."""

@@ -132,7 +132,7 @@ class Worker:
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
         self._jobs_log = get_logger(JOBS_LOGGER).bind(queue=queue, worker=self.name)
         self._tokens = Tokens(self.name)
-        self._attempts = Attempts(self._log, self.lock_ttl)
+        self._attempts = Attempts(self._log, self.lock_ttl, self._tokens)
         if metrics is not None:
             self._attempts.on_lost = lambda: metrics.lock_lost(queue)
         self._executor: Executor | None = None
@@ -197,7 +197,7 @@ class Worker:
             self._runner = AttemptRunner(executor, self.keys.name, options.job, self._attempts,
                                          self._report, self._release)
             wakeups = WakeUps(transport, self.parts, health_interval=self.health_interval,
-                              on_cancel=self._cancel_requested,
+                              on_cancel=self._attempts.request_cancel,
                               on_handoff=self._handed_over, log=log)
             # Subscribed before the first claim (no lost wake-up), and outside the task group so
             # that a refusal at start is raised as itself.
@@ -476,11 +476,6 @@ class Worker:
     async def _release(self, locks: list[tuple[str, str]], partition: int) -> None:
         await self._recorders[partition].release(locks)
 
-    def _cancel_requested(self, job_id: str) -> None:
-        attempt = self._attempts.of_job(job_id)
-        if attempt is not None:
-            attempt.cancel_requested = True
-            attempt.scope.cancel()
 
     async def _heartbeat(self, watchdog: LoopWatchdog) -> None:
         while True:
