@@ -26,8 +26,10 @@ from panqueue._options import Chunk
 from panqueue._runtime.claimer import ClaimLoop
 from panqueue._runtime.locks import Attempt, Attempts, Tokens
 from panqueue._runtime.wakeups import WakeUps
+from panqueue._store import transitions
 from panqueue._store.transitions import Claimed, ClaimedJob
 from panqueue._store.transport import AsyncTransport
+from panqueue.errors import PanqueueError
 
 __all__ = ["ChunkClaimer", "Held", "RunChunk"]
 
@@ -83,6 +85,7 @@ class ChunkClaimer(ClaimLoop):
         deadline = math.inf
         wake: anyio.Event | None = None  # armed before a claim, waited for after it
         timeout = self._poll_interval
+        waited = 0  # the chunk's first jobs, which waited for a wake-up
         try:
             while not self.stopping:
                 self._join(chunk)
@@ -90,6 +93,7 @@ class ChunkClaimer(ClaimLoop):
                 if chunk and deadline == math.inf:
                     deadline = now + self._wait
                 if len(chunk) >= self._size:
+                    await self._confirm(chunk[:waited])
                     return chunk
                 if wake is None:
                     # Armed before the claim: a wake-up published after it ran is not lost.
@@ -100,7 +104,9 @@ class ChunkClaimer(ClaimLoop):
                         self._handed[:0] = claimed.jobs  # joined at the top of the loop
                     continue
                 if now >= deadline:  # checked after a claim: what is there now still joins
+                    await self._confirm(chunk[:waited])
                     return chunk
+                waited = len(chunk)
                 with anyio.move_on_after(min(timeout, deadline - now)):
                     await wake.wait()
                 wake = None
@@ -109,6 +115,22 @@ class ChunkClaimer(ClaimLoop):
             raise
         self._put_back(chunk)
         return []
+
+    async def _confirm(self, waited: list[Held]) -> None:
+        """Ask Redis whether jobs that waited for company were cancelled meanwhile: the
+        notify message may still be on its way when the claim that completes their chunk has
+        answered (they travel on different connections). One round trip, only for a chunk
+        gathered over a wait; if Redis cannot be asked, the cancels heard so far stand."""
+        if not waited:
+            return
+        try:
+            flags = await self._transport.run(
+                transitions.cancels_requested(self._keys, [held.job.id for held in waited]))
+        except PanqueueError:
+            return
+        for held, cancelled in zip(waited, flags, strict=True):
+            if cancelled:
+                self._attempts.request_cancel(held.job.id)
 
     def _next_look(self, claimed: Claimed | None) -> float:
         """How long to wait for a wake-up after a claim before claiming again."""

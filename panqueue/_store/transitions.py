@@ -21,7 +21,7 @@ from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import encode_error
 from panqueue._store.status import Status
-from panqueue._store.transport import Command, Op, ScriptCall
+from panqueue._store.transport import Batch, Command, Op, ScriptCall
 
 __all__ = [
     "Claimed",
@@ -31,6 +31,7 @@ __all__ = [
     "Finished",
     "Snoozing",
     "Throttled",
+    "cancels_requested",
     "claim",
     "complete_batch",
     "expire_due",
@@ -176,6 +177,16 @@ def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int, *,
     """
     reply = yield _call(SCRIPTS.claim, keys, (token, ttl_ms, n, idle_ms, *withdraw))
     return _claimed(reply, 0, token, keys)
+
+
+def cancels_requested(keys: QueueKeys, ids: Sequence[str]) -> Op[list[bool]]:
+    """Whether ``cancel(queue, id)`` was called for each of these active jobs (lua/cancel.lua
+    marks the job, then tells its worker over the notify channel)."""
+    if not ids:
+        return []
+    flags = yield Batch(tuple(Command(("HEXISTS", keys.job(i), "cx")) for i in ids),
+                        route=keys.prefix)
+    return [bool(flag) for flag in flags]
 
 
 def parse_handoff(payload: bytes) -> tuple[str, list[ClaimedJob]]:
