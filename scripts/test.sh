@@ -35,7 +35,8 @@ fi
 .venv-floor/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,trio,embedded]" \
   "redis==$floor"
 .venv-floor/bin/pytest -q -p no:cacheprovider tests/test_lifecycle.py tests/test_cluster.py \
-  tests/test_connections.py tests/test_transport.py tests/test_results.py
+  tests/test_connections.py tests/test_transport.py tests/test_results.py \
+  tests/test_native_transport.py
 
 # The other supported Pythons (the classifiers in pyproject.toml): the core subset covers the
 # lifecycle, the Lua scripts, every executor, faults, results and the transport, on asyncio and
@@ -44,7 +45,7 @@ fi
 # The interpreter comes from PATH (python3.12) or pyenv's versions directory.
 core_subset=(tests/test_lifecycle.py tests/test_scripts.py tests/test_executors.py
              tests/test_faults.py tests/test_results.py tests/test_transport.py
-             tests/test_typing.py)
+             tests/test_typing.py tests/test_native_transport.py)
 
 find_python() {  # find_python 3.12: the path of a CPython 3.12 interpreter, or nothing
   local wanted=$1 candidate

@@ -2,7 +2,8 @@
 
 * On asyncio, ``redis.asyncio`` (standalone, cluster, or a Sentinel-managed master) is used
   directly.
-* On trio, ``redis.asyncio`` cannot run, so redis-py's sync client is called in worker threads.
+* On trio, ``redis.asyncio`` cannot run: a standalone server is spoken to over trio's own sockets
+  (``native``); Cluster and Sentinel use redis-py's sync client in worker threads (``thread``).
 * The sync client (``SyncQueueClient``, Spark executors) uses redis-py's sync client as is.
 
 Operations elsewhere are written once, as generators that yield requests (a script call, a
@@ -14,12 +15,13 @@ redis-py's errors never leave this package: :func:`translate_error` maps each to
 
 The modules: ``requests`` (what an operation asks for), ``options`` (URLs, timeouts),
 ``errors`` (the translation), ``sync`` (the blocking transport), ``base`` (the async surface),
-``aio`` (asyncio) and ``thread`` (trio); :func:`open_async_transport` picks the async one.
+``aio`` (asyncio), ``native`` and ``thread`` (trio); :func:`open_async_transport` picks the
+async one.
 """
 
 from __future__ import annotations
 
-from panqueue._store.transport import options
+from panqueue._store.transport import native, options
 from panqueue._store.transport.aio import _AsyncioTransport
 from panqueue._store.transport.base import AsyncSubscriber, AsyncTransport
 from panqueue._store.transport.errors import translate_error
@@ -32,6 +34,7 @@ from panqueue._store.transport.options import (
 from panqueue._store.transport.requests import Batch, Command, Op, Request, Scan, ScriptCall
 from panqueue._store.transport.sync import SyncTransport
 from panqueue._store.transport.thread import _ThreadTransport
+from panqueue.errors import ConfigError
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -66,6 +69,14 @@ def _running_on_trio() -> bool:
 
 def open_async_transport(url: str) -> AsyncTransport:
     """The async transport for the event loop this is called from."""
-    if _running_on_trio():
-        return _ThreadTransport(url)
-    return _AsyncioTransport(url)
+    if not _running_on_trio():
+        return _AsyncioTransport(url)
+    is_cluster, _ = options._parse(url)
+    if not is_cluster and options._sentinel_target(url) is None:
+        try:
+            settings = native.settings_for(url)
+        except ValueError as exc:
+            raise ConfigError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from exc
+        if settings is not None:
+            return native._NativeTransport(url, settings)
+    return _ThreadTransport(url)

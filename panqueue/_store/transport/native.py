@@ -1,0 +1,329 @@
+"""The async transport on trio for one standalone server: Redis' protocol over trio's own
+sockets, so a call costs no hand-over to a thread and back.
+
+It answers as redis-py does, so the operations cannot tell it from the other transports:
+
+* the connection options come from redis-py's own reading of the URL (credentials, database,
+  timeouts, TLS files and checks, unix sockets), and a new connection says what redis-py's
+  would (HELLO 3 with the credentials, or AUTH on RESP2; SELECT);
+* replies go through redis-py's response callbacks (``TIME`` as a tuple, ``HGETALL`` as a
+  dict, ...), and an error reply raises the class redis-py raises for its code, with the same
+  message (in a batch: the first error, as ``Command # n (...) of pipeline caused error: ``);
+* a call whose pooled connection broke is sent once more on a new connection, and a call
+  still unanswered after the socket timeout raises ``TimeoutError``; a connection that a
+  cancelled or failed call leaves with a reply in flight is closed, never reused.
+
+Cluster and Sentinel URLs, and the rare option it does not know (OCSP checks, a credential
+provider), stay on redis-py in threads (:mod:`.thread`); so do wake-up subscriptions,
+which are not on the per-job path.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import socket
+import ssl
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.connection
+import redis.exceptions
+import trio
+from redis.retry import Retry
+
+from panqueue._store.transport import resp
+from panqueue._store.transport.base import AsyncSubscriber, AsyncTransport
+from panqueue._store.transport.errors import _translated
+from panqueue._store.transport.options import _SCAN_COUNT, _standalone_options
+from panqueue._store.transport.requests import (
+    Command,
+    Request,
+    Scan,
+    ScriptCall,
+    _batch_args,
+    _script_args,
+)
+from panqueue._store.transport.thread import _ThreadTransport
+
+_E = redis.exceptions
+
+
+class Settings:
+    """Where and how to connect, read from redis-py's own connection object for the URL.
+    :func:`settings_for` returns ``None`` when the URL asks for what only redis-py does."""
+
+    def __init__(self, connection: Any, callbacks: Any) -> None:
+        self.protocol = int(getattr(connection, "protocol", None) or 2)
+        #: redis-py's response callbacks for this protocol, by command name.
+        self.callbacks = callbacks
+        self.path: str | None = getattr(connection, "path", None)
+        self.host: str = getattr(connection, "host", "")
+        self.port: int = int(getattr(connection, "port", 0) or 0)
+        self.db = int(connection.db or 0)
+        self.username: str | None = connection.username
+        self.password: str | None = connection.password
+        self.client_name: str | None = connection.client_name
+        self.timeout: float | None = connection.socket_timeout
+        self.connect_timeout: float | None = getattr(connection, "socket_connect_timeout",
+                                                     self.timeout)
+        self.keepalive = bool(getattr(connection, "socket_keepalive", False))
+        self.keepalive_options: dict[int, Any] = dict(
+            getattr(connection, "socket_keepalive_options", None) or {})
+        self.tls: ssl.SSLContext | None = None
+        if isinstance(connection, redis.connection.SSLConnection):
+            self.tls = _tls_context(connection)
+
+    @property
+    def address(self) -> str:
+        return self.path or f"{self.host}:{self.port}"
+
+
+def _tls_context(c: Any) -> ssl.SSLContext:
+    """The TLS context redis-py would build from the same options."""
+    context = ssl.create_default_context()
+    context.check_hostname = bool(c.check_hostname)
+    context.verify_mode = c.cert_reqs
+    for flag in c.ssl_include_verify_flags or ():
+        context.verify_flags |= flag
+    for flag in c.ssl_exclude_verify_flags or ():
+        context.verify_flags &= ~flag
+    if c.certfile or c.keyfile:
+        context.load_cert_chain(certfile=c.certfile, keyfile=c.keyfile,
+                                password=c.certificate_password)
+    if c.ca_certs is not None or c.ca_path is not None or c.ca_data is not None:
+        context.load_verify_locations(cafile=c.ca_certs, capath=c.ca_path, cadata=c.ca_data)
+    if c.ssl_min_version is not None:
+        context.minimum_version = c.ssl_min_version
+    if c.ssl_ciphers:
+        context.set_ciphers(c.ssl_ciphers)
+    return context
+
+
+_KNOWN_CLASSES = (redis.connection.Connection, redis.connection.SSLConnection,
+                  redis.connection.UnixDomainSocketConnection)
+
+
+def settings_for(url: str) -> Settings | None:
+    """The settings for a standalone ``redis://``, ``rediss://`` or ``unix://`` URL, or
+    ``None`` if it asks for something this transport leaves to redis-py."""
+    client = redis.Redis.from_url(url, **_standalone_options(url, Retry))
+    try:
+        connection = client.connection_pool.make_connection()
+    finally:
+        client.close()
+    if type(connection) not in _KNOWN_CLASSES or \
+            getattr(connection, "credential_provider", None) is not None:
+        return None
+    if getattr(connection, "ssl_validate_ocsp", False) or \
+            getattr(connection, "ssl_validate_ocsp_stapled", False):
+        return None
+    return Settings(connection, client.response_callbacks)
+
+
+class _Connection:
+    """One connection: a stream and the reader of its replies."""
+
+    def __init__(self, stream: trio.abc.Stream, sock: Any) -> None:
+        self._stream = stream
+        self._socket = sock
+        self._reader = resp.new_reader()
+
+    @classmethod
+    async def open(cls, settings: Settings) -> _Connection:
+        with trio.move_on_after(settings.connect_timeout or math.inf) as scope:
+            try:
+                connection = await cls._connect(settings)
+            except OSError as exc:
+                raise _E.ConnectionError(_connect_error(settings, exc)) from exc
+            except trio.BrokenResourceError as exc:  # a failed TLS handshake
+                cause = exc.__cause__ or exc
+                raise _E.ConnectionError(
+                    f"Error connecting to {settings.address}. {cause}") from exc
+        if scope.cancelled_caught:
+            raise _E.TimeoutError("Timeout connecting to server")
+        try:
+            await connection._hello(settings)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    @classmethod
+    async def _connect(cls, settings: Settings) -> _Connection:
+        if settings.path is not None:
+            unix = await trio.open_unix_socket(settings.path)
+            return cls(unix, unix.socket)
+        tcp = await trio.open_tcp_stream(settings.host, settings.port)
+        if settings.keepalive:
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in settings.keepalive_options.items():
+                tcp.setsockopt(socket.IPPROTO_TCP, option, value)
+        if settings.tls is None:
+            return cls(tcp, tcp.socket)
+        stream = trio.SSLStream(tcp, settings.tls, server_hostname=settings.host)
+        try:
+            await stream.do_handshake()
+        except BaseException:
+            tcp.socket.close()
+            raise
+        return cls(stream, tcp.socket)
+
+    async def _hello(self, settings: Settings) -> None:
+        """What redis-py sends on a new connection: HELLO (RESP3) with the credentials and
+        name, or AUTH (RESP2); then SELECT. Without credentials on RESP2 a PING asks whether
+        the server wants some: a server that does answers NOAUTH (a connection error), where
+        the first real command might instead be refused as a protocol error (a long command
+        from a client that has not logged in)."""
+        commands: list[tuple[Any, ...]] = []
+        login: tuple[Any, ...] = ()
+        if settings.password is not None:
+            login = (settings.username or "default", settings.password)
+        if settings.protocol == 3:
+            commands.append(("HELLO", 3, *(("AUTH", *login) if login else ()),
+                             *(("SETNAME", settings.client_name) if settings.client_name
+                               else ())))
+        else:
+            commands.append(("AUTH", *login) if login else ("PING",))
+            if settings.client_name:
+                commands.append(("CLIENT", "SETNAME", settings.client_name))
+        if settings.db:
+            commands.append(("SELECT", settings.db))
+        with trio.move_on_after(settings.timeout or math.inf) as scope:
+            replies = await self.roundtrip(b"".join(resp.pack(c) for c in commands), len(commands))
+        if scope.cancelled_caught:
+            raise _E.TimeoutError("Timeout reading from socket")
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+
+    async def roundtrip(self, payload: bytes, count: int) -> list[Any]:
+        """Send ``payload`` and read ``count`` replies. An error reply that redis-py takes
+        for a broken connection (LOADING, NOAUTH, ...) raises; the caller closes it."""
+        try:
+            await self._stream.send_all(payload)
+            replies: list[Any] = []
+            reader = self._reader
+            while len(replies) < count:
+                reply = reader.gets()
+                if reply is resp.MORE:
+                    data = await self._stream.receive_some(resp.RECEIVE_SIZE)
+                    if not data:
+                        raise _E.ConnectionError("Connection closed by server.")
+                    reader.feed(data)
+                    continue
+                replies.append(reply)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise _E.ConnectionError(f"Error while talking to the server: {exc}") from exc
+        for reply in replies:
+            if isinstance(reply, _E.ConnectionError):
+                raise reply
+        return replies
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def _connect_error(settings: Settings, exc: OSError) -> str:
+    code = exc.errno if exc.errno is not None else errno.ECONNREFUSED
+    reason = exc.strerror or str(exc)
+    return f"Error {code} connecting to {settings.address}. {reason}."
+
+
+def _shorten(text: str) -> str:
+    return textwrap.shorten(text, width=100, placeholder="...", break_long_words=True)
+
+
+class _NativeTransport(AsyncTransport):
+    """trio, standalone: pooled connections on trio sockets (see the module's notes)."""
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        self.url = url
+        self.is_cluster = False
+        self._settings = settings
+        self._idle: list[_Connection] = []
+        self._closed = False
+        self._subscriptions = _ThreadTransport(url)  # wake-ups: redis-py in threads
+
+    async def execute(self, request: Request) -> Any:
+        with _translated(self.url):
+            if isinstance(request, ScriptCall):
+                try:
+                    return await self._command(_script_args(request, cached=True))
+                except _E.NoScriptError:
+                    return await self._command(_script_args(request, cached=False))
+            if isinstance(request, Command):
+                return await self._command(request.args)
+            if isinstance(request, Scan):
+                return await self._scan(request.match)
+            return await self._pipeline([_batch_args(c) for c in request.commands])
+
+    def _shaped(self, args: Sequence[Any], reply: Any) -> Any:
+        """A reply as redis-py returns it for a command sent with these arguments."""
+        callback = self._settings.callbacks.get(args[0])
+        return reply if callback is None else callback(reply)
+
+    async def _command(self, args: Sequence[Any]) -> Any:
+        reply = (await self._roundtrip(resp.pack(args), 1))[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return self._shaped(args, reply)
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        if not commands:
+            return []
+        replies = await self._roundtrip(b"".join(resp.pack(c) for c in commands), len(commands))
+        for number, (args, reply) in enumerate(zip(commands, replies, strict=True), 1):
+            if isinstance(reply, _E.ResponseError):
+                shown = " ".join(a.decode("utf-8", "replace") if isinstance(a, bytes) else str(a)
+                                 for a in args)
+                reply.args = (f"Command # {number} ({_shorten(shown)}) of "
+                              f"pipeline caused error: {reply.args[0]}", *reply.args[1:])
+                raise reply
+        return [self._shaped(args, reply) for args, reply in zip(commands, replies, strict=True)]
+
+    async def _scan(self, match: str) -> list[bytes]:
+        keys: list[bytes] = []
+        cursor: Any = 0
+        while True:
+            cursor, page = await self._command(("SCAN", cursor, "MATCH", match, "COUNT",
+                                                _SCAN_COUNT))
+            keys.extend(page)
+            if int(cursor) == 0:
+                return keys
+
+    async def _roundtrip(self, payload: bytes, count: int) -> list[Any]:
+        """One round trip on a pooled connection; once more, on a new connection, if that one
+        broke or could not be opened (see ``options._standalone_options``)."""
+        try:
+            return await self._roundtrip_once(payload, count)
+        except _E.ConnectionError:
+            return await self._roundtrip_once(payload, count)
+
+    async def _roundtrip_once(self, payload: bytes, count: int) -> list[Any]:
+        connection = self._idle.pop() if self._idle else await _Connection.open(self._settings)
+        answered = False
+        try:
+            with trio.move_on_after(self._settings.timeout or math.inf) as scope:
+                replies = await connection.roundtrip(payload, count)
+                answered = True
+        finally:
+            if answered and not self._closed:
+                self._idle.append(connection)
+            else:  # a reply may be in flight: never reuse the connection
+                connection.close()
+        if not answered and scope.cancelled_caught:
+            raise _E.TimeoutError("Timeout reading from socket")
+        return replies
+
+    async def subscribe(self, *channels: str) -> AsyncSubscriber:
+        return await self._subscriptions.subscribe(*channels)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+        await self._subscriptions.aclose()

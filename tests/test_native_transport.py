@@ -1,0 +1,241 @@
+"""trio's own connection to a standalone server (``panqueue/_store/transport/native.py``).
+
+The operations were written against redis-py's replies and errors; this transport must give
+the same, command by command, on a real server. It is also the one place that reads RESP
+itself: its pure-Python reader must agree with hiredis' on every reply, however the bytes
+arrive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+import redis
+
+from panqueue import PanqueueError
+from panqueue._store.loader import Script
+from panqueue._store.transport import (
+    Batch,
+    Command,
+    Request,
+    Scan,
+    ScriptCall,
+    SyncTransport,
+    native,
+    open_async_transport,
+    resp,
+)
+from panqueue._store.transport.aio import _AsyncioTransport
+from panqueue._store.transport.thread import _ThreadTransport
+
+pytestmark = pytest.mark.anyio
+
+# A script with every kind of reply: integers, strings, nil, nested tables, and an error
+# status inside a table.
+_SCRIPT = Script("replies", """
+if ARGV[1] == 'fail' then return redis.error_reply('PANQUEUE no such thing') end
+return {1, 'two', false, {KEYS[1], ARGV[1]}, redis.call('HGET', KEYS[1], 'a')}
+""")
+
+
+# The readers and packers a test runs with: the Python ones always, hiredis' where installed
+# (the hiredis extra; the core-subset runs of scripts/test.sh go without it).
+_READERS = ["python"] if resp.hiredis is None else ["hiredis", "python"]
+
+
+@pytest.fixture(params=_READERS)
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run a test with each reply reader and command packer."""
+    if request.param == "python":
+        monkeypatch.setattr(resp, "new_reader", resp.PyReader)
+        monkeypatch.setattr(resp, "pack", resp.pack_py)
+    yield str(request.param)
+
+
+def _fill(client: redis.Redis, k: str) -> None:
+    client.hset(f"{k}:h", mapping={"a": "1", "b": "2"})
+    client.zadd(f"{k}:z", {"x": 1.5, "y": 2})
+    client.rpush(f"{k}:l", "p", "q", "p")
+    client.sadd(f"{k}:s", "m")
+    client.set(f"{k}:g", "v")
+    for i in range(3):
+        client.xadd(f"{k}:x", {"n": str(i), "e": "é"}, id=f"1-{i + 1}")
+    client.xgroup_create(f"{k}:x", "g", id="0")
+
+
+def _requests(k: str) -> list[Request]:
+    """One request of every command the operations send (and batches and scripts mixed)."""
+    commands = [
+        ("HGET", f"{k}:h", "a"), ("HGET", f"{k}:h", "zz"), ("HMGET", f"{k}:h", "a", "zz"),
+        ("HGETALL", f"{k}:h"), ("HKEYS", f"{k}:h"), ("HEXISTS", f"{k}:h", "a"),
+        ("HSETNX", f"{k}:h", "c", 3), ("ZRANGE", f"{k}:z", 0, -1),
+        ("ZRANGE", f"{k}:z", 0, -1, "WITHSCORES"), ("ZREVRANGE", f"{k}:z", 0, -1, "WITHSCORES"),
+        ("ZSCORE", f"{k}:z", "x"), ("ZSCORE", f"{k}:z", "none"), ("ZRANK", f"{k}:z", "y"),
+        ("ZCOUNT", f"{k}:z", "-inf", "+inf"), ("ZCARD", f"{k}:z"), ("ZADD", f"{k}:z2", 1, "a"),
+        ("ZREM", f"{k}:z2", "a"), ("LRANGE", f"{k}:l", 0, -1), ("LLEN", f"{k}:l"),
+        ("LPOS", f"{k}:l", "p"), ("SMEMBERS", f"{k}:s"), ("EXISTS", f"{k}:g", f"{k}:h"),
+        ("GET", f"{k}:g"), ("GET", f"{k}:none"), ("PING",), ("INFO", "memory"),
+        ("XREVRANGE", f"{k}:x", "+", "-", "COUNT", 2), ("XREAD", "COUNT", 2, "STREAMS",
+                                                        f"{k}:x", "0"),
+        ("XREADGROUP", "GROUP", "g", "c", "COUNT", 2, "STREAMS", f"{k}:x", ">"),
+        ("XINFO", "STREAM", f"{k}:x"), ("XINFO", "GROUPS", f"{k}:x"), ("WAIT", 0, 0),
+    ]
+    call = ScriptCall(_SCRIPT, (f"{k}:h",), ("x",))
+    requests: list[Request] = [Command(c) for c in commands]
+    requests += [call, Batch((*(Command(c) for c in commands[:12]), call)), Scan(f"{k}:*")]
+    return requests
+
+
+def _comparable(request: Request, reply: Any) -> Any:
+    """What must be equal: INFO's fields (not their values, which move on between the calls)
+    and SCAN's keys in any order (the order is the server's)."""
+    if isinstance(request, Scan):
+        return sorted(reply)
+    if isinstance(reply, dict) and "used_memory" in reply:
+        return sorted(reply)
+    return reply
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_every_reply_is_shaped_as_redis_py_shapes_it(
+        anyio_backend: str, reader: str, redis_url: str, redis_client: redis.Redis) -> None:
+    k = "{eq}"
+    transport = open_async_transport(redis_url)
+    assert isinstance(transport, native._NativeTransport)
+    sync = SyncTransport(redis_url)
+    try:
+        for request in _requests(k):
+            # The same data for both: each runs on a freshly filled server.
+            redis_client.flushdb()
+            _fill(redis_client, k)
+            expected = await anyio.to_thread.run_sync(sync.execute, request)
+            redis_client.flushdb()
+            _fill(redis_client, k)
+            got = await transport.execute(request)
+            assert _comparable(request, got) == _comparable(request, expected), request
+    finally:
+        sync.close()
+        await transport.aclose()
+
+
+def _replies_read(reader: Any, data: bytes, *, piece: int) -> list[Any]:
+    replies = []
+    for i in range(0, len(data), piece):
+        reader.feed(data[i:i + piece])
+        while (reply := reader.gets()) is not resp.MORE:
+            replies.append(reply)
+    return replies
+
+
+_WIRE = (b"+OK\r\n:-12\r\n$5\r\nhe\r\nl\r\n$-1\r\n*-1\r\n*0\r\n"
+         b"*3\r\n:1\r\n*2\r\n$1\r\na\r\n-ERR inner\r\n$0\r\n\r\n"
+         b"-NOSCRIPT No matching script\r\n-WRONGTYPE Operation against a key\r\n"
+         b"%2\r\n+k\r\n,1.5\r\n$1\r\nm\r\n~2\r\n:1\r\n:2\r\n"
+         b",inf\r\n#t\r\n#f\r\n_\r\n=8\r\ntxt:abcd\r\n")
+
+
+def _plain(reply: Any) -> Any:
+    """Error replies as (class, message), so that two readers' replies compare."""
+    if isinstance(reply, Exception):
+        return (type(reply), str(reply))
+    if isinstance(reply, list):
+        return [_plain(r) for r in reply]
+    if isinstance(reply, dict):
+        return {k: _plain(v) for k, v in reply.items()}
+    return reply
+
+
+_READ = [b"OK", -12, b"he\r\nl", None, None, [],
+         [1, [b"a", (redis.exceptions.ResponseError, "inner")], b""],
+         (redis.exceptions.NoScriptError, "No matching script"),
+         (redis.exceptions.ResponseError, "WRONGTYPE Operation against a key"),
+         {b"k": 1.5, b"m": [1, 2]}, math.inf, True, False, None, b"abcd"]
+
+
+@pytest.mark.parametrize("piece", [1, 3, 1000])
+def test_the_python_reader_reads_every_kind_of_reply_in_any_pieces(piece: int) -> None:
+    """Every RESP2 and RESP3 kind a command here can answer, fed whole or byte by byte; and
+    what hiredis' reader reads from the same bytes, where hiredis is installed."""
+    ours = _replies_read(resp.PyReader(), _WIRE, piece=piece)
+    assert _plain(ours) == _READ
+    if resp.hiredis is not None:
+        assert _plain(_replies_read(resp.new_reader(), _WIRE, piece=piece)) == _READ
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_errors_are_the_errors_of_the_other_transports(
+        anyio_backend: str, reader: str, redis_url: str, redis_client: redis.Redis) -> None:
+    redis_client.set("{e}:s", "v")
+    failing: list[Request] = [
+        Command(("LPUSH", "{e}:s", "x")),
+        Command(("NOSUCHCOMMAND",)),
+        ScriptCall(_SCRIPT, ("{e}:h",), ("fail",)),
+        Batch((Command(("GET", "{e}:s")), Command(("LPUSH", "{e}:s", "x")),
+               Command(("INCR", "{e}:s")))),
+        Command(("SET", "{e}:b", True)),
+    ]
+    transport = open_async_transport(redis_url)
+    sync = SyncTransport(redis_url)
+    try:
+        for request in failing:
+            with pytest.raises(PanqueueError) as expected:
+                await anyio.to_thread.run_sync(sync.execute, request)
+            with pytest.raises(PanqueueError) as got:
+                await transport.execute(request)
+            assert type(got.value) is type(expected.value), request
+            if reader == "hiredis" or request is not failing[-1]:
+                # (redis-py words a bad argument as its packer does: hiredis' here.)
+                assert str(got.value) == str(expected.value), request
+        # Nothing above broke the connection it ran on.
+        assert await transport.execute(Command(("GET", "{e}:s"))) == b"v"
+    finally:
+        sync.close()
+        await transport.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_call_stopped_midway_never_hands_its_reply_to_the_next(
+        anyio_backend: str, redis_url: str, redis_client: redis.Redis) -> None:
+    """A cancelled call leaves its reply in flight: that connection must not be reused, or
+    the next call would read the reply meant for the first."""
+    transport = open_async_transport(redis_url)
+    redis_client.set("{c}:g", "mine")
+    try:
+        with anyio.move_on_after(0.2) as scope:
+            await transport.execute(Command(("BLPOP", "{c}:l", 5)))
+        assert scope.cancelled_caught
+        redis_client.rpush("{c}:l", "for the stopped call")
+        assert await transport.execute(Command(("GET", "{c}:g"))) == b"mine"
+        assert await transport.execute(Command(("GET", "{c}:g"))) == b"mine"
+    finally:
+        await transport.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_speaks_natively_to_one_server_and_through_threads_to_the_rest(
+        anyio_backend: str, redis_url: str) -> None:
+    """(Cluster URLs go through threads too; their client connects as it is made, so
+    tests/test_cluster.py covers them.)"""
+    chosen = {}
+    for url in (redis_url, "unix:///tmp/panqueue-none.sock",
+                "redis+sentinel://127.0.0.1:1/mymaster"):
+        transport = open_async_transport(url)
+        chosen[url.split(":")[0]] = type(transport)
+        await transport.aclose()
+    assert chosen == {"redis": native._NativeTransport, "unix": native._NativeTransport,
+                      "redis+sentinel": _ThreadTransport}
+
+
+async def test_asyncio_keeps_redis_py(anyio_backend: str, redis_url: str) -> None:
+    if anyio_backend != "asyncio":
+        return
+    transport = open_async_transport(redis_url)
+    try:
+        assert isinstance(transport, _AsyncioTransport)
+    finally:
+        await transport.aclose()
