@@ -364,9 +364,10 @@ def test_the_socket_timeout_outlasts_every_server_side_wait() -> None:
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_pool_of_many_queues_on_trio_claims_promptly(anyio_backend: str,
                                                               redis_url: str) -> None:
-    """On trio the transport calls redis-py in threads, and each idle worker's subscriber
-    holds one while it waits for a wake-up. 45 queues (more than anyio's default 40 threads)
-    must not leave claims queueing for a thread until a subscriber's wait ends."""
+    """On trio each idle worker's wake-up subscriber holds a thread while it waits (and on
+    Cluster and Sentinel every command runs in one too). 45 queues (more than anyio's default
+    40 threads) must not leave subscriptions or claims queueing for a thread until a
+    subscriber's wait ends."""
     tag = uuid.uuid4().hex[:8]
     queues = [f"many-{tag}-{i}" for i in range(45)]
     registry = Registry()
