@@ -372,3 +372,112 @@ async def test_inline_handler_blocking_the_loop_is_reported_and_keeps_its_lock(
     warnings = [e for e in logs if e["event"].startswith("handler is blocking the event loop")]
     assert warnings and "executor='thread'" in warnings[0]["event"]
     assert warnings[0]["handler"].endswith("blocking")
+
+
+# ----------------------------------------------------------------------------- thread pool
+
+
+def _thread_executor(fn: Any) -> Any:
+    from panqueue.executors.thread import ThreadExecutor
+
+    registry = Registry()
+    return ThreadExecutor(registry.handler("pool", executor="thread")(fn))
+
+
+def _job(data: Any = None) -> Job[Any]:
+    from panqueue._options import JobOptions
+
+    async def sink(kind: str, value: Any) -> None:
+        return None
+
+    return Job(id=f"j{data}", queue="pool", data=data, attempt=1, options=JobOptions(),
+               sink=sink)
+
+
+async def test_thread_burst_of_quick_jobs_runs_in_the_thread_already_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that finishes a job takes the next waiting one: a burst of quick jobs does not
+    wake (or start) one thread per job. (Patience raised so that no job is handed to another
+    thread for waiting: the count is then exact.)"""
+    from panqueue.executors import thread
+
+    monkeypatch.setattr(thread, "PATIENCE", 60.0, raising=False)
+    names: list[str] = []
+
+    def quick(job: Job[Any]) -> int:
+        names.append(threading.current_thread().name)
+        return int(job.data)
+
+    executor = _thread_executor(quick)
+    results: list[int] = []
+
+    async def one(i: int) -> None:
+        results.append(await executor.run(_job(i), None))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(50):
+            tg.start_soon(one, i)
+    await executor.aclose()
+    assert sorted(results) == list(range(50))
+    assert len(set(names)) == 1
+
+
+async def test_thread_job_waiting_behind_a_blocking_job_gets_its_own_thread() -> None:
+    """A job does not wait behind another job's blocking handler: within the executor's
+    patience (a millisecond), it gets a thread of its own."""
+    second_ran = threading.Event()
+
+    def handler(job: Job[Any]) -> bool:
+        if job.data == "first":
+            return second_ran.wait(10)  # blocks until the second job has run
+        second_ran.set()
+        return True
+
+    executor = _thread_executor(handler)
+    results: dict[str, Any] = {}
+
+    async def one(data: str) -> None:
+        results[data] = await executor.run(_job(data), None)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, "first")
+        tg.start_soon(one, "second")
+    await executor.aclose()
+    assert results == {"first": True, "second": True}
+    assert time.monotonic() - started < 5
+
+
+async def test_thread_job_abandoned_before_a_thread_took_it_never_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job whose attempt ends (here: its timeout) while it still waits for a thread is
+    dropped: its handler does not run later, and no thread is reported left behind."""
+    from panqueue.errors import JobTimeout
+    from panqueue.executors import thread
+
+    monkeypatch.setattr(thread, "PATIENCE", 60.0, raising=False)
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handler(job: Job[Any]) -> None:
+        ran.append(job.data)
+        if job.data == "blocking":
+            release.wait(10)
+
+    executor = _thread_executor(handler)
+    reasons: list[str] = []
+    executor.on_restart = reasons.append
+
+    async def blocking() -> None:
+        await executor.run(_job("blocking"), None)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(blocking)
+        await anyio.lowlevel.checkpoint()  # the blocking job is submitted first
+        with pytest.raises(JobTimeout):
+            await executor.run(_job("dropped"), 0.05)
+        release.set()
+    await executor.run(_job("after"), None)  # runs after "dropped" would have, in FIFO order
+    await executor.aclose()
+    assert ran == ["blocking", "after"]
+    assert reasons == []

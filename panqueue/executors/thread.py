@@ -4,13 +4,27 @@ The worker's async code (claiming, lock renewal, wake-ups) is never blocked by a
 Python thread cannot be killed: when an attempt times out, is cancelled or outlives the forced
 shutdown phase, the executor stops waiting for it and ``job.should_stop()`` turns true; the
 thread is a daemon thread, so it never keeps the process alive.
+
+How jobs reach threads (:class:`_Pool`): a thread that finishes a job takes the next waiting
+one itself, without sleeping, so a burst of quick jobs runs in the threads already awake instead
+of waking one thread per job (each wake-up is a system call, and the woken thread must then win
+the GIL from the busy event loop). A job that waits while every awake thread is busy gets a
+thread of its own once it has waited :data:`PATIENCE` (a millisecond): a handler that blocks
+never holds up the jobs behind it for longer than that, and blocking handlers still run
+``concurrency`` at once. A small watcher thread keeps that promise; it sleeps while no job waits.
+
+Back on the event loop, finished jobs are delivered by one callback per burst, not one each
+(every callback from a thread costs the loop a wake-up), and each attempt waits on the loop's
+own primitive (an asyncio future, a parked trio task) rather than an ``anyio.Event``.
 """
 
 from __future__ import annotations
 
-import queue
+import asyncio
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
+from time import monotonic
 from typing import Any
 
 import anyio
@@ -21,88 +35,338 @@ from panqueue._job import DONE, Job
 from panqueue.errors import ConfigError
 from panqueue.executors.base import Executor, HandlerAborted, JobTimeout
 
-__all__ = ["ThreadExecutor"]
+__all__ = ["PATIENCE", "ThreadExecutor"]
+
+#: Seconds a job may wait for a busy thread to take it before it gets a thread of its own.
+PATIENCE = 0.001
+
+# What happened to a call, as the pool sees it (changed under the pool's lock).
+_WAITING, _RUNNING, _FINISHED, _DROPPED = range(4)
 
 
-class _DaemonThreads:
-    """Reusable daemon threads; grows when all are busy (the worker's semaphore bounds how many
-    jobs run, so the pool only exceeds the concurrency by threads that were abandoned)."""
+class _Call:
+    """One call of the handler: made on the event loop, run in a thread, delivered back."""
 
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0
-        self._threads = 0
+    __slots__ = ("abandoned", "argument", "delivered", "fn", "loop", "ok", "since", "state",
+                 "stuck", "value", "waiter")
 
-    def submit(self, fn: Callable[[], None]) -> None:
-        with self._lock:
-            if self._idle:
-                self._idle -= 1
-            else:
-                self._threads += 1
-                threading.Thread(target=self._loop, daemon=True,
-                                 name=f"{self._name}-{self._threads}").start()
-        self._work.put(fn)
+    def __init__(self, fn: Callable[[Any], Any], loop: _Loop) -> None:
+        self.fn = fn
+        self.loop = loop
+        self.argument: Any = None
+        self.state = _WAITING
+        self.since = 0.0  # when it was handed to the pool
+        self.stuck = False  # abandoned while running: its thread is not counted as awake
+        self.abandoned = False  # the attempt no longer waits for it
+        self.delivered = False  # its end reached the waiting attempt
+        self.ok = False
+        self.value: Any = None
+        self.waiter: Any = None  # the loop's primitive the attempt waits on
 
-    def _loop(self) -> None:
-        while True:
-            fn = self._work.get()
-            if fn is None:
-                return
-            fn()
-            with self._lock:
-                self._idle += 1
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, 0
-        for _ in range(idle):
-            self._work.put(None)
+    def run(self) -> None:
+        """In a pool thread."""
+        if self.abandoned:  # ended while waiting for a thread (and not yet dropped)
+            return
+        try:
+            self.value = self.fn(self.argument)
+            self.ok = True
+        except BaseException as exc:  # handed to the event loop, which re-raises it
+            self.value = exc
 
 
-def _call_soon(token: anyio.lowlevel.EventLoopToken, fn: Callable[[], None]) -> None:
-    """Schedule ``fn`` on the event loop without waiting for it (so the thread is free for the
-    next job at once). Does nothing if the loop is gone: nobody waits any more."""
-    native: Any = token.native_token
-    try:
-        if hasattr(native, "call_soon_threadsafe"):  # asyncio: the loop itself
-            native.call_soon_threadsafe(fn)
-        else:  # trio: a TrioToken
-            native.run_sync_soon(fn)
-    except RuntimeError:  # loop closed / trio.RunFinishedError
-        pass
+class _Reports:
+    """A job's reports from the handler's thread: through the event loop, waiting for them."""
 
+    __slots__ = ("call", "job")
 
-class _Finished:
-    """Wakes the attempts whose threads finished: the events are set on the event loop by one
-    callback per burst of finishing threads, not one each (every callback from a thread costs
-    the loop a wake-up)."""
+    def __init__(self, call: _Call, job: Job) -> None:
+        self.call = call
+        self.job = job
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: list[anyio.Event] = []
-        self._scheduled = False
+    def sink(self, kind: str, value: Any) -> Awaitable[None]:
+        if not self.call.abandoned:
+            anyio.from_thread.run(_await, self.job._sink(kind, value),
+                                  token=self.call.loop.token)
+        return DONE
 
-    def add(self, token: anyio.lowlevel.EventLoopToken, event: anyio.Event) -> None:
-        """Called from a handler's thread."""
-        with self._lock:
-            self._events.append(event)
-            if self._scheduled:
-                return
-            self._scheduled = True
-        _call_soon(token, self._set_all)
+    def should_stop(self) -> bool:
+        return self.call.abandoned or self.job.should_stop()
 
-    def _set_all(self) -> None:
-        with self._lock:
-            events, self._events = self._events, []
-            self._scheduled = False
-        for event in events:
-            event.set()
+    def view(self) -> Job:
+        return self.job.rebind(self.sink, self.should_stop)
 
 
 async def _await(awaitable: Awaitable[None]) -> None:
     await awaitable
+
+
+class _Loop:
+    """The event loop side of the calls made from one loop: how an attempt waits for its call,
+    and the delivery of finished calls by one loop callback per burst."""
+
+    def __init__(self, lock: threading.Lock, token: anyio.lowlevel.EventLoopToken) -> None:
+        self.lock = lock  # the pool's: guards finished and scheduled
+        self.token = token
+        self.finished: list[_Call] = []
+        self.scheduled = False
+
+    def current(self) -> bool:
+        """Whether this is the loop running the calling task."""
+        raise NotImplementedError
+
+    def prepare(self, call: _Call) -> None:
+        """Before the call is submitted: what the attempt will wait on."""
+        raise NotImplementedError
+
+    async def wait(self, call: _Call) -> None:
+        """Until the call is delivered (cancellable)."""
+        raise NotImplementedError
+
+    def wake(self, call: _Call) -> None:
+        """On the loop: let the attempt waiting for ``call`` go on."""
+        raise NotImplementedError
+
+    def post(self) -> None:
+        """From a thread: have the loop run :meth:`deliver` soon. Does nothing if the loop is
+        gone: nobody waits any more."""
+        raise NotImplementedError
+
+    def deliver(self) -> None:
+        with self.lock:
+            calls, self.finished = self.finished, []
+            self.scheduled = False
+        for call in calls:
+            self.wake(call)
+
+
+class _AsyncioLoop(_Loop):
+    def __init__(self, lock: threading.Lock, token: anyio.lowlevel.EventLoopToken) -> None:
+        super().__init__(lock, token)
+        self.loop = asyncio.get_running_loop()
+
+    def current(self) -> bool:
+        return asyncio._get_running_loop() is self.loop
+
+    def prepare(self, call: _Call) -> None:
+        call.waiter = self.loop.create_future()
+
+    async def wait(self, call: _Call) -> None:
+        await call.waiter
+        call.delivered = True
+
+    def wake(self, call: _Call) -> None:
+        waiter = call.waiter
+        if not waiter.done():  # else cancelled: the attempt stopped waiting
+            waiter.set_result(None)
+
+    def post(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.deliver)
+        except RuntimeError:  # the loop is closed
+            pass
+
+
+class _TrioLoop(_Loop):
+    def __init__(self, lock: threading.Lock, token: anyio.lowlevel.EventLoopToken) -> None:
+        import trio
+
+        super().__init__(lock, token)
+        self.trio = trio
+        self.trio_token: Any = token.native_token
+
+    def current(self) -> bool:
+        try:
+            return self.trio.lowlevel.current_trio_token() is self.trio_token
+        except RuntimeError:
+            return False
+
+    def prepare(self, call: _Call) -> None:
+        call.waiter = self.trio.lowlevel.current_task()
+
+    async def wait(self, call: _Call) -> None:
+        lowlevel = self.trio.lowlevel
+
+        def abort(_: Any) -> Any:
+            call.waiter = None  # no longer parked: wake() must not reschedule it
+            return lowlevel.Abort.SUCCEEDED
+
+        await lowlevel.wait_task_rescheduled(abort)
+        call.delivered = True
+
+    def wake(self, call: _Call) -> None:
+        task, call.waiter = call.waiter, None
+        if task is not None:
+            self.trio.lowlevel.reschedule(task)
+
+    def post(self) -> None:
+        try:
+            self.trio_token.run_sync_soon(self.deliver)
+        except self.trio.RunFinishedError:
+            pass
+
+
+def _current_loop(lock: threading.Lock) -> _Loop:
+    token = anyio.lowlevel.current_token()
+    if isinstance(token.native_token, asyncio.AbstractEventLoop):
+        return _AsyncioLoop(lock, token)
+    return _TrioLoop(lock, token)
+
+
+class _Thread:
+    """A pool thread's mailbox: it sleeps on ``wake`` (held) until a call is left for it."""
+
+    __slots__ = ("call", "wake")
+
+    def __init__(self) -> None:
+        self.call: _Call | None = None
+        self.wake = threading.Lock()
+        self.wake.acquire()
+
+
+class _Pool:
+    """Reusable daemon threads fed from one FIFO of waiting calls (see the module docstring).
+
+    Threads are started only when a call would otherwise wait: none is awake to take it, or it
+    has waited :data:`PATIENCE` for the busy ones. The worker's slots bound how many calls run,
+    so the pool exceeds the concurrency only by threads left running in abandoned calls.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self.lock = threading.Lock()
+        self._waiting: deque[_Call] = deque()
+        self._idle: list[_Thread] = []  # asleep, the most recently used last
+        self._awake = 0  # threads that look at _waiting before sleeping again (not stuck ones)
+        self._started = 0
+        # The watcher: a thread that hands calls waiting longer than PATIENCE to threads of
+        # their own. It sleeps on _watch (held) while it is not watching.
+        self._watch = threading.Lock()
+        self._watch.acquire()
+        self._watching = False
+        self._watcher = False  # started and not told to stop
+        self._closing = False
+
+    def submit(self, call: _Call) -> None:
+        call.since = monotonic()
+        with self.lock:
+            self._closing = False  # used again after close()
+            if not self._awake:  # nobody would take it: a thread of its own, now
+                start = self._hand_over(call)
+            else:
+                self._waiting.append(call)
+                if self._watching:
+                    return
+                self._watching = True
+                start = None
+                if self._watcher:
+                    self._watch.release()
+                else:
+                    self._watcher = True
+                    threading.Thread(target=self._watch_loop, daemon=True,
+                                     name=f"{self._name}-watcher").start()
+        if start is not None:
+            start.start()
+
+    def _hand_over(self, call: _Call) -> threading.Thread | None:
+        """Give ``call`` to an idle thread, or to a new one (returned, to be started once the
+        lock is released). Under the lock."""
+        call.state = _RUNNING
+        self._awake += 1
+        if self._idle:
+            thread = self._idle.pop()
+            thread.call = call
+            thread.wake.release()
+            return None
+        self._started += 1
+        return threading.Thread(target=self._serve, args=(call,), daemon=True,
+                                name=f"{self._name}-{self._started}")
+
+    def _serve(self, call: _Call | None) -> None:
+        me = _Thread()
+        while call is not None:
+            call.run()
+            loop = call.loop
+            with self.lock:
+                if call.stuck:  # its attempt gave up on it: this thread is back
+                    self._awake += 1
+                call.state = _FINISHED
+                if not call.abandoned:
+                    loop.finished.append(call)
+                    post = not loop.scheduled
+                    loop.scheduled = True
+                else:
+                    post = False
+                if self._waiting:
+                    call = self._waiting.popleft()
+                    call.state = _RUNNING
+                else:
+                    call = None
+                    self._awake -= 1
+                    if not self._closing:
+                        self._idle.append(me)
+            if post:
+                loop.post()
+            if call is None and not self._closing:
+                me.wake.acquire()
+                call = me.call
+                me.call = None
+
+    def _watch_loop(self) -> None:
+        delay: float | None = 0.0  # started by submit(), with a call waiting: look at once
+        while True:
+            if delay is None:
+                self._watch.acquire()
+            elif delay:
+                self._watch.acquire(timeout=delay)
+            starts = []
+            with self.lock:
+                if self._closing:
+                    self._watcher = False
+                    self._watching = False
+                    return
+                due = monotonic() - PATIENCE
+                while self._waiting and self._waiting[0].since <= due:
+                    start = self._hand_over(self._waiting.popleft())
+                    if start is not None:
+                        starts.append(start)
+                if self._waiting:
+                    delay = self._waiting[0].since - due
+                else:
+                    delay = None
+                    self._watching = False
+            for start in starts:
+                start.start()
+
+    def abandon(self, call: _Call) -> bool:
+        """The attempt stops waiting for ``call``; whether a thread is left running it."""
+        start = None
+        with self.lock:
+            call.abandoned = True
+            if call.state == _WAITING:  # no thread took it: it never runs
+                call.state = _DROPPED
+                self._waiting.remove(call)
+                return False
+            if call.state != _RUNNING or call.stuck:
+                return False
+            call.stuck = True
+            self._awake -= 1
+            if self._waiting and not self._awake:  # the next call needs a thread now
+                start = self._hand_over(self._waiting.popleft())
+        if start is not None:
+            start.start()
+        return True
+
+    def close(self) -> None:
+        """Idle threads and the watcher exit; threads still running exit once done."""
+        with self.lock:
+            self._closing = True
+            idle, self._idle = self._idle, []
+            for thread in idle:
+                thread.call = None
+                thread.wake.release()
+            if self._watcher and not self._watching:
+                self._watching = True
+                self._watch.release()
 
 
 class ThreadExecutor(Executor):
@@ -121,68 +385,52 @@ class ThreadExecutor(Executor):
 
     def __init__(self, handler: Any) -> None:
         super().__init__(handler)
-        self._threads = _DaemonThreads(f"panqueue-{handler.queue}")
-        self._finished = _Finished()
+        self._pool = _Pool(f"panqueue-{handler.queue}")
+        self._loop: _Loop | None = None
 
     async def run(self, job: Job, timeout: float | None) -> Any:
-        return await self._in_thread(lambda for_thread: for_thread(job), timeout)
+        call = self._call()
+        call.argument = _Reports(call, job).view()
+        return await self._in_thread(call, timeout)
 
     async def run_chunk(self, jobs: list[Job], timeout: float | None) -> Any:
-        return await self._in_thread(lambda for_thread: [for_thread(job) for job in jobs],
-                                     timeout)
+        call = self._call()
+        call.argument = [_Reports(call, job).view() for job in jobs]
+        return await self._in_thread(call, timeout)
 
-    async def _in_thread(self, argument: Callable[[Callable[[Job], Job]], Any],
-                         timeout: float | None) -> Any:
-        """Call the handler in a thread with ``argument(for_thread)``, where ``for_thread``
-        makes a job's view for the thread (its reports go through the event loop)."""
-        token = anyio.lowlevel.current_token()
-        done = anyio.Event()
-        outcome: list[tuple[bool, Any]] = []
-        abandoned = False
+    def _call(self) -> _Call:
+        loop = self._loop
+        if loop is None or not loop.current():
+            loop = self._loop = _current_loop(self._pool.lock)
+        return _Call(self.handler.fn, loop)
 
-        def for_thread(job: Job) -> Job:
-            async_sink = job._sink
-
-            def sink(kind: str, value: Any) -> Awaitable[None]:
-                # Report from the handler's thread through the event loop, and wait for it.
-                if not abandoned:
-                    anyio.from_thread.run(_await, async_sink(kind, value), token=token)
-                return DONE
-
-            def should_stop() -> bool:
-                return abandoned or job.should_stop()
-
-            return job.rebind(sink, should_stop)
-
-        handler_argument = argument(for_thread)
-        fn = self.handler.fn
-        finished = self._finished
-
-        def work() -> None:
-            try:
-                outcome.append((True, fn(handler_argument)))
-            except BaseException as exc:  # handed to the event loop, which re-raises it
-                outcome.append((False, exc))
-            finished.add(token, done)
-
-        self._threads.submit(work)
-        scope = anyio.move_on_after(timeout)
+    async def _in_thread(self, call: _Call, timeout: float | None) -> Any:
+        """Run ``call`` in a thread; its result, or raise what it raised."""
+        loop = call.loop
+        loop.prepare(call)
+        self._pool.submit(call)
+        scope = None
         try:
-            with scope:
-                await done.wait()
+            if timeout is None:
+                await loop.wait(call)
+            else:
+                with anyio.move_on_after(timeout) as scope:
+                    await loop.wait(call)
         finally:
-            if not done.is_set():
-                abandoned = True  # cancelled (shutdown, cancel request, lock lost) or timeout
-                # The thread runs on, and the pool starts another for the next job.
-                self.restarted("timeout" if scope.cancelled_caught else "stopped")
-        if scope.cancelled_caught:
+            if not call.delivered:
+                # Cancelled (shutdown, cancel request, lock lost) or timed out. A thread that
+                # runs the call runs on, and another takes the next job.
+                timed_out = scope is not None and scope.cancelled_caught
+                if self._pool.abandon(call):
+                    self.restarted("timeout" if timed_out else "stopped")
+        if not call.delivered:
             raise JobTimeout(timeout or 0)
-        ok, value = outcome[0]
-        if ok:
-            return value
+        if call.ok:
+            return call.value
+        value = call.value
         if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt... in the thread
             raise HandlerAborted(value)
         raise value
 
     async def aclose(self) -> None:
-        self._threads.close()
+        self._pool.close()
