@@ -45,16 +45,19 @@ _WAITING, _RUNNING, _FINISHED, _DROPPED = range(4)
 
 
 class _Call:
-    """One call of the handler: made on the event loop, run in a thread, delivered back."""
+    """One call of the handler: made on the event loop, run in a thread, delivered back. For a
+    single job it is also the job's way to report from the thread (see :class:`_Reports`)."""
 
-    __slots__ = ("abandoned", "argument", "delivered", "fn", "loop", "ok", "since", "state",
-                 "stuck", "value", "waiter")
+    __slots__ = ("abandoned", "argument", "delivered", "fn", "inside", "job", "loop", "ok",
+                 "since", "state", "stuck", "value", "waiter")
 
-    def __init__(self, fn: Callable[[Any], Any], loop: _Loop) -> None:
+    def __init__(self, fn: Callable[[Any], Any], loop: _Loop, job: Job | None) -> None:
         self.fn = fn
         self.loop = loop
+        self.job = job
         self.argument: Any = None
         self.state = _WAITING
+        self.inside = False  # its thread is in the handler (not in the pool's code)
         self.since = 0.0  # when it was handed to the pool
         self.stuck = False  # abandoned while running: its thread is not counted as awake
         self.abandoned = False  # the attempt no longer waits for it
@@ -65,17 +68,27 @@ class _Call:
 
     def run(self) -> None:
         """In a pool thread."""
+        argument, self.argument = self.argument, None  # the view refers back to the call
         if self.abandoned:  # ended while waiting for a thread (and not yet dropped)
             return
+        self.inside = True
         try:
-            self.value = self.fn(self.argument)
+            self.value = self.fn(argument)
             self.ok = True
         except BaseException as exc:  # handed to the event loop, which re-raises it
             self.value = exc
+        self.inside = False
+
+    def sink(self, kind: str, value: Any) -> Awaitable[None]:
+        """The single job's reports from the handler's thread."""
+        return _report(self, self.job, kind, value)
+
+    def should_stop(self) -> bool:
+        return self.abandoned or self.job is None or self.job.should_stop()
 
 
 class _Reports:
-    """A job's reports from the handler's thread: through the event loop, waiting for them."""
+    """A chunk's job's reports from the handler's thread."""
 
     __slots__ = ("call", "job")
 
@@ -84,16 +97,18 @@ class _Reports:
         self.job = job
 
     def sink(self, kind: str, value: Any) -> Awaitable[None]:
-        if not self.call.abandoned:
-            anyio.from_thread.run(_await, self.job._sink(kind, value),
-                                  token=self.call.loop.token)
-        return DONE
+        return _report(self.call, self.job, kind, value)
 
     def should_stop(self) -> bool:
         return self.call.abandoned or self.job.should_stop()
 
-    def view(self) -> Job:
-        return self.job.rebind(self.sink, self.should_stop)
+
+def _report(call: _Call, job: Job | None, kind: str, value: Any) -> Awaitable[None]:
+    """From the handler's thread: report through the event loop, and wait for it (nothing once
+    the attempt has given up on the call)."""
+    if not call.abandoned and job is not None:
+        anyio.from_thread.run(_await, job._sink(kind, value), token=call.loop.token)
+    return DONE
 
 
 async def _await(awaitable: Awaitable[None]) -> None:
@@ -118,8 +133,8 @@ class _Loop:
         """Before the call is submitted: what the attempt will wait on."""
         raise NotImplementedError
 
-    async def wait(self, call: _Call) -> None:
-        """Until the call is delivered (cancellable)."""
+    def wait(self, call: _Call) -> Awaitable[Any]:
+        """What to await until the call is delivered (cancellable)."""
         raise NotImplementedError
 
     def wake(self, call: _Call) -> None:
@@ -129,6 +144,10 @@ class _Loop:
     def post(self) -> None:
         """From a thread: have the loop run :meth:`deliver` soon. Does nothing if the loop is
         gone: nobody waits any more."""
+        raise NotImplementedError
+
+    def soon(self, fn: Callable[[], None]) -> None:
+        """On the loop: run ``fn`` once the callbacks ready now have run."""
         raise NotImplementedError
 
     def deliver(self) -> None:
@@ -150,9 +169,9 @@ class _AsyncioLoop(_Loop):
     def prepare(self, call: _Call) -> None:
         call.waiter = self.loop.create_future()
 
-    async def wait(self, call: _Call) -> None:
-        await call.waiter
-        call.delivered = True
+    def wait(self, call: _Call) -> Awaitable[Any]:
+        waiter: Awaitable[Any] = call.waiter
+        return waiter
 
     def wake(self, call: _Call) -> None:
         waiter = call.waiter
@@ -164,6 +183,9 @@ class _AsyncioLoop(_Loop):
             self.loop.call_soon_threadsafe(self.deliver)
         except RuntimeError:  # the loop is closed
             pass
+
+    def soon(self, fn: Callable[[], None]) -> None:
+        self.loop.call_soon(fn)
 
 
 class _TrioLoop(_Loop):
@@ -183,15 +205,14 @@ class _TrioLoop(_Loop):
     def prepare(self, call: _Call) -> None:
         call.waiter = self.trio.lowlevel.current_task()
 
-    async def wait(self, call: _Call) -> None:
+    def wait(self, call: _Call) -> Awaitable[Any]:
         lowlevel = self.trio.lowlevel
 
         def abort(_: Any) -> Any:
             call.waiter = None  # no longer parked: wake() must not reschedule it
             return lowlevel.Abort.SUCCEEDED
 
-        await lowlevel.wait_task_rescheduled(abort)
-        call.delivered = True
+        return lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
     def wake(self, call: _Call) -> None:
         task, call.waiter = call.waiter, None
@@ -203,6 +224,9 @@ class _TrioLoop(_Loop):
             self.trio_token.run_sync_soon(self.deliver)
         except self.trio.RunFinishedError:
             pass
+
+    def soon(self, fn: Callable[[], None]) -> None:
+        self.trio_token.run_sync_soon(fn)
 
 
 def _current_loop(lock: threading.Lock) -> _Loop:
@@ -244,34 +268,65 @@ class _Pool:
         self._watch.acquire()
         self._watching = False
         self._watcher = False  # started and not told to stop
+        self._flushing = False  # a _flush() is scheduled on the event loop
+        self._running: set[_Call] = set()  # taken by a thread, not finished
         self._closing = False
 
     def submit(self, call: _Call) -> None:
+        """On the event loop. A call that finds no thread awake waits for the end of the loop's
+        current round: the calls submitted in that round then go to one thread together, which
+        the loop has stopped competing with for the GIL (a thread woken at once would take the
+        GIL at each of the loop's system calls and hand it back for the next submission)."""
         call.since = monotonic()
         with self.lock:
             self._closing = False  # used again after close()
-            if not self._awake:  # nobody would take it: a thread of its own, now
-                start = self._hand_over(call)
-            else:
-                self._waiting.append(call)
-                if self._watching:
+            self._waiting.append(call)
+            if not self._awake:
+                if self._flushing:
                     return
-                self._watching = True
-                start = None
-                if self._watcher:
-                    self._watch.release()
-                else:
-                    self._watcher = True
-                    threading.Thread(target=self._watch_loop, daemon=True,
-                                     name=f"{self._name}-watcher").start()
+                self._flushing = True
+                defer = True
+            else:
+                defer = False
+                watcher = self._watch_waiting()
+        if defer:
+            call.loop.soon(self._flush)
+        elif watcher is not None:
+            watcher.start()
+
+    def _flush(self) -> None:
+        """On the event loop, after the round that submitted calls while no thread was awake:
+        one thread for them (if none took them meanwhile), the watcher for the others."""
+        with self.lock:
+            self._flushing = False
+            if not self._waiting or self._awake:
+                return
+            start = self._hand_over(self._waiting.popleft())
+            watcher = self._watch_waiting() if self._waiting else None
         if start is not None:
             start.start()
+        if watcher is not None:
+            watcher.start()
+
+    def _watch_waiting(self) -> threading.Thread | None:
+        """Have the watcher watch the waiting calls; a watcher thread to start, if none runs.
+        Under the lock."""
+        if self._watching:
+            return None
+        self._watching = True
+        if self._watcher:
+            self._watch.release()
+            return None
+        self._watcher = True
+        return threading.Thread(target=self._watch_loop, daemon=True,
+                                name=f"{self._name}-watcher")
 
     def _hand_over(self, call: _Call) -> threading.Thread | None:
         """Give ``call`` to an idle thread, or to a new one (returned, to be started once the
         lock is released). Under the lock."""
         call.state = _RUNNING
         self._awake += 1
+        self._running.add(call)
         if self._idle:
             thread = self._idle.pop()
             thread.call = call
@@ -284,32 +339,35 @@ class _Pool:
     def _serve(self, call: _Call | None) -> None:
         me = _Thread()
         while call is not None:
-            call.run()
-            loop = call.loop
-            with self.lock:
-                if call.stuck:  # its attempt gave up on it: this thread is back
-                    self._awake += 1
-                call.state = _FINISHED
-                if not call.abandoned:
-                    loop.finished.append(call)
-                    post = not loop.scheduled
-                    loop.scheduled = True
-                else:
-                    post = False
-                if self._waiting:
-                    call = self._waiting.popleft()
-                    call.state = _RUNNING
-                else:
-                    call = None
-                    self._awake -= 1
-                    if not self._closing:
-                        self._idle.append(me)
-            if post:
-                loop.post()
-            if call is None and not self._closing:
+            while call is not None:  # then the waiting calls, while there are any
+                call.run()
+                loop = call.loop
+                with self.lock:
+                    if call.stuck:  # its attempt gave up on it: this thread is back
+                        self._awake += 1
+                    call.state = _FINISHED
+                    self._running.discard(call)
+                    if not call.abandoned:
+                        loop.finished.append(call)
+                        post = not loop.scheduled
+                        loop.scheduled = True
+                    else:
+                        post = False
+                    if self._waiting:
+                        call = self._waiting.popleft()
+                        call.state = _RUNNING
+                        self._running.add(call)
+                    else:
+                        call = None
+                        self._awake -= 1
+                        sleep = not self._closing
+                        if sleep:
+                            self._idle.append(me)
+                if post:
+                    loop.post()
+            if sleep:
                 me.wake.acquire()
-                call = me.call
-                me.call = None
+                call, me.call = me.call, None
 
     def _watch_loop(self) -> None:
         delay: float | None = 0.0  # started by submit(), with a call waiting: look at once
@@ -325,12 +383,17 @@ class _Pool:
                     self._watching = False
                     return
                 due = monotonic() - PATIENCE
-                while self._waiting and self._waiting[0].since <= due:
+                # A thread outside its handler (about to run a call, or just done with one) is
+                # waiting for the GIL, not blocked: it takes the waiting calls once it runs (not
+                # long: the interpreter switches threads every sys.getswitchinterval()). When
+                # every thread is in a handler, a thread for each call that waited too long.
+                live = any(not call.inside for call in self._running)
+                while self._waiting and not live and self._waiting[0].since <= due:
                     start = self._hand_over(self._waiting.popleft())
                     if start is not None:
                         starts.append(start)
                 if self._waiting:
-                    delay = self._waiting[0].since - due
+                    delay = max(self._waiting[0].since - due, PATIENCE if live else 0)
                 else:
                     delay = None
                     self._watching = False
@@ -389,20 +452,24 @@ class ThreadExecutor(Executor):
         self._loop: _Loop | None = None
 
     async def run(self, job: Job, timeout: float | None) -> Any:
-        call = self._call()
-        call.argument = _Reports(call, job).view()
+        call = _Call(self.handler.fn, self._current_loop(), job)
+        call.argument = job.rebind(call.sink, call.should_stop)
         return await self._in_thread(call, timeout)
 
     async def run_chunk(self, jobs: list[Job], timeout: float | None) -> Any:
-        call = self._call()
-        call.argument = [_Reports(call, job).view() for job in jobs]
+        call = _Call(self.handler.fn, self._current_loop(), None)
+        views = []
+        for job in jobs:
+            reports = _Reports(call, job)
+            views.append(job.rebind(reports.sink, reports.should_stop))
+        call.argument = views
         return await self._in_thread(call, timeout)
 
-    def _call(self) -> _Call:
+    def _current_loop(self) -> _Loop:
         loop = self._loop
         if loop is None or not loop.current():
             loop = self._loop = _current_loop(self._pool.lock)
-        return _Call(self.handler.fn, loop)
+        return loop
 
     async def _in_thread(self, call: _Call, timeout: float | None) -> Any:
         """Run ``call`` in a thread; its result, or raise what it raised."""
@@ -413,9 +480,11 @@ class ThreadExecutor(Executor):
         try:
             if timeout is None:
                 await loop.wait(call)
+                call.delivered = True
             else:
                 with anyio.move_on_after(timeout) as scope:
                     await loop.wait(call)
+                    call.delivered = True
         finally:
             if not call.delivered:
                 # Cancelled (shutdown, cancel request, lock lost) or timed out. A thread that
