@@ -457,23 +457,25 @@ async def test_thread_job_abandoned_before_a_thread_took_it_never_runs(
 
     monkeypatch.setattr(thread, "PATIENCE", 60.0, raising=False)
     release = threading.Event()
+    blocking = threading.Event()
     ran: list[str] = []
 
     def handler(job: Job[Any]) -> None:
         ran.append(job.data)
         if job.data == "blocking":
+            blocking.set()
             release.wait(10)
 
     executor = _thread_executor(handler)
     reasons: list[str] = []
     executor.on_restart = reasons.append
 
-    async def blocking() -> None:
+    async def run_blocking() -> None:
         await executor.run(_job("blocking"), None)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(blocking)
-        await anyio.lowlevel.checkpoint()  # the blocking job is submitted first
+        tg.start_soon(run_blocking)
+        await anyio.to_thread.run_sync(blocking.wait)  # its thread is busy with it
         with pytest.raises(JobTimeout):
             await executor.run(_job("dropped"), 0.05)
         release.set()
@@ -481,3 +483,35 @@ async def test_thread_job_abandoned_before_a_thread_took_it_never_runs(
     await executor.aclose()
     assert ran == ["blocking", "after"]
     assert reasons == []
+
+
+async def test_thread_result_is_delivered_while_its_thread_runs_a_long_next_job() -> None:
+    """A thread that goes on with the next waiting job tells the event loop of the jobs it
+    finished once it runs out of jobs, or within the executor's patience if the next job takes
+    long: a finished job's attempt is not held up by the job after it."""
+    first_delivered = threading.Event()
+    lock = threading.Lock()
+    ran: list[str] = []
+
+    def handler(job: Job[Any]) -> Any:
+        with lock:
+            ran.append(job.data)
+            first = len(ran) == 1
+        if first:
+            return "first"
+        return first_delivered.wait(10)  # typically in the same thread, right after the first
+
+    executor = _thread_executor(handler)
+    results: list[Any] = []
+
+    async def one(data: str) -> None:
+        result = await executor.run(_job(data), None)
+        if result == "first":
+            first_delivered.set()
+        results.append(result)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, "a")
+        tg.start_soon(one, "b")
+    await executor.aclose()
+    assert sorted(results, key=str) == [True, "first"]

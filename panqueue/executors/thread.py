@@ -270,6 +270,8 @@ class _Pool:
         self._watcher = False  # started and not told to stop
         self._flushing = False  # a _flush() is scheduled on the event loop
         self._running: set[_Call] = set()  # taken by a thread, not finished
+        # Loops with finished calls they have not been told of, and since when.
+        self._unposted: dict[_Loop, float] = {}
         self._closing = False
 
     def submit(self, call: _Call) -> None:
@@ -288,7 +290,7 @@ class _Pool:
                 defer = True
             else:
                 defer = False
-                watcher = self._watch_waiting()
+                watcher = self._watch_locked()
         if defer:
             call.loop.soon(self._flush)
         elif watcher is not None:
@@ -302,15 +304,15 @@ class _Pool:
             if not self._waiting or self._awake:
                 return
             start = self._hand_over(self._waiting.popleft())
-            watcher = self._watch_waiting() if self._waiting else None
+            watcher = self._watch_locked() if self._waiting else None
         if start is not None:
             start.start()
         if watcher is not None:
             watcher.start()
 
-    def _watch_waiting(self) -> threading.Thread | None:
-        """Have the watcher watch the waiting calls; a watcher thread to start, if none runs.
-        Under the lock."""
+    def _watch_locked(self) -> threading.Thread | None:
+        """Have the watcher watch the waiting calls and the finished calls not yet told to their
+        loops; a watcher thread to start, if none runs. Under the lock."""
         if self._watching:
             return None
         self._watching = True
@@ -349,22 +351,29 @@ class _Pool:
                     self._running.discard(call)
                     if not call.abandoned:
                         loop.finished.append(call)
-                        post = not loop.scheduled
-                        loop.scheduled = True
-                    else:
-                        post = False
+                        if not loop.scheduled and loop not in self._unposted:
+                            self._unposted[loop] = monotonic()
+                    posts: list[_Loop] = []
+                    watcher = None
                     if self._waiting:
+                        # The loop hears of finished calls when this thread runs out of calls,
+                        # or from the watcher if the next call takes long.
                         call = self._waiting.popleft()
                         call.state = _RUNNING
                         self._running.add(call)
+                        if self._unposted:
+                            watcher = self._watch_locked()
                     else:
                         call = None
                         self._awake -= 1
                         sleep = not self._closing
                         if sleep:
                             self._idle.append(me)
-                if post:
+                        posts = self._take_unposted(None)
+                for loop in posts:
                     loop.post()
+                if watcher is not None:
+                    watcher.start()
             if sleep:
                 me.wake.acquire()
                 call, me.call = me.call, None
@@ -383,6 +392,7 @@ class _Pool:
                     self._watching = False
                     return
                 due = monotonic() - PATIENCE
+                posts = self._take_unposted(due)
                 # A thread outside its handler (about to run a call, or just done with one) is
                 # waiting for the GIL, not blocked: it takes the waiting calls once it runs (not
                 # long: the interpreter switches threads every sys.getswitchinterval()). When
@@ -396,9 +406,26 @@ class _Pool:
                     delay = max(self._waiting[0].since - due, PATIENCE if live else 0)
                 else:
                     delay = None
+                if self._unposted:
+                    first = min(self._unposted.values()) - due
+                    delay = first if delay is None else min(delay, first)
+                if delay is None:
                     self._watching = False
+            for loop in posts:
+                loop.post()
             for start in starts:
                 start.start()
+
+    def _take_unposted(self, due: float | None) -> list[_Loop]:
+        """The loops to tell of finished calls: those told nothing since ``due`` (all of them
+        if None). Under the lock."""
+        if not self._unposted:
+            return []
+        posts = [loop for loop, since in self._unposted.items() if due is None or since <= due]
+        for loop in posts:
+            del self._unposted[loop]
+            loop.scheduled = True
+        return posts
 
     def abandon(self, call: _Call) -> bool:
         """The attempt stops waiting for ``call``; whether a thread is left running it."""
