@@ -48,14 +48,15 @@ class _Call:
     """One call of the handler: made on the event loop, run in a thread, delivered back. For a
     single job it is also the job's way to report from the thread (see :class:`_Reports`)."""
 
-    __slots__ = ("abandoned", "argument", "delivered", "fn", "inside", "job", "loop", "ok",
+    __slots__ = ("abandoned", "chunk", "delivered", "fn", "inside", "job", "loop", "ok",
                  "since", "state", "stuck", "value", "waiter")
 
-    def __init__(self, fn: Callable[[Any], Any], loop: _Loop, job: Job | None) -> None:
+    def __init__(self, fn: Callable[[Any], Any], loop: _Loop, job: Job | None,
+                 chunk: list[Job] | None = None) -> None:
         self.fn = fn
         self.loop = loop
-        self.job = job
-        self.argument: Any = None
+        self.job = job  # a single job's call
+        self.chunk = chunk  # a chunk's call
         self.state = _WAITING
         self.inside = False  # its thread is in the handler (not in the pool's code)
         self.since = 0.0  # when it was handed to the pool
@@ -67,10 +68,14 @@ class _Call:
         self.waiter: Any = None  # the loop's primitive the attempt waits on
 
     def run(self) -> None:
-        """In a pool thread."""
-        argument, self.argument = self.argument, None  # the view refers back to the call
+        """In a pool thread. The jobs' views for the thread are made here, off the loop."""
         if self.abandoned:  # ended while waiting for a thread (and not yet dropped)
             return
+        argument: Any
+        if self.job is not None:
+            argument = self.job.rebind(self.sink, self.should_stop)
+        else:
+            argument = [_Reports(self, job).view() for job in self.chunk or ()]
         self.inside = True
         try:
             self.value = self.fn(argument)
@@ -101,6 +106,9 @@ class _Reports:
 
     def should_stop(self) -> bool:
         return self.call.abandoned or self.job.should_stop()
+
+    def view(self) -> Job:
+        return self.job.rebind(self.sink, self.should_stop)
 
 
 def _report(call: _Call, job: Job | None, kind: str, value: Any) -> Awaitable[None]:
@@ -479,18 +487,12 @@ class ThreadExecutor(Executor):
         self._loop: _Loop | None = None
 
     async def run(self, job: Job, timeout: float | None) -> Any:
-        call = _Call(self.handler.fn, self._current_loop(), job)
-        call.argument = job.rebind(call.sink, call.should_stop)
-        return await self._in_thread(call, timeout)
+        return await self._in_thread(_Call(self.handler.fn, self._current_loop(), job),
+                                     timeout)
 
     async def run_chunk(self, jobs: list[Job], timeout: float | None) -> Any:
-        call = _Call(self.handler.fn, self._current_loop(), None)
-        views = []
-        for job in jobs:
-            reports = _Reports(call, job)
-            views.append(job.rebind(reports.sink, reports.should_stop))
-        call.argument = views
-        return await self._in_thread(call, timeout)
+        return await self._in_thread(
+            _Call(self.handler.fn, self._current_loop(), None, list(jobs)), timeout)
 
     def _current_loop(self) -> _Loop:
         loop = self._loop
