@@ -71,13 +71,13 @@ class _Call:
         """In a pool thread. The jobs' views for the thread are made here, off the loop."""
         if self.abandoned:  # ended while waiting for a thread (and not yet dropped)
             return
-        argument: Any
-        if self.job is not None:
-            argument = self.job.rebind(self.sink, self.should_stop)
-        else:
-            argument = [_Reports(self, job).view() for job in self.chunk or ()]
         self.inside = True
         try:
+            argument: Any
+            if self.job is not None:
+                argument = self.job.rebind(self.sink, self.should_stop)
+            else:
+                argument = [_Reports(self, job).view() for job in self.chunk or ()]
             self.value = self.fn(argument)
             self.ok = True
         except BaseException as exc:  # handed to the event loop, which re-raises it
