@@ -8,14 +8,19 @@ thread is a daemon thread, so it never keeps the process alive.
 How jobs reach threads (:class:`_Pool`): a thread that finishes a job takes the next waiting
 one itself, without sleeping, so a burst of quick jobs runs in the threads already awake instead
 of waking one thread per job (each wake-up is a system call, and the woken thread must then win
-the GIL from the busy event loop). A job that waits while every awake thread is busy gets a
-thread of its own once it has waited :data:`PATIENCE` (a millisecond): a handler that blocks
-never holds up the jobs behind it for longer than that, and blocking handlers still run
-``concurrency`` at once. A small watcher thread keeps that promise; it sleeps while no job waits.
+the GIL from the busy event loop). Jobs submitted while no thread is awake go to one thread at
+the end of the loop's round. A job that has waited :data:`PATIENCE` (a millisecond) while every
+running job's thread is inside its handler gets a thread of its own: a handler that blocks never
+holds up the jobs behind it for longer than that, and blocking handlers still run
+``concurrency`` at once. (A thread outside its handler is about to take the next job; if it
+waits, it waits for the GIL, which the interpreter hands over within its switch interval.) A
+small watcher thread keeps that promise; it sleeps while no job waits.
 
-Back on the event loop, finished jobs are delivered by one callback per burst, not one each
-(every callback from a thread costs the loop a wake-up), and each attempt waits on the loop's
-own primitive (an asyncio future, a parked trio task) rather than an ``anyio.Event``.
+Back on the event loop, a thread reports the jobs it finished with one loop callback when it
+runs out of jobs (or, if its next job takes long, the watcher does after :data:`PATIENCE`), not
+one each: every callback from a thread costs the loop a wake-up, and a loop woken mid-burst
+only waits for the GIL. Each attempt waits on the loop's own primitive (an asyncio future, a
+parked trio task) rather than an ``anyio.Event``.
 """
 
 from __future__ import annotations
@@ -83,6 +88,15 @@ class _Call:
         except BaseException as exc:  # handed to the event loop, which re-raises it
             self.value = exc
         self.inside = False
+
+    def result(self) -> Any:
+        """On the event loop, once delivered: what the handler returned, or raise."""
+        if self.ok:
+            return self.value
+        value = self.value
+        if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt... in the thread
+            raise HandlerAborted(value)
+        raise value
 
     def sink(self, kind: str, value: Any) -> Awaitable[None]:
         """The single job's reports from the handler's thread."""
@@ -185,6 +199,15 @@ class _AsyncioLoop(_Loop):
         waiter = call.waiter
         if not waiter.done():  # else cancelled: the attempt stopped waiting
             waiter.set_result(None)
+
+    def deliver(self) -> None:
+        with self.lock:
+            calls, self.finished = self.finished, []
+            self.scheduled = False
+        for call in calls:  # wake(), inlined
+            waiter = call.waiter
+            if not waiter.done():
+                waiter.set_result(None)
 
     def post(self) -> None:
         try:
@@ -487,8 +510,20 @@ class ThreadExecutor(Executor):
         self._loop: _Loop | None = None
 
     async def run(self, job: Job, timeout: float | None) -> Any:
-        return await self._in_thread(_Call(self.handler.fn, self._current_loop(), job),
-                                     timeout)
+        if timeout is not None:
+            return await self._in_thread(_Call(self.handler.fn, self._current_loop(), job),
+                                         timeout)
+        # The same as _in_thread without a timeout, one coroutine fewer on the hot path.
+        call = _Call(self.handler.fn, self._current_loop(), job)
+        loop = call.loop
+        loop.prepare(call)
+        self._pool.submit(call)
+        try:
+            await loop.wait(call)
+        except BaseException:
+            self._abandon(call, False)
+            raise
+        return call.result()
 
     async def run_chunk(self, jobs: list[Job], timeout: float | None) -> Any:
         return await self._in_thread(
@@ -516,19 +551,16 @@ class ThreadExecutor(Executor):
                     call.delivered = True
         finally:
             if not call.delivered:
-                # Cancelled (shutdown, cancel request, lock lost) or timed out. A thread that
-                # runs the call runs on, and another takes the next job.
-                timed_out = scope is not None and scope.cancelled_caught
-                if self._pool.abandon(call):
-                    self.restarted("timeout" if timed_out else "stopped")
+                self._abandon(call, scope is not None and scope.cancelled_caught)
         if not call.delivered:
             raise JobTimeout(timeout or 0)
-        if call.ok:
-            return call.value
-        value = call.value
-        if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt... in the thread
-            raise HandlerAborted(value)
-        raise value
+        return call.result()
+
+    def _abandon(self, call: _Call, timed_out: bool) -> None:
+        """Cancelled (shutdown, cancel request, lock lost) or timed out. A thread that runs the
+        call runs on, and another takes the next job."""
+        if self._pool.abandon(call):
+            self.restarted("timeout" if timed_out else "stopped")
 
     async def aclose(self) -> None:
         self._pool.close()
