@@ -226,6 +226,9 @@ class _TrioLoop(_Loop):
         super().__init__(lock, token)
         self.trio = trio
         self.trio_token: Any = token.native_token
+        self.soon_calls: list[Callable[[], None]] = []  # see soon()
+        self.parked: Any = None
+        self.runner = False
 
     def current(self) -> bool:
         try:
@@ -257,7 +260,30 @@ class _TrioLoop(_Loop):
             pass
 
     def soon(self, fn: Callable[[], None]) -> None:
-        self.trio_token.run_sync_soon(fn)
+        # Through a parked system task: run_sync_soon() would cost a write to trio's wake-up
+        # socket each time.
+        self.soon_calls.append(fn)
+        task, self.parked = self.parked, None
+        if task is not None:
+            self.trio.lowlevel.reschedule(task)
+        elif not self.runner:
+            self.runner = True
+            self.trio.lowlevel.spawn_system_task(self.run_soon_calls)
+
+    async def run_soon_calls(self) -> None:
+        lowlevel = self.trio.lowlevel
+
+        def abort(_: Any) -> Any:  # the run is ending
+            self.parked = None
+            return lowlevel.Abort.SUCCEEDED
+
+        while True:
+            calls, self.soon_calls = self.soon_calls, []
+            for fn in calls:
+                fn()
+            if not self.soon_calls:
+                self.parked = lowlevel.current_task()
+                await lowlevel.wait_task_rescheduled(abort)
 
 
 def _current_loop(lock: threading.Lock) -> _Loop:
