@@ -515,3 +515,25 @@ async def test_thread_result_is_delivered_while_its_thread_runs_a_long_next_job(
         tg.start_soon(one, "b")
     await executor.aclose()
     assert sorted(results, key=str) == [True, "first"]
+
+
+async def test_thread_blocking_jobs_all_run_at_once() -> None:
+    """Blocking jobs submitted together each get a thread: the last of them does not wait for
+    the others to end (they cannot: each waits for all to have started)."""
+    together = threading.Barrier(20)
+
+    def handler(job: Job[Any]) -> int:
+        together.wait(10)
+        return int(job.data)
+
+    executor = _thread_executor(handler)
+    results: list[int] = []
+
+    async def one(i: int) -> None:
+        results.append(await executor.run(_job(i), None))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            tg.start_soon(one, i)
+    await executor.aclose()
+    assert sorted(results) == list(range(20))
