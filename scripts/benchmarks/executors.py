@@ -46,7 +46,7 @@ CASES = [
 def run(bench: Bench, quick: bool) -> list[dict[str, Any]]:
     """Every case of CASES, in order, each on an emptied server."""
     sizes = {  # (measured jobs, warm-up jobs) by handler
-        "noop": (1_000, 200) if quick else (5_000, 500),
+        "noop": (1_000, 200) if quick else (20_000, 2_000),
         "cpu": (200, 20) if quick else (1_000, 20),
     }
     results = []
