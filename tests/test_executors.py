@@ -537,3 +537,35 @@ async def test_thread_blocking_jobs_all_run_at_once() -> None:
             tg.start_soon(one, i)
     await executor.aclose()
     assert sorted(results) == list(range(20))
+
+
+async def test_thread_a_thread_the_system_refuses_fails_its_job_instead_of_hanging(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of threads (``can't start new thread``): the job handed to the thread that could not
+    start fails with that error, wherever the pool starts it (at submission, at the end of the
+    loop's round, from the watcher); it never waits for ever. The next job, once threads can
+    start again, runs."""
+    import panqueue.executors.thread as thread_module
+
+    class _Refusing(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    class _NoThreads:
+        Lock = threading.Lock
+        Thread = _Refusing
+
+    def handler(job: Job[Any]) -> Any:
+        return job.data
+
+    executor = _thread_executor(handler)
+    monkeypatch.setattr(thread_module, "threading", _NoThreads)
+    with anyio.fail_after(10):
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            await executor.run(_job("refused"), None)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            await executor.run(_job("refused with a timeout"), 5.0)
+    monkeypatch.setattr(thread_module, "threading", threading)
+    with anyio.fail_after(10):
+        assert await executor.run(_job("after"), None) == "after"
+    await executor.aclose()

@@ -304,6 +304,10 @@ class _Thread:
         self.wake.acquire()
 
 
+# A thread to start and the call handed to it.
+_Start = tuple[threading.Thread, "_Call"]
+
+
 class _Pool:
     """Reusable daemon threads fed from one FIFO of waiting calls (see the module docstring).
 
@@ -351,7 +355,7 @@ class _Pool:
         if defer:
             call.loop.soon(self._flush)
         elif watcher is not None:
-            watcher.start()
+            self._start(watcher, None)
 
     def _flush(self) -> None:
         """On the event loop, after the round that submitted calls while no thread was awake:
@@ -363,9 +367,9 @@ class _Pool:
             start = self._hand_over(self._waiting.popleft())
             watcher = self._watch_locked() if self._waiting else None
         if start is not None:
-            start.start()
+            self._start(*start)
         if watcher is not None:
-            watcher.start()
+            self._start(watcher, None)
 
     def _watch_locked(self) -> threading.Thread | None:
         """Have the watcher watch the waiting calls and the finished calls not yet told to their
@@ -380,9 +384,9 @@ class _Pool:
         return threading.Thread(target=self._watch_loop, daemon=True,
                                 name=f"{self._name}-watcher")
 
-    def _hand_over(self, call: _Call) -> threading.Thread | None:
-        """Give ``call`` to an idle thread, or to a new one (returned, to be started once the
-        lock is released). Under the lock."""
+    def _hand_over(self, call: _Call) -> _Start | None:
+        """Give ``call`` to an idle thread, or to a new one (returned with the call, to be
+        started with :meth:`_start` once the lock is released). Under the lock."""
         call.state = _RUNNING
         self._awake += 1
         self._running.add(call)
@@ -393,7 +397,32 @@ class _Pool:
             return None
         self._started += 1
         return threading.Thread(target=self._serve, args=(call,), daemon=True,
-                                name=f"{self._name}-{self._started}")
+                                name=f"{self._name}-{self._started}"), call
+
+    def _start(self, thread: threading.Thread, call: _Call | None) -> None:
+        """Start a pool thread for ``call``, or the watcher (``call`` None). A thread the
+        system refuses (``can't start new thread``) fails its call with that error instead of
+        leaving it to wait for ever; without a watcher, busy threads still take the waiting
+        calls as they finish, and the next submission starts one again."""
+        try:
+            thread.start()
+        except RuntimeError as exc:
+            with self.lock:
+                if call is None:
+                    self._watcher = self._watching = False
+                    return
+                self._awake -= 1
+                self._running.discard(call)
+                call.state = _FINISHED
+                call.ok, call.value = False, exc
+                loop = call.loop
+                if call.abandoned:
+                    return
+                loop.finished.append(call)
+                if loop.scheduled or loop in self._unposted:
+                    return
+                loop.scheduled = True
+            loop.post()
 
     def _serve(self, call: _Call | None) -> None:
         me = _Thread()
@@ -430,7 +459,7 @@ class _Pool:
                 for loop in posts:
                     loop.post()
                 if watcher is not None:
-                    watcher.start()
+                    self._start(watcher, None)
             if sleep:
                 me.wake.acquire()
                 call, me.call = me.call, None
@@ -471,7 +500,7 @@ class _Pool:
             for loop in posts:
                 loop.post()
             for start in starts:
-                start.start()
+                self._start(*start)
 
     def _take_unposted(self, due: float | None) -> list[_Loop]:
         """The loops to tell of finished calls: those told nothing since ``due`` (all of them
@@ -500,7 +529,7 @@ class _Pool:
             if self._waiting and not self._awake:  # the next call needs a thread now
                 start = self._hand_over(self._waiting.popleft())
         if start is not None:
-            start.start()
+            self._start(*start)
         return True
 
     def close(self) -> None:
