@@ -85,7 +85,7 @@ class ChunkClaimer(ClaimLoop):
         deadline = math.inf
         wake: anyio.Event | None = None  # armed before a claim, waited for after it
         timeout = self._poll_interval
-        waited = 0  # the chunk's first jobs, which waited for a wake-up
+        waited = 0  # the chunk's first jobs, which waited for a claim or a wake-up
         try:
             while not self.stopping:
                 self._join(chunk)
@@ -98,6 +98,7 @@ class ChunkClaimer(ClaimLoop):
                 if wake is None:
                     # Armed before the claim: a wake-up published after it ran is not lost.
                     wake = self._wakeups.arm()
+                    waited = len(chunk)
                     claimed = await self._claim(self._size - len(chunk))
                     timeout = self._next_look(claimed)
                     if claimed is not None:
@@ -106,7 +107,6 @@ class ChunkClaimer(ClaimLoop):
                 if now >= deadline:  # checked after a claim: what is there now still joins
                     await self._confirm(chunk[:waited])
                     return chunk
-                waited = len(chunk)
                 with anyio.move_on_after(min(timeout, deadline - now)):
                     await wake.wait()
                 wake = None
@@ -118,9 +118,10 @@ class ChunkClaimer(ClaimLoop):
 
     async def _confirm(self, waited: list[Held]) -> None:
         """Ask Redis whether jobs that waited for company were cancelled meanwhile: the
-        notify message may still be on its way when the claim that completes their chunk has
-        answered (they travel on different connections). One round trip, only for a chunk
-        gathered over a wait; if Redis cannot be asked, the cancels heard so far stand."""
+        notify message may still be on its way when the claim (or the hand-over) that
+        completes their chunk arrives, since they travel on different connections. One round
+        trip, only for a chunk that was not filled at once; if Redis cannot be asked, the
+        cancels heard so far stand."""
         if not waited:
             return
         try:
