@@ -399,9 +399,9 @@ async def test_thread_burst_of_quick_jobs_runs_in_the_thread_already_busy(
     """A thread that finishes a job takes the next waiting one: a burst of quick jobs does not
     wake (or start) one thread per job. (Patience raised so that no job is handed to another
     thread for waiting: the count is then exact.)"""
-    from panqueue.executors import thread
+    from panqueue.executors import _threadpool
 
-    monkeypatch.setattr(thread, "PATIENCE", 60.0, raising=False)
+    monkeypatch.setattr(_threadpool, "PATIENCE", 60.0)
     names: list[str] = []
 
     def quick(job: Job[Any]) -> int:
@@ -453,9 +453,9 @@ async def test_thread_job_abandoned_before_a_thread_took_it_never_runs(
     """A job whose attempt ends (here: its timeout) while it still waits for a thread is
     dropped: its handler does not run later, and no thread is reported left behind."""
     from panqueue.errors import JobTimeout
-    from panqueue.executors import thread
+    from panqueue.executors import _threadpool
 
-    monkeypatch.setattr(thread, "PATIENCE", 60.0, raising=False)
+    monkeypatch.setattr(_threadpool, "PATIENCE", 60.0)
     release = threading.Event()
     blocking = threading.Event()
     ran: list[str] = []
@@ -545,7 +545,7 @@ async def test_thread_a_thread_the_system_refuses_fails_its_job_instead_of_hangi
     start fails with that error, wherever the pool starts it (at submission, at the end of the
     loop's round, from the watcher); it never waits for ever. The next job, once threads can
     start again, runs."""
-    import panqueue.executors.thread as thread_module
+    from panqueue.executors import _threadpool
 
     class _Refusing(threading.Thread):
         def start(self) -> None:
@@ -559,13 +559,13 @@ async def test_thread_a_thread_the_system_refuses_fails_its_job_instead_of_hangi
         return job.data
 
     executor = _thread_executor(handler)
-    monkeypatch.setattr(thread_module, "threading", _NoThreads)
+    monkeypatch.setattr(_threadpool, "threading", _NoThreads)
     with anyio.fail_after(10):
         with pytest.raises(RuntimeError, match="can't start new thread"):
             await executor.run(_job("refused"), None)
         with pytest.raises(RuntimeError, match="can't start new thread"):
             await executor.run(_job("refused with a timeout"), 5.0)
-    monkeypatch.setattr(thread_module, "threading", threading)
+    monkeypatch.setattr(_threadpool, "threading", threading)
     with anyio.fail_after(10):
         assert await executor.run(_job("after"), None) == "after"
     await executor.aclose()
