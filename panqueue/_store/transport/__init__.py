@@ -21,7 +21,7 @@ async one.
 
 from __future__ import annotations
 
-from panqueue._store.transport import native, options
+from panqueue._store.transport import options
 from panqueue._store.transport.aio import _AsyncioTransport
 from panqueue._store.transport.base import AsyncSubscriber, AsyncTransport
 from panqueue._store.transport.errors import translate_error
@@ -71,6 +71,8 @@ def open_async_transport(url: str) -> AsyncTransport:
     """The async transport for the event loop this is called from."""
     if not _running_on_trio():
         return _AsyncioTransport(url)
+    from panqueue._store.transport import native  # imports trio: only on trio
+
     is_cluster, _ = options._parse(url)
     if not is_cluster and options._sentinel_target(url) is None:
         try:
