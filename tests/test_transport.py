@@ -385,3 +385,16 @@ async def test_a_pool_of_many_queues_on_trio_claims_promptly(anyio_backend: str,
                 assert await handle.result(timeout=20) == f"{queues[-1]}:last"
                 elapsed = time.monotonic() - started
     assert elapsed < 3.0, f"the job waited {elapsed:.1f} s for a thread"
+
+
+# --------------------------------------------------------------------------- closing
+
+
+async def test_a_client_of_a_sentinel_url_closes_on_every_supported_redis_py(
+        anyio_backend: str) -> None:
+    """Closing closes each sentinel's client: redis-py 8.0 (the oldest supported) has no
+    ``Sentinel.close()`` or ``aclose()``. Nothing here connects."""
+    url = "redis+sentinel://127.0.0.1:1/mymaster"
+    async_transport = open_async_transport(url)
+    await async_transport.aclose()
+    SyncTransport(url).close()

@@ -167,8 +167,10 @@ class _AsyncioTransport(AsyncTransport):
                 await owner.aclose()
         await self.client.aclose()
         if self._sentinels is not None:
-            with contextlib.suppress(*_REDIS_ERRORS):
-                await self._sentinels.aclose()
+            # Each sentinel's client (redis-py 8.0 has no Sentinel.aclose()).
+            for sentinel in self._sentinels.sentinels:
+                with contextlib.suppress(*_REDIS_ERRORS):
+                    await sentinel.aclose()
 
 
 class _AsyncioSubscriber(AsyncSubscriber):

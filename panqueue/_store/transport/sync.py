@@ -139,5 +139,7 @@ class SyncTransport:
     def close(self) -> None:
         self.client.close()
         if self._sentinels is not None:
-            with contextlib.suppress(*_REDIS_ERRORS):
-                self._sentinels.close()
+            # Each sentinel's client (redis-py 8.0 has no Sentinel.close()).
+            for sentinel in self._sentinels.sentinels:
+                with contextlib.suppress(*_REDIS_ERRORS):
+                    sentinel.close()
