@@ -151,6 +151,18 @@ def test_the_queue_list_is_refreshed_in_the_background_not_scanned_per_page(
     client.queue("second").add({})
     assert names.get() == ["first"]  # served at once, the scan runs behind it
     wait_until(lambda: names.get() == ["first", "second"], 10, "the refreshed list")
+    names.close()  # as the app does before closing the client: the last scan ends first
+
+
+def test_a_closed_queue_list_starts_no_more_scans(client: SyncQueueClient) -> None:
+    """Once the app shuts down (the list closed, then its client), a request still being served
+    must not start a scan on the client being closed (a thread failing inside redis-py)."""
+    client.queue("first").add({})
+    names = QueueNames(client, ttl=0.0)
+    assert names.get() == ["first"]
+    names.close()
+    assert names.get() == ["first"]  # the list it has, and no scan behind it
+    assert names._refresher is None
 
 
 def test_job_data_is_shown_as_text_everywhere(redis_url: str, client: SyncQueueClient,

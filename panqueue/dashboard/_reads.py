@@ -165,12 +165,14 @@ class QueueNames:
         self._refreshing = False
         self._refresher: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def get(self) -> list[str]:
         with self._lock:
             if self._names is None:
                 self._names, self._taken = self.client.queues(), time.monotonic()
-            elif time.monotonic() - self._taken > self.ttl and not self._refreshing:
+            elif time.monotonic() - self._taken > self.ttl and not self._refreshing and \
+                    not self._closed:
                 self._refreshing = True
                 self._refresher = threading.Thread(
                     target=self._refresh, name="panqueue-dashboard-queues", daemon=True)
@@ -178,8 +180,11 @@ class QueueNames:
             return list(self._names)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Wait for a scan in progress (before the client it uses is closed)."""
-        refresher = self._refresher
+        """Wait for a scan in progress (before the client it uses is closed); a request still
+        being served starts no other one."""
+        with self._lock:
+            self._closed = True
+            refresher = self._refresher
         if refresher is not None:
             refresher.join(timeout)
 
