@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["_Loop", "current_loop"]
 
 
-class _Loop:
+class _Loop(ABC):
     """The event loop side of the calls made from one loop: how an attempt waits for its call,
     and the delivery of finished calls by one loop callback per burst."""
 
@@ -28,30 +29,30 @@ class _Loop:
         self.finished: list[_Call] = []
         self.scheduled = False
 
+    @abstractmethod
     def current(self) -> bool:
         """Whether this is the loop running the calling task."""
-        raise NotImplementedError
 
+    @abstractmethod
     def prepare(self, call: _Call) -> None:
         """Before the call is submitted: what the attempt will wait on."""
-        raise NotImplementedError
 
+    @abstractmethod
     def wait(self, call: _Call) -> Awaitable[Any]:
         """What to await until the call is delivered (cancellable)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def wake(self, call: _Call) -> None:
         """On the loop: let the attempt waiting for ``call`` go on."""
-        raise NotImplementedError
 
+    @abstractmethod
     def post(self) -> None:
         """From a thread: have the loop run :meth:`deliver` soon. Does nothing if the loop is
         gone: nobody waits any more."""
-        raise NotImplementedError
 
+    @abstractmethod
     def soon(self, fn: Callable[[], None]) -> None:
         """On the loop: run ``fn`` once the callbacks ready now have run."""
-        raise NotImplementedError
 
     def deliver(self) -> None:
         with self.lock:
