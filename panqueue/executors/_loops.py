@@ -82,15 +82,6 @@ class _AsyncioLoop(_Loop):
         if not waiter.done():  # else cancelled: the attempt stopped waiting
             waiter.set_result(None)
 
-    def deliver(self) -> None:
-        with self.lock:
-            calls, self.finished = self.finished, []
-            self.scheduled = False
-        for call in calls:  # wake(), inlined
-            waiter = call.waiter
-            if not waiter.done():
-                waiter.set_result(None)
-
     def post(self) -> None:
         try:
             self.loop.call_soon_threadsafe(self.deliver)
