@@ -248,8 +248,6 @@ class Queue(Generic[PayloadT]):
         """Add many jobs (each item is one job's data) in one round trip. Every item is
         validated first: one bad item raises PayloadError and nothing is written."""
         jobs = _new_jobs(self.defaults, items)
-        if not jobs:
-            return []
         added = await self._client._run(self._add(jobs))
         return [JobHandle(self._client, self.keys, i, c) for i, c in added]
 
@@ -509,8 +507,6 @@ class SyncQueue(Generic[PayloadT]):
 
     def add_bulk(self, items: Iterable[PayloadT]) -> list[SyncJobHandle]:
         jobs = _new_jobs(self.defaults, items)
-        if not jobs:
-            return []
         added = self._client._run(self._add(jobs))
         return [SyncJobHandle(self._client, self.keys, i, c) for i, c in added]
 
@@ -691,7 +687,10 @@ class _Spread:
 def _add_op(parts: parted.PartitionCounts, queue: Queue[Any] | SyncQueue[Any],
             jobs: Sequence[NewJob], spread: int, durable_timeout_ms: int | None,
             together: bool) -> Op[list[tuple[str, bool]]]:
-    """Add ``jobs`` to ``queue``, each in its partition."""
+    """Add ``jobs`` to ``queue``, each in its partition. No jobs (an empty bulk, flow or
+    chain) is nothing to add: nothing is asked of the server."""
+    if not jobs:
+        return []
     where = yield from parts.parts(queue.name, queue.partitions)
     return (yield from parted.add_routed(where, jobs, queue.mode, spread, durable_timeout_ms,
                                          together))

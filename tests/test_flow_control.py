@@ -321,6 +321,22 @@ async def test_cancelling_a_blocked_job_fails_its_dependents(redis_url: str,
         assert (await first.info()).state is JobState.WAITING
 
 
+async def test_an_empty_flow_or_chain_adds_nothing_like_an_empty_bulk(
+        redis_url: str, redis_client: redis.Redis, queue_name: str) -> None:
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        assert await queue.add_bulk([]) == []
+        assert await queue.add_flow([]) == []
+        assert await queue.add_chain([]) == []
+        assert await queue.add_chain(iter(())) == []
+    with SyncQueueClient(redis_url) as sync:
+        handle = sync.queue(queue_name)
+        assert handle.add_bulk([]) == []
+        assert handle.add_flow([]) == []
+        assert handle.add_chain([]) == []
+    assert redis_client.dbsize() == 0
+
+
 # ----------------------------------------------------------------------------- durable writes
 
 
