@@ -485,6 +485,64 @@ async def test_thread_job_abandoned_before_a_thread_took_it_never_runs(
     assert reasons == []
 
 
+async def test_thread_back_from_an_abandoned_job_holds_up_no_job_behind_it() -> None:
+    """A thread whose job was abandoned (its timeout) while the handler ran on comes back when
+    the handler returns, and may take a waiting job then. The jobs still waiting behind that
+    one get threads of their own within the patience, as behind any busy thread: they do not
+    wait for the whole of its handler.
+
+    The two jobs are handed to the pool in one round of the event loop while no thread is awake
+    (they wait for the round's end), and the abandoned job's thread comes back before the round
+    ends. The pool's calls are made by hand so that the round's end is in the test's control."""
+    from panqueue.errors import JobTimeout
+    from panqueue.executors.thread import _Call
+
+    release_abandoned = threading.Event()
+    first_started = threading.Event()
+    second_started = threading.Event()
+    threads: dict[str, str] = {}
+
+    def handler(job: Job[Any]) -> Any:
+        threads[job.data] = threading.current_thread().name
+        if job.data == "abandoned":
+            return release_abandoned.wait(10)
+        if job.data == "first":
+            first_started.set()
+            return second_started.wait(5)  # blocks until the job behind it has started
+        second_started.set()
+        return True
+
+    executor = _thread_executor(handler)
+    with pytest.raises(JobTimeout):
+        await executor.run(_job("abandoned"), 0.05)
+    loop = executor._current_loop()
+    calls = {data: _Call(handler, loop, _job(data)) for data in ("first", "second")}
+    results: dict[str, Any] = {}
+    waiting = [anyio.Event() for _ in calls]
+
+    async def wait(call: _Call, ready: anyio.Event) -> None:
+        loop.prepare(call)
+        ready.set()  # no checkpoint between this and the wait: the task waits once seen ready
+        await loop.wait(call)
+        results[call.job.data if call.job else ""] = call.result()
+
+    async with anyio.create_task_group() as tg:
+        for call, ready in zip(calls.values(), waiting, strict=True):
+            tg.start_soon(wait, call, ready)
+        for ready in waiting:
+            await ready.wait()
+        # One round of the loop, not left until the abandoned thread has taken the first job.
+        for call in calls.values():
+            executor._pool.submit(call)
+        release_abandoned.set()
+        assert first_started.wait(5)
+        started = time.monotonic()
+    await executor.aclose()
+    assert threads["first"] == threads["abandoned"]
+    assert results == {"first": True, "second": True}
+    assert time.monotonic() - started < 1
+
+
 async def test_thread_result_is_delivered_while_its_thread_runs_a_long_next_job() -> None:
     """A thread that goes on with the next waiting job tells the event loop of the jobs it
     finished once it runs out of jobs, or within the executor's patience if the next job takes

@@ -104,12 +104,17 @@ class Pool:
 
     def _flush(self) -> None:
         """On the event loop, after the round that submitted calls while no thread was awake:
-        one thread for them (if none took them meanwhile), the watcher for the others."""
+        one thread for them (if none took them meanwhile), the watcher for the others.
+
+        A thread awake meanwhile (one back from an abandoned call takes the waiting calls as it
+        comes back) is not enough: it may be in its next handler for long, and no one watched
+        the calls submitted while no thread was awake. The watcher watches them as it watches
+        every call waiting behind a busy thread."""
         with self.lock:
             self._flushing = False
-            if not self._waiting or self._awake:
+            if not self._waiting:
                 return
-            start = self._hand_over(self._waiting.popleft())
+            start = None if self._awake else self._hand_over(self._waiting.popleft())
             watcher = self._watch_locked() if self._waiting else None
         if start is not None:
             self._start(*start)
