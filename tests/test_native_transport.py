@@ -9,6 +9,7 @@ arrive.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -239,3 +240,38 @@ async def test_asyncio_keeps_redis_py(anyio_backend: str, redis_url: str) -> Non
         assert isinstance(transport, _AsyncioTransport)
     finally:
         await transport.aclose()
+
+
+def _feed_time(data: bytes, piece: int) -> tuple[float, list[Any]]:
+    """The least time of three reads of ``data`` by the Python reader, fed ``piece`` bytes at
+    a time, and the replies it read."""
+    best = math.inf
+    for _ in range(3):
+        started = time.perf_counter()
+        replies = _replies_read(resp.PyReader(), data, piece=piece)
+        best = min(best, time.perf_counter() - started)
+    return best, replies
+
+
+@pytest.mark.parametrize("shape", ["one long string", "many short strings", "nested arrays"])
+def test_the_python_reader_takes_a_long_reply_in_time_linear_in_its_size(shape: str) -> None:
+    """A reply of megabytes arrives in many pieces; reading it must not start over from its
+    first byte at each piece. Measured as a ratio to reading the same bytes fed at once, so
+    that the bound holds on a slow machine: re-reading from the start would cost about
+    (pieces / 2) times as much, 64 here, where going on from where it stopped costs about the
+    same as one piece."""
+    if shape == "one long string":
+        wire = b"$%d\r\n%s\r\n" % (2 << 20, b"x" * (2 << 20))
+    elif shape == "many short strings":
+        items = [b"$10\r\n%010d\r\n" % i for i in range(120_000)]
+        wire = b"*%d\r\n%s" % (len(items), b"".join(items))
+    else:
+        rows = [b"*2\r\n:%d\r\n%%1\r\n+k\r\n$3\r\nabc\r\n" % i for i in range(60_000)]
+        wire = b"*%d\r\n%s" % (len(rows), b"".join(rows))
+    piece = len(wire) // 128 + 1
+    at_once, expected = _feed_time(wire, len(wire))
+    in_pieces, replies = _feed_time(wire, piece)
+    assert replies == expected and len(replies) == 1
+    if resp.hiredis is not None:
+        assert _replies_read(resp.new_reader(), wire, piece=piece) == expected
+    assert in_pieces < 8 * at_once + 0.05, (in_pieces, at_once)
