@@ -28,6 +28,7 @@ from panqueue import (
     Worker,
 )
 from panqueue._keys import partition_keys
+from panqueue._runtime.claimer import ClaimLoop
 from panqueue.testing import drain, run_worker
 from tests.helpers import run_cli
 
@@ -410,3 +411,39 @@ async def test_dependencies_in_two_partitions_are_refused(redis_url: str,
         after = await queue.add(4, depends_on=[second])
         assert int(after.id) % N == 1 and (await after.info()).state == JobState.BLOCKED
         assert (await client.counts(queue_name))[JobState.BLOCKED] == 1
+
+
+async def test_the_rate_limit_holds_when_a_claim_comes_late_after_its_take(
+        redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker stalls 0.3 s after every other take of starts, before the claim that uses
+    them. The starts must count in the window in which the jobs actually start: no 1-second
+    span of start times (the server's, on the jobs) holds more than 10."""
+    takes = 0
+    original = ClaimLoop._take_starts
+
+    async def stalling_take(self: ClaimLoop, keys: Any, wanted: int, name: str
+                            ) -> tuple[int, int] | None:
+        nonlocal takes
+        taken = await original(self, keys, wanted, name)
+        takes += 1
+        if taken is not None and taken[0] > 0 and takes % 2:
+            await anyio.sleep(0.3)  # the stall under test: a late claim, not a synchronisation
+        return taken
+
+    monkeypatch.setattr(ClaimLoop, "_take_starts", stalling_take)
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=4, concurrency=20,
+                      rate_limit=RateLimit(max=10, per=1.0))
+    async def work(job: Job[int]) -> None:
+        return None
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(work).add_bulk(range(40))
+        async with run_worker(registry, queue_name, redis_url):
+            await drain(redis_url, queue_name, timeout=30)
+        starts = sorted([(await h.info()).started_at for h in handles])  # type: ignore[type-var]
+    assert len(starts) == 40 and None not in starts
+    crowded = [(first, eleventh) for first, eleventh in zip(starts, starts[10:], strict=False)
+               if (eleventh - first).total_seconds() < 1.0]
+    assert not crowded, f"11 starts within one second: {crowded[0]}"

@@ -18,10 +18,13 @@ handed over in one partition could not be withdrawn from the others); a wake-up 
 partition wakes the loop. Its global rate limit is one window in a slot of its own: before
 each partition's claim the loop takes starts from it, and gives back those no job used
 (lua/rate_take.lua); its jobs' recordings then claim nothing, so every start goes through it.
+The starts carry a deadline: a claim that runs after it (the worker stalled between the two
+calls) claims nothing and answers wake_in 0, its starts go back, and the loop takes fresh ones.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -86,6 +89,20 @@ class ClaimLoop:
         self.idle = anyio.Event()  # set while no slot runs a job
         self.idle.set()
         self.stopping = False
+        # The claim call out now (shielded), and when a stopping worker stops waiting for it.
+        self._call_scope: anyio.CancelScope | None = None
+        self._stop_by = math.inf
+
+    def stop(self, by: float) -> None:
+        """Claim nothing more. A claim call still out is waited for until ``by`` (on the event
+        loop's clock) at the latest: the shutdown's drain ends then, and a network that drops
+        every packet must not hold it for the whole claim bound. Jobs such a call did claim
+        stay locked by its token, which the stopping worker withdraws (:meth:`withdraw`), or
+        else the stalled sweep requeues them."""
+        self.stopping = True
+        self._stop_by = min(self._stop_by, by)
+        if self._call_scope is not None:
+            self._call_scope.deadline = min(self._call_scope.deadline, self._stop_by)
 
     def _start_handed(self) -> None:
         """Jobs were just handed over (they are in ``_handed``). Default: the loop takes
@@ -193,21 +210,22 @@ class ClaimLoop:
         the queue has one: (what was claimed, or None; ms until the window has room when it
         had none)."""
         token = self._tokens.new()
+        start_by = 0
         if self._shared_rate is not None:
             taken = await self._take_starts(keys, wanted, token)
             if taken is None:
                 return None, None
-            wanted, until_free = taken
+            wanted, until_free, start_by = taken
             if wanted == 0:
                 return None, until_free
-        claimed = await self._send_claim(token, wanted, [], keys)
+        claimed = await self._send_claim(token, wanted, [], keys, start_by)
         got = 0 if claimed is None else len(claimed.jobs)
         if self._shared_rate is not None and got < wanted:
             await self._give_back_starts(keys, token, got + 1, wanted)
         return claimed, None
 
     async def _take_starts(self, keys: QueueKeys, wanted: int, name: str
-                           ) -> tuple[int, int] | None:
+                           ) -> tuple[int, int, int] | None:
         assert self._shared_rate is not None
         limit, per_ms = self._shared_rate
         try:
@@ -227,17 +245,18 @@ class ClaimLoop:
             self._trouble.failed(exc)
 
     async def _send_claim(self, token: str, free: int, withdraw: list[str],
-                          keys: QueueKeys | None = None) -> Claimed | None:
+                          keys: QueueKeys | None = None, start_by: int = 0) -> Claimed | None:
         registering = keys is None
         give_up = time.monotonic() + self._lock_ttl * 0.8
         while True:
             with anyio.CancelScope(shield=True) as scope:
-                scope.deadline = anyio.current_time() + _CLAIM_BOUND
+                scope.deadline = min(anyio.current_time() + _CLAIM_BOUND, self._stop_by)
+                self._call_scope = scope
                 try:
                     sent = time.monotonic()
                     claimed = await self._transport.run(transitions.claim(
                         keys or self._keys, token, self._ttl_ms, free, withdraw=withdraw,
-                        idle_ms=self._idle_ms if registering else 0))
+                        idle_ms=self._idle_ms if registering else 0, start_by_ms=start_by))
                     if self.on_claim is not None:
                         self.on_claim(time.monotonic() - sent)
                 except PanqueueError as exc:
@@ -255,7 +274,9 @@ class ClaimLoop:
                                         if job.id not in self._delivered]
                     self._registered = [] if claimed.jobs or consumed else [token]
                     return claimed
-            if scope.cancelled_caught:
+                finally:
+                    self._call_scope = None
+            if scope.cancelled_caught and not self.stopping:
                 self._trouble.failed(TimeoutError(f"no reply in {_CLAIM_BOUND:g} s"))
             if self.stopping or time.monotonic() >= give_up:
                 return None

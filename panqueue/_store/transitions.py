@@ -165,7 +165,7 @@ def _claimed(reply: list[Any], offset: int, token: str, keys: QueueKeys) -> Clai
 
 
 def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int, *,
-          withdraw: Sequence[str] = (), idle_ms: int = 0) -> Op[Claimed]:
+          withdraw: Sequence[str] = (), idle_ms: int = 0, start_by_ms: int = 0) -> Op[Claimed]:
     """WAITING -> ACTIVE for up to ``n`` jobs, locked with ``token``. The token must be fresh
     for this call: it is also the call's request id, so a resend answers the same jobs.
 
@@ -174,8 +174,12 @@ def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int, *,
     ``idle_ms``: when nothing is claimed, register ``token`` as idle for that long, so that an
     add hands the next job straight to this worker (see lua/lib/handoff.lua and
     :func:`parse_handoff`).
+    ``start_by_ms``: the deadline of the rate-limit starts taken for this claim
+    (:func:`take_starts`); a claim that runs after it claims nothing and answers ``wake_in_ms``
+    0, so that the worker gives them back and takes fresh ones.
     """
-    reply = yield _call(SCRIPTS.claim, keys, (token, ttl_ms, n, idle_ms, *withdraw))
+    reply = yield _call(SCRIPTS.claim, keys, (token, ttl_ms, n, idle_ms, start_by_ms,
+                                              *withdraw))
     return _claimed(reply, 0, token, keys)
 
 
@@ -323,12 +327,13 @@ def leave_registry(keys: QueueKeys, name: str) -> Op[None]:
 
 
 def take_starts(keys: QueueKeys, wanted: int, limit: int, per_ms: int, name: str
-                ) -> Op[tuple[int, int]]:
+                ) -> Op[tuple[int, int, int]]:
     """A partitioned queue's global rate limit: take up to ``wanted`` starts from its shared
-    window (named ``name:1`` ...); (taken, ms until one is free when none was)."""
-    taken, wake_in = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
-                                      (wanted, limit, per_ms, name))
-    return int(taken), int(wake_in)
+    window (named ``name:1`` ...); (taken, ms until one is free when none was, the deadline
+    by which the claim that uses them must run: :func:`claim`'s ``start_by_ms``)."""
+    taken, wake_in, start_by = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
+                                                (wanted, limit, per_ms, name))
+    return int(taken), int(wake_in), int(start_by)
 
 
 def give_back_starts(keys: QueueKeys, name: str, first: int, last: int) -> Op[None]:

@@ -6,11 +6,17 @@
 -- ARGV[4]  (optional) idle wait ms: when nothing is claimed, register this call's token as
 --          idle for that long, so that the next add hands a job straight to the worker (0 or
 --          absent: do not)
--- ARGV[5...] tokens of this worker's idle registrations to withdraw: the call ends them and
+-- ARGV[5]  (optional) start-by: the deadline (ms) of the rate-limit starts this claim uses (a
+--          partitioned queue's shared window, lua/rate_take.lua); a claim that runs later
+--          claims nothing and answers wake_in 0 (0 or absent: no deadline)
+-- ARGV[6...] tokens of this worker's idle registrations to withdraw: the call ends them and
 --          takes over the jobs handed to them meanwhile (lib/handoff.lua)
 -- Returns  {count, wake_in, id, data, attempt, enqueued_at, options, ...}
---          wake_in: when count is 0, ms until the next delayed job is due (-1: none).
--- Invariants: nothing is claimed while the queue is paused; due delayed jobs are promoted first;
+--          wake_in: when count is 0, ms until the next delayed job is due (-1: none; 0: the
+--          starts came too late, take new ones now).
+-- Invariants: nothing is claimed while the queue is paused, nor with rate-limit starts past their
+--          deadline (a job starts no later than the window counts it); due delayed jobs are
+--          promoted first;
 --          claim and lock are one step; a resent call claims nothing more (it answers the
 --          jobs the first call claimed that its token still holds).
 --!include layout.lua
@@ -23,9 +29,13 @@ if reply then
   return reply
 end
 local now = now_ms()
+local start_by = tonumber(ARGV[5] or '0')
+if start_by > 0 and now > start_by then
+  return {0, 0}
+end
 local ttl = tonumber(ARGV[2])
 local taken = {}
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   withdraw_idle(ARGV[i], ARGV[1], ttl, taken)
 end
 reply = {}
