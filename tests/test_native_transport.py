@@ -33,6 +33,7 @@ from panqueue._store.transport import (
 )
 from panqueue._store.transport.aio import _AsyncioTransport
 from panqueue._store.transport.thread import _ThreadTransport
+from panqueue.embedded import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -275,3 +276,55 @@ def test_the_python_reader_takes_a_long_reply_in_time_linear_in_its_size(shape: 
     if resp.hiredis is not None:
         assert _replies_read(resp.new_reader(), wire, piece=piece) == expected
     assert in_pieces < 8 * at_once + 0.05, (in_pieces, at_once)
+
+
+async def _fill_the_pool(transport: Any, size: int) -> None:
+    """Leave ``size`` connections in the transport's pool: calls at the same time each take
+    one of their own."""
+    async with anyio.create_task_group() as calls:
+        for _ in range(size):
+            calls.start_soon(transport.execute, Command(("BLPOP", "{p}:none", 0.05)))
+
+
+def _server_clients(client: redis.Redis) -> int:
+    """The connections the server has, besides ``client``'s own."""
+    return len(client.client_list()) - 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.parametrize("drop", ["client kill", "idle timeout", "restart"])
+async def test_a_call_after_the_server_dropped_every_pooled_connection_succeeds(
+        anyio_backend: str, drop: str, private_redis: RedisServer) -> None:
+    """A server restarted, clients killed, or idle ones closed by its ``timeout``: every
+    connection in the pool is dead, and the next call must still get its answer, as redis-py's
+    does (the connections that wait in its pool are checked before use, and a retry opens a
+    new one), rather than retrying once on the next dead connection of the pool."""
+    transport = open_async_transport(private_redis.url)
+    assert isinstance(transport, native._NativeTransport)
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        admin.set("{p}:g", "kept")
+        await _fill_the_pool(transport, 4)
+        assert _server_clients(admin) == 4
+        if drop == "client kill":
+            assert admin.client_kill_filter(_type="normal", skipme=True) == 4
+        elif drop == "idle timeout":
+            admin.config_set("timeout", 1)
+            with anyio.fail_after(10):
+                while _server_clients(admin) > 0:
+                    await anyio.sleep(0.05)
+        else:
+            private_redis.stop()
+            private_redis.start()
+            admin.set("{p}:g", "kept")
+        for _ in range(6):
+            assert await transport.execute(Command(("GET", "{p}:g"))) == b"kept"
+        if drop == "idle timeout":  # what was dropped was replaced, and is dropped again
+            await _fill_the_pool(transport, 4)
+            with anyio.fail_after(10):
+                while _server_clients(admin) > 0:
+                    await anyio.sleep(0.05)
+            assert await transport.execute(Command(("GET", "{p}:g"))) == b"kept"
+    finally:
+        admin.close()
+        await transport.aclose()

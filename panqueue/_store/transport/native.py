@@ -9,7 +9,8 @@ It answers as redis-py does, so the operations cannot tell it from the other tra
 * replies go through redis-py's response callbacks (``TIME`` as a tuple, ``HGETALL`` as a
   dict, ...), and an error reply raises the class redis-py raises for its code, with the same
   message (in a batch: the first error, as ``Command # n (...) of pipeline caused error: ``);
-* a call whose pooled connection broke is sent once more on a new connection, and a call
+* a pooled connection is checked before use (closed by the server: dropped), a call whose
+  pooled connection broke anyway is sent once more on a new connection, and a call
   still unanswered after the socket timeout raises ``TimeoutError``; a connection that a
   cancelled or failed call leaves with a reply in flight is closed, never reused.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import math
+import select
 import socket
 import ssl
 import textwrap
@@ -222,6 +224,22 @@ class _Connection:
                 raise reply
         return replies
 
+    def is_reusable(self) -> bool:
+        """Whether this connection, idle in the pool, can carry the next call: nothing is
+        there to read on it. A server that closed it (a restart, ``CLIENT KILL``, its idle
+        ``timeout``, a proxy's) left an end of file to read, and bytes that no call asked for
+        would be taken for the next call's reply. One poll of the socket, no round trip: the
+        check redis-py makes of a connection it takes from its pool."""
+        fd = self._socket.fileno()
+        if fd < 0:
+            return False
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return not poller.poll(0)
+        readable, _, _ = select.select([fd], [], [], 0)
+        return not readable
+
     def close(self) -> None:
         self._socket.close()
 
@@ -296,14 +314,29 @@ class _NativeTransport(AsyncTransport):
 
     async def _roundtrip(self, payload: bytes, count: int) -> list[Any]:
         """One round trip on a pooled connection; once more, on a new connection, if that one
-        broke or could not be opened (see ``options._standalone_options``)."""
+        broke or could not be opened (see ``options._standalone_options``). The retry never
+        takes another pooled connection: whatever broke the first (a restart, a kill of every
+        client) most likely broke those too, in a way their check before use may not see yet
+        (the server's end of file still on its way)."""
         try:
-            return await self._roundtrip_once(payload, count)
+            return await self._roundtrip_once(payload, count, self._pooled())
         except _E.ConnectionError:
-            return await self._roundtrip_once(payload, count)
+            return await self._roundtrip_once(payload, count, None)
 
-    async def _roundtrip_once(self, payload: bytes, count: int) -> list[Any]:
-        connection = self._idle.pop() if self._idle else await _Connection.open(self._settings)
+    def _pooled(self) -> _Connection | None:
+        """The most recently used idle connection that can carry a call; the dead ones before
+        it are closed on the way."""
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.is_reusable():
+                return connection
+            connection.close()
+        return None
+
+    async def _roundtrip_once(self, payload: bytes, count: int,
+                              connection: _Connection | None) -> list[Any]:
+        if connection is None:
+            connection = await _Connection.open(self._settings)
         answered = False
         try:
             with trio.move_on_after(self._settings.timeout or math.inf) as scope:
