@@ -10,7 +10,7 @@ from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._store.transport import Command, Op
 
-__all__ = ["Event", "last_event_id", "read_events"]
+__all__ = ["Event", "last_event_id", "read_events", "stream_entries"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,20 @@ def _event(queue: str, entry_id: bytes, entry: dict[bytes, bytes]) -> Event:
                  entry.get(b"id", b"").decode(), fields)
 
 
+def stream_entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+    """The ``(entry id, fields)`` of an XREAD or XREADGROUP reply on one stream, in the shape
+    redis-py gives on either protocol: RESP2's list of ``[stream, entries]`` pairs, RESP3's
+    map of stream to ``[entries]``. Nothing read: ``[]``, ``{}`` or ``None``. (Fields are
+    ``None`` for an entry trimmed after XREADGROUP delivered it.)"""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        [(_stream, [entries])] = reply.items()
+        return list(entries)
+    [(_stream, entries)] = reply
+    return list(entries)
+
+
 def last_event_id(keys: QueueKeys) -> Op[str]:
     reply = yield Command(("XREVRANGE", keys.events, "+", "-", "COUNT", 1))
     return reply[0][0].decode() if reply else "0-0"
@@ -66,8 +80,8 @@ def read_events(keys: QueueKeys, after: str, block_ms: int | None, count: int = 
     not at all, only what is there now)."""
     wait = () if block_ms is None else ("BLOCK", block_ms)
     reply = yield Command(("XREAD", "COUNT", count, *wait, "STREAMS", keys.events, after))
-    return [_event(keys.name, entry_id, entry)
-            for _stream, entries in reply or () for entry_id, entry in entries]
+    return [_event(keys.name, entry_id, entry or {})
+            for entry_id, entry in stream_entries(reply)]
 
 
 def events_now(keys: QueueKeys, after: str | None, count: int) -> Op[tuple[list[Event], str]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from panqueue._keys import QueueKeys
+from panqueue._store.ops.events import stream_entries
 from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import PanqueueError
 
@@ -110,7 +111,7 @@ def read_history(keys: QueueKeys, count: int) -> Op[HistoryBatch]:
     while True:  # the pending entries, all of them: the batch must be the one read before
         reply = yield Command(("XREADGROUP", "GROUP", EXPORT_GROUP, EXPORT_CONSUMER, "COUNT",
                                count, "STREAMS", keys.history, after))
-        found = reply[0][1] if reply else []
+        found = stream_entries(reply)
         if not found:
             break
         for entry, fields in found:
@@ -127,9 +128,10 @@ def read_history(keys: QueueKeys, count: int) -> Op[HistoryBatch]:
         Command(("XREADGROUP", "GROUP", EXPORT_GROUP, EXPORT_CONSUMER, "COUNT", count,
                  "STREAMS", keys.history, ">")),
         Command(("XINFO", "GROUPS", keys.history))), route=keys.history)
-    for entry, fields in reply[0][1] if reply else []:
+    for entry, fields in stream_entries(reply):
         entries.append(entry.decode())
-        records.append(parse_record(entry, fields))
+        if fields is not None:  # (always, for an entry delivered now rather than before)
+            records.append(parse_record(entry, fields))
     # The group's read counter moves past entries trimmed before they were delivered.
     read_before, read_now = _group_read(before), _group_read(now)
     skipped = (0 if read_before is None or read_now is None

@@ -18,6 +18,7 @@ import msgpack
 from panqueue._codec import decode
 from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
+from panqueue._store.ops.events import stream_entries
 from panqueue._store.ops.workers import WorkerInfo, workers
 from panqueue._store.transport import Batch, Command, Op, redact_url
 from panqueue.errors import ConfigError, JobFailed, JobNotFound, TimeoutError
@@ -303,20 +304,19 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = 
             Command(("XREAD", "COUNT", _RESULT_READ_COUNT, "BLOCK", max(1, int(block * 1000)),
                      "STREAMS", keys.events, position)),
         ))
-        caught_up = True
-        for _stream, entries in reply or ():
-            caught_up = len(entries) < _RESULT_READ_COUNT
-            for entry_id, entry in entries:
-                position = entry_id
-                event = entry.get(b"ev")
-                if entry.get(b"id") == job_id.encode() and event in _FINAL_EVENTS:
-                    # The event carries the outcome: retention may already have deleted the job.
-                    state = {b"completed": b"completed", b"failed": b"failed"}.get(
-                        event, b"cancelled")
-                    outcome = _final_outcome(keys, job_id, state, entry.get(b"r"),
-                                             entry.get(b"e"))
-                    if outcome is not None:
-                        return outcome[0]
+        entries = stream_entries(reply)
+        caught_up = len(entries) < _RESULT_READ_COUNT
+        for entry_id, fields in entries:
+            position = entry_id
+            entry = fields or {}
+            event = entry.get(b"ev")
+            if entry.get(b"id") == job_id.encode() and event in _FINAL_EVENTS:
+                # The event carries the outcome: retention may already have deleted the job.
+                state = {b"completed": b"completed", b"failed": b"failed"}.get(
+                    event, b"cancelled")
+                outcome = _final_outcome(keys, job_id, state, entry.get(b"r"), entry.get(b"e"))
+                if outcome is not None:
+                    return outcome[0]
 
 
 def _timed_out(keys: QueueKeys, job_id: str, timeout: float | None, url: str) -> Op[Any]:
