@@ -104,9 +104,14 @@ def _comparable(request: Request, reply: Any) -> Any:
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.parametrize("protocol", [2, 3])
 async def test_every_reply_is_shaped_as_redis_py_shapes_it(
-        anyio_backend: str, reader: str, redis_url: str, redis_client: redis.Redis) -> None:
+        anyio_backend: str, reader: str, protocol: int, redis_url: str,
+        redis_client: redis.Redis) -> None:
+    """On either protocol: RESP3 answers maps and sets where RESP2 has lists, which redis-py
+    shapes by protocol (XREAD's streams as a map on RESP3)."""
     k = "{eq}"
+    redis_url = f"{redis_url}?protocol={protocol}"
     transport = open_async_transport(redis_url)
     assert isinstance(transport, native._NativeTransport)
     sync = SyncTransport(redis_url)
