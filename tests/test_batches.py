@@ -34,10 +34,10 @@ from panqueue import (
 )
 from panqueue._keys import BatchKeys, QueueKeys
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops.batches import callback_id, relay, sweep_batches
+from panqueue._store.ops.batches import _call, _fire, callback_id, relay, sweep_batches
 from panqueue._store.transport import ScriptCall
 from panqueue.embedded import find_server_binary
-from panqueue.testing import run_worker
+from panqueue.testing import FaultProxy, drain, run_worker
 from tests.helpers import APPS, WorkerProcess, async_wait_until, wait_until
 from tests.test_cluster import Cluster, _running_cluster, _spread_queues
 
@@ -45,6 +45,8 @@ sys.path.insert(0, str(APPS))
 import batch_app
 
 WORK, DONE, PARENT = "batch-work", "batch-done", "batch-parent"
+# A callback queue that keeps no completed job.
+UNKEPT = "batch-done-unkept"
 DAY_MS = 86_400_000
 
 
@@ -523,6 +525,73 @@ def test_callback_added_once_after_a_worker_is_killed_mid_batch(
         assert rescuer.stop() == 0
         assert sum(client.counts(DONE).values()) == 1
     assert callback_runs(redis_client, complete_id(batch)) == 1
+
+
+def test_a_callback_added_by_a_firer_killed_before_it_marked_the_batch_runs_once(
+        redis_url: str, redis_client: redis.Redis,
+        workers: Callable[..., WorkerProcess]) -> None:
+    """The worker that fires the batch adds the callback and dies before it marks the batch;
+    the callback runs and retention deletes it. Firing the batch again (a close, the callback
+    queue's sweep) adds no second callback."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with SyncQueueClient(redis_url) as client, FaultProxy(port) as proxy:
+        for script in SCRIPTS:  # every script call one EVALSHA: one request, one reply
+            redis_client.script_load(script.body)
+        batch = client.batch(on_complete=(UNKEPT, {"url": redis_url}))
+        batch.add(WORK, {})
+        batch.close()
+        callback = callback_id(batch.id, "complete")
+        # Every request that names the callback runs, and its reply is lost: the firer never
+        # learns that the callback was added, so it never gets as far as marking the batch.
+        proxy.drop_next_reply(1000, match=callback.encode())
+        firer = workers(proxy.url_for(redis_url), WORK)
+        wait_until(lambda: redis_client.exists(QueueKeys(UNKEPT).job(callback)), 20,
+                   "the firer added the callback")
+        firer.process.send_signal(signal.SIGKILL)
+        firer.process.wait()
+        proxy.clear_drops()
+        assert redis_client.hget(BatchKeys(batch.id).state, "fired") == b"1"
+        assert redis_client.hget(BatchKeys(batch.id).state, "added") is None
+        runner = workers(redis_url, UNKEPT)
+        wait_until(lambda: callback_runs(redis_client, callback) == 1
+                   and not redis_client.exists(QueueKeys(UNKEPT).job(callback)), 20,
+                   "the callback ran and retention deleted it")
+        assert batch.close() == info(batch.id, 1, 0, 1, 0, True)
+        client._run(sweep_batches(QueueKeys(UNKEPT)))
+        wait_until(lambda: not _unfinished(client, UNKEPT), 20, "nothing left to run")
+        assert runner.stop() == 0
+        assert batch.info() == info(batch.id, 1, 0, 1, 0, True)
+    assert callback_runs(redis_client, callback) == 1
+
+
+def _unfinished(client: SyncQueueClient, queue: str) -> int:
+    counts = client.counts(queue)
+    return sum(counts[state] for state in (JobState.WAITING, JobState.DELAYED,
+                                            JobState.ACTIVE))
+
+
+@pytest.mark.anyio
+async def test_a_firer_that_stalled_after_the_batch_fired_adds_no_second_callback(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    """One relayer sees the batch fire and stalls before it adds the callback. Meanwhile
+    another adds it and marks the batch, the callback runs, and retention deletes it. Then
+    the stalled one goes on: it adds nothing."""
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(UNKEPT, {"url": redis_url}))
+        stalled = await client._run(_call(SCRIPTS.batch_close, batch.id))
+        assert stalled.status == "fire"
+        callback = complete_id(batch)
+        async with run_worker(batch_app.queues, UNKEPT, redis_url):
+            assert await batch.close() == info(batch.id, 0, 0, 0, 0, True)
+            await async_wait_until(lambda: _ran_and_deleted(redis_client, callback), 10,
+                                   "the callback ran and retention deleted it")
+            await client._run(_fire(stalled))
+            await drain(redis_url, UNKEPT)
+    assert callback_runs(redis_client, callback) == 1
+
+
+async def _ran_and_deleted(r: redis.Redis, job_id: str) -> bool:
+    return callback_runs(r, job_id) == 1 and not r.exists(QueueKeys(UNKEPT).job(job_id))
 
 
 # ----------------------------------------------------------------------------- Redis Cluster

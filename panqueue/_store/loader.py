@@ -119,6 +119,7 @@ class _Scripts:
         self.batch_close = _load("batch_close")
         self.batch_record = _load("batch_record")
         self.batch_added = _load("batch_added")
+        self.batch_callback = _load("batch_callback")
         self.batch_info = _load("batch_info")
 
     def __iter__(self) -> Iterator[Script]:

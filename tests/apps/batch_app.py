@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import redis
 
-from panqueue import Fail, Job, QueueClient, Registry
+from panqueue import Fail, Job, QueueClient, Registry, Retention
 
 queues = Registry()
 
@@ -31,6 +31,17 @@ async def work(job: Job) -> dict[str, Any]:
 @queues.handler("batch-done", concurrency=4)
 async def callback(job: Job) -> None:
     """A batch's callback: counts its runs (per job id) and keeps its data, in Redis."""
+    _count_run(job)
+
+
+@queues.handler("batch-done-unkept", retention=Retention(completed=0))
+async def unkept_callback(job: Job) -> None:
+    """A callback whose queue keeps no completed job: it is deleted as soon as it ran, as
+    retention does to any callback in time."""
+    _count_run(job)
+
+
+def _count_run(job: Job) -> None:
     client = redis.Redis.from_url(job.data["url"])
     client.incr(f"runs:{job.id}")
     client.rpush("callbacks", f"{job.id} {time.time()}")

@@ -3,11 +3,13 @@
 A batch's state lives in a hash slot of its own (``{b:<id>}``, lua/lib/batch_layout.lua); a
 job's ending happens in its queue's slot, so it reaches the batch in two steps: ``end_job``
 leaves it in the queue's batch outbox (lua/lib/finish.lua), and :func:`relay` hands the outbox
-to ``batch_record.lua`` and then empties it. Every step can be repeated: a job counts once, a
-batch fires once (``fired``), and a callback is added under an id derived from the batch id,
-so a second add of it finds the first. Whoever sees a batch fire adds its callbacks: the
-relayer, ``close()``, or the sweep of a callback queue's workers (:func:`sweep_batches`), which
-finds a batch whose firer died before adding them.
+to ``batch_record.lua`` and then empties it. Every step can be repeated: a job counts once,
+a batch fires once (``fired``), and a callback queue adds a batch's callbacks only while it owes
+them (``batch_callback.lua``: while the batch is in the queue's ``batches`` set, which the same
+step empties), so a second firer adds nothing, even once the callback ran and retention deleted
+it. Whoever sees a batch fire adds its callbacks: the relayer, ``close()``, or the sweep of a
+callback queue's workers (:func:`sweep_batches`), which finds a batch whose firer died before
+adding them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from panqueue._codec import decode, encode
 from panqueue._keys import BatchKeys, QueueKeys
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops.add import NewJob, add_jobs
+from panqueue._store.ops.base import check_refusal
 from panqueue._store.ops.schedules import server_time_ms
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue.errors import ConfigError, PanqueueError
@@ -88,30 +91,31 @@ def _call(script: Script, batch_id: str, *args: Any) -> Op[_Answer]:
     return _parse(batch_id, reply)
 
 
-def _callback_queues(answer: _Answer) -> list[str]:
-    return [decode(blob)[0] for blob in (answer.on_complete, answer.on_success) if blob]
-
-
 def _fire(answer: _Answer) -> Op[None]:
     """Add the callbacks of a batch that fired, then mark them added. on_success only when
     no job failed; when it is not added and the batch is a child, its parent stops waiting
-    for it."""
+    for it (first: that is safe to repeat). Each callback queue adds what it owes the batch
+    at most once (batch_callback.lua), so whoever fires the batch again after a firer died
+    or stalled here adds nothing, whether or not the callback job still exists."""
     info = answer.info
+    owed: dict[str, list[Any]] = {}
     for which, blob in (("complete", answer.on_complete), ("success", answer.on_success)):
         if not blob:
             continue
         queue, data = decode(blob)
+        callbacks = owed.setdefault(queue, [])
         job_id = callback_id(info.id, which)
         if which == "success" and info.failed:
             if answer.parent:
                 yield from _unregister(answer.parent, queue, [job_id])
             continue
-        job = NewJob(job_id, encode({**(data or {}), "batch": info.as_dict()}),
-                     options=batch_options(answer.parent), batch=answer.parent)
-        yield from add_jobs(QueueKeys(queue), [job])
+        callbacks += [job_id, encode({**(data or {}), "batch": info.as_dict()}),
+                      batch_options(answer.parent), answer.parent]
+    for queue, callbacks in owed.items():
+        keys = QueueKeys(queue)
+        check_refusal(keys, (yield ScriptCall(SCRIPTS.batch_callback, (keys.prefix,),
+                                              (info.id, *callbacks))))
     yield from _call(SCRIPTS.batch_added, info.id)
-    for queue in _callback_queues(answer):
-        yield Command(("ZREM", QueueKeys(queue).batches, info.id))
 
 
 def _settle(answer: _Answer) -> Op[None]:

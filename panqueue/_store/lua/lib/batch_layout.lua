@@ -44,7 +44,8 @@ end
 -- Fire the batch when it is closed and every registered job has ended ("ended" only holds
 -- registered jobs, so equal sizes mean none is pending); answer what the caller must do. A
 -- batch fires once: after that it answers 'fire' until batch_added.lua marks the callbacks
--- added, so whoever finds them due adds them (under ids that make a second add a no-op).
+-- added, so whoever finds them due adds them; each callback queue adds them only while it owes
+-- them (batch_callback.lua), so a second firer adds nothing.
 local function settle()
   local s = redis.call('HMGET', K_STATE, 'closed', 'fired', 'added')
   if s[3] == '1' then
