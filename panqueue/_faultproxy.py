@@ -103,6 +103,8 @@ class FaultProxy:
         self.connections_refused = 0
         #: Replies discarded by :meth:`drop_next_reply` (one per closed connection).
         self.replies_dropped = 0
+        # What clients sent since the last blackhole began that it holds back (or held).
+        self._held: list[bytes] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -208,6 +210,7 @@ class FaultProxy:
         :meth:`restore`. Connections stay open; bytes are held back, not discarded."""
         with self._cond:
             self._mode = _BLACKHOLE
+            self._held.clear()
             self._cond.notify_all()
 
     def restore(self) -> None:
@@ -277,6 +280,15 @@ class FaultProxy:
         """Block until :attr:`replies_dropped` reaches ``n``. Raises
         :class:`panqueue.TimeoutError`."""
         self._wait(lambda: self.replies_dropped >= n, timeout, f"{n} dropped replies")
+
+    def wait_for_held_requests(self, n: int, timeout: float = 10.0, *,
+                               match: bytes | None = None) -> None:
+        """Block until the current :meth:`blackhole` has held back ``n`` requests (chunks a
+        client sent), counting with ``match`` only those whose bytes contain it: the moment
+        a client is surely waiting for replies that will not come. Raises
+        :class:`panqueue.TimeoutError`."""
+        self._wait(lambda: sum(match is None or match in chunk for chunk in self._held) >= n,
+                   timeout, f"{n} held requests")
 
     def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
         with self._cond:
@@ -376,6 +388,9 @@ class FaultProxy:
         """Apply the faults to one chunk: wait out a blackhole and the delay, then arm or
         perform a drop. False: do not forward, and end the connection."""
         with self._cond:
+            if to_server and self._mode == _BLACKHOLE:
+                self._held.append(chunk)
+                self._cond.notify_all()
             self._cond.wait_for(lambda: link.closed or self._mode != _BLACKHOLE)
             if link.closed or self._mode == _CUT:
                 return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,8 @@ import redis
 
 from panqueue import JobState, SyncQueueClient
 from panqueue._keys import QueueKeys
+from panqueue._store.loader import SCRIPTS
+from panqueue.testing import FaultProxy
 from tests.helpers import panqueue_command, subprocess_env, wait_until
 
 
@@ -168,3 +171,38 @@ def test_a_chain_completes_in_order_across_two_worker_processes(
         assert [h.result(timeout=60) for h in chain] == list(range(12))
     order = [int(v) for v in redis_client.lrange("chain-order", 0, -1)]
     assert order == list(range(12))
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_shutdown_under_a_network_that_drops_everything_exits_within_its_bound(
+        redis_url: str, redis_client: redis.Redis, backend: str) -> None:
+    """The worker reaches Redis through a proxy that starts dropping every packet while a job
+    runs and a claim for its free slot is on its way; SIGTERM must end the process within
+    ``--grace`` + 9 s (docs/operations.md), however many Redis calls the shutdown makes."""
+    grace = 1.0
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with SyncQueueClient(redis_url) as client, FaultProxy(port) as proxy:
+        handle = client.queue("graceful").add({"seconds": 60})
+        proc = subprocess.Popen(
+            panqueue_command("worker", "proc_app:queues", "--url", proxy.url, "-q", "graceful",
+                             "--backend", backend, "--grace", str(grace), "--concurrency", "2",
+                             "--poll-interval", "0.2", "--log-level", "warning"),
+            env=subprocess_env(PANQUEUE_URL=redis_url), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: redis_client.llen(f"started:{handle.id}") == 1, timeout=20,
+                       what="the job to start")
+            proxy.blackhole()
+            proxy.wait_for_held_requests(1, match=SCRIPTS.claim.sha.encode())
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(grace + 30)
+            took = time.monotonic() - signalled
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+    assert code == 0, stderr
+    assert took < grace + 9, f"shutdown took {took:.1f} s\n{stderr}"

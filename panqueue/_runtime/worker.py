@@ -20,6 +20,7 @@ to move into a module of its own when this grows again.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -65,8 +66,9 @@ class _StoppedWhileStarting(Exception):
     """Stopped while the start waited for a server that could not serve: a clean stop."""
 
 # Bounds of the shutdown's forced phase: how long cancelled jobs get to stop and be released,
-# and how long each closing step may take, so that shutdown(grace) returns within
-# grace + _FORCE_WAIT + 2 * _CLOSE_WAIT seconds even when the network drops every packet.
+# how long the last writes may take (together, see _close), and closing the connection, so
+# that shutdown(grace) returns within grace + _FORCE_WAIT + 2 * _CLOSE_WAIT seconds even when
+# the network drops every packet (the drain ends grace seconds after the stop began).
 _FORCE_WAIT = 5.0
 _CLOSE_WAIT = 2.0
 # A recorded failure's status, as the metrics' outcome.
@@ -141,6 +143,8 @@ class Worker:
         self._stopping = False
         self._reached = False  # the server answered during this start (see _when_served)
         self._done: anyio.Event | None = None
+        self._drain_until = math.inf  # when running jobs stop getting time to finish
+        self._closed = False  # the last steps (_close) have run
         self.processed = 0
         self.failed = 0
 
@@ -156,6 +160,7 @@ class Worker:
         self._done = done = anyio.Event()
         if self._stopping:  # shutdown() was called before run()
             self._claim_scope.cancel()
+            self._drain_until = anyio.current_time() + self.grace
         self._transport = transport = self._shared_transport or open_async_transport(self.url)
         watchdog: LoopWatchdog | None = None
         beats: Heartbeat | None = None
@@ -209,6 +214,8 @@ class Worker:
                 lock_ttl=self.lock_ttl, poll_interval=self.poll_interval,
                 process=self._process_and_relay,
                 log=log, parts=self.parts, shared_rate=shared_rate)
+            if self._stopping:
+                claimer.stop(by=self._drain_until)
             if self.metrics is not None:
                 claimer.on_claim = lambda s, m=self.metrics: m.claim_finished(self.keys.name, s)
             self._upkeep = upkeep = Upkeep(
@@ -245,9 +252,11 @@ class Worker:
                 task_status.started()
                 with self._claim_scope:
                     await claimer.run(tg)
-                await self._withdraw(claimer)
+                # The idle registration is withdrawn while the running jobs drain.
+                tg.start_soon(self._withdraw, claimer)
                 await self._drain(claimer)
                 tg.cancel_scope.cancel()
+            await self._close(beats)
         except _StoppedWhileStarting:
             task_status.started()
         finally:
@@ -255,18 +264,27 @@ class Worker:
                 watchdog.stop()
             # Bounded: a network that drops every packet must not hold the shutdown.
             with anyio.CancelScope(shield=True):
-                if beats is not None:
-                    with anyio.move_on_after(_CLOSE_WAIT):
-                        await beats.leave()
-                if self._executor is not None:
-                    with anyio.move_on_after(_CLOSE_WAIT):
-                        await self._executor.aclose()
+                await self._close(beats)  # after an error or a cancellation: not done yet
                 if self._shared_transport is None:
                     with anyio.move_on_after(_CLOSE_WAIT):
                         await transport.aclose()
             self._stopping = True
             done.set()
             self._log.info("worker stopped", processed=self.processed, failed=self.failed)
+
+    async def _close(self, beats: Heartbeat | None) -> None:
+        """The last steps, once: leave the worker registry and close the executor, together
+        under one bound, so that a network that drops every packet costs it once, not once
+        per step (an entry that could not be removed expires by itself)."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(_CLOSE_WAIT, shield=True):
+            async with anyio.create_task_group() as tg:
+                if beats is not None:
+                    tg.start_soon(beats.leave)
+                if self._executor is not None:
+                    tg.start_soon(self._executor.aclose)
 
     def _chunk_loop(self, transport: AsyncTransport, wakeups: WakeUps, executor: Executor,
                     recorder: Recorder) -> ChunkClaimer:
@@ -333,19 +351,25 @@ class Worker:
         self._begin_stop()
         if self._done is not None:
             self._force.set()
+            if self._claimer is not None:
+                self._claimer.stop(by=anyio.current_time())
 
     def _begin_stop(self) -> None:
         if not self._stopping:
             self._stopping = True
             self._log.info("worker stopping", running=len(self._attempts), grace=self.grace)
+            if self._done is not None:
+                # The grace period counts from now, whatever the claim loop is doing.
+                self._drain_until = anyio.current_time() + self.grace
             for attempt in self._attempts.by_lock.values():
                 attempt.stopping = True
             if self._executor is not None:
                 self._executor.request_stop()
             if self._claimer is not None:
-                self._claimer.stopping = True
+                self._claimer.stop(by=self._drain_until)
         # Interrupts the claim loop wherever it waits (for a slot or for work); the claim call
-        # itself is shielded, so jobs already claimed in Redis are never dropped.
+        # itself is shielded, so jobs already claimed in Redis are never dropped while the
+        # drain lasts.
         if self._done is not None:
             self._claim_scope.cancel()
 
@@ -357,7 +381,7 @@ class Worker:
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(wait_force)
-                with anyio.move_on_after(self.grace):
+                with anyio.CancelScope(deadline=self._drain_until):
                     await claimer.idle.wait()
                 tg.cancel_scope.cancel()
         if claimer.busy:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -50,10 +51,31 @@ class _ThreadTransport(AsyncTransport):
 
     async def subscribe(self, *channels: str) -> AsyncSubscriber:
         self._limiter.total_tokens += 1  # the subscription's own thread, from now on
+        # Cancellable like a command (a stopping worker must not wait out the socket timeout
+        # of a server that stopped answering): the thread is left to finish on its own, and
+        # whichever side learns last that the caller has gone closes what it opened.
+        lock = threading.Lock()
+        made: list[Any] = []
+        gone: list[bool] = []
+
+        def open_subscription() -> Any:
+            ps = self._sync.pubsub(*channels)
+            with lock:
+                made.append(ps)
+                abandoned = bool(gone)
+            if abandoned:
+                _close_quietly(ps)
+            return ps
+
         try:
-            ps = await anyio.to_thread.run_sync(self._sync.pubsub, *channels,
+            ps = await anyio.to_thread.run_sync(open_subscription, abandon_on_cancel=True,
                                                 limiter=self._limiter)
         except BaseException:
+            with lock:
+                gone.append(True)
+                opened = list(made)
+            for ps in opened:
+                _close_quietly(ps)
             self._limiter.total_tokens -= 1
             raise
         return _ThreadSubscriber(self.url, ps, self._limiter)
@@ -105,3 +127,9 @@ class _ThreadSubscriber(AsyncSubscriber):
                 await anyio.to_thread.run_sync(self._pubsub.close, abandon_on_cancel=True,
                                                limiter=self._limiter)
         self._limiter.total_tokens -= 1
+
+
+def _close_quietly(pubsub: Any) -> None:
+    """Close a subscription nobody will use (its connection may already be broken)."""
+    with contextlib.suppress(*_REDIS_ERRORS):
+        pubsub.close()
