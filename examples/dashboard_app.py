@@ -57,9 +57,11 @@ async def main(url: str) -> None:
         escaped = "&lt;script&gt;" in page.text and "<script>alert" not in page.text
         print(f"payload shown as text: {escaped}")
 
-        # An action is a POST carrying the page's CSRF token.
+        # An action is a POST from a page of the dashboard (its Origin, which a browser sends)
+        # carrying the page's CSRF token.
         token = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
         assert token is not None
+        http.headers["Origin"] = "http://app"
         done = await http.post("/admin/queues/action", data={
             "csrf": token.group(1), "action": "pause", "queue": "emails"})
         print(f"pause: {done.status_code} -> {done.headers['location']}")

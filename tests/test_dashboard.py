@@ -20,9 +20,10 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from panqueue import ConfigError, JobState, SyncQueueClient
+from panqueue import ConfigError, JobNotFound, JobState, SyncQueueClient
 from panqueue.dashboard import create_app
 from panqueue.dashboard._reads import QueueNames
+from panqueue.embedded import RedisServer
 from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
 
 PAYLOAD = "<script>window.__pwned = 1</script>"
@@ -50,7 +51,10 @@ class Web:
         return self.portal.call(functools.partial(self.http.get, url, **options))
 
     def post(self, url: str, **options: Any) -> httpx.Response:
-        return self.portal.call(functools.partial(self.http.post, url, **options))
+        """A POST as a browser sends a page's form: with the page's Origin."""
+        headers = {"origin": "http://testserver", **options.pop("headers", {})}
+        return self.portal.call(functools.partial(self.http.post, url, headers=headers,
+                                                  **options))
 
 
 @contextlib.contextmanager
@@ -189,7 +193,8 @@ def test_security_headers_forbid_inline_script_and_framing(redis_url: str) -> No
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp
     assert "frame-ancestors 'none'" in csp
     assert page.headers["x-frame-options"] == "DENY"
-    assert page.headers["referrer-policy"] == "no-referrer"
+    # (same-origin, not no-referrer: the forms' POSTs must carry the dashboard's Origin)
+    assert page.headers["referrer-policy"] == "same-origin"
     cookie = page.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
 
@@ -507,3 +512,106 @@ def test_dashboard_command_listens_on_loopback_and_exits_0_on_sigterm(
             process.kill()
             process.wait()
     assert err.read_text().splitlines() == [f"serving the dashboard on http://127.0.0.1:{port}/"]
+
+
+# --------------------------------------------------------------------------- Host and Origin
+
+
+@pytest.fixture(scope="module")
+def served(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[str]:
+    """``panqueue dashboard`` on a loopback port, also answering to the name ``dash.example``
+    (``--allowed-host``, as behind a reverse proxy); yields its port, as text."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path_factory.mktemp("dashboard") / "err"
+    with log.open("wb") as err:
+        process = subprocess.Popen(
+            panqueue_command("dashboard", "--url", panqueue_server.url, "--port", str(port),
+                             "--allowed-host", "dash.example"),
+            stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=subprocess_env(), cwd=ROOT)
+    try:
+        wait_until(lambda: _listening_addresses(port), 20, "the dashboard to listen")
+        yield str(port)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _over_http(port: str, host: str) -> httpx.Client:
+    """A client of the dashboard on loopback that names ``host`` in its Host header, as a
+    browser does for the name in its address bar (after a DNS rebinding: the attacker's)."""
+    return httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"host": host},
+                        timeout=10, follow_redirects=False)
+
+
+def test_a_request_naming_another_host_is_refused_so_dns_rebinding_reads_nothing(
+        served: str, client: SyncQueueClient, queue_name: str) -> None:
+    """A page of evil.example whose name now resolves to 127.0.0.1 is, to the browser, on the
+    dashboard's origin: its requests carry ``Host: evil.example:PORT``. None gets an answer;
+    the names of the address served (and localhost, on loopback) do."""
+    job = client.queue(queue_name).add({"secret": "s3"})
+    for path in ("/", f"/job?q={queue_name}&id={job.id}",
+                 f"/api/job?q={queue_name}&id={job.id}", "/api/overview", "/static/dashboard.js"):
+        with _over_http(served, f"evil.example:{served}") as http:
+            refused = http.get(path)
+        assert refused.status_code == 421, path
+        assert "s3" not in refused.text and queue_name not in refused.text
+        assert refused.text.startswith(
+            f"this dashboard does not serve the host 'evil.example:{served}' (it serves "
+            f"127.0.0.1:{served} and localhost:{served}; "), refused.text
+    for host in (f"127.0.0.1:{served}", f"localhost:{served}", f"LOCALHOST:{served}",
+                 "dash.example", f"dash.example:{served}"):
+        with _over_http(served, host) as http:
+            page = http.get(f"/job?q={queue_name}&id={job.id}")
+        assert page.status_code == 200, host
+        assert "s3" in page.text
+    for host in ("127.0.0.1", f"127.0.0.2:{served}", f"localhost:{int(served) + 1}",
+                 f"evil.example:{served}@127.0.0.1", "", "[::1"):
+        with _over_http(served, host) as http:
+            assert http.get("/").status_code == 421, host
+
+
+def test_an_action_from_another_origin_is_refused(served: str, client: SyncQueueClient,
+                                                  queue_name: str) -> None:
+    """A POST must come from a page of the dashboard: its Origin (or, without one, its Referer)
+    names the host it was sent to. Refused (403) otherwise, even with the session's CSRF token,
+    and nothing is done."""
+    job = client.queue(queue_name).add({})
+    with _over_http(served, f"127.0.0.1:{served}") as http:
+        token = csrf_of(http.get("/"))
+        form = {"csrf": token, "action": "remove", "queue": queue_name, "job_id": job.id}
+        for headers in ({"origin": f"http://evil.example:{served}"}, {"origin": "null"},
+                        {"origin": f"http://localhost:{served}"}, {},
+                        {"referer": f"http://evil.example:{served}/"}):
+            refused = http.post("/action", data=form, headers=headers)
+            assert refused.status_code == 403, headers
+            assert refused.text.startswith("an action must come from a page of this "
+                                           "dashboard"), refused.text
+        assert client.get_job(queue_name, job.id).state is JobState.WAITING
+        done = http.post("/action", data=form, headers={"origin": f"http://127.0.0.1:{served}"})
+        assert done.status_code == 303
+        with pytest.raises(JobNotFound):
+            client.get_job(queue_name, job.id)
+        other = client.queue(queue_name).add({})
+        done = http.post("/action", data={**form, "job_id": other.id},
+                         headers={"referer": f"http://127.0.0.1:{served}/queue?q=x"})
+        assert done.status_code == 303
+        with pytest.raises(JobNotFound):
+            client.get_job(queue_name, other.id)
+    with _over_http(served, "dash.example") as http:  # behind a TLS proxy, say
+        token = csrf_of(http.get("/"))
+        done = http.post("/action", headers={"origin": "https://dash.example"},
+                         data={"csrf": token, "action": "pause", "queue": queue_name})
+        assert done.status_code == 303
+    assert client.is_paused(queue_name)
+
+
+def test_allowed_hosts_must_be_host_names(redis_url: str) -> None:
+    for bad in ("", "http://dash.example", "dash.example/admin", "dash example", "a:b:c"):
+        with pytest.raises(ConfigError, match="allowed_hosts"):
+            create_app(redis_url, allowed_hosts=[bad])
+    done = run_cli("dashboard", "--url", redis_url, "--allowed-host", "http://x")
+    assert done.returncode == 2
+    assert "--allowed-host" in _one_line(done)

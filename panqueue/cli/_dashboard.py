@@ -46,8 +46,13 @@ def _bind(host: str, port: int) -> socket.socket:
 @click.option("--token", default=None, metavar="T", envvar="PANQUEUE_DASHBOARD_TOKEN",
               help="Require this token: an 'Authorization: Bearer T' header or the login "
                    "form (default: $PANQUEUE_DASHBOARD_TOKEN, else none).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests for this host name (NAME or NAME:PORT; repeat for "
+                   "more), as behind a reverse proxy. Other names than the address served "
+                   "(and localhost on loopback) get 421: no DNS rebinding.")
 @url_option
-def dashboard(port: int, host: str, read_only: bool, token: str | None, url: str) -> None:
+def dashboard(port: int, host: str, read_only: bool, token: str | None,
+              allowed_hosts: tuple[str, ...], url: str) -> None:
     """Serve the web dashboard at http://HOST:PORT/ until SIGTERM or SIGINT (needs pip
     install 'panqueue[dashboard]').
 
@@ -62,14 +67,19 @@ def dashboard(port: int, host: str, read_only: bool, token: str | None, url: str
         import uvicorn
 
         from panqueue.dashboard import create_app
+        from panqueue.dashboard._security import host_names
     except ImportError as exc:
         raise UsageFailure(f"panqueue dashboard needs starlette, jinja2 and uvicorn: {_EXTRA} "
                            f"({exc})") from None
     if token is not None and not token.strip():
         raise UsageFailure("--token is empty (give a secret, or leave the option out)")
+    try:
+        host_names(allowed_hosts)
+    except ValueError as exc:
+        raise UsageFailure(f"--allowed-host {exc}") from None
     client_for(url).close()  # an unreachable Redis is one error line, before we listen
     sock = _bind(host, port)
-    app = create_app(url, read_only=read_only, token=token)
+    app = create_app(url, read_only=read_only, token=token, allowed_hosts=allowed_hosts)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"serving the dashboard on http://{shown}:{sock.getsockname()[1]}/"

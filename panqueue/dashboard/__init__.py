@@ -14,6 +14,8 @@ does.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from starlette.applications import Starlette
 
 from panqueue.dashboard._app import build_app
@@ -22,7 +24,8 @@ __all__ = ["create_app"]
 
 
 def create_app(url: str | None = None, read_only: bool = False,
-               token: str | None = None) -> Starlette:
+               token: str | None = None, allowed_hosts: Iterable[str] | None = None
+               ) -> Starlette:
     """The dashboard as an ASGI app.
 
     ``url``: the Redis URL (default: ``$PANQUEUE_URL``, else ``redis://localhost:6379/0``).
@@ -31,8 +34,16 @@ def create_app(url: str | None = None, read_only: bool = False,
     browser that logged in with it on the login form (a signed, HttpOnly cookie); others get
     401 (a page asked for by a browser: a redirect to the login form).
 
+    ``allowed_hosts``: the host names (``"dash.example"``, or with a port,
+    ``"dash.example:8443"``) it answers to besides the address it is served on (that IP and
+    port, and ``localhost`` with the port on loopback); a request naming another host in its
+    ``Host`` header gets 421, which stops DNS rebinding. Behind a reverse proxy that passes the
+    public name on, list that name. An action (a POST) must also come from a page of the
+    dashboard: its ``Origin`` (or ``Referer``) must name the same host, or it gets 403.
+
     Mount it under any prefix (``app.mount("/queues", create_app(...))``): its links and
-    cookies follow the prefix. Nothing connects until the first request. A bad ``url`` or
-    an empty ``token`` raises :class:`~panqueue.ConfigError` here.
+    cookies follow the prefix. Nothing connects until the first request. A bad ``url``, an
+    empty ``token`` or an entry of ``allowed_hosts`` that is not a host name raises
+    :class:`~panqueue.ConfigError` here.
     """
-    return build_app(url, read_only, token)
+    return build_app(url, read_only, token, allowed_hosts)

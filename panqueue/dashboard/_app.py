@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -52,6 +52,7 @@ from panqueue.dashboard._security import (
     Guard,
     Signer,
     cookie_header,
+    host_names,
     route_path,
 )
 
@@ -365,10 +366,15 @@ def _int(params: Mapping[str, str], name: str, default: int, low: int, high: int
     return int(raw)
 
 
-def build_app(url: str | None, read_only: bool, token: str | None) -> Starlette:
+def build_app(url: str | None, read_only: bool, token: str | None,
+              allowed_hosts: Iterable[str] | None = None) -> Starlette:
     """The dashboard's ASGI app (see :func:`panqueue.dashboard.create_app`)."""
     if token is not None and (not isinstance(token, str) or not token.strip()):
         raise ConfigError("token must be a non-empty string (or None for no token)")
+    try:
+        hosts = host_names(allowed_hosts or ())
+    except ValueError as exc:
+        raise ConfigError(f"allowed_hosts: {exc}") from None
     board = Dashboard(url, read_only, token)
     routes = [
         Route("/", board.index),
@@ -399,6 +405,6 @@ def build_app(url: str | None, read_only: bool, token: str | None) -> Starlette:
         board.client.close()
 
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
-    app.add_middleware(Guard, signer=board.signer)
+    app.add_middleware(Guard, signer=board.signer, allowed_hosts=hosts)
     app.state.dashboard = board
     return app

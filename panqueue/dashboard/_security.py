@@ -1,6 +1,7 @@
-"""The dashboard's guard: a signed session cookie per browser, the CSRF token derived from it,
-the optional access token (``Authorization: Bearer T`` or the login form's cookie), and the
-security headers every response carries.
+"""The dashboard's guard: the Host every request names and the Origin every action comes from,
+a signed session cookie per browser, the CSRF token derived from it, the optional access token
+(``Authorization: Bearer T`` or the login form's cookie), and the security headers every
+response carries.
 
 Nothing here is stored server-side. The session id lives in a cookie signed with the app's
 secret (random per app, so a restart logs everyone out); the CSRF token and the login cookie
@@ -12,14 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["AUTH_COOKIE", "SESSION_COOKIE", "Guard", "Signer", "route_path"]
+__all__ = ["AUTH_COOKIE", "SESSION_COOKIE", "Guard", "Signer", "host_names", "route_path"]
 
 SESSION_COOKIE = "panqueue_session"
 AUTH_COOKIE = "panqueue_auth"
@@ -31,7 +33,9 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'
 _HEADERS = [
     (b"content-security-policy", _CSP.encode()),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # Not "no-referrer": under it a browser sends "Origin: null" with the dashboard's own
+    # forms, and an action is known to come from the dashboard by its Origin.
+    (b"referrer-policy", b"same-origin"),
     (b"x-content-type-options", b"nosniff"),
     (b"cross-origin-opener-policy", b"same-origin"),
 ]
@@ -39,6 +43,63 @@ _HEADERS = [
 # and a script, no data).
 _OPEN_PATHS = ("/login",)
 _OPEN_PREFIX = "/static/"
+
+
+# Methods that only read; any other is an action, which must come from a page of the dashboard.
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+#: A host name and its port (None: the scheme's default), as a Host header or an allowed
+#: host names them.
+Authority = tuple[str, int | None]
+
+
+def _authority(value: str) -> Authority | None:
+    """The lower-case name (an IPv6 address without its brackets) and port of a Host header's
+    value or an origin's ``host[:port]``; None if it is not that alone (a user, a path, ...)."""
+    if not value or any(c in value for c in "/\\?#@ \t"):
+        return None
+    try:
+        parts = urlsplit("//" + value)
+        port = parts.port
+    except ValueError:  # a port that is no number, a bracket left open
+        return None
+    return None if not parts.hostname else (parts.hostname, port)
+
+
+def host_names(entries: Iterable[str]) -> tuple[Authority, ...]:
+    """The names (``dash.example``, ``dash.example:8443``) a dashboard answers to besides the
+    address it serves. Raises ValueError naming an entry that is not a host name."""
+    if isinstance(entries, str):
+        entries = [entries]
+    found = []
+    for entry in entries:
+        authority = _authority(entry) if isinstance(entry, str) else None
+        if authority is None:
+            raise ValueError(f"{entry!r} is not a host name (a name or an address, with an "
+                             f"optional :port, as in 'dash.example' or 'dash.example:8443')")
+        found.append(authority)
+    return tuple(found)
+
+
+def _served(scope: Scope) -> tuple[str, int] | None:
+    """The address the request arrived at (ASGI's ``server``), its port filled in; None if
+    the server gives none, or a unix socket's path."""
+    server = scope.get("server")
+    if not server or not server[0] or str(server[0]).startswith("/"):
+        return None
+    default = 443 if scope.get("scheme") == "https" else 80
+    return str(server[0]).strip("[]").lower(), int(server[1] or default)
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _shown(name: str, port: int) -> str:
+    return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
 
 
 def route_path(scope: Scope) -> str:
@@ -119,18 +180,92 @@ def cookie_header(scope: Scope, name: str, value: str, *, max_age: int | None = 
     return "; ".join(parts).encode("latin-1")
 
 
+async def _plain(send: Send, status: int, text: str) -> None:
+    """A short text response, with the security headers."""
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"cache-control", b"no-store"), *_HEADERS]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class Guard:
     """ASGI middleware in front of the dashboard's routes.
 
-    Gives every browser a session (``scope["state"]["session"]``, and whether the request
-    carries the access token in ``scope["state"]["authenticated"]``), refuses requests without
-    the access token when one is configured (a page: 303 to the login form; anything else:
-    401), and adds the security headers to every response.
+    Refuses a request whose Host is not a name of the dashboard (421), and an action whose
+    Origin is not the dashboard (403); gives every browser a session
+    (``scope["state"]["session"]``, and whether the request carries the access token in
+    ``scope["state"]["authenticated"]``), refuses requests without the access token when one
+    is configured (a page: 303 to the login form; anything else: 401), and adds the security
+    headers to every response.
+
+    The Host check is what stops DNS rebinding: a page of a name its owner points at
+    127.0.0.1 is, to the browser, of the same origin as the dashboard on loopback, so neither
+    the same-origin policy nor SameSite cookies keep it from reading pages and sending forms.
+    Its requests name that host, though: only the address served (its IP and port, or
+    localhost on loopback) and the names configured with ``allowed_hosts`` are answered.
     """
 
-    def __init__(self, app: ASGIApp, signer: Signer) -> None:
+    def __init__(self, app: ASGIApp, signer: Signer,
+                 allowed_hosts: tuple[Authority, ...] = ()) -> None:
         self.app = app
         self.signer = signer
+        self.allowed_hosts = allowed_hosts
+
+    def _serves(self, scope: Scope, host: Authority) -> bool:
+        """Whether the Host ``host`` names this dashboard: an allowed name (with its port, if
+        the entry gives one), or the address the request arrived at, by its IP or, on
+        loopback, as localhost, and with its port."""
+        name, port = host
+        served = _served(scope)
+        default = 443 if scope.get("scheme") == "https" else 80
+        for allowed, allowed_port in self.allowed_hosts:
+            if name == allowed and allowed_port in (None, port if port is not None else default):
+                return True
+        if served is None:  # behind a unix socket: the proxy in front owns the names
+            return not self.allowed_hosts
+        address, served_port = served
+        if (port if port is not None else default) != served_port:
+            return False
+        return name == address or (name == "localhost" and _is_loopback(address))
+
+    def _misdirected(self, scope: Scope) -> str | None:
+        """Why the request's Host is not this dashboard, or None if it is."""
+        given = _header(scope, b"host") or ""
+        host = _authority(given)
+        if host is not None and self._serves(scope, host):
+            return None
+        served = _served(scope)
+        if served is None:
+            serves = "only the names given with --allowed-host or create_app(allowed_hosts=)"
+        else:
+            serves = _shown(*served)
+            if _is_loopback(served[0]):
+                serves += f" and {_shown('localhost', served[1])}"
+        return (f"this dashboard does not serve the host {given!r} (it serves {serves}; "
+                f"name another host with --allowed-host NAME, or "
+                f"create_app(allowed_hosts=[NAME]))\n")
+
+    def _foreign(self, scope: Scope) -> str | None:
+        """Why an action does not come from a page of the dashboard, or None if it does: its
+        Origin (else its Referer, which older browsers send instead) must name the host the
+        request was sent to, which :meth:`_misdirected` checked. A request that carries
+        neither is refused too: every browser sends one of them with a form."""
+        host = _authority(_header(scope, b"host") or "")
+        origin, header = _header(scope, b"origin"), "Origin"
+        if origin is None:
+            origin, header = _header(scope, b"referer"), "Referer"
+        if origin is None:
+            return "the request carries no Origin or Referer header"
+        try:
+            parts = urlsplit(origin)
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or \
+                _authority(parts.netloc) != host:
+            return f"its {header} {origin!r} is not this dashboard's"
+        return None
 
     def authenticated(self, scope: Scope, sid: str) -> bool:
         if self.signer.token is None:
@@ -147,6 +282,16 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        misdirected = self._misdirected(scope)
+        if misdirected is not None:
+            await _plain(send, 421, misdirected)
+            return
+        if scope["method"] not in _SAFE_METHODS:
+            foreign = self._foreign(scope)
+            if foreign is not None:
+                await _plain(send, 403, "an action must come from a page of this dashboard: "
+                             f"{foreign}\n")
+                return
         sid = self.signer.session_of(_cookies(scope).get(SESSION_COOKIE))
         new_cookie = None
         if sid is None:
