@@ -49,15 +49,11 @@ def error_reply(message: str) -> _E.RedisError:
     return cls(message)
 
 
-class _Incomplete(Exception):
-    pass
-
-
 #: What a reader's ``gets`` returns until a whole reply has arrived.
 MORE = object()
 
-# What an aggregate of no items, or of a negative count, reads as: attributes (``|``) are
-# no value of their own (they describe the reply that follows, which nothing here reads).
+# No value (yet): the head of an aggregate, whose items are still to come, or a whole set of
+# attributes (``|``), which describe the reply that follows and are read as nothing.
 _NOTHING = object()
 
 
@@ -103,86 +99,81 @@ class PyReader:
         self._buffer += data
 
     def gets(self) -> Any:
-        while True:
-            try:
-                value = self._element()
-            except _Incomplete:
-                return MORE
-            # A whole element: it is an item of the innermost open aggregate, and may be the
-            # last one it wanted, which makes that aggregate an item of the next, and so on.
-            while value is not _NOTHING and self._open:
-                innermost = self._open[-1]
-                innermost.items.append(value)
-                if len(innermost.items) < innermost.wanted:
-                    value = _NOTHING
-                    break
-                self._open.pop()
-                value = innermost.value()
-            if value is not _NOTHING and not self._open:
-                return value
-
-    def _advance(self, pos: int) -> None:
-        """Move past a whole element; drop the bytes read once they are many (or all)."""
-        if pos == len(self._buffer) or pos > RECEIVE_SIZE:
-            del self._buffer[:pos]
-            pos = 0
-        self._pos = self._searched = pos
-
-    def _element(self) -> Any:
-        """The element at the parse position: a whole scalar, or ``_NOTHING`` for the head of
-        an aggregate (pushed onto the stack, or read whole when it has no items). Raises
-        ``_Incomplete`` with the position unmoved if the element has not all arrived."""
-        buffer, pos = self._buffer, self._pos
-        end = buffer.find(b"\r\n", self._searched)
-        if end < 0:
-            # The line's "\r" may be the last byte here: search again from it.
-            self._searched = max(pos, len(buffer) - 1)
-            raise _Incomplete
-        kind, line, after = buffer[pos], bytes(buffer[pos + 1:end]), end + 2
-        value: Any
-        if kind in _BLOBS:  # $ bulk string, = verbatim string, ! blob error
-            size = int(line)
-            if size < 0:
-                value = None
-            else:
-                if len(buffer) < after + size + 2:
-                    self._searched = pos  # (the header is read again: a few bytes)
-                    raise _Incomplete
-                blob = bytes(buffer[after:after + size])
-                after += size + 2
-                if kind == 61:  # =: "txt:" and the text
-                    value = blob[4:]
-                elif kind == 33:
-                    value = error_reply(blob.decode("utf-8", "replace"))
+        # One loop over the elements, with the position in locals (written back on the way
+        # out): the reader without hiredis is the one that must not be slow.
+        buffer, opened = self._buffer, self._open
+        pos, searched = self._pos, self._searched
+        try:
+            while True:
+                end = buffer.find(b"\r\n", searched)
+                if end < 0:
+                    # The line's "\r" may be the last byte here: search again from it.
+                    searched = max(pos, len(buffer) - 1)
+                    return MORE
+                kind, after = buffer[pos], end + 2
+                value: Any
+                if kind in _BLOBS:  # $ bulk string, = verbatim string, ! blob error
+                    size = int(buffer[pos + 1:end])
+                    if size < 0:
+                        value = None
+                    elif len(buffer) < after + size + 2:
+                        searched = pos  # (its header is read again: a few bytes)
+                        return MORE
+                    else:
+                        value = bytes(buffer[after:after + size])
+                        after += size + 2
+                        if kind == 61:  # =: "txt:" and the text
+                            value = value[4:]
+                        elif kind == 33:
+                            value = error_reply(value.decode("utf-8", "replace"))
+                elif kind in _AGGREGATES:  # * array, ~ set, > push, % map, | attributes
+                    count = int(buffer[pos + 1:end])
+                    aggregate = _Aggregate(kind, count * 2 if kind in (37, 124) else count)
+                    if count < 0:
+                        value = None
+                    elif aggregate.wanted:
+                        opened.append(aggregate)
+                        value = _NOTHING
+                    else:
+                        value = aggregate.value()
                 else:
-                    value = blob
-        elif kind in _AGGREGATES:  # * array, ~ set, > push, % map, | attributes
-            count = int(line)
-            if count < 0:
-                value = None
-            else:
-                aggregate = _Aggregate(kind, count * 2 if kind in (37, 124) else count)
-                if aggregate.wanted:
-                    self._open.append(aggregate)
-                    value = _NOTHING
-                else:
-                    value = aggregate.value()
-        elif kind == 43:  # + status
-            value = line
-        elif kind in (58, 40):  # : integer, ( big number
-            value = int(line)
-        elif kind == 44:  # , double
-            value = float(line)
-        elif kind == 35:  # # boolean
-            value = line == b"t"
-        elif kind == 95:  # _ null
-            value = None
-        elif kind == 45:  # - error
-            value = error_reply(line.decode("utf-8", "replace"))
-        else:
-            raise _E.InvalidResponse(f"Protocol Error: {bytes([kind])!r}, {line!r}")
-        self._advance(after)
-        return value
+                    value = _simple(kind, bytes(buffer[pos + 1:end]))
+                pos = searched = after
+                # A whole element: it is an item of the innermost open aggregate, and may be
+                # the last one it wanted, which makes that aggregate an item of the next, ...
+                while value is not _NOTHING and opened:
+                    innermost = opened[-1]
+                    innermost.items.append(value)
+                    if len(innermost.items) < innermost.wanted:
+                        value = _NOTHING
+                        break
+                    opened.pop()
+                    value = innermost.value()
+                if value is not _NOTHING and not opened:
+                    return value
+        finally:
+            if pos == len(buffer) or pos > RECEIVE_SIZE:  # drop the bytes read: all, or many
+                del buffer[:pos]
+                searched -= pos
+                pos = 0
+            self._pos, self._searched = pos, searched
+
+
+def _simple(kind: int, line: bytes) -> Any:
+    """A reply that is its first line alone."""
+    if kind == 43:  # + status
+        return line
+    if kind in (58, 40):  # : integer, ( big number
+        return int(line)
+    if kind == 44:  # , double
+        return float(line)
+    if kind == 35:  # # boolean
+        return line == b"t"
+    if kind == 95:  # _ null
+        return None
+    if kind == 45:  # - error
+        return error_reply(line.decode("utf-8", "replace"))
+    raise _E.InvalidResponse(f"Protocol Error: {bytes([kind])!r}, {line!r}")
 
 
 _BLOBS = frozenset(b"$=!")
