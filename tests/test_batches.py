@@ -32,7 +32,7 @@ from panqueue import (
     SyncQueueClient,
     WorkerPool,
 )
-from panqueue._keys import BatchKeys, QueueKeys
+from panqueue._keys import BatchKeys, QueueKeys, partition_keys
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.batches import _call, _fire, callback_id, relay, sweep_batches
 from panqueue._store.transport import ScriptCall
@@ -45,8 +45,8 @@ sys.path.insert(0, str(APPS))
 import batch_app
 
 WORK, DONE, PARENT = "batch-work", "batch-done", "batch-parent"
-# A callback queue that keeps no completed job.
-UNKEPT = "batch-done-unkept"
+# A callback queue that keeps no completed job, and a queue of four partitions.
+UNKEPT, SPREAD = "batch-done-unkept", "batch-spread"
 DAY_MS = 86_400_000
 
 
@@ -592,6 +592,74 @@ async def test_a_firer_that_stalled_after_the_batch_fired_adds_no_second_callbac
 
 async def _ran_and_deleted(r: redis.Redis, job_id: str) -> bool:
     return callback_runs(r, job_id) == 1 and not r.exists(QueueKeys(UNKEPT).job(job_id))
+
+
+# ----------------------------------------------------------------------------- partitions
+
+
+def _partition_of(r: redis.Redis, queue: str, job_id: str) -> int:
+    [index] = [keys.partition for keys in partition_keys(queue, 4)
+               if r.exists(keys.job(job_id))]
+    return index
+
+
+@pytest.mark.anyio
+async def test_a_batch_across_partitions_counts_the_endings_of_every_partition(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    """Jobs of a queue of four partitions end completed, failed and cancelled in different
+    partitions: info() counts every ending, and the batch, closed after all of them ended,
+    fires at close(), once."""
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(DONE, {}), on_success=(DONE, {}))
+        jobs = await batch.add_bulk(batch_app.spread, [{"fail": n % 4 == 1} for n in range(40)])
+        where = [_partition_of(redis_client, SPREAD, job.id) for job in jobs]
+        cancelled = jobs[2::4]
+        for job in cancelled:  # from the client: no worker relays these endings
+            await client.cancel(SPREAD, job.id)
+        assert await batch.info() == info(batch.id, 40, 30, 0, 10, False)
+        async with run_worker(batch_app.queues, SPREAD, redis_url):
+            await async_wait_until(lambda: _pending_is(batch, 0), 15, "every job ended")
+        assert await batch.close() == info(batch.id, 40, 0, 20, 20, True)
+        callback = await client.get_job(DONE, complete_id(batch))
+        assert callback.data["batch"] == info(batch.id, 40, 0, 20, 20, True).as_dict()
+        assert sum((await client.counts(DONE)).values()) == 1  # no on_success: jobs failed
+        for ending in (0, 1, 2):  # completed, failed, cancelled: each in several partitions
+            assert len({where[n] for n in range(ending, 40, 4)}) > 1
+
+
+@pytest.mark.anyio
+async def test_a_batch_across_partitions_closed_after_its_jobs_were_cancelled_fires_at_close(
+        redis_url: str) -> None:
+    """No worker at all: close() itself relays the outbox of every partition, finds every job
+    ended, and adds the callback before it returns."""
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(DONE, {}))
+        jobs = await batch.add_bulk(batch_app.spread, [{} for _ in range(12)])
+        for job in jobs:
+            await client.cancel(SPREAD, job.id)
+        assert await batch.close() == info(batch.id, 12, 0, 0, 12, True)
+        callback = await client.get_job(DONE, complete_id(batch))
+        assert callback.data["batch"] == info(batch.id, 12, 0, 0, 12, True).as_dict()
+        assert await batch.close() == info(batch.id, 12, 0, 0, 12, True)
+        assert sum((await client.counts(DONE)).values()) == 1
+
+
+@pytest.mark.anyio
+async def test_a_batch_across_partitions_fires_when_its_last_job_is_cancelled(
+        redis_url: str) -> None:
+    """Every job cancelled from the client after the close, no worker of their queue: the
+    callback queue's worker relays the outbox of every partition, and the batch fires once."""
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(DONE, {}))
+        jobs = await batch.add_bulk(batch_app.spread, [{} for _ in range(12)])
+        await batch.close()
+        for job in jobs:
+            await client.cancel(SPREAD, job.id)
+        async with run_worker(batch_app.queues, DONE, redis_url, stalled_interval=0.2):
+            callback = client.queue(DONE).job(complete_id(batch))
+            await async_wait_until(lambda: _exists(callback), 10, "the callback was added")
+        assert await batch.info() == info(batch.id, 12, 0, 0, 12, True)
+        assert sum((await client.counts(DONE)).values()) == 1
 
 
 # ----------------------------------------------------------------------------- Redis Cluster

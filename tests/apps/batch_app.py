@@ -49,6 +49,13 @@ def _count_run(job: Job) -> None:
     client.close()
 
 
+@queues.handler("batch-spread", partitions=4, concurrency=8)
+async def spread(job: Job) -> None:
+    """Work of a queue of four partitions: ``fail`` fails for good."""
+    if job.data.get("fail"):
+        raise Fail("asked to fail")
+
+
 @queues.handler("batch-parent", lock_ttl=5.0)
 async def open_child(job: Job) -> str:
     """A job of a batch that opens a child batch of ``children`` jobs whose callback is a job

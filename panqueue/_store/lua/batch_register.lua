@@ -4,7 +4,9 @@
 -- KEYS[1]  batch prefix "{b:<id>}:" (lib/batch_layout.lua)
 -- ARGV[1]  the jobs' queue   ARGV[2] '1': the jobs are a child batch's callbacks, which may
 --          join a closed batch (a running job of it opens the child, so it cannot have fired)
--- ARGV[3..] job ids
+-- ARGV[3]  the outbox their endings will be in: "<queue>\t<batch_outbox key of the queue's
+--          partition they are added to>" (kept as a name: this script touches no key of it)
+-- ARGV[4..] job ids
 -- Returns  the batch's answer (lib/batch_layout.lua); or {'!', message}, nothing written, when
 --          the batch does not exist, has fired, or is closed (and these are not callbacks).
 --!include batch_layout.lua
@@ -20,10 +22,10 @@ elseif s[1] == '1' and ARGV[2] ~= '1' then
   return {'!', 'the batch is closed (batch.close()): no job can join it'}
 end
 local queue = ARGV[1]
-redis.call('SADD', K_QUEUES, queue)
+redis.call('SADD', K_QUEUES, ARGV[3])
 -- SADD in slices: unpack() of a whole add_bulk chunk could pass Lua's stack limit.
 local slice = {}
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   slice[#slice + 1] = member(queue, ARGV[i])
   if #slice == 1000 or i == #ARGV then
     redis.call('SADD', K_JOBS, unpack(slice))

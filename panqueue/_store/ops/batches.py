@@ -3,13 +3,14 @@
 A batch's state lives in a hash slot of its own (``{b:<id>}``, lua/lib/batch_layout.lua); a
 job's ending happens in its queue's slot, so it reaches the batch in two steps: ``end_job``
 leaves it in the queue's batch outbox (lua/lib/finish.lua), and :func:`relay` hands the outbox
-to ``batch_record.lua`` and then empties it. Every step can be repeated: a job counts once,
-a batch fires once (``fired``), and a callback queue adds a batch's callbacks only while it owes
-them (``batch_callback.lua``: while the batch is in the queue's ``batches`` set, which the same
-step empties), so a second firer adds nothing, even once the callback ran and retention deleted
-it. Whoever sees a batch fire adds its callbacks: the relayer, ``close()``, or the sweep of a
-callback queue's workers (:func:`sweep_batches`), which finds a batch whose firer died before
-adding them.
+to ``batch_record.lua`` and then empties it; a queue of several partitions has an outbox per
+partition, and the batch notes the partitions its jobs went to. Every step can be repeated: a
+job counts once, a batch fires once (``fired``), and a callback queue adds a batch's callbacks
+only while it owes them (``batch_callback.lua``: while the batch is in the queue's ``batches``
+set, which the same step empties), so a second firer adds nothing, even once the callback ran
+and retention deleted it. Whoever sees a batch fire adds its callbacks: the relayer,
+``close()``, or the sweep of a callback queue's workers (:func:`sweep_batches`), which finds a
+batch whose firer died before adding them.
 """
 
 from __future__ import annotations
@@ -163,11 +164,13 @@ def open_batch(batch_id: str, on_complete: tuple[str, Any],
             raise ConfigError(f"on_{which}: queue {queue!r} is keyed, and a batch's callback "
                               "is added without a key: send it to a global queue")
     if parent:
+        # A callback is added to its queue's first partition (where the queue's "batches"
+        # set guards the add).
         yield from _call(SCRIPTS.batch_register, parent, on_complete[0], "1",
-                         callback_id(batch_id, "complete"))
+                         _outbox(QueueKeys(on_complete[0])), callback_id(batch_id, "complete"))
         if on_success:
             yield from _call(SCRIPTS.batch_register, parent, on_success[0], "1",
-                             callback_id(batch_id, "success"))
+                             _outbox(QueueKeys(on_success[0])), callback_id(batch_id, "success"))
     for _, (queue, _data) in callbacks:
         yield Command(("ZADD", QueueKeys(queue).batches, 0, batch_id))
     answer = yield from _call(SCRIPTS.batch_open, batch_id, encode(list(on_complete)),
@@ -181,7 +184,7 @@ def add_to_batch(batch_id: str, keys: QueueKeys, jobs: Sequence[NewJob],
     add did not create (its id or dedup key named a job outside the batch), or an add that
     failed, is taken back out, so the batch never waits for a job that is not in it."""
     ids = [job.job_id or "" for job in jobs]
-    yield from _call(SCRIPTS.batch_register, batch_id, keys.name, "0", *ids)
+    yield from _call(SCRIPTS.batch_register, batch_id, keys.name, "0", _outbox(keys), *ids)
     try:
         added = yield from add_jobs(keys, jobs, mode)
     except ConfigError:  # refused: nothing was written
@@ -217,16 +220,21 @@ def relay(keys: QueueKeys) -> Op[int]:
     """Hand the endings in the queue's batch outbox to their batches, add the callbacks of the
     batches that fire, then remove the entries. Returns how many entries were relayed. Any
     number of relayers may run at once: each step is repeatable."""
+    return (yield from _relay_outbox(keys.name, keys.batch_outbox))
+
+
+def _relay_outbox(queue: str, outbox: str) -> Op[int]:
+    """:func:`relay` of the outbox ``outbox`` (of a partition of ``queue``)."""
     relayed = 0
     refused: ConfigError | None = None
     while True:
-        entries = yield Command(("ZRANGE", keys.batch_outbox, 0, RELAY_CHUNK - 1))
+        entries = yield Command(("ZRANGE", outbox, 0, RELAY_CHUNK - 1))
         by_batch: dict[str, list[str]] = {}
         for entry in entries:
             batch_id, job_id, state = entry.decode().split("\t")
             by_batch.setdefault(batch_id, []).extend((job_id, state))
         for batch_id, pairs in by_batch.items():
-            answer = yield from _call(SCRIPTS.batch_record, batch_id, keys.name, *pairs)
+            answer = yield from _call(SCRIPTS.batch_record, batch_id, queue, *pairs)
             try:
                 yield from _settle(answer)
             except ConfigError as exc:
@@ -234,7 +242,7 @@ def relay(keys: QueueKeys) -> Op[int]:
                 # this one stays due, and the callback queue's sweep tries it again.
                 refused = refused or exc
         if entries:
-            yield Command(("ZREM", keys.batch_outbox, *entries))
+            yield Command(("ZREM", outbox, *entries))
             relayed += len(entries)
         if len(entries) < RELAY_CHUNK:
             if refused is not None:
@@ -243,11 +251,20 @@ def relay(keys: QueueKeys) -> Op[int]:
 
 
 def _relay_queues(batch_id: str) -> Op[None]:
-    """Relay the outboxes of every queue the batch has jobs in (endings no worker relayed yet:
-    a cancel from a client, a queue without a worker)."""
-    queues = yield Command(("SMEMBERS", BatchKeys(batch_id).queues))
-    for queue in sorted(queues):
-        yield from relay(QueueKeys(queue.decode()))
+    """Relay the outboxes of every queue partition the batch has jobs in (endings no worker
+    relayed yet: a cancel from a client, a queue without a worker)."""
+    members = yield Command(("SMEMBERS", BatchKeys(batch_id).queues))
+    for member in sorted(members):
+        # A batch opened before the batches named their outboxes names only the queue: its
+        # jobs are in the queue's first partition.
+        queue, _, outbox = member.decode().partition("\t")
+        yield from _relay_outbox(queue, outbox or QueueKeys(queue).batch_outbox)
+
+
+def _outbox(keys: QueueKeys) -> str:
+    """How a batch names an outbox that its jobs' endings go to: ``"<queue>\t<outbox key>"``,
+    the key of the jobs' own partition, whichever way the queue names its partitions."""
+    return f"{keys.name}\t{keys.batch_outbox}"
 
 
 def close_batch(batch_id: str) -> Op[BatchInfo]:

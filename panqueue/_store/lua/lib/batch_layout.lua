@@ -14,7 +14,9 @@
 --   once they were added.
 -- SET "jobs": "<queue>\t<job id>" of every job registered (before its add, so the batch never
 --   looks finished early); SET "ended": the registered jobs whose ending was recorded.
--- SET "queues": the queues of the jobs (whose outboxes hold their endings).
+-- SET "queues": the outboxes that hold the jobs' endings, one per queue partition the jobs were
+--   added to: "<queue>\t<that partition's batch_outbox key>" ("<queue>" alone, in a batch
+--   registered before outboxes were named: the queue's first partition).
 -- Lifetime: every change keeps the batch for OPEN_TTL_MS more; once its callbacks are added,
 -- it is kept DONE_TTL_MS (for info()) and then expires.
 
