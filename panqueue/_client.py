@@ -161,8 +161,9 @@ def _flow_jobs(name: str, defaults: dict[str, Any], flow: Sequence[FlowJob]) -> 
                 deps.append(str(ref))
         job_id = node.job_id or f"{prefix}:{index}"
         try:
-            jobs.append(ops.new_job(defaults, _stored_form(node.data),
-                                    {**node.options, "job_id": job_id, "depends_on": deps}))
+            job = ops.new_job(defaults, _stored_form(node.data),
+                              {**node.options, "job_id": job_id, "depends_on": deps})
+            jobs.append(job if node.job_id else dataclasses.replace(job, unique_id=True))
         except PayloadError as exc:
             raise PayloadError(f"flow item {index}: {exc}") from None
         ids.append(job_id)

@@ -152,6 +152,11 @@ class QueueKeys:
         """Keyed mode: the list of the waiting jobs of concurrency key ``key``."""
         return f"{self.prefix}k:wait:{key}"
 
+    def id_pointer(self, job_id: str) -> str:
+        """In a custom id's home partition: where its job went when that is another partition
+        (STRING, lua/lib/identity.lua)."""
+        return f"{self.prefix}idn:{job_id}"
+
 
 class BatchKeys:
     """Names of the keys of one batch. A batch's jobs may live in several queues, so its state

@@ -23,7 +23,7 @@ LIB = LUA / "lib"
 # rate-limited keys, and the rate-limit window.
 LUA_ONLY_KEYS = {"k:ready", "k:active", "k:limited"}
 # Per-job and per-name keys the scripts may build without a QueueKeys method.
-LUA_ONLY_KEY_FUNCTIONS = {"logs_key", "key_list", "deps_key", "dedup_key"}
+LUA_ONLY_KEY_FUNCTIONS = {"logs_key", "key_list", "deps_key", "dedup_key", "fence_key"}
 
 
 def lua_constants(text: str) -> dict[str, int]:

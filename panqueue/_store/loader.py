@@ -88,6 +88,8 @@ class _Scripts:
 
     def __init__(self) -> None:
         self.add = _load("add")
+        self.identity_reserve = _load("identity_reserve")
+        self.identity_check = _load("identity_check")
         self.claim = _load("claim")
         self.complete = _load("complete")
         self.fail = _load("fail")

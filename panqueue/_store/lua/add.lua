@@ -10,10 +10,16 @@
 --          expires in ms (0 = none; from the server's clock), expires at ms (0 = none): the
 --          deadline to start by (lib/expiry.lua; an add past it ends the job CANCELLED),
 --          batch id ('' = none; registered in the batch beforehand, panqueue/_batch.py)
+--          then (optional) n tokens: item i's identity token ('' = none), when a pointer in
+--          another partition names the job (lib/identity.lua); an add whose token was fenced
+--          here is refused
 -- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written):
 --          an item with a value out of range (new_job_problem in lib/new_job.lua), a key that
 --          does not fit the queue's mode, a partition count that is not the queue's, or an
---          unknown dependency.
+--          unknown dependency; {'\t~', i} when item i's token was fenced (its identity went
+--          to another add: look again), {'\t?', i, kind, name, pointer} when item i's custom
+--          id (kind 'id') or dedup key ('dd') has its home here and a pointer to a job in
+--          another partition (lib/identity.lua), which the producer must look at first.
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
 --          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
 --          claimable work goes straight to idle workers that registered for it
@@ -54,6 +60,22 @@ for i = 0, n - 1 do
     return {'!', 'item ' .. i .. ': queue is keyed: add(..., key=...) is required'}
   elseif mode == 'global' and f.key ~= '' then
     return {'!', 'item ' .. i .. ": key= needs a keyed queue (mode='keyed'); this queue is global"}
+  end
+  local token = ARGV[4 + n * 14 + i] or ''
+  if token ~= '' and redis.call('EXISTS', fence_key(token)) == 1 then
+    return {'\t~', i}
+  end
+  if f.id ~= '' and not batch_ids[f.id] and redis.call('EXISTS', job_key(f.id)) == 0 then
+    local pointer = redis.call('GET', id_pointer_key(f.id))
+    if pointer then
+      return {'\t?', i, 'id', f.id, pointer}
+    end
+  end
+  if f.dedup ~= '' then
+    local record = redis.call('GET', dedup_key(f.dedup))
+    if record and is_pointer(record) then
+      return {'\t?', i, 'dd', f.dedup, record}
+    end
   end
   if ARGV[b + 7] ~= '' then
     f.deps = cmsgpack.unpack(ARGV[b + 7])

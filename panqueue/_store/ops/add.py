@@ -18,8 +18,8 @@ from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue._tracing import current_carrier
 from panqueue.errors import ConfigError, PanqueueError
 
-__all__ = ["ADD_OPTIONS", "TRACE_OPTION", "NewJob", "add_call", "add_jobs", "new_job",
-           "parse_added"]
+__all__ = ["ADD_OPTIONS", "TRACE_OPTION", "IdentityElsewhere", "IdentityFenced", "NewJob",
+           "add_call", "add_jobs", "new_job", "parse_added"]
 
 # The keyword arguments of ``add()`` (and of the options of a flow's job).
 ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
@@ -46,6 +46,9 @@ class NewJob:
     expires_in_ms: int = 0  # the deadline to start by, from the server's clock at the add
     expires_at_ms: int = 0  # or as an instant (ms since the epoch)
     batch: str = ""  # the batch the job belongs to (panqueue/_batch.py), registered there first
+    # The client made job_id unique itself (a flow's job without one): no other add can name it,
+    # so a partitioned queue need not decide it in its home (_store/ops/identity.py).
+    unique_id: bool = False
 
 
 def _expiry(expires: object) -> tuple[int, int]:
@@ -123,31 +126,66 @@ def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> New
     )
 
 
-def add_call(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "") -> ScriptCall:
+class IdentityElsewhere(ConfigError):
+    """The add script found that an item's custom id (``kind`` 'id') or dedup key ('dd') has
+    its home in this partition and a pointer to a job in another (lua/lib/identity.lua):
+    nothing was written; the producer looks at that job first (``_store/ops/identity.py``
+    does; an add that cannot, raises it)."""
+
+    def __init__(self, keys: QueueKeys, index: int, kind: str, name: str, pointer: str
+                 ) -> None:
+        what = "job id" if kind == "id" else "dedup key"
+        super().__init__(f"queue {keys.name!r}: item {index}: the {what} {name!r} names a job "
+                         "of another partition; nothing was added")
+        self.index, self.kind, self.name, self.pointer = index, kind, name, pointer
+
+
+class IdentityFenced(ConfigError):
+    """An item's identity token was fenced in its partition (another add took the identity
+    over): nothing was written; the producer decides the identity again."""
+
+    def __init__(self, keys: QueueKeys, index: int) -> None:
+        super().__init__(f"queue {keys.name!r}: item {index}: its job id or dedup key was "
+                         "taken over by another add; nothing was added")
+        self.index = index
+
+
+def add_call(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
+             tokens: Sequence[str] = ()) -> ScriptCall:
     """The add script's call for ``jobs`` (``mode``: the mode the producer expects, '' for
-    any)."""
+    any; ``tokens``: each job's identity token, when a pointer in another partition names it,
+    lua/lib/identity.lua)."""
     args: list[Any] = [len(jobs), mode, keys.declared]
     for job in jobs:
         args += [job.job_id or "", job.data, job.priority, job.delay_ms, job.run_at_ms,
                  job.options, job.key, encode(list(job.depends_on)) if job.depends_on else "",
                  job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy, job.expires_in_ms,
                  job.expires_at_ms, job.batch]
+    if any(tokens):
+        args += tokens
     return ScriptCall(SCRIPTS.add, (keys.prefix,), tuple(args))
 
 
 def parse_added(keys: QueueKeys, reply: Any) -> list[tuple[str, bool]]:
     """The add script's reply: (job id, created) per job, in order."""
     check_refusal(keys, reply)
+    # The markers hold a tab, which no job id does (ids are printable).
+    if reply and reply[0] == b"\t?":
+        kind, name, pointer = (part.decode() for part in reply[2:5])
+        raise IdentityElsewhere(keys, int(reply[1]), kind, name, pointer)
+    if reply and reply[0] == b"\t~":
+        raise IdentityFenced(keys, int(reply[1]))
     return [(reply[i].decode(), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
 
 
 def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
-             durable_timeout_ms: int | None = None) -> Op[list[tuple[str, bool]]]:
+             durable_timeout_ms: int | None = None, tokens: Sequence[str] = ()
+             ) -> Op[list[tuple[str, bool]]]:
     """Add jobs in one script call. With ``durable_timeout_ms``, also wait (on the same
     connection) until the server reports the write fsynced to its append-only file and, when
     the server has replicas, until one replica has received it: a failover then promotes a
-    replica that holds the job."""
-    call = add_call(keys, jobs, mode)
+    replica that holds the job. ``tokens``: see :func:`add_call`."""
+    call = add_call(keys, jobs, mode, tokens)
     if durable_timeout_ms is None:
         reply = yield call
         return parse_added(keys, reply)

@@ -18,6 +18,7 @@ from panqueue._keys import QueueKeys, partition_keys, route
 from panqueue._store.ops import add as _add
 from panqueue._store.ops import batches as _batches
 from panqueue._store.ops import events as _events
+from panqueue._store.ops import identity as _identity
 from panqueue._store.ops import jobs as _jobs
 from panqueue._store.ops import queue as _queue
 from panqueue._store.ops.add import NewJob
@@ -97,8 +98,10 @@ def job_partition(parts: Sequence[QueueKeys], job_id: str) -> Op[QueueKeys]:
     if len(parts) == 1:
         return parts[0]
     guess = parts[route(len(parts), job_id) or 0]
-    if (yield Command(("EXISTS", guess.job(job_id)))):
-        return guess
+    # A custom id's home knows where its job went when that is elsewhere (lib/identity.lua).
+    pointed = yield from _identity.pointed_partition(parts, guess, job_id)
+    if pointed is not None:
+        return pointed
     others = [p for p in parts if p is not guess]
     found = yield Batch(tuple(Command(("EXISTS", p.job(job_id))) for p in others))
     for part, exists in zip(others, found, strict=True):
@@ -305,21 +308,41 @@ def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, sp
     goes, in one atomic call. ``durable_timeout_ms`` applies to a single partition's add."""
     if len(parts) == 1 or (together and len(jobs) > 0):
         home = yield from _home(parts, jobs[0], spread)
-        return (yield from _add.add_jobs(home, jobs, mode, durable_timeout_ms))
+        return (yield from _identity.add_placed(parts, home, jobs, mode, durable_timeout_ms))
     groups: dict[int, list[int]] = {}
     for index, job in enumerate(jobs):
         home = yield from _home(parts, job, spread + index)
         groups.setdefault(home.partition, []).append(index)
     if durable_timeout_ms is not None:
         [(partition, members)] = groups.items()  # a single add: one partition
-        return (yield from _add.add_jobs(parts[partition], [jobs[i] for i in members], mode,
-                                         durable_timeout_ms))
-    order = list(groups.items())
+        return (yield from _identity.add_placed(parts, parts[partition],
+                                                [jobs[i] for i in members], mode,
+                                                durable_timeout_ms))
+    # Jobs whose custom id or dedup key has its home in another partition are decided there
+    # first, one by one (_store/ops/identity.py); so are the jobs of a partition whose add met
+    # a pointer to another partition. The rest go in one round trip.
+    one_by_one: list[tuple[int, list[int]]] = []
+    for partition, members in groups.items():
+        far = [i for i in members if _identity.is_far(parts, parts[partition], jobs[i])]
+        if far:
+            one_by_one += [(partition, [i]) for i in far]
+            members[:] = [i for i in members if i not in far]
+    order = [(partition, members) for partition, members in groups.items() if members]
     calls = tuple(_add.add_call(parts[p], [jobs[i] for i in members], mode)
                   for p, members in order)
-    replies = yield Batch(calls)
+    replies = (yield Batch(calls)) if calls else []
     added: list[tuple[str, bool]] = [("", False)] * len(jobs)
     for (partition, members), reply in zip(order, replies, strict=True):
-        for index, item in zip(members, _add.parse_added(parts[partition], reply), strict=True):
+        try:
+            items = _add.parse_added(parts[partition], reply)
+        except _add.IdentityElsewhere:
+            one_by_one.append((partition, members))  # nothing of it was written
+            continue
+        for index, item in zip(members, items, strict=True):
+            added[index] = item
+    for partition, members in one_by_one:
+        items = yield from _identity.add_placed(parts, parts[partition],
+                                                [jobs[i] for i in members], mode)
+        for index, item in zip(members, items, strict=True):
             added[index] = item
     return added

@@ -88,9 +88,20 @@ local function needs_key(id)
   return P .. 'needs:' .. id
 end
 
--- The job a dedup key currently names (lib/new_job.lua).
+-- The job a dedup key currently names (lib/new_job.lua), or a pointer to it in another
+-- partition (lib/identity.lua).
 local function dedup_key(key)
   return P .. 'dd:' .. key
+end
+
+-- A partitioned queue's identities (lib/identity.lua): in a custom id's home, the pointer to
+-- its job in another partition; in a job's partition, a fenced add's token.
+local function id_pointer_key(id)
+  return P .. 'idn:' .. id
+end
+
+local function fence_key(token)
+  return P .. 'fence:' .. token
 end
 
 -- A schedule's definition (schedule_*.lua).

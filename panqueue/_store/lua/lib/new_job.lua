@@ -1,12 +1,13 @@
 -- lib/new_job.lua: creating a job (add, and a schedule's tick): the checks every new job
 -- passes before anything is written, and add_job, which makes it WAITING, DELAYED or BLOCKED
 -- (or FAILED at once, when a dependency will not complete), honouring custom ids and dedup keys.
--- Needs: layout.lua, waiting.lua, dependencies.lua, finish.lua, expiry.lua.
+-- Needs: layout.lua, waiting.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua.
 --!include layout.lua
 --!include waiting.lua
 --!include dependencies.lua
 --!include finish.lua
 --!include expiry.lua
+--!include identity.lua
 
 -- Times and durations an add may carry (ms): 2^52 ms is about 142,000 years. Any such value,
 -- added to the server's clock, is still an exact integer in a double, Redis formats it without
@@ -83,22 +84,9 @@ local function add_job(now, f)
   local dkey = nil
   if f.dedup ~= '' then
     dkey = dedup_key(f.dedup)
-    local existing = redis.call('GET', dkey)
-    if existing and redis.call('EXISTS', job_key(existing)) == 1 then
-      if f.strategy == 'keep' then
-        return existing, 0
-      elseif f.strategy == 'extend' then
-        redis.call('PEXPIRE', dkey, f.ttl)
-        return existing, 0
-      end
-      -- replace: a job that has not started yet is replaced; a started one is left to run.
-      local ejkey = job_key(existing)
-      local state = redis.call('HGET', ejkey, 's')
-      if state == 'waiting' or state == 'delayed' or state == 'blocked' then
-        detach(ejkey, existing, state)
-        delete_job(existing, now)  -- fails the jobs blocked on it
-        emit('removed', existing, 'why', 'replaced')
-      end
+    local existing = dedup_existing(dkey, f, now)
+    if existing then
+      return existing, 0
     end
   end
   local id = f.id

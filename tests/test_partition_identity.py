@@ -1,0 +1,253 @@
+"""Idempotency across the partitions of a partitioned queue: a custom id and a dedup key name one
+job wherever its key, its dependencies or its flow placed it (docs/scaling.md, "Idempotency"),
+under concurrent producers, and after an add that stopped half-way."""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import Dedup, FlowJob, Job, JobState, QueueClient, Registry
+from panqueue._store.ops import identity
+from panqueue.testing import drain, run_worker
+
+pytestmark = pytest.mark.anyio
+
+N = 4
+
+
+def _home(name: str) -> int:
+    """The partition a custom id (or ``"dd:" + dedup key``, or a concurrency key) routes to."""
+    return zlib.crc32(name.encode()) % N
+
+
+def _name_in(partition: int, prefix: str) -> str:
+    """A custom id or a concurrency key that routes to ``partition``."""
+    for i in range(1000):
+        name = f"{prefix}-{i}"
+        if _home(name) == partition:
+            return name
+    raise AssertionError("no name found")
+
+
+def _dedup_in(partition: int, prefix: str) -> str:
+    """A dedup key whose home is ``partition`` (it routes by ``"dd:" + key``)."""
+    for i in range(1000):
+        name = f"{prefix}-{i}"
+        if _home("dd:" + name) == partition:
+            return name
+    raise AssertionError("no name found")
+
+
+async def _where(client: QueueClient, queue: str, job_id: str) -> list[int]:
+    """The partitions that hold a job with this id (exactly one, for a sound queue)."""
+    parts = await client._run(client._parts.parts(queue))
+    found = []
+    for part in parts:
+        if await client._run(_exists(part.job(job_id))):
+            found.append(part.partition)
+    return found
+
+
+def _exists(key: str) -> Any:
+    from panqueue._store.transport import Command
+
+    return (yield Command(("EXISTS", key)))
+
+
+def _keyed(registry: Registry, queue: str, ran: Counter[str]) -> Any:
+    @registry.handler(queue, partitions=N, mode="keyed", concurrency=8)
+    async def work(job: Job[Any]) -> None:
+        ran[job.id] += 1
+
+    return work
+
+
+async def test_a_custom_id_placed_by_its_key_is_found_by_every_later_add(
+        redis_url: str, queue_name: str) -> None:
+    """job_id X first added with key K, which routes it away from X's home; adds of X with
+    keys routing to X's home and to a third partition return the same job, get_job finds it,
+    and it runs once."""
+    registry = Registry()
+    ran: Counter[str] = Counter()
+    work = _keyed(registry, queue_name, ran)
+    job_id = _name_in(0, "order")
+    key = _name_in(1, "tenant")
+    at_home = _name_in(0, "tenant")
+    elsewhere = _name_in(2, "tenant")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = await queue.add("first", job_id=job_id, key=key)
+        assert first.created and await _where(client, queue_name, job_id) == [1]
+        for other in (at_home, elsewhere, key):
+            again = await queue.add("again", job_id=job_id, key=other)
+            assert (again.id, again.created) == (job_id, False), other
+        assert await _where(client, queue_name, job_id) == [1]
+        info = await client.get_job(queue_name, job_id)
+        assert info.data == "first" and info.state == JobState.WAITING
+        async with run_worker(registry, queue_name, redis_url):
+            counts = await drain(redis_url, queue_name)
+        assert counts[JobState.COMPLETED] == 1 and ran == {job_id: 1}
+
+
+async def test_a_custom_id_placed_by_its_dependency_or_its_flow_is_found(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+    ran: Counter[str] = Counter()
+
+    @registry.handler(queue_name, partitions=N, concurrency=8)
+    async def work(job: Job[Any]) -> None:
+        ran[job.id] += 1
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        parent = (await queue.add_bulk(range(N)))[1]  # a generated id: in partition 1
+        assert int(parent.id) % N == 1
+        child_id = _name_in(3, "child")
+        child = await queue.add("child", job_id=child_id, depends_on=[parent])
+        assert child.created and await _where(client, queue_name, child_id) == [1]
+        again = await queue.add("again", job_id=child_id)  # no dependency: routed to 3
+        assert (again.id, again.created) == (child_id, False)
+        # A flow goes where its first job's id routes it (2); its second job's id routes to 0.
+        head_id, member_id = _name_in(2, "head"), _name_in(0, "member")
+        flow = await queue.add_flow([FlowJob("head", job_id=head_id),
+                                     FlowJob("member", depends_on=[0], job_id=member_id)])
+        assert [h.created for h in flow] == [True, True]
+        assert await _where(client, queue_name, member_id) == [2]
+        again = await queue.add("again", job_id=member_id)
+        assert (again.id, again.created) == (member_id, False)
+        assert (await client.get_job(queue_name, member_id)).data == "member"
+        async with run_worker(registry, queue_name, redis_url):
+            counts = await drain(redis_url, queue_name)
+        assert counts[JobState.COMPLETED] == N + 3
+        assert ran[child_id] == ran[member_id] == 1
+
+
+async def test_a_dedup_key_returns_the_first_job_whatever_else_the_add_carries(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+    ran: Counter[str] = Counter()
+    work = _keyed(registry, queue_name, ran)
+    dedup = Dedup(_dedup_in(0, "reindex"), ttl=60)
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = await queue.add("first", key=_name_in(1, "tenant"), dedup=dedup)
+        assert first.created
+        for index, key in enumerate(_name_in(p, f"k{p}") for p in range(N)):
+            again = await queue.add("again", key=key, dedup=dedup,
+                                    job_id=_name_in(index, f"id{index}"))
+            assert (again.id, again.created) == (first.id, False), key
+        # A custom id and a dedup key: the id is looked at first, then the dedup key.
+        by_id = await queue.add("by id", key=_name_in(2, "t"), job_id=_name_in(3, "solo"))
+        both = await queue.add("both", key=_name_in(1, "t"), job_id=by_id.id,
+                               dedup=Dedup(_dedup_in(2, "other"), ttl=60))
+        assert (both.id, both.created) == (by_id.id, False)
+        fresh = await queue.add("fresh", key=_name_in(1, "t"), dedup=Dedup(
+            _dedup_in(2, "other"), ttl=60))
+        assert fresh.created and fresh.id != by_id.id
+        assert (await client.counts(queue_name))[JobState.WAITING] == 3
+        async with run_worker(registry, queue_name, redis_url):
+            counts = await drain(redis_url, queue_name)
+        assert counts[JobState.COMPLETED] == 3 and set(ran.values()) == {1}
+
+
+async def test_a_dedup_replace_across_partitions_replaces_the_waiting_job(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+    work = _keyed(registry, queue_name, Counter())
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = await queue.add("first", key=_name_in(1, "t"),
+                                dedup=Dedup(_dedup_in(0, "r"), ttl=60, strategy="replace"))
+        second = await queue.add("second", key=_name_in(2, "t"),
+                                 dedup=Dedup(_dedup_in(0, "r"), ttl=60, strategy="replace"))
+        assert second.created and second.id != first.id
+        assert [j.id for j in await client.list_jobs(queue_name, JobState.WAITING)] == [second.id]
+        third = await queue.add("third", key=_name_in(3, "t"),
+                                dedup=Dedup(_dedup_in(0, "r"), ttl=60))
+        assert (third.id, third.created) == (second.id, False)
+
+
+async def test_racing_producers_create_one_job_per_identity(redis_url: str,
+                                                           queue_name: str) -> None:
+    """Sixteen producers, each on its own connection, add the same custom id (then the same
+    dedup key) at once, with keys that route to every partition: one job each, and every
+    producer gets its id."""
+    registry = Registry()
+    work = _keyed(registry, queue_name, Counter())
+    job_id = _name_in(0, "race")
+    dedup = Dedup(_dedup_in(3, "race"), ttl=60)
+    by_id: list[tuple[str, bool]] = []
+    by_dedup: list[tuple[str, bool]] = []
+
+    async def produce(index: int) -> None:
+        async with QueueClient(redis_url) as client:
+            queue = client.queue(work)
+            key = f"tenant-{index}"
+            handle = await queue.add(index, job_id=job_id, key=key)
+            by_id.append((handle.id, handle.created))
+            handle = await queue.add(index, key=key, dedup=dedup)
+            by_dedup.append((handle.id, handle.created))
+
+    async with anyio.create_task_group() as tg:
+        for index in range(16):
+            tg.start_soon(produce, index)
+    assert {i for i, _ in by_id} == {job_id} and sum(c for _, c in by_id) == 1
+    assert len({i for i, _ in by_dedup}) == 1 and sum(c for _, c in by_dedup) == 1
+    async with QueueClient(redis_url) as client:
+        assert await _where(client, queue_name, job_id) in ([p] for p in range(N))
+        assert (await client.counts(queue_name))[JobState.WAITING] == 2
+
+
+async def test_an_add_stopped_between_its_steps_blocks_no_later_add(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """A producer that wrote the identity's pointer and died before adding the job: a later add
+    creates the job (after the grace). A job removed, and a dedup key expired, leave nothing
+    that blocks a new add either."""
+    registry = Registry()
+    work = _keyed(registry, queue_name, Counter())
+    job_id = _name_in(0, "lost")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        await queue.add("declare", key="any")
+        parts = await client._run(client._parts.parts(queue_name))
+        reply = await client._run(identity.reserve_identity(parts[0], "id", job_id,
+                                                          "2\tdead-producer\t0"))
+        assert reply[0] == "won"
+        with anyio.fail_after(10):
+            revived = await queue.add("revived", job_id=job_id, key=_name_in(1, "t"))
+        assert revived.created and await _where(client, queue_name, job_id) == [1]
+        assert await client.remove(queue_name, job_id)
+        again = await queue.add("again", job_id=job_id, key=_name_in(3, "t"))
+        assert again.created and await _where(client, queue_name, job_id) == [3]
+        assert (await client.get_job(queue_name, job_id)).data == "again"
+        short = Dedup(_dedup_in(0, "brief"), ttl=0.2)
+        first = await queue.add("first", key=_name_in(2, "t"), dedup=short)
+        assert not (await queue.add("dup", key=_name_in(1, "t"), dedup=short)).created
+        with anyio.fail_after(5):
+            while redis_client.exists(parts[0].prefix + "dd:" + short.key):
+                await anyio.sleep(0.05)
+        later = await queue.add("later", key=_name_in(1, "t"), dedup=short)
+        assert later.created and later.id != first.id
+
+
+async def test_the_job_id_is_looked_at_before_the_dedup_key(redis_url: str,
+                                                           queue_name: str) -> None:
+    """As docs/flow-control.md says: an existing id is returned and its add leaves the dedup
+    key alone (a replace deletes nothing, the key stays free)."""
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        waiting = await queue.add("waiting", dedup=Dedup("k", ttl=60, strategy="replace"))
+        first = await queue.add("first", job_id="order-1")
+        again = await queue.add("again", job_id="order-1",
+                                dedup=Dedup("k", ttl=60, strategy="replace"))
+        assert (again.id, again.created) == ("order-1", False)
+        assert (await waiting.info()).state == JobState.WAITING
+        kept = await queue.add("kept", dedup=Dedup("k", ttl=60))
+        assert (kept.id, kept.created) == (waiting.id, False)
+        assert first.created
