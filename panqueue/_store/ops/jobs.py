@@ -306,9 +306,9 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = 
         ))
         entries = stream_entries(reply)
         caught_up = len(entries) < _RESULT_READ_COUNT
-        for entry_id, fields in entries:
+        for entry_id, entry_fields in entries:
             position = entry_id
-            entry = fields or {}
+            entry = entry_fields or {}
             event = entry.get(b"ev")
             if entry.get(b"id") == job_id.encode() and event in _FINAL_EVENTS:
                 # The event carries the outcome: retention may already have deleted the job.
