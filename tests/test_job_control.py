@@ -288,13 +288,14 @@ async def test_a_cancel_heard_before_its_claim_answered_stops_the_attempt_it_sta
     """The cancel message and the reply of the claim that made the job active come on
     different connections, so the message may arrive first, when this worker has no attempt
     of the job yet. The attempt that claim starts then begins cancelled and its handler never
-    runs. A claim made after the request was heard (a retry the user asked for since) is a
-    new run and is not touched."""
+    runs. The request names the run by its lock: another claim of the same id (a retry the
+    user asked for since, the job added again) is another run and is not touched, and a
+    request for another worker's run is not kept at all."""
     from panqueue._log import get_logger
     from panqueue._options import JobOptions
     from panqueue._runtime.attempt import AttemptRunner, Ending
     from panqueue._runtime.locks import Attempts, Tokens
-    from panqueue._store.transitions import ClaimedJob
+    from panqueue._store.transitions import CancelRequest, ClaimedJob
     from panqueue.executors.inline import InlineExecutor
 
     registry, ran = Registry(), []
@@ -316,15 +317,22 @@ async def test_a_cancel_heard_before_its_claim_answered_stops_the_attempt_it_sta
         return ClaimedJob(job_id, b"\xc0", 1, 0, b"", token)
 
     in_flight = tokens.new()  # the claim is sent...
-    attempts.request_cancel("7")  # ...the cancel overtakes its reply...
+    attempts.request_cancel(CancelRequest("7", in_flight))  # ...the cancel overtakes its reply...
     outcome = await runner.run(claimed("7", in_flight), stopping=False)  # ...which arrives
     assert outcome.ending is Ending.FAILED
     assert outcome.failure is not None and outcome.failure.final
     assert outcome.failure.reason == "cancelled"
     assert ran == []
 
-    attempts.request_cancel("8")  # heard before the claim below was made
+    earlier = tokens.new()
+    attempts.request_cancel(CancelRequest("8", earlier))  # for the run that claim locked
     later = tokens.new()
     outcome = await runner.run(claimed("8", later), stopping=False)
     assert outcome.ending is Ending.COMPLETED
     assert ran == ["8"]
+
+    elsewhere = Tokens("w").new()  # another worker's lock: its run is not this worker's
+    attempts.request_cancel(CancelRequest("9", elsewhere))
+    outcome = await runner.run(claimed("9", elsewhere), stopping=False)
+    assert outcome.ending is Ending.COMPLETED
+    assert ran == ["8", "9"]

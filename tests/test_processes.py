@@ -206,3 +206,33 @@ def test_shutdown_under_a_network_that_drops_everything_exits_within_its_bound(
         stderr = proc.stderr.read()
     assert code == 0, stderr
     assert took < grace + 9, f"shutdown took {took:.1f} s\n{stderr}"
+
+
+def test_a_cancel_acts_only_on_the_run_of_the_job_it_was_for(
+        redis_url: str, workers: Workers, redis_client: redis.Redis) -> None:
+    """Every worker of a queue hears a cancel, and an idle one keeps it for a while in case
+    its claim of that job is still on its way. That kept cancel is for the run it was made
+    for: the job removed and added again under the same id, then handed to the idle worker,
+    is a new job, and it runs."""
+    keys = QueueKeys("cancellable")
+    with SyncQueueClient(redis_url) as client:
+        queue = client.queue("cancellable")
+        first = queue.add({"hold": True}, job_id="nightly")
+        busy = workers.start("cancellable")
+        wait_until(lambda: redis_client.llen("started:nightly") == 1, timeout=20,
+                   what="the first run to start")
+        # The idle worker: a long poll interval keeps the registration it makes now (the
+        # next add is handed to it) instead of claiming again meanwhile.
+        workers.start("cancellable", extra=("--poll-interval", "60"))
+        wait_until(lambda: redis_client.zcard(keys.idle) == 1, timeout=20,
+                   what="the second worker to wait idle")
+        assert client.cancel("cancellable", "nightly") is JobState.ACTIVE
+        wait_until(lambda: first.info().state is JobState.CANCELLED, timeout=10,
+                   what="the first run to end cancelled")
+        busy.send_signal(signal.SIGTERM)
+        assert busy.wait(30) == 0
+        assert client.remove("cancellable", "nightly")
+        again = queue.add({"hold": False}, job_id="nightly")
+        idle_pid = again.result(timeout=20)
+        assert redis_client.lrange("started:nightly", 0, -1) == [
+            str(busy.pid).encode(), str(idle_pid).encode()]

@@ -131,7 +131,7 @@ class ChunkClaimer(ClaimLoop):
             return
         for held, cancelled in zip(waited, flags, strict=True):
             if cancelled:
-                self._attempts.request_cancel(held.job.id)
+                self._attempts.cancel(held.attempt)
 
     def _next_look(self, claimed: Claimed | None) -> float:
         """How long to wait for a wake-up after a claim before claiming again."""

@@ -20,13 +20,14 @@ import anyio
 from panqueue._keys import QueueKeys
 from panqueue._runtime.trouble import Trouble
 from panqueue._store import transitions
+from panqueue._store.transitions import CancelRequest
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
 __all__ = ["Attempt", "Attempts", "Renewer", "Tokens"]
 
-# A cancel request heard before its job's attempt started is kept this long (a claim's reply
-# takes at most the socket timeout to arrive), and at most this many of them.
+# A cancel request heard before the attempt of the run it is for started is kept this long (a
+# claim's reply takes at most the socket timeout to arrive), and at most this many of them.
 _EARLY_CANCEL_SECONDS = 30.0
 _EARLY_CANCELS_KEPT = 10_000
 
@@ -43,15 +44,9 @@ class Tokens:
         self._counter += 1
         return f"{self._prefix}:{self._counter}"
 
-    @property
-    def issued(self) -> int:
-        """How many tokens were made so far."""
-        return self._counter
-
-    @staticmethod
-    def number(token: str) -> int:
-        """The order in which ``token`` was made (1 for the first)."""
-        return int(token.rpartition(":")[2])
+    def made_here(self, token: str) -> bool:
+        """Whether ``token`` is one of these (a lock of this worker's)."""
+        return token.startswith(self._prefix + ":")
 
 
 @dataclass(slots=True, eq=False)
@@ -97,9 +92,8 @@ class Attempts:
         self.by_lock: dict[tuple[str, str], Attempt] = {}
         self._by_job: dict[str, Attempt] = {}
         self.on_lost: Callable[[], None] | None = None  # metrics: an attempt's lock was lost
-        # Cancel requests heard before their job's attempt started: job id -> (when, how
-        # many tokens had been made then).
-        self._early_cancels: dict[str, tuple[float, int]] = {}
+        # Cancel requests heard before the attempt of their run started: lock -> when.
+        self._early_cancels: dict[tuple[str, str], float] = {}
 
     def __len__(self) -> int:
         return len(self.by_lock)
@@ -111,33 +105,41 @@ class Attempts:
         self.by_lock[attempt.lock] = attempt
         self._by_job[job_id] = attempt
         if self._early_cancels:
-            heard = self._early_cancels.pop(job_id, None)
-            # Only a claim made before the request was heard can have taken the job it was
-            # for (the job was active when it was cancelled); a later claim of the same id
-            # (a retry the user asked for since) is a new run.
-            if heard is not None and heard[0] > now - _EARLY_CANCEL_SECONDS and \
-                    Tokens.number(token) <= heard[1]:
-                attempt.cancel_requested = True
-                attempt.scope.cancel()
+            # The request names the run by its lock, so it applies only to the attempt of the
+            # claim that made that run active; the same id claimed under another lock (the
+            # job added again, or retried) is another run.
+            heard = self._early_cancels.pop(attempt.lock, None)
+            if heard is not None and heard > now - _EARLY_CANCEL_SECONDS:
+                self.cancel(attempt)
         return attempt
 
-    def request_cancel(self, job_id: str) -> None:
+    def cancel(self, attempt: Attempt) -> None:
+        """Stop ``attempt``: ``cancel(queue, id)`` was called for its run."""
+        attempt.cancel_requested = True
+        attempt.scope.cancel()
+
+    def request_cancel(self, request: CancelRequest) -> None:
         """``cancel(queue, id)`` was called for an active job (every worker of the queue
-        hears it). The job's attempt here is stopped. If there is none yet, the request is
-        kept for a while: a claim of this worker may have made the job active and not yet
-        answered, and the attempt that claim starts must begin cancelled."""
-        attempt = self._by_job.get(job_id)
+        hears it). The attempt of the run it names is stopped. If that run is locked by this
+        worker and has no attempt yet, the request is kept for a while: the reply of the
+        claim that made the job active may not have arrived, and the attempt that claim
+        starts must begin cancelled. A request for another worker's run is not kept."""
+        if not request.token:  # it does not say which run: the one running here, if any
+            attempt = self._by_job.get(request.job_id)
+        else:
+            attempt = self.by_lock.get((request.job_id, request.token))
         if attempt is not None:
-            attempt.cancel_requested = True
-            attempt.scope.cancel()
+            self.cancel(attempt)
+            return
+        if not self._tokens.made_here(request.token):
             return
         now = time.monotonic()
         if len(self._early_cancels) >= _EARLY_CANCELS_KEPT:
-            self._early_cancels = {job: heard for job, heard in self._early_cancels.items()
-                                   if heard[0] > now - _EARLY_CANCEL_SECONDS}
+            self._early_cancels = {lock: heard for lock, heard in self._early_cancels.items()
+                                   if heard > now - _EARLY_CANCEL_SECONDS}
             if len(self._early_cancels) >= _EARLY_CANCELS_KEPT:  # a flood: keep the newest
                 self._early_cancels.pop(next(iter(self._early_cancels)))
-        self._early_cancels[job_id] = (now, self._tokens.issued)
+        self._early_cancels[(request.job_id, request.token)] = now
 
     def of_job(self, job_id: str) -> Attempt | None:
         """The newest attempt of ``job_id`` running here, if any."""

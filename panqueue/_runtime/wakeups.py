@@ -18,6 +18,7 @@ import anyio
 import anyio.abc
 
 from panqueue._keys import QueueKeys
+from panqueue._store.transitions import CancelRequest, parse_cancel
 from panqueue._store.transport import AsyncSubscriber, AsyncTransport
 from panqueue.errors import ConnectionError, PanqueueError
 
@@ -29,7 +30,7 @@ _CLOSE_WAIT = 2.0
 
 class WakeUps:
     def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *,
-                 health_interval: float, on_cancel: Callable[[str], None],
+                 health_interval: float, on_cancel: Callable[[CancelRequest], None],
                  on_handoff: Callable[[bytes], None], log: Any) -> None:
         self._transport = transport
         self._channels = [keys.notify for keys in parts]
@@ -125,5 +126,7 @@ class WakeUps:
                 self._wake.set()
             elif message.startswith(b"h"):
                 self._on_handoff(message[1:])
-            elif message.startswith(b"c:"):
-                self._on_cancel(message[2:].decode())
+            elif message.startswith(b"c"):
+                request = parse_cancel(message[1:])
+                if request is not None:
+                    self._on_cancel(request)

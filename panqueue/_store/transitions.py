@@ -24,6 +24,7 @@ from panqueue._store.status import Status
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
 
 __all__ = [
+    "CancelRequest",
     "Claimed",
     "ClaimedJob",
     "Completion",
@@ -40,6 +41,7 @@ __all__ = [
     "give_back_starts",
     "heartbeat",
     "leave_registry",
+    "parse_cancel",
     "parse_claim",
     "parse_handoff",
     "pause_for",
@@ -200,6 +202,28 @@ def parse_handoff(payload: bytes) -> tuple[str, list[ClaimedJob]]:
     token = token.decode()
     jobs, _ = parse_claim(reply, 0, token)
     return token, jobs
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """``cancel(queue, id)`` was called for an active job: the request as its worker hears it.
+    ``token`` is the lock token of the run it is for (lua/lib/cancel_request.lua); empty when
+    the message did not say (a script of an earlier version published it)."""
+
+    job_id: str
+    token: str
+
+
+def parse_cancel(payload: bytes) -> CancelRequest | None:
+    """A cancel request, from the notify message's payload (after the ``c``); None for a
+    payload that is not one."""
+    if payload.startswith(b":"):  # an earlier version's message: the job id alone
+        return CancelRequest(payload[1:].decode(errors="replace"), "")
+    try:
+        job_id, token = msgpack.unpackb(payload, raw=True)
+        return CancelRequest(job_id.decode(), token.decode())
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def complete_batch(keys: QueueKeys, batch: Sequence[Completion], *, claim_next: bool,

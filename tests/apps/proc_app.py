@@ -76,3 +76,12 @@ async def chained(job: Job) -> int:
     _redis.rpush("chain-order", job.data)
     await anyio.sleep(random.uniform(0, 0.01))
     return int(job.data)
+
+
+@queues.handler("cancellable")
+async def cancellable(job: Job) -> int:
+    """Records each run; a job whose data says ``hold`` runs until it is cancelled."""
+    _redis.rpush(f"started:{job.id}", os.getpid())
+    if job.data.get("hold"):
+        await anyio.sleep(60)
+    return os.getpid()

@@ -1,8 +1,9 @@
 -- cancel: WAITING / DELAYED / BLOCKED -> CANCELLED at once (jobs that depended on it fail, and
 -- its dependency edges go: see end_job in lib/finish.lua).
--- An ACTIVE job is marked (cx) and its worker is told over the notify channel; it ends
--- CANCELLED when the handler stops (fail.lua), when its worker gives it back (release.lua) or
--- when its lock expires (stalled.lua).
+-- An ACTIVE job is marked (cx) and its worker is told over the notify channel, for the run
+-- that holds the lock now (lib/cancel_request.lua); it ends CANCELLED when the handler stops
+-- (fail.lua), when its worker gives it back (release.lua) or when its lock expires
+-- (stalled.lua).
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id   ARGV[2] keep cancelled (-1 = all) when no worker has set the queue's
@@ -11,6 +12,7 @@
 --!include layout.lua
 --!include waiting.lua
 --!include finish.lua
+--!include cancel_request.lua
 
 local id = ARGV[1]
 local jkey = job_key(id)
@@ -24,6 +26,6 @@ if state == 'waiting' or state == 'delayed' or state == 'blocked' then
   end_job(jkey, id, 'cancelled', now_ms(), keep)
 elseif state == 'active' then
   redis.call('HSET', jkey, 'cx', 1)
-  redis.call('SPUBLISH', K_NOTIFY, 'c:' .. id)
+  tell_cancel(id, redis.call('HGET', jkey, 'tk') or '')
 end
 return state

@@ -10,7 +10,8 @@
 --          partitioned queue's shared window, lua/rate_take.lua); a claim that runs later
 --          claims nothing and answers wake_in 0 (0 or absent: no deadline)
 -- ARGV[6...] tokens of this worker's idle registrations to withdraw: the call ends them and
---          takes over the jobs handed to them meanwhile (lib/handoff.lua)
+--          takes over the jobs handed to them meanwhile (lib/handoff.lua; a cancel requested
+--          for one of those is told again for its new lock, lib/cancel_request.lua)
 -- Returns  {count, wake_in, id, data, attempt, enqueued_at, options, ...}
 --          wake_in: when count is 0, ms until the next delayed job is due (-1: none; 0: the
 --          starts came too late, take new ones now).

@@ -1,6 +1,6 @@
 -- lib/handoff.lua: an added job handed straight to an idle worker, so that picking it up costs
 -- the worker no claim of its own (one trip through Redis instead of a wake-up and then a claim).
--- Needs: layout.lua, claim.lua, memo.lua.
+-- Needs: layout.lua, claim.lua, memo.lua, cancel_request.lua.
 --
 -- A worker whose claim found nothing registers that claim's token in the ZSET "idle", as
 -- "<lock ttl ms>:<token>", scored by when the registration expires (the worker claims again
@@ -19,6 +19,7 @@
 --!include layout.lua
 --!include claim.lua
 --!include memo.lua
+--!include cancel_request.lua
 
 local function idle_member(ttl, token)
   return ttl .. ':' .. token
@@ -31,7 +32,7 @@ end
 
 -- Withdraw the registration of `prev` and take over the jobs handed to it, still locked by it:
 -- they are locked with `token` from now on. Appends their claim records (5 fields each) to
--- `taken`.
+-- `taken`. A job cancelled meanwhile has its request told again, for its new lock.
 local function withdraw_idle(prev, token, ttl, taken)
   redis.call('ZREM', K_IDLE, idle_member(ttl, prev))
   local handed = recall(prev)
@@ -40,7 +41,11 @@ local function withdraw_idle(prev, token, ttl, taken)
   end
   redis.call('DEL', req_key(prev))
   for i = 3, #handed, 5 do
-    redis.call('HSET', job_key(handed[i]), 'tk', token)
+    local jkey = job_key(handed[i])
+    redis.call('HSET', jkey, 'tk', token)
+    if redis.call('HEXISTS', jkey, 'cx') == 1 then
+      tell_cancel(handed[i], token)
+    end
     for j = i, i + 4 do
       taken[#taken + 1] = handed[j]
     end
