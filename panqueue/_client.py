@@ -692,9 +692,8 @@ def _add_op(parts: parted.PartitionCounts, queue: Queue[Any] | SyncQueue[Any],
     chain) is nothing to add: nothing is asked of the server."""
     if not jobs:
         return []
-    where = yield from parts.parts(queue.name, queue.partitions)
-    return (yield from parted.add_routed(where, jobs, queue.mode, spread, durable_timeout_ms,
-                                         together))
+    return (yield from parts.add(queue.name, queue.partitions, jobs, queue.mode, spread,
+                                 durable_timeout_ms, together))
 
 
 def _states(states: Iterable[JobState | str] | None) -> list[JobState | str] | None:

@@ -6,19 +6,31 @@ and derive the rest (``_store/lua/lib/layout.lua``; ``tests/test_lua_layout.py``
 layouts together).
 
 A queue with ``partitions=N`` is N such layouts: partition 0 is ``{q:X}:`` (so a one-partition
-queue is exactly the plain layout) and partition ``i`` is ``{q:X#i}:``. Each is a hash slot of its
-own, so Redis Cluster spreads them over its masters. Which partition holds a job is a pure
-function of the partition count (:func:`route`).
+queue is exactly the plain layout) and partition ``i`` is ``{q:X#<suffix>}:``, the suffix chosen
+for the hash slot it lands in (:func:`partition_tags`), so that the partitions spread over the
+slot space, and so over a cluster's masters, as evenly as their count allows. Queues declared
+before that placement keep ``{q:X#i}:`` (:data:`LEGACY_PLACEMENT`). Which partition holds a job
+is a pure function of the partition count (:func:`route`).
+
+The layout (count, placement) is stored in the queue's home meta with a version
+(:class:`Layout`); every add and every worker's setup names the version it routes by, so a
+client that learned an older layout is refused and refreshes instead of writing where nobody
+serves (``_store/ops/partitions.py``).
 """
 
 from __future__ import annotations
 
+import binascii
+import functools
+import itertools
 import zlib
+from dataclasses import dataclass
 
 from panqueue.errors import ConfigError
 
-__all__ = ["MAX_PARTITIONS", "BatchKeys", "QueueKeys", "check_job_id", "check_partitions",
-           "check_queue_name", "partition_keys", "route"]
+__all__ = ["CLUSTER_SLOTS", "LEGACY_PLACEMENT", "MAX_PARTITIONS", "SPREAD_PLACEMENT", "BatchKeys",
+           "Layout", "QueueKeys", "check_job_id", "check_partitions", "check_queue_name",
+           "hash_slot", "partition_keys", "partition_tags", "route"]
 
 _MAX_NAME = 200
 _MAX_JOB_ID = 256
@@ -77,9 +89,97 @@ def route(n: int, job_id: str | None = None, key: str | None = None) -> int | No
     return None
 
 
-def partition_keys(name: str, n: int) -> list[QueueKeys]:
-    """The key layouts of every partition of queue ``name``."""
-    return [QueueKeys(name, i, n) for i in range(n)]
+# How a queue's partitions are named (meta "pl"): LEGACY_PLACEMENT appends the index ("{q:X#i}",
+# what queues declared before placement have: CRC16 is linear, so those tags cluster on a few
+# slots' neighbourhoods), SPREAD_PLACEMENT picks each tag for its slot (partition_tags).
+LEGACY_PLACEMENT = 0
+SPREAD_PLACEMENT = 1
+
+CLUSTER_SLOTS = 16384
+# Suffix characters 0x40..0x4F: the low four bits take every value and the high four are fixed,
+# so the suffixes of one length form an affine space over GF(2), on which CRC16 is affine too:
+# four of them reach every 14-bit slot value (tests/test_placement.py checks it).
+_SUFFIX_ALPHABET = b"@ABCDEFGHIJKLMNO"
+_SUFFIX_LENGTH = 4
+
+
+def hash_slot(tag: str) -> int:
+    """The Redis Cluster slot of a key whose hash tag is ``tag``: CRC16 (XMODEM) mod 16384."""
+    return binascii.crc_hqx(tag.encode(), 0) % CLUSTER_SLOTS
+
+
+@functools.cache
+def _suffixes() -> tuple[bytes, ...]:
+    """For each slot value v, the first suffix s (in alphabet order) with CRC16(s) = v mod
+    16384. Built once per process (65,536 CRCs, a few tens of ms)."""
+    table: dict[int, bytes] = {}
+    for chars in itertools.product(_SUFFIX_ALPHABET, repeat=_SUFFIX_LENGTH):
+        suffix = bytes(chars)
+        table.setdefault(binascii.crc_hqx(suffix, 0) % CLUSTER_SLOTS, suffix)
+    return tuple(table[v] for v in range(CLUSTER_SLOTS))
+
+
+def _range_start(j: int, n: int) -> int:
+    """Where the j-th of n equal slot ranges starts: round(j * 16384 / n), the split
+    `redis-cli --cluster create` gives n masters (never a tie: 16384 / n is not k + 1/2)."""
+    return (2 * j * CLUSTER_SLOTS + n) // (2 * n)
+
+
+@functools.lru_cache(maxsize=4096)
+def partition_tags(name: str, count: int, placement: int = SPREAD_PLACEMENT) -> tuple[str, ...]:
+    """The hash tags of the ``count`` partitions of queue ``name``.
+
+    Partition 0 is ``q:<name>`` whatever the count. Spread placement splits the slot space into
+    ``count`` equal ranges (:func:`_range_start`); partition 0's slot lies in one of them, at
+    some offset from its start, and partition ``i`` takes the ``i``-th range after it, at the
+    same offset: the partitions' slots are evenly spaced around the slot space. On a cluster
+    whose masters split the slots evenly, ``count`` a multiple of the masters puts exactly as
+    many partitions on each, and any count puts floor or ceil(count / masters) on each.
+
+    The tag of partition ``i`` is ``q:<name>#<suffix>`` with the four-character suffix whose
+    slot is the target: CRC16 with a zero start is linear, so CRC16(prefix + suffix) is
+    CRC16(prefix + four zero bytes) XOR CRC16(suffix), and a table of the suffixes' CRCs
+    (:func:`_suffixes`) answers each target at once."""
+    home = f"q:{name}"
+    if count == 1:
+        return (home,)
+    if placement == LEGACY_PLACEMENT:
+        return (home, *(f"{home}#{i}" for i in range(1, count)))
+    slot = hash_slot(home)
+    first = next(j for j in range(count) if slot < _range_start(j + 1, count))
+    offset = slot - _range_start(first, count)
+    base = binascii.crc_hqx(f"{home}#".encode() + bytes(_SUFFIX_LENGTH), 0)
+    suffixes = _suffixes()
+    tags = [home]
+    for i in range(1, count):
+        j = (first + i) % count
+        start, end = _range_start(j, count), _range_start(j + 1, count)
+        target = start + min(offset, end - start - 1)
+        tags.append(f"{home}#{suffixes[(target ^ base) % CLUSTER_SLOTS].decode()}")
+    return tuple(tags)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A queue's partitions as stored in its home meta: the count, how the partitions are
+    named (``placement``), and the ``version`` that every change of either increments. A
+    queue never declared has none (``None`` where a layout is read)."""
+
+    count: int = 1
+    placement: int = SPREAD_PLACEMENT
+    version: int = 0
+
+    def keys(self, name: str) -> list[QueueKeys]:
+        """The key layouts of every partition of queue ``name`` under this layout."""
+        return partition_keys(name, self.count, self.placement, self.version)
+
+
+def partition_keys(name: str, n: int, placement: int = SPREAD_PLACEMENT, version: int = 0
+                   ) -> list[QueueKeys]:
+    """The key layouts of every partition of queue ``name`` (of a layout of ``n`` partitions
+    placed by ``placement``, at ``version``)."""
+    tags = partition_tags(check_queue_name(name), n, placement)
+    return [QueueKeys(name, i, n, tag=tags[i], version=version) for i in range(n)]
 
 
 class QueueKeys:
@@ -88,13 +188,19 @@ class QueueKeys:
     __slots__ = ("active", "batch_outbox", "batches", "blocked", "cancelled", "completed",
                  "delayed", "events", "expires", "failed", "history", "idle", "key_active",
                  "limited", "meta", "name", "notify", "partition", "partitions", "prefix", "rate",
-                 "ready", "schedules", "shared_rate", "wait", "worker_info", "workers")
+                 "ready", "relayout", "schedules", "shared_rate", "version", "wait",
+                 "worker_info", "workers")
 
-    def __init__(self, name: str, partition: int = 0, partitions: int | None = None) -> None:
+    def __init__(self, name: str, partition: int = 0, partitions: int | None = None, *,
+                 tag: str | None = None, version: int = 0) -> None:
         self.name = check_queue_name(name)
         self.partition = partition
         self.partitions = partitions
-        self.prefix = f"{{q:{name}#{partition}}}:" if partition else f"{{q:{name}}}:"
+        # The layout version this partition is addressed under (see ``declared``).
+        self.version = version
+        if tag is None:
+            tag = f"q:{name}#{partition}" if partition else f"q:{name}"
+        self.prefix = f"{{{tag}}}:"
         self.meta = self.prefix + "meta"
         self.wait = self.prefix + "wait"
         self.delayed = self.prefix + "delayed"
@@ -130,13 +236,19 @@ class QueueKeys:
         # A partitioned queue's global rate limit: one window for every partition, in a slot
         # of its own (lua/rate_take.lua).
         self.shared_rate = f"{{q:{name}#rate}}:rl"
+        # The home's lock of a layout change (STRING: the changer's token, with a lease;
+        # _store/ops/partitions.py change_layout).
+        self.relayout = self.prefix + "relayout"
 
     @property
     def declared(self) -> str:
-        """How this partition declares itself to the scripts: "<count>:<index>", or '' when
-        the count is not known here (the layout of queue X alone, the first partition of
-        whatever X has): the scripts then neither check nor store it."""
-        return "" if self.partitions is None else f"{self.partitions}:{self.partition}"
+        """How this partition declares itself to the scripts: "<count>:<index>:<version>" (the
+        layout the caller routes by), or '' when the count is not known here (the layout of
+        queue X alone, the first partition of whatever X has): the scripts then neither check
+        nor store it."""
+        if self.partitions is None:
+            return ""
+        return f"{self.partitions}:{self.partition}:{self.version}"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

@@ -187,13 +187,14 @@ def enqueue_dataframe(
         spread = random.randrange(1 << 16)  # where this task's rows without id or key start
         try:
             # A partitioned queue: each batch goes out as one script call per partition,
-            # pipelined (one round trip per node of a cluster).
-            parts = transport.run(parted.PartitionCounts().parts(queue))
+            # pipelined (one round trip per node of a cluster), routed by the queue's layout
+            # (read again if it changes meanwhile).
+            layouts = parted.PartitionCounts()
 
             def add(jobs: list[ops.NewJob]) -> int:
                 nonlocal spread
-                created = sum(c for _, c in transport.run(parted.add_routed(
-                    parts, jobs, mode, spread)))
+                created = sum(c for _, c in transport.run(layouts.add(
+                    queue, None, jobs, mode, spread)))
                 spread += len(jobs)
                 return created
 

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -473,12 +474,23 @@ def test_history_records_are_read_and_acknowledged_on_each_queues_master(
 
 
 def _partitioned_queue(cluster: Cluster, n: int) -> str:
-    """A fresh queue name whose ``n`` partitions live on ``n`` different masters."""
-    while True:
-        name = f"pt-{uuid.uuid4().hex[:8]}"
-        owners = {cluster.owner_port(keys.prefix) for keys in partition_keys(name, n)}
-        if len(owners) == n:
-            return name
+    """A fresh queue name: its ``n`` partitions live on ``n`` different masters, as those of
+    any name do (panqueue/_keys.py partition_tags)."""
+    name = f"pt-{uuid.uuid4().hex[:8]}"
+    owners = {cluster.owner_port(keys.prefix) for keys in partition_keys(name, n)}
+    assert len(owners) == n, (name, owners)
+    return name
+
+
+def test_the_partitions_of_any_queue_spread_over_every_master(cluster: Cluster) -> None:
+    """On the cluster redis-cli created (three masters, the slots split evenly): for any name,
+    3 partitions put one on each master, 6 put two, 4 put one or two."""
+    for i in range(40):
+        name = f"spread-{i}-{uuid.uuid4().hex[:6]}"
+        for count, low, high in ((3, 1, 1), (6, 2, 2), (4, 1, 2)):
+            held = Counter(cluster.owner_port(k.prefix) for k in partition_keys(name, count))
+            assert set(held) == set(cluster.ports), (name, count, held)
+            assert low <= min(held.values()) and max(held.values()) <= high, (name, held)
 
 
 def _cpu_seconds(port: int) -> float:

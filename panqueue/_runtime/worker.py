@@ -40,6 +40,7 @@ from panqueue._runtime.chunks import ChunkClaimer
 from panqueue._runtime.claimer import Claimer, ClaimLoop
 from panqueue._runtime.heartbeat import Heartbeat
 from panqueue._runtime.hooks import MetricsHook
+from panqueue._runtime.layout import settle_layout
 from panqueue._runtime.locks import Attempt, Attempts, Renewer, Tokens
 from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.stats import log_summary
@@ -113,6 +114,7 @@ class Worker:
         self.handler = registry.get(queue)
         self.schedules = {s.name: s for s in registry.schedules_for(queue)}
         # Every partition of the queue (one for most queues); the first is the queue's home.
+        # Named as the queue stores them once run() has read its layout.
         self.parts = partition_keys(queue, self.handler.options.partitions)
         self.keys = self.parts[0]
         self.url = resolve_url(url)
@@ -173,15 +175,21 @@ class Worker:
             if rate is not None and not rate.per_key and len(self.parts) > 1:
                 shared_rate, rate = (rate.max, int(rate.per * 1000)), None
             starting = Trouble(self._log, "starting the worker")
-            for keys in self.parts:
-                def setup(keys: QueueKeys = keys) -> Awaitable[None]:
-                    return transport.run(ops.setup_queue(
-                        keys, options.mode, options.key_concurrency,
-                        0 if rate is None else rate.max,
-                        0 if rate is None else int(rate.per * 1000),
-                        rate is not None and rate.per_key, options.retention.failed,
-                        options.retention.history, 0 if rate is None else rate.recover_every_ms))
-                await self._when_served(starting, setup)
+
+            def setup(keys: QueueKeys) -> Awaitable[None]:
+                return transport.run(ops.setup_queue(
+                    keys, options.mode, options.key_concurrency,
+                    0 if rate is None else rate.max,
+                    0 if rate is None else int(rate.per * 1000),
+                    rate is not None and rate.per_key, options.retention.failed,
+                    options.retention.history, 0 if rate is None else rate.recover_every_ms))
+
+            # The partitions as the queue stores them (their names and layout version), changed
+            # to this worker's count first if it differs and no partition holds a job.
+            self.parts = await settle_layout(
+                transport, self.keys.name, options.partitions, f"{self.name}:{uuid.uuid4().hex}",
+                self._when_served, starting, setup)
+            self.keys = self.parts[0]
             if len(self.parts) > 1:
                 await self._when_served(starting, lambda: transport.run(
                     ops.pause_like_home(self.parts)))

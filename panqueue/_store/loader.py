@@ -112,6 +112,8 @@ class _Scripts:
         self.schedule_remove = _load("schedule_remove")
         self.clean = _load("clean")
         self.setup = _load("setup")
+        self.relayout = _load("relayout")
+        self.declare = _load("declare")
         self.heartbeat = _load("heartbeat")
         self.workers = _load("workers")
         self.purge = _load("purge")

@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  number of jobs n   ARGV[2] the producer's declared mode ('' | global | keyed)
--- ARGV[3]  the producer's declared partition ("<count>:<index>", '' = as stored)
+-- ARGV[3]  the producer's declared partition ("<count>:<index>:<version>", '' = as stored;
+--          lib/layout.lua partition_problem)
 --          then n groups of 14: id ('' = generate), data (msgpack), priority, delay ms,
 --          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
 --          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy,
@@ -15,11 +16,12 @@
 --          here is refused
 -- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written):
 --          an item with a value out of range (new_job_problem in lib/new_job.lua), a key that
---          does not fit the queue's mode, a partition count that is not the queue's, or an
---          unknown dependency; {'\t~', i} when item i's token was fenced (its identity went
---          to another add: look again), {'\t?', i, kind, name, pointer} when item i's custom
---          id (kind 'id') or dedup key ('dd') has its home here and a pointer to a job in
---          another partition (lib/identity.lua), which the producer must look at first.
+--          does not fit the queue's mode, a layout that is not this partition's ('layout
+--          changed': the producer reads the layout again and routes anew), or an unknown
+--          dependency; {'\t~', i} when item i's token was fenced (its identity went to another
+--          add: look again), {'\t?', i, kind, name, pointer} when item i's custom id (kind 'id')
+--          or dedup key ('dd') has its home here and a pointer to a job in another partition
+--          (lib/identity.lua), which the producer must look at first.
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
 --          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
 --          claimable work goes straight to idle workers that registered for it

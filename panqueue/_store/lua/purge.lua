@@ -112,7 +112,18 @@ elseif all then
   -- under it would silently drop its mode and rate limit.
   if redis.call('ZCARD', K_ACTIVE) == 0
       and redis.call('ZCOUNT', K_WORKERS, '(' .. now, '+inf') == 0 then
+    -- The partition's place in a layout stays (np, pi, lv, pl): a producer that learned the
+    -- layout before the purge must still be refused if it changes after (lib/layout.lua
+    -- partition_problem). A one-partition queue whose layout never changed has none worth
+    -- keeping: a producer that learned it is refused by any other count declared later.
+    local layout = redis.call('HMGET', K_META, 'np', 'pi', 'lv', 'pl')
     redis.call('DEL', K_META, K_RATE, K_READY, K_LIMITED, K_KEY_ACTIVE, K_EXPIRES)
+    if layout[1] and (layout[1] ~= '1' or (layout[3] or '0') ~= '0') then
+      redis.call('HSET', K_META, 'np', layout[1], 'pi', layout[2] or '0', 'lv', layout[3] or '0')
+      if layout[4] then
+        redis.call('HSET', K_META, 'pl', layout[4])
+      end
+    end
   end
 end
 if deleted > 0 then

@@ -6,9 +6,10 @@
 -- ARGV[7]  how many failed/cancelled jobs the queue keeps (used when a producer cancels a job)
 -- ARGV[8]  how many history records the queue keeps (0: none; absent: left as stored)
 -- ARGV[9]  adaptive rate limit: its recovery step ms (0 or absent: the limit is fixed)
--- ARGV[10] this partition, "<count>:<index>" (absent: as stored, else 1:0)
--- Returns  {'ok'} or {'!', message} when the queue's stored mode differs, or its partition
---          count while it holds jobs (nothing changed).
+-- ARGV[10] this partition, "<count>:<index>:<version>" (absent: as stored; lib/layout.lua
+--          partition_problem: a partition in no layout yet joins the declared one)
+-- Returns  {'ok'} or {'!', message} when the queue's stored mode differs, or its layout (a
+--          change of the layout is relayout.lua's, done before; nothing changed).
 --!include layout.lua
 --!include waiting.lua
 
@@ -20,23 +21,11 @@ end
 if not stored and ARGV[1] == 'keyed' and redis.call('ZCARD', K_WAIT) > 0 then
   return {'!', 'queue has unkeyed waiting jobs; it cannot become keyed'}
 end
-local count, index = string.match(ARGV[10] or '', '^(%d+):(%d+)$')
-local stored_count = redis.call('HGET', K_META, 'np') or '1'
-if count and count ~= stored_count then
-  -- Generated ids and routing follow the count: it may change only while nothing is stored.
-  local held = tonumber(redis.call('HGET', K_META, 'kw') or '0')
-  for _, set in ipairs({K_WAIT, K_DELAYED, K_BLOCKED, K_ACTIVE, K_COMPLETED, K_FAILED,
-                        K_CANCELLED}) do
-    held = held + redis.call('ZCARD', set)
-  end
-  if held > 0 then
-    return {'!', 'partition count mismatch: the queue has ' .. stored_count .. ' partition(s) '
-      .. 'and holds jobs, this worker runs it with ' .. count .. ' (purge it to change)'}
-  end
+local problem = partition_problem(ARGV[10] or '')
+if problem then
+  return {'!', problem}
 end
-if count then
-  redis.call('HSET', K_META, 'np', count, 'pi', index)
-end
+store_partition(ARGV[10] or '')
 redis.call('HSETNX', K_META, 'v', ARGV[6])
 redis.call('HSET', K_META, 'mode', ARGV[1], 'kc', ARGV[2], 'kf', ARGV[7])
 if ARGV[8] then

@@ -13,7 +13,7 @@ from panqueue._store.transport import ScriptCall
 from panqueue.errors import ConfigError
 
 __all__ = ["DEFAULT_KEEP_COMPLETED", "DEFAULT_KEEP_FAILED", "DEFAULT_KEEP_HISTORY",
-           "SCHEMA_VERSION", "check_refusal", "encode_error", "script_call"]
+           "SCHEMA_VERSION", "LayoutChanged", "check_refusal", "encode_error", "script_call"]
 
 # The layout version written to {q:X}:meta field v (a later layout change migrates from it).
 SCHEMA_VERSION = 1
@@ -30,11 +30,19 @@ def script_call(script: Script, keys: QueueKeys, *args: Any) -> ScriptCall:
     return ScriptCall(script, (keys.prefix,), args)
 
 
+class LayoutChanged(ConfigError):
+    """A script refused a request routed by a layout that is not the partition's (lib/layout.lua
+    partition_problem): the caller reads the queue's layout again and routes anew."""
+
+
 def check_refusal(keys: QueueKeys, reply: Any) -> None:
     """Raise :class:`ConfigError` if ``reply`` is a script's ``{'!', message}`` refusal (a
-    queue setting that the request contradicts)."""
+    queue setting that the request contradicts; :class:`LayoutChanged` for a stale layout)."""
     if isinstance(reply, list) and len(reply) == 2 and reply[0] == b"!":
-        raise ConfigError(f"queue {keys.name!r}: {reply[1].decode()}")
+        message = reply[1].decode()
+        if message.startswith("layout changed"):
+            raise LayoutChanged(f"queue {keys.name!r}: {message}")
+        raise ConfigError(f"queue {keys.name!r}: {message}")
 
 
 def encode_error(error: ErrorInfo) -> bytes:

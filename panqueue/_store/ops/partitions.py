@@ -4,17 +4,25 @@ Each partition is a queue layout of its own in a hash slot of its own, so a ques
 whole queue asks each partition and merges the answers: counts add up, lists merge, a job is
 looked up where its id routes it and then, failing that, in the other partitions. With one
 partition every operation here is the plain one.
+
+The queue's layout (partition count, placement, version: :class:`panqueue._keys.Layout`) lives
+in its home meta. Clients remember it to route adds without a read; every add names the version
+it routes by, and a partition that is not in that version refuses it (``lua/lib/layout.lua``
+``partition_problem``): the client reads the layout again and routes the refused jobs anew. A
+layout changes only through :func:`change_layout`, while the queue holds no job.
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from panqueue._job import JobInfo, JobState
-from panqueue._keys import QueueKeys, partition_keys, route
+from panqueue._keys import LEGACY_PLACEMENT, SPREAD_PLACEMENT, Layout, QueueKeys, route
+from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops import add as _add
 from panqueue._store.ops import batches as _batches
 from panqueue._store.ops import events as _events
@@ -22,72 +30,252 @@ from panqueue._store.ops import identity as _identity
 from panqueue._store.ops import jobs as _jobs
 from panqueue._store.ops import queue as _queue
 from panqueue._store.ops.add import NewJob
+from panqueue._store.ops.base import LayoutChanged, script_call
 from panqueue._store.ops.events import Event
 from panqueue._store.transport import Batch, Command, Op
-from panqueue.errors import ConfigError
+from panqueue.errors import ConfigError, JobNotFound
 
-__all__ = ["PartitionCounts", "add_routed", "add_to_batch", "all_counts", "all_events",
-           "all_list_jobs", "all_pause", "all_purge", "all_retry_failed", "event_positions",
-           "job_partition", "next_events", "partition_count"]
+__all__ = ["LayoutBusy", "PartitionCounts", "add_routed", "add_to_batch", "all_counts",
+           "all_events", "all_list_jobs", "all_pause", "all_purge", "all_retry_failed",
+           "change_layout", "declare", "event_positions", "job_partition", "next_events",
+           "partition_count", "read_layout", "repair_partition"]
 
 T = TypeVar("T")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+# How many times an add re-reads a changed layout and routes its refused jobs anew before it
+# gives up: a change happens only on an empty queue and takes a few round trips, so a producer
+# meets one rarely, and a second one right after rarely again.
+_LAYOUT_RETRIES = 10
+
+
+def read_layout(name: str) -> Op[Layout | None]:
+    """The layout stored in queue ``name``'s home meta; None while it has none (no producer or
+    worker has declared it yet, so it may still become anything). A queue stored without a
+    placement was declared before partitions were placed by slot: its partitions keep their
+    "#i" tags."""
+    count, placement, version = yield Command(("HMGET", QueueKeys(name).meta, "np", "pl", "lv"))
+    if count is None:
+        return None
+    return Layout(int(count), LEGACY_PLACEMENT if placement is None else int(placement),
+                  int(version or 0))
+
+
 def partition_count(name: str) -> Op[int | None]:
-    """The partition count stored for queue ``name``; None while it has none (no producer or
-    worker has declared it yet, so it may still become anything)."""
-    reply = yield Command(("HGET", QueueKeys(name).meta, "np"))
-    return None if reply is None else int(reply)
+    """The partition count stored for queue ``name``; None while it has none."""
+    layout = yield from read_layout(name)
+    return None if layout is None else layout.count
+
+
+def _mismatch(name: str, stored: int, declared: int, who: str) -> ConfigError:
+    return ConfigError(
+        f"queue {name!r}: partition count mismatch: the queue has {stored} partition(s), "
+        f"{who} says {declared} (a worker of the new count changes it once the queue holds no "
+        "job; see docs/scaling.md)")
 
 
 class PartitionCounts:
-    """A client's memory of its queues' partition counts, so that adds route without a read.
-    Only a stored count is remembered: a queue not declared yet may still become anything (a
-    stored count changes only when the queue is emptied and a worker declares another)."""
+    """A client's memory of its queues' layouts, so that adds route without a read. Only a
+    stored layout is remembered: a queue not declared yet may still become anything. A
+    remembered layout can go stale (a worker changed the count of the emptied queue): an add
+    routed by it is refused and re-routed (:meth:`add`), a job not found where it routes is
+    looked for again under the stored layout (:meth:`on_job`), and whole-queue operations read
+    the layout first (:meth:`on_all`)."""
 
     def __init__(self) -> None:
-        self._known: dict[str, int] = {}
+        self._known: dict[str, Layout] = {}
 
-    def parts(self, name: str, declared: int | None = None) -> Op[list[QueueKeys]]:
-        """Every partition of ``name``; ``declared``: the count the producer's handler says
-        (:class:`ConfigError` when the stored one differs)."""
-        n = self._known.get(name)
-        if n is None:
-            stored = yield from partition_count(name)
+    def forget(self, name: str) -> None:
+        self._known.pop(name, None)
+
+    def layout(self, name: str, declared: int | None = None, fresh: bool = False
+               ) -> Op[Layout]:
+        """The layout of ``name``; ``declared``: the count the producer's handler says
+        (:class:`ConfigError` when the stored one differs); ``fresh``: read, not remembered."""
+        layout = None if fresh else self._known.get(name)
+        if layout is not None and declared is not None and declared != layout.count:
+            layout = None  # remembered before a change, perhaps: the stored one decides
+        if layout is None:
+            stored = yield from read_layout(name)
             if stored is None and declared is not None and declared > 1:
-                stored = yield from _declare(name, declared)
+                stored = yield from declare(name, declared)
             if stored is not None:
                 self._known[name] = stored
-            n = stored or declared or 1
-        if declared is not None and declared != n:
-            raise ConfigError(f"queue {name!r}: partition count mismatch: the queue has {n} "
-                              f"partition(s), the handler says {declared}")
-        return partition_keys(name, n)
+            layout = stored or Layout(declared or 1)
+        if declared is not None and declared != layout.count:
+            raise _mismatch(name, layout.count, declared, "the handler")
+        return layout
+
+    def parts(self, name: str, declared: int | None = None, fresh: bool = False
+              ) -> Op[list[QueueKeys]]:
+        """Every partition of ``name`` (``declared``, ``fresh``: see :meth:`layout`)."""
+        return (yield from self.layout(name, declared, fresh)).keys(name)
 
     def on_job(self, name: str, job_id: str, fn: Callable[..., Op[T]], *args: Any) -> Op[T]:
-        """``fn(keys, job_id, *args)`` on the partition that holds the job."""
-        parts = yield from self.parts(name)
-        keys = yield from job_partition(parts, job_id)
+        """``fn(keys, job_id, *args)`` on the partition that holds the job. A job missing
+        under a remembered layout is looked for again under the stored one, if it differs."""
+        known = self._known.get(name)
+        keys = yield from job_partition((yield from self.parts(name)), job_id)
+        if known is None:  # just read
+            return (yield from fn(keys, job_id, *args))
+        try:
+            result = yield from fn(keys, job_id, *args)
+        except JobNotFound:
+            stored = yield from self.layout(name, fresh=True)
+            if stored == known:
+                raise
+        else:
+            if result is not None and result is not False:
+                return result
+            stored = yield from self.layout(name, fresh=True)
+            if stored == known:
+                return result
+        keys = yield from job_partition(stored.keys(name), job_id)
         return (yield from fn(keys, job_id, *args))
 
     def on_all(self, name: str, fn: Callable[..., Op[T]], *args: Any,
                declared: int | None = None) -> Op[T]:
-        """``fn(partitions, *args)``: an operation over the whole queue (``declared``: see
-        :meth:`parts`)."""
-        parts = yield from self.parts(name, declared)
+        """``fn(partitions, *args)``: an operation over the whole queue, under the stored
+        layout (``declared``: see :meth:`parts`)."""
+        parts = yield from self.parts(name, declared, fresh=True)
         return (yield from fn(parts, *args))
 
+    def add(self, name: str, declared: int | None, jobs: Sequence[NewJob], mode: str,
+            spread: int, durable_timeout_ms: int | None = None, together: bool = False
+            ) -> Op[list[tuple[str, bool]]]:
+        """:func:`add_routed` under the layout of ``name``; the jobs a partition refused as
+        routed by a stale layout are routed again under the stored one."""
+        added: list[tuple[str, bool] | None] = [None] * len(jobs)
+        pending = list(range(len(jobs)))
+        for _ in range(_LAYOUT_RETRIES):
+            parts = yield from self.parts(name, declared)
+            try:
+                got: Sequence[tuple[str, bool] | None] = (yield from add_routed(
+                    parts, [jobs[i] for i in pending], mode, spread, durable_timeout_ms,
+                    together))
+            except LayoutChanged as exc:
+                got = exc.added if isinstance(exc, _PartlyAdded) else [None] * len(pending)
+                self.forget(name)
+            for index, item in zip(pending, got, strict=True):
+                added[index] = item
+            pending = [index for index, item in zip(pending, got, strict=True) if item is None]
+            if not pending:
+                return [item for item in added if item is not None]
+        raise LayoutChanged(
+            f"queue {name!r}: {len(pending)} of {len(jobs)} job(s) not added: the partitions "
+            f"refused the queue's stored layout {_LAYOUT_RETRIES} times (a change of its "
+            "partition count is under way, or was interrupted: a worker of the queue finishes "
+            "or undoes it when it starts)")
 
-def _declare(name: str, n: int) -> Op[int]:
-    """Store a producer's partition count in the queue's first partition, where every client
-    reads it (the add itself may go to another partition); the count stored first wins."""
+
+def declare(name: str, n: int) -> Op[Layout]:
+    """Store a producer's layout in the queue's home meta, where every client reads it (the
+    add itself may go to another partition); the layout stored first wins."""
     home = QueueKeys(name)
-    _, _, stored = yield Batch((Command(("HSETNX", home.meta, "np", n)),
-                                Command(("HSETNX", home.meta, "pi", 0)),
-                                Command(("HGET", home.meta, "np"))), route=home.prefix)
-    return int(stored)
+    reply = yield script_call(SCRIPTS.declare, home, n, SPREAD_PLACEMENT)
+    count, placement, version = reply
+    return Layout(int(count), LEGACY_PLACEMENT if placement is None else int(placement),
+                  int(version or 0))
+
+
+class LayoutBusy(ConfigError):
+    """Another client holds the queue's layout lock (a change is under way): try again."""
+
+
+# How long a layout change may hold the home's lock. The changer stops taking steps well before
+# (_LEASE_MS / 2 after it took the lock), so that none lands after another may have taken it.
+_LEASE_MS = 10_000
+
+
+def _relayout(keys: QueueKeys, version: int | str, place: str, token: str = "",
+              placement: int = SPREAD_PLACEMENT) -> Op[str | None]:
+    """One step of a change (``lua/relayout.lua``): None, or why it was refused."""
+    reply = yield script_call(SCRIPTS.relayout, keys, version, place, token, placement)
+    return reply[1].decode() if reply[0] == b"!" else None
+
+
+def change_layout(name: str, count: int, token: str) -> Op[Layout]:
+    """Change queue ``name`` to ``count`` partitions placed by slot (a worker that declares
+    another count than the stored one): :class:`ConfigError` naming the partition that holds
+    jobs, when one does (nothing changed); :class:`LayoutBusy` when another change holds the
+    lock. Under the home's lock, every partition of the old layout and every new one moves to
+    the next version while it holds no job, one script each, then the home, where clients read
+    the layout, moves last; a refusal moves the others back. From the first step on, a client
+    that routes by the old layout is refused by the partitions already moved and reads the
+    layout again, so no add lands in a partition that the new layout leaves out."""
+    home = QueueKeys(name)
+    if not (yield Command(("SET", home.relayout, token, "NX", "PX", _LEASE_MS))):
+        raise LayoutBusy(f"queue {name!r}: another change of its layout is under way")
+    deadline = time.monotonic() + _LEASE_MS / 2000
+    try:
+        current = (yield from read_layout(name)) or Layout(1)
+        if current.count == count:
+            return current  # another worker changed it meanwhile
+        new = Layout(count, SPREAD_PLACEMENT, current.version + 1)
+        old_parts, new_parts = current.keys(name), new.keys(name)
+        new_index = {keys.prefix: keys.partition for keys in new_parts}
+        old_prefixes = {keys.prefix for keys in old_parts}
+        steps = [(keys, f"{count}:{new_index[keys.prefix]}" if keys.prefix in new_index
+                  else "0:0", f"{current.count}:{keys.partition}") for keys in old_parts[1:]]
+        steps += [(keys, f"{count}:{keys.partition}", "0:0") for keys in new_parts[1:]
+                  if keys.prefix not in old_prefixes]
+        moved: list[tuple[QueueKeys, str]] = []
+        problem = None
+        for keys, place, before in steps:
+            if time.monotonic() > deadline:
+                problem = ConfigError(f"queue {name!r}: the change of its partition count took "
+                                      "too long; it was undone")
+                break
+            refused = yield from _relayout(keys, new.version, place)
+            if refused:
+                problem = _held(name, current, count, keys)
+                break
+            moved.append((keys, before))
+        if problem is None:
+            refused = yield from _relayout(home, new.version, f"{count}:0", token)
+            if refused is None:
+                return new
+            problem = _held(name, current, count, home)
+        if time.monotonic() < deadline:
+            # Back to the old layout: no client routed by the new one yet (the home never
+            # named it), and the old one's clients were refused, so these hold no job.
+            for keys, before in reversed(moved):
+                yield from _relayout(keys, current.version, before)
+        raise problem
+    finally:
+        yield from _relayout(home, "", "", token)
+
+
+def _held(name: str, current: Layout, count: int, keys: QueueKeys) -> ConfigError:
+    return ConfigError(
+        f"queue {name!r}: partition count mismatch: the queue has {current.count} "
+        f"partition(s), this worker says {count}, and its partition {keys.partition} "
+        f"({keys.prefix[:-1]}) holds jobs (the count changes only while the queue holds no "
+        "job: drain and purge it first; see docs/scaling.md)")
+
+
+def repair_partition(keys: QueueKeys, token: str) -> Op[bool]:
+    """Give ``keys`` (a partition of the queue's stored layout, refusing it) back to that
+    layout: a change that was interrupted left it moved, empty, to a version the home never
+    named. Under the home's lock, so that no change is under way. False: the stored layout is
+    not the one ``keys`` belongs to any more (the caller reads it again)."""
+    home = QueueKeys(keys.name)
+    if not (yield Command(("SET", home.relayout, token, "NX", "PX", _LEASE_MS))):
+        raise LayoutBusy(f"queue {keys.name!r}: a change of its layout is under way")
+    try:
+        stored = yield from read_layout(keys.name)
+        if stored is None or stored.version != keys.version or stored.count != keys.partitions:
+            return False
+        refused = yield from _relayout(keys, keys.version, f"{keys.partitions}:{keys.partition}")
+        if refused:
+            raise ConfigError(
+                f"queue {keys.name!r}: partition {keys.partition} ({keys.prefix[:-1]}) holds "
+                f"jobs under another layout than the queue's (version {keys.version})")
+        return True
+    finally:
+        yield from _relayout(home, "", "", token)
 
 
 def job_partition(parts: Sequence[QueueKeys], job_id: str) -> Op[QueueKeys]:
@@ -331,18 +519,37 @@ def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, sp
     calls = tuple(_add.add_call(parts[p], [jobs[i] for i in members], mode)
                   for p, members in order)
     replies = (yield Batch(calls)) if calls else []
-    added: list[tuple[str, bool]] = [("", False)] * len(jobs)
+    added: list[tuple[str, bool] | None] = [None] * len(jobs)
+    stale = None
     for (partition, members), reply in zip(order, replies, strict=True):
         try:
             items = _add.parse_added(parts[partition], reply)
         except _add.IdentityElsewhere:
             one_by_one.append((partition, members))  # nothing of it was written
             continue
+        except LayoutChanged as exc:
+            stale = exc  # the others went ahead: the caller routes only these again
+            continue
         for index, item in zip(members, items, strict=True):
             added[index] = item
     for partition, members in one_by_one:
-        items = yield from _identity.add_placed(parts, parts[partition],
-                                                [jobs[i] for i in members], mode)
+        try:
+            items = yield from _identity.add_placed(parts, parts[partition],
+                                                    [jobs[i] for i in members], mode)
+        except LayoutChanged as exc:
+            stale = exc
+            continue
         for index, item in zip(members, items, strict=True):
             added[index] = item
-    return added
+    if stale is not None:
+        raise _PartlyAdded(str(stale), added)
+    return [item for item in added if item is not None]
+
+
+class _PartlyAdded(LayoutChanged):
+    """Some partitions of an add refused a stale layout, the others added their jobs:
+    ``added`` holds those (None for each refused job)."""
+
+    def __init__(self, message: str, added: list[tuple[str, bool] | None]) -> None:
+        super().__init__(message)
+        self.added = added

@@ -24,27 +24,6 @@ local function resolve_mode(declared)
   return stored or (declared ~= '' and declared) or 'global', nil
 end
 
--- The partition this queue prefix is, as the producer declares it ("<count>:<index>", '' for
--- whatever is stored): the first declaration is stored (np, pi in meta; store_partition, once
--- the add is known to go ahead); a later one must match it. Returns nil, or the problem.
-local function partition_problem(declared)
-  local stored = redis.call('HGET', K_META, 'np')
-  local count = string.match(declared, '^(%d+):')
-  if stored and count and stored ~= count then
-    return 'partition count mismatch: the queue has ' .. stored .. ' partition(s), the '
-      .. 'producer says ' .. count
-  end
-  return nil
-end
-
-local function store_partition(declared)
-  local count, index = string.match(declared, '^(%d+):(%d+)$')
-  if count and redis.call('HSETNX', K_META, 'np', count) == 1 then
-    redis.call('HSET', K_META, 'pi', index)
-    META = nil
-  end
-end
-
 -- Whether `value` is a whole number in [low, high] (false for nil, NaN and the infinities).
 local function whole_in(value, low, high)
   return value ~= nil and value == math.floor(value) and value >= low and value <= high
