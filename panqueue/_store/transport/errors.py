@@ -68,11 +68,39 @@ def _unavailable_code(exc: BaseException) -> str | None:
     return None
 
 
+# redis-py's cluster client gives up on its slot map with these while the nodes it asked do not
+# agree on who serves each slot (they answered: a failover or a resharding is under way).
+_CLUSTER_IN_FLUX = ("startup_nodes could not agree", "All slots are not covered")
+
+
+def _cluster_cannot_serve(url: str, exc: BaseException) -> str | None:
+    """Why a cluster that answered cannot serve now, for an error of a Cluster URL's client;
+    ``None`` when the error means something else.
+
+    redis-py's cluster client sends a command to the master its slot map names, and it got
+    that map from a node that answered (when no node answers, it raises "Redis Cluster cannot
+    be connected", a plain lost connection). So a node it cannot connect to, or that times out,
+    is a master of a running cluster that died or hangs: its replica takes over once the
+    cluster notices, as with ``CLUSTERDOWN``, and the call is worth retrying even for a worker
+    that has just started. A login refused by that node is not a failover."""
+    if not url.split("://", 1)[0].lower().endswith("+cluster"):
+        return None
+    if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError):
+        return None
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return "a master of the cluster cannot be reached (failing over?)"
+    if isinstance(exc, redis.exceptions.RedisClusterException) and str(exc).startswith(
+            _CLUSTER_IN_FLUX):
+        return "the cluster's nodes disagree on its slot map (failing over?)"
+    return None
+
+
 def translate_error(url: str, exc: BaseException) -> PanqueueError:
     """The panqueue error for an error of redis-py or of the socket under it.
 
-    * the server cannot serve now (OOM, BUSY, LOADING, READONLY, ...): ServerUnavailable,
-      which is a ConnectionError, so every path that rides out a lost connection rides this out
+    * the server cannot serve now (OOM, BUSY, LOADING, READONLY, ..., or a master of a cluster
+      that answered cannot be reached): ServerUnavailable, which is a ConnectionError, so every
+      path that rides out a lost connection rides this out
     * the connection failed, timed out or was refused at login: ConnectionError
     * the server refused the command (ACL, a wrong type, a script error): PanqueueError
     """
@@ -83,6 +111,9 @@ def translate_error(url: str, exc: BaseException) -> PanqueueError:
     if isinstance(exc, _NO_MASTER) and " : " in detail:
         # redis-py appends the repr of every sentinel client it could not reach: keep one line.
         detail = f"{detail.split(' : ', 1)[0]}: no sentinel could be reached"
+    failing_over = _cluster_cannot_serve(url, exc)
+    if failing_over is not None:
+        return ServerUnavailable(f"Redis at {where} cannot serve now: {failing_over}: {detail}")
     code = _unavailable_code(exc)
     if code is not None:
         if not detail.startswith(code):
