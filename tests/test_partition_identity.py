@@ -12,7 +12,7 @@ import anyio
 import pytest
 import redis
 
-from panqueue import Dedup, FlowJob, Job, JobState, QueueClient, Registry
+from panqueue import ConfigError, Dedup, FlowJob, Job, JobState, QueueClient, Registry
 from panqueue._store.ops import identity
 from panqueue.testing import drain, run_worker
 
@@ -222,6 +222,11 @@ async def test_an_add_stopped_between_its_steps_blocks_no_later_add(
         with anyio.fail_after(10):
             revived = await queue.add("revived", job_id=job_id, key=_name_in(1, "t"))
         assert revived.created and await _where(client, queue_name, job_id) == [1]
+        # A pointer left by a layout of more partitions names none of these: it is stale.
+        other = _name_in(0, "older-layout")
+        await client._run(identity.reserve_identity(parts[0], "id", other, "9\told\t0"))
+        with anyio.fail_after(10):
+            assert (await queue.add("new", job_id=other, key=_name_in(2, "t"))).created
         assert await client.remove(queue_name, job_id)
         again = await queue.add("again", job_id=job_id, key=_name_in(3, "t"))
         assert again.created and await _where(client, queue_name, job_id) == [3]
@@ -251,3 +256,22 @@ async def test_the_job_id_is_looked_at_before_the_dedup_key(redis_url: str,
         kept = await queue.add("kept", dedup=Dedup("k", ttl=60))
         assert (kept.id, kept.created) == (waiting.id, False)
         assert first.created
+
+
+async def test_a_refused_add_leaves_no_pointer(redis_url: str, queue_name: str,
+                                               redis_client: redis.Redis) -> None:
+    """An add whose identity was decided in its home and which its partition then refused (a
+    dependency of another partition) takes its pointer back: the next add of that id is not
+    held up by it."""
+    registry = Registry()
+    work = _keyed(registry, queue_name, Counter())
+    job_id = _name_in(0, "refused")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        parent = await queue.add("parent", key=_name_in(2, "t"))
+        with pytest.raises(ConfigError, match="is not a job of this queue"):
+            await queue.add("child", job_id=job_id, key=_name_in(1, "t"), depends_on=[parent])
+        parts = await client._run(client._parts.parts(queue_name))
+        assert not redis_client.exists(parts[0].id_pointer(job_id))
+        added = await queue.add("again", job_id=job_id, key=_name_in(1, "t"))
+        assert added.created and await _where(client, queue_name, job_id) == [1]

@@ -32,7 +32,7 @@ from panqueue._store.ops import add as _add
 from panqueue._store.ops.add import IdentityElsewhere, IdentityFenced, NewJob
 from panqueue._store.ops.base import script_call
 from panqueue._store.transport import Batch, Command, Op
-from panqueue.errors import PanqueueError
+from panqueue.errors import ConfigError, PanqueueError
 
 __all__ = ["GRACE_MS", "add_placed", "is_far", "pointed_partition", "reserve_identity"]
 
@@ -107,6 +107,11 @@ def _look(parts: Sequence[QueueKeys], pointer: _Pointer, replace_waiting: bool =
     never will (its token is fenced now and the pointer cleared): decide again.
     ``replace_waiting``: a dedup replace, which deletes the job if it has not started."""
     job_id, partition, token, since = _fields(pointer.kind, pointer.name, pointer.value)
+    if partition >= len(parts):
+        # Written under a layout of more partitions (the count changes only while the queue
+        # is empty): no add can arrive there any more, since every add names its layout.
+        yield from _clear(pointer)
+        return None
     where = parts[partition]
     while True:
         reply = yield script_call(SCRIPTS.identity_check, where, job_id, token, since, GRACE_MS,
@@ -248,11 +253,14 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
             return [answered[i] for i in range(len(jobs))]
         try:
             added = yield from _add.add_jobs(placed, items, mode, durable_timeout_ms, tokens)
-        except (IdentityElsewhere, IdentityFenced) as exc:
-            # Nothing was written: take back this round's pointers and decide again, after
-            # looking at the job another add's pointer names (it may be the answer).
+        except ConfigError as exc:
+            # Refused, so nothing was written: this round's pointers name jobs that will not
+            # come. A refusal over identities is decided again, after looking at the job that
+            # another add's pointer names (it may be the answer); any other is the caller's.
             for pointers in written.values():
                 yield from _clear_all(pointers)
+            if not isinstance(exc, IdentityElsewhere | IdentityFenced):
+                raise
             if isinstance(exc, IdentityElsewhere):
                 index = sending[exc.index]
                 pointer = _Pointer(placed, exc.kind, exc.name, exc.pointer)
