@@ -568,3 +568,45 @@ async def test_a_worker_has_one_subscription_per_node_for_its_partitions(
             with anyio.fail_after(10):  # far sooner than the poll interval
                 for n in range(12):
                     assert await (await queue.add(n)).result(timeout=10) == n
+
+
+async def test_identities_and_the_rate_limit_of_a_partitioned_queue_span_the_masters(
+        cluster: Cluster) -> None:
+    """A custom id whose key put its job on another master than the id's home, and a dedup key
+    likewise, each name one job for every later add (the pointer in the home, followed to the
+    job's master); the queue's global rate limit, taken on the rate key's master and checked
+    by each partition's, holds for the starts of every partition."""
+    from panqueue import Dedup, RateLimit
+    from panqueue._keys import route
+
+    name = _partitioned_queue(cluster, MASTERS)
+    registry = Registry()
+
+    @registry.handler(name, partitions=MASTERS, mode="keyed", concurrency=10,
+                      rate_limit=RateLimit(max=10, per=1.0))
+    async def work(job: Job[int]) -> None:
+        return None
+
+    def named(prefix: str, partition: int, dedup: bool = False) -> str:
+        return next(f"{prefix}-{i}" for i in range(1000)
+                    if route(MASTERS, key=("dd:" if dedup else "") + f"{prefix}-{i}")
+                    == partition)
+
+    async with QueueClient(cluster.url) as client:
+        queue = client.queue(work)
+        first = await queue.add(0, job_id=named("order", 0), key=named("tenant", 1))
+        dedup = Dedup(named("reindex", 2, dedup=True), ttl=60)
+        deduped = await queue.add(1, key=named("tenant", 0), dedup=dedup)
+        for partition in range(MASTERS):
+            again = await queue.add(2, job_id=first.id, key=named("k", partition))
+            assert (again.id, again.created) == (first.id, False)
+            same = await queue.add(3, key=named("k", partition), dedup=dedup)
+            assert (same.id, same.created) == (deduped.id, False)
+        assert (await client.get_job(name, first.id)).data == 0
+        handles = [first, deduped, *[await queue.add(i, key=f"t-{i}") for i in range(23)]]
+        async with run_worker(registry, name, cluster.url):
+            await drain(cluster.url, name, timeout=30)
+        starts = sorted([(await h.info()).started_at for h in handles])  # type: ignore[type-var]
+    assert len(starts) == 25 and None not in starts
+    for first_start, eleventh in zip(starts, starts[10:], strict=False):
+        assert (eleventh - first_start).total_seconds() >= 1.0
