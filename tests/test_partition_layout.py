@@ -63,6 +63,26 @@ async def test_a_worker_of_another_count_is_refused_while_a_partition_holds_jobs
         assert counts[JobState.COMPLETED] == 4
 
 
+async def test_a_worker_of_another_count_is_refused_while_workers_of_the_old_one_run(
+        redis_url: str, queue_name: str) -> None:
+    """The queue is empty, but a worker of the stored count still serves it: a worker declaring
+    another count is refused with one line, and the layout stays as the running worker knows
+    it (a job added now runs there)."""
+    registry3, work3 = _deploy(queue_name, 3)
+    registry2, _ = _deploy(queue_name, 2)
+    async with QueueClient(redis_url) as client:
+        async with run_worker(registry3, queue_name, redis_url, poll_interval=0.05):
+            with pytest.raises(ConfigError, match=r"partition count mismatch: the queue has 3 "
+                               r"partition\(s\), this worker says 2, and 1 live worker\(s\) "
+                               r"serve it with 3 \(stop them first"):
+                with anyio.fail_after(10):
+                    await Worker(registry2, queue_name, url=redis_url).run()
+            handles = await client.queue(work3).add_bulk(range(6))
+            counts = await drain(redis_url, queue_name)
+        assert counts[JobState.COMPLETED] == 6
+        assert {int(h.id) % 3 for h in handles} == {0, 1, 2}
+
+
 async def test_no_sequence_of_redeploys_loses_a_job_of_a_producer_that_learned_an_old_layout(
         redis_url: str, queue_name: str) -> None:
     """One producer names the queue by string for its whole life (it learns the stored layout

@@ -12,12 +12,14 @@
 --          step goes ahead only while the token holds the home's lock ("relayout", taken
 --          with SET NX PX by the changer), and releases it
 -- ARGV[4]  the placement (the home's, stored as pl; panqueue/_keys.py partition_tags)
--- Returns  {'ok'}, or {'!', 'holds jobs'}, or {'!', 'lock lost'} (nothing changed)
+-- Returns  {'ok'}, or {'!', 'holds jobs'}, {'!', 'lock lost'}, or, on the home,
+--          {'!', 'live workers <n>'} while n workers are registered (they serve the old layout;
+--          heartbeat.lua): nothing changed
 -- Invariants: a partition that holds a job never changes layout, so no job is ever left in a
 --          partition outside its queue's layout. The home, where clients read the layout, moves
---          last and only under the lock: until then every client routes by the old layout,
---          whose partitions the change has already closed to it (they refuse, the client
---          retries) or that still hold their jobs.
+--          last and only under the lock, and never while a worker serves the old layout: until
+--          then every client routes by the old layout, whose partitions the change has already
+--          closed to it (they refuse, the client retries) or that still hold their jobs.
 --!include layout.lua
 
 if ARGV[3] ~= '' and redis.call('GET', K_RELAYOUT) ~= ARGV[3] then
@@ -26,6 +28,12 @@ end
 if ARGV[1] == '' then
   redis.call('DEL', K_RELAYOUT)
   return {'ok'}
+end
+if ARGV[3] ~= '' then
+  local live = redis.call('ZCOUNT', K_WORKERS, '(' .. now_ms(), '+inf')
+  if live > 0 then
+    return {'!', 'live workers ' .. live}
+  end
 end
 if stored_jobs() > 0 then
   return {'!', 'holds jobs'}

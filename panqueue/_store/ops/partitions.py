@@ -237,7 +237,8 @@ def change_layout(name: str, count: int, token: str) -> Op[Layout]:
             refused = yield from _relayout(home, new.version, f"{count}:0", token)
             if refused is None:
                 return new
-            problem = _held(name, current, count, home)
+            problem = _held(name, current, count, home) if refused == "holds jobs" else \
+                _served(name, current, count, refused)
         if time.monotonic() < deadline:
             # Back to the old layout: no client routed by the new one yet (the home never
             # named it), and the old one's clients were refused, so these hold no job.
@@ -254,6 +255,18 @@ def _held(name: str, current: Layout, count: int, keys: QueueKeys) -> ConfigErro
         f"partition(s), this worker says {count}, and its partition {keys.partition} "
         f"({keys.prefix[:-1]}) holds jobs (the count changes only while the queue holds no "
         "job: drain and purge it first; see docs/scaling.md)")
+
+
+def _served(name: str, current: Layout, count: int, refused: str) -> ConfigError:
+    if not refused.startswith("live workers"):
+        return ConfigError(f"queue {name!r}: the change of its partition count lost its lock "
+                           "(it took too long); it was undone")
+    live = refused.rpartition(" ")[2]
+    return ConfigError(
+        f"queue {name!r}: partition count mismatch: the queue has {current.count} "
+        f"partition(s), this worker says {count}, and {live} live worker(s) serve it with "
+        f"{current.count} (stop them first; a worker that died leaves the registry within three "
+        "heartbeats; see docs/scaling.md)")
 
 
 def repair_partition(keys: QueueKeys, token: str) -> Op[bool]:
