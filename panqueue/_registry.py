@@ -12,7 +12,7 @@ import inspect
 import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from panqueue._job import Job, PayloadT
 from panqueue._keys import check_partitions, check_queue_name
@@ -29,7 +29,7 @@ from panqueue._options import (
     check_positive,
     check_priority,
 )
-from panqueue._schedule import Schedule
+from panqueue._schedule import DEFAULT_GRACE, Schedule
 from panqueue.errors import ConfigError, Fail
 
 __all__ = ["Handler", "HandlerOptions", "Registry"]
@@ -120,16 +120,18 @@ class Registry:
     def schedule(self, name: str, queue: str, *, cron: str | None = None,
                  every: float | None = None, tz: str = "UTC", data: Any = None,
                  priority: int = 0, attempts: int | None = None, backoff: Backoff | None = None,
-                 timeout: float | None = None) -> Schedule:
+                 timeout: float | None = None, misfire: Literal["skip", "once", "all"] = "once",
+                 grace: float = DEFAULT_GRACE) -> Schedule:
         """Enqueue a job on ``queue`` on a schedule: ``cron="0 3 * * *"`` (in ``tz``) or
         ``every=60.0`` seconds. Workers of the queue register it in Redis when they start; each
         tick enqueues exactly one job (id ``schedule:<name>:<tick ms>``), however many workers
-        run. A schedule overdue while no worker ran runs once on catch-up."""
+        run. A tick more than ``grace`` seconds late (no worker ran) is missed: ``misfire``
+        says whether the missed ticks are skipped, run once, or all run (at most 1,000)."""
         if name in self._schedules:
             raise ConfigError(f"schedule {name!r} is already defined")
         schedule = Schedule.create(name, queue, cron=cron, every=every, tz=tz, data=data,
                                    priority=priority, attempts=attempts, backoff=backoff,
-                                   timeout=timeout)
+                                   timeout=timeout, misfire=misfire, grace=grace)
         self._schedules[name] = schedule
         return schedule
 

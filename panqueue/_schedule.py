@@ -5,9 +5,14 @@ worker of the queue looks for due schedules; the tick script lets exactly one of
 each tick. Run times are computed here (cron arithmetic in Python, with croniter and zoneinfo),
 from the server's clock.
 
-Missed ticks (no worker ran): when a worker finds a schedule overdue it enqueues one job for the
-overdue tick and moves the schedule to its first tick after now; it does not replay every tick
-that was missed.
+Late and missed ticks: a due tick runs if it is at most ``grace`` seconds late by the server's
+clock when a worker takes it. Ticks later than that (no worker ran, Redis was unreachable) are
+missed, and the schedule's ``misfire`` policy says what they become: ``"skip"`` (none runs),
+``"once"`` (one job, for the first of them: the default) or ``"all"`` (each runs, at most
+:data:`MAX_CATCH_UP` of them). Either way the schedule then moves to its first tick after now.
+The tick script decides, on the server's clock, so the workers racing for a tick agree; it also
+keeps the last tick that ran and never runs a tick at or before it, so a server clock that steps
+back cannot run a tick twice.
 
 Daylight saving time (cron in a zone that has it), as classic cron does it:
 
@@ -32,9 +37,19 @@ from panqueue._keys import check_queue_name
 from panqueue._options import Backoff, check_positive, check_priority, options_to_wire
 from panqueue.errors import ConfigError
 
-__all__ = ["Schedule"]
+__all__ = ["DEFAULT_GRACE", "MAX_CATCH_UP", "MISFIRE_POLICIES", "Schedule"]
 
 _MIN_EVERY = 0.1
+
+#: What happens to the ticks a schedule missed by more than its grace.
+MISFIRE_POLICIES = ("skip", "once", "all")
+
+#: Seconds a tick may be late and still run as on time. A minute covers what delays a worker
+#: without being an outage: a worker restarting, a Redis failover, a loop busy for a while.
+DEFAULT_GRACE = 60.0
+
+#: The most jobs one catch-up enqueues for a schedule (``misfire="all"``).
+MAX_CATCH_UP = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +64,14 @@ class Schedule:
     data: Any = None
     priority: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    misfire: str = "once"
+    grace: float = DEFAULT_GRACE
 
     @classmethod
     def create(cls, name: str, queue: str, *, cron: str | None, every: float | None, tz: str,
                data: Any, priority: int, attempts: int | None, backoff: Backoff | None,
-               timeout: float | None) -> Schedule:
+               timeout: float | None, misfire: str = "once",
+               grace: float = DEFAULT_GRACE) -> Schedule:
         if not isinstance(name, str) or not name or ":" in name or not name.isprintable():
             raise ConfigError(f"schedule name must be a non-empty printable str without ':', "
                               f"got {name!r}")
@@ -84,12 +102,18 @@ class Schedule:
                 raise ConfigError(f"schedule {name!r}: cron expression {cron!r} never matches "
                                   f"a date (check the day of month against the months)"
                                   ) from None
+        if not isinstance(misfire, str) or misfire not in MISFIRE_POLICIES:
+            raise ConfigError(f"schedule {name!r}: misfire must be 'skip', 'once' or 'all', "
+                              f"got {misfire!r}")
+        grace = check_positive(grace, f"schedule {name!r}: grace")
         check_json_compatible(data, f"schedule {name!r}: data")
         return cls(name, queue, cron, every, tz, data, check_priority(priority),
-                   options_to_wire(attempts, backoff, timeout))
+                   options_to_wire(attempts, backoff, timeout), misfire, grace)
 
     def definition(self) -> bytes:
-        """The stored form; a change of any part resets the schedule's next run."""
+        """The stored form; a change of any part resets the schedule's next run. The misfire
+        policy and grace are not part of it: they say how a worker catches up, and changing
+        them moves no tick."""
         return encode({"cron": self.cron, "every": self.every, "tz": self.tz, "data": self.data,
                        "priority": self.priority, "options": self.options})
 
@@ -108,9 +132,26 @@ class Schedule:
             if every_hour or not _second_occurrence(following):
                 return int(following.timestamp() * 1000)
 
-    def job_id(self, run_ms: int) -> str:
-        """The tick's job id: the same for every worker that sees this tick."""
-        return f"schedule:{self.name}:{run_ms}"
+    def due_ticks(self, first: int, now: int) -> tuple[list[int], int]:
+        """The due ticks to offer the tick script, oldest first, when the schedule's next run
+        ``first`` is due at ``now`` (ms, the server's clock); and the schedule's next run once
+        they are taken: its first tick after ``now``.
+
+        ``"all"``: every due tick, at most :data:`MAX_CATCH_UP` (the later ones are skipped).
+        ``"skip"`` and ``"once"``: ``first`` (the tick ``"once"`` runs if it was missed) and the
+        ticks within grace of ``now``. The ticks between are missed whatever the script's clock
+        says (it refuses a ``now`` ahead of its own), and not listing them spares walking a long
+        outage tick by tick."""
+        ticks = [first]
+        tick = first
+        if self.misfire != "all":
+            tick = max(first, now - round(self.grace * 1000) - 1)
+        while len(ticks) < MAX_CATCH_UP:
+            tick = self.next_after(tick)
+            if tick > now:
+                return ticks, tick
+            ticks.append(tick)
+        return ticks, self.next_after(now)
 
 
 def _second_occurrence(moment: datetime) -> bool:

@@ -16,7 +16,6 @@ from panqueue._options import Retention
 from panqueue._runtime.trouble import Trouble
 from panqueue._schedule import Schedule
 from panqueue._store import ops, transitions
-from panqueue._store.ops import NewJob
 from panqueue._store.ops.batches import relay, sweep_batches
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
@@ -125,15 +124,20 @@ class Upkeep:
                     if run_ms > now:
                         sleep_for = min(sleep_for, (run_ms - now) / 1000)
                         continue
-                    job = NewJob(schedule.job_id(run_ms), encode(schedule.data),
-                                 schedule.priority, 0, 0,
-                                 encode(schedule.options) if schedule.options else b"")
-                    # Overdue ticks collapse into this one: the next run is after now.
-                    following = schedule.next_after(max(run_ms, now))
-                    if await transport.run(ops.schedule_tick(keys, name, run_ms, following,
-                                                             job)):
-                        self._log.info("schedule enqueued a job", schedule=name,
-                                       job_id=job.job_id)
+                    # The script decides which of the due ticks run (misfire, grace), on the
+                    # server's clock; the next run is the first tick after now.
+                    ticks, following = schedule.due_ticks(run_ms, now)
+                    grace_ms = round(schedule.grace * 1000)
+                    taken, job_ids = await transport.run(ops.schedule_tick(
+                        keys, name, ticks, now, following, schedule.misfire, grace_ms,
+                        encode(schedule.data), schedule.priority,
+                        encode(schedule.options) if schedule.options else b""))
+                    if taken and now - run_ms > grace_ms:
+                        self._log.warning("schedule missed ticks", schedule=name,
+                                          misfire=schedule.misfire, since_ms=run_ms,
+                                          jobs=len(job_ids))
+                    for job_id in job_ids:
+                        self._log.info("schedule enqueued a job", schedule=name, job_id=job_id)
                     sleep_for = min(sleep_for, max(0.0, (following - now) / 1000))
             except PanqueueError as exc:
                 trouble.failed(exc)

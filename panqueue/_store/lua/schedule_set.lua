@@ -1,6 +1,7 @@
 -- schedule_set: create or change a repeatable job's schedule. Definitions live in
--- "sched:<name>" (HASH: def, the msgpack definition) and the next run of each in "schedules"
--- (ZSET, score = run time ms).
+-- "sched:<name>" (HASH: def, the msgpack definition; last, the latest tick that ran, which a
+-- changed definition keeps: schedule_tick.lua) and the next run of each in "schedules" (ZSET,
+-- score = run time ms).
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  name   ARGV[2] definition (msgpack)   ARGV[3] first run ms

@@ -1,35 +1,73 @@
--- schedule_tick: a due run of a schedule (schedule_set.lua) enqueues its job and moves the
--- schedule to its next run.
+-- schedule_tick: a due schedule (schedule_set.lua) enqueues the jobs of its due ticks, as its
+-- misfire policy says, and moves to its next run.
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  name   ARGV[2] expected run ms (the run time the caller saw)   ARGV[3] next run ms
--- ARGV[4]  job id   ARGV[5] data (msgpack)   ARGV[6] priority   ARGV[7] options (msgpack | '')
--- Returns  1 when this call enqueued the tick's job, 0 when another worker did (or the run is
---          not due yet by the server's clock)
--- Invariant: a tick is consumed by exactly one call, however many workers race for it: the
+-- ARGV[1]  name   ARGV[2] the server time (ms) the caller listed the due ticks at
+-- ARGV[3]  the schedule's next run (ms) once these ticks are taken
+-- ARGV[4]  misfire: 'skip' | 'once' | 'all'   ARGV[5] grace (ms)
+-- ARGV[6]  data (msgpack)   ARGV[7] priority   ARGV[8] options (msgpack | '')
+-- ARGV[9..] the due ticks (ms), oldest first; the first is the schedule's next run as the caller
+--          saw it
+-- Returns  {taken, job id enqueued, ...}: taken 1 when this call took the ticks, 0 when another
+--          worker did (the next run moved) or the server's clock is behind ARGV[2] (the caller
+--          lists the ticks again)
+-- Invariants: a tick is taken by exactly one call, however many workers race for it: the
 --          schedule only advances from the run time the caller saw, and the tick's job id is
---          derived from the schedule and the tick time (a duplicate add is a no-op).
+--          derived from the schedule and the tick time (a duplicate add is a no-op). A tick at
+--          most grace late runs; a later one was missed: 'skip' runs none of them, 'once' the
+--          first, 'all' each. The last tick that ran is kept ("last" in the schedule's hash,
+--          which a changed definition keeps) and no tick at or before it runs again, so a
+--          server clock that steps back cannot run a tick twice.
 --!include layout.lua
 --!include waiting.lua
 --!include new_job.lua
 
 local name = ARGV[1]
 local score = redis.call('ZSCORE', K_SCHEDULES, name)
-if not score or tonumber(score) ~= tonumber(ARGV[2]) then
-  return 0
+if not score or tonumber(score) ~= tonumber(ARGV[9]) then
+  return {0}
 end
 local now = now_ms()
-if tonumber(ARGV[2]) > now then
-  return 0  -- not due yet by the server's clock
+if now < tonumber(ARGV[2]) then
+  -- The clock stepped back since the caller read it: ticks it listed may not be due, and the
+  -- ones it left out as missed may not be.
+  return {0}
 end
-redis.call('ZADD', K_SCHEDULES, ARGV[3], name)
-local before = claimable()
+local skey = schedule_key(name)
+local last = tonumber(redis.call('HGET', skey, 'last') or '-1')
+local misfire, late = ARGV[4], now - tonumber(ARGV[5])
 local key = ''
 if keyed() then
   key = 'schedule:' .. name  -- a keyed queue's ticks share one key per schedule
 end
-local _, created = add_job(now, {id = ARGV[4], data = ARGV[5], priority = tonumber(ARGV[6]),
-  delay = 0, run_at = 0, options = ARGV[7], key = key, deps = {}, dedup = '', ttl = 0,
-  strategy = ''})
+local before = claimable()
+local reply = {1}
+local ran_last = nil  -- the latest tick run by this call, as given (an exact integer string)
+local ran_missed = false
+for i = 9, #ARGV do
+  local tick = tonumber(ARGV[i])
+  local run = false
+  if tick <= last then
+    run = false  -- ran before the server's clock stepped back
+  elseif tick >= late then
+    run = true
+  elseif misfire == 'all' or (misfire == 'once' and not ran_missed) then
+    run, ran_missed = true, true
+  end
+  if run then
+    local id = 'schedule:' .. name .. ':' .. ARGV[i]
+    local _, created = add_job(now, {id = id, data = ARGV[6], priority = tonumber(ARGV[7]),
+      delay = 0, run_at = 0, options = ARGV[8], key = key, deps = {}, dedup = '', ttl = 0,
+      strategy = ''})
+    if created == 1 then
+      reply[#reply + 1] = id
+    end
+    ran_last = ARGV[i]
+  end
+end
+redis.call('ZADD', K_SCHEDULES, ARGV[3], name)
+if ran_last then
+  redis.call('HSET', skey, 'last', ran_last)
+end
 wake_if_work_appeared(before)
-return created
+return reply

@@ -11,7 +11,6 @@ from panqueue._codec import decode
 from panqueue._job import from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops.add import NewJob
 from panqueue._store.ops.base import script_call
 from panqueue._store.transport import Batch, Command, Op
 
@@ -41,13 +40,16 @@ def schedule_set(keys: QueueKeys, name: str, definition: bytes, first_run_ms: in
     return bool(reply)
 
 
-def schedule_tick(keys: QueueKeys, name: str, expected_ms: int, next_ms: int, job: NewJob
-                  ) -> Op[bool]:
-    """Enqueue the due run ``expected_ms`` of a schedule and move it to ``next_ms``; False if
-    another worker did (or the run is not due yet by the server's clock)."""
-    reply = yield script_call(SCRIPTS.schedule_tick, keys, name, expected_ms, next_ms,
-                              job.job_id or "", job.data, job.priority, job.options)
-    return bool(reply)
+def schedule_tick(keys: QueueKeys, name: str, ticks: list[int], seen_ms: int, next_ms: int,
+                  misfire: str, grace_ms: int, data: bytes, priority: int, options: bytes
+                  ) -> Op[tuple[bool, list[str]]]:
+    """Take a schedule's due ``ticks`` (listed at the server time ``seen_ms``, the first being
+    its next run as read), enqueue the jobs of those that run by the ``misfire`` policy, and
+    move it to ``next_ms``. Whether this call took them (False: another worker did, or the
+    server's clock stepped back since ``seen_ms``), and the ids of the jobs it enqueued."""
+    reply = yield script_call(SCRIPTS.schedule_tick, keys, name, seen_ms, next_ms, misfire,
+                              grace_ms, data, priority, options, *ticks)
+    return bool(reply[0]), [job_id.decode() for job_id in reply[1:]]
 
 
 def schedule_times(keys: QueueKeys) -> Op[tuple[int, list[tuple[str, int]]]]:
