@@ -44,20 +44,35 @@ def _resp3(url: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}protocol=3"
 
 
-def _view(client: SyncQueueClient, ids: dict[str, str]) -> dict[str, Any]:
-    """What the reading operations answer for the data the tests leave."""
+def _reads(ids: dict[str, str]) -> dict[str, tuple[str, tuple[Any, ...]]]:
+    """The reading calls the tests compare, by what they show: (method, arguments)."""
     return {
-        "queues": sorted(client.queues()),
-        "counts": client.counts(WORK),
-        "jobs": [client.get_job(WORK, ids[k]) for k in ("done", "failed")],
-        "completed": client.list_jobs(WORK, "completed"),
-        "failed": client.list_jobs(WORK, "failed"),
-        "waiting": client.list_jobs(IDLE, "waiting"),
-        "explained": [client.explain(WORK, ids["done"]), client.explain(WORK, ids["failed"]),
-                      client.explain(IDLE, ids["idle"])],
-        "events": client.read_events(WORK, "0"),
-        "schedules": [(s.name, s.next_run) for s in client.schedules(WORK)],
+        "counts": ("counts", (WORK,)),
+        "done": ("get_job", (WORK, ids["done"])),
+        "failed": ("get_job", (WORK, ids["failed"])),
+        "completed list": ("list_jobs", (WORK, "completed")),
+        "failed list": ("list_jobs", (WORK, "failed")),
+        "waiting list": ("list_jobs", (IDLE, "waiting")),
+        "done explained": ("explain", (WORK, ids["done"])),
+        "failed explained": ("explain", (WORK, ids["failed"])),
+        "waiting explained": ("explain", (IDLE, ids["idle"])),
+        "events": ("read_events", (WORK, "0")),
+        "schedules": ("schedules", (WORK,)),
+        "queues": ("queues", ()),
     }
+
+
+def _view(client: SyncQueueClient, ids: dict[str, str]) -> dict[str, Any]:
+    """What the reading calls answer on the sync client."""
+    view = {shown: getattr(client, method)(*args) for shown, (method, args) in _reads(ids).items()}
+    return {**view, "queues": sorted(view["queues"])}
+
+
+async def _async_view(client: QueueClient, ids: dict[str, str]) -> dict[str, Any]:
+    """The same, on the async client."""
+    view = {shown: await getattr(client, method)(*args)
+            for shown, (method, args) in _reads(ids).items()}
+    return {**view, "queues": sorted(view["queues"])}
 
 
 def _history_twice(transport: Any) -> tuple[Any, Any]:
@@ -105,24 +120,24 @@ async def test_every_async_operation_reads_resp3_replies(
         idle = await client.queue(IDLE).add("later")
         (info,) = await client.list_jobs(IDLE, "waiting")
         assert info.id == idle.id and await idle.info() == info
-        native = open_async_transport(url)
+        ids = {"done": done.id, "failed": failed.id, "idle": idle.id}
+        resp3_view = await _async_view(client, ids)
+        transport = open_async_transport(url)
         try:
-            history = (await native.run(ops.open_history_export(QueueKeys(WORK))),
-                       await native.run(ops.read_history(QueueKeys(WORK), 100)),
-                       await native.run(ops.read_history(QueueKeys(WORK), 100)))
+            history = (await transport.run(ops.open_history_export(QueueKeys(WORK))),
+                       await transport.run(ops.read_history(QueueKeys(WORK), 100)),
+                       await transport.run(ops.read_history(QueueKeys(WORK), 100)))
         finally:
-            await native.aclose()
+            await transport.aclose()
     _, new, pending = history
     assert {r.id for r in new.records} >= {done.id, failed.id}
     assert not new.pending and pending.pending and pending.records == new.records
-    ids = {"done": done.id, "failed": failed.id, "idle": idle.id}
 
-    def views() -> tuple[dict[str, Any], dict[str, Any]]:
-        with SyncQueueClient(redis_url) as on_resp2, SyncQueueClient(url) as on_resp3:
-            return _view(on_resp2, ids), _view(on_resp3, ids)
+    def on_resp2() -> dict[str, Any]:
+        with SyncQueueClient(redis_url) as client:
+            return _view(client, ids)
 
-    resp2_view, resp3_view = await anyio.to_thread.run_sync(views)
-    assert resp3_view == resp2_view
+    assert resp3_view == await anyio.to_thread.run_sync(on_resp2)
     events, _ = resp3_view["events"]
     assert ("completed", done.id) in [(e.type, e.job_id) for e in events]
 
