@@ -34,6 +34,7 @@ from panqueue import (
     SyncQueueClient,
     Worker,
 )
+from panqueue._store.transport import Command, open_async_transport
 from panqueue.embedded import RedisServer, free_port
 from panqueue.testing import run_worker
 
@@ -251,6 +252,27 @@ def _full_text(exc: BaseException) -> str:
 async def test_tls_end_to_end(anyio_backend: str, tls_server: TLSServer,
                               queue_name: str) -> None:
     await assert_end_to_end(tls_server.url, queue_name)
+
+
+@pytest.mark.anyio
+async def test_a_pooled_tls_connection_is_used_again_not_replaced(
+        anyio_backend: str, tls_server: TLSServer) -> None:
+    """A pooled connection is checked before each use for bytes waiting on its socket (the end
+    of file of a server that closed it). Over TLS the server also sends records of its own
+    after the handshake (session tickets); they must not count, or every call would open a
+    new connection."""
+    admin = redis.Redis.from_url(tls_server.url)
+    try:
+        opened = int(admin.info("stats")["total_connections_received"])
+        transport = open_async_transport(tls_server.url)
+        try:
+            for _ in range(20):
+                await transport.execute(Command(("PING",)))
+        finally:
+            await transport.aclose()
+        assert int(admin.info("stats")["total_connections_received"]) == opened + 1
+    finally:
+        admin.close()
 
 
 @pytest.mark.anyio
