@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -236,3 +237,62 @@ def test_a_cancel_acts_only_on_the_run_of_the_job_it_was_for(
         idle_pid = again.result(timeout=20)
         assert redis_client.lrange("started:nightly", 0, -1) == [
             str(busy.pid).encode(), str(idle_pid).encode()]
+
+
+# A worker whose inline handler blocks its event loop (time.sleep) for the job's data in
+# seconds; its registry entry lives 3 x 0.2 s after a beat.
+_BLOCKING_WORKER = """
+import sys, time
+import anyio, redis
+from panqueue import Job, Registry, Worker
+
+url, queue = sys.argv[1], sys.argv[2]
+marks = redis.Redis.from_url(url)
+registry = Registry()
+
+@registry.handler(queue)
+async def blocks(job: Job) -> str:
+    marks.set("blocking", 1)
+    time.sleep(job.data)
+    marks.set("unblocked", 1)
+    return "done"
+
+anyio.run(Worker(registry, queue, url=url, name="blocker", heartbeat_interval=0.2).run)
+"""
+
+
+def test_a_worker_whose_handler_blocks_its_loop_stays_listed_and_explained(
+        redis_url: str, redis_client: redis.Redis, queue_name: str) -> None:
+    """While a handler blocks the worker's event loop, the watchdog thread that keeps the
+    job's lock alive keeps the worker's registry entry alive too, marked as blocked: the
+    worker is not dead, and explain says where the job runs and why nothing moves."""
+    entry_ttl = 3 * 0.2
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKING_WORKER, redis_url, queue_name],
+                            env=subprocess_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        with SyncQueueClient(redis_url) as client:
+            handle = client.queue(queue_name).add(8 * entry_ttl)
+            wait_until(lambda: redis_client.get("blocking"), timeout=20,
+                       what="the handler to block the loop")
+            blocked_at = time.monotonic()
+            samples_past_the_ttl = 0
+            while True:
+                sampled_at = time.monotonic()
+                listed = client.workers(queue_name)
+                why = client.explain(queue_name, handle.id)
+                if redis_client.get("unblocked"):
+                    break  # these samples may be from after the loop came back
+                assert [w.name for w in listed] == ["blocker"], why.detail
+                assert why.reason == "running" and "on worker blocker" in why.detail, why
+                if sampled_at - blocked_at > entry_ttl:
+                    samples_past_the_ttl += 1
+                    assert listed[0].running == [handle.id]
+                    assert listed[0].loop_blocked_since is not None
+                    assert "event loop has been blocked since" in why.detail, why.detail
+                time.sleep(0.05)  # the sampling period
+            assert samples_past_the_ttl > 10
+            assert handle.result(timeout=10) == "done"
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -1,5 +1,9 @@
 """The worker's entry in its queue's worker registry: written every ``interval`` seconds with the
-jobs it runs, live for three beats, removed at a clean stop (``client.workers()`` reads it)."""
+jobs it runs, live for three beats, removed at a clean stop (``client.workers()`` reads it).
+
+While a handler blocks the event loop, the beats stop with everything else on it; the
+watchdog thread (``watchdog.py``) then writes the same entry (:meth:`Heartbeat.writes`) with
+how long the loop has been blocked, so a live worker stays listed, marked as blocked."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import anyio
 from panqueue._keys import QueueKeys
 from panqueue._runtime.trouble import Trouble
 from panqueue._store import transitions
-from panqueue._store.transport import AsyncTransport
+from panqueue._store.transport import AsyncTransport, Op
 from panqueue.errors import PanqueueError
 
 __all__ = ["BEATS_PER_TTL", "Heartbeat"]
@@ -40,12 +44,18 @@ class Heartbeat:
         self._pid = os.getpid()
         self._trouble = Trouble(log, "worker heartbeat")
 
-    async def beat(self) -> None:
+    def writes(self, loop_blocked_ms: int = 0) -> list[Op[int]]:
+        """The writes of one beat, one per partition (also run from the watchdog's thread,
+        with ``loop_blocked_ms`` > 0, while the loop is blocked)."""
         running = self._running()
-        for keys in self._parts:
-            await self._transport.run(transitions.heartbeat(
-                keys, self._name, self._ttl_ms, host=self._host, pid=self._pid,
-                queues=[keys.name], concurrency=self._concurrency, running=running))
+        return [transitions.heartbeat(
+            keys, self._name, self._ttl_ms, host=self._host, pid=self._pid,
+            queues=[keys.name], concurrency=self._concurrency, running=running,
+            loop_blocked_ms=loop_blocked_ms) for keys in self._parts]
+
+    async def beat(self) -> None:
+        for write in self.writes():
+            await self._transport.run(write)
 
     async def run(self) -> None:
         """Beat until cancelled. A failed beat is retried sooner; the entry lives on meanwhile

@@ -10,10 +10,17 @@ Not forever: a loop blocked for good (a handler stuck in a blocking call) would 
 of the worker hostage. After ``RENEW_BOUND`` lock TTLs of blockage the watchdog stops renewing
 and says so; the locks then expire and the stalled sweep gives the jobs to other workers. If
 the loop ever comes back, its own renewal finds those locks lost and stops the attempts.
+
+The worker's registry entry (``heartbeat.py``) is written by the loop too. Once the loop has
+missed a beat, the watchdog writes the entry every beat instead, marked with how long the loop
+has been blocked: the worker is alive, and ``client.workers()`` and ``explain`` say so rather
+than reporting it dead while its locks are still renewed. This lasts as long as the blockage:
+the process is alive and says what state it is in.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +28,7 @@ from typing import Any
 
 from panqueue._keys import QueueKeys
 from panqueue._store import transitions
-from panqueue._store.transport import SyncTransport
+from panqueue._store.transport import Op, SyncTransport
 from panqueue.errors import PanqueueError
 
 __all__ = ["LoopWatchdog"]
@@ -36,7 +43,9 @@ class LoopWatchdog:
                  executor_name: str, lock_ttl: float, running: Callable[[], list[tuple[str, str]]],
                  renewed: Callable[[list[tuple[str, str]], float], None], log: Any,
                  threshold: float = 1.0,
-                 partition_of: Callable[[tuple[str, str]], int] = lambda lock: 0) -> None:
+                 partition_of: Callable[[tuple[str, str]], int] = lambda lock: 0,
+                 registry: Callable[[int], list[Op[Any]]] | None = None,
+                 registry_every: float = math.inf) -> None:
         self._url = url
         self._parts = parts
         self._partition_of = partition_of
@@ -46,6 +55,10 @@ class LoopWatchdog:
         self._renew_every = lock_ttl / 3
         self._running = running
         self._renewed = renewed
+        # The registry entry's writes, given how long (ms) the loop has been blocked, and how
+        # often the loop itself writes them (the heartbeat interval).
+        self._registry = registry
+        self._registry_every = registry_every
         self._renew_for = RENEW_BOUND * lock_ttl
         self._log = log
         self._threshold = threshold
@@ -72,11 +85,18 @@ class LoopWatchdog:
         warned_for = 0.0  # the beat time of the blockage already reported
         gave_up_for = 0.0  # the beat time of the blockage whose locks were let go
         last_renewal = 0.0
+        last_entry = 0.0
         # Renewal must start before a lock renewed just before the blockage can expire.
         act_after = min(self._threshold, self._renew_every)
         while not self._stop.wait(BEAT_INTERVAL / 2):
             beat = self._last_beat
             blocked = time.monotonic() - beat
+            # The loop's own beat is overdue: the entry is written from here, every beat,
+            # well before the last one the loop wrote (alive for three beats) expires.
+            if blocked >= self._registry_every and \
+                    time.monotonic() - last_entry >= self._registry_every:
+                last_entry = time.monotonic()
+                self._keep_entry(blocked)
             if blocked < act_after:
                 continue
             try:
@@ -105,6 +125,21 @@ class LoopWatchdog:
                     "handler is blocking the event loop" + advice,
                     handler=self._handler_name, blocked_s=round(blocked, 2),
                     job_ids=[job_id for job_id, _ in jobs])
+
+    def _keep_entry(self, blocked: float) -> None:
+        if self._registry is None:
+            return
+        try:
+            writes = self._registry(max(1, int(blocked * 1000)))
+        except RuntimeError:  # the loop changed the attempts under us: it is not blocked
+            return
+        try:
+            if self._transport is None:
+                self._transport = SyncTransport(self._url)
+            for write in writes:
+                self._transport.run(write)
+        except PanqueueError as exc:
+            self._log.warning("registry entry from the watchdog failed", error=str(exc))
 
     def _renew(self, jobs: list[tuple[str, str]]) -> None:
         try:

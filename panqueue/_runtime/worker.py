@@ -146,7 +146,6 @@ class Worker:
         self._reached = False  # the server answered during this start (see _when_served)
         self._done: anyio.Event | None = None
         self._drain_until = math.inf  # when running jobs stop getting time to finish
-        self._closed = False  # the last steps (_close) have run
         self.processed = 0
         self.failed = 0
 
@@ -230,16 +229,18 @@ class Worker:
                 transport, self.parts, interval=self.stalled_interval,
                 max_stalls=options.max_stalls, retention=options.retention,
                 schedules=self.schedules, log=log)
-            watchdog = LoopWatchdog(
-                url=self.url, parts=self.parts, handler_name=self.handler.import_path,
-                executor_name=executor.name, lock_ttl=self.lock_ttl,
-                running=self._attempts.locks, renewed=self._attempts.renewed, log=log,
-                partition_of=self._attempts.partition_of)
-            watchdog.start()
             beats = Heartbeat(
                 transport, self.parts, name=self.name, concurrency=self.concurrency,
                 running=lambda: [job_id for job_id, _ in self._attempts.locks()],
                 interval=self.heartbeat_interval, log=log)
+            # The watchdog keeps the locks and the registry entry while the loop is blocked.
+            watchdog = LoopWatchdog(
+                url=self.url, parts=self.parts, handler_name=self.handler.import_path,
+                executor_name=executor.name, lock_ttl=self.lock_ttl,
+                running=self._attempts.locks, renewed=self._attempts.renewed, log=log,
+                partition_of=self._attempts.partition_of, registry=beats.writes,
+                registry_every=beats.interval)
+            watchdog.start()
             await self._when_served(starting, beats.beat)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(beats.run)
@@ -264,15 +265,16 @@ class Worker:
                 tg.start_soon(self._withdraw, claimer)
                 await self._drain(claimer)
                 tg.cancel_scope.cancel()
-            await self._close(beats)
         except _StoppedWhileStarting:
             task_status.started()
         finally:
+            # Stopped first: with the loop's roles gone, nothing beats it any more, and it must
+            # not write the registry entry again once _close has removed it.
             if watchdog is not None:
                 watchdog.stop()
             # Bounded: a network that drops every packet must not hold the shutdown.
             with anyio.CancelScope(shield=True):
-                await self._close(beats)  # after an error or a cancellation: not done yet
+                await self._close(beats)
                 if self._shared_transport is None:
                     with anyio.move_on_after(_CLOSE_WAIT):
                         await transport.aclose()
@@ -281,12 +283,9 @@ class Worker:
             self._log.info("worker stopped", processed=self.processed, failed=self.failed)
 
     async def _close(self, beats: Heartbeat | None) -> None:
-        """The last steps, once: leave the worker registry and close the executor, together
-        under one bound, so that a network that drops every packet costs it once, not once
-        per step (an entry that could not be removed expires by itself)."""
-        if self._closed:
-            return
-        self._closed = True
+        """The last steps: leave the worker registry and close the executor, together under
+        one bound, so that a network that drops every packet costs it once, not once per step
+        (an entry that could not be removed expires by itself)."""
         with anyio.move_on_after(_CLOSE_WAIT, shield=True):
             async with anyio.create_task_group() as tg:
                 if beats is not None:

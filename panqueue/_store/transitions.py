@@ -336,11 +336,17 @@ def promote(keys: QueueKeys) -> Op[int]:
 
 
 def heartbeat(keys: QueueKeys, name: str, ttl_ms: int, *, host: str, pid: int,
-              queues: Sequence[str], concurrency: int, running: Sequence[str]) -> Op[int]:
+              queues: Sequence[str], concurrency: int, running: Sequence[str],
+              loop_blocked_ms: int = 0) -> Op[int]:
     """Write this worker's entry in the queue's registry, live for ``ttl_ms`` (the server
-    stamps the beat and keeps the first beat's time as the start). Returns the server time."""
-    record = encode({"host": host, "pid": pid, "queues": list(queues),
-                     "concurrency": concurrency, "running": list(running)})
+    stamps the beat and keeps the first beat's time as the start). ``loop_blocked_ms``: the
+    worker's event loop has not run for that long (the watchdog thread writes the entry
+    then); the server turns it into the time the blockage began. Returns the server time."""
+    fields: dict[str, Any] = {"host": host, "pid": pid, "queues": list(queues),
+                              "concurrency": concurrency, "running": list(running)}
+    if loop_blocked_ms > 0:
+        fields["loop_blocked_ms"] = loop_blocked_ms
+    record = encode(fields)
     now = yield _call(SCRIPTS.heartbeat, keys, (name, ttl_ms, record))
     return int(now)
 

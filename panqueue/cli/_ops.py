@@ -28,8 +28,10 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead
 _COUNTED = [JobState.WAITING, JobState.DELAYED, JobState.ACTIVE, JobState.FAILED]
 
 def _worker_dict(w: WorkerInfo) -> dict[str, Any]:
+    blocked = w.loop_blocked_since
     return {**dataclasses.asdict(w), "started_at": w.started_at.isoformat(),
-            "heartbeat_at": w.heartbeat_at.isoformat()}
+            "heartbeat_at": w.heartbeat_at.isoformat(),
+            "loop_blocked_since": None if blocked is None else blocked.isoformat()}
 
 
 def _snapshot(client: SyncQueueClient) -> dict[str, Any]:
@@ -109,7 +111,9 @@ def workers(queue: str | None, url: str, as_json: bool) -> None:
         for w in found:
             click.echo(f"{w.name}\t{w.host}:{w.pid}\t{','.join(w.queues)}\t"
                        f"running {len(w.running)}/{w.concurrency}\t"
-                       f"beat {w.heartbeat_at.isoformat()}")
+                       f"beat {w.heartbeat_at.isoformat()}"
+                       + ("" if w.loop_blocked_since is None else
+                          f"\tevent loop blocked since {w.loop_blocked_since.isoformat()}"))
 
 
 @click.command()

@@ -3,12 +3,16 @@
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  worker name   ARGV[2] entry TTL ms (0: remove the entry now)
--- ARGV[3]  the worker's record (msgpack map: host, pid, queues, concurrency, running)
+-- ARGV[3]  the worker's record (msgpack map: host, pid, queues, concurrency, running, and
+--          loop_blocked_ms when the worker's watchdog thread writes it while the event loop is
+--          blocked: how long it has been)
 -- Returns  the server time (ms) of the beat
 --
 -- Invariants: a name is in "workers" exactly when it has a record in "worker_info"; the score
 -- is when the entry expires (beat time + TTL). The script adds the server times to the record:
--- "beat" (this beat) and "started" (the first beat of the entry, kept by later beats).
+-- "beat" (this beat), "started" (the first beat of the entry, kept by later beats) and, for a
+-- blocked loop, "loop_blocked_since" (now - loop_blocked_ms); a beat of the loop itself has
+-- none, so the mark goes as soon as the loop beats again.
 --!include layout.lua
 
 local name = ARGV[1]
@@ -27,6 +31,10 @@ if previous and redis.call('ZSCORE', K_WORKERS, name) then
 end
 record.started = started
 record.beat = now
+if record.loop_blocked_ms then
+  record.loop_blocked_since = now - tonumber(record.loop_blocked_ms)
+  record.loop_blocked_ms = nil
+end
 redis.call('ZADD', K_WORKERS, now + ttl, name)
 redis.call('HSET', K_WORKER_INFO, name, cmsgpack.pack(record))
 return now

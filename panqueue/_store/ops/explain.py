@@ -91,6 +91,13 @@ def _why(keys: QueueKeys, job_id: str) -> Op[Explanation]:
             # lock token names the worker ("<worker name>:<random>:<n>", _runtime/locks.py).
             owner = fields[5].decode().rsplit(":", 2)[0]
             holder = next((w for w in live if w.name == owner), None)
+        if holder is not None and holder.loop_blocked_since is not None:
+            return Explanation(state, "running", f"running on worker {holder.name} "
+                               f"(pid {holder.pid} on {holder.host}), alive, but its event "
+                               "loop has been blocked since "
+                               f"{_fmt(holder.loop_blocked_since)} (a handler running blocking "
+                               "code on it: use executor='thread' for such code); its "
+                               f"watchdog keeps the lock, whose deadline is {_at(deadline)}")
         if holder is not None:
             return Explanation(state, "running", f"running on worker {holder.name} "
                                f"(pid {holder.pid} on {holder.host}); its lock deadline is "

@@ -28,6 +28,9 @@ class WorkerInfo:
 
     ``running``: the ids of the jobs it was running at that beat. ``started_at`` and
     ``heartbeat_at`` are aware UTC datetimes from the Redis server's clock.
+    ``loop_blocked_since``: set while the worker's event loop is blocked (a handler running
+    blocking code on it): the worker is alive, its watchdog thread keeps the entry and its
+    jobs' locks, and nothing else of it runs until the loop is back.
     """
 
     name: str
@@ -38,6 +41,7 @@ class WorkerInfo:
     concurrency: int
     started_at: datetime
     heartbeat_at: datetime
+    loop_blocked_since: datetime | None = None
 
 
 def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
@@ -58,6 +62,7 @@ def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
             concurrency=int(record.get("concurrency") or 0),
             started_at=started,
             heartbeat_at=beat,
+            loop_blocked_since=from_ms(record.get("loop_blocked_since")),
         ))
     return sorted(found, key=lambda w: w.name)
 
@@ -78,5 +83,8 @@ def merge_workers(found: list[WorkerInfo]) -> list[WorkerInfo]:
             concurrency=max(seen.concurrency, info.concurrency),
             started_at=min(seen.started_at, info.started_at),
             heartbeat_at=max(seen.heartbeat_at, info.heartbeat_at),
+            loop_blocked_since=min((s for s in (seen.loop_blocked_since,
+                                                info.loop_blocked_since) if s is not None),
+                                   default=None),
         )
     return sorted(merged.values(), key=lambda w: w.name)
