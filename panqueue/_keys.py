@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import binascii
 import functools
-import itertools
 import zlib
 from dataclasses import dataclass
 
@@ -109,14 +108,27 @@ def hash_slot(tag: str) -> int:
 
 
 @functools.cache
-def _suffixes() -> tuple[bytes, ...]:
-    """For each slot value v, the first suffix s (in alphabet order) with CRC16(s) = v mod
-    16384. Built once per process (65,536 CRCs, a few tens of ms)."""
-    table: dict[int, bytes] = {}
-    for chars in itertools.product(_SUFFIX_ALPHABET, repeat=_SUFFIX_LENGTH):
-        suffix = bytes(chars)
-        table.setdefault(binascii.crc_hqx(suffix, 0) % CLUSTER_SLOTS, suffix)
-    return tuple(table[v] for v in range(CLUSTER_SLOTS))
+def _first_suffixes() -> tuple[int, ...]:
+    """For each slot value v, the first suffix (by its rank in alphabet order) whose CRC16 is v
+    mod 16384. Built once per process from the linearity: a suffix is "@@@@" XOR four digits
+    (0..15), so its CRC is CRC16("@@@@") XOR one term per position."""
+    width = _SUFFIX_LENGTH
+    per_position = [[binascii.crc_hqx(bytes(digit if i == position else 0 for i in range(width)),
+                                      0) for digit in range(16)] for position in range(width)]
+    crcs = [binascii.crc_hqx(_SUFFIX_ALPHABET[:1] * width, 0)]
+    for terms in per_position:  # in alphabet order: the last position varies fastest
+        crcs = [crc ^ term for crc in crcs for term in terms]
+    # A dict keeps the last value given for a key: fed backwards, it keeps each slot's first.
+    first = dict(zip([crc % CLUSTER_SLOTS for crc in reversed(crcs)],
+                     range(len(crcs) - 1, -1, -1), strict=True))
+    return tuple(first[slot] for slot in range(CLUSTER_SLOTS))
+
+
+def _suffix(slot: int) -> str:
+    """The first suffix whose CRC16 is ``slot`` mod 16384."""
+    rank = _first_suffixes()[slot]
+    return "".join(chr(_SUFFIX_ALPHABET[rank >> 4 * (_SUFFIX_LENGTH - 1 - i) & 15])
+                   for i in range(_SUFFIX_LENGTH))
 
 
 def _range_start(j: int, n: int) -> int:
@@ -139,7 +151,7 @@ def partition_tags(name: str, count: int, placement: int = SPREAD_PLACEMENT) -> 
     The tag of partition ``i`` is ``q:<name>#<suffix>`` with the four-character suffix whose
     slot is the target: CRC16 with a zero start is linear, so CRC16(prefix + suffix) is
     CRC16(prefix + four zero bytes) XOR CRC16(suffix), and a table of the suffixes' CRCs
-    (:func:`_suffixes`) answers each target at once."""
+    (:func:`_first_suffixes`) answers each target at once."""
     home = f"q:{name}"
     if count == 1:
         return (home,)
@@ -149,13 +161,12 @@ def partition_tags(name: str, count: int, placement: int = SPREAD_PLACEMENT) -> 
     first = next(j for j in range(count) if slot < _range_start(j + 1, count))
     offset = slot - _range_start(first, count)
     base = binascii.crc_hqx(f"{home}#".encode() + bytes(_SUFFIX_LENGTH), 0)
-    suffixes = _suffixes()
     tags = [home]
     for i in range(1, count):
         j = (first + i) % count
         start, end = _range_start(j, count), _range_start(j + 1, count)
         target = start + min(offset, end - start - 1)
-        tags.append(f"{home}#{suffixes[(target ^ base) % CLUSTER_SLOTS].decode()}")
+        tags.append(f"{home}#{_suffix((target ^ base) % CLUSTER_SLOTS)}")
     return tuple(tags)
 
 
@@ -186,7 +197,8 @@ class QueueKeys:
     """Names of the keys and the notify channel of one queue (of one partition of it)."""
 
     __slots__ = ("active", "batch_outbox", "batches", "blocked", "cancelled", "completed",
-                 "delayed", "events", "expires", "failed", "history", "idle", "key_active",
+                 "delayed", "events", "expires", "failed", "history", "id_outbox", "idle",
+                 "key_active",
                  "limited", "meta", "name", "notify", "partition", "partitions", "prefix", "rate",
                  "ready", "relayout", "schedules", "shared_rate", "version", "wait",
                  "worker_info", "workers")
@@ -233,6 +245,9 @@ class QueueKeys:
         # the batches whose callbacks go to this queue (ZSET batch id -> when to look again).
         self.batch_outbox = self.prefix + "batch_outbox"
         self.batches = self.prefix + "batches"
+        # Partitioned queues: the deleted jobs whose custom id's home still holds a pointer to
+        # them (ZSET "<job id>\t<home partition>\t<token>" -> when, lua/lib/identity.lua).
+        self.id_outbox = self.prefix + "id_outbox"
         # A partitioned queue's global rate limit: one window for every partition, in a slot
         # of its own (lua/rate_take.lua).
         self.shared_rate = f"{{q:{name}#rate}}:rl"
