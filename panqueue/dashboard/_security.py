@@ -217,16 +217,16 @@ class Guard:
         """Whether the Host ``host`` names this dashboard: an allowed name (with its port, if
         the entry gives one), or the address the request arrived at, by its IP or, on
         loopback, as localhost, and with its port."""
-        name, port = host
+        name, given_port = host
+        port = given_port or (443 if scope.get("scheme") == "https" else 80)
+        if any(name == allowed and allowed_port in (None, port)
+               for allowed, allowed_port in self.allowed_hosts):
+            return True
         served = _served(scope)
-        default = 443 if scope.get("scheme") == "https" else 80
-        for allowed, allowed_port in self.allowed_hosts:
-            if name == allowed and allowed_port in (None, port if port is not None else default):
-                return True
         if served is None:  # behind a unix socket: the proxy in front owns the names
             return not self.allowed_hosts
         address, served_port = served
-        if (port if port is not None else default) != served_port:
+        if port != served_port:
             return False
         return name == address or (name == "localhost" and _is_loopback(address))
 
