@@ -209,8 +209,9 @@ def test_shutdown_under_a_network_that_drops_everything_exits_within_its_bound(
     assert took < grace + 9, f"shutdown took {took:.1f} s\n{stderr}"
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_cancel_acts_only_on_the_run_of_the_job_it_was_for(
-        redis_url: str, workers: Workers, redis_client: redis.Redis) -> None:
+        redis_url: str, workers: Workers, redis_client: redis.Redis, backend: str) -> None:
     """Every worker of a queue hears a cancel, and an idle one keeps it for a while in case
     its claim of that job is still on its way. That kept cancel is for the run it was made
     for: the job removed and added again under the same id, then handed to the idle worker,
@@ -219,12 +220,12 @@ def test_a_cancel_acts_only_on_the_run_of_the_job_it_was_for(
     with SyncQueueClient(redis_url) as client:
         queue = client.queue("cancellable")
         first = queue.add({"hold": True}, job_id="nightly")
-        busy = workers.start("cancellable")
+        busy = workers.start("cancellable", backend=backend)
         wait_until(lambda: redis_client.llen("started:nightly") == 1, timeout=20,
                    what="the first run to start")
         # The idle worker: a long poll interval keeps the registration it makes now (the
         # next add is handed to it) instead of claiming again meanwhile.
-        workers.start("cancellable", extra=("--poll-interval", "60"))
+        workers.start("cancellable", backend=backend, extra=("--poll-interval", "60"))
         wait_until(lambda: redis_client.zcard(keys.idle) == 1, timeout=20,
                    what="the second worker to wait idle")
         assert client.cancel("cancellable", "nightly") is JobState.ACTIVE
@@ -246,7 +247,7 @@ import sys, time
 import anyio, redis
 from panqueue import Job, Registry, Worker
 
-url, queue = sys.argv[1], sys.argv[2]
+url, queue, backend = sys.argv[1], sys.argv[2], sys.argv[3]
 marks = redis.Redis.from_url(url)
 registry = Registry()
 
@@ -257,19 +258,21 @@ async def blocks(job: Job) -> str:
     marks.set("unblocked", 1)
     return "done"
 
-anyio.run(Worker(registry, queue, url=url, name="blocker", heartbeat_interval=0.2).run)
+anyio.run(Worker(registry, queue, url=url, name="blocker", heartbeat_interval=0.2).run,
+          backend=backend)
 """
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_worker_whose_handler_blocks_its_loop_stays_listed_and_explained(
-        redis_url: str, redis_client: redis.Redis, queue_name: str) -> None:
+        redis_url: str, redis_client: redis.Redis, queue_name: str, backend: str) -> None:
     """While a handler blocks the worker's event loop, the watchdog thread that keeps the
     job's lock alive keeps the worker's registry entry alive too, marked as blocked: the
     worker is not dead, and explain says where the job runs and why nothing moves."""
     entry_ttl = 3 * 0.2
-    proc = subprocess.Popen([sys.executable, "-c", _BLOCKING_WORKER, redis_url, queue_name],
-                            env=subprocess_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BLOCKING_WORKER, redis_url, queue_name, backend],
+        env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         with SyncQueueClient(redis_url) as client:
             handle = client.queue(queue_name).add(8 * entry_ttl)
