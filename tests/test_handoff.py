@@ -16,12 +16,12 @@ import msgpack
 import pytest
 import redis
 
-from panqueue import Job, QueueClient, Registry
+from panqueue import Job, JobState, QueueClient, Registry
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._store import transitions
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops import NewJob, add_jobs, pause
+from panqueue._store.ops import NewJob, add_jobs, cancel, pause
 from panqueue._store.status import Status
 from panqueue._store.transitions import Completion
 from panqueue._store.transport import SyncTransport
@@ -120,6 +120,24 @@ def test_a_lost_message_costs_a_delay_not_the_job(
     # Withdrawing again finds nothing more: the job is handed out once.
     again = store.run(transitions.claim(keys, "w:3", TTL, 5, withdraw=["w:1"]))
     assert again.jobs == []
+
+
+def test_a_cancel_of_a_handed_job_is_told_again_for_the_claim_that_takes_it_over(
+        store: SyncTransport, notify: Any, queue_name: str) -> None:
+    """A cancel names the run it is for by its lock (lua/lib/cancel_request.lua). A job
+    cancelled while it waits, handed, for its worker is locked anew by the claim that takes it
+    over: that claim tells the cancel again, for the new lock, so the attempt it starts is the
+    one stopped."""
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:1")
+    [job_id] = add(store, keys)
+    assert store.run(cancel(keys, job_id)) is JobState.ACTIVE
+    store.run(transitions.claim(keys, "w:2", TTL, 5, withdraw=["w:1"]))
+    handed, for_the_registration, for_the_claim = messages(notify)
+    assert handed.startswith(b"h")
+    assert transitions.parse_cancel(for_the_registration[1:]) == \
+        transitions.CancelRequest(job_id, "w:1")
+    assert transitions.parse_cancel(for_the_claim[1:]) == transitions.CancelRequest(job_id, "w:2")
 
 
 def test_a_stopping_worker_takes_back_what_it_was_handed(
