@@ -12,7 +12,16 @@ import anyio
 import pytest
 import redis
 
-from panqueue import ConfigError, Dedup, FlowJob, Job, JobState, QueueClient, Registry
+from panqueue import (
+    ConfigError,
+    Dedup,
+    FlowJob,
+    Job,
+    JobState,
+    QueueClient,
+    Registry,
+    Retention,
+)
 from panqueue._store.ops import identity
 from panqueue.testing import drain, run_worker
 
@@ -275,3 +284,36 @@ async def test_a_refused_add_leaves_no_pointer(redis_url: str, queue_name: str,
         assert not redis_client.exists(parts[0].id_pointer(job_id))
         added = await queue.add("again", job_id=job_id, key=_name_in(1, "t"))
         assert added.created and await _where(client, queue_name, job_id) == [1]
+
+
+async def test_deleted_jobs_leave_no_pointer_behind(redis_url: str, queue_name: str,
+                                                    redis_client: redis.Redis) -> None:
+    """The pointers in their ids' homes to jobs that retention trimmed or remove() deleted are
+    cleared by the workers' upkeep; the pointer of a job still kept stays."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N, mode="keyed", retention=Retention(completed=1))
+    async def work(job: Job[Any]) -> None: ...
+
+    ids = [_name_in(0, f"kept{i}") for i in range(3)]
+    removed = _name_in(0, "removed")
+    key = _name_in(1, "t")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        parts = await client._run(client._parts.parts(queue_name))
+        for job_id in ids:
+            assert (await queue.add(job_id, job_id=job_id, key=key)).created
+        assert (await queue.add("gone", job_id=removed, key=_name_in(2, "t"),
+                                delay=60)).created
+        pointers = [parts[0].id_pointer(i) for i in [*ids, removed]]
+        assert redis_client.exists(*pointers) == 4
+        assert await client.remove(queue_name, removed)
+        with anyio.fail_after(15):
+            async with run_worker(registry, queue_name, redis_url, stalled_interval=0.1):
+                await drain(redis_url, queue_name)
+                # Retention keeps the newest completed job of partition 1: the last added.
+                while redis_client.exists(*pointers) != 1:
+                    await anyio.sleep(0.05)
+        assert redis_client.exists(parts[0].id_pointer(ids[-1]))
+        again = await queue.add("again", job_id=removed, key=_name_in(3, "t"))
+        assert again.created

@@ -1,5 +1,6 @@
 """Upkeep every worker of a queue does on a timer: the stalled sweep, promotion of due delayed
-jobs, the sweep of jobs past their deadline to start, age-based cleaning, schedules, and
+jobs, the sweep of jobs past their deadline to start, age-based cleaning (and on a partitioned
+queue, clearing the pointers in other partitions to the jobs it deleted), schedules, and
 batches (relaying the endings of batch jobs, adding the callbacks of batches that fired). Each
 is a script that any number of workers may run at once (a tick is enqueued by exactly one of
 them)."""
@@ -17,6 +18,7 @@ from panqueue._runtime.trouble import Trouble
 from panqueue._schedule import Schedule
 from panqueue._store import ops, transitions
 from panqueue._store.ops.batches import relay, sweep_batches
+from panqueue._store.ops.identity import forget_deleted
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
@@ -64,6 +66,9 @@ class Upkeep:
         await transport.run(transitions.expire_due(keys))
         await transport.run(ops.clean(keys, Retention.age_ms(retention.completed_for),
                                       Retention.age_ms(retention.failed_for)))
+        if len(self._parts) > 1:
+            # Deleted jobs whose custom ids' homes, in other partitions, still point to them.
+            await transport.run(forget_deleted(self._parts, keys))
 
     def batch_job_ended(self) -> None:
         """A job of a batch ended in this worker: relay its ending now, not at the next tick

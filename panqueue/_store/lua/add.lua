@@ -12,8 +12,9 @@
 --          deadline to start by (lib/expiry.lua; an add past it ends the job CANCELLED),
 --          batch id ('' = none; registered in the batch beforehand, panqueue/_batch.py)
 --          then (optional) n tokens: item i's identity token ('' = none), when a pointer in
---          another partition names the job (lib/identity.lua); an add whose token was fenced
---          here is refused
+--          another partition names the job (lib/identity.lua), followed by "\t<partition>"
+--          when that partition holds its custom id's pointer (the job keeps it, field ih); an
+--          add whose token was fenced here is refused
 -- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written):
 --          an item with a value out of range (new_job_problem in lib/new_job.lua), a key that
 --          does not fit the queue's mode, a layout that is not this partition's ('layout
@@ -63,7 +64,10 @@ for i = 0, n - 1 do
   elseif mode == 'global' and f.key ~= '' then
     return {'!', 'item ' .. i .. ": key= needs a keyed queue (mode='keyed'); this queue is global"}
   end
-  local token = ARGV[4 + n * 14 + i] or ''
+  local token, id_home = string.match(ARGV[4 + n * 14 + i] or '', '^([^\t]*)\t?(.*)$')
+  if id_home ~= '' then
+    f.pointed = id_home .. '\t' .. token
+  end
   if token ~= '' and redis.call('EXISTS', fence_key(token)) == 1 then
     return {'\t~', i}
   end

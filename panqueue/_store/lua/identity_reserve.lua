@@ -3,17 +3,19 @@
 -- one step, before the job is added there. Also clears or extends a pointer, if unchanged.
 --
 -- KEYS[1]  queue prefix (the identity's home partition)
--- ARGV[1]  what: 'id' | 'dd' (reserve), 'clear', 'extend'
--- ARGV[2]  for 'id': the custom id; for 'dd': the dedup key; for 'clear' / 'extend': 'id' or 'dd'
+-- ARGV[1]  what: 'id' | 'dd' (reserve), 'clear', 'extend', 'forget'
+-- ARGV[2]  for 'id': the custom id; for 'dd': the dedup key; for 'clear' / 'extend': 'id' or
+--          'dd'; for 'forget': the custom id of a job deleted in its partition
 -- ARGV[3]  for 'id' / 'dd': the pointer to write ("<partition>\t<token>\t<since>" for an id,
 --          "<job id>\t<partition>\t<token>\t<since>" for a dedup key; since is replaced by
---          this server's clock); for 'clear' / 'extend': the id or dedup key
+--          this server's clock); for 'clear' / 'extend': the id or dedup key; for 'forget':
+--          "<partition>\t<token>", the pointer that named the deleted job
 -- ARGV[4]  for 'dd': the dedup ttl ms; for 'clear' / 'extend': the pointer expected
 -- ARGV[5]  for 'dd': the dedup strategy (keep | extend | replace); for 'extend': the ttl ms
 -- Returns  reserve: {'won', pointer} (written, as stored), {'job', id} (the identity names a job
 --          here: the add returns it), {'ptr', pointer} (another add's pointer: look at its
---          job first, identity_check.lua); 'clear' / 'extend': {'ok'} or {'moved'} when the
---          pointer is no longer the one expected.
+--          job first, identity_check.lua); 'clear' / 'extend' / 'forget': {'ok'} or {'moved'}
+--          when the pointer is no longer the one expected (for 'forget': another add's).
 -- Invariants: an identity names at most one live job; a pointer is written only where none is,
 --          or over a plain dedup record whose job is gone or was replaced (as add does); a
 --          pointer is replaced only by 'clear' of exactly that pointer, after its token was
@@ -24,6 +26,15 @@
 --!include identity.lua
 
 local what = ARGV[1]
+if what == 'forget' then
+  local rkey = id_pointer_key(ARGV[2])
+  local current = redis.call('GET', rkey)
+  if not current or string.sub(current, 1, #ARGV[3] + 1) ~= ARGV[3] .. '\t' then
+    return {'moved'}
+  end
+  redis.call('DEL', rkey)
+  return {'ok'}
+end
 if what == 'clear' or what == 'extend' then
   local rkey
   if ARGV[2] == 'id' then

@@ -34,7 +34,11 @@ from panqueue._store.ops.base import script_call
 from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import ConfigError, PanqueueError
 
-__all__ = ["GRACE_MS", "add_placed", "is_far", "pointed_partition", "reserve_identity"]
+__all__ = ["GRACE_MS", "add_placed", "forget_deleted", "is_far", "pointed_partition",
+           "reserve_identity"]
+
+# Deleted jobs whose pointers one call of :func:`forget_deleted` clears, at most.
+_FORGET_BATCH = 100
 
 # How long a pointer whose job is missing counts as an add on its way (ms): far longer than the
 # two steps of a live producer take, short enough that a dead one delays the next add little.
@@ -242,6 +246,9 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
                     answered[index] = decided.answer
                     continue
                 job, written[index] = decided.job, decided.written
+                # The job keeps where its id's pointer is, to have it cleared when deleted.
+                token += "".join(f"\t{p.home.partition}" for p in decided.written
+                                 if p.kind == "id")
             sending.append(index)
             items.append(job)
             tokens.append(token)
@@ -283,3 +290,20 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
         return [answered[i] for i in range(len(jobs))]
     raise PanqueueError(f"queue {placed.name!r}: the ids or dedup keys of the jobs to add did "
                         f"not settle in {_ROUNDS} rounds (other adds kept taking them over)")
+
+
+def forget_deleted(parts: Sequence[QueueKeys], keys: QueueKeys) -> Op[int]:
+    """Clear, in their custom ids' homes, the pointers to jobs deleted in partition ``keys``
+    (removed, trimmed by retention, replaced: ``lib/finish.lua`` delete_job queues them in its
+    ``id_outbox``); a pointer that another add has replaced since is left alone. Returns how
+    many were handled. Any worker may run it at any time: each entry is cleared at most once
+    in effect, and leaves the outbox only once its pointer is dealt with."""
+    entries = yield Command(("ZRANGE", keys.id_outbox, 0, _FORGET_BATCH - 1))
+    for entry in entries:
+        job_id, home, token = entry.decode().rsplit("\t", 2)
+        if int(home) < len(parts):
+            yield script_call(SCRIPTS.identity_reserve, parts[int(home)], "forget", job_id,
+                              f"{keys.partition}\t{token}")
+    if entries:
+        yield Command(("ZREM", keys.id_outbox, *entries))
+    return len(entries)

@@ -184,5 +184,10 @@ delete_job = function(id, now, edgeless, finished)
     fail_dependents(id, now or now_ms(), -1)
     forget_edges(id)
   end
+  -- A pointer in another partition names it (lib/identity.lua): a worker clears it there.
+  local pointed = redis.call('HGET', jkey, 'ih')
+  if pointed then
+    redis.call('ZADD', K_ID_OUTBOX, now or now_ms(), id .. '\t' .. pointed)
+  end
   redis.call('DEL', jkey, logs_key(id))
 end

@@ -18,6 +18,8 @@
 --   dd dedup key               ra run-at of a blocked job that was added with a delay
 --   dx a dependency that was cancelled or deleted before it completed: the job can never run
 --   b  the batch the job belongs to (batch_*.lua; its ending goes to "batch_outbox")
+--   ih partitioned queues: "<home partition>\t<token>" of the pointer in its custom id's home
+--      partition (lib/identity.lua); deleting the job queues its removal ("id_outbox")
 -- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua).
 --
 -- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
@@ -40,6 +42,9 @@
 -- Batches: ZSET "batch_outbox" ("<batch>\t<job>\t<state>" -> when the job ended; lib/finish.lua
 -- writes it, panqueue/_store/ops/batches.py relays it to the batch's own slot) and ZSET
 -- "batches" (the batches whose callbacks go to this queue -> when to look at them again).
+-- Identities (lib/identity.lua): ZSET "id_outbox" ("<job id>\t<home partition>\t<token>" ->
+-- when the job was deleted): the pointers in other partitions that name deleted jobs, which
+-- workers clear there (panqueue/_store/ops/identity.py forget_deleted).
 -- All times come from the server clock (TIME), never from a worker host.
 
 local P = KEYS[1]
@@ -65,6 +70,7 @@ local K_EXPIRES = P .. 'expires'
 local K_HISTORY = P .. 'history'
 local K_BATCH_OUTBOX = P .. 'batch_outbox'
 local K_BATCHES = P .. 'batches'
+local K_ID_OUTBOX = P .. 'id_outbox'
 -- The home's lock of a layout change (STRING: the changer's token; relayout.lua).
 local K_RELAYOUT = P .. 'relayout'
 local EVENTS_MAXLEN = 10000

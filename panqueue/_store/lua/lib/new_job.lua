@@ -94,6 +94,9 @@ local function add_job(now, f)
   if f.batch and f.batch ~= '' then
     redis.call('HSET', jkey, 'b', f.batch)  -- before any ending below: end_job reports it
   end
+  if f.pointed then
+    redis.call('HSET', jkey, 'ih', f.pointed)  -- its id's pointer (lib/identity.lua)
+  end
   if dkey then
     redis.call('HSET', jkey, 'dd', f.dedup)
     redis.call('SET', dkey, id, 'PX', f.ttl)
