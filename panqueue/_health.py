@@ -1,9 +1,10 @@
 """The worker's health endpoint: ``GET /healthz`` on a small HTTP server in a daemon thread.
 
 The answer is 200 while the worker claims jobs and its event loop has had Redis answer a PING
-within the last few seconds, 503 otherwise (starting, stopping, Redis unreachable, or an event
-loop so blocked that it no longer pings). The body is one JSON object: ``status``, ``queues``,
-``processed``, ``failed`` (and ``reason`` when unhealthy). Any other path is 404.
+within the last few seconds, 503 otherwise (starting, stopping, Redis unreachable, claims that
+fail until one works again, or an event loop so blocked that it no longer pings). The body
+is one JSON object: ``status``, ``queues``, ``processed``, ``failed`` (and ``reason`` when
+unhealthy). Any other path is 404.
 
 Standard library only: :mod:`http.server` serving one request at a time, which is plenty for
 a liveness probe. The thread only reads the state the event loop writes; it never touches
@@ -35,8 +36,12 @@ class HealthState:
     """What ``/healthz`` reports: written by the event loop, read by the HTTP thread."""
 
     def __init__(self, queues: Sequence[str], counts: Callable[[], tuple[int, int]],
-                 stale_after: float = STALE_AFTER) -> None:
+                 stale_after: float = STALE_AFTER,
+                 claims_failing: Callable[[], bool] = lambda: False) -> None:
         self.queues = list(queues)
+        # After an outage the PING may answer before the claim loop's next try (up to a second
+        # later): ready means the claims work again, not only that Redis answers.
+        self._claims_failing = claims_failing
         self.claiming = False  # every worker started, the pool still running
         self.stopping = False  # a shutdown has begun
         self.last_pong: float | None = None  # time.monotonic() of the last answered PING
@@ -53,6 +58,8 @@ class HealthState:
             reason = "the worker is not claiming jobs (starting or stopping)"
         elif self.last_pong is None or time.monotonic() - self.last_pong > self._stale_after:
             reason = f"Redis has not answered a PING in the last {self._stale_after:g} s"
+        elif self._claims_failing():
+            reason = "claiming jobs fails; retrying until Redis answers"
         if reason is None:
             return 200, body
         body["status"] = "unavailable"

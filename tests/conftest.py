@@ -20,6 +20,11 @@ from tests.helpers import WorkerProcess
 pytest_plugins = ["panqueue.testing"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true",
+                     help="the long versions of the endurance tests (a 5-minute Redis outage)")
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

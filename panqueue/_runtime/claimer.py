@@ -93,6 +93,12 @@ class ClaimLoop:
         self._call_scope: anyio.CancelScope | None = None
         self._stop_by = math.inf
 
+    @property
+    def failing(self) -> bool:
+        """Its last claim failed (Redis unreachable, or unable to serve): true from the first
+        failure of an episode until a claim works again."""
+        return self._trouble.count > 0
+
     def stop(self, by: float) -> None:
         """Claim nothing more. A claim call still out is waited for until ``by`` (on the event
         loop's clock) at the latest: the shutdown's drain ends then, and a network that drops

@@ -5,7 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["Trouble"]
+__all__ = ["RETRY_CAP", "Trouble"]
+
+# The longest wait between two tries of a failing call: however long Redis was away, a worker
+# works again within about this long of its return (plus the call itself).
+RETRY_CAP = 1.0
 
 
 class Trouble:
@@ -35,5 +39,5 @@ class Trouble:
             self.count = 0
 
     def backoff(self) -> float:
-        """Seconds to wait before the next try: doubling from 50 ms up to 2 s."""
-        return float(min(0.05 * 2 ** min(self.count, 6), 2.0))
+        """Seconds to wait before the next try: doubling from 100 ms up to :data:`RETRY_CAP`."""
+        return float(min(0.05 * 2 ** min(self.count, 6), RETRY_CAP))

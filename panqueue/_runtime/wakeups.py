@@ -18,6 +18,7 @@ import anyio
 import anyio.abc
 
 from panqueue._keys import QueueKeys
+from panqueue._runtime.trouble import RETRY_CAP
 from panqueue._store.transitions import CancelRequest, parse_cancel
 from panqueue._store.transport import AsyncSubscriber, AsyncTransport
 from panqueue.errors import ConnectionError, PanqueueError
@@ -94,7 +95,7 @@ class WakeUps:
                         self._log.warning("wake-up channel unavailable; polling",
                                           error=str(exc))
                     await anyio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+                    delay = min(delay * 2, RETRY_CAP)
                     continue
                 delay = 0.1
                 self._log.info("wake-up channel re-established")
@@ -103,6 +104,10 @@ class WakeUps:
                 await self._until_broken(subscriber)
             except PanqueueError as exc:
                 self._log.warning("wake-up channel broken; reconnecting", error=str(exc))
+                # Redis may be gone, and an idle claim loop would not find out before its poll
+                # interval: it claims now, and so retries (and reports its trouble) until
+                # Redis answers, instead of waiting for a channel that cannot wake it.
+                self._wake.set()
             finally:
                 with anyio.move_on_after(_CLOSE_WAIT, shield=True):
                     await subscriber.aclose()

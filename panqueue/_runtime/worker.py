@@ -513,5 +513,11 @@ class Worker:
             watchdog.beat()
             await anyio.sleep(BEAT_INTERVAL)
 
+    @property
+    def claims_failing(self) -> bool:
+        """The claim loop's last claim failed and none has worked since (readiness: a worker
+        that cannot claim is not serving its queue, whatever else answers)."""
+        return self._claimer is not None and self._claimer.failing
+
     def __repr__(self) -> str:
         return f"<Worker {self.name} queue={self.keys.name!r}>"

@@ -137,7 +137,8 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
     health = None
     if health_port is not None:
         state = HealthState(served, lambda: (sum(w.processed for w in pool.workers),
-                                             sum(w.failed for w in pool.workers)))
+                                             sum(w.failed for w in pool.workers)),
+                            claims_failing=lambda: any(w.claims_failing for w in pool.workers))
         try:
             health = HealthServer(health_host, health_port, state)
         except OSError as exc:

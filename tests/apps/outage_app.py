@@ -1,0 +1,19 @@
+"""Handlers for tests/test_long_outages.py: one echo queue per worker process (so each worker's
+claims are seen apart), with a lock TTL shorter than the outages the tests make."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from panqueue import Job, Registry
+
+queues = Registry()
+QUEUES = ("outage-asyncio", "outage-trio")
+
+
+async def _echo(job: Job) -> Any:
+    return job.data
+
+
+for _name in QUEUES:
+    queues.handler(_name, lock_ttl=5.0)(_echo)
