@@ -33,7 +33,7 @@ from panqueue._store.ops.add import NewJob
 from panqueue._store.ops.base import LayoutChanged, script_call
 from panqueue._store.ops.events import Event
 from panqueue._store.transport import Batch, Command, Op
-from panqueue.errors import ConfigError, JobNotFound
+from panqueue.errors import ConfigError, JobNotFound, PanqueueError
 
 __all__ = ["LayoutBusy", "PartitionCounts", "add_routed", "add_to_batch", "all_counts",
            "all_events", "all_list_jobs", "all_pause", "all_purge", "all_retry_failed",
@@ -199,54 +199,70 @@ def _relayout(keys: QueueKeys, version: int | str, place: str, token: str = "",
 def change_layout(name: str, count: int, token: str) -> Op[Layout]:
     """Change queue ``name`` to ``count`` partitions placed by slot (a worker that declares
     another count than the stored one): :class:`ConfigError` naming the partition that holds
-    jobs, when one does (nothing changed); :class:`LayoutBusy` when another change holds the
-    lock. Under the home's lock, every partition of the old layout and every new one moves to
-    the next version while it holds no job, one script each, then the home, where clients read
-    the layout, moves last; a refusal moves the others back. From the first step on, a client
-    that routes by the old layout is refused by the partitions already moved and reads the
-    layout again, so no add lands in a partition that the new layout leaves out."""
+    jobs, or the workers that serve the old layout (nothing changed); :class:`LayoutBusy` when
+    another change holds the lock. Under the home's lock, every partition of the old layout and
+    every new one moves to the next version while it holds no job, one script each, then the
+    home, where clients read the layout, moves last; a refusal moves the others back. From the
+    first step on, a client that routes by the old layout is refused by the partitions already
+    moved and reads the layout again, so no add lands in a partition that the new layout
+    leaves out."""
     home = QueueKeys(name)
     if not (yield Command(("SET", home.relayout, token, "NX", "PX", _LEASE_MS))):
         raise LayoutBusy(f"queue {name!r}: another change of its layout is under way")
-    deadline = time.monotonic() + _LEASE_MS / 2000
+    return (yield from _released(home, token, _change(name, count, token)))
+
+
+def _released(home: QueueKeys, token: str, op: Op[T]) -> Op[T]:
+    """``op``, then the layout lock released, also when ``op`` fails with an error of ours.
+    (Not in a ``finally``: an operation abandoned by a cancelled caller is closed, and can send
+    nothing then; its lock expires with its lease.)"""
     try:
-        current = (yield from read_layout(name)) or Layout(1)
-        if current.count == count:
-            return current  # another worker changed it meanwhile
-        new = Layout(count, SPREAD_PLACEMENT, current.version + 1)
-        old_parts, new_parts = current.keys(name), new.keys(name)
-        new_index = {keys.prefix: keys.partition for keys in new_parts}
-        old_prefixes = {keys.prefix for keys in old_parts}
-        steps = [(keys, f"{count}:{new_index[keys.prefix]}" if keys.prefix in new_index
-                  else "0:0", f"{current.count}:{keys.partition}") for keys in old_parts[1:]]
-        steps += [(keys, f"{count}:{keys.partition}", "0:0") for keys in new_parts[1:]
-                  if keys.prefix not in old_prefixes]
-        moved: list[tuple[QueueKeys, str]] = []
-        problem = None
-        for keys, place, before in steps:
-            if time.monotonic() > deadline:
-                problem = ConfigError(f"queue {name!r}: the change of its partition count took "
-                                      "too long; it was undone")
-                break
-            refused = yield from _relayout(keys, new.version, place)
-            if refused:
-                problem = _held(name, current, count, keys)
-                break
-            moved.append((keys, before))
-        if problem is None:
-            refused = yield from _relayout(home, new.version, f"{count}:0", token)
-            if refused is None:
-                return new
-            problem = _held(name, current, count, home) if refused == "holds jobs" else \
-                _served(name, current, count, refused)
-        if time.monotonic() < deadline:
-            # Back to the old layout: no client routed by the new one yet (the home never
-            # named it), and the old one's clients were refused, so these hold no job.
-            for keys, before in reversed(moved):
-                yield from _relayout(keys, current.version, before)
-        raise problem
-    finally:
+        result = yield from op
+    except PanqueueError:
         yield from _relayout(home, "", "", token)
+        raise
+    yield from _relayout(home, "", "", token)
+    return result
+
+
+def _change(name: str, count: int, token: str) -> Op[Layout]:
+    home = QueueKeys(name)
+    deadline = time.monotonic() + _LEASE_MS / 2000
+    current = (yield from read_layout(name)) or Layout(1)
+    if current.count == count:
+        return current  # another worker changed it meanwhile
+    new = Layout(count, SPREAD_PLACEMENT, current.version + 1)
+    old_parts, new_parts = current.keys(name), new.keys(name)
+    new_index = {keys.prefix: keys.partition for keys in new_parts}
+    old_prefixes = {keys.prefix for keys in old_parts}
+    steps = [(keys, f"{count}:{new_index[keys.prefix]}" if keys.prefix in new_index
+              else "0:0", f"{current.count}:{keys.partition}") for keys in old_parts[1:]]
+    steps += [(keys, f"{count}:{keys.partition}", "0:0") for keys in new_parts[1:]
+              if keys.prefix not in old_prefixes]
+    moved: list[tuple[QueueKeys, str]] = []
+    problem = None
+    for keys, place, before in steps:
+        if time.monotonic() > deadline:
+            problem = ConfigError(f"queue {name!r}: the change of its partition count took "
+                                  "too long and was stopped (the next worker undoes it)")
+            break
+        if (yield from _relayout(keys, new.version, place)):
+            problem = _held(name, current, count, keys)
+            break
+        moved.append((keys, before))
+    if problem is None:
+        refused = yield from _relayout(home, new.version, f"{count}:0", token)
+        if refused is None:
+            return new
+        problem = _held(name, current, count, home) if refused == "holds jobs" else \
+            _served(name, current, count, refused)
+    if time.monotonic() < deadline:
+        # Back to the old layout: no client routed by the new one yet (the home never named
+        # it), and the old one's clients were refused, so these hold no job. Past the deadline
+        # the lock may be another's by now: the next worker gives them back (repair_partition).
+        for keys, before in reversed(moved):
+            yield from _relayout(keys, current.version, before)
+    raise problem
 
 
 def _held(name: str, current: Layout, count: int, keys: QueueKeys) -> ConfigError:
@@ -260,7 +276,7 @@ def _held(name: str, current: Layout, count: int, keys: QueueKeys) -> ConfigErro
 def _served(name: str, current: Layout, count: int, refused: str) -> ConfigError:
     if not refused.startswith("live workers"):
         return ConfigError(f"queue {name!r}: the change of its partition count lost its lock "
-                           "(it took too long); it was undone")
+                           "(it took too long) and was stopped (the next worker undoes it)")
     live = refused.rpartition(" ")[2]
     return ConfigError(
         f"queue {name!r}: partition count mismatch: the queue has {current.count} "
@@ -277,18 +293,18 @@ def repair_partition(keys: QueueKeys, token: str) -> Op[bool]:
     home = QueueKeys(keys.name)
     if not (yield Command(("SET", home.relayout, token, "NX", "PX", _LEASE_MS))):
         raise LayoutBusy(f"queue {keys.name!r}: a change of its layout is under way")
-    try:
-        stored = yield from read_layout(keys.name)
-        if stored is None or stored.version != keys.version or stored.count != keys.partitions:
-            return False
-        refused = yield from _relayout(keys, keys.version, f"{keys.partitions}:{keys.partition}")
-        if refused:
-            raise ConfigError(
-                f"queue {keys.name!r}: partition {keys.partition} ({keys.prefix[:-1]}) holds "
-                f"jobs under another layout than the queue's (version {keys.version})")
-        return True
-    finally:
-        yield from _relayout(home, "", "", token)
+    return (yield from _released(home, token, _give_back(keys)))
+
+
+def _give_back(keys: QueueKeys) -> Op[bool]:
+    stored = yield from read_layout(keys.name)
+    if stored is None or stored.version != keys.version or stored.count != keys.partitions:
+        return False
+    if (yield from _relayout(keys, keys.version, f"{keys.partitions}:{keys.partition}")):
+        raise ConfigError(
+            f"queue {keys.name!r}: partition {keys.partition} ({keys.prefix[:-1]}) holds jobs "
+            f"under another layout than the queue's (version {keys.version})")
+    return True
 
 
 def job_partition(parts: Sequence[QueueKeys], job_id: str) -> Op[QueueKeys]:
