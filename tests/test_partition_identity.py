@@ -317,3 +317,37 @@ async def test_deleted_jobs_leave_no_pointer_behind(redis_url: str, queue_name: 
         assert redis_client.exists(parts[0].id_pointer(ids[-1]))
         again = await queue.add("again", job_id=removed, key=_name_in(3, "t"))
         assert again.created
+
+
+async def test_an_existing_id_is_returned_before_a_dedup_key_of_another_partition(
+        redis_url: str, queue_name: str) -> None:
+    """The dedup key's record (in the same partition as the job id) points to a job elsewhere:
+    an add naming an existing id returns that id's job, and does not look at the key."""
+    registry = Registry()
+    work = _keyed(registry, queue_name, Counter())
+    dedup = Dedup(_dedup_in(0, "shared"), ttl=60)
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        elsewhere = await queue.add("by key", key=_name_in(1, "t"), dedup=dedup)
+        by_id = await queue.add("by id", job_id=_name_in(0, "own"), key=_name_in(0, "t"))
+        both = await queue.add("both", job_id=by_id.id, key=_name_in(0, "t"), dedup=dedup)
+        assert (both.id, both.created) == (by_id.id, False)
+        assert elsewhere.id != by_id.id
+
+
+async def test_an_existing_id_is_returned_before_a_dedup_key_homed_elsewhere(
+        redis_url: str, queue_name: str) -> None:
+    """The job goes to its id's home, its dedup key's home is another partition, where the key
+    names a live job: the existing id's job is returned, not the key's."""
+    registry = Registry()
+    work = _keyed(registry, queue_name, Counter())
+    dedup = Dedup(_dedup_in(2, "other-home"), ttl=60)
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        keyed = await queue.add("by key", key=_name_in(2, "t"), dedup=dedup)
+        by_id = await queue.add("by id", job_id=_name_in(0, "mine"), key=_name_in(0, "t"))
+        both = await queue.add("both", job_id=by_id.id, key=_name_in(0, "t"), dedup=dedup)
+        assert (both.id, both.created) == (by_id.id, False)
+        fresh = await queue.add("fresh", job_id=_name_in(0, "new"), key=_name_in(0, "t"),
+                                dedup=dedup)
+        assert (fresh.id, fresh.created) == (keyed.id, False)

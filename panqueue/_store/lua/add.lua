@@ -71,13 +71,15 @@ for i = 0, n - 1 do
   if token ~= '' and redis.call('EXISTS', fence_key(token)) == 1 then
     return {'\t~', i}
   end
-  if f.id ~= '' and not batch_ids[f.id] and redis.call('EXISTS', job_key(f.id)) == 0 then
+  -- An id that names a job here is returned as it is (add_job): its pointers are not looked at.
+  local id_here = f.id ~= '' and (batch_ids[f.id] or redis.call('EXISTS', job_key(f.id)) == 1)
+  if f.id ~= '' and not id_here then
     local pointer = redis.call('GET', id_pointer_key(f.id))
     if pointer then
       return {'\t?', i, 'id', f.id, pointer}
     end
   end
-  if f.dedup ~= '' then
+  if f.dedup ~= '' and not id_here then
     local record = redis.call('GET', dedup_key(f.dedup))
     if record and is_pointer(record) then
       return {'\t?', i, 'dd', f.dedup, record}

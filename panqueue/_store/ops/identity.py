@@ -167,6 +167,12 @@ def _decide(parts: Sequence[QueueKeys], placed: QueueKeys, job: NewJob, token: s
             return None if found is None else _Decided(job, written, (found, False))
         written.append(pointer)
     if job.dedup_key and (home := route(n, key="dd:" + job.dedup_key)) != placed.partition:
+        if job.job_id and not job.unique_id and not written:
+            # The id's home is this partition, where the add script looks at it, but only
+            # after the dedup key was decided: an id that names a job is returned first.
+            named = yield from _id_here(parts, placed, job.job_id)
+            if named != "":
+                return None if named is None else _Decided(job, [], (named, False))
         job_id = job.job_id or (yield from _new_id(placed, n))
         state = yield from reserve_identity(
             parts[home or 0], "dd", job.dedup_key, f"{job_id}\t{placed.partition}\t{token}\t0",
@@ -182,6 +188,20 @@ def _decide(parts: Sequence[QueueKeys], placed: QueueKeys, job: NewJob, token: s
         written.append(pointer)
         job = replace(job, job_id=job_id, dedup_key="", dedup_ttl_ms=0, dedup_strategy="")
     return _Decided(job, written)
+
+
+def _id_here(parts: Sequence[QueueKeys], home: QueueKeys, job_id: str) -> Op[str | None]:
+    """Whether custom id ``job_id``, whose home is ``home``, names a job: its id (the job is in
+    ``home``, or where the pointer there names); '' when it names none; None when a stale
+    pointer was just cleared (decide again)."""
+    exists, pointer = yield Batch((Command(("EXISTS", home.job(job_id))),
+                                   Command(("GET", home.id_pointer(job_id)))),
+                                  route=home.prefix)
+    if exists:
+        return job_id
+    if pointer is None:
+        return ""
+    return (yield from _look(parts, _Pointer(home, "id", job_id, pointer.decode())))
 
 
 def _settle_dedup(parts: Sequence[QueueKeys], pointer: _Pointer, job: NewJob
