@@ -108,6 +108,28 @@ async def test_no_sequence_of_redeploys_loses_a_job_of_a_producer_that_learned_a
     assert sorted(map(repr, seen)) == sorted(map(repr, expected))
 
 
+async def test_a_client_that_learned_an_old_layout_sees_every_job_of_the_new_one(
+        redis_url: str, queue_name: str) -> None:
+    """A client learned 2 partitions; the emptied queue is redeployed with 4 and another
+    producer fills all four: the first client's counts, lists and lookups by id see every
+    job (none hides in a partition its old layout did not have)."""
+    registry2, work2 = _deploy(queue_name, 2)
+    registry4, work4 = _deploy(queue_name, 4)
+    async with QueueClient(redis_url) as stale, QueueClient(redis_url) as producer:
+        await stale.queue(work2).add("learn")
+        async with run_worker(registry2, queue_name, redis_url, poll_interval=0.05):
+            await drain(redis_url, queue_name)
+        await stale.purge(queue_name)
+        async with run_worker(registry4, queue_name, redis_url, poll_interval=0.05):
+            pass  # changes the layout, then stops: the jobs below wait
+        handles = await producer.queue(work4).add_bulk(range(8))
+        assert {int(h.id) % 4 for h in handles} == {0, 1, 2, 3}
+        assert (await stale.counts(queue_name))[JobState.WAITING] == 8
+        assert len(await stale.list_jobs(queue_name, JobState.WAITING)) == 8
+        for handle in handles:
+            assert (await stale.get_job(queue_name, handle.id)).state == JobState.WAITING
+
+
 async def test_adds_racing_a_count_change_are_kept_where_the_queue_looks(
         redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
     """A producer that learned 3 partitions adds job after job while a worker declaring 2
