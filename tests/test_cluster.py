@@ -493,6 +493,45 @@ def test_the_partitions_of_any_queue_spread_over_every_master(cluster: Cluster) 
             assert low <= min(held.values()) and max(held.values()) <= high, (name, held)
 
 
+async def test_a_count_change_on_the_cluster_reroutes_a_producer_that_learned_the_old_one(
+        cluster: Cluster) -> None:
+    """Three partitions, drained and purged, redeployed with six: the layout change runs one
+    script per partition on each partition's master and the home's last; a producer that
+    learned three is refused, re-routes, and its jobs land two partitions per master."""
+    name = f"pt-{uuid.uuid4().hex[:8]}"
+    seen: list[int] = []
+
+    def deployed(count: int) -> Registry:
+        registry = Registry()
+
+        @registry.handler(name, partitions=count, concurrency=8)
+        async def work(job: Job[int]) -> None:
+            seen.append(job.data)
+
+        return registry
+
+    async with QueueClient(cluster.url) as producer:
+        async with run_worker(deployed(3), name, cluster.url, poll_interval=0.05):
+            await producer.queue(name).add_bulk(range(6))
+            await drain(cluster.url, name, timeout=20)
+        assert await producer.purge(name) == 6
+        async with run_worker(deployed(6), name, cluster.url, poll_interval=0.05):
+            handles = [await producer.queue(name).add(n) for n in range(6, 18)]
+            await drain(cluster.url, name, timeout=20)
+    assert sorted(seen) == list(range(18))
+    parts = partition_keys(name, 6, version=1)
+    assert {int(h.id) % 6 for h in handles} == set(range(6))
+    held = Counter(cluster.owner_port(keys.prefix) for keys in parts)
+    assert sorted(held.values()) == [2, 2, 2]
+    for handle in handles:
+        keys = parts[int(handle.id) % 6]
+        node = cluster.node_client(cluster.owner_port(keys.prefix))
+        try:
+            assert node.exists(keys.job(handle.id))
+        finally:
+            node.close()
+
+
 def _cpu_seconds(port: int) -> float:
     """The CPU time the node's process has used (INFO cpu: user + system; unlike the time
     commands took, not inflated when the machine is busy and the process waits for a core)."""
