@@ -356,6 +356,26 @@ async def test_retry_failed_and_remove(redis_url: str, queue_name: str) -> None:
         assert sum(counts.values()) == 0
 
 
+@pytest.mark.parametrize("partitions", [1, 2])
+async def test_retry_failed_with_an_empty_list_of_ids_moves_no_job(
+        redis_url: str, queue_name: str, partitions: int) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=partitions)
+    async def fails(job: Job) -> None:
+        raise RuntimeError("fails")
+
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(fails).add({})
+        async with run_worker(registry, queue_name, redis_url):
+            with pytest.raises(JobFailed):
+                await handle.result(timeout=10)
+        # An empty selection is not "every failed job" (ids=None is).
+        assert await client.retry_failed(queue_name, []) == 0
+        assert (await handle.info()).state is JobState.FAILED
+        assert await client.retry_failed(queue_name, None) == 1
+
+
 async def test_retention_keeps_only_the_newest_finished_jobs(
         redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
     registry = Registry()

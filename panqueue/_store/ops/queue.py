@@ -90,7 +90,10 @@ def cancel(keys: QueueKeys, job_id: str) -> Op[JobState]:
 
 
 def retry_failed(keys: QueueKeys, ids: Sequence[str] | None, limit: int = 10_000) -> Op[int]:
-    reply = yield script_call(SCRIPTS.retry, keys, limit, *(ids or ()))
+    if ids is not None and not ids:
+        # The script reads "no ids" as "the oldest failed jobs": an empty selection moves none.
+        return 0
+    reply = yield script_call(SCRIPTS.retry, keys, limit, *ids or ())
     return int(reply)
 
 
