@@ -262,8 +262,9 @@ class Worker:
                 with self._claim_scope:
                     await claimer.run(tg)
                 # The idle registration is withdrawn while the running jobs drain.
-                tg.start_soon(self._withdraw, claimer)
-                await self._drain(claimer)
+                async with anyio.create_task_group() as stopping:
+                    stopping.start_soon(self._withdraw, claimer)
+                    await self._drain(claimer)
                 tg.cancel_scope.cancel()
         except _StoppedWhileStarting:
             task_status.started()
