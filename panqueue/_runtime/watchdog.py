@@ -11,9 +11,9 @@ of the worker hostage. After ``RENEW_BOUND`` lock TTLs of blockage the watchdog 
 and says so; the locks then expire and the stalled sweep gives the jobs to other workers. If
 the loop ever comes back, its own renewal finds those locks lost and stops the attempts.
 
-The worker's registry entry (``heartbeat.py``) is written by the loop too. Once the loop has
-missed a beat, the watchdog writes the entry every beat instead, marked with how long the loop
-has been blocked: the worker is alive, and ``client.workers()`` and ``explain`` say so rather
+The worker's registry entry (``heartbeat.py``) is written by the loop too. While the loop is
+blocked, the watchdog writes the entry every beat instead, marked with how long the loop has
+been blocked: the worker is alive, and ``client.workers()`` and ``explain`` say so rather
 than reporting it dead while its locks are still renewed. This lasts as long as the blockage:
 the process is alive and says what state it is in.
 """
@@ -88,12 +88,14 @@ class LoopWatchdog:
         last_entry = 0.0
         # Renewal must start before a lock renewed just before the blockage can expire.
         act_after = min(self._threshold, self._renew_every)
+        # The entry is written from here once the loop counts as blocked (as for the warning),
+        # and before the last entry the loop wrote can expire: it lives three beats, and the
+        # loop wrote it at most one beat before the blockage began.
+        entry_after = min(self._threshold, 1.5 * self._registry_every)
         while not self._stop.wait(BEAT_INTERVAL / 2):
             beat = self._last_beat
             blocked = time.monotonic() - beat
-            # The loop's own beat is overdue: the entry is written from here, every beat,
-            # well before the last one the loop wrote (alive for three beats) expires.
-            if blocked >= self._registry_every and \
+            if blocked >= entry_after and \
                     time.monotonic() - last_entry >= self._registry_every:
                 last_entry = time.monotonic()
                 self._keep_entry(blocked)
