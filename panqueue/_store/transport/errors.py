@@ -68,8 +68,9 @@ def _unavailable_code(exc: BaseException) -> str | None:
     return None
 
 
-# redis-py's cluster client gives up on its slot map with these while the nodes it asked do not
-# agree on who serves each slot (they answered: a failover or a resharding is under way).
+# redis-py's cluster client gives up on its slot map with these while the nodes it asked leave
+# slots without a master or do not agree on who serves them (they answered: the cluster is being
+# set up, repaired, resharded or failed over).
 _CLUSTER_IN_FLUX = ("startup_nodes could not agree", "All slots are not covered")
 
 
@@ -91,7 +92,7 @@ def _cluster_cannot_serve(url: str, exc: BaseException) -> str | None:
         return "a master of the cluster cannot be reached (failing over?)"
     if isinstance(exc, redis.exceptions.RedisClusterException) and str(exc).startswith(
             _CLUSTER_IN_FLUX):
-        return "the cluster's nodes disagree on its slot map (failing over?)"
+        return "the cluster's slot map leaves slots out or its nodes disagree on it"
     return None
 
 

@@ -20,7 +20,7 @@ from panqueue._store.transport.base import (
     _pubsub_connections,
 )
 from panqueue._store.transport.errors import _REDIS_ERRORS, _translated
-from panqueue._store.transport.options import _CLOSE_TIMEOUT
+from panqueue._store.transport.options import _CLOSE_TIMEOUT, _parse
 from panqueue._store.transport.requests import Request
 from panqueue._store.transport.sync import SyncTransport
 
@@ -35,19 +35,37 @@ class _ThreadTransport(AsyncTransport):
     """trio: the sync client, called from anyio worker threads."""
 
     def __init__(self, url: str) -> None:
-        self._sync = SyncTransport(url)
         self.url = url
-        self.is_cluster = self._sync.is_cluster
+        self.is_cluster, _ = _parse(url)
+        # redis-py's sync cluster client fetches the slot map as it is made: that waits on the
+        # network and can fail (a seed that cannot serve yet), so it is made by the first call,
+        # in that call's thread, and its failure is that call's, retried like any other (as
+        # redis.asyncio's cluster client does on asyncio). Other clients connect lazily.
+        self._made = None if self.is_cluster else SyncTransport(url)
+        self._making = threading.Lock()
         self._limiter = anyio.CapacityLimiter(_COMMAND_THREADS)
+
+    def _sync(self) -> SyncTransport:
+        """The sync transport, made now if no call has made it yet (in a worker thread)."""
+        made = self._made
+        if made is None:
+            with self._making:
+                if self._made is None:
+                    self._made = SyncTransport(self.url)
+                made = self._made
+        return made
 
     async def execute(self, request: Request) -> Any:
         # Cancellable like the asyncio transport: a cancelled call's thread is left to finish
         # on its own (within the socket timeout) and returns its connection to the pool.
-        return await anyio.to_thread.run_sync(self._sync.execute, request,
+        return await anyio.to_thread.run_sync(lambda: self._sync().execute(request),
                                               abandon_on_cancel=True, limiter=self._limiter)
 
     async def node_of(self, key: str) -> str:
-        return self._sync.node_of(key)
+        if self._made is not None:
+            return self._made.node_of(key)
+        return await anyio.to_thread.run_sync(lambda: self._sync().node_of(key),
+                                              abandon_on_cancel=True, limiter=self._limiter)
 
     async def subscribe(self, *channels: str) -> AsyncSubscriber:
         self._limiter.total_tokens += 1  # the subscription's own thread, from now on
@@ -59,7 +77,7 @@ class _ThreadTransport(AsyncTransport):
         gone: list[bool] = []
 
         def open_subscription() -> Any:
-            ps = self._sync.pubsub(*channels)
+            ps = self._sync().pubsub(*channels)
             with lock:
                 made.append(ps)
                 abandoned = bool(gone)
@@ -81,8 +99,10 @@ class _ThreadTransport(AsyncTransport):
         return _ThreadSubscriber(self.url, ps, self._limiter)
 
     async def aclose(self) -> None:
-        await anyio.to_thread.run_sync(self._sync.close, abandon_on_cancel=True,
-                                       limiter=self._limiter)
+        made = self._made
+        if made is not None:
+            await anyio.to_thread.run_sync(made.close, abandon_on_cancel=True,
+                                           limiter=self._limiter)
 
 
 class _ThreadSubscriber(AsyncSubscriber):
