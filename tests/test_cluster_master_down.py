@@ -172,6 +172,12 @@ def test_a_node_of_a_cluster_that_answered_is_failing_over_not_unreachable() -> 
     disagree = translate_error(url, redis.exceptions.RedisClusterException(
         "startup_nodes could not agree on a valid slots cache: 127.0.0.1:7001 vs ..."))
     assert isinstance(disagree, ServerUnavailable)
+    seed_loading = redis.exceptions.RedisClusterException(
+        "Redis Cluster cannot be connected. Please provide at least one reachable node: "
+        "Redis is loading the dataset in memory")
+    seed_loading.__cause__ = redis.exceptions.BusyLoadingError(
+        "Redis is loading the dataset in memory")
+    assert isinstance(translate_error(url, seed_loading), ServerUnavailable)
     for plain in (redis.exceptions.RedisClusterException(
                       "Redis Cluster cannot be connected. Please provide at least one "
                       "reachable node: Error 111 connecting to 127.0.0.1:7000."),

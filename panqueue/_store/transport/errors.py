@@ -93,6 +93,12 @@ def _cluster_cannot_serve(url: str, exc: BaseException) -> str | None:
     if isinstance(exc, redis.exceptions.RedisClusterException) and str(exc).startswith(
             _CLUSTER_IN_FLUX):
         return "the cluster's slot map leaves slots out or its nodes disagree on it"
+    if isinstance(exc, redis.exceptions.RedisClusterException) and exc.__cause__ is not None:
+        # "Redis Cluster cannot be connected" with the seed's own answer as its cause: a seed
+        # that answered LOADING (restarting) or the like is there, only not serving yet.
+        code = _unavailable_code(exc.__cause__)
+        if code is not None:
+            return f"the seed answered {code}"
     return None
 
 
