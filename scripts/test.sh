@@ -16,6 +16,11 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "== installing chromium"
   (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "could not install chromium"
 fi
+# The schedule clock test restarts a server under a clock set back: Debian's faketime.
+if ! command -v faketime >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "== installing faketime"
+  (apt-get update -qq && apt-get install -y -qq faketime) >/dev/null 2>&1 || echo "could not install faketime"
+fi
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy --strict panqueue"
