@@ -77,6 +77,8 @@ class LoopWatchdog:
         self._thread.start()
 
     def stop(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._transport is not None:
             self._transport.close()

@@ -146,6 +146,7 @@ class Worker:
         self._reached = False  # the server answered during this start (see _when_served)
         self._done: anyio.Event | None = None
         self._drain_until = math.inf  # when running jobs stop getting time to finish
+        self._closed = False  # the last steps (_close) have run
         self.processed = 0
         self.failed = 0
 
@@ -265,7 +266,11 @@ class Worker:
                 async with anyio.create_task_group() as stopping:
                     stopping.start_soon(self._withdraw, claimer)
                     await self._drain(claimer)
+                # The roles wind down (each bounds its own closing) while the last writes go
+                # out: the two overlap, under one bound.
                 tg.cancel_scope.cancel()
+                watchdog.stop()
+                await self._close(beats)
         except _StoppedWhileStarting:
             task_status.started()
         finally:
@@ -275,7 +280,7 @@ class Worker:
                 watchdog.stop()
             # Bounded: a network that drops every packet must not hold the shutdown.
             with anyio.CancelScope(shield=True):
-                await self._close(beats)
+                await self._close(beats)  # after an error or a cancellation: not done yet
                 if self._shared_transport is None:
                     with anyio.move_on_after(_CLOSE_WAIT):
                         await transport.aclose()
@@ -284,9 +289,13 @@ class Worker:
             self._log.info("worker stopped", processed=self.processed, failed=self.failed)
 
     async def _close(self, beats: Heartbeat | None) -> None:
-        """The last steps: leave the worker registry and close the executor, together under
-        one bound, so that a network that drops every packet costs it once, not once per step
-        (an entry that could not be removed expires by itself)."""
+        """The last steps, once: leave the worker registry and close the executor, together
+        under one bound, so that a network that drops every packet costs it once, not once
+        per step (an entry that could not be removed expires by itself). A beat cancelled on
+        its way was sent before the entry is removed, so none brings the entry back."""
+        if self._closed:
+            return
+        self._closed = True
         with anyio.move_on_after(_CLOSE_WAIT, shield=True):
             async with anyio.create_task_group() as tg:
                 if beats is not None:
