@@ -84,14 +84,16 @@ from redis.retry import Retry
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from panqueue import JobState, SyncQueueClient  # noqa: E402
-from panqueue._keys import QueueKeys  # noqa: E402
+from panqueue import Dedup, JobState, SyncQueueClient  # noqa: E402
+from panqueue._keys import QueueKeys, partition_keys  # noqa: E402
 from panqueue.embedded import RedisServer  # noqa: E402
 from panqueue.errors import JobNotFound  # noqa: E402
 from panqueue.errors import TimeoutError as PanqueueTimeoutError  # noqa: E402
 from panqueue.testing import FaultProxy  # noqa: E402
 
-QUEUES = ("torture-inline", "torture-thread", "torture-subprocess")
+QUEUES = ("torture-inline", "torture-thread", "torture-subprocess", "torture-partitioned")
+# The partitioned queue's count, as torture_app.py declares it.
+PARTITIONS = {"torture-partitioned": 3}
 ADD_SPREAD = 0.9  # jobs are added during this fraction of the chaos window
 ADD_GIVE_UP = 30.0  # seconds one add is retried before it is given up (and reported)
 WORKER_GRACE = 3.0
@@ -157,6 +159,10 @@ class Torture:
         self.threads: list[threading.Thread] = []
         self.stats = Stats()
         self.added: dict[str, str] = {}  # job id -> queue, acknowledged adds
+        self.flows: dict[str, str] = {}  # job id -> the job it depends on (partitioned queue)
+        # Second adds under a dedup key that did not answer the key's job (must be none).
+        self.dedup_mismatches: list[tuple[str, str]] = []
+        self.dedup_keys = 0
         self.add_given_up: list[str] = []
         self.producer_done = threading.Event()
         self.completed_events: collections.Counter[str] = collections.Counter()
@@ -165,6 +171,11 @@ class Torture:
         self.events_lock = threading.Lock()
 
     # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def keys(queue: str) -> list[QueueKeys]:
+        """The key layouts of every partition of ``queue`` (one for most)."""
+        return partition_keys(queue, PARTITIONS.get(queue, 1))
 
     def say(self, message: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {message}", flush=True)
@@ -275,31 +286,56 @@ class Torture:
                 ms = (self.jobs_rng.uniform(5, 50) if roll < 0.80 else
                       self.jobs_rng.uniform(100, 500) if roll < 0.95 else
                       self.jobs_rng.uniform(1000, 3000))
-                give_up = time.monotonic() + ADD_GIVE_UP
-                while not self.stop_threads.is_set():
-                    try:
-                        client.queue(queue).add(
-                            {"i": i, "ms": round(ms, 1), "stubborn": i % 4 == 1},
-                            job_id=job_id)
-                    except Exception as exc:  # Redis down, loading, OOM...: retry, same id
-                        self.stats.add_errors[_summary(exc)] += 1
-                        client.close()
-                        client = SyncQueueClient(self.server.url)
-                        if time.monotonic() > give_up:
-                            self.add_given_up.append(job_id)
-                            break
-                        time.sleep(0.1)
-                    else:
-                        self.added[job_id] = queue
-                        break
+                data = {"i": i, "ms": round(ms, 1), "stubborn": i % 4 == 1}
+                options: dict[str, Any] = {}
+                if queue in PARTITIONS:
+                    # Every other job of the partitioned queue is part of a flow: it waits for
+                    # that queue's previous job (and so lives in its partition, its id's home
+                    # holding a pointer); every fourth carries a dedup key, added twice.
+                    parent = f"t-{i - len(QUEUES):06d}"
+                    if i % 8 == 3 and parent in self.added:
+                        options["depends_on"] = [parent]
+                    elif i % 16 == 7:
+                        options["dedup"] = Dedup(f"dd-{i}", ttl=3600)
+                client, added = self.add(client, queue, data, job_id, options)
+                if not added:
+                    continue
+                self.added[job_id] = queue
+                if "depends_on" in options:
+                    self.flows[job_id] = options["depends_on"][0]
+                if "dedup" in options:
+                    # Another id, the same key: the key's job answers, and nothing is added.
+                    client, again = self.add(client, queue, data, f"{job_id}-again", options)
+                    self.dedup_keys += 1
+                    if again and again != job_id:
+                        self.dedup_mismatches.append((job_id, again))
         finally:
             client.close()
             self.producer_done.set()
 
+    def add(self, client: SyncQueueClient, queue: str, data: dict[str, Any], job_id: str,
+            options: dict[str, Any]) -> tuple[SyncQueueClient, str]:
+        """Add until acknowledged, the same id every time; (the client, the id of the job the
+        add answered, or "" if it was given up)."""
+        assert self.server is not None
+        give_up = time.monotonic() + ADD_GIVE_UP
+        while not self.stop_threads.is_set():
+            try:
+                return client, client.queue(queue).add(data, job_id=job_id, **options).id
+            except Exception as exc:  # Redis down, loading, OOM...: retry, same id
+                self.stats.add_errors[_summary(exc)] += 1
+                client.close()
+                client = SyncQueueClient(self.server.url)
+                if time.monotonic() > give_up:
+                    self.add_given_up.append(job_id)
+                    break
+                time.sleep(0.1)
+        return client, ""
+
     def tail_events(self) -> None:
         """Count ``completed`` events per job from the first stream entry on, resuming after
         every broken connection (Redis restarts) from the last id read."""
-        last = {QueueKeys(q).events: "0-0" for q in QUEUES}
+        last = {keys.events: "0-0" for q in QUEUES for keys in self.keys(q)}
         client: redis.Redis | None = None
         while True:
             stopping = self.stop_threads.is_set()  # one more full read after the stop
@@ -342,20 +378,19 @@ class Torture:
         """Per stream, entries the server added that the tailer did not read (must be 0)."""
         missed = {}
         with self.direct() as client:
-            for queue in QUEUES:
-                key = QueueKeys(queue).events
+            for key in (keys.events for q in QUEUES for keys in self.keys(q)):
                 try:
                     added = int(client.xinfo_stream(key)["entries-added"])
                 except redis.ResponseError:  # no such stream: no event at all
                     added = 0
-                missed[queue] = added - self.events_read[key]
+                missed[key] = added - self.events_read[key]
         return missed
 
     # ------------------------------------------------------------------ chaos
 
     def chaos(self) -> None:
         actions = [self.kill_worker, self.cut, self.blackhole, self.delay, self.drop_replies,
-                   self.restart_redis, self.oom]
+                   self.restart_redis, self.oom, self.client_kill]
         end = time.monotonic() + self.args.seconds
         while time.monotonic() < end:
             action = self.chaos_rng.choice(actions)
@@ -436,6 +471,14 @@ class Torture:
         self.server.start(timeout=60)
         self.say(f"Redis answers again ({time.monotonic() - started:.1f} s to load)")
 
+    def client_kill(self) -> None:
+        """The server closes every client connection (as its ``timeout`` does to idle ones):
+        command pools and wake-up subscriptions alike, with no fault on the network."""
+        with self.direct() as client:
+            killed = sum(int(client.execute_command("CLIENT", "KILL", "TYPE", kind))
+                         for kind in ("normal", "pubsub"))
+        self.say(f"the server closes every client connection: {killed} closed")
+
     def oom(self) -> None:
         with self.direct() as client:
             used = int(client.info("memory")["used_memory"])
@@ -464,7 +507,7 @@ class Torture:
         with self.direct() as client:
             while True:
                 listening = min(n for _, n in client.pubsub_shardnumsub(
-                    *(QueueKeys(q).notify for q in QUEUES)))
+                    *(keys.notify for q in QUEUES for keys in self.keys(q))))
                 if listening >= count:
                     return
                 if time.monotonic() > deadline:
@@ -561,6 +604,7 @@ class Torture:
         missed = self.events_missed()
         twice = {j: n for j, n in self.completed_events.items() if n > 1}
         without_run = sorted(j for j in completed_ids if j not in by_job)
+        out_of_order = flow_violations(self.flows, by_job)
         proxy = self.proxy
         assert proxy is not None
         died = [w for w in self.workers if w.how == "died"]
@@ -578,6 +622,10 @@ class Torture:
             "completed_twice": len(twice),
             "overlapping_runs_same_worker": len(overlapping_same),
             "completed_without_run": len(without_run),
+            "flow_jobs": len(self.flows),
+            "flow_jobs_started_before_their_dependency": len(out_of_order),
+            "dedup_keys": self.dedup_keys,
+            "dedup_mismatches": len(self.dedup_mismatches),
             "runs": len(runs),
             "reruns": sum(len(r) - 1 for r in by_job.values()),
             "jobs_run_more_than_once": sum(1 for r in by_job.values() if len(r) > 1),
@@ -604,6 +652,8 @@ class Torture:
         figures["ok"] = not (figures["lost"] or figures["completed_twice"]
                              or figures["overlapping_runs_same_worker"]
                              or figures["completed_without_run"]
+                             or figures["flow_jobs_started_before_their_dependency"]
+                             or figures["dedup_mismatches"]
                              or figures["events_missed_by_tail"]
                              or figures["add_given_up"] or figures["workers_died"])
         self.print_report(figures, lost, twice, overlapping_same, without_run, died, by_job)
@@ -621,6 +671,10 @@ class Torture:
             ("completed twice", f["completed_twice"], "0"),
             ("overlapping runs in one worker", f["overlapping_runs_same_worker"], "0"),
             ("completed without a run", f["completed_without_run"], "0"),
+            ("flow jobs started before their dependency",
+             f"{f['flow_jobs_started_before_their_dependency']} of {f['flow_jobs']}", "0"),
+            ("second dedup adds answered by another job",
+             f"{f['dedup_mismatches']} of {f['dedup_keys']}", "0"),
             ("events missed by the tail", f["events_missed_by_tail"], "0"),
             ("handler runs", f["runs"], ""),
             ("re-runs (beyond the first)", f["reruns"], "allowed"),
@@ -704,6 +758,19 @@ def read_journals(journal_dir: Path, gone: dict[int, int | None]) -> list[Run]:
         else:
             run.end = gone.get(run.worker)
     return list(runs.values())
+
+
+def flow_violations(flows: dict[str, str], by_job: dict[str, list[Run]]) -> list[str]:
+    """The jobs of flows (job id -> the job it depends on) that started before their
+    dependency completed: a job is released only once its dependency completed, which is after
+    that dependency's first run that ended ok, so no run of it may start before that end."""
+    out_of_order = []
+    for child, parent in flows.items():
+        parent_ok = [r.end for r in by_job.get(parent, []) if r.outcome == "ok" and r.end]
+        child_starts = [r.start for r in by_job.get(child, [])]
+        if child_starts and (not parent_ok or min(child_starts) < min(parent_ok)):
+            out_of_order.append(child)
+    return out_of_order
 
 
 def find_overlaps(by_job: dict[str, list[Run]]) -> tuple[list[tuple[Run, Run]], int]:

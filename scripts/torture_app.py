@@ -1,7 +1,8 @@
 """Handlers for scripts/torture.py (loaded by its worker processes as ``torture_app:queues``).
 
 One queue per executor: ``torture-inline`` (async), ``torture-thread`` (blocking, thread pool)
-and ``torture-subprocess`` (blocking, child processes). Every handler sleeps for the time the job
+and ``torture-subprocess`` (blocking, child processes), and ``torture-partitioned`` (async, three
+partitions). Every handler sleeps for the time the job
 asks for (a quarter of the blocking jobs ignore ``should_stop()``) and writes each run to a
 journal: one append-only file per process in ``$TORTURE_JOURNAL_DIR``, one line per event,
 written with a single ``write`` so a line is never torn even when the process is killed:
@@ -53,8 +54,7 @@ def _end(run: str, outcome: str) -> None:
     _write(f"E {run} {time.monotonic_ns()} {outcome}")
 
 
-@queues.handler("torture-inline", concurrency=10, **_COMMON)
-async def inline(job: Job) -> int:
+async def _inline(job: Job) -> int:
     run = _start(job)
     outcome = "ok"
     try:
@@ -65,6 +65,13 @@ async def inline(job: Job) -> int:
         raise
     finally:
         _end(run, outcome)
+
+
+inline = queues.handler("torture-inline", concurrency=10, **_COMMON)(_inline)
+# A queue of three partitions (torture.py's PARTITIONS says so too): its jobs carry flows
+# (depends_on) and dedup keys, whose identities live in a home partition apart from the job.
+partitioned = queues.handler("torture-partitioned", concurrency=10, partitions=3,
+                             **_COMMON)(_inline)
 
 
 def _blocking(job: Job) -> int:

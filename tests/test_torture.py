@@ -1,5 +1,6 @@
 """scripts/torture.py: worker processes under a minute of faults lose no job, complete none
-twice, never run one job twice at once in one process, and do not die.
+twice, never run one job twice at once in one process, start no job of a flow before its
+dependency, answer a second add under a dedup key with the key's job, and do not die.
 
 The checker is tested too: its overlap and journal logic on hand-made runs.
 """
@@ -62,6 +63,22 @@ def test_journal_runs_without_an_end_end_when_their_worker_was_gone(tmp_path: Pa
     assert (runs["r3"].worker, runs["r3"].pid, runs["r3"].outcome) == (100, 101, "Cancelled")
 
 
+def test_a_flow_job_that_started_before_its_dependency_completed_is_counted() -> None:
+    by_job = {
+        "parent": [run("parent", 1, 0, 1000, "p1")],
+        "child-after": [run("child-after", 2, 1500, 2000, "c1")],
+        "child-before": [run("child-before", 2, 500, 2000, "c2")],
+        # The dependency's first run was abandoned; its second ended ok at 3000.
+        "parent-retried": [run("parent-retried", 1, 0, None, "p2"),
+                           run("parent-retried", 1, 2000, 3000, "p3")],
+        "child-early": [run("child-early", 2, 2500, 2600, "c3")],
+        "child-never-ran": [],
+    }
+    flows = {"child-after": "parent", "child-before": "parent",
+             "child-early": "parent-retried", "child-never-ran": "parent"}
+    assert sorted(torture.flow_violations(flows, by_job)) == ["child-before", "child-early"]
+
+
 @pytest.mark.timeout(200)
 def test_a_minute_of_chaos_loses_no_job_and_completes_none_twice() -> None:
     proc = subprocess.run(
@@ -76,10 +93,14 @@ def test_a_minute_of_chaos_loses_no_job_and_completes_none_twice() -> None:
     assert figures["completed"] == 1500, report
     zeros = {name: figures[name] for name in (
         "lost", "completed_twice", "overlapping_runs_same_worker", "completed_without_run",
-        "events_missed_by_tail", "add_given_up", "workers_died")}
+        "events_missed_by_tail", "add_given_up", "workers_died",
+        "flow_jobs_started_before_their_dependency", "dedup_mismatches")}
     assert zeros == dict.fromkeys(zeros, 0), report
     assert proc.returncode == 0, report
     # The chaos did happen: every kind of fault, and faults that bit.
     assert set(figures["chaos_actions"]) == {
-        "blackhole", "cut", "delay", "drop_replies", "kill_worker", "oom", "restart_redis"}, report
+        "blackhole", "client_kill", "cut", "delay", "drop_replies", "kill_worker", "oom",
+        "restart_redis"}, report
     assert figures["workers_killed"] >= 1 and figures["replies_dropped"] >= 1, report
+    # The partitioned queue's flows and dedup keys were there to check.
+    assert figures["flow_jobs"] >= 10 and figures["dedup_keys"] >= 10, report
