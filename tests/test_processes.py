@@ -241,7 +241,7 @@ def test_a_cancel_acts_only_on_the_run_of_the_job_it_was_for(
 
 
 # A worker whose inline handler blocks its event loop (time.sleep) for the job's data in
-# seconds; its registry entry lives 3 x 0.2 s after a beat.
+# seconds; its registry entry lives 3 x 0.3 s after a beat.
 _BLOCKING_WORKER = """
 import sys, time
 import anyio, redis
@@ -258,7 +258,7 @@ async def blocks(job: Job) -> str:
     marks.set("unblocked", 1)
     return "done"
 
-anyio.run(Worker(registry, queue, url=url, name="blocker", heartbeat_interval=0.2).run,
+anyio.run(Worker(registry, queue, url=url, name="blocker", heartbeat_interval=0.3).run,
           backend=backend)
 """
 
@@ -269,13 +269,13 @@ def test_a_worker_whose_handler_blocks_its_loop_stays_listed_and_explained(
     """While a handler blocks the worker's event loop, the watchdog thread that keeps the
     job's lock alive keeps the worker's registry entry alive too, marked as blocked: the
     worker is not dead, and explain says where the job runs and why nothing moves."""
-    entry_ttl = 3 * 0.2
+    entry_ttl = 3 * 0.3
     proc = subprocess.Popen(
         [sys.executable, "-c", _BLOCKING_WORKER, redis_url, queue_name, backend],
         env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         with SyncQueueClient(redis_url) as client:
-            handle = client.queue(queue_name).add(8 * entry_ttl)
+            handle = client.queue(queue_name).add(4 * entry_ttl)
             wait_until(lambda: redis_client.get("blocking"), timeout=20,
                        what="the handler to block the loop")
             blocked_at = time.monotonic()

@@ -90,10 +90,10 @@ class LoopWatchdog:
         last_entry = 0.0
         # Renewal must start before a lock renewed just before the blockage can expire.
         act_after = min(self._threshold, self._renew_every)
-        # The entry is written from here once the loop counts as blocked (as for the warning),
-        # and before the last entry the loop wrote can expire: it lives three beats, and the
-        # loop wrote it at most one beat before the blockage began.
-        entry_after = min(self._threshold, 1.5 * self._registry_every)
+        # The entry is written from here once the loop counts as blocked (as for the warning)
+        # or has missed a beat, whichever comes first: well before the last entry the loop
+        # wrote expires (it lives three beats, written at most one beat before the blockage).
+        entry_after = min(self._threshold, self._registry_every)
         while not self._stop.wait(BEAT_INTERVAL / 2):
             beat = self._last_beat
             blocked = time.monotonic() - beat
