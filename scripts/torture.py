@@ -71,6 +71,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from panqueue import Dedup, JobState, SyncQueueClient  # noqa: E402
+from panqueue._batch import SyncBatch  # noqa: E402
 from panqueue._keys import QueueKeys, partition_keys  # noqa: E402
 from panqueue.embedded import RedisServer  # noqa: E402
 from panqueue.errors import JobNotFound  # noqa: E402
@@ -94,6 +96,13 @@ from panqueue.testing import FaultProxy  # noqa: E402
 QUEUES = ("torture-inline", "torture-thread", "torture-subprocess", "torture-partitioned")
 # The partitioned queue's count, as torture_app.py declares it.
 PARTITIONS = {"torture-partitioned": 3}
+# Batches: every BATCH_EVERY-th job opens a batch, and it and the next BATCH_SIZE - 1 jobs are
+# added in it (whatever their queues); its callback runs on CALLBACKS once all have ended.
+BATCH_EVERY = 50
+BATCH_SIZE = 5
+CALLBACKS = "torture-callbacks"
+# Every queue whose events the tail reads.
+STREAMS = (*QUEUES, CALLBACKS)
 ADD_SPREAD = 0.9  # jobs are added during this fraction of the chaos window
 ADD_GIVE_UP = 30.0  # seconds one add is retried before it is given up (and reported)
 WORKER_GRACE = 3.0
@@ -163,6 +172,7 @@ class Torture:
         # Second adds under a dedup key that did not answer the key's job (must be none).
         self.dedup_mismatches: list[tuple[str, str]] = []
         self.dedup_keys = 0
+        self.batches: dict[str, list[str]] = {}  # closed batch id -> its jobs' ids
         self.add_given_up: list[str] = []
         self.producer_done = threading.Event()
         self.completed_events: collections.Counter[str] = collections.Counter()
@@ -275,6 +285,7 @@ class Torture:
         spread = self.args.seconds * ADD_SPREAD
         started = time.monotonic()
         client = SyncQueueClient(self.server.url)
+        batch_id, members = "", []
         try:
             for i in range(n):
                 pause = started + spread * i / n - time.monotonic()
@@ -297,7 +308,21 @@ class Torture:
                         options["depends_on"] = [parent]
                     elif i % 16 == 7:
                         options["dedup"] = Dedup(f"dd-{i}", ttl=3600)
+                if i % BATCH_EVERY == 0:
+                    client, batch_id = self.retried(
+                        client, job_id, lambda c: c.batch(on_complete=(CALLBACKS, {})).id)
+                    members = []
+                if i % BATCH_EVERY < BATCH_SIZE and batch_id and not options:
+                    options["batch"] = batch_id
                 client, added = self.add(client, queue, data, job_id, options)
+                if "batch" in options:
+                    members += [added] if added else []
+                    if i % BATCH_EVERY == BATCH_SIZE - 1 and members:
+                        client, closed = self.retried(
+                            client, f"close {batch_id}",
+                            lambda c, b=batch_id: SyncBatch(c, b).close().id)
+                        if closed:
+                            self.batches[batch_id] = members
                 if not added:
                     continue
                 self.added[job_id] = queue
@@ -317,17 +342,34 @@ class Torture:
             options: dict[str, Any]) -> tuple[SyncQueueClient, str]:
         """Add until acknowledged, the same id every time; (the client, the id of the job the
         add answered, or "" if it was given up)."""
+        batch_id = options.pop("batch", None)
+
+        def add(c: SyncQueueClient) -> str:
+            if batch_id is not None:
+                return SyncBatch(c, batch_id).add(queue, data, job_id=job_id, **options).id
+            return c.queue(queue).add(data, job_id=job_id, **options).id
+
+        try:
+            return self.retried(client, job_id, add)
+        finally:
+            if batch_id is not None:
+                options["batch"] = batch_id
+
+    def retried(self, client: SyncQueueClient, what: str,
+                call: Callable[[SyncQueueClient], str]) -> tuple[SyncQueueClient, str]:
+        """``call`` until it is acknowledged; (the client, its answer, or "" if it was given
+        up, ``what`` then being reported as given up)."""
         assert self.server is not None
         give_up = time.monotonic() + ADD_GIVE_UP
         while not self.stop_threads.is_set():
             try:
-                return client, client.queue(queue).add(data, job_id=job_id, **options).id
+                return client, call(client)
             except Exception as exc:  # Redis down, loading, OOM...: retry, same id
                 self.stats.add_errors[_summary(exc)] += 1
                 client.close()
                 client = SyncQueueClient(self.server.url)
                 if time.monotonic() > give_up:
-                    self.add_given_up.append(job_id)
+                    self.add_given_up.append(what)
                     break
                 time.sleep(0.1)
         return client, ""
@@ -335,7 +377,7 @@ class Torture:
     def tail_events(self) -> None:
         """Count ``completed`` events per job from the first stream entry on, resuming after
         every broken connection (Redis restarts) from the last id read."""
-        last = {keys.events: "0-0" for q in QUEUES for keys in self.keys(q)}
+        last = {keys.events: "0-0" for q in STREAMS for keys in self.keys(q)}
         client: redis.Redis | None = None
         while True:
             stopping = self.stop_threads.is_set()  # one more full read after the stop
@@ -378,7 +420,7 @@ class Torture:
         """Per stream, entries the server added that the tailer did not read (must be 0)."""
         missed = {}
         with self.direct() as client:
-            for key in (keys.events for q in QUEUES for keys in self.keys(q)):
+            for key in (keys.events for q in STREAMS for keys in self.keys(q)):
                 try:
                     added = int(client.xinfo_stream(key)["entries-added"])
                 except redis.ResponseError:  # no such stream: no event at all
@@ -507,7 +549,7 @@ class Torture:
         with self.direct() as client:
             while True:
                 listening = min(n for _, n in client.pubsub_shardnumsub(
-                    *(keys.notify for q in QUEUES for keys in self.keys(q))))
+                    *(keys.notify for q in STREAMS for keys in self.keys(q))))
                 if listening >= count:
                     return
                 if time.monotonic() > deadline:
@@ -526,7 +568,8 @@ class Torture:
             try:
                 with SyncQueueClient(self.server.url) as client:
                     done = all(client.counts(q)[JobState.COMPLETED] >= expected[q]
-                               for q in QUEUES)
+                               for q in QUEUES) and client.counts(CALLBACKS)[
+                        JobState.COMPLETED] >= len(self.batches)
             except Exception:
                 done = False
             if done and self.producer_done.is_set():
@@ -602,6 +645,14 @@ class Torture:
                                  f"{info.error.type}: {info.error.message}",
                                  "history": [h.get("type") for h in info.history]})
         missed = self.events_missed()
+        fired: collections.Counter[str] = collections.Counter()
+        with SyncQueueClient(self.server.url) as client:
+            for offset in range(0, len(self.batches) * 2 + 1, 1000):
+                for info in client.list_jobs(CALLBACKS, JobState.COMPLETED, limit=1000,
+                                             offset=offset):
+                    fired[str(info.result)] += 1
+        # Each closed batch's callback ran and completed exactly once.
+        callbacks_wrong = sorted(b for b in self.batches if fired[b] != 1)
         twice = {j: n for j, n in self.completed_events.items() if n > 1}
         without_run = sorted(j for j in completed_ids if j not in by_job)
         out_of_order = flow_violations(self.flows, by_job)
@@ -624,6 +675,8 @@ class Torture:
             "completed_without_run": len(without_run),
             "flow_jobs": len(self.flows),
             "flow_jobs_started_before_their_dependency": len(out_of_order),
+            "batches": len(self.batches),
+            "batch_callbacks_missing_or_twice": len(callbacks_wrong),
             "dedup_keys": self.dedup_keys,
             "dedup_mismatches": len(self.dedup_mismatches),
             "runs": len(runs),
@@ -654,6 +707,7 @@ class Torture:
                              or figures["completed_without_run"]
                              or figures["flow_jobs_started_before_their_dependency"]
                              or figures["dedup_mismatches"]
+                             or figures["batch_callbacks_missing_or_twice"]
                              or figures["events_missed_by_tail"]
                              or figures["add_given_up"] or figures["workers_died"])
         self.print_report(figures, lost, twice, overlapping_same, without_run, died, by_job)
@@ -673,6 +727,8 @@ class Torture:
             ("completed without a run", f["completed_without_run"], "0"),
             ("flow jobs started before their dependency",
              f"{f['flow_jobs_started_before_their_dependency']} of {f['flow_jobs']}", "0"),
+            ("batches whose callback did not complete once",
+             f"{f['batch_callbacks_missing_or_twice']} of {f['batches']}", "0"),
             ("second dedup adds answered by another job",
              f"{f['dedup_mismatches']} of {f['dedup_keys']}", "0"),
             ("events missed by the tail", f["events_missed_by_tail"], "0"),

@@ -2,10 +2,11 @@
 
 One queue per executor: ``torture-inline`` (async), ``torture-thread`` (blocking, thread pool)
 and ``torture-subprocess`` (blocking, child processes), and ``torture-partitioned`` (async, three
-partitions). Every handler sleeps for the time the job
-asks for (a quarter of the blocking jobs ignore ``should_stop()``) and writes each run to a
-journal: one append-only file per process in ``$TORTURE_JOURNAL_DIR``, one line per event,
-written with a single ``write`` so a line is never torn even when the process is killed:
+partitions); ``torture-callbacks`` runs the callbacks of the batches some jobs are added in.
+Every handler sleeps for the time the job asks for (a quarter of the blocking jobs ignore
+``should_stop()``) and writes each run to a journal: one append-only file per process in
+``$TORTURE_JOURNAL_DIR``, one line per event, written with a single ``write`` so a line is
+never torn even when the process is killed:
 
     S <run> <job id> <attempt> <worker> <pid> <monotonic ns>      a run started
     E <run> <monotonic ns> <outcome>                              it ended (ok, or the exception)
@@ -72,6 +73,14 @@ inline = queues.handler("torture-inline", concurrency=10, **_COMMON)(_inline)
 # (depends_on) and dedup keys, whose identities live in a home partition apart from the job.
 partitioned = queues.handler("torture-partitioned", concurrency=10, partitions=3,
                              **_COMMON)(_inline)
+
+
+@queues.handler("torture-callbacks", concurrency=4, **_COMMON)
+async def batch_done(job: Job) -> str:
+    """The callback of a batch of torture.py's jobs: journals its run, returns the batch id."""
+    run = _start(job)
+    _end(run, "ok")
+    return str(job.data["batch"]["id"])
 
 
 def _blocking(job: Job) -> int:

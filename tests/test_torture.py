@@ -1,6 +1,7 @@
 """scripts/torture.py: worker processes under a minute of faults lose no job, complete none
 twice, never run one job twice at once in one process, start no job of a flow before its
-dependency, answer a second add under a dedup key with the key's job, and do not die.
+dependency, answer a second add under a dedup key with the key's job, fire each batch's
+callback once, and do not die.
 
 The checker is tested too: its overlap and journal logic on hand-made runs.
 """
@@ -94,7 +95,8 @@ def test_a_minute_of_chaos_loses_no_job_and_completes_none_twice() -> None:
     zeros = {name: figures[name] for name in (
         "lost", "completed_twice", "overlapping_runs_same_worker", "completed_without_run",
         "events_missed_by_tail", "add_given_up", "workers_died",
-        "flow_jobs_started_before_their_dependency", "dedup_mismatches")}
+        "flow_jobs_started_before_their_dependency", "dedup_mismatches",
+        "batch_callbacks_missing_or_twice")}
     assert zeros == dict.fromkeys(zeros, 0), report
     assert proc.returncode == 0, report
     # The chaos did happen: every kind of fault, and faults that bit.
@@ -104,3 +106,4 @@ def test_a_minute_of_chaos_loses_no_job_and_completes_none_twice() -> None:
     assert figures["workers_killed"] >= 1 and figures["replies_dropped"] >= 1, report
     # The partitioned queue's flows and dedup keys were there to check.
     assert figures["flow_jobs"] >= 10 and figures["dedup_keys"] >= 10, report
+    assert figures["batches"] >= 10, report
