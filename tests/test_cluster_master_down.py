@@ -27,8 +27,10 @@ from redis.crc import key_slot
 
 from panqueue import ConnectionError, ServerUnavailable, SyncQueueClient, TimeoutError
 from panqueue._keys import QueueKeys
+from panqueue._store import ops
 from panqueue._store.transport import open_async_transport, translate_error
 from panqueue.embedded import find_server_binary, free_port
+from panqueue.testing import FaultProxy
 from tests.helpers import WorkerProcess, wait_until
 from tests.test_cli import ECHO
 
@@ -294,3 +296,32 @@ def test_a_worker_started_while_the_slot_map_has_a_gap_waits_and_serves_once_it_
         assert worker.alive(), worker.stderr
     finally:
         worker.kill()
+
+
+def _clients(cluster: Cluster) -> int:
+    """Client connections on every node, but the one asking."""
+    return sum(len(_ask(port, "CLIENT", "LIST").splitlines()) - 1 for port in cluster.ports)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # the cluster client made by a call: trio's
+async def test_a_cluster_client_made_by_a_call_abandoned_at_close_is_closed(
+        cluster: Cluster, anyio_backend: str) -> None:
+    """On trio the cluster client is made by the first call, in its thread. A call cancelled
+    while the seed answers slowly leaves that thread running; the transport is closed
+    meanwhile, so the client the thread then makes is closed too and sends nothing: no
+    connection to any node is left open."""
+    before = _clients(cluster)
+    with FaultProxy(cluster.ports[0]) as proxy:
+        proxy.delay(0.5)  # each chunk, both ways: making the client takes a few seconds
+        transport = open_async_transport(f"redis+cluster://127.0.0.1:{proxy.port}")
+        with anyio.move_on_after(0.2):
+            await transport.run(ops.ping())
+        await transport.aclose()
+        await anyio.to_thread.run_sync(proxy.wait_for_connections, 1)
+        await anyio.to_thread.run_sync(
+            wait_until, lambda: proxy.active_connections == 0, 20,
+            "the abandoned call's client to be made and closed")
+        # Nothing can be awaited for what an abandoned thread does next (it would open a
+        # connection to a node for the PING): give it a second, a hundred times what it needs.
+        await anyio.sleep(1.0)
+        assert _clients(cluster) == before

@@ -20,9 +20,10 @@ from panqueue._store.transport.base import (
     _pubsub_connections,
 )
 from panqueue._store.transport.errors import _REDIS_ERRORS, _translated
-from panqueue._store.transport.options import _CLOSE_TIMEOUT, _parse
+from panqueue._store.transport.options import _CLOSE_TIMEOUT, _parse, redact_url
 from panqueue._store.transport.requests import Request
 from panqueue._store.transport.sync import SyncTransport
+from panqueue.errors import ConnectionError
 
 # On trio, redis-py runs in worker threads, under a limiter of the transport's own: anyio's
 # default one has 40 threads for the whole process, and each idle worker's subscriber holds a
@@ -43,6 +44,7 @@ class _ThreadTransport(AsyncTransport):
         # redis.asyncio's cluster client does on asyncio). Other clients connect lazily.
         self._made = None if self.is_cluster else SyncTransport(url)
         self._making = threading.Lock()
+        self._closing = False
         self._limiter = anyio.CapacityLimiter(_COMMAND_THREADS)
 
     def _sync(self) -> SyncTransport:
@@ -52,6 +54,13 @@ class _ThreadTransport(AsyncTransport):
             with self._making:
                 if self._made is None:
                     self._made = SyncTransport(self.url)
+                    # Made by a call abandoned while the transport was closed: close it here,
+                    # since aclose() may have looked before it existed (whichever looks last
+                    # closes it; closing twice is harmless), and send nothing on it.
+                    if self._closing:
+                        self._made.close()
+                        raise ConnectionError(f"the connection to {redact_url(self.url)} "
+                                              f"was closed")
                 made = self._made
         return made
 
@@ -99,6 +108,7 @@ class _ThreadTransport(AsyncTransport):
         return _ThreadSubscriber(self.url, ps, self._limiter)
 
     async def aclose(self) -> None:
+        self._closing = True
         made = self._made
         if made is not None:
             await anyio.to_thread.run_sync(made.close, abandon_on_cancel=True,
