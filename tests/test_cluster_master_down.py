@@ -26,12 +26,13 @@ import redis
 from redis.crc import key_slot
 
 from panqueue import ConnectionError, ServerUnavailable, SyncQueueClient, TimeoutError
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, partition_keys
 from panqueue._store import ops
 from panqueue._store.transport import open_async_transport, translate_error
 from panqueue.embedded import find_server_binary, free_port
 from panqueue.testing import FaultProxy
-from tests.helpers import WorkerProcess, wait_until
+from tests.apps.outage_app import PARTITIONED
+from tests.helpers import APPS, WorkerProcess, wait_until
 from tests.test_cli import ECHO
 
 pytestmark = pytest.mark.anyio
@@ -213,6 +214,42 @@ def test_a_worker_started_while_its_master_is_dead_waits_and_serves_once_it_is_b
         assert worker.alive(), worker.stderr
     finally:
         worker.kill()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_partitioned_queues_worker_started_while_its_first_partitions_master_is_dead(
+        cluster: Cluster, tmp_path: Path, backend: str) -> None:
+    """A queue of three partitions, one per master; the master of its first partition (the
+    first one a starting worker sets up) is dead: the worker retries its start, and once the
+    master is back it serves every partition."""
+    parts = partition_keys(PARTITIONED, 3)
+    victim = cluster.owner(parts[0].prefix)
+    assert victim is not None
+    url = cluster.url_without(victim)
+    cluster.kill(victim)
+    worker = WorkerProcess(tmp_path, "--url", url, "-q", PARTITIONED, "--backend", backend,
+                           "--poll-interval", "0.2", app="outage_app:queues", path=APPS)
+    try:
+        wait_until(lambda: "starting the worker failed; retrying until Redis answers"
+                   in worker.stderr or not worker.alive(), 30, "the worker to retry its start")
+        assert worker.alive(), worker.stderr
+        cluster.restart(victim)
+        # Started: the queue's layout (three partitions) is stored, which a producer naming
+        # the queue by its name follows.
+        wait_until(lambda: "worker started" in worker.stderr or not worker.alive(), 30,
+                   "the worker to start")
+        with SyncQueueClient(url) as client:
+            handles = client.queue(PARTITIONED).add_bulk(list(range(6)))
+            # A generated id names its partition (id % count): one job at least in each.
+            assert {int(h.id) % 3 for h in handles} == {0, 1, 2}
+            for n, handle in enumerate(handles):
+                assert handle.result(timeout=30) == n, worker.stderr
+        assert worker.alive(), worker.stderr
+    finally:
+        worker.kill()
+        if cluster.procs[victim].poll() is not None:
+            cluster.restart(victim)
 
 
 @pytest.mark.timeout(120)

@@ -1,5 +1,6 @@
 """Handlers for tests/test_long_outages.py: one echo queue per worker process (so each worker's
-claims are seen apart), with a lock TTL shorter than the outages the tests make."""
+claims are seen apart), with a lock TTL shorter than the outages the tests make; and a
+partitioned echo queue for tests/test_cluster_master_down.py."""
 
 from __future__ import annotations
 
@@ -17,3 +18,6 @@ async def _echo(job: Job) -> Any:
 
 for _name in QUEUES:
     queues.handler(_name, lock_ttl=5.0)(_echo)
+# On a cluster, its partitions spread over the masters (tests/test_cluster_master_down.py).
+PARTITIONED = "outage-partitioned"
+queues.handler(PARTITIONED, partitions=3, concurrency=4)(_echo)
