@@ -346,6 +346,39 @@ async def test_no_job_is_lost_or_completed_twice_across_two_failovers(
             worker.kill()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_worker_started_while_a_master_fails_over_serves_once_its_replica_takes_over(
+        cluster: Cluster, tmp_path: Path, backend: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL of a queue's master, then at once a worker for that queue: its first slot map
+    names the dead master until the cluster notices (refused connections, then CLUSTERDOWN),
+    then the replica. The worker retries its start throughout, and serves the queue."""
+    monkeypatch.setenv("FAILOVER_JOURNAL", str(tmp_path))
+    queue = QUEUES[0]
+    key = QueueKeys(queue).prefix
+    master = cluster.owner(key)
+    assert master is not None
+    replica = cluster.replica_of(master)
+    seed = next(port for port in cluster.ports if port not in (master, replica))
+    cluster.procs[master].kill()
+    cluster.procs[master].wait()
+    worker = WorkerProcess(tmp_path, "--url", f"redis+cluster://127.0.0.1:{seed}", "-q", queue,
+                           "--backend", backend, "--poll-interval", "0.2",
+                           app="failover_app:queues", path=APPS)
+    try:
+        wait_until(lambda: cluster.agreed_owner(key) == replica or not worker.alive(), 30,
+                   "every node to name the replica as the slot's master")
+        wait_until(cluster.healthy, 30, "cluster_state:ok on every live node")
+        assert worker.alive(), worker.stderr
+        with SyncQueueClient(cluster.url.replace(str(cluster.ports[0]), str(seed))) as client:
+            handle = client.queue(queue).add({}, job_id=f"{queue}-after-failover")
+            assert handle.result(timeout=30) == f"{queue}-after-failover", worker.stderr
+        assert worker.alive(), worker.stderr
+    finally:
+        worker.kill()
+
+
 def test_a_blocking_read_ended_by_a_failover_is_server_unavailable() -> None:
     """A master that turns into a replica ends its clients' blocking reads (the XREAD BLOCK of
     ``result()`` and ``events()``) with UNBLOCKED: nothing was read, so it is retried like any
