@@ -21,6 +21,8 @@ pytest_plugins = ["panqueue.testing"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--model-examples", type=int, default=30, metavar="N",
+                     help="examples tests/test_model.py runs per backend (default 30)")
     parser.addoption("--long", action="store_true",
                      help="the long versions of the endurance tests (a 5-minute Redis outage)")
 
