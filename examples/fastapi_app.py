@@ -36,6 +36,7 @@ queues = Registry()
 
 @queues.handler("thumbnails", concurrency=4)
 async def make_thumbnail(job: Job) -> dict[str, Any]:
+    await job.progress(10)  # started: the service's status endpoint shows it
     await anyio.sleep(job.data["work_seconds"])  # stands for the real work
     await job.progress(100)
     return {"thumbnail": f"{job.data['image']}.{job.data['size']}px.png"}

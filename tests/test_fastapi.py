@@ -80,8 +80,11 @@ async def test_lifespan_exit_lets_the_running_job_finish(example: ModuleType,
                                         json={"image": "big.jpg", "work_seconds": 0.5})
                 job_id = added.json()["id"]
 
+                # The handler has begun (its first progress report): ACTIVE alone may mean a
+                # job handed to the idle worker whose message has not reached it yet, which a
+                # stopping worker gives back to waiting instead of starting.
                 async def running() -> bool:
-                    return (await _state(http, job_id))["state"] == "active"
+                    return (await _state(http, job_id))["progress"] == 10
 
                 await async_wait_until(running, what="the job to start")
         # The lifespan has ended: the job it was running finished instead of being dropped.
