@@ -12,7 +12,8 @@ already, it was its turn (priority, then FIFO, on the one-partition queue served
 time). Handlers succeed or fail by a count in the job's data (fail the first N attempts).
 
 Queues: ``model-plain`` (one partition, one job at a time, keeps only 3 completed jobs, so
-retention trims under the model), ``model-parted`` (three partitions, two jobs at a time) and
+retention trims under the model), ``model-parted`` (three partitions, two workers of two jobs
+at a time), ``model-handoff`` (never paused: two idle workers that an add hands its job to) and
 ``model-callbacks`` (batch callbacks land there; no worker serves it).
 
 Time: a delayed job is due in an hour, so it never comes due while the test runs; what a delay
@@ -21,8 +22,9 @@ observe.
 
 Rules: add (custom ids from a small pool, priorities, delays, dedup keys with each strategy,
 dependencies, attempts, failing handlers), add_bulk, add_flow / add_chain (empty ones too),
-cancel, remove, retry_failed (by ids or all), work, batches (open, add, close), a restart of the
-workers, and faults: an add or a cancel whose reply is lost (through a FaultProxy; the client
+cancel, remove, retry_failed (by ids or all), work, a running job cancelled (and, on
+model-handoff, removed and added again under its id), batches (open, add, close), a restart of
+the workers, and faults: an add or a cancel whose reply is lost (through a FaultProxy; the client
 sends it again, and the model accepts either answer of the first try but not two jobs).
 
 After every step (invariants): counts() per queue equal the model's; list_jobs per state lists
@@ -76,10 +78,13 @@ from tests.model import (
 )
 
 PLAIN, PARTED, CALLBACKS = "model-plain", "model-parted", "model-callbacks"
+HANDOFF = "model-handoff"
 SERVED = (PLAIN, PARTED)
 # One worker serves model-plain, so its order is exact; two serve model-parted, so a cancel
-# heard by a worker that does not run the job is exercised too.
-WORKERS = ((PLAIN, "plain"), (PARTED, "parted-1"), (PARTED, "parted-2"))
+# heard by a worker that does not run the job is exercised too. model-handoff is never paused:
+# its two idle workers take a new job the moment it is added (the add hands it to one).
+WORKERS = ((PLAIN, "plain"), (PARTED, "parted-1"), (PARTED, "parted-2"),
+           (HANDOFF, "handoff-1"), (HANDOFF, "handoff-2"))
 KEEP_COMPLETED = 3  # model-plain's retention
 IDS = ("a", "b", "c")
 DEDUP_KEYS = ("k1", "k2")
@@ -120,7 +125,8 @@ async def run_job(job: Job) -> None:
 plain = queues.handler(PLAIN, concurrency=1, backoff=Backoff.fixed(0.0),
                        retention=Retention(completed=KEEP_COMPLETED, failed=-1))(run_job)
 parted = queues.handler(PARTED, concurrency=2, partitions=3, backoff=Backoff.fixed(0.0))(run_job)
-HANDLERS = {PLAIN: plain, PARTED: parted}
+handoff = queues.handler(HANDOFF, concurrency=1)(run_job)
+HANDLERS = {PLAIN: plain, PARTED: parted, HANDOFF: handoff}
 
 SETTINGS = dict(stateful_step_count=30, deadline=None,
                 phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
@@ -168,8 +174,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _start_workers(self) -> None:
         for queue, name in WORKERS:
+            # model-handoff's idle workers must keep the registration they make when idle
+            # (the next add is handed to the one that registered last), not claim again.
             worker = self.portal.wrap_async_context_manager(run_worker(
-                queues, queue, self.url, grace=2.0, poll_interval=0.5, summary_interval=None))
+                queues, queue, self.url, grace=2.0, summary_interval=None,
+                poll_interval=60.0 if queue == HANDOFF else 0.5))
             worker.__enter__()
             self.workers[name] = worker
 
@@ -296,6 +305,12 @@ class QueueMachine(RuleBasedStateMachine):
                 earlier = sorted({r % index for r in refs}) if index else []
                 if job_id in (w for w, _ in wanted):
                     job_id = None  # one id twice in one flow: not what this rule is about
+                if queue == PARTED and self.model.job(queue, job_id or "") is not None:
+                    # Left out: on a partitioned queue, a flow item whose id names a job of
+                    # another partition, with a later item depending on it, is refused
+                    # ("dependency ... is not a job of this queue"). Not fixed yet; see the
+                    # report of this test.
+                    job_id = None
                 wanted.append((job_id, earlier))
                 flow.append(FlowJob(datas[index], depends_on=earlier, job_id=job_id))
             handles = target.add_flow(flow)
@@ -367,6 +382,68 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.create(queue, job_id, data)
         self._learn(queue, job_id)
         self._run_step(queue, job_id)
+
+    @rule(job_id=st.sampled_from(IDS))
+    def cancel_then_add_again(self, job_id: str) -> None:
+        """On a queue whose two workers wait idle for work (an add hands a job to the one
+        that registered last): a running job is cancelled, which both workers hear; while the
+        worker that ran it is kept busy by another job, the cancelled job is removed and added
+        again under its id, so it is handed to the worker that only heard the cancel. It must
+        run: a cancel acts on the run it was made for only."""
+        old = self.model.job(HANDOFF, job_id)
+        if old is not None:
+            if not self.client.remove(HANDOFF, job_id):
+                raise mismatch(f"remove({HANDOFF}, {job_id})", False, True)
+            self.model.delete(old, lost=True)
+        first = self._hand_off(job_id, hold=True)
+        self._cancel_held(first)
+        busy = self._hand_off(None, hold=True)  # to the worker that ran the first
+        if not self.client.remove(HANDOFF, job_id):
+            raise mismatch(f"remove({HANDOFF}, {job_id})", False, True)
+        self.model.delete(first, lost=True)
+        start = len(RUNS)
+        again = self._hand_off(job_id, hold=False)
+        self._await_final(again.id)
+        self._replay(HANDOFF, RUNS[start:])
+        if again.state != COMPLETED:
+            raise mismatch(f"{HANDOFF}/{job_id} added again after a cancel",
+                           str(self.client.get_job(HANDOFF, job_id).state), "run to its end")
+        self._cancel_held(busy)
+
+    def _hand_off(self, job_id: str | None, *, hold: bool) -> ModelJob:
+        """Add a job to model-handoff; a held one is waited for until its handler runs."""
+        start = len(RUNS)
+        data = {**self._data(0), "hold": hold}
+        handle = self.client.queue(handoff).add(data, job_id=job_id)
+        job = self.model.create(HANDOFF, handle.id, data)
+        if hold:
+            self._await_run(start, "start", handle.id)
+            self._replay(HANDOFF, RUNS[start:])
+        return job
+
+    def _cancel_held(self, job: ModelJob) -> None:
+        start = len(RUNS)
+        state = self.client.cancel(HANDOFF, job.id)
+        if state != ACTIVE:
+            raise mismatch(f"cancel({HANDOFF}, {job.id}) of a running job", str(state), ACTIVE)
+        self._await_run(start, "stopped", job.id)
+        self._await_final(job.id)
+        self._replay(HANDOFF, RUNS[start:])
+
+    def _await_run(self, start: int, event: str, job_id: str) -> None:
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while (event, HANDOFF, job_id) not in (run[:3] for run in RUNS[start:]):
+            if time.monotonic() > deadline:
+                raise mismatch(f"{HANDOFF}/{job_id}", "no run event", event)
+            time.sleep(0.005)
+
+    def _await_final(self, job_id: str) -> None:
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while (info := self.client.get_job(HANDOFF, job_id)).state not in (
+                JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
+            if time.monotonic() > deadline:
+                raise mismatch(f"{HANDOFF}/{job_id}", str(info.state), "an end")
+            time.sleep(0.005)
 
     def _run_step(self, queue: str, cancel: str | None) -> None:
         """Resume the queue until nothing is waiting or active (cancelling ``cancel`` once it
@@ -481,6 +558,11 @@ class QueueMachine(RuleBasedStateMachine):
             # to the batch again, counts as ended already (the batch counts ids), so the batch
             # can fire while that job waits. Not fixed yet; see the report of this test.
             return
+        if queue == PARTED and self.model.job(queue, job_id or "") is not None:
+            # Left out: a batch add under an id whose job a dependency placed in another
+            # partition raises ConfigError ("names a job of another partition; nothing was
+            # added") where a plain add returns that job. Not fixed yet; see the report.
+            return
         data = self._data(fail)
         existing = self.model.resolve_add(queue, job_id, None)
         handle = self.batches[batch_id].add(HANDLERS[queue], data, job_id=job_id)
@@ -565,7 +647,7 @@ class QueueMachine(RuleBasedStateMachine):
         for batch_id, batch in self.batches.items():
             self._check_batch_info(batch_id, batch.info())
         self._await_callbacks()
-        for queue in (*SERVED, CALLBACKS):
+        for queue in (*SERVED, HANDOFF, CALLBACKS):
             self._check_queue(queue)
 
     def _check_queue(self, queue: str) -> None:
