@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ROOT / "tests" / "apps"
@@ -118,3 +119,15 @@ class WorkerProcess:
     @property
     def stderr(self) -> str:
         return self.stderr_path.read_text()
+
+
+def ask_node(port: int, *command: Any) -> Any:
+    """One command to the server on loopback ``port``, decoded; None if it cannot answer (a
+    node killed or failing over)."""
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True)
+    try:
+        return client.execute_command(*command)
+    except redis.exceptions.RedisError:
+        return None
+    finally:
+        client.close()

@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -56,7 +55,7 @@ from panqueue._store.transport.errors import _translated
 from panqueue.embedded import find_server_binary, free_port
 from tests.apps.failover_app import CLUSTER_QUEUES
 from tests.failover import journal_runs, tail_completions
-from tests.helpers import APPS, WorkerProcess, wait_until
+from tests.helpers import APPS, WorkerProcess, ask_node, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -64,16 +63,6 @@ MASTERS = 3
 NODES = 2 * MASTERS
 QUEUES = [f"fo-cluster-{i}" for i in range(CLUSTER_QUEUES)]
 JOBS = int(os.environ.get("PANQUEUE_FAILOVER_JOBS", "20000"))
-
-
-def _ask(port: int, *command: Any) -> Any:
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True)
-    try:
-        return client.execute_command(*command)
-    except redis.exceptions.RedisError:
-        return None
-    finally:
-        client.close()
 
 
 @dataclass
@@ -91,7 +80,7 @@ class Cluster:
     def owner(self, key: str, asking: int | None = None) -> int | None:
         """The port of the master that serves ``key``'s slot, per node ``asking``."""
         slot = key_slot(key.encode())
-        for start, end, master, *_ in _ask(asking or self.alive()[0], "CLUSTER", "SLOTS") or []:
+        for start, end, master, *_ in ask_node(asking or self.alive()[0], "CLUSTER", "SLOTS") or []:
             if start <= slot <= end:
                 return int(master[1])
         return None
@@ -103,20 +92,20 @@ class Cluster:
         return owner if owner in self.alive() else None
 
     def replica_of(self, master: int) -> int:
-        master_id = _ask(master, "CLUSTER", "MYID")
+        master_id = ask_node(master, "CLUSTER", "MYID")
         for port in self.alive():
             if port != master and f"slave {master_id}" in _nodes_line(port):
                 return port
         raise AssertionError(f"no replica of the master on port {master}")
 
     def healthy(self) -> bool:
-        return all("cluster_state:ok" in str(_ask(port, "CLUSTER", "INFO"))
+        return all("cluster_state:ok" in str(ask_node(port, "CLUSTER", "INFO"))
                    for port in self.alive())
 
     def replicas_in_sync(self) -> bool:
         """Every live master's replicas have received all it wrote."""
         for port in self.alive():
-            info = _ask(port, "INFO", "replication") or {}
+            info = ask_node(port, "INFO", "replication") or {}
             if info.get("role") != "master":
                 continue
             offset = info.get("master_repl_offset")
@@ -128,7 +117,7 @@ class Cluster:
 
 def _nodes_line(port: int) -> str:
     """The ``myself`` line of CLUSTER NODES on ``port``."""
-    nodes = _ask(port, "CLUSTER", "NODES")
+    nodes = ask_node(port, "CLUSTER", "NODES")
     text = nodes if isinstance(nodes, str) else ""
     return next((line for line in text.splitlines() if "myself" in line), "")
 
@@ -162,7 +151,7 @@ def _cluster_with_replicas(directory: Path) -> Iterator[Cluster]:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True)
         for port in ports:
-            wait_until(lambda p=port: procs[p].poll() is None and _ask(p, "PING") is True,
+            wait_until(lambda p=port: procs[p].poll() is None and ask_node(p, "PING") is True,
                        10, f"cluster node on port {port} to answer PING")
         created = subprocess.run(
             [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
@@ -171,7 +160,7 @@ def _cluster_with_replicas(directory: Path) -> Iterator[Cluster]:
         assert created.returncode == 0, created.stdout + created.stderr
         cluster = Cluster(ports, procs)
         wait_until(lambda: cluster.healthy() and all(
-            f"cluster_known_nodes:{NODES}" in str(_ask(p, "CLUSTER", "INFO")) for p in ports),
+            f"cluster_known_nodes:{NODES}" in str(ask_node(p, "CLUSTER", "INFO")) for p in ports),
             30, "cluster_state:ok on every node")
         wait_until(cluster.replicas_in_sync, 30, "every replica to sync with its master")
         yield cluster
@@ -261,7 +250,7 @@ async def test_no_job_is_lost_or_completed_twice_across_two_failovers(
             await anyio.to_thread.run_sync(wait_until, lambda: done() >= JOBS // 5, 60,
                                            "a fifth of the jobs to complete")
             replica = cluster.replica_of(first_master)
-            assert _ask(replica, "CLUSTER", "FAILOVER") == "OK"
+            assert ask_node(replica, "CLUSTER", "FAILOVER") == "OK"
             switch = time.monotonic()
             await anyio.to_thread.run_sync(
                 wait_until, lambda: cluster.agreed_owner(target_key) == replica, 30,

@@ -32,22 +32,12 @@ from panqueue._store.transport import open_async_transport, translate_error
 from panqueue.embedded import find_server_binary, free_port
 from panqueue.testing import FaultProxy
 from tests.apps.outage_app import PARTITIONED
-from tests.helpers import APPS, WorkerProcess, wait_until
+from tests.helpers import APPS, WorkerProcess, ask_node, wait_until
 from tests.test_cli import ECHO
 
 pytestmark = pytest.mark.anyio
 
 MASTERS = 3
-
-
-def _ask(port: int, *command: Any) -> Any:
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True)
-    try:
-        return client.execute_command(*command)
-    except redis.exceptions.RedisError:
-        return None
-    finally:
-        client.close()
 
 
 def _cluster_ok(info: Any) -> bool:
@@ -77,7 +67,7 @@ class Cluster:
              "--daemonize", "no", "--logfile", str(node_dir / "server.log")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
-        wait_until(lambda: self.procs[port].poll() is None and _ask(port, "PING") is True,
+        wait_until(lambda: self.procs[port].poll() is None and ask_node(port, "PING") is True,
                    10, f"cluster node on port {port} to answer PING")
 
     def kill(self, port: int) -> None:
@@ -89,11 +79,11 @@ class Cluster:
         wait_until(self.healthy, 30, "cluster_state:ok on every node after the restart")
 
     def healthy(self) -> bool:
-        return all(_cluster_ok(_ask(port, "CLUSTER", "INFO")) for port in self.ports)
+        return all(_cluster_ok(ask_node(port, "CLUSTER", "INFO")) for port in self.ports)
 
     def owner(self, key: str) -> int | None:
         slot = key_slot(key.encode())
-        for start, end, master, *_ in _ask(self.ports[0], "CLUSTER", "SLOTS") or []:
+        for start, end, master, *_ in ask_node(self.ports[0], "CLUSTER", "SLOTS") or []:
             if start <= slot <= end:
                 return int(master[1])
         return None
@@ -303,10 +293,10 @@ def unassigned_slot(cluster: Cluster) -> Iterator[tuple[int, int]]:
     slot, owner = key_slot(key.encode()), cluster.owner(key)
     assert owner is not None
     for port in cluster.ports:
-        assert _ask(port, "CLUSTER", "DELSLOTS", slot) == "OK"
+        assert ask_node(port, "CLUSTER", "DELSLOTS", slot) == "OK"
     yield slot, owner
     if cluster.owner(key) is None:
-        _ask(owner, "CLUSTER", "ADDSLOTS", slot)
+        ask_node(owner, "CLUSTER", "ADDSLOTS", slot)
     wait_until(cluster.healthy, 30, "cluster_state:ok once the slot is served again")
 
 
@@ -327,7 +317,7 @@ def test_a_worker_started_while_the_slot_map_has_a_gap_waits_and_serves_once_it_
         wait_until(lambda: "starting the worker failed; retrying until Redis answers"
                    in worker.stderr or not worker.alive(), 30, "the worker to retry its start")
         assert worker.alive(), worker.stderr
-        assert _ask(owner, "CLUSTER", "ADDSLOTS", slot) == "OK"
+        assert ask_node(owner, "CLUSTER", "ADDSLOTS", slot) == "OK"
         wait_until(cluster.healthy, 30, "cluster_state:ok once the slot is served again")
         _echo_completes(url, 3, worker)
         assert worker.alive(), worker.stderr
@@ -340,7 +330,7 @@ def _clients(cluster: Cluster) -> set[tuple[int, str]]:
     connection opened later has a new id, so earlier tests' connections closing meanwhile do
     not hide one."""
     return {(port, line.split()[0]) for port in cluster.ports
-            for line in _ask(port, "CLIENT", "LIST").splitlines() if "cmd=client" not in line}
+            for line in ask_node(port, "CLIENT", "LIST").splitlines() if "cmd=client" not in line}
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])  # the cluster client made by a call: trio's

