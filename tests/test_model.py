@@ -558,11 +558,6 @@ class QueueMachine(RuleBasedStateMachine):
             # to the batch again, counts as ended already (the batch counts ids), so the batch
             # can fire while that job waits. Not fixed yet; see the report of this test.
             return
-        if queue == PARTED and self.model.job(queue, job_id or "") is not None:
-            # Left out: a batch add under an id whose job a dependency placed in another
-            # partition raises ConfigError ("names a job of another partition; nothing was
-            # added") where a plain add returns that job. Not fixed yet; see the report.
-            return
         data = self._data(fail)
         existing = self.model.resolve_add(queue, job_id, None)
         handle = self.batches[batch_id].add(HANDLERS[queue], data, job_id=job_id)

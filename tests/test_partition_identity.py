@@ -351,3 +351,38 @@ async def test_an_existing_id_is_returned_before_a_dedup_key_homed_elsewhere(
         fresh = await queue.add("fresh", job_id=_name_in(0, "new"), key=_name_in(0, "t"),
                                 dedup=dedup)
         assert (fresh.id, fresh.created) == (keyed.id, False)
+
+
+async def _placed_by_its_dependency(queue: Any, job_id: str) -> str:
+    """Add job ``job_id`` depending on a job of another partition than its id's home (on a
+    one-partition queue, on any job); returns the dependency's id."""
+    parent = (await queue.add_bulk(range(N)))[1]  # generated: partition 1 of N
+    child = await queue.add("child", job_id=job_id, depends_on=[parent])
+    assert child.created
+    return parent.id
+
+
+@pytest.mark.parametrize("partitions", [N, 1])
+async def test_a_batch_add_of_an_id_placed_by_its_dependency_returns_the_job(
+        redis_url: str, queue_name: str, partitions: int) -> None:
+    """A batch add under a taken id returns the existing job, as a plain add does, on a
+    partitioned queue too, where the id's home only points to the partition holding the job;
+    the batch does not count it."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=partitions)
+    async def work(job: Job[Any]) -> None:
+        pass
+
+    job_id = _name_in(3, "member")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        await _placed_by_its_dependency(queue, job_id)
+        batch = await client.batch(on_complete=(f"{queue_name}-done", None))
+        again = await batch.add(work, "again", job_id=job_id)
+        assert (again.id, again.created) == (job_id, False)
+        assert (await batch.info()).total == 0
+        assert (await client.get_job(queue_name, job_id)).data == "child"
+        if partitions == N:
+            assert await _where(client, queue_name, job_id) == [1]
+

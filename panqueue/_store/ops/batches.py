@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from panqueue._codec import decode, encode
-from panqueue._keys import BatchKeys, QueueKeys
+from panqueue._keys import BatchKeys, QueueKeys, route
 from panqueue._store.loader import SCRIPTS, Script
-from panqueue._store.ops.add import NewJob, add_jobs
+from panqueue._store.ops.add import NewJob
 from panqueue._store.ops.base import check_refusal
+from panqueue._store.ops.identity import add_placed, pointed_partition
 from panqueue._store.ops.schedules import server_time_ms
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue.errors import ConfigError, PanqueueError
@@ -179,14 +180,17 @@ def open_batch(batch_id: str, on_complete: tuple[str, Any],
 
 
 def add_to_batch(batch_id: str, keys: QueueKeys, jobs: Sequence[NewJob],
-                 mode: str = "") -> Op[list[tuple[str, bool]]]:
-    """Register ``jobs`` (made by :func:`batch_member`) in the batch, then add them. A job the
+                 mode: str = "", parts: Sequence[QueueKeys] = ()) -> Op[list[tuple[str, bool]]]:
+    """Register ``jobs`` (made by :func:`batch_member`) in the batch, then add them to ``keys``,
+    a partition of ``parts`` (every partition of the queue; none: ``keys`` is the only one),
+    each identity decided as a plain add decides it (:func:`identity.add_placed`). A job the
     add did not create (its id or dedup key named a job outside the batch), or an add that
     failed, is taken back out, so the batch never waits for a job that is not in it."""
+    parts = parts or (keys,)
     ids = [job.job_id or "" for job in jobs]
     yield from _call(SCRIPTS.batch_register, batch_id, keys.name, "0", _outbox(keys), *ids)
     try:
-        added = yield from add_jobs(keys, jobs, mode)
+        added = yield from add_placed(parts, keys, jobs, mode)
     except ConfigError:  # refused: nothing was written
         yield from _unregister(batch_id, keys.name, ids)
         raise
@@ -197,7 +201,7 @@ def add_to_batch(batch_id: str, keys: QueueKeys, jobs: Sequence[NewJob],
                 if not created]
     if existing:
         yield from _unregister(batch_id, keys.name,
-                               (yield from _outsiders(batch_id, keys, existing)))
+                               (yield from _outsiders(batch_id, parts, keys, existing)))
     return added
 
 
@@ -206,12 +210,21 @@ def _absent(keys: QueueKeys, ids: Sequence[str]) -> Op[list[str]]:
     return [i for i, exists in zip(ids, found, strict=True) if not int(exists)]
 
 
-def _outsiders(batch_id: str, keys: QueueKeys, existing: Sequence[tuple[str, str]]
-               ) -> Op[list[str]]:
+def _outsiders(batch_id: str, parts: Sequence[QueueKeys], keys: QueueKeys,
+               existing: Sequence[tuple[str, str]]) -> Op[list[str]]:
     """Of the registered ids whose add returned an existing job, those that are not that job
-    in this batch (an add resent after a lost reply finds its own job: that one stays)."""
-    owners = yield Batch(tuple(Command(("HGET", keys.job(got), "b")) for _, got in existing),
-                         route=keys.prefix)
+    in this batch (an add resent after a lost reply finds its own job: that one stays). On a
+    partitioned queue the job returned may be in another partition, where its id's home
+    points."""
+    places = []
+    for _, got in existing:
+        where = keys
+        if len(parts) > 1:
+            home = parts[route(len(parts), got) or 0]
+            where = (yield from pointed_partition(parts, home, got)) or keys
+        places.append(where)
+    owners = yield Batch(tuple(Command(("HGET", where.job(got), "b"))
+                               for where, (_, got) in zip(places, existing, strict=True)))
     return [wanted for (wanted, got), owner in zip(existing, owners, strict=True)
             if wanted != got or owner != batch_id.encode()]
 

@@ -510,7 +510,7 @@ def add_to_batch(parts: Sequence[QueueKeys], batch_id: str, jobs: Sequence[NewJo
     added: list[tuple[str, bool]] = [("", False)] * len(jobs)
     for partition, members in groups.items():
         got = yield from _batches.add_to_batch(batch_id, parts[partition],
-                                               [jobs[i] for i in members], mode)
+                                               [jobs[i] for i in members], mode, parts)
         for index, item in zip(members, got, strict=True):
             added[index] = item
     return added
