@@ -386,3 +386,26 @@ async def test_a_batch_add_of_an_id_placed_by_its_dependency_returns_the_job(
         if partitions == N:
             assert await _where(client, queue_name, job_id) == [1]
 
+
+@pytest.mark.parametrize("partitions", [N, 1])
+@pytest.mark.parametrize("by", ["id", "dedup"])
+async def test_an_add_naming_a_taken_identity_and_an_unknown_dependency_is_refused(
+        redis_url: str, queue_name: str, partitions: int, by: str) -> None:
+    """An unknown dependency is refused whatever the add's id or dedup key names, on any number
+    of partitions: the input is checked before the identity is decided."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=partitions)
+    async def work(job: Job[Any]) -> None:
+        pass
+
+    job_id, dedup = _name_in(3, "taken"), _dedup_in(2, "taken")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = await queue.add("first", job_id=job_id, dedup=Dedup(dedup, ttl=60))
+        assert first.created
+        names = {"job_id": job_id} if by == "id" else {"dedup": Dedup(dedup, ttl=60)}
+        with pytest.raises(ConfigError, match="dependency nowhere is not a job of this queue"):
+            await queue.add("again", depends_on=["nowhere"], **names)
+        assert (await client.get_job(queue_name, job_id)).data == "first"
+

@@ -19,7 +19,8 @@
 --          an item with a value out of range (new_job_problem in lib/new_job.lua), a key that
 --          does not fit the queue's mode, a layout that is not this partition's ('layout
 --          changed': the producer reads the layout again and routes anew), or an unknown
---          dependency; {'\t~', i} when item i's token was fenced (its identity went to another
+--          dependency (checked before the item's identity, whatever its id or dedup key
+--          names); {'\t~', i} when item i's token was fenced (its identity went to another
 --          add: look again), {'\t?', i, kind, name, pointer} when item i's custom id (kind 'id')
 --          or dedup key ('dd') has its home here and a pointer to a job in another partition
 --          (lib/identity.lua), which the producer must look at first.
@@ -71,6 +72,15 @@ for i = 0, n - 1 do
   if token ~= '' and redis.call('EXISTS', fence_key(token)) == 1 then
     return {'\t~', i}
   end
+  -- Dependencies first: an unknown one refuses the add whatever its id or dedup key names.
+  if ARGV[b + 7] ~= '' then
+    f.deps = cmsgpack.unpack(ARGV[b + 7])
+    for _, dep in ipairs(f.deps) do
+      if not batch_ids[dep] and redis.call('EXISTS', job_key(dep)) == 0 then
+        return {'!', 'item ' .. i .. ': dependency ' .. dep .. ' is not a job of this queue'}
+      end
+    end
+  end
   -- An id that names a job here is returned as it is (add_job): its pointers are not looked at.
   local id_here = f.id ~= '' and (batch_ids[f.id] or redis.call('EXISTS', job_key(f.id)) == 1)
   if f.id ~= '' and not id_here then
@@ -83,14 +93,6 @@ for i = 0, n - 1 do
     local record = redis.call('GET', dedup_key(f.dedup))
     if record and is_pointer(record) then
       return {'\t?', i, 'dd', f.dedup, record}
-    end
-  end
-  if ARGV[b + 7] ~= '' then
-    f.deps = cmsgpack.unpack(ARGV[b + 7])
-    for _, dep in ipairs(f.deps) do
-      if not batch_ids[dep] and redis.call('EXISTS', job_key(dep)) == 0 then
-        return {'!', 'item ' .. i .. ': dependency ' .. dep .. ' is not a job of this queue'}
-      end
     end
   end
   if f.id ~= '' then

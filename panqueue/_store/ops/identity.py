@@ -245,6 +245,11 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
     partition; (id, created) per job, in order. On a queue of one partition, the plain add."""
     if len(parts) == 1:
         return (yield from _add.add_jobs(placed, jobs, mode, durable_timeout_ms))
+    # The add script checks dependencies before identities; a far identity is decided before
+    # the add script sees the job, so its dependencies are checked here first: an add naming
+    # an unknown one is refused even when its id or dedup key names a job.
+    if any(is_far(parts, placed, job) for job in jobs):
+        yield from _check_dependencies(placed, jobs)
     answered: dict[int, tuple[str, bool]] = {}
     for _ in range(_ROUNDS):
         sending: list[int] = []
@@ -310,6 +315,25 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
         return [answered[i] for i in range(len(jobs))]
     raise PanqueueError(f"queue {placed.name!r}: the ids or dedup keys of the jobs to add did "
                         f"not settle in {_ROUNDS} rounds (other adds kept taking them over)")
+
+
+def _check_dependencies(placed: QueueKeys, jobs: Sequence[NewJob]) -> Op[None]:
+    """Refuse (:class:`ConfigError`) a dependency that is neither a job of ``placed`` nor an
+    earlier job of ``jobs``, with the add script's words."""
+    earlier: set[str] = set()
+    asked: list[tuple[int, str]] = []
+    for index, job in enumerate(jobs):
+        asked += [(index, dep) for dep in job.depends_on if dep not in earlier]
+        if job.job_id:
+            earlier.add(job.job_id)
+    if not asked:
+        return
+    found = yield Batch(tuple(Command(("EXISTS", placed.job(dep))) for _, dep in asked),
+                        route=placed.prefix)
+    for (index, dep), exists in zip(asked, found, strict=True):
+        if not int(exists):
+            raise ConfigError(f"queue {placed.name!r}: item {index}: dependency {dep} is not a "
+                              "job of this queue")
 
 
 def forget_deleted(parts: Sequence[QueueKeys], keys: QueueKeys) -> Op[int]:
