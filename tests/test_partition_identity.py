@@ -409,3 +409,27 @@ async def test_an_add_naming_a_taken_identity_and_an_unknown_dependency_is_refus
             await queue.add("again", depends_on=["nowhere"], **names)
         assert (await client.get_job(queue_name, job_id)).data == "first"
 
+
+async def test_a_flow_item_naming_a_job_of_another_partition_says_so(
+        redis_url: str, queue_name: str) -> None:
+    """A flow whose item names an existing job of another partition, with a later item
+    depending on it, is refused naming that item (its dependents cannot wait across
+    partitions), and nothing of the flow is added."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[Any]) -> None:
+        pass
+
+    taken = _name_in(3, "taken")
+    head_id = _name_in(2, "head")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        await _placed_by_its_dependency(queue, taken)  # in partition 1
+        with pytest.raises(ConfigError, match=f"item 1: job_id {taken!r} names a job of "
+                                              "partition 1, not of this flow's partition 2"):
+            await queue.add_flow([FlowJob("head", job_id=head_id),
+                                  FlowJob("taken", depends_on=[0], job_id=taken),
+                                  FlowJob("after", depends_on=[1])])
+        assert await _where(client, queue_name, head_id) == []
+        assert (await client.get_job(queue_name, taken)).data == "child"

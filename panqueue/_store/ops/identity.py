@@ -281,6 +281,12 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
             for pointers in written.values():
                 yield from _clear_all(pointers)
             continue
+        try:
+            items = yield from _resolve_answered(parts, placed, jobs, answered, sending, items)
+        except ConfigError:
+            for pointers in written.values():
+                yield from _clear_all(pointers)
+            raise
         if not items:
             return [answered[i] for i in range(len(jobs))]
         try:
@@ -334,6 +340,43 @@ def _check_dependencies(placed: QueueKeys, jobs: Sequence[NewJob]) -> Op[None]:
         if not int(exists):
             raise ConfigError(f"queue {placed.name!r}: item {index}: dependency {dep} is not a "
                               "job of this queue")
+
+
+def _resolve_answered(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[NewJob],
+                      answered: dict[int, tuple[str, bool]], sending: Sequence[int],
+                      items: list[NewJob]) -> Op[list[NewJob]]:
+    """``items`` (the jobs of ``sending``) with each dependency on an earlier job that was
+    answered here (its identity named an existing job) turned into that job's id, as the add
+    script does for the items it resolves itself. :class:`ConfigError` when that job is in
+    another partition than ``placed``: its dependents go to ``placed`` and cannot wait for it."""
+    requested = {jobs[index].job_id: index for index in answered if jobs[index].job_id}
+    if not requested:
+        return items
+    resolved = []
+    for index, job in zip(sending, items, strict=True):
+        deps = []
+        for dep in job.depends_on:
+            earlier = requested.get(dep)
+            if earlier is None or earlier > index:
+                deps.append(dep)
+                continue
+            found = answered[earlier][0]
+            if not (yield Command(("EXISTS", placed.job(found)))):
+                where = yield from pointed_partition(parts, parts[route(len(parts), found) or 0],
+                                                     found)
+                elsewhere = "another partition" if where is None else \
+                    f"partition {where.partition}"
+                named = f"job_id {dep!r} names a job" if found == dep else \
+                    f"dedup key names job {found!r}"
+                raise ConfigError(
+                    f"queue {placed.name!r}: item {earlier}: {named} of {elsewhere}, not of "
+                    f"this flow's partition {placed.partition}, so item {index}, which depends "
+                    "on it, cannot wait for it (a job waits only for jobs of its own "
+                    "partition; see docs/scaling.md); nothing was added")
+            deps.append(found)
+        resolved.append(job if deps == list(job.depends_on) else
+                        replace(job, depends_on=tuple(deps)))
+    return resolved
 
 
 def forget_deleted(parts: Sequence[QueueKeys], keys: QueueKeys) -> Op[int]:
