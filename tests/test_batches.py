@@ -326,6 +326,38 @@ async def test_an_add_that_returns_a_job_outside_the_batch_leaves_it_out(
         assert await batch.info() == info(batch.id, 1, 0, 0, 1, True)
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("queue", [WORK, SPREAD])
+async def test_an_id_that_ended_in_the_batch_and_was_removed_cannot_join_it_again(
+        redis_url: str, redis_client: redis.Redis, queue: str) -> None:
+    """The batch counts each id once: a job of it that ended and was removed, added to it
+    again under the same id, would count as ended while it waits. That add is refused and
+    writes nothing; while the ended job still exists, the add returns it, as before."""
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(DONE, {}))
+        job = await batch.add(queue, {}, job_id="once")
+        await client.cancel(queue, job.id)
+        again = await batch.add(queue, {}, job_id="once")
+        assert again.id == job.id and not again.created
+        assert await batch.info() == info(batch.id, 1, 0, 0, 1, False)
+        assert await client.remove(queue, job.id)
+        with pytest.raises(ConfigError, match="'once' already ended in batch") as refused:
+            await batch.add(queue, {}, job_id="once")
+        assert "\n" not in str(refused.value) and "another id" in str(refused.value)
+        with pytest.raises(JobNotFound):
+            await client.get_job(queue, "once")
+        assert await batch.info() == info(batch.id, 1, 0, 0, 1, False)
+        assert redis_client.smembers(BatchKeys(batch.id).jobs) == {f"{queue}\tonce".encode()}
+        # Removed while it waited: its ending is in the outbox, not yet relayed to the batch.
+        waiting = await batch.add(queue, {}, job_id="twice")
+        assert await client.remove(queue, waiting.id)
+        with pytest.raises(ConfigError, match="'twice' already ended in batch"):
+            await batch.add(queue, {}, job_id="twice")
+        assert await batch.info() == info(batch.id, 2, 0, 0, 2, False)
+        assert (await batch.close()).pending == 0
+        await client.get_job(DONE, complete_id(batch))
+
+
 # ----------------------------------------------------------------------------- nesting
 
 

@@ -549,13 +549,13 @@ class QueueMachine(RuleBasedStateMachine):
     def add_to_batch(self, pick: int, queue: str, job_id: str | None, fail: int) -> None:
         open_ids = [b.id for b in self.model.batches.values() if not b.closed]
         batch_id = open_ids[pick % len(open_ids)]
-        if (queue, job_id) in self.model.batches[batch_id].members:
-            # Left out: an id that was a member of this batch, ended and was removed, then added
-            # to the batch again, counts as ended already (the batch counts ids), so the batch
-            # can fire while that job waits. Not fixed yet; see the report of this test.
-            return
         data = self._data(fail)
         existing = self.model.resolve_add(queue, job_id, None)
+        if existing is None and (queue, job_id) in self.model.batches[batch_id].members:
+            # The batch counts each id once: a member that ended and is gone is not added again.
+            with pytest.raises(ConfigError, match="already ended in batch"):
+                self.batches[batch_id].add(HANDLERS[queue], data, job_id=job_id)
+            return
         handle = self.batches[batch_id].add(HANDLERS[queue], data, job_id=job_id)
         if existing is not None:
             self._check_added(f"batch add to {queue}", handle, existing.id, False)

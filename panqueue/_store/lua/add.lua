@@ -10,7 +10,9 @@
 --          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy,
 --          expires in ms (0 = none; from the server's clock), expires at ms (0 = none): the
 --          deadline to start by (lib/expiry.lua; an add past it ends the job CANCELLED),
---          batch id ('' = none; registered in the batch beforehand, panqueue/_batch.py)
+--          batch id ('' = none; registered in the batch beforehand, panqueue/_batch.py;
+--          after a tab: the id's ending is recorded in the batch already, batch_register.lua,
+--          so the add may return the job it names but not create it: refused otherwise)
 --          then (optional) n tokens: item i's identity token ('' = none), when a pointer in
 --          another partition names the job (lib/identity.lua), followed by "\t<partition>"
 --          when that partition holds its custom id's pointer (the job keeps it, field ih); an
@@ -20,8 +22,9 @@
 --          does not fit the queue's mode, a layout that is not this partition's ('layout
 --          changed': the producer reads the layout again and routes anew), or an unknown
 --          dependency (checked before the item's identity, whatever its id or dedup key
---          names); {'\t~', i} when item i's token was fenced (its identity went to another
---          add: look again), {'\t?', i, kind, name, pointer} when item i's custom id (kind 'id')
+--          names), an id of a batch job that ended and no longer exists (in the batch or in
+--          this partition's batch outbox: the batch counts each id once); {'\t~', i} when
+--          item i's token was fenced (its identity went to another add: look again), {'\t?', i, kind, name, pointer} when item i's custom id (kind 'id')
 --          or dedup key ('dd') has its home here and a pointer to a job in another partition
 --          (lib/identity.lua), which the producer must look at first.
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
@@ -56,6 +59,17 @@ for i = 0, n - 1 do
              ttl = tonumber(ARGV[b + 9]), strategy = ARGV[b + 10],
              expires_in = tonumber(ARGV[b + 11]), expires_at = tonumber(ARGV[b + 12]),
              batch = ARGV[b + 13]}
+  local ended_in_batch = f.batch:sub(1, 1) == '\t'
+  if ended_in_batch then
+    f.batch = f.batch:sub(2)
+  elseif f.batch ~= '' and f.id ~= '' then
+    -- An ending of the id not yet relayed to the batch counts as recorded (lib/finish.lua).
+    for _, state in ipairs({'completed', 'failed', 'cancelled', 'removed'}) do
+      if redis.call('ZSCORE', K_BATCH_OUTBOX, f.batch .. '\t' .. f.id .. '\t' .. state) then
+        ended_in_batch = true
+      end
+    end
+  end
   local bad = new_job_problem(f)
   if bad then
     return {'!', 'item ' .. i .. ': ' .. bad}
@@ -94,6 +108,11 @@ for i = 0, n - 1 do
     if record and is_pointer(record) then
       return {'\t?', i, 'dd', f.dedup, record}
     end
+  end
+  -- The batch counts each id once: created again, the job would count as ended while it waits.
+  if ended_in_batch and not id_here then
+    return {'!', 'item ' .. i .. ": job id '" .. f.id .. "' already ended in batch '" .. f.batch ..
+      "' (a batch counts each id once): add it under another id"}
   end
   if f.id ~= '' then
     batch_ids[f.id] = true

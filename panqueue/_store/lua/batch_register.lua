@@ -7,8 +7,13 @@
 -- ARGV[3]  the outbox their endings will be in: "<queue>\t<batch_outbox key of the queue's
 --          partition they are added to>" (kept as a name: this script touches no key of it)
 -- ARGV[4..] job ids
--- Returns  the batch's answer (lib/batch_layout.lua); or {'!', message}, nothing written, when
---          the batch does not exist, has fired, or is closed (and these are not callbacks).
+-- Returns  the batch's answer (lib/batch_layout.lua), followed by the given ids that were
+--          members already, each after 'e' when the batch recorded its ending ('m' if not):
+--          the batch counts each id once, so an ended id may only be returned as the job it
+--          names, never created again (add.lua refuses that), and a refused add takes back
+--          only the ids it registered; or
+--          {'!', message}, nothing written, when the batch does not exist, has fired, or is
+--          closed (and these are not callbacks).
 --!include batch_layout.lua
 
 local refused = missing()
@@ -25,11 +30,21 @@ local queue = ARGV[1]
 redis.call('SADD', K_QUEUES, ARGV[3])
 -- SADD in slices: unpack() of a whole add_bulk chunk could pass Lua's stack limit.
 local slice = {}
+local known = {}
 for i = 4, #ARGV do
   slice[#slice + 1] = member(queue, ARGV[i])
+  if redis.call('SISMEMBER', K_ENDED, slice[#slice]) == 1 then
+    known[#known + 1] = 'e' .. ARGV[i]
+  elseif redis.call('SISMEMBER', K_JOBS, slice[#slice]) == 1 then
+    known[#known + 1] = 'm' .. ARGV[i]
+  end
   if #slice == 1000 or i == #ARGV then
     redis.call('SADD', K_JOBS, unpack(slice))
     slice = {}
   end
 end
-return settle()
+local reply = settle()
+for _, id in ipairs(known) do
+  reply[#reply + 1] = id
+end
+return reply

@@ -188,14 +188,25 @@ def add_to_batch(batch_id: str, keys: QueueKeys, jobs: Sequence[NewJob],
     failed, is taken back out, so the batch never waits for a job that is not in it."""
     parts = parts or (keys,)
     ids = [job.job_id or "" for job in jobs]
-    yield from _call(SCRIPTS.batch_register, batch_id, keys.name, "0", _outbox(keys), *ids)
+    reply = yield ScriptCall(SCRIPTS.batch_register, (BatchKeys(batch_id).prefix,),
+                             (keys.name, "0", _outbox(keys), *ids))
+    _parse(batch_id, reply)
+    # The batch counts each id once: an id whose ending it recorded may be returned as the job
+    # it names, but the add refuses to create it again (a tab before the batch id says so). A
+    # failed add takes back only the ids this call made members.
+    known = {raw.decode()[1:]: raw[:1] == b"e" for raw in reply[8:]}
+    ended = {job_id for job_id, has_ended in known.items() if has_ended}
+    fresh = [i for i in ids if i not in known]
+    if ended:
+        jobs = [dataclasses.replace(job, batch="\t" + job.batch) if job.job_id in ended
+                else job for job in jobs]
     try:
         added = yield from add_placed(parts, keys, jobs, mode)
     except ConfigError:  # refused: nothing was written
-        yield from _unregister(batch_id, keys.name, ids)
+        yield from _unregister(batch_id, keys.name, fresh)
         raise
     except PanqueueError:  # the add may or may not have run: keep the jobs that exist
-        yield from _unregister(batch_id, keys.name, (yield from _absent(keys, ids)))
+        yield from _unregister(batch_id, keys.name, (yield from _absent(keys, fresh)))
         raise
     existing = [(wanted, got) for wanted, (got, created) in zip(ids, added, strict=True)
                 if not created]
@@ -206,6 +217,8 @@ def add_to_batch(batch_id: str, keys: QueueKeys, jobs: Sequence[NewJob],
 
 
 def _absent(keys: QueueKeys, ids: Sequence[str]) -> Op[list[str]]:
+    if not ids:
+        return []
     found = yield Batch(tuple(Command(("EXISTS", keys.job(i))) for i in ids), route=keys.prefix)
     return [i for i, exists in zip(ids, found, strict=True) if not int(exists)]
 
