@@ -192,12 +192,8 @@ def test_a_worker_started_while_its_master_is_dead_waits_and_serves_once_it_is_b
     The worker logs that it retries, stays up, and serves once the master is back."""
     url = cluster.url_without(echo_master)
     cluster.kill(echo_master)
-    worker = WorkerProcess(tmp_path, "--url", url, "-q", ECHO, "--backend", backend,
-                           "--poll-interval", "0.2")
+    worker = _worker_retrying_its_start(tmp_path, url, backend)
     try:
-        wait_until(lambda: "starting the worker failed; retrying until Redis answers"
-                   in worker.stderr or not worker.alive(), 30, "the worker to retry its start")
-        assert worker.alive(), worker.stderr
         assert "cannot serve now" in worker.stderr, worker.stderr
         cluster.restart(echo_master)
         _echo_completes(url, 1, worker)
@@ -311,18 +307,28 @@ def test_a_worker_started_while_the_slot_map_has_a_gap_waits_and_serves_once_it_
     again."""
     slot, owner = unassigned_slot
     url = cluster.url_without(-1)
-    worker = WorkerProcess(tmp_path, "--url", url, "-q", ECHO, "--backend", backend,
-                           "--poll-interval", "0.2")
+    worker = _worker_retrying_its_start(tmp_path, url, backend)
     try:
-        wait_until(lambda: "starting the worker failed; retrying until Redis answers"
-                   in worker.stderr or not worker.alive(), 30, "the worker to retry its start")
-        assert worker.alive(), worker.stderr
         assert ask_node(owner, "CLUSTER", "ADDSLOTS", slot) == "OK"
         wait_until(cluster.healthy, 30, "cluster_state:ok once the slot is served again")
         _echo_completes(url, 3, worker)
         assert worker.alive(), worker.stderr
     finally:
         worker.kill()
+
+
+def _worker_retrying_its_start(tmp_path: Path, url: str, backend: str) -> WorkerProcess:
+    """A worker process of the echo queue, once it says it retries its start (and is alive)."""
+    worker = WorkerProcess(tmp_path, "--url", url, "-q", ECHO, "--backend", backend,
+                           "--poll-interval", "0.2")
+    try:
+        wait_until(lambda: "starting the worker failed; retrying until Redis answers"
+                   in worker.stderr or not worker.alive(), 30, "the worker to retry its start")
+        assert worker.alive(), worker.stderr
+    except BaseException:
+        worker.kill()
+        raise
+    return worker
 
 
 def _clients(cluster: Cluster) -> set[tuple[int, str]]:
