@@ -74,13 +74,19 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
     running.cleanup()
 
 
+def _each_worker_serves(workers: dict[str, tuple[WorkerProcess, int]], url: str,
+                        data: str) -> None:
+    """Every worker is ready (/healthz 200) and runs a job of its queue."""
+    with SyncQueueClient(url) as client:
+        for (_, port), queue in zip(workers.values(), QUEUES, strict=True):
+            wait_until(lambda p=port: get(p)[0] == 200, 30, "/healthz to answer 200")
+            assert client.queue(queue).add(data).result(timeout=10) == data
+
+
 def _outage(server: RedisServer, tmp_path: Path, seconds: float) -> None:
     workers = _start_workers(tmp_path, server.url)
     try:
-        with SyncQueueClient(server.url) as client:
-            for (_, port), queue in zip(workers.values(), QUEUES, strict=True):
-                wait_until(lambda p=port: get(p)[0] == 200, 30, "/healthz to answer 200")
-                assert client.queue(queue).add("before").result(timeout=10) == "before"
+        _each_worker_serves(workers, server.url, "before")
         server.stop()
         down = time.monotonic()
         for _, port in workers.values():
@@ -164,10 +170,7 @@ def test_idle_workers_take_a_job_at_once_from_a_server_that_drops_idle_clients(
         server.start()
         workers = _start_workers(tmp_path, server.url)
         try:
-            with SyncQueueClient(server.url) as client:
-                for (_, port), queue in zip(workers.values(), QUEUES, strict=True):
-                    wait_until(lambda p=port: get(p)[0] == 200, 30, "/healthz to answer 200")
-                    assert client.queue(queue).add("first").result(timeout=10) == "first"
+            _each_worker_serves(workers, server.url, "first")
             # The connections the workers' claims and completions used, idle now: wait until
             # the server has closed every one of them.
             idle = {c["id"] for c in _clients(server.url)
