@@ -15,7 +15,16 @@ from panqueue._client import (
 )
 from panqueue._job import ChunkFailure, ErrorInfo, Job, JobInfo, JobState
 from panqueue._log import configure_logging
-from panqueue._options import Backoff, Chunk, Dedup, JobOptions, Limits, RateLimit, Retention
+from panqueue._options import (
+    Backoff,
+    Chunk,
+    Dedup,
+    JobOptions,
+    Limits,
+    Permissions,
+    RateLimit,
+    Retention,
+)
 from panqueue._pool import WorkerPool
 from panqueue._registry import Handler, Registry
 from panqueue._runtime.worker import Worker
@@ -67,6 +76,7 @@ __all__ = [
     "LockLost",
     "PanqueueError",
     "PayloadError",
+    "Permissions",
     "Queue",
     "QueueClient",
     "RateLimit",

@@ -23,6 +23,7 @@ from panqueue._options import (
     Isolation,
     JobOptions,
     Limits,
+    Permissions,
     RateLimit,
     Retention,
     check_attempts,
@@ -58,6 +59,7 @@ class HandlerOptions:
     max_snoozes: int | None = None
     partitions: int = 1
     chunk: Chunk | None = None
+    permissions: Permissions | None = None
 
 
 class Handler(Generic[P, R, PayloadT]):
@@ -178,6 +180,7 @@ class Registry:
         max_snoozes: int | None = None,
         partitions: int = 1,
         chunk: Chunk | None = None,
+        permissions: Permissions | None = None,
         **job_defaults: Any,
     ) -> _HandlerDecorator:
         """Register the decorated function as the handler of ``queue_id``.
@@ -202,6 +205,9 @@ class Registry:
         ``chunk=Chunk(size, wait)``: the function takes a list of jobs and returns their
         results in the same order (see docs/job-control.md, "Chunk handlers"); inline and
         thread executors only.
+        ``permissions=Permissions(...)``: what the handler's child may read, write, connect
+        to and run, enforced by the kernel (``executor="subprocess"`` only; its ``env``
+        replaces this function's ``env``).
         Other keyword arguments (``priority``, ``delay``) are producer defaults, used by
         ``client.queue(handler)``.
 
@@ -242,6 +248,15 @@ class Registry:
             timeout=None if timeout is None else check_positive(timeout, "timeout"),
         )
         isolation = _isolation(name, limits, env, cwd, max_jobs_per_child, new_session)
+        if permissions is not None:
+            if not isinstance(permissions, Permissions):
+                raise ConfigError(f"permissions for queue {name!r} must be a "
+                                  f"panqueue.Permissions, got {permissions!r}")
+            if env is not None:
+                raise ConfigError(f"queue {name!r}: with permissions=, put the environment "
+                                  "variables the child inherits in Permissions(env=...), not "
+                                  "in env=")
+            permissions = permissions.resolved(name)
         if mode not in ("global", "keyed"):
             raise ConfigError(f"mode for queue {name!r} must be 'global' or 'keyed', got {mode!r}")
         if isinstance(key_concurrency, bool) or not isinstance(key_concurrency, int) \
@@ -272,6 +287,7 @@ class Registry:
             max_snoozes=max_snoozes,
             partitions=check_partitions(partitions),
             chunk=chunk,
+            permissions=permissions,
         )
 
         def register(fn: Callable[..., Any]) -> Handler[..., Any, Any]:
@@ -280,7 +296,7 @@ class Registry:
             from panqueue.executors import check_executor
 
             check_executor(options.executor, fn, name, isolated=isolation is not None,
-                           chunked=chunk is not None)
+                           chunked=chunk is not None, sandboxed=permissions is not None)
             if chunk is not None:
                 _check_chunk_payload(name, fn)
             handler = Handler(name, fn, options, dict(job_defaults))

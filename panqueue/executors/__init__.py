@@ -70,10 +70,14 @@ def _resolve(spec: Any, fn: Any) -> type[Executor]:
 
 
 def check_executor(spec: Any, fn: Any, queue: str, *, isolated: bool = False,
-                   chunked: bool = False) -> None:
+                   chunked: bool = False, sandboxed: bool = False) -> None:
     """Validate at registration time that ``spec`` can run ``fn`` (on chunks of jobs, when
-    ``chunked``)."""
+    ``chunked``; under permissions, when ``sandboxed``)."""
     cls = _resolve(spec, fn)
+    if sandboxed and cls is not SubprocessExecutor:
+        raise ConfigError(
+            f"permissions for queue {queue!r} apply to executor='subprocess' only (this handler "
+            f"uses {cls.name!r}): only a child process can be confined by the kernel")
     if chunked and not cls.runs_chunks:
         raise ConfigError(
             f"chunk handler for queue {queue!r}: executor {cls.name!r} cannot run chunks of "

@@ -2,10 +2,13 @@
 
 Protocol: frames of a 4-byte big-endian length and a msgpack map, over the child's original
 stdin/stdout (the handler's own prints go to stderr). The parent's first frame configures the
-child; the child answers ``ready``. Then, per job: parent ``run`` -> child ``p``/``l``
-(progress, log) ... ``done``. SIGUSR1 at any time makes ``job.should_stop()`` true.
-The handler is imported by its module path from the parent's registry: no code ever travels
-through the frames or through Redis.
+child; the child answers ``ready``. With permissions, the child first confines itself (see
+:mod:`panqueue._sandbox.confine`) and, when its policy needs the worker's supervisor, sends
+``listener`` (the seccomp listener's descriptor number) and waits for ``attached`` before
+closing it; a child that cannot confine itself sends ``refused`` and exits. Then, per job:
+parent ``run`` -> child ``p``/``l`` (progress, log) ... ``done``. SIGUSR1 at any time makes
+``job.should_stop()`` true. The handler is imported by its module path from the parent's
+registry: no code ever travels through the frames or through Redis.
 """
 
 from __future__ import annotations
@@ -100,6 +103,11 @@ def main() -> None:
 
     fn = _load_handler(config["handler"])
     cpu_seconds = (config.get("limits") or {}).get("cpu_seconds")
+    policy = config.get("permissions")
+    if policy is not None:
+        if not _confine(policy, frames, (proto_in.fileno(), proto_out.fileno())):
+            return
+        cpu_seconds = None  # the worker sets each job's CPU budget (setrlimit is denied here)
     jobs: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
     stop = threading.Event()
     # The worker's shutdown, phase one: SIGUSR1 makes job.should_stop() true.
@@ -134,6 +142,28 @@ def main() -> None:
                   enqueued_at_ms=frame.get("enqueued_at"), sink=sink,
                   should_stop=stop.is_set)
         frames.write(_run_one(fn, job, check_json_compatible))
+
+
+def _confine(policy: dict[str, Any], frames: FrameIO, keep: tuple[int, ...]) -> bool:
+    """Apply the permissions (before any job; the handler is imported already): False, after
+    telling the worker why, when they cannot be applied."""
+    import asyncio  # noqa: F401 (imported while everything is readable: cheaper later)
+
+    from panqueue._sandbox.confine import ConfineError, confine, install_audit_hook
+
+    try:
+        listener = confine(policy, keep=keep)
+        if listener >= 0:
+            frames.write({"t": "listener", "fd": listener, "pid": os.getpid()})
+            answer = frames.read()
+            os.close(listener)  # a child holding its own listener could approve its own calls
+            if answer is None or answer.get("t") != "attached":
+                raise ConfineError(f"the worker did not attach its supervisor ({answer!r})")
+        install_audit_hook(policy)
+    except ConfineError as exc:
+        frames.write({"t": "refused", "why": str(exc)})
+        return False
+    return True
 
 
 def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:

@@ -6,6 +6,12 @@ under ``resource.setrlimit`` limits (memory, CPU seconds per job, open files) an
 in a session of its own. Children start on demand, one per running job at most, and are replaced
 after ``max_jobs_per_child`` jobs or any crash. A child that dies mid-job fails the attempt with
 a message naming what happened; the retry policy then applies.
+
+With ``permissions=Permissions(...)`` the child also confines itself before its first job
+(:mod:`panqueue._sandbox`): the kernel then denies whatever was not granted. Its environment
+comes from ``Permissions.env``, its stderr is a pipe relayed to the worker's (never the
+worker's own descriptor), and a worker on a host that cannot enforce the rules refuses the
+queue (``on_unsupported="warn"``: runs unconfined, with one WARNING per child).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import anyio
@@ -25,6 +32,7 @@ import msgpack
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from panqueue._job import Job
+from panqueue._log import get_logger
 from panqueue._options import Isolation
 from panqueue.errors import ConfigError, Fail, RateLimited, Retry, Snooze
 from panqueue.executors.base import ChildCrashed, Executor, JobTimeout, RemoteError
@@ -56,6 +64,33 @@ def describe_exit(returncode: int, isolation: Isolation) -> str:
     return f"child exited with code {returncode}"
 
 
+def _relay(fd: int) -> None:
+    """Copy a confined child's stderr to the worker's until the child closes it."""
+    try:
+        while chunk := os.read(fd, 65536):
+            stream = sys.stderr
+            try:
+                buffer = getattr(stream, "buffer", None)
+                if buffer is not None:
+                    buffer.write(chunk)
+                else:
+                    stream.write(chunk.decode(errors="replace"))
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # the worker's stderr is closed: keep draining so the child never blocks
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _cpu_used(pid: int) -> int:
+    """Whole CPU seconds process ``pid`` has used (/proc/<pid>/stat utime + stime)."""
+    with open(f"/proc/{pid}/stat") as file:
+        fields = file.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) // os.sysconf("SC_CLK_TCK")
+
+
 class _Child:
     def __init__(self, process: anyio.abc.Process) -> None:
         self.process = process
@@ -63,6 +98,8 @@ class _Child:
         self._reader = BufferedByteReceiveStream(process.stdout)
         self._writer = process.stdin
         self.jobs = 0
+        self.supervised = False  # attached to the worker's supervisor: detach when it ends
+        self.denied = 0  # the supervisor's denials of this child reported so far
 
     async def send(self, frame: dict[str, Any]) -> None:
         body = msgpack.packb(frame, use_bin_type=True)
@@ -97,6 +134,21 @@ class _Child:
                         self.process.kill()
                     await self.process.wait()
             await self.process.aclose()
+            if self.supervised:
+                self.supervised = False
+                from panqueue._sandbox.supervisor import supervisor
+
+                supervisor().detach(self.process.pid)
+
+    def new_denials(self) -> list[str]:
+        """What the supervisor denied this child since the last call."""
+        if not self.supervised:
+            return []
+        from panqueue._sandbox.supervisor import supervisor
+
+        denials = supervisor().denials(self.process.pid)
+        fresh, self.denied = denials[self.denied:], len(denials)
+        return fresh
 
 
 class SubprocessExecutor(Executor):
@@ -120,26 +172,79 @@ class SubprocessExecutor(Executor):
         self._idle: list[_Child] = []
         self._busy: set[_Child] = set()
         self._stopping = False
+        self.permissions = getattr(handler.options, "permissions", None)
+        # The config frame's policy when the children are confined; None without permissions
+        # or, under on_unsupported="warn", on a host that cannot enforce them.
+        self._policy: dict[str, Any] | None = None
+        self._unenforced: str | None = None  # what this host lacks, under "warn"
+
+    async def start(self) -> None:
+        """With permissions: refuse the queue (ConfigError) where they cannot be enforced,
+        unless they say ``on_unsupported="warn"``."""
+        permissions = self.permissions
+        if permissions is None:
+            return
+        from panqueue._sandbox.probe import support
+
+        missing = support().missing(permissions)
+        if not missing:
+            from panqueue._sandbox.policy import to_wire
+
+            self._policy = to_wire(permissions)
+        elif permissions.on_unsupported == "warn":
+            self._unenforced = "; ".join(missing)
+        else:
+            raise ConfigError(
+                f"queue {self.handler.queue!r}: its permissions cannot be enforced on this host: "
+                f"{'; '.join(missing)} (Permissions(on_unsupported='warn') runs it unconfined)")
 
     def _env(self) -> dict[str, str]:
+        if self.permissions is not None:
+            from panqueue._sandbox.policy import child_env
+
+            return child_env(self.permissions)
         return {name: os.environ[name] for name in self.isolation.env if name in os.environ}
 
     async def _spawn(self) -> _Child:
-        process = await anyio.open_process(
-            [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-            env=self._env(), cwd=self.isolation.cwd,
-            start_new_session=self.isolation.new_session)
+        stderr: int | None = None
+        if self.permissions is not None:
+            relay_fd, stderr = os.pipe()
+        try:
+            process = await anyio.open_process(
+                [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                env=self._env(), cwd=self.isolation.cwd,
+                start_new_session=self.isolation.new_session)
+        except BaseException:
+            if stderr is not None:
+                os.close(relay_fd)
+            raise
+        finally:
+            if stderr is not None:
+                os.close(stderr)
+        if stderr is not None:
+            threading.Thread(target=_relay, args=(relay_fd,), daemon=True,
+                             name=f"panqueue-stderr-{process.pid}").start()
+        if self._unenforced is not None:
+            get_logger("panqueue.worker").warning(
+                "permissions not enforced: child runs unconfined", queue=self.handler.queue,
+                pid=process.pid, missing=self._unenforced)
         child = _Child(process)
         limits = self.isolation.limits
         try:
-            await child.send({
+            config: dict[str, Any] = {
                 "handler": self.handler.import_path,
                 "limits": None if limits is None else {
                     "memory_mb": limits.memory_mb, "cpu_seconds": limits.cpu_seconds,
                     "open_files": limits.open_files},
-            })
+            }
+            if self._policy is not None:
+                config["permissions"] = self._policy
+            await child.send(config)
             ready = await child.receive()
+            if ready.get("t") == "listener" and self._policy is not None:
+                await self._attach(child, int(ready["fd"]))
+                ready = await child.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead):
             with anyio.CancelScope(shield=True), anyio.move_on_after(_TERM_GRACE):
                 await process.wait()  # it exited: report how, rather than our own SIGTERM
@@ -153,11 +258,41 @@ class SubprocessExecutor(Executor):
         except BaseException:
             await child.terminate()  # cancelled while starting: never leave a child behind
             raise
+        if ready.get("t") == "refused":
+            await child.terminate()
+            self.restarted("crashed")
+            raise ChildCrashed(f"child could not apply its permissions: {ready.get('why')}")
         if ready.get("t") != "ready":
             await child.terminate()
             self.restarted("crashed")
             raise ChildCrashed(f"child sent {ready!r} instead of 'ready'")
         return child
+
+    async def _attach(self, child: _Child, fd: int) -> None:
+        """Hand the child's seccomp listener to the worker's supervisor, then say so."""
+        from panqueue._sandbox.net import NetPolicy
+        from panqueue._sandbox.supervisor import supervisor
+
+        assert self._policy is not None and self.permissions is not None
+        supervisor().attach(child.process.pid, fd, NetPolicy.from_wire(self._policy["net"]),
+                            self.permissions.processes)
+        child.supervised = True
+        await child.send({"t": "attached"})
+
+    def _limit_cpu(self, child: _Child) -> None:
+        """A confined child cannot raise its own CPU limit: give its next job a budget."""
+        limits = self.isolation.limits
+        if self._policy is None or limits is None or not limits.cpu_seconds:
+            return
+        import resource
+
+        pid = child.process.pid
+        with contextlib.suppress(OSError, ValueError):
+            _, hard = resource.prlimit(pid, resource.RLIMIT_CPU)
+            soft = _cpu_used(pid) + 1 + limits.cpu_seconds
+            if hard != resource.RLIM_INFINITY:
+                soft = min(soft, hard)
+            resource.prlimit(pid, resource.RLIMIT_CPU, (soft, hard))
 
     async def run(self, job: Job, timeout: float | None) -> Any:
         child = self._idle.pop() if self._idle else await self._spawn()
@@ -167,6 +302,7 @@ class SubprocessExecutor(Executor):
         restart: str | None = "stopped"
         try:
             options = job.options
+            self._limit_cpu(child)
             await child.send({
                 "t": "run", "id": job.id, "queue": job.queue, "data": job.data,
                 "attempt": job.attempt,
@@ -186,12 +322,13 @@ class SubprocessExecutor(Executor):
             child.jobs += 1
             restart = None  # a child that asks to be recycled is replaced as planned
             healthy = not frame.get("recycle")
-            return self._outcome(frame)
+            return self._outcome(frame, child)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead):
             restart = "crashed"
             with anyio.CancelScope(shield=True):
                 returncode = await child.process.wait()
-            raise ChildCrashed(describe_exit(returncode, self.isolation)) from None
+            raise ChildCrashed(describe_exit(returncode, self.isolation)
+                               + _denied(child.new_denials())) from None
         finally:
             self._busy.discard(child)
             limit = self.isolation.max_jobs_per_child
@@ -212,7 +349,7 @@ class SubprocessExecutor(Executor):
             if kind in ("p", "l"):
                 await job._sink(kind, frame.get("v"))
 
-    def _outcome(self, frame: dict[str, Any]) -> Any:
+    def _outcome(self, frame: dict[str, Any], child: _Child) -> Any:
         if frame.get("ok"):
             return frame.get("r")
         if "retry" in frame:
@@ -229,6 +366,9 @@ class SubprocessExecutor(Executor):
         limits = self.isolation.limits
         if type_name == "MemoryError" and limits is not None and limits.memory_mb:
             message = f"child exceeded memory limit {limits.memory_mb} MB"
+        denials = child.new_denials()
+        if denials and not any(denial in message for denial in denials):
+            message += _denied(denials)
         raise RemoteError(type_name, message, error.get("traceback"))
 
     def request_stop(self) -> None:
@@ -241,3 +381,8 @@ class SubprocessExecutor(Executor):
         children, self._idle = self._idle, []
         for child in children:
             await child.terminate()
+
+
+def _denied(denials: list[str]) -> str:
+    """What the supervisor denied, as a suffix for an error message."""
+    return f" (permissions denied: {'; '.join(denials)})" if denials else ""

@@ -1,0 +1,184 @@
+"""The child confines itself, once, before it answers ``ready`` (see docs/executors.md):
+
+1. every file descriptor is closed but 0, 1, 2 and the protocol's pipes;
+2. no_new_privs, and every capability dropped (bounding, ambient, effective, permitted,
+   inheritable): a worker running as root gives its children none of root's powers;
+3. Landlock: the runtime set read-only, the grants, the programs of ``run`` executable, TCP
+   connect and bind only on the granted ports, no signals or abstract unix sockets outside;
+4. the seccomp filter (:mod:`panqueue._sandbox.seccomp`), whose listener goes to the worker's
+   supervisor when the policy needs one.
+
+Then :func:`install_audit_hook` gives Python code a clear ``PermissionError`` naming what was
+denied before the kernel refuses (advisory: the kernel enforces).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from panqueue._sandbox import landlock
+
+__all__ = ["ConfineError", "confine", "install_audit_hook"]
+
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class ConfineError(RuntimeError):
+    """The child could not apply its rules: it must not run any job."""
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise ConfineError(f"{what}: {os.strerror(code)}")
+
+
+def _close_fds(keep: Iterable[int]) -> None:
+    kept = sorted({0, 1, 2, *keep})
+    start = 0
+    for fd in kept:
+        if fd > start:
+            os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, 1 << 20)
+
+
+def _single_threaded() -> None:
+    threads = os.listdir("/proc/self/task")
+    if len(threads) != 1:
+        raise ConfineError(f"the child runs {len(threads)} threads before its rules apply (the "
+                           "handler's module starts threads when imported); the rules hold only "
+                           "for the thread that applies them")
+
+
+def _drop_privileges(libc: ctypes.CDLL) -> None:
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as file:
+            last_cap = int(file.read())
+    except (OSError, ValueError):
+        last_cap = 63
+    for cap in range(last_cap + 1):
+        # EPERM without CAP_SETPCAP: such a process holds no capability to lose anyway, and
+        # no_new_privs keeps it from gaining any through execve.
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(libc.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
+
+
+def _landlock(policy: dict[str, Any]) -> None:
+    abi, why = landlock.abi_version()
+    if abi < 6:
+        raise ConfineError(why or f"Landlock ABI {abi} < 6")
+    rules = landlock.Ruleset(abi)
+    rules.allow_paths(policy["runtime"], landlock.FS_READ)
+    rules.allow_path(f"/proc/{os.getpid()}", landlock.FS_READ)
+    rules.allow_paths(policy["devices"], landlock.FS_READ | landlock.ACCESS_FS_WRITE_FILE)
+    rules.allow_paths(policy["execute"], landlock.FS_EXECUTE)
+    rules.allow_paths(policy["read"], landlock.FS_READ)
+    rules.allow_paths(policy["write"], landlock.FS_WRITE)
+    for port in policy["connect_ports"]:
+        rules.allow_port(int(port), landlock.ACCESS_NET_CONNECT_TCP)
+    for port in policy["listen_ports"]:
+        rules.allow_port(int(port), landlock.ACCESS_NET_BIND_TCP)
+    rules.restrict_self()
+
+
+def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
+    """Apply ``policy`` (:func:`panqueue._sandbox.policy.to_wire`) to this process, for good.
+
+    ``keep``: descriptors to keep open besides 0, 1 and 2 (the protocol's pipes). Returns the
+    seccomp listener's descriptor for the worker's supervisor, or -1 when the policy needs no
+    supervisor. Raises :class:`ConfineError` when any step fails: the child must then exit.
+    """
+    if sys.platform != "linux":
+        raise ConfineError("not Linux")
+    try:
+        from panqueue._sandbox.seccomp import FilterSpec, install_filter
+    except ImportError as exc:
+        raise ConfineError(f"the seccomp filter is not available ({exc})") from None
+    try:
+        _close_fds(keep)
+        _single_threaded()
+        libc = _libc()
+        _drop_privileges(libc)
+        _landlock(policy)
+        spec = policy["filter"]
+        return install_filter(FilterSpec(run=bool(spec["run"]), processes=int(spec["processes"]),
+                                         inet=bool(spec["inet"]), listen=bool(spec["listen"])))
+    except ConfineError:
+        raise
+    except Exception as exc:
+        raise ConfineError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def install_audit_hook(policy: dict[str, Any]) -> None:
+    """Refuse, in Python and with a message naming it, a connect or a program the kernel
+    would refuse anyway (the kernel's own errors do not say what was denied)."""
+    from panqueue._sandbox.net import NetPolicy
+
+    net = NetPolicy.from_wire(policy["net"])
+    grants = ", ".join(policy.get("net_grants") or []) or "none"
+    programs = {os.path.realpath(p) for p in policy.get("run") or []}
+    run_grants = ", ".join(policy.get("run") or []) or "none"
+
+    def check_program(program: Any) -> None:
+        if isinstance(program, bytes):
+            program = os.fsdecode(program)
+        if isinstance(program, os.PathLike):
+            program = os.fspath(program)
+        if not isinstance(program, str):
+            return
+        path = program if "/" in program else (shutil.which(program) or program)
+        if os.path.realpath(path) not in programs:
+            raise PermissionError(f"permissions deny running {program} (run grants: "
+                                  f"{run_grants})")
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event == "socket.connect":
+            address = args[1] if len(args) > 1 else None
+            if isinstance(address, tuple) and len(address) >= 2 and isinstance(address[0], str) \
+                    and isinstance(address[1], int):
+                host, port = address[0], address[1]
+                if net.allows_literal(host, port) is False:
+                    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                    raise PermissionError(f"permissions deny connect to {shown} (net grants: "
+                                          f"{grants})")
+        elif event == "subprocess.Popen":
+            executable, argv = args[0], args[1]
+            if executable is None:
+                if isinstance(argv, (str, bytes, os.PathLike)):
+                    executable = argv
+                elif argv:
+                    executable = next(iter(argv))
+            check_program(executable)
+        elif event in ("os.exec", "os.posix_spawn"):
+            check_program(args[0])
+        elif event == "os.spawn":
+            check_program(args[1])
+
+    sys.addaudithook(hook)
