@@ -33,8 +33,8 @@ panqueue COMMAND [options]          # also: python -m panqueue COMMAND [options]
 
 {table}
 
-Every command except `server` takes `--url URL`. The URL is taken from `--url`, then from
-`$PANQUEUE_URL`, and finally defaults to `redis://localhost:6379/0`. See
+Every command except `server` and `check-permissions` takes `--url URL`. The URL is taken
+from `--url`, then from `$PANQUEUE_URL`, and finally defaults to `redis://localhost:6379/0`. See
 [connections](connections.md) for the URL forms. `panqueue COMMAND --help` shows what is below.
 Installed in a virtual environment, the command is `.venv/bin/panqueue` (or `panqueue` once the
 environment is activated with `. .venv/bin/activate`).
@@ -44,7 +44,7 @@ environment is activated with `. .venv/bin/activate`).
 | code | meaning |
 |---|---|
 | 0 | success (for `worker`: stopped after SIGTERM/SIGINT and a completed shutdown, or `--burst` with the queues empty) |
-| 1 | runtime failure: Redis unreachable or the connection broke, job not found, a port already in use, `check` finding a queue that no live worker serves, a `demo` job that did not complete |
+| 1 | runtime failure: Redis unreachable or the connection broke, job not found, a port already in use, `check` finding a queue that no live worker serves, `check-permissions` finding a queue whose grants this host does not enforce, a `demo` job that did not complete |
 | 2 | usage or configuration error: a bad option or argument (a non-positive `--poll-interval`, a negative or NaN `--grace`, a port outside 1-65535, a database that is not a number, an empty or malformed `--url`, a directory that cannot be written), a URL whose server does not speak Redis, a bad `MODULE:ATTR` or a module that fails to import (the message names your file and line), an unknown queue, invalid JSON |
 | 130 | interrupted (Ctrl-C) outside a command's own signal handling |
 

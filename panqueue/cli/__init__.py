@@ -10,7 +10,8 @@ The commands live one group per module: ``_jobs`` (adding, listing and acting on
 queues), ``_ops`` (info, workers, explain, purge, check), ``_top`` (the live
 terminal view, the one command that needs textual), ``_worker`` (the worker), ``_metrics`` (the
 Prometheus exporter), ``_dashboard`` (the web dashboard), ``_dev``
-(the development server and the demo).
+(the development server and the demo), ``_permissions`` (what sandboxed handlers are granted and
+whether this host enforces it).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from panqueue.cli._jobs import (
 )
 from panqueue.cli._metrics import metrics
 from panqueue.cli._ops import check, explain, info, purge, workers
+from panqueue.cli._permissions import check_permissions
 from panqueue.cli._top import top
 from panqueue.cli._worker import worker
 from panqueue.errors import ConfigError, PanqueueError
@@ -52,7 +54,7 @@ __all__ = ["cli", "main"]
 def cli() -> None:
     """Redis-backed job queue: run workers, add and inspect jobs, manage queues.
 
-    Every command except server takes --url (default: $PANQUEUE_URL, else
+    Every command except server and check-permissions takes --url (default: $PANQUEUE_URL, else
     redis://localhost:6379/0). Exit codes: 0 success, 1 runtime failure, 2 usage or
     configuration error.
     """
@@ -60,7 +62,7 @@ def cli() -> None:
 
 for _command in (worker, enqueue, stats, job, jobs, cancel, remove, dlq, pause, resume,
                  schedules, server, demo, info, workers, explain, purge, check, top,
-                 metrics, dashboard):
+                 metrics, dashboard, check_permissions):
     cli.add_command(_command)
 
 
