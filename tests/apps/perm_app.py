@@ -1,0 +1,58 @@
+"""Handlers for tests/test_permissions.py: module-level functions (a subprocess child imports
+them by name), each told by its job's data what to try.
+
+``queues`` serves them to a ``panqueue worker`` process with grants under ``$PERM_APP_DIR``
+(``in`` readable, ``out`` writable); the tests also register them in registries of their own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from panqueue import Job, Permissions, Registry
+
+
+def transform(job: Job) -> dict[str, Any]:
+    """Read a granted file, write its upper-case copy into a granted directory, and use what a
+    real handler uses: lazy imports of the standard library, TLS with the system's CA store,
+    ``tempfile`` (in the first write grant)."""
+    import decimal
+    import ssl
+    import tempfile
+    import zoneinfo
+
+    with open(job.data["src"]) as source:
+        text = source.read()
+    with open(job.data["dst"], "w") as target:
+        target.write(text.upper())
+    fd, temp = tempfile.mkstemp()
+    os.close(fd)
+    os.unlink(temp)
+    context = ssl.create_default_context()
+    return {"tmp": os.path.dirname(temp), "cas": context.cert_store_stats()["x509_ca"],
+            "sum": str(decimal.Decimal("0.1") + decimal.Decimal("0.2")),
+            "tz": str(zoneinfo.ZoneInfo("Europe/Paris")),
+            "env": sorted(os.environ)}
+
+
+def read(job: Job) -> str:
+    """Read the file ``job.data["path"]`` (``"WORKER_ENVIRON"``: the worker's environment)."""
+    path = job.data["path"]
+    if path == "WORKER_ENVIRON":
+        path = f"/proc/{os.getppid()}/environ"
+    with open(path, "rb") as file:
+        return file.read(64).decode(errors="replace")
+
+
+def listdir(job: Job) -> list[str]:
+    return sorted(os.listdir(job.data["path"]))
+
+
+queues = Registry()
+_DIR = os.environ.get("PERM_APP_DIR", "/nonexistent")
+queues.handler("perm-read", executor="subprocess",
+               permissions=Permissions(read=[f"{_DIR}/in"], write=[f"{_DIR}/out"]))(read)
+queues.handler("perm-warn", executor="subprocess",
+               permissions=Permissions(read=[f"{_DIR}/in"],
+                                       on_unsupported="warn"))(listdir)

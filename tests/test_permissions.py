@@ -1,0 +1,252 @@
+"""Permissions of subprocess handlers: what registration refuses, a confined child that does
+its granted work, a few of the reads it is refused (tests/test_permissions_escapes.py tries
+every escape), and fail closed on a host without Landlock, on asyncio and trio.
+
+The host without Landlock is real to the worker: tests/no_landlock.py starts it under a seccomp
+filter that makes the Landlock system calls fail with ENOSYS, as a kernel without Landlock does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from panqueue import ConfigError, JobFailed, Permissions, QueueClient, Registry
+from panqueue._sandbox.policy import child_env, runtime_paths
+from panqueue._sandbox.probe import support
+from panqueue.testing import run_worker
+from tests.helpers import APPS, ROOT, panqueue_command, subprocess_env
+
+sys.path.insert(0, str(APPS))
+import perm_app
+
+# ----------------------------------------------------------------------------- registration
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"read": ["data"]}, "Permissions.read entries must be absolute paths, got 'data'"),
+    ({"write": "/tmp"}, "Permissions.write must be a list of paths"),
+    ({"run": ["bin/tool"]}, "Permissions.run entries must be absolute paths or program names"),
+    ({"net": ["example.com"]}, "expected 'host:port'"),
+    ({"net": ["example.com:0"]}, "the port must be a number from 1 to 65535"),
+    ({"net": ["example.com:https"]}, "the port must be a number from 1 to 65535"),
+    ({"net": ["::1:443"]}, "write an IPv6 address in brackets"),
+    ({"net": ["[10.0.0.1]:443"]}, "brackets are for IPv6 addresses only"),
+    ({"net": ["bad host:443"]}, "is not a host name, an address or a network"),
+    ({"listen": [0]}, "Permissions.listen entries must be ports"),
+    ({"listen": ["8080"]}, "Permissions.listen entries must be ports"),
+    ({"env": ["A=B"]}, "Permissions.env entries must be variable names or globs"),
+    ({"processes": -1}, "Permissions.processes must be an int >= 0"),
+    ({"processes": True}, "Permissions.processes must be an int >= 0"),
+    ({"on_unsupported": "ignore"}, "Permissions.on_unsupported must be 'fail' or 'warn'"),
+])
+def test_permissions_refuse_bad_grants(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Permissions(**kwargs)
+    assert message in str(refused.value)
+
+
+def test_permissions_accept_every_net_form_and_normalise_paths() -> None:
+    perms = Permissions(read=["/srv/in/", Path("/srv/other")], write=["/tmp/out"],
+                        net=["s3.eu-west-1.amazonaws.com:443", "10.0.0.5:6379", "[::1]:8080",
+                             "10.0.0.0/8:443", "[fd00::/8]:443", "*:80"],
+                        listen=[8000], env=["AWS_*"], processes=2)
+    assert perms.read == ("/srv/in", "/srv/other")
+    assert perms.net_ports() == {443, 6379, 8080, 80}
+
+
+def test_permissions_need_the_subprocess_executor() -> None:
+    registry = Registry()
+    with pytest.raises(ConfigError, match="apply to executor='subprocess' only"):
+        registry.handler("q", executor="thread", permissions=Permissions())(perm_app.read)
+    with pytest.raises(ConfigError, match="apply to executor='subprocess' only"):
+        registry.handler("q2", permissions=Permissions())(perm_app.read)
+
+
+def test_permissions_take_the_environment_in_their_own_env() -> None:
+    with pytest.raises(ConfigError, match=r"Permissions\(env=\.\.\.\)"):
+        Registry().handler("q", executor="subprocess", env=["HOME"],
+                           permissions=Permissions())(perm_app.read)
+
+
+def test_run_programs_resolve_at_registration(tmp_path: Path) -> None:
+    registry = Registry()
+    handler = registry.handler("q", executor="subprocess",
+                               permissions=Permissions(run=["sh"]))(perm_app.read)
+    [program] = handler.options.permissions.run  # type: ignore[union-attr]
+    assert os.path.isabs(program) and os.path.basename(program) == "sh"
+    with pytest.raises(ConfigError, match="run program 'no-such-program-xyz' is not on PATH"):
+        Registry().handler("q", executor="subprocess", permissions=Permissions(
+            run=["no-such-program-xyz"]))(perm_app.read)
+    (tmp_path / "data").write_text("")
+    with pytest.raises(ConfigError, match="is not an executable file"):
+        Registry().handler("q", executor="subprocess", permissions=Permissions(
+            run=[str(tmp_path / "data")]))(perm_app.read)
+
+
+def test_child_environment_comes_from_the_env_globs_and_tmpdir_from_the_first_write() -> None:
+    environ = {"AWS_REGION": "eu", "AWS_SECRET_KEY": "s", "HOME": "/root", "PATH": "/bin",
+               "TMPDIR": "/tmp"}
+    perms = Permissions(env=["AWS_*", "PATH"], write=["/srv/out", "/srv/other"])
+    assert child_env(perms, environ) == {"AWS_REGION": "eu", "AWS_SECRET_KEY": "s",
+                                         "PATH": "/bin", "TMPDIR": "/srv/out"}
+    assert child_env(Permissions(), environ) == {}
+
+
+def test_runtime_set_holds_the_interpreter_and_not_the_project() -> None:
+    paths = runtime_paths()
+    assert os.path.dirname(os.__file__) in paths
+    assert "/etc" not in paths and "/" not in paths
+    assert not any(path == str(ROOT) or path == str(APPS) or str(APPS).startswith(path + "/")
+                   for path in paths)
+
+
+# ----------------------------------------------------------------------------- confined child
+
+# Skipped only where the kernel lacks what permissions need (panqueue's own pieces must be there).
+needs_enforcement = pytest.mark.skipif(
+    support().landlock_abi < 6, reason=f"this host cannot enforce permissions: "
+                                       f"{'; '.join(support().missing())}")
+
+
+@pytest.fixture
+def grants(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "in" / "source.txt").write_text("granted\n")
+    (tmp_path / "secret.txt").write_text("not granted\n")
+    yield tmp_path
+
+
+def confined_registry(base: Path, **extra: Any) -> Registry:
+    registry = Registry()
+    perms = Permissions(read=[str(base / "in")], write=[str(base / "out")], env=["LANG"],
+                        **extra)
+    registry.handler("transform", executor="subprocess", permissions=perms)(perm_app.transform)
+    registry.handler("read", executor="subprocess", permissions=perms)(perm_app.read)
+    registry.handler("listdir", executor="subprocess", permissions=perms)(perm_app.listdir)
+    return registry
+
+
+async def outcome(url: str, registry: Registry, queue: str, data: Any) -> Any:
+    """The job's result, or the JobFailed it ended with."""
+    async with QueueClient(url) as client, run_worker(registry, queue, url):
+        handle = await client.queue(queue).add(data)
+        try:
+            return await handle.result(timeout=30)
+        except JobFailed as failed:
+            return failed
+
+
+@needs_enforcement
+@pytest.mark.anyio
+async def test_confined_handler_does_its_granted_work(redis_url: str, grants: Path) -> None:
+    result = await outcome(redis_url, confined_registry(grants), "transform", {
+        "src": str(grants / "in" / "source.txt"), "dst": str(grants / "out" / "copy.txt")})
+    assert not isinstance(result, JobFailed), result
+    assert (grants / "out" / "copy.txt").read_text() == "GRANTED\n"
+    assert result["tmp"] == str(grants / "out")
+    assert result["cas"] > 0  # the system's CA certificates are readable
+    assert result["sum"] == "0.3" and result["tz"] == "Europe/Paris"
+    assert set(result["env"]) <= {"LANG", "TMPDIR", "LC_CTYPE"}
+
+
+@needs_enforcement
+@pytest.mark.anyio
+@pytest.mark.parametrize("target", ["/etc/shadow", "project", "module", "secret", "worker"])
+async def test_confined_handler_cannot_read_outside_its_grants(redis_url: str, grants: Path,
+                                                               target: str) -> None:
+    path = {"/etc/shadow": "/etc/shadow", "project": str(ROOT / "pyproject.toml"),
+            "module": perm_app.__file__, "secret": str(grants / "secret.txt"),
+            "worker": "WORKER_ENVIRON"}[target]
+    registry = confined_registry(grants)
+    async with QueueClient(redis_url) as client, run_worker(registry, "read", redis_url):
+        denied = await client.queue("read").add({"path": path})
+        with pytest.raises(JobFailed) as failed:
+            await denied.result(timeout=30)
+        # The worker keeps serving: a granted read on the same worker completes.
+        allowed = await client.queue("read").add({"path": str(grants / "in" / "source.txt")})
+        assert await allowed.result(timeout=30) == "granted\n"
+    error = failed.value.error
+    assert error is not None and error.type == "PermissionError", error
+    shown = f"/proc/{os.getpid()}/environ" if target == "worker" else path
+    assert shown in error.message
+
+
+@needs_enforcement
+@pytest.mark.anyio
+async def test_confined_handler_cannot_list_the_worker_directory(redis_url: str,
+                                                                 grants: Path) -> None:
+    failed = await outcome(redis_url, confined_registry(grants), "listdir", {"path": str(ROOT)})
+    assert isinstance(failed, JobFailed) and failed.error is not None
+    assert failed.error.type == "PermissionError"
+
+
+# ----------------------------------------------------------------------------- fail closed
+
+
+def run_worker_without_landlock(tmp_path: Path, redis_url: str, queue: str
+                                ) -> subprocess.Popen[bytes]:
+    """``panqueue worker perm_app:queues QUEUE`` on what looks to it like a host without
+    Landlock; stderr goes to tmp_path/worker.err."""
+    env = subprocess_env(PERM_APP_DIR=str(tmp_path))
+    err = (tmp_path / "worker.err").open("wb")
+    with err:
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "no_landlock.py"),
+             *panqueue_command("worker", "perm_app:queues", "-q", queue, "--url", redis_url)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT)
+
+
+def test_worker_refuses_a_queue_it_cannot_confine(tmp_path: Path, redis_url: str) -> None:
+    worker = run_worker_without_landlock(tmp_path, redis_url, "perm-read")
+    try:
+        code = worker.wait(timeout=60)
+    finally:
+        worker.kill()
+    err = (tmp_path / "worker.err").read_text()
+    assert code != 0, err
+    lines = [line for line in err.splitlines() if "permissions cannot be enforced" in line]
+    assert len(lines) == 1, err
+    assert "'perm-read'" in lines[0] and "Landlock is not available (ENOSYS)" in lines[0]
+
+
+def test_warn_runs_unconfined_with_one_warning_per_child(tmp_path: Path, redis_url: str) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a").write_text("")
+    worker = run_worker_without_landlock(tmp_path, redis_url, "perm-warn")
+    try:
+        with QueueClientSync(redis_url) as client:
+            for _ in range(2):  # one child (concurrency 1) runs both
+                assert client.run("perm-warn", {"path": str(ROOT / "tests" / "apps")})
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    err = (tmp_path / "worker.err").read_text()
+    warnings = [line for line in err.splitlines() if "permissions not enforced" in line]
+    assert len(warnings) == 1, err
+    assert "Landlock is not available (ENOSYS)" in warnings[0]
+
+
+class QueueClientSync:
+    """Adds a job with the sync client and waits for its result."""
+
+    def __init__(self, url: str) -> None:
+        from panqueue import SyncQueueClient
+
+        self._client = SyncQueueClient(url)
+
+    def __enter__(self) -> QueueClientSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()
+
+    def run(self, queue: str, data: Any) -> Any:
+        return self._client.queue(queue).add(data).result(timeout=60)
