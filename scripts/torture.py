@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/torture.py [--workers 4] [--jobs 2000] [--seconds 60]
                                         [--drain-seconds 40] [--seed N] [--keep]
+                                        [--partition-changes 1]
 
 What it starts (and stops again, by PID, whatever happens, Ctrl-C included):
 
@@ -24,6 +25,15 @@ script), restart Redis (SIGTERM or SIGKILL, down for up to 2 s), and fill Redis 
 refused, held 1-3 s, then removed). Then every fault is lifted and the jobs are drained, up to
 ``--drain-seconds``.
 
+``--partition-changes`` times, evenly spread over the adds, ``torture-partitioned`` is
+redeployed with another partition count (3, then 4, 2, 3, ...), the way docs/scaling.md says a
+count changes: the producer stops adding to that queue (its last add there goes through a new
+client, which so learns the layout), the queue drains while the chaos goes on, its jobs' states
+are read (the purge deletes them), every worker is stopped with SIGTERM, and once none is
+registered the queue is purged and the workers start again with the new count, the first of
+them changing the layout. The producer goes on, its first add to the queue through the client
+that learned the old layout: refused by the new layout, it must read it and re-route.
+
 Longer than our usual 300 lines: one self-contained command (processes, chaos, audit, report)
 that a reader runs and reads top to bottom; its handlers live apart in torture_app.py.
 
@@ -40,6 +50,10 @@ The figures (what each one means is written up in docs/reliability.md):
   process (its subprocess children included). A run with no end record ends when its worker
   was killed or stopped.
 * **completed without a run** (must be 0): completed jobs no handler run was recorded for.
+* **partition count changes failed or skipped** (must be 0): changes whose queue did not drain
+  in time, or whose layout does not have the new count after the redeploy. Counted too: the
+  adds that were refused by a new layout and re-routed, and the handler runs by the backend of
+  the worker (asyncio or trio) that ran them.
 * **workers that died on their own** (must be 0): worker processes that exited while nobody
   asked them to (a replacement is started, so the run goes on). A worker that cannot start
   because Redis is unreachable at that moment exits by design: counted apart, and retried.
@@ -88,14 +102,20 @@ sys.path.insert(0, str(ROOT))
 from panqueue import Dedup, JobState, SyncQueueClient  # noqa: E402
 from panqueue._batch import SyncBatch  # noqa: E402
 from panqueue._keys import QueueKeys, partition_keys  # noqa: E402
+from panqueue._store.ops.partitions import read_layout  # noqa: E402
 from panqueue.embedded import RedisServer  # noqa: E402
 from panqueue.errors import JobNotFound  # noqa: E402
 from panqueue.errors import TimeoutError as PanqueueTimeoutError  # noqa: E402
 from panqueue.testing import FaultProxy  # noqa: E402
 
 QUEUES = ("torture-inline", "torture-thread", "torture-subprocess", "torture-partitioned")
-# The partitioned queue's count, as torture_app.py declares it.
-PARTITIONS = {"torture-partitioned": 3}
+PARTITIONED = "torture-partitioned"
+# The partitioned queue's count at the start, as torture_app.py declares it, and the counts it
+# is redeployed with, in turn, by --partition-changes.
+PARTITIONS = 3
+NEW_COUNTS = (4, 2, 3)
+# How long the partitioned queue may take to drain before a change (the change is skipped).
+CHANGE_DRAIN_TIMEOUT = 45.0
 # Batches: every BATCH_EVERY-th job opens a batch, and it and the next BATCH_SIZE - 1 jobs are
 # added in it (whatever their queues); its callback runs on CALLBACKS once all have ended.
 BATCH_EVERY = 50
@@ -173,6 +193,19 @@ class Torture:
         self.dedup_mismatches: list[tuple[str, str]] = []
         self.dedup_keys = 0
         self.batches: dict[str, list[str]] = {}  # closed batch id -> its jobs' ids
+        # The partition count changes: the partitioned queue's count now, every count it had,
+        # the jobs a change purged (id -> their state, read just before), one record per
+        # change, and adds that a partition refused as routed by an old layout (re-routed).
+        self.partitions = PARTITIONS
+        self.counts_seen = [PARTITIONS]
+        self.purged: dict[str, str] = {}
+        self.changes: list[dict[str, Any]] = []
+        self.changes_skipped = 0
+        self.stale_adds = 0
+        self.change_requested = threading.Event()
+        self.producer_paused = threading.Event()
+        self.changed = threading.Event()
+        self.stalls_purged = 0
         self.add_given_up: list[str] = []
         self.producer_done = threading.Event()
         self.completed_events: collections.Counter[str] = collections.Counter()
@@ -182,10 +215,16 @@ class Torture:
 
     # ------------------------------------------------------------------ helpers
 
-    @staticmethod
-    def keys(queue: str) -> list[QueueKeys]:
-        """The key layouts of every partition of ``queue`` (one for most)."""
-        return partition_keys(queue, PARTITIONS.get(queue, 1))
+    def keys(self, queue: str, now: bool = False) -> list[QueueKeys]:
+        """The key layouts of every partition of ``queue`` (one for most): of the partitioned
+        queue, under every count it had, or only under its count ``now``."""
+        if queue != PARTITIONED:
+            return partition_keys(queue, 1)
+        found: dict[str, QueueKeys] = {}
+        for count in [self.partitions] if now else self.counts_seen:
+            for keys in partition_keys(queue, count):
+                found.setdefault(keys.prefix, keys)
+        return list(found.values())
 
     def say(self, message: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {message}", flush=True)
@@ -211,6 +250,7 @@ class Torture:
         env.pop("PANQUEUE_URL", None)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])
         env["TORTURE_JOURNAL_DIR"] = str(self.journal_dir)
+        env["TORTURE_PARTITIONS"] = str(self.partitions)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "panqueue", "worker", "torture_app:queues",
@@ -286,6 +326,10 @@ class Torture:
         started = time.monotonic()
         client = SyncQueueClient(self.server.url)
         batch_id, members = "", []
+        # A client that learned the partitioned queue's layout before a change, and its adds
+        # still to make after it.
+        stale: SyncQueueClient | None = None
+        stale_left = 0
         try:
             for i in range(n):
                 pause = started + spread * i / n - time.monotonic()
@@ -299,12 +343,22 @@ class Torture:
                       self.jobs_rng.uniform(1000, 3000))
                 data = {"i": i, "ms": round(ms, 1), "stubborn": i % 4 == 1}
                 options: dict[str, Any] = {}
-                if queue in PARTITIONS:
+                # A change of the partitioned queue's count was asked for: this job is added by
+                # a new client, which so learns the layout, and the producer then waits for the
+                # change; that client adds the queue's first job after it, and must be refused
+                # by the new layout and re-route.
+                pausing = queue == PARTITIONED and self.change_requested.is_set()
+                if pausing:
+                    if stale is not None:
+                        stale.close()
+                    stale, stale_left = SyncQueueClient(self.server.url), 2
+                by_stale = queue == PARTITIONED and stale is not None and stale_left > 0
+                if queue == PARTITIONED:
                     # Every other job of the partitioned queue is part of a flow: it waits for
                     # that queue's previous job (and so lives in its partition, its id's home
                     # holding a pointer); every fourth carries a dedup key, added twice.
                     parent = f"t-{i - len(QUEUES):06d}"
-                    if i % 8 == 3 and parent in self.added:
+                    if i % 8 == 3 and parent in self.added and parent not in self.purged:
                         options["depends_on"] = [parent]
                     elif i % 16 == 7:
                         options["dedup"] = Dedup(f"dd-{i}", ttl=3600)
@@ -314,7 +368,17 @@ class Torture:
                     members = []
                 if i % BATCH_EVERY < BATCH_SIZE and batch_id and not options:
                     options["batch"] = batch_id
-                client, added = self.add(client, queue, data, job_id, options)
+                if by_stale:
+                    assert stale is not None
+                    stale_left -= 1
+                    known = stale._parts._known.get(queue)
+                    _, added = self.add(stale, queue, data, job_id, options, keep=True)
+                    relearned = stale._parts._known.get(queue)
+                    # Refused as routed by the old layout, it read the new one and re-routed.
+                    if added and known and relearned and relearned.version > known.version:
+                        self.stale_adds += 1
+                else:
+                    client, added = self.add(client, queue, data, job_id, options)
                 if "batch" in options:
                     members += [added] if added else []
                     if i % BATCH_EVERY == BATCH_SIZE - 1 and members:
@@ -334,14 +398,22 @@ class Torture:
                     self.dedup_keys += 1
                     if again and again != job_id:
                         self.dedup_mismatches.append((job_id, again))
+                if pausing:
+                    self.producer_paused.set()
+                    while not self.changed.wait(0.25):
+                        if self.stop_threads.is_set():
+                            return
+                    self.changed.clear()
         finally:
             client.close()
+            if stale is not None:
+                stale.close()
             self.producer_done.set()
 
     def add(self, client: SyncQueueClient, queue: str, data: dict[str, Any], job_id: str,
-            options: dict[str, Any]) -> tuple[SyncQueueClient, str]:
+            options: dict[str, Any], keep: bool = False) -> tuple[SyncQueueClient, str]:
         """Add until acknowledged, the same id every time; (the client, the id of the job the
-        add answered, or "" if it was given up)."""
+        add answered, or "" if it was given up); ``keep``: see :meth:`retried`."""
         batch_id = options.pop("batch", None)
 
         def add(c: SyncQueueClient) -> str:
@@ -350,15 +422,17 @@ class Torture:
             return c.queue(queue).add(data, job_id=job_id, **options).id
 
         try:
-            return self.retried(client, job_id, add)
+            return self.retried(client, job_id, add, keep)
         finally:
             if batch_id is not None:
                 options["batch"] = batch_id
 
     def retried(self, client: SyncQueueClient, what: str,
-                call: Callable[[SyncQueueClient], str]) -> tuple[SyncQueueClient, str]:
+                call: Callable[[SyncQueueClient], str], keep: bool = False
+                ) -> tuple[SyncQueueClient, str]:
         """``call`` until it is acknowledged; (the client, its answer, or "" if it was given
-        up, ``what`` then being reported as given up)."""
+        up, ``what`` then being reported as given up). After an error the call is retried on a
+        new client, or, ``keep``, on the same one (it reconnects; what it remembers stays)."""
         assert self.server is not None
         give_up = time.monotonic() + ADD_GIVE_UP
         while not self.stop_threads.is_set():
@@ -366,8 +440,9 @@ class Torture:
                 return client, call(client)
             except Exception as exc:  # Redis down, loading, OOM...: retry, same id
                 self.stats.add_errors[_summary(exc)] += 1
-                client.close()
-                client = SyncQueueClient(self.server.url)
+                if not keep:
+                    client.close()
+                    client = SyncQueueClient(self.server.url)
                 if time.monotonic() > give_up:
                     self.add_given_up.append(what)
                     break
@@ -377,10 +452,12 @@ class Torture:
     def tail_events(self) -> None:
         """Count ``completed`` events per job from the first stream entry on, resuming after
         every broken connection (Redis restarts) from the last id read."""
-        last = {keys.events: "0-0" for q in STREAMS for keys in self.keys(q)}
+        last: dict[Any, Any] = {}
         client: redis.Redis | None = None
         while True:
             stopping = self.stop_threads.is_set()  # one more full read after the stop
+            for key in (keys.events for q in STREAMS for keys in self.keys(q)):
+                last.setdefault(key, "0-0")  # a new partition count's streams join
             try:
                 if client is None:
                     client = self.direct()
@@ -433,12 +510,130 @@ class Torture:
     def chaos(self) -> None:
         actions = [self.kill_worker, self.cut, self.blackhole, self.delay, self.drop_replies,
                    self.restart_redis, self.oom, self.client_kill]
-        end = time.monotonic() + self.args.seconds
-        while time.monotonic() < end:
+        started = time.monotonic()
+        end = started + self.args.seconds
+        # The partition count changes, evenly spread over the time jobs are added.
+        n = self.args.partition_changes
+        change_at = [started + self.args.seconds * ADD_SPREAD * (k + 1) / (n + 1)
+                     for k in range(n)]
+        asked = 0.0
+        while time.monotonic() < end or self.change_requested.is_set():
+            if change_at and time.monotonic() >= change_at[0]:
+                change_at.pop(0)
+                if not self.producer_done.is_set():
+                    asked = time.monotonic()
+                    self.change_requested.set()
+                    self.say(f"redeploy {PARTITIONED} with another partition count: the "
+                             "producer stops adding to it, the queue drains")
+            if self.change_requested.is_set() and (self.producer_paused.is_set()
+                                                   or self.producer_done.is_set()):
+                if self.partitioned_drained():
+                    self.change_partitions(time.monotonic() - asked)
+                    continue
+                if time.monotonic() - asked > CHANGE_DRAIN_TIMEOUT:
+                    self.changes_skipped += 1
+                    self.say(f"{PARTITIONED} did not drain in {CHANGE_DRAIN_TIMEOUT} s: "
+                             "its count change is skipped")
+                    self.resume_producer()
+                    continue
+            if time.monotonic() >= end:
+                self.sleep(0.25)  # past the window: only the change under way goes on
+                continue
             action = self.chaos_rng.choice(actions)
             self.stats.chaos[action.__name__] += 1
             action()
             self.sleep(min(self.chaos_rng.uniform(0.3, 1.5), max(0.0, end - time.monotonic())))
+
+    # ------------------------------------------------------------------ partition count change
+
+    def partitioned_drained(self) -> bool:
+        """Every job added to the partitioned queue since the last change completed, and it
+        holds no other job."""
+        assert self.server is not None
+        expected = sum(1 for j, q in self.added.items() if q == PARTITIONED
+                       and j not in self.purged)
+        try:
+            with SyncQueueClient(self.server.url) as client:
+                counts = client.counts(PARTITIONED)
+        except Exception:
+            return False
+        return counts.get(JobState.COMPLETED, 0) == expected == sum(counts.values())
+
+    def resume_producer(self) -> None:
+        self.change_requested.clear()
+        self.producer_paused.clear()
+        self.changed.set()
+
+    def change_partitions(self, drained_s: float) -> None:
+        """Redeploy the partitioned queue with the next count, as docs/scaling.md says: its jobs
+        all completed (read here, as the purge deletes them), stop every worker (SIGTERM), wait
+        until none is registered, purge the queue, start the workers with the new count (the
+        first changes the layout), and let the producer go on: its first adds to the queue go
+        through a client that learned the old layout, which must be refused and re-route."""
+        assert self.server is not None
+        old, new = self.partitions, NEW_COUNTS[len(self.changes) % len(NEW_COUNTS)]
+        started = time.monotonic()
+        epoch = sorted(j for j, q in self.added.items() if q == PARTITIONED
+                       and j not in self.purged)
+        states: dict[str, str] = {}
+        stalls = 0
+        client = self.retried_client(lambda c: c.ping())
+        try:
+            for job_id in epoch:
+                info = self.retried_client(lambda c, j=job_id: c.get_job(PARTITIONED, j), client)
+                states[job_id] = info.state.value
+                stalls += sum(1 for h in info.history if h.get("type") == "Stalled")
+            backends = [w.backend for w in self.alive_workers()]
+            self.say(f"{len(epoch)} jobs of {PARTITIONED} completed ({drained_s:.1f} s); "
+                     f"stopping {len(backends)} workers")
+            self.stop_workers()
+            deadline = time.monotonic() + START_TIMEOUT
+            while self.retried_client(lambda c: c.workers(PARTITIONED), client):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"workers of {PARTITIONED} still registered after "
+                                       f"{START_TIMEOUT} s")
+                time.sleep(0.2)  # a killed worker leaves the registry within 3 heartbeats
+            waited = time.monotonic() - started
+            purged = self.retried_client(lambda c: c.purge(PARTITIONED), client)
+            self.purged.update(states)
+            self.stalls_purged += stalls
+            self.partitions = new
+            self.counts_seen = [*self.counts_seen, new]
+            for backend in backends:
+                self.start_worker(backend)
+            self.wait_for_listeners(len(backends))
+            layout = self.retried_client(
+                lambda c: c._run(read_layout(PARTITIONED)), client)
+        finally:
+            client.close()
+        changed = layout is not None and layout.count == new
+        self.changes.append({"from": old, "to": new, "jobs": len(epoch), "purged": purged,
+                             "changed": changed, "drain_s": round(drained_s, 1),
+                             "stop_s": round(waited, 1),
+                             "redeploy_s": round(time.monotonic() - started, 1)})
+        self.say(f"{PARTITIONED}: {old} -> {new} partitions (layout {layout}); purged "
+                 f"{purged} jobs; workers stopped and unregistered in {waited:.1f} s, "
+                 f"redeployed in {time.monotonic() - started:.1f} s; the producer goes on")
+        self.resume_producer()
+
+    def retried_client(self, call: Callable[[SyncQueueClient], Any],
+                       client: SyncQueueClient | None = None) -> Any:
+        """``call(client)`` (a new client if None: returned then) until it answers, for up to
+        ADD_GIVE_UP seconds (no fault is held during a change, but Redis may still load)."""
+        assert self.server is not None
+        own = client is None
+        give_up = time.monotonic() + ADD_GIVE_UP
+        while True:
+            c = client or SyncQueueClient(self.server.url)
+            try:
+                answer = call(c)
+                return c if own else answer
+            except Exception:
+                if own:
+                    c.close()
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.2)
 
     def hold(self, low: float, high: float, what: str) -> float:
         """Keep a fault on for a random time in [low, high] seconds (announced first)."""
@@ -549,7 +744,7 @@ class Torture:
         with self.direct() as client:
             while True:
                 listening = min(n for _, n in client.pubsub_shardnumsub(
-                    *(keys.notify for q in STREAMS for keys in self.keys(q))))
+                    *(keys.notify for q in STREAMS for keys in self.keys(q, now=True))))
                 if listening >= count:
                     return
                 if time.monotonic() > deadline:
@@ -563,7 +758,7 @@ class Torture:
         deadline = started + self.args.drain_seconds
         self.producer_done.wait(max(0.0, deadline - time.monotonic()))
         assert self.server is not None
-        expected = collections.Counter(self.added.values())
+        expected = collections.Counter(q for j, q in self.added.items() if j not in self.purged)
         while time.monotonic() < deadline:
             try:
                 with SyncQueueClient(self.server.url) as client:
@@ -627,6 +822,14 @@ class Torture:
         assert self.server is not None
         with SyncQueueClient(self.server.url) as client:
             for job_id, queue in sorted(self.added.items()):
+                if job_id in self.purged:  # read before a partition count change purged it
+                    state = self.purged[job_id]
+                    states[state] += 1
+                    if state == JobState.COMPLETED.value:
+                        completed_ids.add(job_id)
+                    else:
+                        lost.append({"id": job_id, "queue": queue, "state": state})
+                    continue
                 try:
                     info = client.get_job(queue, job_id)
                 except JobNotFound:
@@ -653,12 +856,14 @@ class Torture:
                     fired[str(info.result)] += 1
         # Each closed batch's callback ran and completed exactly once.
         callbacks_wrong = sorted(b for b in self.batches if fired[b] != 1)
+        stalls += self.stalls_purged
         twice = {j: n for j, n in self.completed_events.items() if n > 1}
         without_run = sorted(j for j in completed_ids if j not in by_job)
         out_of_order = flow_violations(self.flows, by_job)
         proxy = self.proxy
         assert proxy is not None
         died = [w for w in self.workers if w.how == "died"]
+        backend_of = {w.pid: w.backend for w in self.workers}
         figures: dict[str, Any] = {
             "seed": self.seed,
             "workers": self.args.workers,
@@ -679,6 +884,14 @@ class Torture:
             "batch_callbacks_missing_or_twice": len(callbacks_wrong),
             "dedup_keys": self.dedup_keys,
             "dedup_mismatches": len(self.dedup_mismatches),
+            "partition_counts": self.counts_seen,
+            "partition_count_changes": sum(1 for c in self.changes if c["changed"]),
+            "partition_count_changes_failed": self.changes_skipped + sum(
+                1 for c in self.changes if not c["changed"]),
+            "partition_changes": self.changes,
+            "stale_layout_adds": self.stale_adds,
+            "runs_by_backend": dict(sorted(collections.Counter(
+                backend_of.get(r.worker, "?") for r in runs).items())),
             "runs": len(runs),
             "reruns": sum(len(r) - 1 for r in by_job.values()),
             "jobs_run_more_than_once": sum(1 for r in by_job.values() if len(r) > 1),
@@ -709,7 +922,8 @@ class Torture:
                              or figures["dedup_mismatches"]
                              or figures["batch_callbacks_missing_or_twice"]
                              or figures["events_missed_by_tail"]
-                             or figures["add_given_up"] or figures["workers_died"])
+                             or figures["add_given_up"] or figures["workers_died"]
+                             or figures["partition_count_changes_failed"])
         self.print_report(figures, lost, twice, overlapping_same, without_run, died, by_job)
         return figures
 
@@ -732,6 +946,13 @@ class Torture:
             ("second dedup adds answered by another job",
              f"{f['dedup_mismatches']} of {f['dedup_keys']}", "0"),
             ("events missed by the tail", f["events_missed_by_tail"], "0"),
+            (f"{PARTITIONED} partition counts", " -> ".join(map(str, f["partition_counts"])),
+             ""),
+            ("partition count changes failed or skipped", f["partition_count_changes_failed"],
+             "0"),
+            ("adds refused by an old layout, re-routed", f["stale_layout_adds"], ""),
+            ("handler runs by worker backend",
+             ", ".join(f"{k} {v}" for k, v in f["runs_by_backend"].items()), ""),
             ("handler runs", f["runs"], ""),
             ("re-runs (beyond the first)", f["reruns"], "allowed"),
             ("abandoned runs", f["abandoned_runs"], "allowed"),
@@ -908,6 +1129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drain-seconds", type=float, default=40.0,
                         help="how long the drain after the chaos may take (default 40)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    parser.add_argument("--partition-changes", type=int, default=1,
+                        help="times the partitioned queue is redeployed with another partition "
+                             "count during the run (default 1)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the temp dir (journals, worker logs, Redis data)")
     return parser.parse_args(argv)
@@ -919,8 +1143,9 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.workers < 1 or args.jobs < 1 or args.seconds <= 0:
-        print("torture: --workers, --jobs and --seconds must be positive", file=sys.stderr)
+    if args.workers < 1 or args.jobs < 1 or args.seconds <= 0 or args.partition_changes < 0:
+        print("torture: --workers, --jobs and --seconds must be positive, "
+              "--partition-changes not negative", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _sigterm)
     torture = Torture(args)

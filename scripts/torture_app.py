@@ -2,7 +2,8 @@
 
 One queue per executor: ``torture-inline`` (async), ``torture-thread`` (blocking, thread pool)
 and ``torture-subprocess`` (blocking, child processes), and ``torture-partitioned`` (async, three
-partitions); ``torture-callbacks`` runs the callbacks of the batches some jobs are added in.
+partitions, or ``$TORTURE_PARTITIONS``); ``torture-callbacks`` runs the callbacks of the batches
+some jobs are added in.
 Every handler sleeps for the time the job asks for (a quarter of the blocking jobs ignore
 ``should_stop()``) and writes each run to a journal: one append-only file per process in
 ``$TORTURE_JOURNAL_DIR``, one line per event, written with a single ``write`` so a line is
@@ -69,9 +70,11 @@ async def _inline(job: Job) -> int:
 
 
 inline = queues.handler("torture-inline", concurrency=10, **_COMMON)(_inline)
-# A queue of three partitions (torture.py's PARTITIONS says so too): its jobs carry flows
-# (depends_on) and dedup keys, whose identities live in a home partition apart from the job.
-partitioned = queues.handler("torture-partitioned", concurrency=10, partitions=3,
+# A partitioned queue: its jobs carry flows (depends_on) and dedup keys, whose identities live
+# in a home partition apart from the job. Three partitions, or the count torture.py redeploys it
+# with ($TORTURE_PARTITIONS): the first worker of a new count changes the queue's layout.
+partitioned = queues.handler("torture-partitioned", concurrency=10,
+                             partitions=int(os.environ.get("TORTURE_PARTITIONS", "3")),
                              **_COMMON)(_inline)
 
 

@@ -1,7 +1,8 @@
 """scripts/torture.py: worker processes under a minute of faults lose no job, complete none
 twice, never run one job twice at once in one process, start no job of a flow before its
 dependency, answer a second add under a dedup key with the key's job, fire each batch's
-callback once, and do not die.
+callback once, and do not die; a partitioned queue is redeployed with another partition count
+mid-run, and a producer that learned the old count re-routes.
 
 The checker is tested too: its overlap and journal logic on hand-made runs.
 """
@@ -96,7 +97,7 @@ def test_a_minute_of_chaos_loses_no_job_and_completes_none_twice() -> None:
         "lost", "completed_twice", "overlapping_runs_same_worker", "completed_without_run",
         "events_missed_by_tail", "add_given_up", "workers_died",
         "flow_jobs_started_before_their_dependency", "dedup_mismatches",
-        "batch_callbacks_missing_or_twice")}
+        "batch_callbacks_missing_or_twice", "partition_count_changes_failed")}
     assert zeros == dict.fromkeys(zeros, 0), report
     assert proc.returncode == 0, report
     # The chaos did happen: every kind of fault, and faults that bit.
@@ -107,3 +108,11 @@ def test_a_minute_of_chaos_loses_no_job_and_completes_none_twice() -> None:
     # The partitioned queue's flows and dedup keys were there to check.
     assert figures["flow_jobs"] >= 10 and figures["dedup_keys"] >= 10, report
     assert figures["batches"] >= 10, report
+    # The partitioned queue changed its count mid-run (3 -> 4), and the producer's client that
+    # had learned 3 partitions was refused by the new layout and re-routed its add.
+    assert figures["partition_count_changes"] == 1, report
+    assert figures["partition_counts"] == [3, 4], report
+    assert figures["stale_layout_adds"] >= 1, report
+    # Workers of both backends ran jobs through the faults, the server's CLIENT KILL included.
+    assert figures["runs_by_backend"].get("asyncio", 0) >= 100, report
+    assert figures["runs_by_backend"].get("trio", 0) >= 100, report
