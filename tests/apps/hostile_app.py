@@ -1,0 +1,494 @@
+"""A hostile handler for tests/test_permissions_escapes.py: each job names, in
+``job.data["attempt"]``, one way out of its sandbox, and the handler tries it for real.
+
+The worker that imports this module gets the grants from its environment (the test sets them):
+HOSTILE_IN (read), HOSTILE_OUT (write), HOSTILE_PORT (connect to 127.0.0.1 on it),
+HOSTILE_HOST_PORT (connect to ``localhost`` on it, the second queue), HOSTILE_QUEUE and
+HOSTILE_HOST_QUEUE (the queues' names). The child gets none of these variables.
+
+A denied attempt lets the kernel's error (PermissionError or the call's OSError) propagate: the
+job fails with it. An attempt that got through returns what it obtained (file contents, a server's
+reply), so the job completes and the test shows what leaked; one that changed the child itself
+(a namespace, a new filter, a raised limit, a chroot, a tracee) raises :class:`Escaped`, a
+MemoryError, which also makes the worker replace this child instead of serving the next job in it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import signal
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from panqueue import Job, Limits, Permissions, Registry
+
+IN = os.environ.get("HOSTILE_IN", "/tmp")
+OUT = os.environ.get("HOSTILE_OUT", "/tmp")
+PORT = int(os.environ.get("HOSTILE_PORT", "9"))
+HOST_PORT = int(os.environ.get("HOSTILE_HOST_PORT", "9"))
+QUEUE = os.environ.get("HOSTILE_QUEUE", "hostile")
+HOST_QUEUE = os.environ.get("HOSTILE_HOST_QUEUE", "hostile-host")
+OPEN_FILES = 256
+
+queues = Registry()
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+# x86_64 system call numbers and constants the standard library does not name.
+SYS_INIT_MODULE = 175
+SYS_FINIT_MODULE = 313
+SYS_SECCOMP = 317
+SYS_IO_URING_SETUP = 425
+SYS_CLONE3 = 435
+SYS_PIDFD_GETFD = 438
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_PROCESS_VM_READV = 310
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_RET_ALLOW = 0x7FFF0000
+PTRACE_ATTACH = 16
+PTRACE_DETACH = 17
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+MSG_FASTOPEN = 0x20000000
+
+
+class Escaped(MemoryError):
+    """The attempt got through and changed this child (MemoryError: the worker replaces it)."""
+
+
+def _check(name: str, ret: int, *, denials: tuple[int, ...] = (errno.EPERM, errno.EACCES)
+           ) -> int:
+    """A libc or raw system call's return: -1 with a denial errno raises that error (as
+    PermissionError for EPERM/EACCES); -1 with any other errno means the kernel's permission
+    check let the call through, and so does success."""
+    if ret == -1:
+        err = ctypes.get_errno()
+        if err in denials:
+            raise OSError(err, f"{name}: {os.strerror(err)}")
+        raise Escaped(f"{name} was let through (it failed later, with {errno.errorcode[err]})")
+    return ret
+
+
+def _syscall(name: str, number: int, *args: int | bytes | ctypes._SimpleCData | Any,
+             denials: tuple[int, ...] = (errno.EPERM, errno.EACCES)) -> int:
+    converted = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    return _check(name, _libc.syscall(ctypes.c_long(number), *converted), denials=denials)
+
+
+def _allow_all_filter() -> Any:
+    """A seccomp filter program of one instruction: allow every call."""
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    program = (SockFilter * 1)(SockFilter(0x06, 0, 0, SECCOMP_RET_ALLOW))  # BPF_RET|BPF_K
+    return SockFprog(1, program), program
+
+
+# ---- files
+
+
+def read(data: dict[str, Any]) -> str:
+    with open(data["path"], "rb") as f:
+        return f.read(4096).decode(errors="replace")
+
+
+def list_dir(data: dict[str, Any]) -> list[str]:
+    return sorted(os.listdir(data["path"]))
+
+
+def write(data: dict[str, Any]) -> str:
+    with open(data["path"], "r+b") as f:
+        f.write(b"overwritten")
+    return "wrote"
+
+
+def create(data: dict[str, Any]) -> str:
+    with open(data["path"], "xb") as f:
+        f.write(data.get("content", "created").encode())
+    return "created"
+
+
+def rename(data: dict[str, Any]) -> str:
+    os.rename(data["path"], data["to"])
+    return "renamed"
+
+
+def delete(data: dict[str, Any]) -> str:
+    os.unlink(data["path"])
+    return "deleted"
+
+
+def truncate(data: dict[str, Any]) -> str:
+    os.truncate(data["path"], 0)
+    return "truncated"
+
+
+def make_dir(data: dict[str, Any]) -> str:
+    os.mkdir(data["path"])
+    return "made"
+
+
+def hard_link_then_read(data: dict[str, Any]) -> str:
+    os.link(data["path"], data["to"])
+    return read({"path": data["to"]})
+
+
+def symlink_then_read(data: dict[str, Any]) -> str:
+    os.symlink(data["path"], data["to"])
+    return read({"path": data["to"]})
+
+
+def libc_read(data: dict[str, Any]) -> str:
+    """open(2) and read(2) through libc: C code, not Python's io."""
+    fd = _check("open", _libc.open(data["path"].encode(), os.O_RDONLY))
+    buffer = ctypes.create_string_buffer(4096)
+    n = _check("read", _libc.read(fd, buffer, 4096))
+    _libc.close(fd)
+    return buffer.raw[:n].decode(errors="replace")
+
+
+# ---- descriptors and other processes
+
+
+def descriptors(data: dict[str, Any]) -> dict[str, Any]:
+    """What this child holds: /proc/self/fd's targets (None if it cannot be listed) and the
+    kind of every descriptor 3..64 that fstat accepts."""
+    listed: dict[str, str] | None = {}
+    listing_error = None
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                listed[name] = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:  # the descriptor of the listing itself, closed by now
+                pass
+    except OSError as exc:
+        listed, listing_error = None, repr(exc)
+    kinds = {}
+    for fd in range(3, 65):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        kinds[str(fd)] = ("pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
+                          else "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode)
+                          else "chr" if stat.S_ISCHR(mode) else f"mode {mode:o}")
+    return {"listed": listed, "listing_error": listing_error, "fstat": kinds}
+
+
+def steal_fd(data: dict[str, Any]) -> str:
+    """pidfd_getfd: a copy of the worker's descriptors (its Redis connections among them)."""
+    pidfd = os.pidfd_open(data["pid"])
+    denied = 0
+    for target in range(3, 65):
+        ret = _libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_long(pidfd),
+                            ctypes.c_long(target), ctypes.c_long(0))
+        if ret >= 0:
+            mode = os.fstat(ret).st_mode
+            os.close(ret)
+            return f"took the worker's fd {target} (mode {mode:o})"
+        if ctypes.get_errno() in (errno.EPERM, errno.EACCES):
+            denied += 1
+    if denied:
+        raise OSError(errno.EPERM, f"pidfd_getfd: {os.strerror(errno.EPERM)}")
+    raise Escaped("pidfd_getfd was let through (no descriptor found to take)")
+
+
+def read_mem(data: dict[str, Any]) -> str:
+    """Open /proc/<pid>/mem and read from the first mapping /proc/<pid>/maps names."""
+    pid = data["pid"]
+    fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            start = int(maps.readline().split("-")[0], 16)
+        return f"opened /proc/{pid}/mem and read {os.pread(fd, 16, start)!r}"
+    except OSError as exc:
+        return f"opened /proc/{pid}/mem (then {exc!r})"
+    finally:
+        os.close(fd)
+
+
+def vm_read(data: dict[str, Any]) -> str:
+    """process_vm_readv of 16 bytes of the worker's stack (an address from its maps, or 0)."""
+
+    class Iovec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+    buffer = ctypes.create_string_buffer(16)
+    local = Iovec(ctypes.cast(buffer, ctypes.c_void_p), 16)
+    remote = Iovec(0x400000, 16)
+    ret = _libc.syscall(ctypes.c_long(SYS_PROCESS_VM_READV), ctypes.c_long(data["pid"]),
+                        ctypes.byref(local), ctypes.c_long(1), ctypes.byref(remote),
+                        ctypes.c_long(1), ctypes.c_long(0))
+    if ret == -1 and ctypes.get_errno() in (errno.EPERM, errno.EACCES):
+        raise OSError(ctypes.get_errno(), "process_vm_readv: "
+                      + os.strerror(ctypes.get_errno()))
+    if ret == -1:  # EFAULT: the address was not mapped, but the access check passed
+        return f"process_vm_readv was let through ({errno.errorcode[ctypes.get_errno()]})"
+    return f"read {buffer.raw[:ret]!r}"
+
+
+def ptrace(data: dict[str, Any]) -> str:
+    pid = data["pid"]
+    _check("ptrace", _libc.ptrace(ctypes.c_long(PTRACE_ATTACH), ctypes.c_long(pid), None, None))
+    os.waitpid(pid, 0x40000000)  # __WALL: its attach stop
+    _libc.ptrace(ctypes.c_long(PTRACE_DETACH), ctypes.c_long(pid), None, None)
+    raise Escaped(f"attached to {pid} with ptrace")
+
+
+def kill(data: dict[str, Any]) -> str:
+    os.kill(data["pid"], data["signal"])
+    return f"signal {data['signal']} delivered to {data['pid']}"
+
+
+def wait(job: Job) -> dict[str, int]:
+    """Report this child's pid, count the SIGUSR2s it gets, and end once data['release']
+    exists (a file the test creates in the write grant)."""
+    received = []
+    signal.signal(signal.SIGUSR2, lambda signum, frame: received.append(signum))
+    job.progress({"pid": os.getpid()})
+    deadline = time.monotonic() + 30
+    while not os.path.exists(job.data["release"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"signals": len(received), "released": os.path.exists(job.data["release"])}
+
+
+# ---- network
+
+
+def connect(data: dict[str, Any]) -> str:
+    family = socket.AF_INET6 if ":" in data["host"] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect((data["host"], data["port"]))
+        s.sendall(data.get("payload", "PING\r\n").encode())
+        reply = s.recv(100) if data.get("reply") else b""
+        return f"connected to {data['host']}:{data['port']}, got {reply!r}"
+
+
+def fastopen(data: dict[str, Any]) -> str:
+    """TCP fast open: sendto with MSG_FASTOPEN connects without connect()."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.sendto(b"PING\r\n", MSG_FASTOPEN, (data["host"], data["port"]))
+        return f"fast-opened {data['host']}:{data['port']}, got {s.recv(100)!r}"
+
+
+def udp(data: dict[str, Any]) -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(b"udp-escape", (data["host"], data["port"]))
+        return "sent"
+
+
+def redis_ping(data: dict[str, Any]) -> Any:
+    import redis
+
+    client = redis.Redis(host=data["host"], port=data["port"], socket_connect_timeout=5)
+    try:
+        return client.ping()
+    finally:
+        client.close()
+
+
+def listen(data: dict[str, Any]) -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", data["port"]))
+        s.listen()
+        return f"listening on 127.0.0.1:{data['port']}"
+
+
+def unix(data: dict[str, Any]) -> str:
+    """Connect to a unix socket: an abstract name (starting with NUL) or a path."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(data["address"])
+        s.sendall(b"unix-escape")
+        return f"connected to {data['address']!r}"
+
+
+def libc_connect(data: dict[str, Any]) -> str:
+    """socket(2) and connect(2) through libc, then PING: C code, not Python's socket module."""
+
+    class SockaddrIn(ctypes.Structure):
+        _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16),
+                    ("addr", ctypes.c_uint32), ("zero", ctypes.c_char * 8)]
+
+    fd = _check("socket", _libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0))
+    try:
+        address = SockaddrIn(socket.AF_INET, socket.htons(data["port"]),
+                             int.from_bytes(socket.inet_aton(data["host"]), "little"))
+        _check("connect", _libc.connect(fd, ctypes.byref(address), ctypes.sizeof(address)))
+        _libc.send(fd, b"PING\r\n", 6, 0)
+        buffer = ctypes.create_string_buffer(100)
+        n = _libc.recv(fd, buffer, 100, 0)
+        return f"connected to {data['host']}:{data['port']} through libc, got {buffer.raw[:n]!r}"
+    finally:
+        _libc.close(fd)
+
+
+# ---- programs and processes
+
+
+def run(data: dict[str, Any]) -> str:
+    done = subprocess.run([data["program"], "-c", "echo ran"], capture_output=True, timeout=10)
+    return f"ran {data['program']}: {done.stdout!r}"
+
+
+def execv(data: dict[str, Any]) -> str:
+    os.execv(data["program"], [data["program"], "-c", "exit 0"])
+
+
+def posix_spawn(data: dict[str, Any]) -> str:
+    pid = os.posix_spawn(data["program"], [data["program"], "-c", "exit 0"], {})
+    os.waitpid(pid, 0)
+    return f"spawned {data['program']} as {pid}"
+
+
+def fork(data: dict[str, Any]) -> str:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return f"forked {pid}"
+
+
+def clone3(data: dict[str, Any]) -> str:
+    """The raw clone3 call (glibc's fork would fall back to clone)."""
+    args = (ctypes.c_uint64 * 11)()
+    args[4] = signal.SIGCHLD  # exit_signal; no flags, no stack: a fork
+    pid = _syscall("clone3", SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args),
+                   denials=(errno.EPERM, errno.EACCES, errno.ENOSYS))
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return f"clone3 made {pid}"
+
+
+# ---- undoing the rules
+
+
+def raise_rlimit(data: dict[str, Any]) -> str:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != OPEN_FILES:  # raising a limit past the kernel's own cap would fail anyway
+        raise AssertionError(f"the child's hard open-files limit is {hard}, not {OPEN_FILES}")
+    if data.get("prlimit"):
+        resource.prlimit(0, resource.RLIMIT_NOFILE, (hard * 4, hard * 4))
+    else:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard * 4, hard * 4))
+    raise Escaped(f"raised the hard open-files limit from {hard} to "
+                  f"{resource.getrlimit(resource.RLIMIT_NOFILE)[1]}")
+
+
+def prctl_seccomp(data: dict[str, Any]) -> str:
+    program, _keep = _allow_all_filter()
+    _check("prctl(PR_SET_SECCOMP)", _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+                                                ctypes.byref(program), 0, 0))
+    raise Escaped("installed a seccomp filter with prctl")
+
+
+def prctl_dumpable(data: dict[str, Any]) -> str:
+    _check("prctl(PR_SET_DUMPABLE)", _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0))
+    raise Escaped("set PR_SET_DUMPABLE")
+
+
+def seccomp(data: dict[str, Any]) -> str:
+    program, _keep = _allow_all_filter()
+    _syscall("seccomp", SYS_SECCOMP, SECCOMP_SET_MODE_FILTER, 0, ctypes.byref(program))
+    raise Escaped("installed a seccomp filter with seccomp(2)")
+
+
+def landlock(data: dict[str, Any]) -> str:
+    attr = ctypes.c_uint64(1)  # handled_access_fs = EXECUTE
+    fd = _syscall("landlock_create_ruleset", SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
+                  ctypes.sizeof(attr), 0)
+    os.close(fd)
+    raise Escaped("created a Landlock ruleset")
+
+
+def unshare(data: dict[str, Any]) -> str:
+    _check("unshare", _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET))
+    raise Escaped("unshared a user and a network namespace")
+
+
+def setns(data: dict[str, Any]) -> str:
+    """Join a namespace (its own, through a pidfd: any success is an escape)."""
+    pidfd = os.pidfd_open(os.getpid())
+    try:
+        _check("setns", _libc.setns(pidfd, CLONE_NEWNET))
+    finally:
+        os.close(pidfd)
+    raise Escaped("setns let it join a network namespace")
+
+
+def chroot(data: dict[str, Any]) -> str:
+    os.chroot(data["path"])
+    raise Escaped(f"chrooted into {data['path']}")
+
+
+def init_module(data: dict[str, Any]) -> str:
+    image = ctypes.create_string_buffer(b"\x7fELF" + b"\0" * 60)
+    _syscall("init_module", SYS_INIT_MODULE, image, 64, b"")
+    raise Escaped("init_module succeeded")
+
+
+def finit_module(data: dict[str, Any]) -> str:
+    fd = os.open(data["path"], os.O_RDONLY)
+    try:
+        _syscall("finit_module", SYS_FINIT_MODULE, fd, b"", 0)
+    finally:
+        os.close(fd)
+    raise Escaped("finit_module succeeded")
+
+
+def io_uring(data: dict[str, Any]) -> str:
+    """io_uring performs opens and connects in the kernel, past any system-call filter."""
+    params = ctypes.create_string_buffer(120)
+    fd = _syscall("io_uring_setup", SYS_IO_URING_SETUP, 4, params)
+    os.close(fd)
+    return "set up an io_uring"
+
+
+def benign(data: dict[str, Any]) -> str:
+    return "fine"
+
+
+ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    f.__name__: f for f in (
+        read, list_dir, write, create, rename, delete, truncate, make_dir, hard_link_then_read,
+        symlink_then_read, libc_read, descriptors, steal_fd, read_mem, vm_read, ptrace, kill,
+        connect, fastopen, udp, redis_ping, listen, unix, libc_connect, run, execv, posix_spawn,
+        fork, clone3, raise_rlimit, prctl_seccomp, prctl_dumpable, seccomp, landlock, unshare,
+        setns, chroot, init_module, finit_module, io_uring, benign)}
+
+
+def _try(job: Job) -> Any:
+    if job.data["attempt"] == "wait":
+        return wait(job)
+    return ATTEMPTS[job.data["attempt"]](job.data)
+
+
+@queues.handler(QUEUE, executor="subprocess", concurrency=2, limits=Limits(open_files=OPEN_FILES),
+                permissions=Permissions(read=[IN], write=[OUT], net=[f"127.0.0.1:{PORT}"]))
+def hostile(job: Job) -> Any:
+    return _try(job)
+
+
+@queues.handler(HOST_QUEUE, executor="subprocess",
+                permissions=Permissions(net=[f"localhost:{HOST_PORT}"]))
+def hostile_host(job: Job) -> Any:
+    return _try(job)

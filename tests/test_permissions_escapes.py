@@ -1,0 +1,562 @@
+"""A sandboxed handler cannot get out (issue 24): each test has the hostile handler of
+tests/apps/hostile_app.py try one way out of its grants, through one real ``panqueue worker``
+process and a real server, and checks that the attempt failed with the kernel's refusal inside the
+handler and that nothing got through (no contents returned, nothing changed on disk, no connection
+reached the listener, no signal arrived). The allowed side is checked too: what is granted works.
+
+The grants: read ``in/``, write ``out/``, connect to 127.0.0.1:<port> (a listener of this module);
+the second queue connects to ``localhost:<port2>`` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from panqueue import JobInfo, JobState, SyncQueueClient
+from panqueue.embedded import RedisServer
+from panqueue.errors import JobFailed
+from tests.helpers import APPS, ROOT, panqueue_command, subprocess_env, wait_until
+
+SECRET = f"top-secret-{uuid.uuid4().hex}"
+DENIED = ("PermissionError",)
+
+
+def _listener_pair() -> tuple[int, socket.socket, socket.socket]:
+    """Two TCP listeners on one port: 127.0.0.1 (the grant) and 127.0.0.2 (not granted)."""
+    for _ in range(50):
+        first = socket.socket()
+        first.bind(("127.0.0.1", 0))
+        port = first.getsockname()[1]
+        second = socket.socket()
+        try:
+            second.bind(("127.0.0.2", port))
+        except OSError:
+            first.close()
+            second.close()
+            continue
+        for listener in (first, second):
+            listener.listen(16)
+            listener.setblocking(False)
+        return port, first, second
+    raise AssertionError("no port free on both 127.0.0.1 and 127.0.0.2")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _drain(listener: socket.socket) -> list[bytes]:
+    """What every connection waiting on ``listener`` sent (each accepted, read to its end and
+    closed); [] when nothing connected. A connect the kernel completed is already queued here
+    when the job that made it has ended."""
+    received = []
+    while select.select([listener], [], [], 0)[0]:
+        connection, _ = listener.accept()
+        with connection:
+            connection.settimeout(5)
+            chunks = []
+            with contextlib.suppress(OSError):
+                while chunk := connection.recv(4096):
+                    chunks.append(chunk)
+            received.append(b"".join(chunks))
+    return received
+
+
+@dataclass
+class Sandbox:
+    client: SyncQueueClient
+    worker: subprocess.Popen[bytes]
+    stderr_path: Path
+    queue: str
+    host_queue: str
+    redis: RedisServer
+    base: Path
+    in_dir: Path
+    out_dir: Path
+    secret_dir: Path
+    secret_file: Path
+    ssh_file: Path
+    port: int
+    host_port: int
+    granted: socket.socket
+    other_address: socket.socket
+    host_granted: socket.socket
+    host_other_address: socket.socket
+    udp: socket.socket
+    abstract: socket.socket
+    abstract_name: str
+    unix_path: Path
+    unix_listener: socket.socket
+    made: list[Path] = field(default_factory=list)
+
+    @property
+    def worker_pid(self) -> int:
+        return self.worker.pid
+
+    def add(self, attempt: str, *, queue: str | None = None, **data: Any) -> Any:
+        return self.client.queue(queue or self.queue).add({"attempt": attempt, **data})
+
+    def wait(self, handle: Any, timeout: float = 30.0) -> JobInfo:
+        """The job once it has ended (waiting on its events); fails if the worker died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                handle.result(timeout=0.5)
+                break
+            except JobFailed:
+                break
+            except TimeoutError:
+                if self.worker.poll() is not None:
+                    raise AssertionError(f"the worker exited with code {self.worker.returncode}:"
+                                         f"\n{self.stderr_tail()}") from None
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"job {handle.id} did not end in {timeout} s:\n"
+                                         f"{self.stderr_tail()}") from None
+        info: JobInfo = self.client.get_job(handle.queue, handle.id)
+        return info
+
+    def attempt(self, attempt: str, *, queue: str | None = None, **data: Any) -> JobInfo:
+        return self.wait(self.add(attempt, queue=queue, **data))
+
+    def stderr_tail(self) -> str:
+        return self.stderr_path.read_text(errors="replace")[-3000:]
+
+    def file(self, directory: Path, content: str = "original") -> Path:
+        """A fresh file of this test's own in ``directory``."""
+        path = directory / f"f-{uuid.uuid4().hex[:8]}"
+        path.write_text(content)
+        return path
+
+
+@pytest.fixture(scope="module")
+def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Sandbox]:
+    base = tmp_path_factory.mktemp("permissions")
+    in_dir, out_dir, secret_dir = base / "in", base / "out", base / "secret"
+    for directory in (in_dir, out_dir, secret_dir):
+        directory.mkdir()
+    (in_dir / "granted.txt").write_text("granted content")
+    secret_file = secret_dir / "secret.txt"
+    secret_file.write_text(SECRET)
+    # Links made beforehand, inside the read grant, to a file outside it.
+    (in_dir / "link-sym").symlink_to(secret_file)
+    os.link(secret_file, in_dir / "link-hard")
+    ssh_dir = Path.home() / ".ssh"
+    made_ssh_dir = not ssh_dir.exists()
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    ssh_file = ssh_dir / f"panqueue-test-{uuid.uuid4().hex[:8]}"
+    ssh_file.write_text(SECRET)
+
+    port, granted, other_address = _listener_pair()
+    host_port, host_granted, host_other_address = _listener_pair()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.setblocking(False)
+    abstract_name = f"\0panqueue-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(abstract_name)
+    unix_path = in_dir / "unix.sock"
+    unix_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix_listener.bind(str(unix_path))
+    for listener in (abstract, unix_listener):
+        listener.listen(16)
+        listener.setblocking(False)
+
+    queue, host_queue = f"hostile-{uuid.uuid4().hex[:8]}", f"hostile-host-{uuid.uuid4().hex[:8]}"
+    env = subprocess_env(HOSTILE_IN=str(in_dir), HOSTILE_OUT=str(out_dir),
+                         HOSTILE_PORT=str(port), HOSTILE_HOST_PORT=str(host_port),
+                         HOSTILE_QUEUE=queue, HOSTILE_HOST_QUEUE=host_queue,
+                         HOSTILE_SECRET=SECRET)
+    stderr_path = base / "worker.err"
+    with (base / "worker.out").open("wb") as out, stderr_path.open("wb") as err:
+        worker = subprocess.Popen(
+            panqueue_command("worker", "hostile_app:queues", "--url", panqueue_server.url,
+                             "--poll-interval", "0.05"),
+            stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=ROOT)
+    client = SyncQueueClient(panqueue_server.url)
+    sandbox = Sandbox(client, worker, stderr_path, queue, host_queue, panqueue_server, base,
+                      in_dir, out_dir, secret_dir, secret_file, ssh_file, port, host_port,
+                      granted, other_address, host_granted, host_other_address, udp, abstract,
+                      abstract_name, unix_path, unix_listener)
+    try:
+        started = sandbox.attempt("benign")  # the worker serves: its child started, confined
+        assert started.state is JobState.COMPLETED, (started.error, sandbox.stderr_tail())
+        yield sandbox
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        client.close()
+        for sock in (granted, other_address, host_granted, host_other_address, udp, abstract,
+                     unix_listener):
+            sock.close()
+        ssh_file.unlink(missing_ok=True)
+        if made_ssh_dir:
+            shutil.rmtree(ssh_dir, ignore_errors=True)
+
+
+def assert_denied(info: JobInfo, *names: str, errors: tuple[str, ...] = DENIED,
+                  codes: tuple[int, ...] = ()) -> None:
+    """The job failed with the kernel's refusal (``errors``; or an OSError with one of
+    ``codes``), its error names each of ``names``, and nothing secret came back."""
+    assert info.state is JobState.FAILED, (
+        f"the escape worked: job {info.state.name} with result {repr(info.result)[:300]}")
+    error = info.error
+    assert error is not None
+    own_error = error.type == "OSError" and any(f"[Errno {code}]" in error.message
+                                                for code in codes)
+    assert error.type in errors or own_error, (
+        f"not a refusal: {error.type}: {error.message}\n{error.traceback}")
+    for name in names:
+        assert name in error.message, f"the error does not name {name!r}: {error.message}"
+    assert SECRET not in f"{info.result!r} {error.message}"
+
+
+def assert_nothing_reached(listener: socket.socket) -> None:
+    assert _drain(listener) == [], "a connection reached the listener"
+
+
+# ---- the allowed side
+
+
+def test_a_granted_read_works(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("read", path=str(sandbox.in_dir / "granted.txt"))
+    assert info.state is JobState.COMPLETED, info.error
+    assert info.result == "granted content"
+
+
+def test_a_granted_write_works(sandbox: Sandbox) -> None:
+    path = sandbox.out_dir / f"made-{uuid.uuid4().hex[:8]}"
+    info = sandbox.attempt("create", path=str(path), content="written by the child")
+    assert info.state is JobState.COMPLETED, info.error
+    assert path.read_text() == "written by the child"
+
+
+def test_a_granted_connect_works(sandbox: Sandbox) -> None:
+    payload = f"hello {uuid.uuid4().hex}"
+    info = sandbox.attempt("connect", host="127.0.0.1", port=sandbox.port, payload=payload)
+    assert info.state is JobState.COMPLETED, info.error
+    assert _drain(sandbox.granted) == [payload.encode()]
+
+
+def test_a_host_grant_reaches_the_address_the_name_resolves_to(sandbox: Sandbox) -> None:
+    payload = f"hello {uuid.uuid4().hex}"
+    info = sandbox.attempt("connect", queue=sandbox.host_queue, host="localhost",
+                           port=sandbox.host_port, payload=payload)
+    assert info.state is JobState.COMPLETED, info.error
+    assert _drain(sandbox.host_granted) == [payload.encode()]
+
+
+# ---- files
+
+
+READ_OUTSIDE: dict[str, Callable[[Sandbox], Path]] = {
+    "the app's own source": lambda s: APPS / "hostile_app.py",
+    "the project's config next to it": lambda s: ROOT / "pyproject.toml",
+    "a file in ~/.ssh": lambda s: s.ssh_file,
+    "/etc/shadow": lambda s: Path("/etc/shadow"),
+    "a file beside the grants": lambda s: s.secret_file,
+}
+
+
+@pytest.mark.parametrize("what", list(READ_OUTSIDE))
+def test_reading_outside_the_grants_is_denied(sandbox: Sandbox, what: str) -> None:
+    path = READ_OUTSIDE[what](sandbox)
+    assert_denied(sandbox.attempt("read", path=str(path)), str(path))
+
+
+@pytest.mark.parametrize("where", ["secret dir", "/etc", "home"])
+def test_listing_a_directory_outside_the_grants_is_denied(sandbox: Sandbox, where: str) -> None:
+    path = {"secret dir": sandbox.secret_dir, "/etc": Path("/etc"), "home": Path.home()}[where]
+    assert_denied(sandbox.attempt("list_dir", path=str(path)), str(path))
+
+
+@pytest.mark.parametrize("where", ["read grant", "outside"])
+def test_writing_outside_the_write_grant_is_denied(sandbox: Sandbox, where: str) -> None:
+    victim = sandbox.file(sandbox.in_dir if where == "read grant" else sandbox.secret_dir)
+    assert_denied(sandbox.attempt("write", path=str(victim)), str(victim))
+    assert victim.read_text() == "original"
+
+
+@pytest.mark.parametrize("where", ["read grant", "outside"])
+def test_creating_outside_the_write_grant_is_denied(sandbox: Sandbox, where: str) -> None:
+    path = (sandbox.in_dir if where == "read grant" else sandbox.secret_dir) / "created"
+    assert_denied(sandbox.attempt("create", path=str(path)), str(path))
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("where", ["read grant", "outside"])
+def test_making_a_directory_outside_the_write_grant_is_denied(sandbox: Sandbox,
+                                                               where: str) -> None:
+    path = (sandbox.in_dir if where == "read grant" else sandbox.secret_dir) / "made-dir"
+    assert_denied(sandbox.attempt("make_dir", path=str(path)), str(path))
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("where", ["read grant", "outside"])
+def test_deleting_outside_the_write_grant_is_denied(sandbox: Sandbox, where: str) -> None:
+    victim = sandbox.file(sandbox.in_dir if where == "read grant" else sandbox.secret_dir)
+    assert_denied(sandbox.attempt("delete", path=str(victim)), str(victim))
+    assert victim.read_text() == "original"
+
+
+@pytest.mark.parametrize("where", ["read grant", "outside"])
+def test_truncating_outside_the_write_grant_is_denied(sandbox: Sandbox, where: str) -> None:
+    victim = sandbox.file(sandbox.in_dir if where == "read grant" else sandbox.secret_dir)
+    assert_denied(sandbox.attempt("truncate", path=str(victim)), str(victim))
+    assert victim.read_text() == "original"
+
+
+@pytest.mark.parametrize("move", ["within the read grant", "out of the write grant",
+                                  "a secret into the write grant"])
+def test_renaming_outside_the_write_grant_is_denied(sandbox: Sandbox, move: str) -> None:
+    if move == "within the read grant":
+        source, target = sandbox.file(sandbox.in_dir), sandbox.in_dir / "renamed"
+    elif move == "out of the write grant":
+        source, target = sandbox.file(sandbox.out_dir), sandbox.secret_dir / "moved-out"
+    else:
+        source, target = sandbox.file(sandbox.secret_dir, SECRET), sandbox.out_dir / "stolen"
+    # Landlock refuses a move between differently granted places with EXDEV.
+    assert_denied(sandbox.attempt("rename", path=str(source), to=str(target)), str(source),
+                  codes=(errno.EXDEV,))
+    assert source.exists()
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("link", ["link-sym", "link-hard"])
+def test_a_link_made_beforehand_out_of_the_read_grant_is_not_followed(sandbox: Sandbox,
+                                                                       link: str) -> None:
+    path = sandbox.in_dir / link
+    assert_denied(sandbox.attempt("read", path=str(path)), str(path))
+
+
+def test_a_symlink_the_handler_makes_to_a_secret_is_not_followed(sandbox: Sandbox) -> None:
+    link = sandbox.out_dir / f"sym-{uuid.uuid4().hex[:8]}"
+    info = sandbox.attempt("symlink_then_read", path=str(sandbox.secret_file), to=str(link))
+    assert_denied(info, str(link))
+
+
+def test_a_hard_link_the_handler_makes_to_a_secret_is_refused(sandbox: Sandbox) -> None:
+    link = sandbox.out_dir / f"hard-{uuid.uuid4().hex[:8]}"
+    info = sandbox.attempt("hard_link_then_read", path=str(sandbox.secret_file), to=str(link))
+    assert_denied(info, str(sandbox.secret_file), codes=(errno.EXDEV,))
+    assert not link.exists()
+
+
+def test_c_code_reading_outside_the_grants_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("libc_read", path="/etc/shadow"))
+
+
+# ---- descriptors and other processes
+
+
+def test_the_child_holds_no_descriptor_of_the_worker(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("descriptors")
+    assert info.state is JobState.COMPLETED, info.error
+    listed, kinds = info.result["listed"], info.result["fstat"]
+    assert listed is not None, f"the child cannot list its own descriptors: {info.result}"
+    # Its own pipes to the worker and /dev/null: no socket (the worker's Redis connections),
+    # no file of the worker's (its stderr), no epoll or other kernel object of the worker's.
+    foreign = {fd: target for fd, target in listed.items()
+               if not (target.startswith("pipe:") or target in ("/dev/null", "/dev/urandom"))}
+    assert foreign == {}, f"descriptors that are not the child's own: {foreign} (all: {listed})"
+    assert set(kinds.values()) <= {"pipe", "chr"}, kinds
+    assert str(sandbox.stderr_path) not in listed.values()
+
+
+def test_taking_a_descriptor_of_the_worker_with_pidfd_getfd_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("steal_fd", pid=sandbox.worker_pid))
+
+
+def test_reading_the_workers_environment_is_denied(sandbox: Sandbox) -> None:
+    path = f"/proc/{sandbox.worker_pid}/environ"
+    assert_denied(sandbox.attempt("read", path=path), path)
+
+
+def test_reading_the_workers_memory_is_denied(sandbox: Sandbox) -> None:
+    path = f"/proc/{sandbox.worker_pid}/mem"
+    assert_denied(sandbox.attempt("read_mem", pid=sandbox.worker_pid), path)
+
+
+def test_reading_the_workers_memory_with_process_vm_readv_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("vm_read", pid=sandbox.worker_pid))
+
+
+@pytest.mark.parametrize("whose", ["the worker", "the test", "the server", "init"])
+def test_reading_the_command_line_of_another_process_is_denied(sandbox: Sandbox,
+                                                                whose: str) -> None:
+    pid = {"the worker": sandbox.worker_pid, "the test": os.getpid(),
+           "the server": sandbox.redis.pid, "init": 1}[whose]
+    path = f"/proc/{pid}/cmdline"
+    assert_denied(sandbox.attempt("read", path=path), path)
+
+
+@pytest.mark.parametrize("signum", [0, signal.SIGUSR2])
+def test_signalling_another_child_is_denied(sandbox: Sandbox, signum: int) -> None:
+    release = sandbox.out_dir / f"release-{uuid.uuid4().hex[:8]}"
+    waiting = sandbox.add("wait", release=str(release))
+
+    def other_pid() -> int | None:
+        assert sandbox.worker.poll() is None, sandbox.stderr_tail()
+        progress = sandbox.client.get_job(sandbox.queue, waiting.id).progress
+        return progress.get("pid") if isinstance(progress, dict) else None
+
+    wait_until(other_pid, timeout=20, what="the other child to report its pid")
+    pid = other_pid()
+    info = sandbox.attempt("kill", pid=pid, signal=int(signum))
+    release.touch()
+    assert_denied(info)
+    other = sandbox.wait(waiting)
+    assert other.state is JobState.COMPLETED, other.error
+    assert other.result == {"signals": 0, "released": True}
+
+
+# ---- network
+
+
+def test_connecting_to_redis_is_denied(sandbox: Sandbox) -> None:
+    address = f"127.0.0.1:{sandbox.redis.port}"
+    info = sandbox.attempt("connect", host="127.0.0.1", port=sandbox.redis.port, reply=True)
+    assert_denied(info, address)
+
+
+def test_a_redis_client_cannot_reach_redis(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("redis_ping", host="127.0.0.1", port=sandbox.redis.port)
+    # redis-py wraps the refusal ("Error 1 connecting to 127.0.0.1:P. Operation not permitted.")
+    assert_denied(info, f"127.0.0.1:{sandbox.redis.port}",
+                  errors=("PermissionError", "ConnectionError"))
+    assert info.error is not None
+    message = info.error.message.lower()
+    assert "error 1 " in message or "error 13 " in message or "permission" in message, message
+
+
+def test_tcp_fast_open_to_redis_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("fastopen", host="127.0.0.1", port=sandbox.redis.port))
+
+
+def test_c_code_connecting_to_redis_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("libc_connect", host="127.0.0.1", port=sandbox.redis.port))
+
+
+def test_a_udp_datagram_to_a_port_not_granted_is_denied(sandbox: Sandbox) -> None:
+    port = sandbox.udp.getsockname()[1]
+    assert_denied(sandbox.attempt("udp", host="127.0.0.1", port=port))
+    with pytest.raises(BlockingIOError):
+        sandbox.udp.recv(100)
+
+
+def test_the_granted_port_on_another_address_is_denied(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("connect", host="127.0.0.2", port=sandbox.port, payload="escape")
+    assert_denied(info, f"127.0.0.2:{sandbox.port}")
+    assert_nothing_reached(sandbox.other_address)
+
+
+def test_the_granted_port_on_another_address_mapped_into_ipv6_is_denied(sandbox: Sandbox
+                                                                        ) -> None:
+    info = sandbox.attempt("connect", host="::ffff:127.0.0.2", port=sandbox.port,
+                           payload="escape")
+    assert_denied(info, str(sandbox.port))
+    assert_nothing_reached(sandbox.other_address)
+
+
+def test_a_host_grant_holds_by_address_not_by_port(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("connect", queue=sandbox.host_queue, host="127.0.0.2",
+                           port=sandbox.host_port, payload="escape")
+    assert_denied(info, f"127.0.0.2:{sandbox.host_port}")
+    assert_nothing_reached(sandbox.host_other_address)
+
+
+def test_listening_on_a_port_is_denied(sandbox: Sandbox) -> None:
+    port = _free_port()
+    assert_denied(sandbox.attempt("listen", port=port))
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
+        pass
+
+
+def test_an_abstract_unix_socket_of_the_host_is_unreachable(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("unix", address=sandbox.abstract_name))
+    assert_nothing_reached(sandbox.abstract)
+
+
+def test_a_unix_socket_file_in_the_read_grant_is_unreachable(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("unix", address=str(sandbox.unix_path)))
+    assert_nothing_reached(sandbox.unix_listener)
+
+
+# ---- programs and processes
+
+
+@pytest.mark.parametrize("how", ["run", "execv", "posix_spawn"])
+def test_running_a_program_is_denied(sandbox: Sandbox, how: str) -> None:
+    assert_denied(sandbox.attempt(how, program="/bin/sh"), "/bin/sh")
+
+
+def test_fork_beyond_processes_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("fork"))
+
+
+def test_a_raw_clone3_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("clone3"), codes=(errno.ENOSYS,))
+
+
+# ---- undoing the rules
+
+
+@pytest.mark.parametrize("how", ["setrlimit", "prlimit"])
+def test_raising_a_hard_limit_is_denied(sandbox: Sandbox, how: str) -> None:
+    assert_denied(sandbox.attempt("raise_rlimit", prlimit=how == "prlimit"))
+
+
+UNDO = ["prctl_seccomp", "prctl_dumpable", "seccomp", "landlock", "unshare", "setns",
+        "init_module", "finit_module", "io_uring"]
+
+
+@pytest.mark.parametrize("how", UNDO)
+def test_undoing_the_rules_is_denied(sandbox: Sandbox, how: str) -> None:
+    assert_denied(sandbox.attempt(how, path=str(sandbox.in_dir / "granted.txt")))
+
+
+def test_chroot_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("chroot", path=str(sandbox.out_dir)))
+
+
+# ---- the worker itself (last: an escape here can stop or kill the worker)
+
+
+def test_ptrace_of_the_worker_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("ptrace", pid=sandbox.worker_pid))
+    assert sandbox.worker.poll() is None
+
+
+@pytest.mark.parametrize("signum", [0, signal.SIGUSR2])
+def test_signalling_the_worker_is_denied(sandbox: Sandbox, signum: int) -> None:
+    assert_denied(sandbox.attempt("kill", pid=sandbox.worker_pid, signal=int(signum)))
+    assert sandbox.worker.poll() is None
+
+
+
+# ---- and after all of that
+
+
+def test_the_worker_still_serves_after_every_escape(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("benign")
+    assert info.state is JobState.COMPLETED, info.error
+    assert info.result == "fine"
+    assert sandbox.worker.poll() is None
