@@ -415,6 +415,9 @@ class Permissions:
                 or self.processes < 0:
             raise ConfigError(f"Permissions.processes must be an int >= 0, "
                               f"got {self.processes!r}")
+        if self.run and not self.processes:
+            raise ConfigError("Permissions.run needs processes >= 1: a program runs in a process "
+                              "of its own")
         if self.on_unsupported not in ON_UNSUPPORTED:
             raise ConfigError(f"Permissions.on_unsupported must be 'fail' or 'warn', "
                               f"got {self.on_unsupported!r}")

@@ -9,6 +9,7 @@ filter that makes the Landlock system calls fail with ENOSYS, as a kernel withou
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from panqueue import ConfigError, JobFailed, Permissions, QueueClient, Registry
+from panqueue import ConfigError, JobFailed, Limits, Permissions, QueueClient, Registry
 from panqueue._sandbox.policy import child_env, runtime_paths
 from panqueue._sandbox.probe import support
 from panqueue.testing import run_worker
@@ -45,6 +46,7 @@ import perm_app
     ({"processes": -1}, "Permissions.processes must be an int >= 0"),
     ({"processes": True}, "Permissions.processes must be an int >= 0"),
     ({"on_unsupported": "ignore"}, "Permissions.on_unsupported must be 'fail' or 'warn'"),
+    ({"run": ["/bin/echo"]}, "Permissions.run needs processes >= 1"),
 ])
 def test_permissions_refuse_bad_grants(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as refused:
@@ -78,16 +80,16 @@ def test_permissions_take_the_environment_in_their_own_env() -> None:
 def test_run_programs_resolve_at_registration(tmp_path: Path) -> None:
     registry = Registry()
     handler = registry.handler("q", executor="subprocess",
-                               permissions=Permissions(run=["sh"]))(perm_app.read)
+                               permissions=Permissions(run=["sh"], processes=1))(perm_app.read)
     [program] = handler.options.permissions.run  # type: ignore[union-attr]
     assert os.path.isabs(program) and os.path.basename(program) == "sh"
     with pytest.raises(ConfigError, match="run program 'no-such-program-xyz' is not on PATH"):
         Registry().handler("q", executor="subprocess", permissions=Permissions(
-            run=["no-such-program-xyz"]))(perm_app.read)
+            run=["no-such-program-xyz"], processes=1))(perm_app.read)
     (tmp_path / "data").write_text("")
     with pytest.raises(ConfigError, match="is not an executable file"):
         Registry().handler("q", executor="subprocess", permissions=Permissions(
-            run=[str(tmp_path / "data")]))(perm_app.read)
+            run=[str(tmp_path / "data")], processes=1))(perm_app.read)
 
 
 def test_child_environment_comes_from_the_env_globs_and_tmpdir_from_the_first_write() -> None:
@@ -186,6 +188,67 @@ async def test_confined_handler_cannot_list_the_worker_directory(redis_url: str,
     failed = await outcome(redis_url, confined_registry(grants), "listdir", {"path": str(ROOT)})
     assert isinstance(failed, JobFailed) and failed.error is not None
     assert failed.error.type == "PermissionError"
+
+
+@needs_enforcement
+@pytest.mark.anyio
+async def test_confined_async_handler_runs_its_event_loop(redis_url: str, grants: Path) -> None:
+    registry = Registry()
+    registry.handler("async", executor="subprocess", permissions=Permissions(
+        read=[str(grants / "in")]))(perm_app.read_async)
+    assert await outcome(redis_url, registry, "async",
+                         {"path": str(grants / "in" / "source.txt")}) == "granted\n"
+
+
+@needs_enforcement
+@pytest.mark.anyio
+async def test_confined_child_keeps_its_cpu_limit_per_job(redis_url: str, grants: Path) -> None:
+    """The child may not raise its own limits: the worker sets each job's CPU budget."""
+    registry = Registry()
+    registry.handler("spin", executor="subprocess", limits=Limits(cpu_seconds=1),
+                     permissions=Permissions())(perm_app.spin)
+    failed = await outcome(redis_url, registry, "spin", None)
+    assert isinstance(failed, JobFailed) and failed.error is not None
+    assert "child exceeded CPU limit 1 s (SIGXCPU)" in failed.error.message
+
+
+@needs_enforcement
+@pytest.mark.anyio
+async def test_confined_child_connects_only_where_granted(redis_url: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        registry = Registry()
+        registry.handler("connect", executor="subprocess", permissions=Permissions(
+            net=[f"127.0.0.1:{port}"]))(perm_app.connect)
+        async with QueueClient(redis_url) as client, run_worker(registry, "connect", redis_url):
+            queue = client.queue("connect")
+            granted = await queue.add({"host": "127.0.0.1", "port": port})
+            assert await granted.result(timeout=30) == "connected"
+            redis_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+            denied = await queue.add({"host": "127.0.0.1", "port": redis_port})
+            with pytest.raises(JobFailed) as failed:
+                await denied.result(timeout=30)
+    error = failed.value.error
+    assert error is not None and error.type == "PermissionError"
+    assert f"127.0.0.1:{redis_port}" in error.message
+
+
+@needs_enforcement
+@pytest.mark.anyio
+async def test_confined_child_runs_only_granted_programs(redis_url: str) -> None:
+    registry = Registry()
+    registry.handler("run", executor="subprocess", permissions=Permissions(
+        run=["echo"], processes=1, env=["PATH"]))(perm_app.run)
+    async with QueueClient(redis_url) as client, run_worker(registry, "run", redis_url):
+        queue = client.queue("run")
+        granted = await queue.add({"argv": ["echo", "hello"]})
+        assert await granted.result(timeout=30) == "hello\n"
+        denied = await queue.add({"argv": ["cat", "/etc/hostname"]})
+        with pytest.raises(JobFailed) as failed:
+            await denied.result(timeout=30)
+    error = failed.value.error
+    assert error is not None and error.type == "PermissionError"
+    assert "permissions deny running cat" in error.message
 
 
 # ----------------------------------------------------------------------------- fail closed

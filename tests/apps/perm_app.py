@@ -49,6 +49,37 @@ def listdir(job: Job) -> list[str]:
     return sorted(os.listdir(job.data["path"]))
 
 
+async def read_async(job: Job) -> str:
+    """An async handler (its own event loop in the child) that reads a granted file."""
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    with open(job.data["path"]) as file:
+        return file.read()
+
+
+def connect(job: Job) -> str:
+    """Open a TCP connection to ``job.data["host"]``:``job.data["port"]``."""
+    import socket
+
+    with socket.create_connection((job.data["host"], job.data["port"]), timeout=10):
+        return "connected"
+
+
+def spin(job: Job) -> None:
+    """Burn CPU until killed."""
+    while True:
+        pass
+
+
+def run(job: Job) -> str:
+    """Run ``job.data["argv"]`` and return its output."""
+    import subprocess
+
+    return subprocess.run(job.data["argv"], capture_output=True, text=True,
+                          check=True).stdout
+
+
 queues = Registry()
 _DIR = os.environ.get("PERM_APP_DIR", "/nonexistent")
 queues.handler("perm-read", executor="subprocess",
