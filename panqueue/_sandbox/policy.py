@@ -25,7 +25,9 @@ __all__ = ["child_env", "runtime_paths", "to_wire"]
 # Files and directories of the host every child may read (each only if it exists).
 _HOST_READ = (
     "/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib",
-    "/usr/share/zoneinfo", "/usr/share/ca-certificates", "/etc/ssl", "/etc/ca-certificates",
+    # /etc/ssl/certs, not /etc/ssl: /etc/ssl/private holds the host's private keys.
+    "/usr/share/zoneinfo", "/usr/share/ca-certificates", "/etc/ssl/certs", "/etc/ssl/openssl.cnf",
+    "/etc/ca-certificates", "/etc/ca-certificates.conf",
     "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/host.conf",
     "/etc/localtime", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
     "/dev/urandom", "/dev/random", "/dev/zero",
