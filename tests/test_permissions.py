@@ -148,7 +148,8 @@ async def outcome(url: str, registry: Registry, queue: str, data: Any) -> Any:
 
 @needs_enforcement
 @pytest.mark.anyio
-async def test_confined_handler_does_its_granted_work(redis_url: str, grants: Path) -> None:
+async def test_confined_handler_does_its_granted_work(redis_url: str, grants: Path,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
     result = await outcome(redis_url, confined_registry(grants), "transform", {
         "src": str(grants / "in" / "source.txt"), "dst": str(grants / "out" / "copy.txt")})
     assert not isinstance(result, JobFailed), result
@@ -157,6 +158,12 @@ async def test_confined_handler_does_its_granted_work(redis_url: str, grants: Pa
     assert result["cas"] > 0  # the system's CA certificates are readable
     assert result["sum"] == "0.3" and result["tz"] == "Europe/Paris"
     assert set(result["env"]) <= {"LANG", "TMPDIR", "LC_CTYPE"}
+    # No descriptor of the worker: stdin is /dev/null, stdout and stderr a pipe the worker
+    # relays, and the two protocol pipes.
+    fds = result["fds"]
+    assert fds["0"] == "/dev/null" and fds["1"] == fds["2"] and fds["2"].startswith("pipe:")
+    assert len(fds) == 5 and all(t.startswith("pipe:") for k, t in fds.items() if k != "0")
+    assert "transform done" in capfd.readouterr().err
 
 
 @needs_enforcement
