@@ -61,6 +61,11 @@ def test_permissions_accept_every_net_form_and_normalise_paths() -> None:
                         listen=[8000], env=["AWS_*"], processes=2)
     assert perms.read == ("/srv/in", "/srv/other")
     assert perms.net_ports() == {443, 6379, 8080, 80}
+    # The worker's address policy reads the same grants the same way (and adds the
+    # resolver's TCP port, for answers too long for UDP).
+    from panqueue._sandbox.net import NetPolicy
+
+    assert NetPolicy.from_grants(perms.net).ports() - {53} == {443, 6379, 8080, 80}
 
 
 def test_permissions_need_the_subprocess_executor() -> None:

@@ -74,6 +74,10 @@ def runtime_paths() -> tuple[str, ...]:
     verify = ssl.get_default_verify_paths()
     paths += [p for p in (verify.cafile, verify.capath, verify.openssl_cafile,
                           verify.openssl_capath) if p]
+    import mimetypes
+
+    # /etc/mime.types and the like: read by mimetypes.init()
+    paths += [os.fspath(known) for known in mimetypes.knownfiles]
     paths += list(_HOST_READ)
     seen: dict[str, None] = {}
     for path in paths:
@@ -128,18 +132,20 @@ def to_wire(permissions: Permissions) -> dict[str, Any]:
     from panqueue._sandbox.net import NetPolicy
 
     run = tuple(permissions.run)
+    net = NetPolicy.from_grants(list(permissions.net))
     return {
         "runtime": list(runtime_paths()),
         "read": list(permissions.read),
         "write": list(permissions.write),
         "devices": list(_HOST_WRITE),
         "execute": _executables(run),
-        "connect_ports": sorted(permissions.net_ports()),
+        # The granted ports and, with any grant, the resolver's (DNS over TCP).
+        "connect_ports": sorted(net.ports()) if permissions.net else [],
         "listen_ports": sorted(set(permissions.listen)),
         "filter": {"run": bool(run), "processes": permissions.processes,
                    "inet": bool(permissions.net or permissions.listen),
                    "listen": bool(permissions.listen)},
-        "net": NetPolicy.from_grants(list(permissions.net)).to_wire(),
+        "net": net.to_wire(),
         "net_grants": list(permissions.net),
         "run": list(run),
         "processes": permissions.processes,

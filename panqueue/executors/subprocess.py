@@ -190,7 +190,10 @@ class SubprocessExecutor(Executor):
         if not missing:
             from panqueue._sandbox.policy import to_wire
 
-            self._policy = to_wire(permissions)
+            try:
+                self._policy = to_wire(permissions)
+            except ValueError as exc:
+                raise ConfigError(f"queue {self.handler.queue!r}: {exc}") from None
         elif permissions.on_unsupported == "warn":
             self._unenforced = "; ".join(missing)
         else:
