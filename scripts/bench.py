@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed | --spark | --dashboard
                                       | --memory | --scale | --history | --chunk | --batch
-                                      | --partitions] [--backend asyncio|trio] [--json FILE]
+                                      | --partitions | --permissions] [--backend asyncio|trio]
+                                      [--json FILE]
 
 Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
 snapshots off, no maxmemory), runs every measurement against it, and stops it. The Redis on
@@ -31,6 +32,9 @@ measured, in the docstring of its module under ``scripts/benchmarks/``:
   ``add_bulk`` (only on request).
 * ``--partitions``: ``partitions``, one queue of 1 and of 4 partitions on one server, 1 and 2
   worker processes: jobs/s and Redis µs/job, for docs/scaling.md (only on request).
+* ``--permissions``: ``permissions``, subprocess handlers without and with ``Permissions``:
+  child start, per-job cost (no-op and 10 ms CPU) and per-connect cost (only on request;
+  Linux with Landlock and seccomp).
 
 ``--backend trio`` runs the worker processes with ``--backend trio`` and the benchmark's own
 async client on trio too. The sync client is the same in both modes.
@@ -59,6 +63,7 @@ from benchmarks import (
     keyed,
     memory,
     partitions,
+    permissions,
     scale,
     spark,
 )
@@ -109,6 +114,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", action="store_true",
                         help="only the partitioned-queue figures: 1 and 4 partitions on one "
                              "server, 1 and 2 worker processes (not part of the full run)")
+    parser.add_argument("--permissions", action="store_true",
+                        help="only the permissions figures: subprocess handlers without and "
+                             "with Permissions, child start, no-op and 10 ms CPU jobs, "
+                             "connects (not part of the full run)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
                         help="event loop for the worker processes and the async client")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -119,7 +128,8 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
     """The sections to run, in order, and the mode named in the output. ``--executors``,
     ``--keyed`` and ``--spark`` each select their section; together they run together."""
     only = (args.executors or args.keyed or args.spark or args.dashboard or args.memory
-            or args.scale or args.history or args.chunk or args.batch or args.partitions)
+            or args.scale or args.history or args.chunk or args.batch or args.partitions
+            or args.permissions)
     todo = [name for name, wanted in (
         ("baseline", not only),
         ("executors", args.executors or (not args.quick and not only)),
@@ -132,9 +142,12 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
         ("chunk", args.chunk),
         ("batch", args.batch),
         ("partitions", args.partitions),
+        ("permissions", args.permissions),
     ) if wanted]
     mode = "quick" if args.quick else "full"
-    if args.partitions:
+    if args.permissions:
+        mode += ", permissions only"
+    elif args.partitions:
         mode += ", partitions only"
     elif args.chunk:
         mode += ", chunk handlers only"
@@ -194,6 +207,8 @@ def measure(bench: Bench, todo: list[str], quick: bool) -> dict[str, Any]:
         figures["batch"] = batch.run(bench, quick)
     if "partitions" in todo:
         figures["partitions"] = partitions.run(bench, quick)
+    if "permissions" in todo:
+        figures["permissions"] = permissions.run(bench, quick)
     return figures
 
 
@@ -222,6 +237,8 @@ def report(figures: dict[str, Any], quick: bool, backend: str, worker_log: str) 
         batch.report(figures["batch"])
     if "partitions" in figures:
         partitions.report(figures["partitions"])
+    if "permissions" in figures:
+        permissions.report(figures["permissions"])
     if worker_log:
         print()
         print("worker output (warnings and errors):")
