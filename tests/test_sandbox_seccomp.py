@@ -1,0 +1,322 @@
+"""The seccomp filter of a sandboxed child and the worker's supervisor that decides its calls.
+
+Each test starts a real Python process (tests/apps/seccomp_app.py) that installs the filter on
+itself and hands its listener to this process's supervisor, then tries what the test names and
+reports the outcome. Connects go to real listening sockets of the test; the Redis server is the
+suite's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from panqueue._sandbox.net import NetPolicy
+from panqueue._sandbox.seccomp import outside
+from panqueue._sandbox.supervisor import supervisor
+from tests.helpers import APPS, ROOT, subprocess_env
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+APP = str(APPS / "seccomp_app.py")
+NET = {"run": False, "processes": 0, "inet": True, "listen": False}
+BARE = {"run": False, "processes": 0, "inet": False, "listen": False}
+
+
+@dataclass
+class Listener:
+    """A TCP listener that answers each connection's first four bytes with the same four."""
+
+    host: str
+    port: int
+    sock: socket.socket
+
+    @property
+    def grant(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def _serve(sock: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        with conn:
+            with contextlib.suppress(OSError):
+                conn.settimeout(5)
+                data = b""
+                while len(data) < 4:
+                    more = conn.recv(4 - len(data))
+                    if not more:
+                        break
+                    data += more
+                conn.sendall(data)
+
+
+@contextlib.contextmanager
+def _listening(host: str, port: int = 0) -> Iterator[Listener]:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(64)
+    thread = threading.Thread(target=_serve, args=(sock,), daemon=True)
+    thread.start()
+    try:
+        yield Listener(host, sock.getsockname()[1], sock)
+    finally:
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        thread.join(5)
+
+
+@pytest.fixture
+def granted() -> Iterator[Listener]:
+    with _listening("127.0.0.1") as listener:
+        yield listener
+
+
+@pytest.fixture
+def other_address(granted: Listener) -> Iterator[Listener]:
+    """A listener on 127.0.0.2, the granted listener's port."""
+    with _listening("127.0.0.2", granted.port) as listener:
+        yield listener
+
+
+@pytest.fixture
+def resolver() -> Iterator[socket.socket]:
+    """A UDP socket standing for the host's nameserver (127.0.0.3:53)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("127.0.0.3", 53))
+    except OSError as exc:
+        pytest.skip(f"cannot bind 127.0.0.3:53 ({exc})")
+    sock.settimeout(5)
+    with sock:
+        yield sock
+
+
+def run_app(spec: dict[str, Any], checks: list[list[Any]], policy: NetPolicy | None = None,
+            processes: int = 0) -> dict[str, Any]:
+    """Run the app; its checks' outcomes by name: the value returned, or the errno's name."""
+    process = subprocess.Popen([sys.executable, APP, json.dumps(spec), json.dumps(checks)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=subprocess_env(), cwd=ROOT)
+    assert process.stdin is not None and process.stdout is not None
+    assert process.stderr is not None
+    # stdout is read through its buffer only (communicate would skip what readline buffered)
+    killer = threading.Timer(60, process.kill)
+    killer.start()
+    try:
+        hello = json.loads(process.stdout.readline())
+        if hello["fd"] >= 0:
+            supervisor().attach(hello["pid"], hello["fd"],
+                                policy or NetPolicy.from_grants([]), processes)
+        process.stdin.write("attached\n")
+        process.stdin.close()
+        out, err = process.stdout.read(), process.stderr.read()
+        process.wait()
+    finally:
+        killer.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        supervisor().detach(process.pid)
+    results: dict[str, Any] = {}
+    for line in out.splitlines():
+        result = json.loads(line)
+        if "check" in result:
+            results[result["check"]] = result.get("ok", result.get("errno"))
+    assert out.endswith('{"done": true}\n'), (out, err, process.returncode)
+    return results
+
+
+def policy(*grants: str) -> NetPolicy:
+    return NetPolicy.from_grants(list(grants))
+
+
+# -- connects: by address, not by port ----------------------------------------------------------
+
+def test_connect_to_a_granted_address_works(granted: Listener) -> None:
+    results = run_app(NET, [["connect", granted.host, granted.port]], policy(granted.grant))
+    assert results == {"connect": "ping"}
+
+
+def test_connect_to_another_address_on_the_granted_port_is_denied(
+        granted: Listener, other_address: Listener) -> None:
+    checks = [["connect", other_address.host, other_address.port],
+              ["connect_ctypes", other_address.host, other_address.port]]
+    results = run_app(NET, checks, policy(granted.grant))
+    assert results == {"connect": "EPERM", "connect_ctypes": "EPERM"}
+
+
+def test_connect_to_redis_is_denied(granted: Listener, redis_url: str) -> None:
+    port = urllib.parse.urlsplit(redis_url).port or 6379
+    checks = [["connect", "127.0.0.1", port], ["connect_ctypes", "127.0.0.1", port]]
+    results = run_app(NET, checks, policy(granted.grant))
+    assert results == {"connect": "EPERM", "connect_ctypes": "EPERM"}
+
+
+def test_denied_connects_are_recorded_for_the_child(granted: Listener,
+                                                    other_address: Listener) -> None:
+    process = subprocess.Popen(
+        [sys.executable, APP, json.dumps(NET),
+         json.dumps([["connect", other_address.host, other_address.port]])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=subprocess_env(), cwd=ROOT)
+    assert process.stdin is not None and process.stdout is not None
+    hello = json.loads(process.stdout.readline())
+    supervisor().attach(hello["pid"], hello["fd"], policy(granted.grant), 0)
+    try:
+        process.stdin.write("attached\n")
+        process.stdin.flush()
+        process.communicate(timeout=60)
+        assert supervisor().denials(process.pid) == [f"connect to 127.0.0.2:{granted.port}"]
+    finally:
+        supervisor().detach(process.pid)
+    assert supervisor().denials(process.pid) == [f"connect to 127.0.0.2:{granted.port}"]
+
+
+def test_non_blocking_connects_work(granted: Listener) -> None:
+    checks = [["connect_asyncio", granted.host, granted.port],
+              ["connect_timeout", granted.host, granted.port]]
+    results = run_app(NET, checks, policy(granted.grant))
+    assert results == {"connect_asyncio": "ping", "connect_timeout": "ping"}
+
+
+def test_connect_uses_the_address_read_once_not_memory_changed_meanwhile(
+        granted: Listener, other_address: Listener) -> None:
+    results = run_app(NET, [["connect_changed_address", granted.host, granted.port,
+                             other_address.host]], policy(granted.grant))
+    seen = set(results["connect_changed_address"].split(","))
+    assert seen <= {"127.0.0.1", "refused"}, seen
+
+
+def test_a_host_grant_covers_the_addresses_of_its_name(granted: Listener,
+                                                       other_address: Listener) -> None:
+    checks = [["connect", granted.host, granted.port],
+              ["connect_ctypes", other_address.host, other_address.port]]
+    results = run_app(NET, checks, policy(f"localhost:{granted.port}"))
+    assert results == {"connect": "ping", "connect_ctypes": "EPERM"}
+
+
+def test_a_bad_address_pointer_or_descriptor_fails_the_call_not_the_supervisor(
+        granted: Listener) -> None:
+    checks = [["connect_bad_pointer", granted.port], ["connect_closed_fd", granted.port],
+              ["connect", granted.host, granted.port]]
+    results = run_app(NET, checks, policy(granted.grant))
+    assert results == {"connect_bad_pointer": "EFAULT", "connect_closed_fd": "EBADF",
+                       "connect": "ping"}
+
+
+# -- sends ------------------------------------------------------------------------------------
+
+def test_udp_goes_only_to_the_resolver(granted: Listener, resolver: socket.socket) -> None:
+    net = NetPolicy.from_wire({"grants": [f"localhost:{granted.port}"],
+                               "resolvers": ["127.0.0.3"]})
+    checks = [["udp_sendto", "127.0.0.3", 53], ["udp_sendmsg", "127.0.0.3", 53],
+              ["udp_sendmmsg", "127.0.0.3", 53],
+              ["udp_sendto", "127.0.0.1", granted.port], ["udp_sendto", "127.0.0.3", 54]]
+    results = run_app(NET, checks, net)
+    assert results["udp_sendmmsg"] == 2
+    assert [resolver.recv(16) for _ in range(4)] == [b"x", b"x", b"one", b"two!"]
+    # a later check of the same name overwrites: both refused sends are the last udp_sendto
+    assert results["udp_sendto"] == "EPERM"
+    assert results["udp_sendmsg"] == 1
+
+
+def test_udp_to_an_address_not_the_resolver_is_denied(granted: Listener) -> None:
+    checks = [["udp_sendto", "127.0.0.1", granted.port],
+              ["udp_sendmsg", "127.0.0.2", granted.port],
+              ["udp_sendmmsg", "127.0.0.2", granted.port]]
+    results = run_app(NET, checks, policy(granted.grant))
+    assert results == {"udp_sendto": "EPERM", "udp_sendmsg": "EPERM", "udp_sendmmsg": "EPERM"}
+
+
+def test_sendmsg_on_a_connected_socket_works(granted: Listener) -> None:
+    results = run_app(NET, [["tcp_sendmsg", granted.host, granted.port]], policy(granted.grant))
+    assert results == {"tcp_sendmsg": "ping"}
+
+
+def test_tcp_fast_open_is_denied(granted: Listener) -> None:
+    results = run_app(NET, [["fastopen", granted.host, granted.port]], policy(granted.grant))
+    assert results == {"fastopen": "EPERM"}
+
+
+# -- sockets ----------------------------------------------------------------------------------
+
+def test_only_inet_stream_and_datagram_sockets_and_socketpairs_can_be_made() -> None:
+    checks = [["unix_socket"], ["raw_socket"], ["socketpair"], ["listen"]]
+    assert run_app(NET, checks, policy("*:443")) == {
+        "unix_socket": "EPERM", "raw_socket": "EPERM", "socketpair": "hi", "listen": "EPERM"}
+
+
+def test_without_net_grants_no_inet_socket_can_be_made() -> None:
+    assert run_app(BARE, [["connect", "127.0.0.1", 9], ["socketpair"]]) == {
+        "connect": "EPERM", "socketpair": "hi"}
+
+
+def test_listen_needs_a_listen_grant() -> None:
+    assert run_app({**BARE, "listen": True}, [["listen"]]) == {"listen": "listening"}
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+def test_fork_is_denied_without_processes() -> None:
+    assert run_app(BARE, [["fork"]]) == {"fork": "EPERM"}
+
+
+def test_processes_counts_live_children() -> None:
+    results = run_app({**BARE, "processes": 1}, [["fork_two"]], processes=1)
+    assert results == {"fork_two": ["first", "EAGAIN", "third"]}
+
+
+def test_execve_is_denied_without_run() -> None:
+    assert run_app(BARE, [["execve"]]) == {"execve": "EPERM"}
+
+
+# -- undoing the rules ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("check", ["ptrace", "prctl_seccomp", "prctl_seccomp_high_bits",
+                                   "prctl_dumpable", "seccomp_syscall", "unshare", "setns",
+                                   "chroot", "landlock", "setrlimit_raise", "io_uring"])
+def test_calls_that_would_undo_the_rules_are_denied(check: str) -> None:
+    assert run_app(BARE, [[check]]) == {check: "EPERM"}
+
+
+def test_the_same_calls_work_without_the_filter() -> None:
+    # The checks above can fail: unfiltered, these succeed (this process is root).
+    results = run_app({}, [["prctl_dumpable"], ["landlock"], ["setrlimit_raise"], ["io_uring"],
+                           ["fork"]])
+    assert results["prctl_dumpable"] == 0 and results["setrlimit_raise"] == "raised"
+    assert results["landlock"] > 0 and results["io_uring"] > 0 and results["fork"] == 1
+
+
+def test_threads_and_harmless_prctls_still_work() -> None:
+    assert run_app(BARE, [["threads"], ["prctl_name"], ["getrlimit"]])["threads"] == 5
+    assert run_app(BARE, [["prctl_name"]]) == {"prctl_name": "renamed"}
+
+
+def test_the_child_does_not_keep_its_listener(granted: Listener) -> None:
+    results = run_app(NET, [["listener_closed"]], policy(granted.grant))
+    assert results == {"listener_closed": "EBADF"}
+
+
+# -- the filter's building blocks -------------------------------------------------------------
+
+@pytest.mark.parametrize("allowed", [set(), {0}, {1, 15, 16}, {0xFFFFFFFF, 0x53564D41, 2}])
+def test_outside_covers_exactly_the_values_not_allowed(allowed: set[int]) -> None:
+    classes = outside(allowed)
+    samples = set(range(70)) | allowed | {0x53564D40, 0x53564D42, 0xFFFFFFFE, 1 << 31}
+    for value in samples:
+        hit = any(value & mask == match for mask, match in classes)
+        assert hit == (value not in allowed), hex(value)
