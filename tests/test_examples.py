@@ -32,6 +32,17 @@ EXPECTED: dict[str, list[str]] = {
         "60 jobs completed, first result 't0:0'",
         "counts over all partitions: completed=60",
     ],
+    "permissions.py": [
+        "panqueue check-permissions _permission_handlers:queues: enforced",
+        "beach.jpg: 128x96 thumbnail beach-thumb.png, uploaded as beach-thumb.png",
+        "tower.png: 43x128 thumbnail tower-thumb.png, uploaded as tower-thumb.png",
+        "the upload server received 3 thumbnails: ['beach-thumb.png', 'square-thumb.png', "
+        "'tower-thumb.png']",
+        "read the upload server's private key: failed: PermissionError: ",
+        "connect to the worker's Redis: failed: PermissionError: ",
+        "the worker keeps serving: beach.jpg again, uploaded as beach-thumb.png",
+        "worker stopped: 4 completed, 2 failed",
+    ],
     "quickstart.py": [
         "added 3 jobs",
         "job 1: hello, ada",
