@@ -268,6 +268,19 @@ async def test_confined_child_runs_only_granted_programs(redis_url: str) -> None
     assert "permissions deny running cat" in error.message
 
 
+@needs_enforcement
+@pytest.mark.anyio
+async def test_a_granted_script_runs_with_its_interpreter(redis_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "tool.sh"
+    script.write_text("#!/bin/sh\necho script ran\n")
+    script.chmod(0o755)
+    registry = Registry()
+    registry.handler("script", executor="subprocess", permissions=Permissions(
+        run=[str(script)], processes=1))(perm_app.run)
+    assert await outcome(redis_url, registry, "script", {"argv": [str(script)]}) == \
+        "script ran\n"
+
+
 # ----------------------------------------------------------------------------- fail closed
 
 
