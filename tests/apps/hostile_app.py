@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import resource
 import signal
@@ -36,6 +37,7 @@ HOST_PORT = int(os.environ.get("HOSTILE_HOST_PORT", "9"))
 QUEUE = os.environ.get("HOSTILE_QUEUE", "hostile")
 HOST_QUEUE = os.environ.get("HOSTILE_HOST_QUEUE", "hostile-host")
 OPEN_FILES = 256
+CPU_SECONDS = 60
 
 queues = Registry()
 
@@ -61,6 +63,22 @@ PTRACE_DETACH = 17
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 MSG_FASTOPEN = 0x20000000
+IPPROTO_MPTCP = 262
+F_SETSIG = 10
+# System calls that loosen or reach past a sandbox, with arguments that do nothing harmful
+# where the call is let through (a wrong magic, a null pointer, a query).
+SYSCALLS: dict[str, tuple[int, tuple[int, ...]]] = {
+    "userfaultfd": (323, (1,)),  # UFFD_USER_MODE_ONLY: allowed unprivileged
+    "bpf": (321, (0, 0, 0)),  # BPF_MAP_CREATE, NULL
+    "perf_event_open": (298, (0, 0, -1, -1, 0)),
+    "keyctl": (250, (0, -3, 0)),  # KEYCTL_GET_KEYRING_ID of the session keyring
+    "add_key": (248, (0, 0, 0, 0, -3)),
+    "mount": (165, (0, 0, 0, 0, 0)),
+    "pivot_root": (155, (0, 0)),
+    "open_by_handle_at": (304, (-100, 0, 0)),  # AT_FDCWD, NULL handle
+    "kexec_load": (246, (0, 0, 0, 0)),
+    "syslog": (103, (10, 0, 0)),  # SYSLOG_ACTION_SIZE_BUFFER
+}
 
 
 class Escaped(MemoryError):
@@ -383,15 +401,25 @@ def clone3(data: dict[str, Any]) -> str:
 
 
 def raise_rlimit(data: dict[str, Any]) -> str:
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard != OPEN_FILES:  # raising a limit past the kernel's own cap would fail anyway
-        raise AssertionError(f"the child's hard open-files limit is {hard}, not {OPEN_FILES}")
-    if data.get("prlimit"):
-        resource.prlimit(0, resource.RLIMIT_NOFILE, (hard * 4, hard * 4))
+    """Raise a limit the worker set: the soft CPU limit (the job's CPU budget: the kernel lets
+    any process raise a soft limit up to its hard one) or the hard open-files limit (which
+    needs CAP_SYS_RESOURCE)."""
+    which = resource.RLIMIT_CPU if data["limit"] == "cpu" else resource.RLIMIT_NOFILE
+    soft, hard = resource.getrlimit(which)
+    if data["limit"] == "cpu":
+        if soft == resource.RLIM_INFINITY:
+            raise AssertionError("the worker set no CPU limit on this child")
+        new = (hard, hard)
     else:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard * 4, hard * 4))
-    raise Escaped(f"raised the hard open-files limit from {hard} to "
-                  f"{resource.getrlimit(resource.RLIMIT_NOFILE)[1]}")
+        if hard != OPEN_FILES:
+            raise AssertionError(f"the child's hard open-files limit is {hard}, not {OPEN_FILES}")
+        new = (hard * 4, hard * 4)
+    if data["call"] == "prlimit":
+        resource.prlimit(0, which, new)
+    else:
+        resource.setrlimit(which, new)
+    raise Escaped(f"raised the {data['limit']} limit from {(soft, hard)} to "
+                  f"{resource.getrlimit(which)}")
 
 
 def prctl_seccomp(data: dict[str, Any]) -> str:
@@ -463,6 +491,68 @@ def io_uring(data: dict[str, Any]) -> str:
     return "set up an io_uring"
 
 
+def raw_syscall(data: dict[str, Any]) -> str:
+    number, args = SYSCALLS[data["name"]]
+    ret = _syscall(data["name"], number, *args)
+    raise Escaped(f"{data['name']} returned {ret}")
+
+
+def status(data: dict[str, Any]) -> dict[str, str]:
+    """This child's capabilities, no_new_privs and seccomp mode, from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    names = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
+    return {name: fields[name].strip() for name in names if name in fields}
+
+
+def environment(data: dict[str, Any]) -> dict[str, str]:
+    return dict(os.environ)
+
+
+def pidfd_signal(data: dict[str, Any]) -> str:
+    pidfd = os.pidfd_open(data["pid"])
+    try:
+        signal.pidfd_send_signal(pidfd, data["signal"])
+    finally:
+        os.close(pidfd)
+    return f"signal {data['signal']} delivered to {data['pid']} through a pidfd"
+
+
+def killpg(data: dict[str, Any]) -> str:
+    os.killpg(data["pgid"], data["signal"])
+    return f"signal {data['signal']} delivered to process group {data['pgid']}"
+
+
+def sigio(data: dict[str, Any]) -> str:
+    """Have the kernel signal another process: a pipe owned (F_SETOWN) by it, O_ASYNC, the
+    signal chosen with F_SETSIG, then data written into the pipe."""
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(r, fcntl.F_SETOWN, data["pid"])
+        fcntl.fcntl(r, F_SETSIG, data["signal"])
+        fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK)
+        os.write(w, b"x")
+    finally:
+        os.close(r)
+        os.close(w)
+    return f"armed signal {data['signal']} for {data['pid']} through O_ASYNC"
+
+
+def mptcp(data: dict[str, Any]) -> str:
+    """A multipath TCP socket: another protocol behind SOCK_STREAM."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, IPPROTO_MPTCP) as s:
+        s.settimeout(5)
+        s.connect((data["host"], data["port"]))
+        s.sendall(b"PING\r\n")
+        return f"connected to {data['host']}:{data['port']} with MPTCP, got {s.recv(100)!r}"
+
+
+def socket_kind(data: dict[str, Any]) -> str:
+    """Only create a socket of a kind (raw, packet, netlink, vsock): no traffic."""
+    with socket.socket(data["family"], data["type"], data.get("proto", 0)):
+        return f"created a socket {data['family']}/{data['type']}"
+
+
 def benign(data: dict[str, Any]) -> str:
     return "fine"
 
@@ -473,7 +563,8 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         symlink_then_read, libc_read, descriptors, steal_fd, read_mem, vm_read, ptrace, kill,
         connect, fastopen, udp, redis_ping, listen, unix, libc_connect, run, execv, posix_spawn,
         fork, clone3, raise_rlimit, prctl_seccomp, prctl_dumpable, seccomp, landlock, unshare,
-        setns, chroot, init_module, finit_module, io_uring, benign)}
+        setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
+        pidfd_signal, killpg, sigio, mptcp, socket_kind, benign)}
 
 
 def _try(job: Job) -> Any:
@@ -482,7 +573,8 @@ def _try(job: Job) -> Any:
     return ATTEMPTS[job.data["attempt"]](job.data)
 
 
-@queues.handler(QUEUE, executor="subprocess", concurrency=2, limits=Limits(open_files=OPEN_FILES),
+@queues.handler(QUEUE, executor="subprocess", concurrency=2,
+                limits=Limits(open_files=OPEN_FILES, cpu_seconds=CPU_SECONDS),
                 permissions=Permissions(read=[IN], write=[OUT], net=[f"127.0.0.1:{PORT}"]))
 def hostile(job: Job) -> Any:
     return _try(job)
