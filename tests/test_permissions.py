@@ -204,6 +204,25 @@ async def test_confined_handler_cannot_list_the_worker_directory(redis_url: str,
 
 @needs_enforcement
 @pytest.mark.anyio
+@pytest.mark.parametrize("how", ["path", "fd"])
+async def test_confined_handler_cannot_change_a_files_mode(redis_url: str, grants: Path,
+                                                           how: str) -> None:
+    """Landlock does not cover metadata: without the filter, a child running as the file's
+    owner could make any of its files world-readable."""
+    victim = grants / "secret.txt"
+    victim.chmod(0o600)
+    registry = confined_registry(grants)
+    registry.handler("chmod", executor="subprocess", permissions=Permissions(
+        read=[str(grants)]))(perm_app.chmod)
+    failed = await outcome(redis_url, registry, "chmod", {"path": str(victim), "fd": how == "fd"})
+    assert isinstance(failed, JobFailed) and failed.error is not None
+    assert failed.error.type == "PermissionError"
+    assert ("changing the mode" if how == "path" else str(victim)) in failed.error.message
+    assert victim.stat().st_mode & 0o777 == 0o600
+
+
+@needs_enforcement
+@pytest.mark.anyio
 async def test_confined_async_handler_runs_its_event_loop(redis_url: str, grants: Path) -> None:
     registry = Registry()
     registry.handler("async", executor="subprocess", permissions=Permissions(

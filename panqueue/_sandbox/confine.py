@@ -6,7 +6,10 @@
 3. Landlock: the runtime set read-only, the grants, the programs of ``run`` executable, TCP
    connect and bind only on the granted ports, no signals or abstract unix sockets outside;
 4. the seccomp filter (:mod:`panqueue._sandbox.seccomp`), whose listener goes to the worker's
-   supervisor when the policy needs one.
+   supervisor when the policy needs one, and a second one that refuses every change of a
+   file's mode, owner, times or extended attributes (:data:`METADATA_CALLS`): Landlock does
+   not cover them, and a child running as the files' owner could otherwise make any of the
+   host's files world-readable, or unusable, without opening it.
 
 Then :func:`install_audit_hook` gives Python code a clear ``PermissionError`` naming what was
 denied before the kernel refuses (advisory: the kernel enforces).
@@ -23,7 +26,16 @@ from typing import Any
 
 from panqueue._sandbox import landlock
 
-__all__ = ["ConfineError", "confine", "install_audit_hook"]
+__all__ = ["METADATA_CALLS", "ConfineError", "confine", "install_audit_hook"]
+
+# What Landlock does not govern: a file's mode, owner, times and extended attributes, by path
+# or by descriptor (an O_PATH descriptor opens anything; fchmod works on one opened to read).
+METADATA_CALLS = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "chown32", "fchown32", "lchown32", "utime", "utimes", "futimesat", "utimensat",
+    "utimensat_time64", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
+    "fremovexattr", "setxattrat", "removexattrat",
+)
 
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
@@ -108,6 +120,29 @@ def _landlock(policy: dict[str, Any]) -> None:
     rules.restrict_self()
 
 
+def _deny_metadata_changes() -> None:
+    """A seccomp filter of its own: each of :data:`METADATA_CALLS` fails with EPERM."""
+    from panqueue._sandbox.seccomp import ACT_ALLOW, ACT_EPERM, library, syscall_number
+
+    lib = library()
+    ctx = lib.seccomp_init(ACT_ALLOW)
+    if not ctx:
+        raise ConfineError("seccomp_init failed")
+    try:
+        for name in METADATA_CALLS:
+            number = syscall_number(name)
+            if number < 0:
+                continue  # not a system call of this architecture or of this libseccomp
+            result = lib.seccomp_rule_add_array(ctx, ACT_EPERM, number, 0, None)
+            if result < 0:
+                raise ConfineError(f"seccomp_rule_add({name}): {os.strerror(-result)}")
+        result = lib.seccomp_load(ctx)
+        if result < 0:
+            raise ConfineError(f"seccomp_load: {os.strerror(-result)}")
+    finally:
+        lib.seccomp_release(ctx)
+
+
 def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
     """Apply ``policy`` (:func:`panqueue._sandbox.policy.to_wire`) to this process, for good.
 
@@ -127,6 +162,7 @@ def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
         libc = _libc()
         _drop_privileges(libc)
         _landlock(policy)
+        _deny_metadata_changes()
         spec = policy["filter"]
         return install_filter(FilterSpec(run=bool(spec["run"]), processes=int(spec["processes"]),
                                          inet=bool(spec["inet"]), listen=bool(spec["listen"])))
@@ -134,6 +170,11 @@ def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
         raise
     except Exception as exc:
         raise ConfineError(f"{type(exc).__name__}: {exc}") from exc
+
+
+_METADATA_EVENTS = {"os.chmod": "changing the mode", "os.chown": "changing the owner",
+                    "os.utime": "changing the times", "os.setxattr": "setting an attribute",
+                    "os.removexattr": "removing an attribute"}
 
 
 def install_audit_hook(policy: dict[str, Any]) -> None:
@@ -176,6 +217,9 @@ def install_audit_hook(policy: dict[str, Any]) -> None:
                 elif argv:
                     executable = next(iter(argv))
             check_program(executable)
+        elif event in _METADATA_EVENTS:
+            raise PermissionError(f"permissions deny {_METADATA_EVENTS[event]} of {args[0]!r} "
+                                  "(no grant allows changing a file's metadata)")
         elif event in ("os.exec", "os.posix_spawn"):
             check_program(args[0])
         elif event == "os.spawn":

@@ -59,6 +59,22 @@ def read(job: Job) -> str:
         return file.read(64).decode(errors="replace")
 
 
+def chmod(job: Job) -> None:
+    """Change the mode of ``job.data["path"]``: with os.chmod, or (``fd``) through ctypes on
+    an O_PATH descriptor, which Landlock lets anyone open and Python's checks never see."""
+    if job.data.get("fd"):
+        import ctypes
+
+        fd = os.open(job.data["path"], os.O_PATH)
+        libc = ctypes.CDLL(None, use_errno=True)
+        at_empty_path = 0x1000
+        if libc.syscall(452, fd, b"", 0o777, at_empty_path) != 0:  # fchmodat2 (x86_64)
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), job.data["path"])
+    else:
+        os.chmod(job.data["path"], 0o777)
+
+
 def listdir(job: Job) -> list[str]:
     return sorted(os.listdir(job.data["path"]))
 
