@@ -173,12 +173,14 @@ async def test_confined_handler_does_its_granted_work(redis_url: str, grants: Pa
 
 @needs_enforcement
 @pytest.mark.anyio
-@pytest.mark.parametrize("target", ["/etc/shadow", "project", "module", "secret", "worker"])
+@pytest.mark.parametrize("target", ["/etc/shadow", "project", "module", "secret", "worker",
+                                    "root link", "sockets"])
 async def test_confined_handler_cannot_read_outside_its_grants(redis_url: str, grants: Path,
                                                                target: str) -> None:
     path = {"/etc/shadow": "/etc/shadow", "project": str(ROOT / "pyproject.toml"),
             "module": perm_app.__file__, "secret": str(grants / "secret.txt"),
-            "worker": "WORKER_ENVIRON"}[target]
+            "worker": "WORKER_ENVIRON", "root link": "/proc/self/root/etc/shadow",
+            "sockets": "/proc/self/net/tcp"}[target]
     registry = confined_registry(grants)
     async with QueueClient(redis_url) as client, run_worker(registry, "read", redis_url):
         denied = await client.queue("read").add({"path": path})

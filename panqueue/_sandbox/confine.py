@@ -44,6 +44,11 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAPABILITY_VERSION_3 = 0x20080522
 
 
+# Entries of the child's own /proc/<pid> it may not read: net/ shows every socket of the
+# network namespace (the worker's Redis connections among them).
+_PROC_HIDDEN = frozenset({"net"})
+
+
 class ConfineError(RuntimeError):
     """The child could not apply its rules: it must not run any job."""
 
@@ -108,7 +113,13 @@ def _landlock(policy: dict[str, Any]) -> None:
         raise ConfineError(why or f"Landlock ABI {abi} < 6")
     rules = landlock.Ruleset(abi)
     rules.allow_paths(policy["runtime"], landlock.FS_READ)
-    rules.allow_path(f"/proc/{os.getpid()}", landlock.FS_READ)
+    # Its own /proc entries, except net/: the host's sockets (who listens where).
+    own = f"/proc/{os.getpid()}"
+    for entry in os.listdir(own):
+        # Not the links (root, cwd, exe): a rule opens what a link points to, and root's rule
+        # would grant the whole filesystem.
+        if entry not in _PROC_HIDDEN and not os.path.islink(f"{own}/{entry}"):
+            rules.allow_path(f"{own}/{entry}", landlock.FS_READ)
     rules.allow_paths(policy["devices"], landlock.FS_READ | landlock.ACCESS_FS_WRITE_FILE)
     rules.allow_paths(policy["execute"], landlock.FS_EXECUTE)
     rules.allow_paths(policy["read"], landlock.FS_READ)
