@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -22,9 +23,9 @@ from typing import Any
 import pytest
 
 from panqueue._sandbox.net import NetPolicy
-from panqueue._sandbox.seccomp import outside
+from panqueue._sandbox.seccomp import outside, syscall_number
 from panqueue._sandbox.supervisor import supervisor
-from tests.helpers import APPS, ROOT, subprocess_env
+from tests.helpers import APPS, ROOT, subprocess_env, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -320,3 +321,119 @@ def test_outside_covers_exactly_the_values_not_allowed(allowed: set[int]) -> Non
     for value in samples:
         hit = any(value & mask == match for mask, match in classes)
         assert hit == (value not in allowed), hex(value)
+
+
+# -- robustness -------------------------------------------------------------------------------
+
+def _open_fds() -> set[int]:
+    supervisor()  # its own wake-up pipe stays
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+def test_a_child_killed_while_its_connect_waits_leaves_the_supervisor_serving(
+        granted: Listener) -> None:
+    # A listener whose one-slot backlog is full drops further handshakes: connect waits.
+    stuck = socket.socket()
+    stuck.bind(("127.0.0.1", 0))
+    stuck.listen(0)
+    filler = socket.create_connection(stuck.getsockname())
+    port = stuck.getsockname()[1]
+    before = _open_fds()  # the listeners' descriptors included: they are closed at the end
+    process = subprocess.Popen(
+        [sys.executable, APP, json.dumps(NET), json.dumps([["connect", "127.0.0.1", port]])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=subprocess_env(), cwd=ROOT)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        hello = json.loads(process.stdout.readline())
+        supervisor().attach(hello["pid"], hello["fd"], policy(f"127.0.0.1:{port}"), 0)
+        process.stdin.write("attached\n")
+        process.stdin.flush()
+        connect = str(syscall_number("connect"))
+
+        def in_connect() -> bool:
+            with open(f"/proc/{process.pid}/syscall") as file:
+                return file.read().split()[0] == connect
+
+        # the child waits in connect (its answer waits for the handshake); others are served
+        wait_until(in_connect, what="the child waiting in connect")
+        results = run_app(NET, [["connect", granted.host, granted.port]], policy(granted.grant))
+        assert results == {"connect": "ping"}
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.communicate()
+        supervisor().detach(process.pid)
+        filler.close()
+        stuck.close()
+    assert _open_fds() <= before
+    assert run_app(NET, [["connect", granted.host, granted.port]],
+                   policy(granted.grant)) == {"connect": "ping"}
+
+
+def test_detach_closes_what_attach_opened(granted: Listener) -> None:
+    before = _open_fds()
+    assert run_app(NET, [["connect", granted.host, granted.port]],
+                   policy(granted.grant)) == {"connect": "ping"}
+    assert _open_fds() == before
+
+
+# -- the address policy -----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("entry", "canonical"), [
+    ("127.0.0.1:8080", "127.0.0.1:8080"), ("Example.COM:443", "example.com:443"),
+    ("[::1]:443", "[::1]:443"), ("10.0.0.0/8:6379", "10.0.0.0/8:6379"),
+    ("[2001:db8::/32]:443", "[2001:db8::/32]:443"), ("*:443", "*:443"),
+])
+def test_net_grants_parse(entry: str, canonical: str) -> None:
+    assert NetPolicy.from_grants([entry]).grants == (canonical,)
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("127.0.0.1", "needs an address and a port"), ("127.0.0.1:0", "from 1 to 65535"),
+    ("host:http", "from 1 to 65535"), ("::1:443", "in brackets"),
+    ("10.0.0.1/8:443", "host bits set; write the network, 10.0.0.0/8"),
+    ("[127.0.0.1]:443", "brackets are for IPv6"), ("bad host:443", "is not a host name"),
+    ("1.2.3:443", "not an IP address"),
+])
+def test_bad_net_grants_say_what_is_wrong_in_one_line(entry: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        NetPolicy.from_grants([entry])
+    assert "\n" not in str(info.value) and repr(entry) in str(info.value)
+
+
+def test_a_policy_crosses_the_wire_unchanged() -> None:
+    net = NetPolicy.from_grants(["127.0.0.1:1", "localhost:2", "*:3", "[::1]:4"])
+    again = NetPolicy.from_wire(json.loads(json.dumps(net.to_wire())))
+    assert again.grants == net.grants and again.to_wire() == net.to_wire()
+
+
+def test_allows_holds_by_address_and_port() -> None:
+    net = NetPolicy.from_wire({"grants": ["127.0.0.1:80", "10.0.0.0/8:443", "*:22",
+                                          "localhost:8080"], "resolvers": ["127.0.0.53"]})
+    assert net.allows("127.0.0.1", 80, udp=False)
+    assert not net.allows("127.0.0.2", 80, udp=False)
+    assert not net.allows("127.0.0.1", 81, udp=False)
+    assert not net.allows("127.0.0.1", 80, udp=True)
+    assert net.allows("10.1.2.3", 443, udp=False) and not net.allows("11.0.0.1", 443, udp=False)
+    assert net.allows("192.0.2.1", 22, udp=False)
+    assert net.allows("::ffff:127.0.0.1", 80, udp=False)
+    assert net.allows("127.0.0.1", 8080, udp=False) and net.allows("::1", 8080, udp=False)
+    assert not net.allows("127.0.0.2", 8080, udp=False)
+    assert net.allows("127.0.0.53", 53, udp=True) and net.allows("127.0.0.53", 53, udp=False)
+    assert not net.allows("127.0.0.53", 54, udp=True) and not net.allows("8.8.8.8", 53, udp=True)
+    assert net.ports() == {80, 443, 22, 8080, 53}
+
+
+def test_without_a_host_grant_the_resolver_is_not_reachable() -> None:
+    net = NetPolicy.from_wire({"grants": ["127.0.0.1:80"], "resolvers": ["127.0.0.53"]})
+    assert not net.allows("127.0.0.53", 53, udp=True)
+    assert net.ports() == {80}
+
+
+def test_allows_literal_says_when_only_resolving_could_tell() -> None:
+    net = NetPolicy.from_wire({"grants": ["127.0.0.1:80", "example.com:443"], "resolvers": []})
+    assert net.allows_literal("127.0.0.1", 80) is True
+    assert net.allows_literal("127.0.0.2", 80) is False
+    assert net.allows_literal("192.0.2.1", 443) is None
+    assert net.allows_literal("192.0.2.1", 6379) is False
+    assert net.allows_literal("example.com", 443) is None

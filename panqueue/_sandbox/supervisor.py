@@ -418,7 +418,11 @@ class Supervisor:
                 _close(pidfd)
                 raise _Refuse(errno.ESRCH) from exc
             process = _Process(tgid, pidfd, mem)
-            self._valid(child, notif_id)  # tid was still the caller: tgid is its process
+            try:
+                self._valid(child, notif_id)  # tid was still the caller: tgid is its process
+            except _Refuse:
+                process.close()
+                raise
             if len(child.others) >= 32:
                 _prune(child)
             child.others[tgid] = process
@@ -488,9 +492,11 @@ class Supervisor:
                 def finish(sock: int = sock) -> _Reply:
                     error = _sockopt_int(sock, _SO_ERROR)
                     return _Reply(error=-error) if error else _Reply()
-                self._waiting[sock] = _Waiting(child, notif_id, sock, finish)
-                sock = -1
-                return None
+                if not _writable(sock):  # a loopback handshake is often done already
+                    self._waiting[sock] = _Waiting(child, notif_id, sock, finish)
+                    sock = -1
+                    return None
+                return finish()
             return _Reply(error=-code) if code else _Reply()
         finally:
             if sock >= 0:
@@ -640,6 +646,12 @@ class Supervisor:
             return _Reply(val=sent)
         finally:
             _close(sock)
+
+
+def _writable(sock: int) -> bool:
+    ready = select.poll()
+    ready.register(sock, select.POLLOUT)
+    return bool(ready.poll(0))
 
 
 def _tgid(tid: int) -> int:
