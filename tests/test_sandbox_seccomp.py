@@ -67,7 +67,7 @@ def _serve(sock: socket.socket) -> None:
 
 @contextlib.contextmanager
 def _listening(host: str, port: int = 0) -> Iterator[Listener]:
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(64)
@@ -194,6 +194,20 @@ def test_non_blocking_connects_work(granted: Listener) -> None:
     assert results == {"connect_asyncio": "ping", "connect_timeout": "ping"}
 
 
+def test_ipv6_connects_hold_by_address_too() -> None:
+    try:
+        listener = _listening("::1")
+        ipv6 = listener.__enter__()
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback ({exc})")
+    try:
+        checks = [["connect", "::1", ipv6.port], ["connect", "127.0.0.1", ipv6.port]]
+        assert run_app(NET, checks[:1], policy(f"[::1]:{ipv6.port}")) == {"connect": "ping"}
+        assert run_app(NET, checks[1:], policy(f"[::1]:{ipv6.port}")) == {"connect": "EPERM"}
+    finally:
+        listener.__exit__(None, None, None)
+
+
 def test_connect_uses_the_address_read_once_not_memory_changed_meanwhile(
         granted: Listener, other_address: Listener) -> None:
     results = run_app(NET, [["connect_changed_address", granted.host, granted.port,
@@ -279,6 +293,20 @@ def test_fork_is_denied_without_processes() -> None:
 def test_processes_counts_live_children() -> None:
     results = run_app({**BARE, "processes": 1}, [["fork_two"]], processes=1)
     assert results == {"fork_two": ["first", "EAGAIN", "third"]}
+
+
+def test_a_started_process_is_held_by_the_same_rules(granted: Listener,
+                                                      other_address: Listener) -> None:
+    checks = [["fork_connect", granted.host, granted.port],
+              ["fork_two"], ["fork_connect", other_address.host, other_address.port]]
+    results = run_app({**NET, "processes": 1}, checks, policy(granted.grant), processes=1)
+    assert results == {"fork_connect": "EPERM", "fork_two": ["first", "EAGAIN", "third"]}
+
+
+def test_a_started_process_connects_to_a_granted_address(granted: Listener) -> None:
+    results = run_app({**NET, "processes": 1}, [["fork_connect", granted.host, granted.port]],
+                      policy(granted.grant), processes=1)
+    assert results == {"fork_connect": "ping"}
 
 
 def test_execve_is_denied_without_run() -> None:

@@ -107,9 +107,15 @@ class _Child:
     processes: int
     listening: bool = True
     others: dict[int, _Process] = field(default_factory=dict)
-    denials: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=_DENIALS_KEPT))
-    in_flight: tuple[set[int], int, float] = (set(), 0, 0.0)
+    denials: list[str] = field(default_factory=list)
+    in_flight: dict[int, float] = field(default_factory=dict)  # starting thread -> until
+    known: set[int] = field(default_factory=set)  # its descendants when last counted
+
+    def deny(self, denial: str) -> None:
+        # The first ones are kept, and the list only grows: a caller may remember how many it
+        # has seen. A child that keeps trying adds nothing after the hundredth.
+        if denial and len(self.denials) < _DENIALS_KEPT:
+            self.denials.append(denial)
 
     def close(self) -> None:
         _close(self.listener)
@@ -233,7 +239,8 @@ class Supervisor:
         self._wake()
 
     def denials(self, pid: int) -> list[str]:
-        """What was denied to child ``pid``, oldest first (the last hundred)."""
+        """What was denied to child ``pid``, in order (the first hundred; the list only grows
+        while the child is attached, and stays readable a while after :meth:`detach`)."""
         with self._lock:
             child = self._children.get(pid)
             if child is not None:
@@ -328,8 +335,7 @@ class Supervisor:
         try:
             reply = self._decide(child, notif_id, tid, nr, args)
         except _Refuse as refusal:
-            if refusal.denial:
-                child.denials.append(refusal.denial)
+            child.deny(refusal.denial)
             reply = _Reply(error=-refusal.code)
         except Exception as exc:
             _log.warning("sandbox supervisor refused a call it could not decide", pid=child.pid,
@@ -371,7 +377,7 @@ class Supervisor:
                 args: list[int]) -> _Reply | None:
         numbers = self._numbers
         if nr in (numbers["clone"], numbers["fork"], numbers["vfork"]):
-            return self._process_start(child)
+            return self._process_start(child, tid)
         process = self._process(child, tid, notif_id)
         if nr == numbers["connect"]:
             return self._connect(child, process, notif_id, args)
@@ -385,18 +391,24 @@ class Supervisor:
                      syscall=nr)
         raise _Refuse(errno.EPERM)
 
-    def _process_start(self, child: _Child) -> _Reply:
+    def _process_start(self, child: _Child, tid: int) -> _Reply:
         live = _descendants(child.pid)
         now = time.monotonic()
-        # A start let through a moment ago may not show in /proc yet: it counts until a new
-        # process shows (or a second has gone by), so that two quick starts are not both let
-        # through on the same count.
-        known, pending, until = child.in_flight
-        pending = max(0, pending - len(live - known)) if now < until else 0
-        child.in_flight = (live, pending, until)
-        if len(live) + pending >= child.processes:
+        # A start let through a moment ago may not show in /proc yet: it counts until its
+        # thread asks again (its clone has returned by then), a new process shows, or a
+        # second has gone by; so two threads' quick starts are not both let through on the
+        # same count.
+        in_flight = child.in_flight
+        in_flight.pop(tid, None)
+        for caller, until in sorted(in_flight.items(), key=lambda item: item[1]):
+            if until <= now:
+                del in_flight[caller]
+        for caller in sorted(in_flight, key=in_flight.__getitem__)[:len(live - child.known)]:
+            del in_flight[caller]
+        child.known = live
+        if len(live) + len(in_flight) >= child.processes:
             raise _Refuse(errno.EAGAIN, f"start a process (processes={child.processes})")
-        child.in_flight = (live, pending + 1, now + _IN_FLIGHT)
+        in_flight[tid] = now + _IN_FLIGHT
         return _Reply(flags=seccomp.NOTIF_FLAG_CONTINUE)
 
     def _process(self, child: _Child, tid: int, notif_id: int) -> _Process:
@@ -616,8 +628,7 @@ class Supervisor:
                 except _Refuse as refusal:
                     if not messages:
                         raise
-                    if refusal.denial:
-                        child.denials.append(refusal.denial)
+                    child.deny(refusal.denial)
                     break
             self._valid(child, notif_id)
 

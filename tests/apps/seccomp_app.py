@@ -237,6 +237,23 @@ def fork_two() -> list[str]:
     return results
 
 
+def fork_connect(host: str, port: int) -> str:
+    """A forked process connects: the supervisor reads its memory, not its parent's."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            answer = connect(host, port)
+        except OSError as exc:
+            answer = errno.errorcode.get(exc.errno or 0, str(exc))
+        os.write(write, answer.encode())
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
 def execve() -> str:
     os.execv("/bin/true", ["true"])
     return "still here"
