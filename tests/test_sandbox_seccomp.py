@@ -262,9 +262,11 @@ def test_sendmsg_on_a_connected_socket_works(granted: Listener) -> None:
     assert results == {"tcp_sendmsg": "ping"}
 
 
-def test_tcp_fast_open_is_denied(granted: Listener) -> None:
-    results = run_app(NET, [["fastopen", granted.host, granted.port]], policy(granted.grant))
-    assert results == {"fastopen": "EPERM"}
+def test_tcp_fast_open_and_source_routes_are_denied(granted: Listener) -> None:
+    checks = [["fastopen", granted.host, granted.port], ["source_route"]]
+    assert run_app(NET, checks, policy(granted.grant)) == {"fastopen": "EPERM",
+                                                           "source_route": "EPERM"}
+    assert run_app({}, [["source_route"]]) == {"source_route": "set"}
 
 
 # -- sockets ----------------------------------------------------------------------------------

@@ -53,9 +53,11 @@ _PRCTL_ALLOWED = frozenset({
     15,  # PR_SET_NAME
     16, 19, 21, 23, 25, 27,  # PR_GET_NAME, ENDIAN, SECCOMP, PR_CAPBSET_READ, GET_TSC, SECUREBITS
     29,  # PR_SET_TIMERSLACK
+    38,  # PR_SET_NO_NEW_PRIVS (it is set already, and cannot be unset)
     30, 34, 37,  # PR_GET_TIMERSLACK, PR_MCE_KILL_GET, PR_GET_CHILD_SUBREAPER
     39, 40,  # PR_GET_NO_NEW_PRIVS, PR_GET_TID_ADDRESS
     41,  # PR_SET_THP_DISABLE
+    47,  # PR_CAP_AMBIENT (no capability is left to raise; programs clear them at start)
     42, 46, 52,  # PR_GET_THP_DISABLE, PR_GET_FP_MODE, PR_GET_SPECULATION_CTRL
     56, 58,  # PR_GET_TAGGED_ADDR_CTRL, PR_GET_IO_FLUSHER
     0x53564D41,  # PR_SET_VMA (glibc names anonymous mappings)
@@ -64,7 +66,8 @@ _AF_INET, _AF_INET6 = 2, 10
 _SOCK_STREAM, _SOCK_DGRAM = 1, 2
 _SOCK_FLAGS = 0o4000 | 0o2000000  # SOCK_NONBLOCK | SOCK_CLOEXEC
 _PROTOCOLS = frozenset({0, 6, 17})  # default, IPPROTO_TCP, IPPROTO_UDP (no SCTP, MPTCP, ICMP)
-_SOL_TCP, _TCP_FASTOPEN_CONNECT = 6, 30
+# (level, option): TCP_FASTOPEN_CONNECT, IP_OPTIONS, IPV6_2292RTHDR, IPV6_RTHDR
+_SOCKOPTS_DENIED = ((6, 30), (0, 4), (41, 5), (41, 57))
 
 # Refused outright: they could undo the rules, reach other processes or the kernel's state.
 DENIED = (
@@ -261,9 +264,12 @@ def _socket_rules(rules: _Rules, spec: FilterSpec) -> None:
         rules.add_outside(ACT_EPERM, "socket", 2, _PROTOCOLS)
     if not spec.listen:
         rules.add(ACT_EPERM, "listen")
-    # TCP fast open connects from a send, to the send's address: never.
-    rules.add(ACT_EPERM, "setsockopt", (1, _CMP_MASKED_EQ, 0xFFFFFFFF, _SOL_TCP),
-              (2, _CMP_MASKED_EQ, 0xFFFFFFFF, _TCP_FASTOPEN_CONNECT))
+    # Socket options that send packets elsewhere than the checked address: TCP fast open
+    # (connects from a send, to the send's address) and source routes (IPv4 options, IPv6
+    # routing headers: the packet goes to the route's first hop).
+    for level, option in _SOCKOPTS_DENIED:
+        rules.add(ACT_EPERM, "setsockopt", (1, _CMP_MASKED_EQ, 0xFFFFFFFF, level),
+                  (2, _CMP_MASKED_EQ, 0xFFFFFFFF, option))
     for name, flags_arg in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
         rules.add(ACT_EPERM, name, (flags_arg, _CMP_MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN))
     if spec.supervised:

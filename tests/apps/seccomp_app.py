@@ -178,6 +178,14 @@ def fastopen(host: str, port: int) -> int:
         return sock.sendto(b"x", socket.MSG_FASTOPEN, (host, port))
 
 
+def source_route() -> str:
+    with socket.socket() as sock:
+        # IPv4 loose source route through 127.0.0.2 (NOP, LSRR, length 7, pointer 4, address)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_OPTIONS,
+                        bytes([1, 0x83, 7, 4]) + socket.inet_aton("127.0.0.2"))
+        return "set"
+
+
 def unix_socket() -> str:
     socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
     return "made"
