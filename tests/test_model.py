@@ -25,7 +25,15 @@ dependencies, attempts, failing handlers), add_bulk, add_flow / add_chain (empty
 cancel, remove, retry_failed (by ids or all), work, a running job cancelled (and, on
 model-handoff, removed and added again under its id), batches (open, add, close), a restart of
 the workers, and faults: an add or a cancel whose reply is lost (through a FaultProxy; the client
-sends it again, and the model accepts either answer of the first try but not two jobs).
+sends it again, and the model accepts either answer of the first try but not two jobs), and a
+process SIGKILLed between the steps of a multi-step operation: an add of a custom id placed
+away from its home partition (killed once its pointer is written, or once its job is), and a
+batch's close (once it marked the batch fired, or once it added the callbacks). That process
+is a real one (tests/apps/model_producer.py forks one per operation) whose connection goes
+through the FaultProxy: the replies to the step it must not get past are lost, so it retries
+that step until the kill. The model then expects the id added once or not at all, a later add
+of it answered within the grace of the dead add's pointer, and the batch, closed again by the
+user, firing each callback exactly once.
 
 After every step (invariants): counts() per queue equal the model's; list_jobs per state lists
 exactly the model's jobs in that state, each once (no job lost, hidden or doubled); get_job of
@@ -41,11 +49,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import hypothesis
 import pytest
 import redis
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -66,7 +80,11 @@ from panqueue import (
     Retention,
     SyncQueueClient,
 )
+from panqueue._keys import route
+from panqueue._store.loader import SCRIPTS
+from panqueue._store.ops.batches import callback_id
 from panqueue.testing import FaultProxy, run_worker
+from tests.helpers import APPS, ROOT, subprocess_env
 from tests.model import (
     ACTIVE,
     COMPLETED,
@@ -93,6 +111,10 @@ DEDUP_TTL = 3600.0
 STEP_TIMEOUT = 10.0  # how long a worker step may take to leave nothing waiting or active
 CALLBACK_TIMEOUT = 5.0
 GONE = ("gone", None)
+PARTED_COUNT = 3
+# How long an add of an id may wait for the pointer that a producer killed between the steps of
+# its add left behind (identity.GRACE_MS: 1 s), with a margin for a loaded machine.
+HELD_UP_AT_MOST = 5.0
 
 # Every start and end of a handler, in order: (event, queue, job id, attempt, ok).
 RUNS: list[tuple[str, str, str, int, bool]] = []
@@ -124,7 +146,8 @@ async def run_job(job: Job) -> None:
 
 plain = queues.handler(PLAIN, concurrency=1, backoff=Backoff.fixed(0.0),
                        retention=Retention(completed=KEEP_COMPLETED, failed=-1))(run_job)
-parted = queues.handler(PARTED, concurrency=2, partitions=3, backoff=Backoff.fixed(0.0))(run_job)
+parted = queues.handler(PARTED, concurrency=2, partitions=PARTED_COUNT,
+                        backoff=Backoff.fixed(0.0))(run_job)
 handoff = queues.handler(HANDOFF, concurrency=1)(run_job)
 HANDLERS = {PLAIN: plain, PARTED: parted, HANDOFF: handoff}
 
@@ -143,9 +166,42 @@ def mismatch(what: str, real: object, expected: object) -> ModelMismatch:
     return ModelMismatch(f"{what}: the system shows {real!r}, the model expects {expected!r}")
 
 
+class Producers:
+    """tests/apps/model_producer.py: each operation runs in a process of its own, forked by
+    that app, for the test to SIGKILL between the operation's steps."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(APPS / "model_producer.py")], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=subprocess_env())
+
+    def _ask(self, line: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().strip()
+        if not answer:
+            raise RuntimeError(f"model_producer.py exited ({self.proc.poll()})")
+        return answer
+
+    def start(self, **order: Any) -> int:
+        """The pid of the process that does ``order`` (see the app)."""
+        return int(self._ask(json.dumps(order)))
+
+    def kill(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        self._ask(f"reap {pid}")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
 class QueueMachine(RuleBasedStateMachine):
     url: str = ""
     backend: str = "asyncio"
+    producers: Producers
 
     def __init__(self) -> None:
         super().__init__()
@@ -159,6 +215,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.known: dict[str, list[str]] = {q: [] for q in SERVED}  # ids ever seen, in order
         self.stack = contextlib.ExitStack()
         self.client = self.stack.enter_context(SyncQueueClient(self.url))
+        self.raw = redis.Redis.from_url(self.url)
+        self.stack.callback(self.raw.close)
         for queue in SERVED:
             self.client.queue(HANDLERS[queue])  # nothing stored yet; pause declares by name
             self.client.pause(queue)
@@ -629,6 +687,95 @@ class QueueMachine(RuleBasedStateMachine):
             raise mismatch(f"resent cancel({queue}, {job_id}) returned", str(state),
                            f"{before} or {job.state}")
 
+    # ------------------------------------------------------------------ processes killed
+
+    def _kill_between(self, match: bytes, **order: Any) -> None:
+        """A producer process does ``order`` through the proxy, where every request that
+        contains ``match`` runs and its reply is lost: the process never learns that this step
+        happened (it tries again, and loses that reply too), so it never gets past it. Once the
+        step ran, the process is SIGKILLed."""
+        proxy, _ = self._through_proxy()
+        dropped = proxy.replies_dropped
+        proxy.drop_next_reply(1000, match=match)
+        pid = self.producers.start(url=proxy.url_for(self.url), **order)
+        try:
+            proxy.wait_for_dropped_replies(dropped + 1, timeout=STEP_TIMEOUT)
+        finally:
+            self.producers.kill(pid)
+            proxy.clear_drops()
+
+    def _partition(self, queue: str, job_id: str) -> int:
+        parts = self.client._run(self.client._parts.parts(queue))
+        [index] = [keys.partition for keys in parts if self.raw.exists(keys.job(job_id))]
+        return index
+
+    @rule(close=st.booleans(), first=st.booleans(), job_id=st.sampled_from(IDS),
+          pick=st.integers(0, 40), again=st.sampled_from((False, False, True)))
+    def killed_between_steps(self, close: bool, first: bool, job_id: str, pick: int,
+                             again: bool) -> None:
+        """A process that does a multi-step operation is SIGKILLed after its ``first`` step or
+        its second: the close of a batch (``close``, when one is open) or an add of a custom
+        id placed away from its home (``again``: the id is added again at once)."""
+        if close and any(not b.closed for b in self.model.batches.values()):
+            self._close_killed(pick, "close" if first else "callbacks")
+        else:
+            self._add_killed(job_id, pick, "reserve" if first else "write", again)
+
+    def _add_killed(self, job_id: str, pick: int, stop: str, again: bool) -> None:
+        """A producer process adds a custom id to model-parted with a dependency in another
+        partition than the id's home, which takes two steps: the id's pointer in its home
+        (identity_reserve.lua), then the job written beside its dependency. The process is
+        SIGKILLed after the first step ran (``reserve``) or after the second did (``write``;
+        it never saw the reply). The id is then added once, or not at all; and an add of it
+        (``again``: at once, from another client) returns or creates its one job within the
+        grace of a pointer whose job never came."""
+        if self.model.job(PARTED, job_id) is not None:
+            return  # the id names a job: the add returns it, in one step
+        home = route(PARTED_COUNT, job_id)
+        deps = [job.id for job in self.model.in_queue(PARTED)
+                if self._partition(PARTED, job.id) != home]
+        if not deps:  # add one: a custom id whose home is another partition, where it goes
+            dep = next(f"x{n}" for n in itertools.count() if route(PARTED_COUNT, f"x{n}")
+                       != home and self.model.job(PARTED, f"x{n}") is None)
+            self._add_one(PARTED, self.client, job_id=dep, priority=0, delayed=False, fail=0,
+                          attempts=1, dedup=None, deps=())
+            deps = [dep]
+        dep = deps[pick % len(deps)]
+        data = self._data(0)
+        mark = data["mark"] = f"killed-add-{data['n']}"  # in the write's request only
+        match = (SCRIPTS.identity_reserve.sha if stop == "reserve" else mark).encode()
+        self._kill_between(match, op="add", queue=PARTED, data=data, job_id=job_id,
+                           depends_on=[dep])
+        hypothesis.event(f"a producer killed after the {stop} step of an add")
+        if stop == "write":
+            self.model.create(PARTED, job_id, data, deps=(dep,))
+            self._learn(PARTED, job_id)
+        if again:
+            started = time.monotonic()
+            self._add_one(PARTED, self.client, job_id=job_id, priority=0, delayed=False,
+                          fail=0, attempts=1, dedup=None, deps=())
+            took = time.monotonic() - started
+            if took > HELD_UP_AT_MOST:
+                raise mismatch(f"add of {PARTED}/{job_id} after its producer was killed "
+                               f"after the {stop} step: seconds", took, HELD_UP_AT_MOST)
+
+    def _close_killed(self, pick: int, stop: str) -> None:
+        """A process closes a batch and is SIGKILLed between the steps of the close: after the
+        close script marked the batch closed (and fired, if every job had ended) but before
+        its callbacks were added (``close``), or after they were added but before the batch
+        was marked so (``callbacks``, batch_callback.lua). The user closes it again from
+        another process: a batch that fired then has each of its callbacks exactly once."""
+        open_ids = [b.id for b in self.model.batches.values() if not b.closed]
+        batch = self.model.batches[open_ids[pick % len(open_ids)]]
+        if len(batch.endings) < len(batch.members):
+            stop = "close"  # the close does not fire it: no callback to add
+        match = (SCRIPTS.batch_close.sha if stop == "close"
+                 else callback_id(batch.id, "complete")).encode()
+        self._kill_between(match, op="close", batch=batch.id)
+        hypothesis.event(f"a closer killed after the {stop} step")
+        batch.closed = True
+        self._check_batch_info(batch.id, self.batches[batch.id].close())
+
     # ------------------------------------------------------------------ invariants
 
     @invariant()
@@ -718,7 +865,14 @@ def test_the_system_matches_the_model(redis_url: str, anyio_backend: str,
                                       model_examples: int) -> None:
     QueueMachine.url = redis_url
     QueueMachine.backend = anyio_backend
+    with redis.Redis.from_url(redis_url) as r:
+        for script in SCRIPTS:  # every script call one EVALSHA, which a proxy can pick out
+            r.script_load(script.body)
+    QueueMachine.producers = Producers()
     runner = QueueMachine.TestCase
     runner.settings = settings(max_examples=model_examples, **SETTINGS)  # type: ignore[arg-type]
-    runner().runTest()
+    try:
+        runner().runTest()
+    finally:
+        QueueMachine.producers.close()
 
