@@ -16,8 +16,10 @@ import redis
 from panqueue.embedded import RedisServer
 from tests.helpers import WorkerProcess
 
-# Our own tests use the fixtures we ship to users: a private server per session.
-pytest_plugins = ["panqueue.testing"]
+# Our own tests use the fixtures we ship to users: a private server per session (per xdist
+# worker: each worker is a process of its own); tests/store_fixtures.py adds ``store``, one
+# queue's scripts called directly.
+pytest_plugins = ["panqueue.testing", "tests.store_fixtures"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -9,58 +9,30 @@ hidden per-tenant rate.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from panqueue import ConfigError, Job, QueueClient, RateLimit, RateLimited, Registry
-from panqueue._codec import encode
-from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops import NewJob, add_jobs, server_time_ms
+from panqueue._store.ops import server_time_ms
 from panqueue._store.ops.rate import effective_rate_limit
 from panqueue._store.status import Status
-from panqueue._store.transitions import parse_claim
-from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.testing import run_worker
 from scripts.adaptive_rate_curve import HIDDEN, SETTLED, SLACK, WINDOW, run_scenario
 from tests.helpers import wait_until
+from tests.store_fixtures import ScriptStore, open_store
 
 STEP_MS = 60_000  # the recovery step of the script tests: no climb happens while they run
 
 
-class Store:
+class RateStore(ScriptStore):
     """One queue's scripts called directly, with its settings as a worker would write them."""
-
-    def __init__(self, transport: SyncTransport, keys: QueueKeys) -> None:
-        self.t = transport
-        self.keys = keys
-        self.redis = transport.client
-
-    def call(self, script: Any, *args: Any) -> Any:
-        return self.t.execute(ScriptCall(script, (self.keys.prefix,), args))
 
     def setup(self, mode: str, rate_max: int, *, per_key: bool = False, step_ms: int = STEP_MS,
               per_ms: int = 60_000) -> None:
         reply = self.call(SCRIPTS.setup, mode, 100, rate_max, per_ms, 1 if per_key else 0, 1,
                           -1, 0, step_ms)
         assert reply == [b"ok"]
-
-    def add(self, n: int, key: str = "") -> list[str]:
-        added = self.t.run(add_jobs(self.keys, [NewJob(None, encode(i), key=key)
-                                                for i in range(n)]))
-        return [job_id for job_id, _ in added]
-
-    def claim(self, token: str, n: int = 1) -> list[str]:
-        jobs, _ = parse_claim(self.call(SCRIPTS.claim, token, 30_000, n))
-        return [j.id for j in jobs]
-
-    def rate_limited(self, job_id: str, token: str, retry_after_ms: int = 0,
-                     request: str = "") -> int:
-        entry = encode({"attempt": 1, "type": "RateLimited", "retry_after_ms": retry_after_ms})
-        reply = self.call(SCRIPTS.rate_limited, job_id, token, retry_after_ms, entry, -1, 0,
-                          request, 30_000)
-        return int(reply[0])
 
     def limit(self, key: str | None = None) -> int | None:
         return self.t.run(effective_rate_limit(self.keys, key))
@@ -96,17 +68,16 @@ class Store:
 
 
 @pytest.fixture
-def store(redis_url: str, queue_name: str) -> Iterator[Store]:
-    transport = SyncTransport(redis_url)
-    yield Store(transport, QueueKeys(queue_name))
-    transport.close()
+def store(redis_url: str, queue_name: str) -> Iterator[RateStore]:
+    with open_store(redis_url, queue_name, RateStore) as opened:
+        yield opened
 
 
 # ----------------------------------------------------------------------------- the scripts
 
 
 def test_each_rate_limited_halves_the_queue_limit_rounding_down_and_never_below_one(
-        store: Store) -> None:
+        store: RateStore) -> None:
     store.setup("global", 7)
     store.add(20)
     expected = [3, 1, 1]
@@ -121,7 +92,7 @@ def test_each_rate_limited_halves_the_queue_limit_rounding_down_and_never_below_
     assert len(store.claim("w:9", n=10)) == 1
 
 
-def test_the_limit_climbs_back_by_one_per_clean_step_up_to_the_maximum(store: Store) -> None:
+def test_the_limit_climbs_back_by_one_per_clean_step_up_to_the_maximum(store: RateStore) -> None:
     store.setup("global", 9)
     store.add(40)
     [job] = store.claim("w:1")
@@ -137,7 +108,7 @@ def test_the_limit_climbs_back_by_one_per_clean_step_up_to_the_maximum(store: St
     assert len(store.claim("w:3", n=20)) == 9
 
 
-def test_a_cut_halves_the_limit_in_force_not_the_maximum(store: Store) -> None:
+def test_a_cut_halves_the_limit_in_force_not_the_maximum(store: RateStore) -> None:
     store.setup("global", 20)
     store.add(10)
     [first] = store.claim("w:1")
@@ -149,7 +120,7 @@ def test_a_cut_halves_the_limit_in_force_not_the_maximum(store: Store) -> None:
     assert store.limit() == 6
 
 
-def test_refusals_of_jobs_started_before_the_last_cut_cut_nothing_more(store: Store) -> None:
+def test_refusals_of_jobs_started_before_the_last_cut_cut_nothing_more(store: RateStore) -> None:
     store.setup("global", 16)
     store.add(10)
     together = store.claim("w:1", n=4)  # in flight at the same time, refused together
@@ -163,7 +134,7 @@ def test_refusals_of_jobs_started_before_the_last_cut_cut_nothing_more(store: St
     assert store.limit() == 4
 
 
-def test_per_key_limits_are_cut_independently(store: Store) -> None:
+def test_per_key_limits_are_cut_independently(store: RateStore) -> None:
     store.setup("keyed", 8, per_key=True)
     store.add(10, key="a")
     store.add(10, key="b")
@@ -186,7 +157,7 @@ def test_per_key_limits_are_cut_independently(store: Store) -> None:
     assert store.redis.exists(f"{store.keys.prefix}rle:b") == 0
 
 
-def test_a_global_limit_on_a_keyed_queue_is_cut_for_the_whole_queue(store: Store) -> None:
+def test_a_global_limit_on_a_keyed_queue_is_cut_for_the_whole_queue(store: RateStore) -> None:
     store.setup("keyed", 6)
     store.add(5, key="a")
     store.add(5, key="b")
@@ -198,7 +169,7 @@ def test_a_global_limit_on_a_keyed_queue_is_cut_for_the_whole_queue(store: Store
     assert len(store.claim("w:2", n=10)) == 3
 
 
-def test_a_resent_rate_limited_cuts_once(store: Store) -> None:
+def test_a_resent_rate_limited_cuts_once(store: RateStore) -> None:
     store.setup("global", 12)
     store.add(3)
     [job] = store.claim("w:1")
@@ -209,7 +180,7 @@ def test_a_resent_rate_limited_cuts_once(store: Store) -> None:
     assert store.redis.hget(store.keys.job(job), "a") == b"0"
 
 
-def test_a_fixed_limit_is_not_cut(store: Store) -> None:
+def test_a_fixed_limit_is_not_cut(store: RateStore) -> None:
     store.setup("global", 12, step_ms=0)
     store.add(3)
     [job] = store.claim("w:1")
@@ -218,7 +189,7 @@ def test_a_fixed_limit_is_not_cut(store: Store) -> None:
 
 
 def test_a_key_whose_pause_ends_waits_while_its_window_is_over_the_cut_limit(
-        store: Store) -> None:
+        store: RateStore) -> None:
     store.setup("keyed", 8, per_key=True)
     store.add(10, key="a")
     started = store.claim("w:1", n=3)
@@ -235,7 +206,7 @@ def test_a_key_whose_pause_ends_waits_while_its_window_is_over_the_cut_limit(
     assert store.redis.zscore(store.keys.limited, "a") == pytest.approx(now + 11_000, abs=500)
 
 
-def test_setup_stores_the_recovery_step_only_for_an_adaptive_limit(store: Store) -> None:
+def test_setup_stores_the_recovery_step_only_for_an_adaptive_limit(store: RateStore) -> None:
     store.setup("global", 5, step_ms=1500)
     assert store.redis.hget(store.keys.meta, "rla") == b"1500"
     store.redis.hset(store.keys.meta, "rle", "2:0")

@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -23,79 +22,50 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from panqueue import ConfigError, Job, Registry, Retention, SyncQueueClient, Worker
-from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys, partition_keys
 from panqueue._store import ops
-from panqueue._store.loader import SCRIPTS, Script
-from panqueue._store.ops import NewJob, add_jobs, encode_error
-from panqueue._store.transitions import parse_claim
+from panqueue._store.loader import SCRIPTS
+from panqueue._store.ops import encode_error
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.spark import HISTORY_SCHEMA, enqueue_dataframe, export_history
 from tests.helpers import subprocess_env, wait_until
+from tests.store_fixtures import ScriptStore
 
 ERR = encode_error(ErrorInfo("ValueError", "boom", "Traceback (most recent call last): ..."))
 STALL_ERR = encode_error(ErrorInfo("Stalled", "lock expired"))
 
 
-class Store:
-    """Direct script calls for one queue, on a real Redis."""
-
-    def __init__(self, transport: SyncTransport, keys: QueueKeys) -> None:
-        self.t = transport
-        self.keys = keys
-
-    def call(self, script: Script, *args: Any) -> Any:
-        return self.t.execute(ScriptCall(script, (self.keys.prefix,), args))
-
-    def add(self, n: int = 1, **options: Any) -> list[str]:
-        jobs = [NewJob(None, encode(i), **options) for i in range(n)]
-        return [job_id for job_id, _ in self.t.run(add_jobs(self.keys, jobs))]
-
-    def claim(self, token: str, n: int = 1, ttl_ms: int = 30_000) -> list[str]:
-        jobs, _ = parse_claim(self.call(SCRIPTS.claim, token, ttl_ms, n))
-        return [j.id for j in jobs]
-
-    def complete(self, job_id: str, token: str) -> None:
-        self.call(SCRIPTS.complete, -1, token + ":next", 1000, 1, job_id, token, encode("ok"), 0)
-
-    def fail(self, job_id: str, token: str, max_attempts: int = 1) -> None:
-        entry = encode({"attempt": 1, "type": "ValueError", "message": "boom"})
-        self.call(SCRIPTS.fail, job_id, token, ERR, entry, max_attempts, 0, 0, "", -1, 0,
-                  token + ":next", 1000)
-
-    def history(self) -> list[dict[str, str]]:
-        return [{k.decode(): v.decode() for k, v in fields.items()}
-                for _, fields in self.t.client.xrange(self.keys.history)]
+def complete(store: ScriptStore, job_id: str, token: str) -> None:
+    """Complete as a worker does, with a fresh request id."""
+    store.complete(job_id, token, request=token + ":next")
 
 
-@pytest.fixture
-def store(redis_url: str, queue_name: str) -> Iterator[Store]:
-    transport = SyncTransport(redis_url)
-    yield Store(transport, QueueKeys(queue_name))
-    transport.close()
+def fail(store: ScriptStore, job_id: str, token: str, max_attempts: int = 1) -> None:
+    """Fail as a worker does: the error with its traceback, a fresh request id."""
+    store.fail(job_id, token, max_attempts, error=ERR, request=token + ":next")
 
 
-def test_every_ending_appends_exactly_one_history_record(store: Store) -> None:
+def test_every_ending_appends_exactly_one_history_record(store: ScriptStore) -> None:
     done, retried, waiting, parent, stalled = store.add(5)
     [child] = store.add(1, depends_on=(parent,))
     assert store.claim("worker-a:x1:1") == [done]
-    store.complete(done, "worker-a:x1:1")
+    complete(store, done, "worker-a:x1:1")
     # Failed after a retry: the retry writes nothing, the final failure one record.
     assert store.claim("w:b:c:x2:1") == [retried]
-    store.fail(retried, "w:b:c:x2:1", max_attempts=2)
+    fail(store, retried, "w:b:c:x2:1", max_attempts=2)
     assert store.claim("w:b:c:x2:2") == [waiting]  # the retried job went to the back
     store.call(SCRIPTS.cancel, waiting, -1)  # an active job: only marked, not ended yet
-    store.fail(waiting, "w:b:c:x2:2")  # its handler stopped: it ends cancelled
+    fail(store, waiting, "w:b:c:x2:2")  # its handler stopped: it ends cancelled
     assert store.claim("w:b:c:x2:3") == [parent]
-    store.fail(parent, "w:b:c:x2:3")  # fails, and its blocked dependent fails with it
+    fail(store, parent, "w:b:c:x2:3")  # fails, and its blocked dependent fails with it
     [born_failed] = store.add(1, depends_on=(parent,))  # added after its dependency failed
     # Stalled beyond max_stalls (0): the sweep fails it, naming the worker whose lock expired.
     assert store.claim("worker-s:x3:1", ttl_ms=1) == [stalled]
     wait_until(lambda: store.call(SCRIPTS.stalled, 0, 1000, -1, STALL_ERR)[1] == 1,
                what="the 1 ms lock to expire")
     assert store.claim("w:x4:1") == [retried]
-    store.fail(retried, "w:x4:1", max_attempts=2)
+    fail(store, retried, "w:x4:1", max_attempts=2)
 
     records = store.history()
     assert Counter(r["id"] for r in records) == {
@@ -130,7 +100,7 @@ def test_every_ending_appends_exactly_one_history_record(store: Store) -> None:
 
 
 def test_a_job_released_after_its_cancel_was_requested_records_one_cancelled_ending(
-        store: Store) -> None:
+        store: ScriptStore) -> None:
     [job_id, requeued] = store.add(2)
     assert store.claim("worker-r:x5:1", n=2) == [job_id, requeued]
     store.call(SCRIPTS.cancel, job_id, -1)  # active: marked for its worker
@@ -140,7 +110,7 @@ def test_a_job_released_after_its_cancel_was_requested_records_one_cancelled_end
         job_id, "cancelled", "cancelled", "worker-r")
 
 
-def test_retention_history_bounds_the_stream_and_zero_turns_it_off(store: Store) -> None:
+def test_retention_history_bounds_the_stream_and_zero_turns_it_off(store: ScriptStore) -> None:
     store.t.run(ops.setup_queue(store.keys, "global", 1, 0, 0, False, keep_history=300))
     [parent] = store.add(1)
     store.add(3000, depends_on=(parent,))
@@ -202,7 +172,7 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-def finish_jobs(store: Store, n: int) -> list[str]:
+def finish_jobs(store: ScriptStore, n: int) -> list[str]:
     """``n`` jobs that end (cancelled: one record each, the fastest ending to produce)."""
     ids = store.add(n)
     for job_id in ids:
@@ -215,7 +185,7 @@ def exported_ids(spark: SparkSession, path: Path) -> Counter[str]:
 
 
 def test_export_writes_each_record_once_and_a_rerun_exports_nothing_new(
-        spark: SparkSession, store: Store, redis_url: str, tmp_path: Path) -> None:
+        spark: SparkSession, store: ScriptStore, redis_url: str, tmp_path: Path) -> None:
     first = finish_jobs(store, 120)
     out = tmp_path / "history"
     stats = export_history(spark, store.keys.name, url=redis_url, path=out, batch_size=50)
@@ -285,7 +255,7 @@ pqspark.export_history(spark, queue, url=url, path=out, batch_size=40)
 
 
 def test_an_export_killed_mid_write_and_run_again_writes_every_record_once(
-        spark: SparkSession, store: Store, redis_url: str, tmp_path: Path) -> None:
+        spark: SparkSession, store: ScriptStore, redis_url: str, tmp_path: Path) -> None:
     ids = finish_jobs(store, 200)
     out, marker = tmp_path / "history", tmp_path / "written"
     script = tmp_path / "export.py"
@@ -307,7 +277,7 @@ def test_an_export_killed_mid_write_and_run_again_writes_every_record_once(
 
 
 def test_records_trimmed_before_an_export_read_them_are_counted_as_lost(
-        spark: SparkSession, store: Store, redis_url: str, tmp_path: Path) -> None:
+        spark: SparkSession, store: ScriptStore, redis_url: str, tmp_path: Path) -> None:
     store.t.run(ops.setup_queue(store.keys, "global", 1, 0, 0, False, keep_history=100))
     store.t.run(ops.open_history_export(store.keys))
     finish_jobs(store, 450)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,12 +25,13 @@ from panqueue import (
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops import NewJob, add_jobs, server_time_ms
+from panqueue._store.ops import server_time_ms
 from panqueue._store.status import Status
 from panqueue._store.transitions import parse_claim
-from panqueue._store.transport import ScriptCall, SyncTransport
+from panqueue._store.transport import SyncTransport
 from panqueue.testing import run_worker
 from tests.helpers import APPS, async_wait_until, run_cli
+from tests.store_fixtures import ScriptStore
 
 sys.path.insert(0, str(APPS))
 import capabilities_app
@@ -337,42 +337,8 @@ async def test_an_unusable_retry_after_fails_the_attempt(redis_url: str, executo
 # ----------------------------------------------------------------------------- the scripts
 
 
-class Store:
-    def __init__(self, transport: SyncTransport, keys: QueueKeys) -> None:
-        self.t = transport
-        self.keys = keys
-
-    def call(self, script: Any, *args: Any) -> Any:
-        return self.t.execute(ScriptCall(script, (self.keys.prefix,), args))
-
-    def add(self, **options: Any) -> str:
-        [(job_id, _)] = self.t.run(add_jobs(self.keys, [NewJob(None, encode(1), **options)]))
-        return job_id
-
-    def claim(self, token: str) -> list[str]:
-        jobs, _ = parse_claim(self.call(SCRIPTS.claim, token, 30_000, 1))
-        return [j.id for j in jobs]
-
-    def snooze(self, job_id: str, token: str, delay_ms: int, cap: int = -1,
-               request: str = "") -> list[Any]:
-        entry = encode({"attempt": 1, "type": "Snoozed", "delay_ms": delay_ms})
-        return list(self.call(SCRIPTS.snooze, job_id, token, delay_ms, entry, cap, -1, 0,
-                              request, 30_000))
-
-    def field(self, job_id: str, name: str) -> str | None:
-        raw = self.t.client.hget(self.keys.job(job_id), name)
-        return None if raw is None else raw.decode()
-
-
-@pytest.fixture
-def store(redis_url: str, queue_name: str) -> Iterator[Store]:
-    transport = SyncTransport(redis_url)
-    yield Store(transport, QueueKeys(queue_name))
-    transport.close()
-
-
-def test_snooze_script_delays_the_job_and_gives_back_its_attempt(store: Store) -> None:
-    job_id = store.add()
+def test_snooze_script_delays_the_job_and_gives_back_its_attempt(store: ScriptStore) -> None:
+    job_id = store.add_one()
     assert store.claim("w:1") == [job_id] and store.field(job_id, "a") == "1"
     reply = store.snooze(job_id, "w:1", 5_000, request="w:2")
     assert reply[0] == Status.SNOOZED
@@ -385,23 +351,23 @@ def test_snooze_script_delays_the_job_and_gives_back_its_attempt(store: Store) -
     assert store.field(job_id, "sn") == "1"
 
 
-def test_snooze_script_refuses_a_job_whose_lock_it_does_not_hold(store: Store) -> None:
-    job_id = store.add()
+def test_snooze_script_refuses_a_job_whose_lock_it_does_not_hold(store: ScriptStore) -> None:
+    job_id = store.add_one()
     assert store.claim("w:1") == [job_id]
     assert store.snooze(job_id, "someone-else", 1_000) == [Status.LOCK_LOST]
     assert store.field(job_id, "s") == "active" and store.field(job_id, "sn") is None
 
 
-def test_snooze_of_zero_puts_the_job_back_to_waiting(store: Store) -> None:
-    job_id = store.add()
+def test_snooze_of_zero_puts_the_job_back_to_waiting(store: ScriptStore) -> None:
+    job_id = store.add_one()
     store.claim("w:1")
     assert store.snooze(job_id, "w:1", 0)[0] == Status.SNOOZED
     assert store.field(job_id, "s") == "waiting"
     assert store.claim("w:2") == [job_id] and store.field(job_id, "a") == "1"
 
 
-def test_snooze_script_fails_the_job_past_the_cap(store: Store) -> None:
-    job_id = store.add()
+def test_snooze_script_fails_the_job_past_the_cap(store: ScriptStore) -> None:
+    job_id = store.add_one()
     for n in (1, 2):
         assert store.claim(f"w:{n}") == [job_id]
         assert store.snooze(job_id, f"w:{n}", 0, cap=1)[0] == (
@@ -411,12 +377,12 @@ def test_snooze_script_fails_the_job_past_the_cap(store: Store) -> None:
     assert store.t.client.zscore(store.keys.failed, job_id) is not None
 
 
-def test_claim_ends_expired_jobs_and_takes_the_next_in_the_same_call(store: Store) -> None:
-    expired = [store.add(expires_at_ms=1), store.add(expires_at_ms=1)]  # born past: at once
+def test_claim_ends_expired_jobs_and_takes_the_next_in_the_same_call(store: ScriptStore) -> None:
+    expired = [store.add_one(expires_at_ms=1), store.add_one(expires_at_ms=1)]  # born past: at once
     assert [store.field(i, "fr") for i in expired] == ["expired", "expired"]
-    soon = [store.add(expires_in_ms=60_000) for _ in range(2)]
+    soon = [store.add_one(expires_in_ms=60_000) for _ in range(2)]
     store.t.client.hset(store.keys.job(soon[0]), "x", 1)  # its deadline has passed
-    later = store.add()
+    later = store.add_one()
     jobs, _ = parse_claim(store.call(SCRIPTS.claim, "w:1", 30_000, 2))
     assert [j.id for j in jobs] == [soon[1], later]
     assert store.field(soon[0], "s") == "cancelled" and store.field(soon[0], "fr") == "expired"
@@ -429,10 +395,10 @@ def test_keyed_claim_skips_an_expired_job_of_a_key_for_its_next_one(
     transport = SyncTransport(redis_url)
     try:
         keys = QueueKeys(queue_name)
-        store = Store(transport, keys)
+        store = ScriptStore(transport, keys)
         assert store.call(SCRIPTS.setup, "keyed", 1, 0, 0, 0, 1, -1, 0) == [b"ok"]
-        first = store.add(key="a", expires_in_ms=60_000)
-        second = store.add(key="a")
+        first = store.add_one(key="a", expires_in_ms=60_000)
+        second = store.add_one(key="a")
         transport.client.hset(keys.job(first), "x", 1)
         assert store.claim("w:1") == [second]
         assert store.field(first, "fr") == "expired"
@@ -442,8 +408,8 @@ def test_keyed_claim_skips_an_expired_job_of_a_key_for_its_next_one(
 
 
 def test_expire_sweep_ends_waiting_jobs_past_their_deadline_and_leaves_running_ones(
-        store: Store) -> None:
-    running, waiting, kept = (store.add(expires_in_ms=60_000) for _ in range(3))
+        store: ScriptStore) -> None:
+    running, waiting, kept = (store.add_one(expires_in_ms=60_000) for _ in range(3))
     assert store.claim("w:1") == [running]
     for job_id in (waiting, running):
         store.t.client.hset(store.keys.job(job_id), "x", 1)
@@ -454,8 +420,8 @@ def test_expire_sweep_ends_waiting_jobs_past_their_deadline_and_leaves_running_o
     assert store.t.client.zrange(store.keys.expires, 0, -1) == [kept.encode()]
 
 
-def test_a_retried_job_is_back_under_its_deadline(store: Store) -> None:
-    job_id = store.add(expires_in_ms=60_000)
+def test_a_retried_job_is_back_under_its_deadline(store: ScriptStore) -> None:
+    job_id = store.add_one(expires_in_ms=60_000)
     assert store.claim("w:1") == [job_id]
     assert store.t.client.zscore(store.keys.expires, job_id) is None
     entry = encode({"attempt": 1, "type": "ValueError", "message": "boom"})
@@ -466,15 +432,15 @@ def test_a_retried_job_is_back_under_its_deadline(store: Store) -> None:
     assert store.t.client.zscore(store.keys.expires, job_id) == int(store.field(job_id, "x"))
 
 
-def rate_limit(store: Store, job_id: str, token: str, retry_after_ms: int,
+def rate_limit(store: ScriptStore, job_id: str, token: str, retry_after_ms: int,
                request: str = "") -> list[Any]:
     entry = encode({"attempt": 1, "type": "RateLimited", "retry_after_ms": retry_after_ms})
     return list(store.call(SCRIPTS.rate_limited, job_id, token, retry_after_ms, entry, -1, 0,
                            request, 30_000))
 
 
-def test_rate_limited_script_requeues_at_the_front_and_pauses_the_queue(store: Store) -> None:
-    first, second = store.add(), store.add()
+def test_rate_limited_script_requeues_at_the_front_and_pauses_the_queue(store: ScriptStore) -> None:
+    first, second = store.add_one(), store.add_one()
     assert store.claim("w:1") == [first]
     assert rate_limit(store, first, "w:1", 60_000, request="w:2")[0] == Status.RATE_LIMITED
     assert store.field(first, "s") == "waiting" and store.field(first, "a") == "0"
@@ -494,8 +460,8 @@ def test_rate_limited_script_requeues_at_the_front_and_pauses_the_queue(store: S
     assert store.field(second, "s") == "waiting"
 
 
-def test_rate_limited_script_refuses_a_job_whose_lock_it_does_not_hold(store: Store) -> None:
-    job_id = store.add()
+def test_rate_limited_script_refuses_a_job_whose_lock_it_does_not_hold(store: ScriptStore) -> None:
+    job_id = store.add_one()
     store.claim("w:1")
     assert rate_limit(store, job_id, "not-mine", 60_000) == [Status.LOCK_LOST]
     assert store.t.client.hget(store.keys.meta, "pu") is None
@@ -507,9 +473,9 @@ def test_rate_limited_script_pauses_only_the_key_in_keyed_mode(
     transport = SyncTransport(redis_url)
     try:
         keys = QueueKeys(queue_name)
-        store = Store(transport, keys)
+        store = ScriptStore(transport, keys)
         assert store.call(SCRIPTS.setup, "keyed", 1, 0, 0, 0, 1, -1, 0) == [b"ok"]
-        a1, a2, b1 = store.add(key="a"), store.add(key="a"), store.add(key="b")
+        a1, a2, b1 = store.add_one(key="a"), store.add_one(key="a"), store.add_one(key="b")
         assert store.claim("w:1") == [a1]
         assert rate_limit(store, a1, "w:1", 60_000)[0] == Status.RATE_LIMITED
         assert transport.client.zscore(keys.limited, "a") is not None

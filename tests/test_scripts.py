@@ -3,79 +3,22 @@ interleavings of every transition (hypothesis)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from panqueue._codec import encode
-from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
-from panqueue._store.loader import SCRIPTS, Script
-from panqueue._store.ops import NewJob, add_jobs, encode_error
+from panqueue._store.loader import SCRIPTS
+from panqueue._store.ops import NewJob, add_jobs
 from panqueue._store.status import Status
 from panqueue._store.transitions import parse_claim
-from panqueue._store.transport import ScriptCall, SyncTransport
-
-ERR = encode_error(ErrorInfo("ValueError", "boom"))
-STALL_ERR = encode_error(ErrorInfo("Stalled", "stalled"))
+from panqueue._store.transport import SyncTransport
+from tests.store_fixtures import ScriptStore
 
 
-class Store:
-    """Direct script calls for one queue."""
-
-    def __init__(self, transport: SyncTransport, keys: QueueKeys) -> None:
-        self.t = transport
-        self.keys = keys
-
-    def call(self, script: Script, *args: Any) -> Any:
-        return self.t.execute(ScriptCall(script, (self.keys.prefix,), args))
-
-    def add(self, n: int = 1, **options: Any) -> list[str]:
-        jobs = [NewJob(None, encode(i), **options) for i in range(n)]
-        return [job_id for job_id, _ in self.t.run(add_jobs(self.keys, jobs))]
-
-    def claim(self, token: str, n: int = 1, ttl_ms: int = 30_000) -> list[str]:
-        jobs, _ = parse_claim(self.call(SCRIPTS.claim, token, ttl_ms, n))
-        return [j.id for j in jobs]
-
-    def complete(self, job_id: str, token: str) -> Status:
-        reply = self.call(SCRIPTS.complete, -1, "", 1000, 1, job_id, token, encode("ok"), 0)
-        return Status(reply[0])
-
-    def fail(self, job_id: str, token: str, max_attempts: int = 1, delay_ms: int = 0) -> Status:
-        entry = encode({"attempt": 1, "type": "ValueError", "message": "boom"})
-        reply = self.call(SCRIPTS.fail, job_id, token, ERR, entry, max_attempts, delay_ms, 0, "",
-                          -1, 0, "", 1000)
-        return Status(reply[0])
-
-    def extend(self, ttl_ms: int, *pairs: str) -> list[str]:
-        return [x.decode() for x in self.call(SCRIPTS.extend, ttl_ms, *pairs)]
-
-    def sweep(self, max_stalls: int = 1) -> tuple[int, int]:
-        requeued, failed = self.call(SCRIPTS.stalled, max_stalls, 1000, -1, STALL_ERR)
-        return int(requeued), int(failed)
-
-    def state(self, job_id: str) -> str | None:
-        raw = self.t.client.hget(self.keys.job(job_id), "s")
-        return None if raw is None else raw.decode()
-
-    def expire_locks(self) -> None:
-        """Make every lock deadline past (as if the lock TTL elapsed)."""
-        for member in self.t.client.zrange(self.keys.active, 0, -1):
-            self.t.client.zadd(self.keys.active, {member: 0})
-
-
-@pytest.fixture
-def store(redis_url: str, queue_name: str) -> Iterator[Store]:
-    transport = SyncTransport(redis_url)
-    yield Store(transport, QueueKeys(queue_name))
-    transport.close()
-
-
-def test_worker_that_lost_its_lock_cannot_finish_a_reclaimed_job(store: Store) -> None:
+def test_worker_that_lost_its_lock_cannot_finish_a_reclaimed_job(store: ScriptStore) -> None:
     [job_id] = store.add()
     assert store.claim("worker-a:1") == [job_id]
     store.expire_locks()
@@ -92,7 +35,7 @@ def test_worker_that_lost_its_lock_cannot_finish_a_reclaimed_job(store: Store) -
     assert store.state(job_id) == "completed"
 
 
-def test_stalled_sweep_fails_a_job_after_too_many_stalls(store: Store) -> None:
+def test_stalled_sweep_fails_a_job_after_too_many_stalls(store: ScriptStore) -> None:
     [job_id] = store.add()
     for round_ in range(3):
         assert store.claim(f"w:{round_}") == [job_id]
@@ -107,7 +50,8 @@ def test_stalled_sweep_fails_a_job_after_too_many_stalls(store: Store) -> None:
     assert store.t.client.zscore(store.keys.failed, job_id) is not None
 
 
-def test_cancelled_active_job_whose_worker_died_ends_cancelled_not_rerun(store: Store) -> None:
+def test_cancelled_active_job_whose_worker_died_ends_cancelled_not_rerun(
+        store: ScriptStore) -> None:
     [job_id] = store.add()
     store.claim("w:1")
     assert store.call(SCRIPTS.cancel, job_id, -1) == b"active"
@@ -117,7 +61,7 @@ def test_cancelled_active_job_whose_worker_died_ends_cancelled_not_rerun(store: 
     assert store.claim("w:2") == []
 
 
-def test_sweep_leaves_jobs_with_live_locks_alone(store: Store) -> None:
+def test_sweep_leaves_jobs_with_live_locks_alone(store: ScriptStore) -> None:
     ids = store.add(3)
     assert store.claim("w:1", n=3, ttl_ms=60_000) == ids
     assert store.sweep() == (0, 0)
@@ -125,7 +69,7 @@ def test_sweep_leaves_jobs_with_live_locks_alone(store: Store) -> None:
     assert [store.state(i) for i in ids] == ["active"] * 3
 
 
-def test_claim_takes_up_to_n_jobs_in_one_call_and_nothing_while_paused(store: Store) -> None:
+def test_claim_takes_up_to_n_jobs_in_one_call_and_nothing_while_paused(store: ScriptStore) -> None:
     ids = store.add(5)
     store.call(SCRIPTS.pause, "1")
     assert store.claim("w:1", n=5) == []
@@ -134,7 +78,7 @@ def test_claim_takes_up_to_n_jobs_in_one_call_and_nothing_while_paused(store: St
     assert store.claim("w:3", n=3) == ids[3:]
 
 
-def test_complete_claims_the_next_job_in_the_same_call(store: Store) -> None:
+def test_complete_claims_the_next_job_in_the_same_call(store: ScriptStore) -> None:
     first, second = store.add(2)
     assert store.claim("w:1") == [first]
     reply = store.call(SCRIPTS.complete, -1, "w:2", 1000, 1, first, "w:1", encode(1), 1)
@@ -144,7 +88,7 @@ def test_complete_claims_the_next_job_in_the_same_call(store: Store) -> None:
     assert store.t.client.hget(store.keys.job(second), "tk") == b"w:2"
 
 
-def test_complete_records_a_batch_and_claims_one_job_per_freed_slot(store: Store) -> None:
+def test_complete_records_a_batch_and_claims_one_job_per_freed_slot(store: ScriptStore) -> None:
     ids = store.add(5)
     assert store.claim("w:1", n=3) == ids[:3]
     store.expire_locks()
@@ -162,7 +106,7 @@ def test_complete_records_a_batch_and_claims_one_job_per_freed_slot(store: Store
                                              "waiting"]
 
 
-def test_claim_reports_when_the_next_delayed_job_is_due(store: Store) -> None:
+def test_claim_reports_when_the_next_delayed_job_is_due(store: ScriptStore) -> None:
     store.add(delay_ms=5_000)
     reply = store.call(SCRIPTS.claim, "w:1", 1000, 1)
     jobs, wake_in = parse_claim(reply)
@@ -170,7 +114,7 @@ def test_claim_reports_when_the_next_delayed_job_is_due(store: Store) -> None:
     assert 4_000 < wake_in <= 5_000
 
 
-def test_retry_with_delay_goes_through_delayed(store: Store) -> None:
+def test_retry_with_delay_goes_through_delayed(store: ScriptStore) -> None:
     [job_id] = store.add()
     store.claim("w:1")
     assert store.fail(job_id, "w:1", max_attempts=3, delay_ms=60_000) == Status.RETRY_DELAYED
@@ -201,7 +145,7 @@ _SETS = {"waiting": "wait", "delayed": "delayed", "active": "active", "completed
          "failed": "failed", "cancelled": "cancelled"}
 
 
-def check_invariants(store: Store, all_ids: set[str], completions: dict[str, int]) -> None:
+def check_invariants(store: ScriptStore, all_ids: set[str], completions: dict[str, int]) -> None:
     client = store.t.client
     members: dict[str, list[str]] = {}
     for state, attr in _SETS.items():
@@ -225,7 +169,7 @@ def test_no_job_is_lost_or_completed_twice_under_any_interleaving(
         redis_url: str, ops: list[tuple[Any, ...]]) -> None:
     transport = SyncTransport(redis_url)
     transport.client.flushdb()
-    store = Store(transport, QueueKeys("prop"))
+    store = ScriptStore(transport, QueueKeys("prop"))
     all_ids: set[str] = set()
     active: list[tuple[str, str]] = []  # (job id, token) as workers believe
     stale: list[tuple[str, str]] = []  # tokens of workers that lost their lock
@@ -291,7 +235,7 @@ KEYED_OPS = st.lists(
 )
 
 
-def check_keyed_invariants(store: Store, all_ids: set[str], completions: dict[str, int],
+def check_keyed_invariants(store: ScriptStore, all_ids: set[str], completions: dict[str, int],
                            limit: int) -> None:
     client = store.t.client
     prefix = store.keys.prefix
@@ -328,7 +272,7 @@ def test_keyed_mode_invariants_under_any_interleaving(
         redis_url: str, ops: list[tuple[Any, ...]], limit: int) -> None:
     transport = SyncTransport(redis_url)
     transport.client.flushdb()
-    store = Store(transport, QueueKeys("keyed-prop"))
+    store = ScriptStore(transport, QueueKeys("keyed-prop"))
     store.call(SCRIPTS.setup, "keyed", limit, 0, 0, 0, 1, -1)
     all_ids: set[str] = set()
     active: list[tuple[str, str]] = []
@@ -365,7 +309,7 @@ def test_keyed_mode_invariants_under_any_interleaving(
         transport.close()
 
 
-def test_keyed_round_robin_does_not_starve_a_small_key(store: Store) -> None:
+def test_keyed_round_robin_does_not_starve_a_small_key(store: ScriptStore) -> None:
     store.call(SCRIPTS.setup, "keyed", 1, 0, 0, 0, 1, -1)
     big = [i for i, _ in store.t.run(add_jobs(
         store.keys, [NewJob(None, encode(n), key="big") for n in range(1000)]))]
