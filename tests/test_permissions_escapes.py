@@ -100,6 +100,7 @@ class Sandbox:
     host_granted: socket.socket
     host_other_address: socket.socket
     udp: socket.socket
+    udp_granted: socket.socket
     abstract: socket.socket
     abstract_name: str
     unix_path: Path
@@ -169,6 +170,9 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     udp.setblocking(False)
+    udp_granted = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the granted TCP port
+    udp_granted.bind(("127.0.0.1", port))
+    udp_granted.setblocking(False)
     abstract_name = f"\0panqueue-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     abstract.bind(abstract_name)
@@ -193,8 +197,8 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     client = SyncQueueClient(panqueue_server.url)
     sandbox = Sandbox(client, worker, stderr_path, queue, host_queue, panqueue_server, base,
                       in_dir, out_dir, secret_dir, secret_file, ssh_file, port, host_port,
-                      granted, other_address, host_granted, host_other_address, udp, abstract,
-                      abstract_name, unix_path, unix_listener)
+                      granted, other_address, host_granted, host_other_address, udp,
+                      udp_granted, abstract, abstract_name, unix_path, unix_listener)
     try:
         started = sandbox.attempt("benign")  # the worker serves: its child started, confined
         assert started.state is JobState.COMPLETED, (started.error, sandbox.stderr_tail())
@@ -204,8 +208,8 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
             worker.kill()
             worker.wait()
         client.close()
-        for sock in (granted, other_address, host_granted, host_other_address, udp, abstract,
-                     unix_listener):
+        for sock in (granted, other_address, host_granted, host_other_address, udp, udp_granted,
+                     abstract, unix_listener):
             sock.close()
         ssh_file.unlink(missing_ok=True)
         if made_ssh_dir:
@@ -275,6 +279,8 @@ READ_OUTSIDE: dict[str, Callable[[Sandbox], Path]] = {
     "a file beside the grants": lambda s: s.secret_file,
     "a path through .. out of the read grant": lambda s: s.in_dir / ".." / "secret" / "secret.txt",
     "/etc/shadow through /proc/self/root": lambda s: Path("/proc/self/root/etc/shadow"),
+    "the worker's stderr file through /proc/<worker>/fd": lambda s: Path(
+        f"/proc/{s.worker_pid}/fd/2"),
     "the project's config through /proc/self/cwd": lambda s: Path("/proc/self/cwd/pyproject.toml"),
 }
 
@@ -535,6 +541,22 @@ def test_a_udp_datagram_to_a_port_not_granted_is_denied(sandbox: Sandbox) -> Non
         sandbox.udp.recv(100)
 
 
+@pytest.mark.parametrize("how", ["sendto", "connect"])
+def test_udp_to_the_granted_tcp_port_is_denied(sandbox: Sandbox, how: str) -> None:
+    """Grants are for TCP: UDP goes to the resolver only."""
+    info = sandbox.attempt("udp", host="127.0.0.1", port=sandbox.port, connect=how == "connect")
+    assert_denied(info, f"127.0.0.1:{sandbox.port}")
+    with pytest.raises(BlockingIOError):
+        sandbox.udp_granted.recv(100)
+
+
+def test_a_udp_server_on_a_port_is_denied(sandbox: Sandbox) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert_denied(sandbox.attempt("udp_bind", port=port))
+
+
 def test_the_granted_port_on_another_address_is_denied(sandbox: Sandbox) -> None:
     info = sandbox.attempt("connect", host="127.0.0.2", port=sandbox.port, payload="escape")
     assert_denied(info, f"127.0.0.2:{sandbox.port}")
@@ -583,6 +605,23 @@ def test_running_a_program_is_denied(sandbox: Sandbox, how: str) -> None:
 
 def test_fork_beyond_processes_is_denied(sandbox: Sandbox) -> None:
     assert_denied(sandbox.attempt("fork"))
+
+
+I386 = {"fork": (2, ()), "unshare": (310, (0x10000000 | 0x40000000,))}
+
+
+@pytest.mark.parametrize("name", list(I386))
+def test_a_32_bit_system_call_is_denied(sandbox: Sandbox, name: str) -> None:
+    """int 0x80 reaches the i386 system calls (this kernel has the 32-bit ABI): a filter that
+    matches x86_64 numbers only must refuse them, or kill the child (SIGSYS)."""
+    number, args = I386[name]
+    info = sandbox.attempt("i386", name=name, number=number, args=list(args))
+    assert info.error is not None, f"the escape worked: {info.result!r}"
+    assert "imeout" not in info.error.type + info.error.message, (
+        "the child hung (its calling thread killed, the process left alive?): "
+        f"{info.error.type}: {info.error.message}")
+    if info.error.type != "ChildCrashed" or "SIGSYS" not in info.error.message:
+        assert_denied(info, codes=(errno.ENOSYS,))
 
 
 def test_a_raw_clone3_is_denied(sandbox: Sandbox) -> None:

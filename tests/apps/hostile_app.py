@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import resource
 import signal
@@ -38,6 +39,7 @@ QUEUE = os.environ.get("HOSTILE_QUEUE", "hostile")
 HOST_QUEUE = os.environ.get("HOSTILE_HOST_QUEUE", "hostile-host")
 OPEN_FILES = 256
 CPU_SECONDS = 60
+JOB_TIMEOUT = 10.0
 
 queues = Registry()
 
@@ -309,8 +311,19 @@ def fastopen(data: dict[str, Any]) -> str:
 
 def udp(data: dict[str, Any]) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.sendto(b"udp-escape", (data["host"], data["port"]))
+        if data.get("connect"):
+            s.connect((data["host"], data["port"]))
+            s.send(b"udp-escape")
+        else:
+            s.sendto(b"udp-escape", (data["host"], data["port"]))
         return "sent"
+
+
+def udp_bind(data: dict[str, Any]) -> str:
+    """A UDP socket bound to a chosen port: a UDP server."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", data["port"]))
+        return f"bound UDP 127.0.0.1:{data['port']}"
 
 
 def redis_ping(data: dict[str, Any]) -> Any:
@@ -383,6 +396,33 @@ def fork(data: dict[str, Any]) -> str:
         os._exit(0)
     os.waitpid(pid, 0)
     return f"forked {pid}"
+
+
+def i386(data: dict[str, Any]) -> str:
+    """A system call of the 32-bit ABI (int 0x80), which a filter written for x86_64 numbers
+    does not match: eax = number, ebx/ecx/edx = arguments."""
+    args = [*data.get("args", ()), 0, 0, 0]
+    code = b"\x53"  # push rbx (callee-saved)
+    for opcode, value in zip((0xB8, 0xBB, 0xB9, 0xBA), [data["number"], *args[:3]], strict=True):
+        code += bytes([opcode]) + (value & 0xFFFFFFFF).to_bytes(4, "little")
+    code += b"\xcd\x80\x5b\xc3"  # int 0x80; pop rbx; ret
+    memory = mmap.mmap(-1, mmap.PAGESIZE,
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    memory.write(code)
+    function = ctypes.CFUNCTYPE(ctypes.c_int)(
+        ctypes.addressof(ctypes.c_char.from_buffer(memory)))
+    ret = function()
+    name = data["name"]
+    if ret in (-errno.EPERM, -errno.EACCES, -errno.ENOSYS):
+        raise OSError(-ret, f"{name} (i386): {os.strerror(-ret)}")
+    if ret < 0:
+        raise Escaped(f"{name} (i386) was let through (it failed later, with "
+                      f"{errno.errorcode.get(-ret, ret)})")
+    if name == "fork":
+        if ret == 0:
+            os._exit(0)
+        os.waitpid(ret, 0)
+    raise Escaped(f"{name} (i386) returned {ret}")
 
 
 def clone3(data: dict[str, Any]) -> str:
@@ -564,7 +604,7 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         connect, fastopen, udp, redis_ping, listen, unix, libc_connect, run, execv, posix_spawn,
         fork, clone3, raise_rlimit, prctl_seccomp, prctl_dumpable, seccomp, landlock, unshare,
         setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
-        pidfd_signal, killpg, sigio, mptcp, socket_kind, benign)}
+        pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, benign)}
 
 
 def _try(job: Job) -> Any:
@@ -573,14 +613,15 @@ def _try(job: Job) -> Any:
     return ATTEMPTS[job.data["attempt"]](job.data)
 
 
-@queues.handler(QUEUE, executor="subprocess", concurrency=2,
+# A job timeout, so that an attempt which leaves its child hung fails instead of holding a slot.
+@queues.handler(QUEUE, executor="subprocess", concurrency=2, timeout=JOB_TIMEOUT,
                 limits=Limits(open_files=OPEN_FILES, cpu_seconds=CPU_SECONDS),
                 permissions=Permissions(read=[IN], write=[OUT], net=[f"127.0.0.1:{PORT}"]))
 def hostile(job: Job) -> Any:
     return _try(job)
 
 
-@queues.handler(HOST_QUEUE, executor="subprocess",
+@queues.handler(HOST_QUEUE, executor="subprocess", timeout=JOB_TIMEOUT,
                 permissions=Permissions(net=[f"localhost:{HOST_PORT}"]))
 def hostile_host(job: Job) -> Any:
     return _try(job)
