@@ -2,6 +2,16 @@
 
 Tests never touch a server they did not start. Each test gets an empty database and a fresh
 queue name; runtime tests run on both anyio backends.
+
+Parallel runs (pytest-xdist, ``-n 4 --dist loadgroup``, as scripts/test.sh runs them): each
+worker is a process with its own session server, temp directories and environment. A test
+module with a module-scoped fixture (a cluster, a Spark session, a built wheel) runs whole on
+one worker, so that fixture is made once; every other test goes wherever a worker is free.
+The slowest tests of the previous run (from pytest's cache) are handed out first, so that no
+long test starts last.
+
+``--long`` runs the full versions of the endurance tests (tests/bounds.py); every run has their
+bounded versions.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import tests.bounds
 from panqueue.embedded import RedisServer
 from tests.helpers import WorkerProcess
 
@@ -23,10 +34,77 @@ pytest_plugins = ["panqueue.testing", "tests.store_fixtures"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--model-examples", type=int, default=30, metavar="N",
-                     help="examples tests/test_model.py runs per backend (default 30)")
+    parser.addoption("--model-examples", type=int, default=None, metavar="N",
+                     help="examples tests/test_model.py runs per backend (default 10; 30 "
+                          "with --long)")
     parser.addoption("--long", action="store_true",
-                     help="the long versions of the endurance tests (a 5-minute Redis outage)")
+                     help="the full versions of the endurance tests (a 5-minute Redis outage, "
+                          "every property test's full count of examples, the model's 30 "
+                          "examples, a minute of torture); without it, bounded versions")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test module is imported: modules read it in their @settings.
+    tests.bounds.LONG = bool(config.getoption("--long"))
+    if config.getoption("--model-examples") is None:
+        config.option.model_examples = tests.bounds.examples(10, 30)
+
+
+DURATIONS = "panqueue/durations"  # pytest cache: seconds per test id, from the last runs
+
+
+def _own_group(item: pytest.Item) -> str | None:
+    """The test's module, when the test uses a fixture of module (or class) scope: such tests
+    run on one xdist worker together, so that the fixture is made once."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for definitions in info.name2fixturedefs.values():
+        if any(d.scope in ("module", "class") for d in definitions):
+            return item.nodeid.split("::")[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the group marks into node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _own_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if not hasattr(config, "workerinput"):
+        return  # only xdist workers reorder: a plain run keeps the file order
+    cache = getattr(config, "cache", None)
+    seconds: dict[str, float] = cache.get(DURATIONS, {}) if cache is not None else {}
+    # Work units (a group, or a test alone), slowest first; the order is the same on every
+    # worker (xdist checks that they all collected the same list).
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        marks = [m.args[0] for m in item.iter_markers("xdist_group") if m.args]
+        units.setdefault(marks[0] if marks else item.nodeid, []).append(item)
+    ordered = sorted(units.values(),
+                     key=lambda unit: -sum(seconds.get(i.nodeid, 1.0) for i in unit))
+    items[:] = [item for unit in ordered for item in unit]
+
+
+_taken: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # In the controller of an xdist run (or a plain run): setup + call + teardown per test.
+    nodeid = report.nodeid
+    if nodeid.rfind("@") > nodeid.rfind("]"):
+        nodeid = nodeid[:nodeid.rfind("@")]  # the group xdist appended
+    _taken[nodeid] = _taken.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    cache = getattr(config, "cache", None)
+    if cache is None or hasattr(config, "workerinput") or not _taken:
+        return
+    seconds = dict(cache.get(DURATIONS, {}))
+    seconds.update({k: round(v, 2) for k, v in _taken.items()})
+    cache.set(DURATIONS, seconds)
 
 
 @pytest.fixture(params=["asyncio", "trio"])
