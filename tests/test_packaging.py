@@ -3,12 +3,16 @@
 (no system site-packages, nothing from this checkout) where one job runs end to end.
 
 The build runs once for the module (``--no-isolation``: hatchling comes from the dev extra,
-so the build itself needs no download); the fresh virtualenv gets its dependencies from the
-package index as a user's would. About a minute in all, most of it pip.
+so the build itself needs no download). The fresh virtualenv gets what the wheel's metadata
+requires and nothing else, as a user's would, but from a wheelhouse kept in pytest's cache:
+the package index is asked once for each set of requirements (the wheel's, and the build
+backend an sdist install needs), later runs install offline (``--no-index``). The virtualenv
+has no pip of its own: this interpreter's pip installs into it (``pip --python``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -82,14 +86,48 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"wheel": wheel, "sdist": sdist}
 
 
+def _requirements(wheel: Path) -> list[str]:
+    """What installing ``wheel`` needs from an index: its Requires-Dist (without extras) and
+    the build backend of its sdist."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"panqueue-{panqueue.__version__}.dist-info/METADATA").decode()
+    needed = sorted(line.split(":", 1)[1].strip() for line in metadata.splitlines()
+                    if line.startswith("Requires-Dist:") and "extra ==" not in line)
+    return [*needed, "hatchling>=1.21"]
+
+
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory: pytest.TempPathFactory, dist: dict[str, Path]) -> Path:
-    """A new virtualenv (no system site-packages) with the wheel installed."""
+def wheelhouse(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+               dist: dict[str, Path]) -> Path:
+    """Wheels of everything the wheel requires, for this Python; from the package index only
+    when pytest's cache has none for these requirements yet."""
+    needed = _requirements(dist["wheel"])
+    key = hashlib.sha256("\n".join([sys.version, *needed]).encode()).hexdigest()[:16]
+    cache = getattr(request.config, "cache", None)
+    house = (cache.mkdir(f"panqueue-wheelhouse-{key}") if cache is not None
+             else tmp_path_factory.mktemp("wheelhouse"))
+    if not (house / "complete").exists():
+        _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+             "--wheel-dir", house, *needed)
+        (house / "complete").write_text("\n".join(needed))
+    return house
+
+
+def _pip_install(home: Path, wheelhouse: Path, *args: str | Path, cwd: Path) -> None:
+    """Install into the virtualenv at ``home`` with this interpreter's pip, offline, from the
+    wheelhouse only."""
+    _run(sys.executable, "-m", "pip", "--python", home / "bin" / "python", "install", "--quiet",
+         "--disable-pip-version-check", "--no-index", "--find-links", wheelhouse, *args,
+         cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory, dist: dict[str, Path],
+               wheelhouse: Path) -> Path:
+    """A new virtualenv (no system site-packages) with the wheel and what it requires."""
     home = tmp_path_factory.mktemp("venv")
-    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(home)
-    python = home / "bin" / "python"
-    _run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         dist["wheel"], cwd=home)
+    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(home)
+    _pip_install(home, wheelhouse, dist["wheel"], cwd=home)
     return home
 
 
@@ -157,10 +195,11 @@ def test_wheel_in_a_fresh_venv_runs_a_job_end_to_end(
 
 
 def test_sdist_installs_into_the_fresh_venv_and_imports(
-        fresh_venv: Path, dist: dict[str, Path], tmp_path: Path) -> None:
+        fresh_venv: Path, dist: dict[str, Path], wheelhouse: Path, tmp_path: Path) -> None:
     python = fresh_venv / "bin" / "python"
-    _run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--force-reinstall", "--no-deps", dist["sdist"], cwd=tmp_path)
+    # Built in pip's isolated build environment, whose hatchling comes from the wheelhouse.
+    _pip_install(fresh_venv, wheelhouse, "--force-reinstall", "--no-deps", dist["sdist"],
+                 cwd=tmp_path)
     output = _run(python, "-c",
                   "import pathlib, panqueue, panqueue._store.loader as loader; "
                   "print(panqueue.__version__, panqueue.__file__, "
