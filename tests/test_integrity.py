@@ -37,6 +37,7 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import parse_claim
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.testing import drain, run_worker
+from tests.bounds import examples
 
 pytestmark = pytest.mark.anyio
 
@@ -504,7 +505,7 @@ def check_graph(r: redis.Redis, keys: QueueKeys) -> None:
             assert needs and all(states[dep] in PENDING for dep in needs), job_id
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(50, 150), deadline=None,  # 150 with --long
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=GRAPH_OPS)
 def test_dependency_graph_invariants_under_any_interleaving(

@@ -90,6 +90,7 @@ from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import NewJob, add_call, encode_error, parse_added
 from panqueue._store.status import Status
 from panqueue._store.transport import ScriptCall, SyncTransport
+from tests.bounds import examples
 
 LOCK_TTL = 60_000
 DELAY = 60_000
@@ -115,7 +116,9 @@ FINISHING = frozenset({"complete", "fail", "snooze", "rate_limited", "stalled", 
 
 # No explain phase: it traces every line (slow before Python 3.12) to annotate a failure; and
 # one failure shrunk, not each distinct one (shrinking replays whole runs against Redis).
-SETTINGS = settings(max_examples=100, stateful_step_count=40, deadline=None,
+# 30 runs of 40 steps per queue in every run (about half a minute each on two busy cores);
+# 100 with --long.
+SETTINGS = settings(max_examples=examples(30, 100), stateful_step_count=40, deadline=None,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
                     report_multiple_bugs=False,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
