@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -330,6 +331,15 @@ def test_the_same_calls_work_without_the_filter() -> None:
                            ["fork"]])
     assert results["prctl_dumpable"] == 0 and results["setrlimit_raise"] == "raised"
     assert results["landlock"] > 0 and results["io_uring"] > 0 and results["fork"] == 1
+
+
+def test_a_call_of_another_abi_kills_the_whole_process_not_only_its_thread() -> None:
+    done = subprocess.run([sys.executable, APP, json.dumps(BARE),
+                           json.dumps([["foreign_abi_in_a_thread"]])],
+                          capture_output=True, text=True, env=subprocess_env(), cwd=ROOT,
+                          timeout=60)
+    assert done.returncode == -signal.SIGSYS, done
+    assert "survived" not in done.stdout
 
 
 def test_threads_and_harmless_prctls_still_work() -> None:

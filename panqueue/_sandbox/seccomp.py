@@ -24,6 +24,7 @@ __all__ = ["FilterSpec", "Notif", "NotifResp", "install_filter", "library", "sys
 
 ACT_ALLOW = 0x7FFF0000
 ACT_NOTIFY = 0x7FC00000
+ACT_KILL_PROCESS = 0x80000000
 
 
 def act_errno(code: int) -> int:
@@ -34,7 +35,8 @@ ACT_EPERM = act_errno(errno.EPERM)
 
 _CMP_NE = 1
 _CMP_MASKED_EQ = 7
-_FLTATR_CTL_OPTIMIZE = 8  # enum scmp_filter_attr, libseccomp >= 2.5
+_FLTATR_ACT_BADARCH = 2  # enum scmp_filter_attr
+_FLTATR_CTL_OPTIMIZE = 8  # libseccomp >= 2.5
 
 NOTIF_FLAG_CONTINUE = 1  # SECCOMP_USER_NOTIF_FLAG_CONTINUE
 
@@ -302,6 +304,11 @@ def install_filter(spec: FilterSpec) -> int:
     try:
         lib = library()
         lib.seccomp_attr_set(rules.ctx, _FLTATR_CTL_OPTIMIZE, 2)  # binary tree; best effort
+        # A call of another ABI (int 0x80, x32) kills the whole process, not only its thread:
+        # a handler's thread killed alone would leave the child hanging.
+        rc = lib.seccomp_attr_set(rules.ctx, _FLTATR_ACT_BADARCH, ACT_KILL_PROCESS)
+        if rc < 0:
+            raise OSError(-rc, "libseccomp cannot kill the process on a foreign ABI")
         if spec.processes > 0:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:

@@ -218,12 +218,16 @@ class Supervisor:
             raise
         child = _Child(pid, _Process(pid, pidfd, mem), listener, policy, processes)
         with self._lock:
+            try:
+                self._start()
+            except BaseException:
+                child.close()
+                raise
             old = self._children.pop(pid, None)
             if old is not None:
                 self._forget(old)
             self._children[pid] = child
             self._gone.pop(pid, None)
-            self._start()
         self._wake()
 
     def detach(self, pid: int) -> None:
@@ -265,6 +269,13 @@ class Supervisor:
             pass
 
     def _start(self) -> None:
+        if self._notif is None:
+            notif = ctypes.POINTER(seccomp.Notif)()
+            resp = ctypes.POINTER(seccomp.NotifResp)()
+            rc = seccomp.library().seccomp_notify_alloc(ctypes.byref(notif), ctypes.byref(resp))
+            if rc != 0:
+                raise OSError(-rc, "libseccomp cannot allocate notifications")
+            self._notif, self._resp = notif, resp
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="panqueue-sandbox-supervisor",
                                             daemon=True)
@@ -273,14 +284,6 @@ class Supervisor:
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
-        lib = seccomp.library()
-        notif = ctypes.POINTER(seccomp.Notif)()
-        resp = ctypes.POINTER(seccomp.NotifResp)()
-        if lib.seccomp_notify_alloc(ctypes.byref(notif), ctypes.byref(resp)) != 0:
-            _log.warning("sandbox supervisor cannot allocate notifications; children's "
-                         "handed-over calls fail with ENOSYS")
-            return
-        self._notif, self._resp = notif, resp
         while True:
             try:
                 self._turn()

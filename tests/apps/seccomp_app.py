@@ -333,6 +333,14 @@ def io_uring() -> int:
     return _syscall("io_uring_setup", 1, ctypes.addressof(params))
 
 
+def foreign_abi_in_a_thread() -> str:
+    """An x32 system call (another ABI than the filter's) from a second thread."""
+    thread = threading.Thread(target=lambda: libc.syscall(ctypes.c_long(0x40000000 | 521), 0, 0))
+    thread.start()
+    thread.join()
+    return "survived"
+
+
 def threads() -> int:
     done = []
     thread = threading.Thread(target=lambda: done.append(1))
