@@ -105,6 +105,7 @@ class Sandbox:
     abstract_name: str
     unix_path: Path
     unix_listener: socket.socket
+    datagram_sockets: dict[str, tuple[str, socket.socket]]
     made: list[Path] = field(default_factory=list)
 
     @property
@@ -182,6 +183,13 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     for listener in (abstract, unix_listener):
         listener.listen(16)
         listener.setblocking(False)
+    datagram_sockets = {}
+    for kind, address in (("abstract", f"\0panqueue-test-dgram-{uuid.uuid4().hex[:8]}"),
+                          ("path in the read grant", str(in_dir / "dgram.sock"))):
+        datagram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        datagram.bind(address)
+        datagram.setblocking(False)
+        datagram_sockets[kind] = (address, datagram)
 
     queue, host_queue = f"hostile-{uuid.uuid4().hex[:8]}", f"hostile-host-{uuid.uuid4().hex[:8]}"
     env = subprocess_env(HOSTILE_IN=str(in_dir), HOSTILE_OUT=str(out_dir),
@@ -198,7 +206,8 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     sandbox = Sandbox(client, worker, stderr_path, queue, host_queue, panqueue_server, base,
                       in_dir, out_dir, secret_dir, secret_file, ssh_file, port, host_port,
                       granted, other_address, host_granted, host_other_address, udp,
-                      udp_granted, abstract, abstract_name, unix_path, unix_listener)
+                      udp_granted, abstract, abstract_name, unix_path, unix_listener,
+                      datagram_sockets)
     try:
         started = sandbox.attempt("benign")  # the worker serves: its child started, confined
         assert started.state is JobState.COMPLETED, (started.error, sandbox.stderr_tail())
@@ -209,7 +218,7 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
             worker.wait()
         client.close()
         for sock in (granted, other_address, host_granted, host_other_address, udp, udp_granted,
-                     abstract, unix_listener):
+                     abstract, unix_listener, *(d for _, d in datagram_sockets.values())):
             sock.close()
         ssh_file.unlink(missing_ok=True)
         if made_ssh_dir:
@@ -331,6 +340,49 @@ def test_truncating_outside_the_write_grant_is_denied(sandbox: Sandbox, where: s
     victim = sandbox.file(sandbox.in_dir if where == "read grant" else sandbox.secret_dir)
     assert_denied(sandbox.attempt("truncate", path=str(victim)), str(victim))
     assert victim.read_text() == "original"
+
+
+METADATA = ["chmod", "utime", "setxattr", "chown"]
+
+
+@pytest.mark.parametrize("code", ["Python", "C"])
+@pytest.mark.parametrize("where", ["read grant", "outside"])
+@pytest.mark.parametrize("how", METADATA)
+def test_changing_metadata_outside_the_write_grant_is_denied(sandbox: Sandbox, how: str,
+                                                             where: str, code: str) -> None:
+    """Mode, times, extended attributes, owner: writes too. The file is root's, like the
+    child (whose capabilities are gone, but an owner needs none to chmod or set times).
+    From C (libc through ctypes) no Python-level check sees the call: the kernel must."""
+    victim = sandbox.file(sandbox.in_dir if where == "read grant" else sandbox.secret_dir)
+    victim.chmod(0o600)
+    before = victim.stat()
+    if code == "Python":
+        assert_denied(sandbox.attempt(how, path=str(victim)), str(victim))
+    else:
+        assert_denied(sandbox.attempt("libc_call", name=how, path=str(victim)))
+    after = victim.stat()
+    assert (after.st_mode, after.st_mtime_ns, after.st_uid) == (
+        before.st_mode, before.st_mtime_ns, before.st_uid)
+    assert os.listxattr(victim) == []
+
+
+def test_watching_a_directory_outside_the_grants_is_denied(sandbox: Sandbox) -> None:
+    """inotify would tell the names created in it: a listing by other means."""
+    release = sandbox.out_dir / f"release-{uuid.uuid4().hex[:8]}"
+    watching = sandbox.add("inotify", path=str(sandbox.secret_dir), release=str(release))
+
+    def state() -> tuple[JobState, Any]:
+        assert sandbox.worker.poll() is None, sandbox.stderr_tail()
+        info = sandbox.client.get_job(sandbox.queue, watching.id)
+        return info.state, info.progress
+
+    wait_until(lambda: state()[0] is JobState.FAILED or state()[1] == "watching", timeout=20,
+               what="the watch to be refused or set")
+    made = sandbox.file(sandbox.secret_dir)
+    release.touch()
+    info = sandbox.wait(watching)
+    assert_denied(info)
+    assert made.name not in repr(info.result)
 
 
 @pytest.mark.parametrize("move", ["within the read grant", "out of the write grant",
@@ -595,12 +647,30 @@ def test_a_unix_socket_file_in_the_read_grant_is_unreachable(sandbox: Sandbox) -
     assert_nothing_reached(sandbox.unix_listener)
 
 
+@pytest.mark.parametrize("kind", ["abstract", "path in the read grant"])
+def test_a_datagram_to_a_unix_socket_of_the_host_is_denied(sandbox: Sandbox, kind: str) -> None:
+    address, datagram = sandbox.datagram_sockets[kind]
+    assert_denied(sandbox.attempt("unix_datagram", address=address))
+    with pytest.raises(BlockingIOError):
+        datagram.recv(100)
+
+
+def test_binding_an_abstract_unix_name_is_denied(sandbox: Sandbox) -> None:
+    """A server the host's processes could reach, under a name a host service may expect."""
+    assert_denied(sandbox.attempt("unix_bind",
+                                  address=f"\0panqueue-squat-{uuid.uuid4().hex[:8]}"))
+
+
 # ---- programs and processes
 
 
 @pytest.mark.parametrize("how", ["run", "execv", "posix_spawn"])
 def test_running_a_program_is_denied(sandbox: Sandbox, how: str) -> None:
     assert_denied(sandbox.attempt(how, program="/bin/sh"), "/bin/sh")
+
+
+def test_c_code_running_a_program_is_denied(sandbox: Sandbox) -> None:
+    assert_denied(sandbox.attempt("libc_call", name="execve", path="/bin/sh"))
 
 
 def test_fork_beyond_processes_is_denied(sandbox: Sandbox) -> None:

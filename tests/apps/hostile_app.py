@@ -15,6 +15,7 @@ MemoryError, which also makes the worker replace this child instead of serving t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -25,6 +26,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -162,6 +164,71 @@ def truncate(data: dict[str, Any]) -> str:
 def make_dir(data: dict[str, Any]) -> str:
     os.mkdir(data["path"])
     return "made"
+
+
+def chmod(data: dict[str, Any]) -> str:
+    os.chmod(data["path"], 0o666)
+    return f"made {data['path']} mode 666"
+
+
+def utime(data: dict[str, Any]) -> str:
+    os.utime(data["path"], (0, 0))
+    return f"set the times of {data['path']} to 1970"
+
+
+def setxattr(data: dict[str, Any]) -> str:
+    os.setxattr(data["path"], "user.panqueue-escape", b"written")
+    return f"set an extended attribute on {data['path']}"
+
+
+def chown(data: dict[str, Any]) -> str:
+    os.chown(data["path"], 65534, 65534)
+    return f"gave {data['path']} to nobody"
+
+
+def libc_call(data: dict[str, Any]) -> str:
+    """The same changes through libc, where no Python-level check can see them."""
+    name, path = data["name"], data["path"].encode()
+    if name == "chmod":
+        ret = _libc.chmod(path, 0o666)
+    elif name == "utime":
+        ret = _libc.utimensat(-100, path, None, 0)  # AT_FDCWD; now
+    elif name == "setxattr":
+        ret = _libc.setxattr(path, b"user.panqueue-escape", b"written", 7, 0)
+    elif name == "chown":
+        ret = _libc.chown(path, 65534, 65534)
+    elif name == "execve":
+        argv = (ctypes.c_char_p * 4)(path, b"-c", b"exit 0", None)
+        ret = _libc.execve(path, argv, (ctypes.c_char_p * 1)(None))
+    else:
+        raise ValueError(name)
+    _check(name, ret)
+    return f"{name} of {data['path']} done through libc"
+
+
+def inotify(job: Job) -> list[str]:
+    """Watch a directory outside the grants and report the names created in it (what a listing
+    would show) while the job waits for data['release'] in the write grant."""
+    libc = _libc
+    fd = _check("inotify_init1", libc.inotify_init1(os.O_NONBLOCK))
+    try:
+        _check("inotify_add_watch", libc.inotify_add_watch(fd, job.data["path"].encode(),
+                                                             0x100 | 0x20))  # CREATE | OPEN
+        job.progress("watching")
+        deadline = time.monotonic() + 20
+        events = b""
+        while not os.path.exists(job.data["release"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with contextlib.suppress(BlockingIOError):
+            events = os.read(fd, 65536)
+    finally:
+        os.close(fd)
+    names, offset = [], 0
+    while offset + 16 <= len(events):
+        length = int.from_bytes(events[offset + 12:offset + 16], sys.byteorder)
+        names.append(events[offset + 16:offset + 16 + length].rstrip(b"\0").decode())
+        offset += 16 + length
+    return names
 
 
 def hard_link_then_read(data: dict[str, Any]) -> str:
@@ -341,6 +408,23 @@ def listen(data: dict[str, Any]) -> str:
         s.bind(("127.0.0.1", data["port"]))
         s.listen()
         return f"listening on 127.0.0.1:{data['port']}"
+
+
+def unix_datagram(data: dict[str, Any]) -> str:
+    """A datagram to a unix socket of the host, from a socketpair's socket (socketpair is the
+    one way to get a unix socket)."""
+    first, second = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with first, second:
+        first.sendto(b"unix-escape", data["address"])
+        return f"sent to {data['address']!r}"
+
+
+def unix_bind(data: dict[str, Any]) -> str:
+    """Bind an abstract unix name: a server the host's processes could reach."""
+    first, second = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with first, second:
+        first.bind(data["address"])
+        return f"bound {data['address']!r}"
 
 
 def unix(data: dict[str, Any]) -> str:
@@ -604,12 +688,15 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         connect, fastopen, udp, redis_ping, listen, unix, libc_connect, run, execv, posix_spawn,
         fork, clone3, raise_rlimit, prctl_seccomp, prctl_dumpable, seccomp, landlock, unshare,
         setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
-        pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, benign)}
+        pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
+        chown, unix_datagram, unix_bind, libc_call, benign)}
 
 
 def _try(job: Job) -> Any:
     if job.data["attempt"] == "wait":
         return wait(job)
+    if job.data["attempt"] == "inotify":
+        return inotify(job)
     return ATTEMPTS[job.data["attempt"]](job.data)
 
 
