@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -259,9 +260,16 @@ async def test_concurrency_bound_is_never_exceeded(redis_url: str, queue_name: s
         "if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end"
         " return n")
 
+    # Every slot is held until both workers have filled theirs (the second may start late on
+    # a busy machine, after the first ran a dozen jobs), or until 10 s have passed: the peak
+    # must reach 8, and a ninth job at once would show as 9.
+    filled_by = time.monotonic() + 10
+
     @registry.handler(queue_name, concurrency=4)
     async def busy(job: Job) -> None:
         enter(keys=[gauge, peak])
+        while int(redis_client.get(peak) or 0) < 8 and time.monotonic() < filled_by:
+            await anyio.sleep(0.01)
         await anyio.sleep(0.02)
         redis_client.decr(gauge)
 
