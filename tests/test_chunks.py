@@ -253,7 +253,10 @@ async def test_a_snooze_raised_by_a_chunk_handler_snoozes_every_job_of_the_chunk
         redis_url: str, queue_name: str) -> None:
     registry, calls = Registry(), Calls()
 
-    @registry.handler(queue_name, chunk=Chunk(size=2, wait=0))
+    # Each job of the chunk is snoozed by a call of its own, so their due times may be apart
+    # (by more than a millisecond on a busy machine) and the first may come back alone: the
+    # chunk waits for its second job rather than run without it.
+    @registry.handler(queue_name, chunk=Chunk(size=2, wait=5))
     async def rows(jobs: list[Job]) -> list[int]:
         calls.enter(jobs)
         calls.leave()
