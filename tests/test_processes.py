@@ -14,6 +14,7 @@ import redis
 from panqueue import JobState, SyncQueueClient
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
+from panqueue.errors import TimeoutError as PanqueueTimeoutError
 from panqueue.testing import FaultProxy
 from tests.helpers import panqueue_command, subprocess_env, wait_until
 
@@ -193,8 +194,18 @@ def test_shutdown_under_a_network_that_drops_everything_exits_within_its_bound(
         try:
             wait_until(lambda: redis_client.llen(f"started:{handle.id}") == 1, timeout=20,
                        what="the job to start")
-            proxy.blackhole()
-            proxy.wait_for_held_requests(1, match=SCRIPTS.claim.sha.encode())
+            # A claim whose request passed just before the blackhole waits for its reply and
+            # sends no other (slow replies on a busy machine make that likelier): let it
+            # through and blackhole again until a claim request itself is held.
+            for attempt in range(10):
+                proxy.blackhole()
+                try:
+                    proxy.wait_for_held_requests(1, timeout=2, match=SCRIPTS.claim.sha.encode())
+                    break
+                except PanqueueTimeoutError:
+                    if attempt == 9:
+                        raise
+                    proxy.restore()
             signalled = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(grace + 30)
