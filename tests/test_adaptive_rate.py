@@ -304,5 +304,8 @@ async def test_per_key_limits_converge_to_each_tenants_hidden_rate(
         late_refusals = len([t for t in refused if t >= SETTLED])
         assert late_refusals <= 0.2 * len([t for t in accepted if t >= SETTLED]), (
             tenant, late_refusals)
-    # Before settling, the limits came down from the maximum in a few refused windows.
-    assert all(run.refused[t] and min(run.refused[t]) < 1.0 for t in HIDDEN)
+    # Before settling, the limits came down from the maximum in a few refused windows: the
+    # first refusal within a second of the tenant's first call (not of the run's start: the
+    # jobs are added one by one, and on a busy machine tenant B's come seconds later).
+    assert all(run.refused[t] and min(run.refused[t]) - min(run.accepted[t]) < 1.0
+               for t in HIDDEN), {t: (min(run.accepted[t]), run.refused[t][:3]) for t in HIDDEN}
