@@ -11,6 +11,7 @@ the second queue connects to ``localhost:<port2>`` only.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import select
@@ -106,6 +107,7 @@ class Sandbox:
     unix_path: Path
     unix_listener: socket.socket
     datagram_sockets: dict[str, tuple[str, socket.socket]]
+    dev_shm: Path
     made: list[Path] = field(default_factory=list)
 
     @property
@@ -165,6 +167,8 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     ssh_file = ssh_dir / f"panqueue-test-{uuid.uuid4().hex[:8]}"
     ssh_file.write_text(SECRET)
+    dev_shm = Path("/dev/shm") / f"panqueue-test-{uuid.uuid4().hex[:8]}"
+    dev_shm.write_text(SECRET)
 
     port, granted, other_address = _listener_pair()
     host_port, host_granted, host_other_address = _listener_pair()
@@ -207,7 +211,7 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
                       in_dir, out_dir, secret_dir, secret_file, ssh_file, port, host_port,
                       granted, other_address, host_granted, host_other_address, udp,
                       udp_granted, abstract, abstract_name, unix_path, unix_listener,
-                      datagram_sockets)
+                      datagram_sockets, dev_shm)
     try:
         started = sandbox.attempt("benign")  # the worker serves: its child started, confined
         assert started.state is JobState.COMPLETED, (started.error, sandbox.stderr_tail())
@@ -221,6 +225,7 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
                      abstract, unix_listener, *(d for _, d in datagram_sockets.values())):
             sock.close()
         ssh_file.unlink(missing_ok=True)
+        dev_shm.unlink(missing_ok=True)
         if made_ssh_dir:
             shutil.rmtree(ssh_dir, ignore_errors=True)
 
@@ -288,6 +293,7 @@ READ_OUTSIDE: dict[str, Callable[[Sandbox], Path]] = {
     "a file beside the grants": lambda s: s.secret_file,
     "a path through .. out of the read grant": lambda s: s.in_dir / ".." / "secret" / "secret.txt",
     "/etc/shadow through /proc/self/root": lambda s: Path("/proc/self/root/etc/shadow"),
+    "a POSIX shared memory object (/dev/shm)": lambda s: s.dev_shm,
     "the worker's stderr file through /proc/<worker>/fd": lambda s: Path(
         f"/proc/{s.worker_pid}/fd/2"),
     "the project's config through /proc/self/cwd": lambda s: Path("/proc/self/cwd/pyproject.toml"),
@@ -737,6 +743,54 @@ def test_chroot_is_denied(sandbox: Sandbox) -> None:
     assert_denied(sandbox.attempt("chroot", path=str(sandbox.out_dir)))
 
 
+# ---- the host's shared memory and message queues (not paths: Landlock does not see them)
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.shmat.restype = ctypes.c_void_p
+
+
+@pytest.fixture
+def ipc_key() -> int:
+    return int.from_bytes(os.urandom(3), "big") + 0x50510000
+
+
+def test_a_system_v_shared_memory_segment_of_the_host_is_unreachable(sandbox: Sandbox,
+                                                                     ipc_key: int) -> None:
+    segment = _LIBC.shmget(ipc_key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    assert segment >= 0, os.strerror(ctypes.get_errno())
+    try:
+        address = _LIBC.shmat(segment, None, 0)
+        ctypes.memmove(address, SECRET.encode(), len(SECRET))
+        _LIBC.shmdt(ctypes.c_void_p(address))
+        assert_denied(sandbox.attempt("sysv_shm", key=ipc_key))
+    finally:
+        _LIBC.shmctl(segment, 0, None)  # IPC_RMID
+
+
+def test_a_system_v_message_queue_of_the_host_is_unreachable(sandbox: Sandbox,
+                                                             ipc_key: int) -> None:
+    queue = _LIBC.msgget(ipc_key, 0o1000 | 0o600)
+    assert queue >= 0, os.strerror(ctypes.get_errno())
+    try:
+        message = (1).to_bytes(8, "little") + SECRET.encode()
+        assert _LIBC.msgsnd(queue, message, len(SECRET), 0) == 0
+        assert_denied(sandbox.attempt("sysv_msg", key=ipc_key))
+    finally:
+        _LIBC.msgctl(queue, 0, None)
+
+
+def test_a_posix_message_queue_of_the_host_is_unreachable(sandbox: Sandbox) -> None:
+    name = f"/panqueue-test-{uuid.uuid4().hex[:8]}"
+    queue = _LIBC.mq_open(name.encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+    assert queue >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert _LIBC.mq_send(queue, SECRET.encode(), len(SECRET), 0) == 0
+        assert_denied(sandbox.attempt("posix_mq", name=name))
+    finally:
+        _LIBC.mq_close(queue)
+        _LIBC.mq_unlink(name.encode())
+
+
 # ---- the worker itself (last: an escape here can stop or kill the worker)
 
 
@@ -759,6 +813,21 @@ def test_signalling_the_worker_is_denied(sandbox: Sandbox, how: str) -> None:
     attempt, data = WORKER_SIGNALS[how]
     assert_denied(sandbox.attempt(attempt, **data(sandbox)))
     assert sandbox.worker.poll() is None
+
+
+@pytest.mark.parametrize("how", ["nice", "affinity", "policy", "io priority"])
+def test_changing_how_the_worker_is_scheduled_is_denied(sandbox: Sandbox, how: str) -> None:
+    pid = sandbox.worker_pid
+    state = (os.getpriority(os.PRIO_PROCESS, pid), os.sched_getaffinity(pid),
+             os.sched_getscheduler(pid))
+    try:
+        assert_denied(sandbox.attempt("schedule", pid=pid, how=how))
+        assert (os.getpriority(os.PRIO_PROCESS, pid), os.sched_getaffinity(pid),
+                os.sched_getscheduler(pid)) == state
+    finally:  # put the worker back as it was, should the child have changed it
+        os.setpriority(os.PRIO_PROCESS, pid, state[0])
+        os.sched_setaffinity(pid, state[1])
+        os.sched_setscheduler(pid, state[2], os.sched_param(0))
 
 
 # ---- and after all of that

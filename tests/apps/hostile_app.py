@@ -677,6 +677,49 @@ def socket_kind(data: dict[str, Any]) -> str:
         return f"created a socket {data['family']}/{data['type']}"
 
 
+def sysv_shm(data: dict[str, Any]) -> str:
+    """Attach a System V shared memory segment of the host by its key and read it."""
+    _libc.shmat.restype = ctypes.c_void_p
+    segment = _check("shmget", _libc.shmget(data["key"], 0, 0))
+    address = _libc.shmat(segment, None, 0o10000)  # SHM_RDONLY
+    if address in (None, ctypes.c_void_p(-1).value):
+        _check("shmat", -1)
+    content = ctypes.string_at(address, 64)
+    _libc.shmdt(ctypes.c_void_p(address))
+    return f"read the segment: {content.rstrip(bytes(1)).decode(errors='replace')}"
+
+
+def sysv_msg(data: dict[str, Any]) -> str:
+    """Take a message from a System V message queue of the host by its key."""
+    queue = _check("msgget", _libc.msgget(data["key"], 0))
+    buffer = ctypes.create_string_buffer(8 + 256)
+    n = _check("msgrcv", _libc.msgrcv(queue, buffer, 256, 0, 0o4000))  # IPC_NOWAIT
+    return f"took a message: {buffer.raw[8:8 + n].decode(errors='replace')}"
+
+
+def posix_mq(data: dict[str, Any]) -> str:
+    """Take a message from a POSIX message queue of the host by its name."""
+    queue = _check("mq_open", _libc.mq_open(data["name"].encode(), os.O_RDONLY | os.O_NONBLOCK))
+    buffer = ctypes.create_string_buffer(8192)
+    n = _check("mq_receive", _libc.mq_receive(queue, buffer, 8192, None))
+    _libc.mq_close(queue)
+    return f"took a message: {buffer.raw[:n].decode(errors='replace')}"
+
+
+def schedule(data: dict[str, Any]) -> str:
+    """Change how the kernel schedules another process (the same user needs no capability)."""
+    pid, how = data["pid"], data["how"]
+    if how == "nice":
+        os.setpriority(os.PRIO_PROCESS, pid, 10)
+    elif how == "affinity":
+        os.sched_setaffinity(pid, {min(os.sched_getaffinity(0))})
+    elif how == "policy":
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+    else:  # I/O priority: the idle class
+        _syscall("ioprio_set", 251, 1, pid, 3 << 13)
+    return f"changed the {how} of {pid}"
+
+
 def benign(data: dict[str, Any]) -> str:
     return "fine"
 
@@ -689,7 +732,8 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         fork, clone3, raise_rlimit, prctl_seccomp, prctl_dumpable, seccomp, landlock, unshare,
         setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
-        chown, unix_datagram, unix_bind, libc_call, benign)}
+        chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, posix_mq, schedule,
+        benign)}
 
 
 def _try(job: Job) -> Any:
