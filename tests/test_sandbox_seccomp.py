@@ -263,6 +263,22 @@ def test_sendmsg_on_a_connected_socket_works(granted: Listener) -> None:
     assert results == {"tcp_sendmsg": "ping"}
 
 
+def test_a_fast_open_denial_names_the_address(granted: Listener, redis_url: str) -> None:
+    port = urllib.parse.urlsplit(redis_url).port or 6379
+    process = subprocess.Popen(
+        [sys.executable, APP, json.dumps(NET), json.dumps([["fastopen", "127.0.0.1", port]])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=subprocess_env(), cwd=ROOT)
+    assert process.stdin is not None and process.stdout is not None
+    hello = json.loads(process.stdout.readline())
+    supervisor().attach(hello["pid"], hello["fd"], policy(granted.grant), 0)
+    try:
+        out, _ = process.communicate("attached\n", timeout=60)
+        assert '"errno": "EPERM"' in out
+        assert supervisor().denials(process.pid) == [f"connect to 127.0.0.1:{port} (TCP fast open)"]
+    finally:
+        supervisor().detach(process.pid)
+
+
 def test_tcp_fast_open_and_source_routes_are_denied(granted: Listener) -> None:
     checks = [["fastopen", granted.host, granted.port], ["source_route"]]
     assert run_app(NET, checks, policy(granted.grant)) == {"fastopen": "EPERM",
@@ -281,6 +297,21 @@ def test_only_inet_stream_and_datagram_sockets_and_socketpairs_can_be_made() -> 
 def test_without_net_grants_no_inet_socket_can_be_made() -> None:
     assert run_app(BARE, [["connect", "127.0.0.1", 9], ["socketpair"]]) == {
         "connect": "EPERM", "socketpair": "hi"}
+
+
+def test_udp_binds_only_to_a_port_the_kernel_picks(granted: Listener) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    results = run_app(NET, [["udp_bind", free]], policy(granted.grant))
+    assert results == {"udp_bind": "EPERM"}
+    assert run_app(NET, [["udp_bind", 0]], policy(granted.grant))["udp_bind"] > 0
+
+
+def test_no_abstract_unix_name_can_be_bound(granted: Listener) -> None:
+    assert run_app(NET, [["abstract_bind"]], policy(granted.grant)) == {"abstract_bind": "EPERM"}
+    assert run_app(BARE, [["abstract_bind"]]) == {"abstract_bind": "EPERM"}
+    assert run_app({}, [["abstract_bind"]]) == {"abstract_bind": "bound"}
 
 
 def test_listen_needs_a_listen_grant() -> None:

@@ -34,6 +34,7 @@ def act_errno(code: int) -> int:
 ACT_EPERM = act_errno(errno.EPERM)
 
 _CMP_NE = 1
+_CMP_EQ = 4
 _CMP_MASKED_EQ = 7
 _FLTATR_ACT_BADARCH = 2  # enum scmp_filter_attr
 _FLTATR_CTL_OPTIMIZE = 8  # libseccomp >= 2.5
@@ -272,21 +273,23 @@ def _socket_rules(rules: _Rules, spec: FilterSpec) -> None:
     for level, option in _SOCKOPTS_DENIED:
         rules.add(ACT_EPERM, "setsockopt", (1, _CMP_MASKED_EQ, 0xFFFFFFFF, level),
                   (2, _CMP_MASKED_EQ, 0xFFFFFFFF, option))
-    for name, flags_arg in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
-        rules.add(ACT_EPERM, name, (flags_arg, _CMP_MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN))
     if spec.supervised:
-        # The supervisor checks the address and performs the call on a copy of the socket.
+        # The supervisor checks the address and performs the call on a copy of the socket (a
+        # TCP fast open send it refuses, naming the address it would have connected to).
         rules.add(ACT_NOTIFY, "connect")
-        rules.add(ACT_NOTIFY, "sendto", (3, _CMP_MASKED_EQ, MSG_FASTOPEN, 0), (4, _CMP_NE, 0, 0))
-        rules.add(ACT_NOTIFY, "sendmsg", (2, _CMP_MASKED_EQ, MSG_FASTOPEN, 0))
-        rules.add(ACT_NOTIFY, "sendmmsg", (3, _CMP_MASKED_EQ, MSG_FASTOPEN, 0))
+        rules.add(ACT_NOTIFY, "bind")
+        rules.add(ACT_NOTIFY, "sendto", (4, _CMP_NE, 0, 0))
+        rules.add(ACT_EPERM, "sendto", (3, _CMP_MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN),
+                  (4, _CMP_EQ, 0, 0))
+        rules.add(ACT_NOTIFY, "sendmsg")
+        rules.add(ACT_NOTIFY, "sendmmsg")
     else:
-        # No inet socket can exist, but an addressed send on a socketpair's datagram socket
-        # reaches a pathname unix socket of the host, and no one could read the address.
-        rules.add(ACT_EPERM, "connect")
+        # No inet socket can exist, but a socketpair's unix socket could bind an abstract name
+        # or send to a pathname socket of the host, and no one could read the address.
+        for name in ("connect", "bind", "sendmsg", "sendmmsg"):
+            rules.add(ACT_EPERM, name)
         rules.add(ACT_EPERM, "sendto", (4, _CMP_NE, 0, 0))
-        rules.add(ACT_EPERM, "sendmsg")
-        rules.add(ACT_EPERM, "sendmmsg")
+        rules.add(ACT_EPERM, "sendto", (3, _CMP_MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN))
 
 
 def _bits(flags: int) -> list[int]:

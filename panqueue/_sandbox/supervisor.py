@@ -40,7 +40,7 @@ __all__ = ["Supervisor", "supervisor"]
 _log = get_logger("panqueue.sandbox")
 
 _PIDFD_GETFD = 438
-_SOL_SOCKET, _SO_TYPE, _SO_ERROR = 1, 3, 4
+_SOL_SOCKET, _SO_TYPE, _SO_ERROR, _SO_DOMAIN = 1, 3, 4, 39
 _SOCK_STREAM, _SOCK_DGRAM = 1, 2
 _AF_UNSPEC, _AF_INET, _AF_INET6 = 0, 2, 10
 _MSG_DONTWAIT, _MSG_NOSIGNAL = 0x40, 0x4000
@@ -136,6 +136,7 @@ def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     libc.connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+    libc.bind.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     libc.sendto.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_char_p, ctypes.c_uint32]
     libc.sendto.restype = ctypes.c_ssize_t
@@ -181,6 +182,16 @@ def _parse_sockaddr(raw: bytes) -> tuple[int, str, int]:
     return family, "", 0
 
 
+def _fast_open(name: bytes | None) -> _Refuse:
+    """The refusal of a TCP fast open send (a connect the filter cannot see), naming where."""
+    try:
+        _, ip, port = _parse_sockaddr(name) if name is not None else (0, "", 0)
+    except _Refuse:
+        ip = ""
+    where = f"connect to {show(ip, port)} (TCP fast open)" if ip else "send with TCP fast open"
+    return _Refuse(errno.EPERM, where)
+
+
 def _int32(value: int) -> int:
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value >= 1 << 31 else value
@@ -197,7 +208,8 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread: threading.Thread | None = None
         self._numbers = {name: seccomp.syscall_number(name) for name in
-                         ("connect", "sendto", "sendmsg", "sendmmsg", "clone", "fork", "vfork")}
+                         ("connect", "bind", "sendto", "sendmsg", "sendmmsg", "clone", "fork",
+                          "vfork")}
         self._notif: Any = None
         self._resp: Any = None
 
@@ -384,6 +396,8 @@ class Supervisor:
         process = self._process(child, tid, notif_id)
         if nr == numbers["connect"]:
             return self._connect(child, process, notif_id, args)
+        if nr == numbers["bind"]:
+            return self._bind(child, process, notif_id, args)
         if nr == numbers["sendto"]:
             return self._sendto(child, process, notif_id, args)
         if nr == numbers["sendmsg"]:
@@ -517,6 +531,32 @@ class Supervisor:
             if sock >= 0:
                 _close(sock)
 
+    def _bind(self, child: _Child, process: _Process, notif_id: int, args: list[int]) -> _Reply:
+        fd, address, size = _int32(args[0]), args[1], args[2] & 0xFFFFFFFF
+        raw = self._sockaddr(process, address, size)
+        self._valid(child, notif_id)
+        sock = self._take(process, fd)
+        try:
+            domain, sock_type = _sockopt_int(sock, _SO_DOMAIN), _sockopt_int(sock, _SO_TYPE)
+            if domain not in (_AF_INET, _AF_INET6):
+                # socketpair's unix sockets: an abstract name could squat one the host uses
+                raise _Refuse(errno.EPERM, f"bind a socket of family {domain} (a unix socket)")
+            if sock_type == _SOCK_STREAM:
+                # Landlock decides which TCP ports: let the kernel bind, in the child.
+                return _Reply(flags=seccomp.NOTIF_FLAG_CONTINUE)
+            if len(raw) < 4:
+                raise _Refuse(errno.EINVAL)
+            port = int.from_bytes(raw[2:4], "big")  # same place in sockaddr_in and _in6
+            if port != 0:
+                raise _Refuse(errno.EPERM, f"bind UDP port {port} (only TCP ports are granted, "
+                                           "by listen)")
+            # Port 0 (the kernel picks one, as a send would): bound here, with the address read.
+            if _LIBC.bind(sock, raw, len(raw)) != 0:
+                return _Reply(error=-ctypes.get_errno())
+            return _Reply()
+        finally:
+            _close(sock)
+
     def _send(self, child: _Child, notif_id: int, sock: int, data: bytes, name: bytes | None,
               flags: int, done: Callable[[int], None] | None = None) -> _Reply | None:
         """Perform the send on our copy ``sock`` (closed unless the answer waits)."""
@@ -567,9 +607,9 @@ class Supervisor:
                 args: list[int]) -> _Reply | None:
         fd, buffer, length = _int32(args[0]), args[1], args[2]
         flags, dest, size = args[3] & 0xFFFFFFFF, args[4], args[5] & 0xFFFFFFFF
-        if flags & seccomp.MSG_FASTOPEN:
-            raise _Refuse(errno.EPERM, "send with TCP fast open")
         name = self._sockaddr(process, dest, size) if dest and size else None
+        if flags & seccomp.MSG_FASTOPEN:
+            raise _fast_open(name)
         sock = self._take(process, fd)
         try:
             sock_type = _sockopt_int(sock, _SO_TYPE)
@@ -581,17 +621,19 @@ class Supervisor:
             raise
         return self._send(child, notif_id, sock, data, name, flags)
 
-    def _message(self, process: _Process, raw: bytes, sock_type: int,
+    def _message(self, process: _Process, raw: bytes, sock_type: int, flags: int,
                  child: _Child) -> tuple[bytes, bytes | None]:
         """A struct msghdr's payload and address, checked."""
         name_at, name_size, iov_at, iov_count, _, control_size, _ = _MSGHDR.unpack_from(raw)
+        name = self._sockaddr(process, name_at, name_size) if name_at and name_size else None
+        if flags & seccomp.MSG_FASTOPEN:
+            raise _fast_open(name)
         if control_size:
             raise _Refuse(errno.EPERM, "send with ancillary data (sendmsg control messages)")
         if iov_count > _IOV_MAX:
             raise _Refuse(errno.EMSGSIZE)
         iovecs = self._read(process, iov_at, iov_count * _IOVEC.size) if iov_count else b""
         pieces = [_IOVEC.unpack_from(iovecs, i * _IOVEC.size) for i in range(iov_count)]
-        name = self._sockaddr(process, name_at, name_size) if name_at and name_size else None
         if name is not None:
             self._check(child, name, sock_type, "send")
         return self._payload(process, sock_type, pieces), name
@@ -599,12 +641,10 @@ class Supervisor:
     def _sendmsg(self, child: _Child, process: _Process, notif_id: int,
                  args: list[int]) -> _Reply | None:
         fd, header, flags = _int32(args[0]), args[1], args[2] & 0xFFFFFFFF
-        if flags & seccomp.MSG_FASTOPEN:
-            raise _Refuse(errno.EPERM, "send with TCP fast open")
         raw = self._read(process, header, _MSGHDR_SIZE)
         sock = self._take(process, fd)
         try:
-            data, name = self._message(process, raw, _sockopt_int(sock, _SO_TYPE), child)
+            data, name = self._message(process, raw, _sockopt_int(sock, _SO_TYPE), flags, child)
         except BaseException:
             _close(sock)
             raise
@@ -614,8 +654,6 @@ class Supervisor:
                   args: list[int]) -> _Reply | None:
         fd, vector, count = _int32(args[0]), args[1], min(args[2] & 0xFFFFFFFF, _IOV_MAX)
         flags = args[3] & 0xFFFFFFFF
-        if flags & seccomp.MSG_FASTOPEN:
-            raise _Refuse(errno.EPERM, "send with TCP fast open")
         if count == 0:
             return _Reply()
         raw = self._read(process, vector, count * _MMSGHDR_SIZE)
@@ -627,7 +665,8 @@ class Supervisor:
             for i in range(count):
                 try:
                     messages.append(self._message(
-                        process, raw[i * _MMSGHDR_SIZE:(i + 1) * _MMSGHDR_SIZE], sock_type, child))
+                        process, raw[i * _MMSGHDR_SIZE:(i + 1) * _MMSGHDR_SIZE], sock_type,
+                        flags, child))
                 except _Refuse as refusal:
                     if not messages:
                         raise

@@ -186,6 +186,19 @@ def source_route() -> str:
         return "set"
 
 
+def udp_bind(port: int) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", port))
+        return int(sock.getsockname()[1])
+
+
+def abstract_bind() -> str:
+    left, right = socket.socketpair()
+    with left, right:
+        left.bind(b"\0panqueue-test-squat")
+        return "bound"
+
+
 def unix_socket() -> str:
     socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
     return "made"
