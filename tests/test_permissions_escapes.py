@@ -608,6 +608,14 @@ def test_udp_to_the_granted_tcp_port_is_denied(sandbox: Sandbox, how: str) -> No
         sandbox.udp_granted.recv(100)
 
 
+def test_a_udp_datagram_addressed_as_af_unspec_is_denied(sandbox: Sandbox) -> None:
+    """The kernel sends a UDP datagram addressed with family AF_UNSPEC as if it were IPv4."""
+    port = sandbox.udp.getsockname()[1]
+    assert_denied(sandbox.attempt("udp_unspec", host="127.0.0.1", port=port))
+    with pytest.raises(BlockingIOError):
+        sandbox.udp.recv(100)
+
+
 def test_a_udp_server_on_a_port_is_denied(sandbox: Sandbox) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -777,6 +785,17 @@ def test_a_system_v_message_queue_of_the_host_is_unreachable(sandbox: Sandbox,
         assert_denied(sandbox.attempt("sysv_msg", key=ipc_key))
     finally:
         _LIBC.msgctl(queue, 0, None)
+
+
+def test_a_system_v_semaphore_of_the_host_is_unreachable(sandbox: Sandbox, ipc_key: int) -> None:
+    semaphores = _LIBC.semget(ipc_key, 1, 0o1000 | 0o600)
+    assert semaphores >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert _LIBC.semctl(semaphores, 0, 16, 7) == 0  # SETVAL
+        assert_denied(sandbox.attempt("sysv_sem", key=ipc_key))
+        assert _LIBC.semctl(semaphores, 0, 12) == 7  # GETVAL
+    finally:
+        _LIBC.semctl(semaphores, 0, 0)  # IPC_RMID
 
 
 def test_a_posix_message_queue_of_the_host_is_unreachable(sandbox: Sandbox) -> None:

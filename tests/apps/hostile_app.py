@@ -386,6 +386,21 @@ def udp(data: dict[str, Any]) -> str:
         return "sent"
 
 
+def udp_unspec(data: dict[str, Any]) -> str:
+    """sendto(2) with an address of family AF_UNSPEC: for UDP the kernel takes it as IPv4."""
+
+    class SockaddrIn(ctypes.Structure):
+        _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16),
+                    ("addr", ctypes.c_uint32), ("zero", ctypes.c_char * 8)]
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        address = SockaddrIn(socket.AF_UNSPEC, socket.htons(data["port"]),
+                             int.from_bytes(socket.inet_aton(data["host"]), "little"))
+        _check("sendto", _libc.sendto(s.fileno(), b"udp-escape", 10, 0, ctypes.byref(address),
+                                      ctypes.sizeof(address)))
+        return "sent"
+
+
 def udp_bind(data: dict[str, Any]) -> str:
     """A UDP socket bound to a chosen port: a UDP server."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -697,6 +712,13 @@ def sysv_msg(data: dict[str, Any]) -> str:
     return f"took a message: {buffer.raw[8:8 + n].decode(errors='replace')}"
 
 
+def sysv_sem(data: dict[str, Any]) -> str:
+    """Set a System V semaphore of the host (found by its key) to 42."""
+    semaphores = _check("semget", _libc.semget(data["key"], 0, 0))
+    _check("semctl", _libc.semctl(semaphores, 0, 16, 42))  # SETVAL
+    return "set the host's semaphore to 42"
+
+
 def posix_mq(data: dict[str, Any]) -> str:
     """Take a message from a POSIX message queue of the host by its name."""
     queue = _check("mq_open", _libc.mq_open(data["name"].encode(), os.O_RDONLY | os.O_NONBLOCK))
@@ -732,8 +754,8 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         fork, clone3, raise_rlimit, prctl_seccomp, prctl_dumpable, seccomp, landlock, unshare,
         setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
-        chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, posix_mq, schedule,
-        benign)}
+        chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
+        schedule, udp_unspec, benign)}
 
 
 def _try(job: Job) -> Any:
