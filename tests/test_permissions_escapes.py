@@ -465,6 +465,16 @@ def test_the_child_inherits_none_of_the_workers_environment(sandbox: Sandbox) ->
     assert SECRET not in repr(info.result)
 
 
+@pytest.mark.parametrize("table", ["tcp", "unix"])
+def test_the_hosts_sockets_are_not_listed_through_proc_self_net(sandbox: Sandbox,
+                                                                 table: str) -> None:
+    """/proc/self/net/* lists every socket of the network namespace: the worker's Redis
+    connections and the host's unix sockets (abstract names included)."""
+    path = f"/proc/self/net/{table}"
+    info = sandbox.attempt("read", path=path)
+    assert_denied(info, path)
+
+
 def test_taking_a_descriptor_of_the_worker_with_pidfd_getfd_is_denied(sandbox: Sandbox) -> None:
     assert_denied(sandbox.attempt("steal_fd", pid=sandbox.worker_pid))
 
