@@ -87,6 +87,12 @@ DENIED = (
     "open_by_handle_at", "name_to_handle_at", "quotactl", "quotactl_fd", "lookup_dcookie",
     "fanotify_init", "mknod", "mknodat", "iopl", "ioperm", "vhangup", "uselib", "nfsservctl",
     "socketcall",  # where it exists, it would step around the socket rules
+    # System V IPC and POSIX message queues: named by keys and names outside Landlock, in
+    # the host's IPC namespace, open to anyone with the same user id.
+    "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semtimedop_time64", "semctl", "ipc",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    "mq_timedsend_time64", "mq_timedreceive_time64",
 )
 
 

@@ -354,6 +354,14 @@ def foreign_abi_in_a_thread() -> str:
     return "survived"
 
 
+def sysv_ipc() -> int:
+    return _call(libc.msgget(0, 0o1000 | 0o600))  # IPC_PRIVATE, IPC_CREAT
+
+
+def posix_mq() -> int:
+    return _call(libc.mq_open(b"/panqueue-seccomp-test", os.O_RDONLY))
+
+
 def threads() -> int:
     done = []
     thread = threading.Thread(target=lambda: done.append(1))
