@@ -514,6 +514,10 @@ OTHER_CHILD: dict[str, tuple[str, dict[str, Any]]] = {
     "SIGUSR2 through a pidfd": ("pidfd_signal", {"signal": int(signal.SIGUSR2)}),
     "ptrace": ("ptrace", {}),
     "its memory": ("vm_read", {}),
+    "its priority": ("schedule", {"how": "nice"}),
+    "its CPU affinity": ("schedule", {"how": "affinity"}),
+    "its scheduling policy": ("schedule", {"how": "policy"}),
+    "its I/O priority": ("schedule", {"how": "io priority"}),
 }
 
 
