@@ -4,7 +4,8 @@
 The worker that imports this module gets the grants from its environment (the test sets them):
 HOSTILE_IN (read), HOSTILE_OUT (write), HOSTILE_PORT (connect to 127.0.0.1 on it),
 HOSTILE_HOST_PORT (connect to ``localhost`` on it, the second queue), HOSTILE_QUEUE and
-HOSTILE_HOST_QUEUE (the queues' names). The child gets none of these variables.
+HOSTILE_HOST_QUEUE (the queues' names). The child gets none of these variables. The code is for
+x86_64 Linux (system call numbers, a few bytes of machine code).
 
 A denied attempt lets the kernel's error (PermissionError or the call's OSError) propagate: the
 job fails with it. An attempt that got through returns what it obtained (file contents, a server's
@@ -311,7 +312,8 @@ def read_mem(data: dict[str, Any]) -> str:
 
 
 def vm_read(data: dict[str, Any]) -> str:
-    """process_vm_readv of 16 bytes of the worker's stack (an address from its maps, or 0)."""
+    """process_vm_readv of 16 bytes of another process at a fixed address: EFAULT (nothing
+    mapped there) still means the access check let the call through."""
 
     class Iovec(ctypes.Structure):
         _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
