@@ -312,9 +312,11 @@ def test_reading_outside_the_grants_is_denied(sandbox: Sandbox, what: str) -> No
     assert_denied(sandbox.attempt("read", path=str(path)), str(path))
 
 
-@pytest.mark.parametrize("where", ["secret dir", "/etc", "home"])
+@pytest.mark.parametrize("where", ["secret dir", "/etc", "home", "/proc"])
 def test_listing_a_directory_outside_the_grants_is_denied(sandbox: Sandbox, where: str) -> None:
-    path = {"secret dir": sandbox.secret_dir, "/etc": Path("/etc"), "home": Path.home()}[where]
+    """(/proc's listing is every process of the host.)"""
+    path = {"secret dir": sandbox.secret_dir, "/etc": Path("/etc"), "home": Path.home(),
+            "/proc": Path("/proc")}[where]
     assert_denied(sandbox.attempt("list_dir", path=str(path)), str(path))
 
 
@@ -689,10 +691,23 @@ def test_a_datagram_to_a_unix_socket_of_the_host_is_denied(sandbox: Sandbox, kin
         datagram.recv(100)
 
 
-def test_binding_an_abstract_unix_name_is_denied(sandbox: Sandbox) -> None:
+@pytest.mark.parametrize("kind", ["abstract", "path in the write grant"])
+def test_binding_a_unix_name_is_denied(sandbox: Sandbox, kind: str) -> None:
     """A server the host's processes could reach, under a name a host service may expect."""
-    assert_denied(sandbox.attempt("unix_bind",
-                                  address=f"\0panqueue-squat-{uuid.uuid4().hex[:8]}"))
+    address = (f"\0panqueue-squat-{uuid.uuid4().hex[:8]}" if kind == "abstract"
+               else str(sandbox.out_dir / f"squat-{uuid.uuid4().hex[:8]}.sock"))
+    assert_denied(sandbox.attempt("unix_bind", address=address))
+    if kind != "abstract":
+        assert not Path(address).exists()
+
+
+def test_a_named_pipe_in_the_write_grant_is_denied(sandbox: Sandbox) -> None:
+    """Named pipes, sockets and devices are never granted (a host process opening the pipe
+    would block on the child)."""
+    path = sandbox.out_dir / f"fifo-{uuid.uuid4().hex[:8]}"
+    # (os.mkfifo's errors never carry the path, denied or not.)
+    assert_denied(sandbox.attempt("mkfifo", path=str(path)))
+    assert not path.exists()
 
 
 # ---- programs and processes

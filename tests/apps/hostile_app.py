@@ -167,6 +167,11 @@ def make_dir(data: dict[str, Any]) -> str:
     return "made"
 
 
+def mkfifo(data: dict[str, Any]) -> str:
+    os.mkfifo(data["path"])
+    return f"made a named pipe {data['path']}"
+
+
 def chmod(data: dict[str, Any]) -> str:
     os.chmod(data["path"], 0o666)
     return f"made {data['path']} mode 666"
@@ -437,7 +442,7 @@ def unix_datagram(data: dict[str, Any]) -> str:
 
 
 def unix_bind(data: dict[str, Any]) -> str:
-    """Bind an abstract unix name: a server the host's processes could reach."""
+    """Bind a unix name (abstract, or a path): a server the host's processes could reach."""
     first, second = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     with first, second:
         first.bind(data["address"])
@@ -757,7 +762,7 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
-        schedule, udp_unspec, benign)}
+        schedule, udp_unspec, mkfifo, benign)}
 
 
 def _try(job: Job) -> Any:
