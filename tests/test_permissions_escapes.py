@@ -44,23 +44,26 @@ SECRET = f"top-secret-{uuid.uuid4().hex}"
 DENIED = ("PermissionError",)
 
 
-def _listener_pair() -> tuple[int, socket.socket, socket.socket]:
-    """Two TCP listeners on one port: 127.0.0.1 (the grant) and 127.0.0.2 (not granted)."""
+def _listener_pair() -> tuple[int, socket.socket, socket.socket, socket.socket]:
+    """Two TCP listeners on one port, 127.0.0.1 (the grant) and 127.0.0.2 (not granted), and a
+    UDP socket on 127.0.0.1 with the same port number."""
     for _ in range(50):
-        first = socket.socket()
-        first.bind(("127.0.0.1", 0))
-        port = first.getsockname()[1]
-        second = socket.socket()
+        sockets = [socket.socket(), socket.socket(),
+                   socket.socket(socket.AF_INET, socket.SOCK_DGRAM)]
         try:
-            second.bind(("127.0.0.2", port))
+            sockets[0].bind(("127.0.0.1", 0))
+            port = sockets[0].getsockname()[1]
+            sockets[1].bind(("127.0.0.2", port))
+            sockets[2].bind(("127.0.0.1", port))
         except OSError:
-            first.close()
-            second.close()
+            for sock in sockets:
+                sock.close()
             continue
-        for listener in (first, second):
-            listener.listen(16)
-            listener.setblocking(False)
-        return port, first, second
+        for sock in sockets:
+            if sock.type == socket.SOCK_STREAM:
+                sock.listen(16)
+            sock.setblocking(False)
+        return port, sockets[0], sockets[1], sockets[2]
     raise AssertionError("no port free on both 127.0.0.1 and 127.0.0.2")
 
 
@@ -176,14 +179,12 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     dev_shm = Path("/dev/shm") / f"panqueue-test-{uuid.uuid4().hex[:8]}"
     dev_shm.write_text(SECRET)
 
-    port, granted, other_address = _listener_pair()
-    host_port, host_granted, host_other_address = _listener_pair()
+    port, granted, other_address, udp_granted = _listener_pair()
+    host_port, host_granted, host_other_address, host_udp = _listener_pair()
+    host_udp.close()
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     udp.setblocking(False)
-    udp_granted = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the granted TCP port
-    udp_granted.bind(("127.0.0.1", port))
-    udp_granted.setblocking(False)
     abstract_name = f"\0panqueue-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     abstract.bind(abstract_name)
@@ -799,7 +800,7 @@ def ipc_key() -> int:
 
 def test_a_system_v_shared_memory_segment_of_the_host_is_unreachable(sandbox: Sandbox,
                                                                      ipc_key: int) -> None:
-    segment = _LIBC.shmget(ipc_key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    segment = _LIBC.shmget(ipc_key, 4096, 0o3000 | 0o600)  # IPC_CREAT | IPC_EXCL
     assert segment >= 0, os.strerror(ctypes.get_errno())
     try:
         address = _LIBC.shmat(segment, None, 0)
@@ -812,7 +813,7 @@ def test_a_system_v_shared_memory_segment_of_the_host_is_unreachable(sandbox: Sa
 
 def test_a_system_v_message_queue_of_the_host_is_unreachable(sandbox: Sandbox,
                                                              ipc_key: int) -> None:
-    queue = _LIBC.msgget(ipc_key, 0o1000 | 0o600)
+    queue = _LIBC.msgget(ipc_key, 0o3000 | 0o600)
     assert queue >= 0, os.strerror(ctypes.get_errno())
     try:
         message = (1).to_bytes(8, "little") + SECRET.encode()
@@ -823,7 +824,7 @@ def test_a_system_v_message_queue_of_the_host_is_unreachable(sandbox: Sandbox,
 
 
 def test_a_system_v_semaphore_of_the_host_is_unreachable(sandbox: Sandbox, ipc_key: int) -> None:
-    semaphores = _LIBC.semget(ipc_key, 1, 0o1000 | 0o600)
+    semaphores = _LIBC.semget(ipc_key, 1, 0o3000 | 0o600)
     assert semaphores >= 0, os.strerror(ctypes.get_errno())
     try:
         assert _LIBC.semctl(semaphores, 0, 16, 7) == 0  # SETVAL
@@ -835,7 +836,7 @@ def test_a_system_v_semaphore_of_the_host_is_unreachable(sandbox: Sandbox, ipc_k
 
 def test_a_posix_message_queue_of_the_host_is_unreachable(sandbox: Sandbox) -> None:
     name = f"/panqueue-test-{uuid.uuid4().hex[:8]}"
-    queue = _LIBC.mq_open(name.encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+    queue = _LIBC.mq_open(name.encode(), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600, None)
     assert queue >= 0, os.strerror(ctypes.get_errno())
     try:
         assert _LIBC.mq_send(queue, SECRET.encode(), len(SECRET), 0) == 0
