@@ -384,13 +384,47 @@ def fastopen(data: dict[str, Any]) -> str:
 
 
 def udp(data: dict[str, Any]) -> str:
+    """A datagram by sendto, sendmsg, sendmmsg (through libc: two messages) or connect+send."""
+    address = (data["host"], data["port"])
+    how = data.get("how", "connect" if data.get("connect") else "sendto")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        if data.get("connect"):
-            s.connect((data["host"], data["port"]))
+        if how == "connect":
+            s.connect(address)
             s.send(b"udp-escape")
+        elif how == "sendmsg":
+            s.sendmsg([b"udp-escape"], [], 0, address)
+        elif how == "sendmmsg":
+            _sendmmsg(s.fileno(), address)
         else:
-            s.sendto(b"udp-escape", (data["host"], data["port"]))
-        return "sent"
+            s.sendto(b"udp-escape", address)
+        return f"sent by {how}"
+
+
+def _sendmmsg(fd: int, address: tuple[str, int]) -> None:
+    class SockaddrIn(ctypes.Structure):
+        _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16),
+                    ("addr", ctypes.c_uint32), ("zero", ctypes.c_char * 8)]
+
+    class Iovec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_char_p), ("len", ctypes.c_size_t)]
+
+    class Msghdr(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32),
+                    ("iov", ctypes.POINTER(Iovec)), ("iovlen", ctypes.c_size_t),
+                    ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                    ("flags", ctypes.c_int)]
+
+    class Mmsghdr(ctypes.Structure):
+        _fields_ = [("hdr", Msghdr), ("len", ctypes.c_uint)]
+
+    name = SockaddrIn(socket.AF_INET, socket.htons(address[1]),
+                      int.from_bytes(socket.inet_aton(address[0]), "little"))
+    iov = Iovec(b"udp-escape", 10)
+    messages = (Mmsghdr * 2)()
+    for message in messages:
+        message.hdr = Msghdr(ctypes.cast(ctypes.byref(name), ctypes.c_void_p),
+                             ctypes.sizeof(name), ctypes.pointer(iov), 1, None, 0, 0)
+    _check("sendmmsg", _libc.sendmmsg(fd, messages, 2, 0))
 
 
 def udp_unspec(data: dict[str, Any]) -> str:
