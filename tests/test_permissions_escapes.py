@@ -126,7 +126,7 @@ class Sandbox:
     def add(self, attempt: str, *, queue: str | None = None, **data: Any) -> Any:
         return self.client.queue(queue or self.queue).add({"attempt": attempt, **data})
 
-    def wait(self, handle: Any, timeout: float = 30.0) -> JobInfo:
+    def wait(self, handle: Any, timeout: float = 40.0) -> JobInfo:
         """The job once it has ended (waiting on its events); fails if the worker died."""
         deadline = time.monotonic() + timeout
         while True:

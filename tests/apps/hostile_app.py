@@ -42,7 +42,7 @@ QUEUE = os.environ.get("HOSTILE_QUEUE", "hostile")
 HOST_QUEUE = os.environ.get("HOSTILE_HOST_QUEUE", "hostile-host")
 OPEN_FILES = 256
 CPU_SECONDS = 60
-JOB_TIMEOUT = 10.0
+JOB_TIMEOUT = 20.0
 
 queues = Registry()
 
