@@ -26,14 +26,14 @@ cancel, remove, retry_failed (by ids or all), work, a running job cancelled (and
 model-handoff, removed and added again under its id), batches (open, add, close), a restart of
 the workers, and faults: an add or a cancel whose reply is lost (through a FaultProxy; the client
 sends it again, and the model accepts either answer of the first try but not two jobs), and a
-process SIGKILLed between the steps of a multi-step operation: an add of a custom id placed
-away from its home partition (killed once its pointer is written, or once its job is), and a
-batch's close (once it marked the batch fired, or once it added the callbacks). That process
-is a real one (tests/apps/model_producer.py forks one per operation) whose connection goes
-through the FaultProxy: the replies to the step it must not get past are lost, so it retries
-that step until the kill. The model then expects the id added once or not at all, a later add
-of it answered within the grace of the dead add's pointer, and the batch, closed again by the
-user, firing each callback exactly once.
+process SIGKILLed between the steps of a multi-step operation: an add, or a flow, with a custom
+id placed away from its home partition (killed once its pointer is written, or once its job
+is), and a batch's close (once it marked the batch fired, or once it added the callbacks).
+That process is a real one (tests/apps/model_producer.py forks one per operation) whose
+connection goes through the FaultProxy: the replies to the step it must not get past are lost,
+so it retries that step until the kill. The model then expects the id (the whole flow) added
+once or not at all, a later add of it answered within the grace of the dead add's pointer, and
+the batch, closed again by the user, firing each callback exactly once.
 
 After every step (invariants): counts() per queue equal the model's; list_jobs per state lists
 exactly the model's jobs in that state, each once (no job lost, hidden or doubled); get_job of
@@ -693,9 +693,10 @@ class QueueMachine(RuleBasedStateMachine):
         """A producer process does ``order`` through the proxy, where every request that
         contains ``match`` runs and its reply is lost: the process never learns that this step
         happened (it tries again, and loses that reply too), so it never gets past it. Once the
-        step ran, the process is SIGKILLed."""
+        step ran, the process is SIGKILLed, and once its connections are closed, whatever it
+        had sent has reached the server."""
         proxy, _ = self._through_proxy()
-        dropped = proxy.replies_dropped
+        dropped, connected = proxy.replies_dropped, proxy.active_connections
         proxy.drop_next_reply(1000, match=match)
         pid = self.producers.start(url=proxy.url_for(self.url), **order)
         try:
@@ -703,21 +704,29 @@ class QueueMachine(RuleBasedStateMachine):
         finally:
             self.producers.kill(pid)
             proxy.clear_drops()
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while proxy.active_connections > connected:
+            if time.monotonic() > deadline:
+                raise mismatch("connections of a killed producer", "still open", "closed")
+            time.sleep(0.002)
 
     def _partition(self, queue: str, job_id: str) -> int:
         parts = self.client._run(self.client._parts.parts(queue))
         [index] = [keys.partition for keys in parts if self.raw.exists(keys.job(job_id))]
         return index
 
-    @rule(close=st.booleans(), first=st.booleans(), job_id=st.sampled_from(IDS),
-          pick=st.integers(0, 40), again=st.sampled_from((False, False, True)))
-    def killed_between_steps(self, close: bool, first: bool, job_id: str, pick: int,
+    @rule(what=st.sampled_from(("add", "flow", "close")), first=st.booleans(),
+          job_id=st.sampled_from(IDS), pick=st.integers(0, 40),
+          again=st.sampled_from((False, False, True)))
+    def killed_between_steps(self, what: str, first: bool, job_id: str, pick: int,
                              again: bool) -> None:
         """A process that does a multi-step operation is SIGKILLed after its ``first`` step or
-        its second: the close of a batch (``close``, when one is open) or an add of a custom
+        its second: the close of a batch (when one is open), or an add or a flow with a custom
         id placed away from its home (``again``: the id is added again at once)."""
-        if close and any(not b.closed for b in self.model.batches.values()):
+        if what == "close" and any(not b.closed for b in self.model.batches.values()):
             self._close_killed(pick, "close" if first else "callbacks")
+        elif what == "flow":
+            self._flow_killed(job_id, "reserve" if first else "write", again)
         else:
             self._add_killed(job_id, pick, "reserve" if first else "write", again)
 
@@ -725,8 +734,9 @@ class QueueMachine(RuleBasedStateMachine):
         """A producer process adds a custom id to model-parted with a dependency in another
         partition than the id's home, which takes two steps: the id's pointer in its home
         (identity_reserve.lua), then the job written beside its dependency. The process is
-        SIGKILLed after the first step ran (``reserve``) or after the second did (``write``;
-        it never saw the reply). The id is then added once, or not at all; and an add of it
+        SIGKILLed after the first step ran (``reserve``: no job) or after the second was sent
+        (``write``: the job, unless the partition refused the write; the process never saw
+        the reply). The id is then added once, or not at all; and an add of it
         (``again``: at once, from another client) returns or creates its one job within the
         grace of a pointer whose job never came."""
         if self.model.job(PARTED, job_id) is not None:
@@ -747,17 +757,62 @@ class QueueMachine(RuleBasedStateMachine):
         self._kill_between(match, op="add", queue=PARTED, data=data, job_id=job_id,
                            depends_on=[dep])
         hypothesis.event(f"a producer killed after the {stop} step of an add")
-        if stop == "write":
+        if stop == "write" and self._written(job_id):
             self.model.create(PARTED, job_id, data, deps=(dep,))
             self._learn(PARTED, job_id)
         if again:
-            started = time.monotonic()
-            self._add_one(PARTED, self.client, job_id=job_id, priority=0, delayed=False,
-                          fail=0, attempts=1, dedup=None, deps=())
-            took = time.monotonic() - started
-            if took > HELD_UP_AT_MOST:
-                raise mismatch(f"add of {PARTED}/{job_id} after its producer was killed "
-                               f"after the {stop} step: seconds", took, HELD_UP_AT_MOST)
+            self._add_again(job_id, stop)
+
+    def _written(self, *ids: str) -> bool:
+        """Whether the write of a killed producer's jobs ``ids`` happened: all of them exist,
+        or none (the partition may have refused the write it sent, over another add's pointer
+        to the same id, say). A part of them is a mismatch."""
+        found = []
+        for job_id in ids:
+            try:
+                found.append(self.client.get_job(PARTED, job_id).id)
+            except JobNotFound:
+                pass
+        if found and len(found) < len(ids):
+            raise mismatch(f"jobs of {PARTED} written by one call of a producer killed after "
+                           "it", found, f"all of {list(ids)} or none")
+        return bool(found)
+
+    def _add_again(self, job_id: str, stop: str) -> None:
+        started = time.monotonic()
+        self._add_one(PARTED, self.client, job_id=job_id, priority=0, delayed=False,
+                      fail=0, attempts=1, dedup=None, deps=())
+        took = time.monotonic() - started
+        if took > HELD_UP_AT_MOST:
+            raise mismatch(f"add of {PARTED}/{job_id} after its producer was killed after "
+                           f"the {stop} step: seconds", took, HELD_UP_AT_MOST)
+
+    def _flow_killed(self, job_id: str, stop: str, again: bool) -> None:
+        """A producer process adds a flow of two jobs with custom ids whose homes are two
+        partitions: both go to the first's, so the second's id is decided in its home first
+        (its pointer), then the flow is written in one call. Killed after the first step
+        (``reserve``: nothing) or the second (``write``), the flow is added whole or not at
+        all."""
+        free = [i for i in IDS if self.model.job(PARTED, i) is None]
+        pairs = [(one, two) for one in free for two in free
+                 if route(PARTED_COUNT, one) != route(PARTED_COUNT, two)]
+        if not pairs:
+            return
+        one, two = pairs[IDS.index(job_id) % len(pairs)]
+        datas = [self._data(0) for _ in range(2)]
+        mark = datas[1]["mark"] = f"killed-flow-{datas[1]['n']}"
+        match = (SCRIPTS.identity_reserve.sha if stop == "reserve" else mark).encode()
+        self._kill_between(match, op="flow", queue=PARTED, items=[
+            {"data": datas[0], "job_id": one, "depends_on": []},
+            {"data": datas[1], "job_id": two, "depends_on": [0]}])
+        hypothesis.event(f"a flow's producer killed after the {stop} step")
+        if stop == "write" and self._written(one, two):
+            self.model.create(PARTED, one, datas[0])
+            self.model.create(PARTED, two, datas[1], deps=(one,))
+            self._learn(PARTED, one)
+            self._learn(PARTED, two)
+        if again:
+            self._add_again(two, stop)
 
     def _close_killed(self, pick: int, stop: str) -> None:
         """A process closes a batch and is SIGKILLed between the steps of the close: after the

@@ -10,7 +10,9 @@ proxy keeps it from getting past one step. A line ``reap PID`` waits for that ch
 answers ``reaped``; end of input ends this process.
 
 Operations: ``{"op": "add", "url", "queue", "data", "job_id", "depends_on"}`` adds one job;
-``{"op": "close", "url", "batch"}`` closes a batch (which fires it when every job ended).
+``{"op": "flow", "url", "queue", "items": [{"data", "job_id", "depends_on"}, ...]}`` adds a
+flow (``depends_on``: indexes of earlier items); ``{"op": "close", "url", "batch"}`` closes a
+batch (which fires it when every job ended).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from panqueue import ConnectionError, SyncBatch, SyncQueueClient
+from panqueue import ConnectionError, FlowJob, SyncBatch, SyncQueueClient
 
 
 def run(order: dict[str, Any]) -> None:
@@ -31,6 +33,10 @@ def run(order: dict[str, Any]) -> None:
                 if order["op"] == "add":
                     client.queue(order["queue"]).add(order["data"], job_id=order["job_id"],
                                                      depends_on=order["depends_on"])
+                elif order["op"] == "flow":
+                    client.queue(order["queue"]).add_flow([FlowJob(
+                        item["data"], depends_on=item["depends_on"], job_id=item["job_id"])
+                        for item in order["items"]])
                 else:
                     SyncBatch(client, order["batch"]).close()
                 return
