@@ -397,6 +397,23 @@ def test_outside_covers_exactly_the_values_not_allowed(allowed: set[int]) -> Non
 
 # -- robustness -------------------------------------------------------------------------------
 
+@pytest.fixture
+def unanswered() -> Iterator[int]:
+    """A port whose listener's one-slot backlog is full: it drops further handshakes."""
+    with socket.socket() as stuck:
+        stuck.bind(("127.0.0.1", 0))
+        stuck.listen(0)
+        with socket.create_connection(stuck.getsockname()):
+            yield stuck.getsockname()[1]
+
+
+def test_a_child_cannot_exhaust_the_workers_descriptors_with_waiting_calls(
+        unanswered: int) -> None:
+    results = run_app(NET, [["many_waiting_connects", "127.0.0.1", unanswered, 80, 64]],
+                      policy(f"127.0.0.1:{unanswered}"))
+    assert results == {"many_waiting_connects": ["EAGAIN"]}
+
+
 def _supervisor_fds() -> list[str]:
     """What the supervisor opens per child: pidfds, listeners, /proc/<pid>/mem."""
     found = []

@@ -56,6 +56,7 @@ _MSGHDR = struct.Struct("@PIPNPNi")  # struct msghdr (name, namelen, iov, iovlen
 _MSGHDR_SIZE = 7 * 8 if struct.calcsize("P") == 8 else 7 * 4
 _MMSGHDR_SIZE = _MSGHDR_SIZE + 8 if struct.calcsize("P") == 8 else _MSGHDR_SIZE + 4
 _IOVEC = struct.Struct("@PN")
+_WAITING_MAX = 64  # calls of one child waiting for their sockets (each holds a descriptor)
 _IN_FLIGHT = 1.0  # seconds a continued fork counts before /proc shows its process
 
 
@@ -365,6 +366,11 @@ class Supervisor:
         # Fails when the calling thread was interrupted or died meanwhile: nothing to answer.
         seccomp.library().seccomp_notify_respond(child.listener, self._resp)
 
+    def _may_wait(self, child: _Child) -> bool:
+        """Whether one more of ``child``'s calls may wait for its socket: each holds a
+        descriptor of the worker, which a child must not be able to exhaust."""
+        return sum(w.child is child for w in self._waiting.values()) < _WAITING_MAX
+
     def _valid(self, child: _Child, notif_id: int) -> None:
         """The call is still waiting, so what was read belongs to it (its thread still exists
         and still is the one that made the call)."""
@@ -506,6 +512,8 @@ class Supervisor:
             self._check(child, raw, _sockopt_int(sock, _SO_TYPE), "connect")
             flags = fcntl.fcntl(sock, fcntl.F_GETFL)
             blocking = not flags & os.O_NONBLOCK
+            if blocking and not self._may_wait(child):
+                raise _Refuse(errno.EAGAIN, "connect: too many calls of this child waiting")
             if blocking:
                 # The flag is the socket's, shared with the child: set only for this call, so
                 # that the thread does not wait for the handshake.
@@ -578,6 +586,8 @@ class Supervisor:
                 return _Reply(error=-code)
 
             reply = attempt()
+            if reply is None and not self._may_wait(child):
+                reply = _Reply(error=-errno.EAGAIN)
             if reply is None:
                 self._waiting[sock] = _Waiting(child, notif_id, sock, attempt)
                 sock = -1

@@ -105,6 +105,30 @@ def connect_changed_address(host: str, port: int, other: str) -> str:
     return ",".join(sorted(results))
 
 
+def many_waiting_connects(host: str, port: int, count: int, waiting: int) -> list[str]:
+    """``count`` blocking connects from as many threads to an address that does not answer;
+    the outcomes of all but ``waiting`` of them (which stay blocked until the process ends)."""
+    outcomes: list[str] = []
+    lock = threading.Condition()
+
+    def attempt() -> None:
+        try:
+            with socket.socket() as sock:
+                sock.connect((host, port))
+                outcome = "connected"
+        except OSError as exc:
+            outcome = errno.errorcode.get(exc.errno or 0, str(exc))
+        with lock:
+            outcomes.append(outcome)
+            lock.notify_all()
+
+    for _ in range(count):
+        threading.Thread(target=attempt, daemon=True).start()
+    with lock:
+        lock.wait_for(lambda: len(outcomes) >= count - waiting, timeout=30)
+        return sorted(set(outcomes))
+
+
 def connect_asyncio(host: str, port: int) -> str:
     async def main() -> str:
         reader, writer = await asyncio.open_connection(host, port)
