@@ -97,6 +97,7 @@ class Sandbox:
     stderr_path: Path
     queue: str
     host_queue: str
+    thread_queue: str
     redis: RedisServer
     base: Path
     in_dir: Path
@@ -203,9 +204,11 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
         datagram_sockets[kind] = (address, datagram)
 
     queue, host_queue = f"hostile-{uuid.uuid4().hex[:8]}", f"hostile-host-{uuid.uuid4().hex[:8]}"
+    thread_queue = f"hostile-thread-{uuid.uuid4().hex[:8]}"
     env = subprocess_env(HOSTILE_IN=str(in_dir), HOSTILE_OUT=str(out_dir),
                          HOSTILE_PORT=str(port), HOSTILE_HOST_PORT=str(host_port),
                          HOSTILE_QUEUE=queue, HOSTILE_HOST_QUEUE=host_queue,
+                         HOSTILE_THREAD_QUEUE=thread_queue,
                          HOSTILE_SECRET=SECRET)
     stderr_path = base / "worker.err"
     with (base / "worker.out").open("wb") as out, stderr_path.open("wb") as err:
@@ -214,7 +217,8 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
                              "--poll-interval", "0.05"),
             stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=ROOT)
     client = SyncQueueClient(panqueue_server.url)
-    sandbox = Sandbox(client, worker, stderr_path, queue, host_queue, panqueue_server, base,
+    sandbox = Sandbox(client, worker, stderr_path, queue, host_queue, thread_queue,
+                      panqueue_server, base,
                       in_dir, out_dir, secret_dir, secret_file, ssh_file, port, host_port,
                       granted, other_address, host_granted, host_other_address, udp,
                       udp_granted, abstract, abstract_name, unix_path, unix_listener,
@@ -452,6 +456,18 @@ def test_a_hard_link_the_handler_makes_to_a_secret_is_refused(sandbox: Sandbox) 
 
 def test_c_code_reading_outside_the_grants_is_denied(sandbox: Sandbox) -> None:
     assert_denied(sandbox.attempt("libc_read", path="/etc/shadow"))
+
+
+def test_a_thread_started_before_the_rules_apply_does_not_read_for_the_handler(
+        sandbox: Sandbox) -> None:
+    """The handler's module starts a thread when the child imports it (before the rules
+    apply, and rules hold per thread unless synchronised): the child must refuse to serve
+    rather than leave that thread free to read /etc/shadow for the handler."""
+    info = sandbox.attempt("read", queue=sandbox.thread_queue, path="/etc/shadow")
+    assert info.state is JobState.FAILED, f"the escape worked: {repr(info.result)[:300]}"
+    assert info.error is not None
+    assert "root:" not in info.error.message
+    assert "thread" in info.error.message, info.error
 
 
 # ---- descriptors and other processes

@@ -40,6 +40,7 @@ PORT = int(os.environ.get("HOSTILE_PORT", "9"))
 HOST_PORT = int(os.environ.get("HOSTILE_HOST_PORT", "9"))
 QUEUE = os.environ.get("HOSTILE_QUEUE", "hostile")
 HOST_QUEUE = os.environ.get("HOSTILE_HOST_QUEUE", "hostile-host")
+THREAD_QUEUE = os.environ.get("HOSTILE_THREAD_QUEUE", "hostile-thread")
 OPEN_FILES = 256
 CPU_SECONDS = 60
 JOB_TIMEOUT = 20.0
@@ -819,3 +820,12 @@ def hostile(job: Job) -> Any:
                 permissions=Permissions(net=[f"localhost:{HOST_PORT}"]))
 def hostile_host(job: Job) -> Any:
     return _try(job)
+
+
+# Registered in the worker only: importing hostile_threads in a child starts its thread, and the
+# children of the queues above import this module (the third queue's child imports only that one).
+if sys.argv[:1] != ["-c"]:
+    from hostile_threads import read_through_thread
+
+    queues.handler(THREAD_QUEUE, executor="subprocess", timeout=JOB_TIMEOUT,
+                   permissions=Permissions(read=[IN]))(read_through_thread)
