@@ -28,7 +28,19 @@ from panqueue._sandbox.seccomp import outside, syscall_number
 from panqueue._sandbox.supervisor import supervisor
 from tests.helpers import APPS, ROOT, subprocess_env, wait_until
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+def _libseccomp_problem() -> str:
+    if not sys.platform.startswith("linux"):
+        return "Linux only"
+    try:
+        from panqueue._sandbox.seccomp import library
+        library()
+    except OSError as exc:
+        return f"no libseccomp ({exc})"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_libseccomp_problem()), reason=_libseccomp_problem())
 
 APP = str(APPS / "seccomp_app.py")
 NET = {"run": False, "processes": 0, "inet": True, "listen": False}
