@@ -41,6 +41,7 @@ HOST_PORT = int(os.environ.get("HOSTILE_HOST_PORT", "9"))
 QUEUE = os.environ.get("HOSTILE_QUEUE", "hostile")
 HOST_QUEUE = os.environ.get("HOSTILE_HOST_QUEUE", "hostile-host")
 THREAD_QUEUE = os.environ.get("HOSTILE_THREAD_QUEUE", "hostile-thread")
+FORK_QUEUE = os.environ.get("HOSTILE_FORK_QUEUE", "hostile-fork")
 OPEN_FILES = 256
 CPU_SECONDS = 60
 JOB_TIMEOUT = 20.0
@@ -822,10 +823,14 @@ def hostile_host(job: Job) -> Any:
     return _try(job)
 
 
-# Registered in the worker only: importing hostile_threads in a child starts its thread, and the
-# children of the queues above import this module (the third queue's child imports only that one).
+# Registered in the worker only: importing hostile_threads (hostile_fork) in a child starts its
+# thread (process), and the children of the queues above import this module; the children of
+# these two queues import only their own module.
 if sys.argv[:1] != ["-c"]:
+    from hostile_fork import read_through_helper
     from hostile_threads import read_through_thread
 
     queues.handler(THREAD_QUEUE, executor="subprocess", timeout=JOB_TIMEOUT,
                    permissions=Permissions(read=[IN]))(read_through_thread)
+    queues.handler(FORK_QUEUE, executor="subprocess", timeout=JOB_TIMEOUT,
+                   permissions=Permissions(read=[IN]))(read_through_helper)

@@ -1,0 +1,61 @@
+"""A handler whose module starts a helper PROCESS when the child imports it, before the child's
+rules apply, sharing an anonymous memory mapping with it (no descriptor to close): the helper,
+outside the rules, reads files for the handler. Used by tests/test_permissions_escapes.py
+through hostile_app."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import signal
+import sys
+import time
+
+from panqueue import Job
+
+_SIZE = 1 << 16
+_shared: mmap.mmap | None = None
+
+
+def _serve(shared: mmap.mmap) -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: go with the child
+    while True:
+        if shared[0] == 1:
+            length = int.from_bytes(shared[1:5], "little")
+            path = shared[8:8 + length].decode()
+            try:
+                with open(path, "rb") as f:
+                    content = f.read(_SIZE - 16)
+            except OSError as exc:
+                content = f"helper: {exc!r}".encode()
+            shared[1:5] = len(content).to_bytes(4, "little")
+            shared[8:8 + len(content)] = content
+            shared[0] = 2
+        time.sleep(0.002)
+
+
+if sys.argv[:1] == ["-c"]:  # in the subprocess executor's child only, not in the worker
+    _shared = mmap.mmap(-1, _SIZE, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+    if os.fork() == 0:
+        try:
+            _serve(_shared)
+        finally:
+            os._exit(0)
+
+
+def read_through_helper(job: Job) -> str:
+    if _shared is None:
+        raise RuntimeError("no helper process (not in a subprocess executor's child)")
+    path = job.data["path"].encode()
+    _shared[1:5] = len(path).to_bytes(4, "little")
+    _shared[8:8 + len(path)] = path
+    _shared[0] = 1
+    deadline = time.monotonic() + 10
+    while _shared[0] != 2:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the helper process did not answer")
+        time.sleep(0.002)
+    length = int.from_bytes(_shared[1:5], "little")
+    _shared[0] = 0
+    return _shared[8:8 + length].decode(errors="replace")
