@@ -99,6 +99,7 @@ class Sandbox:
     host_queue: str
     thread_queue: str
     fork_queue: str
+    daemon_queue: str
     redis: RedisServer
     base: Path
     in_dir: Path
@@ -207,10 +208,12 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     queue, host_queue = f"hostile-{uuid.uuid4().hex[:8]}", f"hostile-host-{uuid.uuid4().hex[:8]}"
     thread_queue = f"hostile-thread-{uuid.uuid4().hex[:8]}"
     fork_queue = f"hostile-fork-{uuid.uuid4().hex[:8]}"
+    daemon_queue = f"hostile-daemon-{uuid.uuid4().hex[:8]}"
     env = subprocess_env(HOSTILE_IN=str(in_dir), HOSTILE_OUT=str(out_dir),
                          HOSTILE_PORT=str(port), HOSTILE_HOST_PORT=str(host_port),
                          HOSTILE_QUEUE=queue, HOSTILE_HOST_QUEUE=host_queue,
                          HOSTILE_THREAD_QUEUE=thread_queue, HOSTILE_FORK_QUEUE=fork_queue,
+                         HOSTILE_DAEMON_QUEUE=daemon_queue, HOSTILE_DOUBLE_FORK="1",
                          HOSTILE_SECRET=SECRET)
     stderr_path = base / "worker.err"
     with (base / "worker.out").open("wb") as out, stderr_path.open("wb") as err:
@@ -220,6 +223,7 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
             stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=ROOT)
     client = SyncQueueClient(panqueue_server.url)
     sandbox = Sandbox(client, worker, stderr_path, queue, host_queue, thread_queue, fork_queue,
+                      daemon_queue,
                       panqueue_server, base,
                       in_dir, out_dir, secret_dir, secret_file, ssh_file, port, host_port,
                       granted, other_address, host_granted, host_other_address, udp,
@@ -472,12 +476,15 @@ def test_a_thread_started_before_the_rules_apply_does_not_read_for_the_handler(
     assert "thread" in info.error.message, info.error
 
 
+@pytest.mark.parametrize("helper", ["a child", "a daemon"])
 def test_a_process_started_before_the_rules_apply_does_not_read_for_the_handler(
-        sandbox: Sandbox) -> None:
+        sandbox: Sandbox, helper: str) -> None:
     """The handler's module forks a helper when the child imports it, sharing anonymous
     memory with it (no descriptor for the child to close): the helper, never confined, would
-    read /etc/shadow for the handler. The child must refuse to serve (or have no such helper)."""
-    info = sandbox.attempt("read", queue=sandbox.fork_queue, path="/etc/shadow")
+    read /etc/shadow for the handler. The child must refuse to serve (or have no such helper).
+    "a daemon": the helper forks again and its parent exits, so it is no child of the child."""
+    queue = sandbox.fork_queue if helper == "a child" else sandbox.daemon_queue
+    info = sandbox.attempt("read", queue=queue, path="/etc/shadow")
     assert info.state is JobState.FAILED, f"the escape worked: {repr(info.result)[:300]}"
     assert info.error is not None
     assert "root:" not in info.error.message

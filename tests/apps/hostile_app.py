@@ -42,6 +42,7 @@ QUEUE = os.environ.get("HOSTILE_QUEUE", "hostile")
 HOST_QUEUE = os.environ.get("HOSTILE_HOST_QUEUE", "hostile-host")
 THREAD_QUEUE = os.environ.get("HOSTILE_THREAD_QUEUE", "hostile-thread")
 FORK_QUEUE = os.environ.get("HOSTILE_FORK_QUEUE", "hostile-fork")
+DAEMON_QUEUE = os.environ.get("HOSTILE_DAEMON_QUEUE", "hostile-daemon")
 OPEN_FILES = 256
 CPU_SECONDS = 60
 JOB_TIMEOUT = 20.0
@@ -834,3 +835,6 @@ if sys.argv[:1] != ["-c"]:
                    permissions=Permissions(read=[IN]))(read_through_thread)
     queues.handler(FORK_QUEUE, executor="subprocess", timeout=JOB_TIMEOUT,
                    permissions=Permissions(read=[IN]))(read_through_helper)
+    queues.handler(DAEMON_QUEUE, executor="subprocess", timeout=JOB_TIMEOUT,
+                   permissions=Permissions(read=[IN], env=["HOSTILE_DOUBLE_FORK"])
+                   )(read_through_helper)

@@ -5,10 +5,8 @@ through hostile_app."""
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
-import signal
 import sys
 import time
 
@@ -18,9 +16,13 @@ _SIZE = 1 << 16
 _shared: mmap.mmap | None = None
 
 
-def _serve(shared: mmap.mmap) -> None:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: go with the child
+def _serve(shared: mmap.mmap, owner: int) -> None:
+    """Answer the requests in ``shared`` for as long as the process ``owner`` lives."""
     while True:
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            return
         if shared[0] == 1:
             length = int.from_bytes(shared[1:5], "little")
             path = shared[8:8 + length].decode()
@@ -37,11 +39,22 @@ def _serve(shared: mmap.mmap) -> None:
 
 if sys.argv[:1] == ["-c"]:  # in the subprocess executor's child only, not in the worker
     _shared = mmap.mmap(-1, _SIZE, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-    if os.fork() == 0:
+    # HOSTILE_DOUBLE_FORK (given to the child through Permissions.env): the helper daemonizes,
+    # so that it is no child of the child's but re-parented to init (or a subreaper).
+    double = bool(os.environ.get("HOSTILE_DOUBLE_FORK"))
+    owner = os.getpid()
+    first = os.fork()
+    if first == 0:
         try:
-            _serve(_shared)
+            if double:
+                os.setsid()
+                if os.fork() != 0:
+                    os._exit(0)
+            _serve(_shared, owner)
         finally:
             os._exit(0)
+    if double:
+        os.waitpid(first, 0)
 
 
 def read_through_helper(job: Job) -> str:
