@@ -476,6 +476,21 @@ def test_a_child_killed_while_its_connect_waits_leaves_the_supervisor_serving(
                    policy(granted.grant)) == {"connect": "ping"}
 
 
+def test_attach_refuses_a_descriptor_that_is_not_a_listener() -> None:
+    process = subprocess.Popen([sys.executable, APP, json.dumps(BARE), "[]"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               env=subprocess_env(), cwd=ROOT)
+    try:
+        assert process.stdout is not None
+        json.loads(process.stdout.readline())
+        with pytest.raises(OSError, match="not a seccomp listener"):
+            supervisor().attach(process.pid, 0, policy(), 0)
+        assert process.pid not in supervisor().attached()
+    finally:
+        process.communicate("\n", timeout=60)
+    assert _supervisor_fds() == []
+
+
 def test_detach_closes_what_attach_opened(granted: Listener) -> None:
     assert run_app(NET, [["connect", granted.host, granted.port], ["fork"]],
                    policy(granted.grant)) == {"connect": "ping", "fork": "EPERM"}

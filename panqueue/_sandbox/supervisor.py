@@ -5,9 +5,11 @@ connect or an addressed send it reads the address (and the data) from the child'
 checks the address against the child's :class:`~panqueue._sandbox.net.NetPolicy`, and performs
 the call itself on a copy of the child's socket (``pidfd_getfd``) with the copy it read: letting
 the kernel continue the child's call would read the memory again, after another thread of the
-child could have changed it. For a process start (clone, fork, vfork) it counts the child's
-live descendants and lets the call continue (its flags are registers the filter already
-checked) or answers EAGAIN.
+child could have changed it. A bind of a UDP socket is performed likewise, to a port the kernel
+picks only; a TCP bind continues in the child, where Landlock decides its port; any other bind
+(a socketpair's unix socket) is refused. For a process start (clone, fork, vfork) it counts the
+child's live descendants and lets the call continue (its flags are registers the filter
+already checked) or answers EAGAIN.
 
 The thread never blocks on a child: a blocking socket's connect or send that would wait is
 performed non-blocking and its answer sent when the socket is ready. It never dies either: an
@@ -39,7 +41,7 @@ __all__ = ["Supervisor", "supervisor"]
 
 _log = get_logger("panqueue.sandbox")
 
-_PIDFD_GETFD = 438
+_PIDFD_GETFD = 438  # where libseccomp does not know the name
 _SOL_SOCKET, _SO_TYPE, _SO_ERROR, _SO_DOMAIN = 1, 3, 4, 39
 _SOCK_STREAM, _SOCK_DGRAM = 1, 2
 _AF_UNSPEC, _AF_INET, _AF_INET6 = 0, 2, 10
@@ -148,7 +150,9 @@ def _libc() -> ctypes.CDLL:
 
 def pidfd_getfd(pidfd: int, fd: int) -> int:
     """A copy of descriptor ``fd`` of the process ``pidfd`` refers to (close-on-exec)."""
-    copy = int(_LIBC.syscall(ctypes.c_long(_PIDFD_GETFD), ctypes.c_long(pidfd),
+    number = seccomp.syscall_number("pidfd_getfd")
+    copy = int(_LIBC.syscall(ctypes.c_long(number if number >= 0 else _PIDFD_GETFD),
+                             ctypes.c_long(pidfd),
                              ctypes.c_long(fd), ctypes.c_long(0)))
     if copy < 0:
         code = ctypes.get_errno()
@@ -224,6 +228,9 @@ class Supervisor:
         try:
             listener = pidfd_getfd(pidfd, child_fd)
             opened.append(listener)
+            if "seccomp" not in os.readlink(f"/proc/self/fd/{listener}"):
+                raise OSError(errno.EINVAL, f"descriptor {child_fd} of process {pid} is not "
+                                            "a seccomp listener")
             mem = os.open(f"/proc/{pid}/mem", os.O_RDWR | os.O_CLOEXEC)
         except BaseException:
             for fd in opened:
