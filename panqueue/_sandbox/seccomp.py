@@ -1,10 +1,12 @@
 """The seccomp filter a sandboxed child installs on itself, through the system's libseccomp.
 
 System calls that could undo or step around the other rules (ptrace, namespaces, mounts, module
-loading, a new filter or Landlock layer, raising limits, io_uring, ...) fail with EPERM; those
-whose arguments decide (connect, addressed sends, process starts) go to the worker's supervisor
-(:mod:`panqueue._sandbox.supervisor`) through seccomp's user notification. Also the ctypes
-binding of libseccomp's notification calls, which the supervisor uses.
+loading, a new filter or Landlock layer, raising limits, io_uring, System V IPC, ...) fail with
+EPERM, and so do sockets other than IPv4/IPv6 TCP and UDP and socketpair's; those whose
+arguments in memory decide (connect, bind, addressed sends, process starts) go to the worker's
+supervisor (:mod:`panqueue._sandbox.supervisor`) through seccomp's user notification. A call of
+another ABI (int 0x80, x32) kills the process. Also the ctypes binding of libseccomp's
+notification calls, which the supervisor uses.
 
 Every system call is named and resolved by libseccomp for this architecture (a name it does not
 know here is skipped). A filter whose default is "allow" cannot hold "allow" rules (libseccomp
@@ -244,11 +246,13 @@ def _rules(spec: FilterSpec) -> _Rules:
         rules.add_outside(ACT_EPERM, "prctl", 0, _PRCTL_ALLOWED)
         # clone3's flags are in memory the filter cannot read: glibc falls back to clone.
         rules.add(act_errno(errno.ENOSYS), "clone3")
+        # No new namespace; no sibling process (CLONE_PARENT: outside the counted tree).
+        flags_arg = _clone_flags_arg()
         for flag in _bits(_CLONE_NEW | CLONE_PARENT):
-            rules.add(ACT_EPERM, "clone", (0, _CMP_MASKED_EQ, flag, flag))
+            rules.add(ACT_EPERM, "clone", (flags_arg, _CMP_MASKED_EQ, flag, flag))
         process_action = ACT_NOTIFY if spec.processes > 0 else ACT_EPERM
         rules.add(process_action, "clone",
-                  (0, _CMP_MASKED_EQ, CLONE_THREAD | _CLONE_NEW | CLONE_PARENT, 0))
+                  (flags_arg, _CMP_MASKED_EQ, CLONE_THREAD | _CLONE_NEW | CLONE_PARENT, 0))
         rules.add(process_action, "fork")
         rules.add(process_action, "vfork")
         if not spec.run:
@@ -296,6 +300,13 @@ def _socket_rules(rules: _Rules, spec: FilterSpec) -> None:
             rules.add(ACT_EPERM, name)
         rules.add(ACT_EPERM, "sendto", (4, _CMP_NE, 0, 0))
         rules.add(ACT_EPERM, "sendto", (3, _CMP_MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN))
+
+
+def _clone_flags_arg() -> int:
+    """clone's flags are its first argument, but its second on s390."""
+    lib = library()
+    lib.seccomp_arch_native.restype = ctypes.c_uint32
+    return 1 if lib.seccomp_arch_native() in (0x00000016, 0x80000016) else 0  # S390, S390X
 
 
 def _bits(flags: int) -> list[int]:
