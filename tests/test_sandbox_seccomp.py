@@ -221,6 +221,12 @@ def test_ipv6_connects_hold_by_address_too() -> None:
         listener.__exit__(None, None, None)
 
 
+def test_connects_from_many_threads_at_once_all_work(granted: Listener) -> None:
+    results = run_app(NET, [["parallel_connects", granted.host, granted.port, 16, 10]],
+                      policy(granted.grant))
+    assert results == {"parallel_connects": ["ping"]}
+
+
 def test_connect_uses_the_address_read_once_not_memory_changed_meanwhile(
         granted: Listener, other_address: Listener) -> None:
     results = run_app(NET, [["connect_changed_address", granted.host, granted.port,

@@ -129,6 +129,14 @@ def many_waiting_connects(host: str, port: int, count: int, waiting: int) -> lis
         return sorted(set(outcomes))
 
 
+def parallel_connects(host: str, port: int, threads: int, each: int) -> list[str]:
+    """``threads`` threads, each connecting ``each`` times: the distinct outcomes."""
+    def run(_: int) -> list[str]:
+        return [connect(host, port) for _ in range(each)]
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return sorted({o for outcomes in pool.map(run, range(threads)) for o in outcomes})
+
+
 def connect_asyncio(host: str, port: int) -> str:
     async def main() -> str:
         reader, writer = await asyncio.open_connection(host, port)
