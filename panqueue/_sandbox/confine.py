@@ -26,7 +26,7 @@ from typing import Any
 
 from panqueue._sandbox import landlock
 
-__all__ = ["METADATA_CALLS", "ConfineError", "confine", "install_audit_hook"]
+__all__ = ["METADATA_CALLS", "ConfineError", "adopt_orphans", "confine", "install_audit_hook"]
 
 # What Landlock does not govern: a file's mode, owner, times and extended attributes, by path
 # or by descriptor (an O_PATH descriptor opens anything; fchmod works on one opened to read).
@@ -38,6 +38,7 @@ METADATA_CALLS = (
 )
 
 _PR_CAPBSET_DROP = 24
+_PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -82,12 +83,41 @@ def _close_fds(keep: Iterable[int]) -> None:
     os.closerange(start, 1 << 20)
 
 
+def adopt_orphans() -> None:
+    """Make this process the reaper of its orphaned descendants (before the handler's module
+    is imported): a helper that module starts and detaches stays a child of ours, and
+    :func:`confine` then refuses to leave it unconfined beside the handler."""
+    _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _no_children() -> None:
+    """No process started before the rules apply may outlive that moment: it would be free
+    of them (and could share memory with the handler)."""
+    children = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as file:
+                children += file.read().split()
+        except FileNotFoundError:
+            pass
+    if children:
+        raise ConfineError(f"the handler's module started processes ({', '.join(children)}) "
+                           "before the child's rules apply; they would run unconfined")
+
+
 def _single_threaded() -> None:
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:
-        raise ConfineError(f"the child runs {len(threads)} threads before its rules apply (the "
-                           "handler's module starts threads when imported); the rules hold only "
-                           "for the thread that applies them")
+        names = []
+        for tid in threads:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as file:
+                    names.append(f"{tid} {file.read().strip()}")
+            except OSError:
+                names.append(tid)
+        raise ConfineError(f"the child runs {len(threads)} threads before its rules apply "
+                           f"({', '.join(names)}; does the handler's module start threads when "
+                           "imported?); the rules hold only for the thread that applies them")
 
 
 def _drop_privileges(libc: ctypes.CDLL) -> None:
@@ -170,6 +200,7 @@ def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
     try:
         _close_fds(keep)
         _single_threaded()
+        _no_children()
         libc = _libc()
         _drop_privileges(libc)
         _landlock(policy)

@@ -101,9 +101,13 @@ def main() -> None:
     from panqueue._job import DONE, Job
     from panqueue._options import JobOptions
 
+    policy = config.get("permissions")
+    if policy is not None:
+        from panqueue._sandbox.confine import adopt_orphans
+
+        adopt_orphans()
     fn = _load_handler(config["handler"])
     cpu_seconds = (config.get("limits") or {}).get("cpu_seconds")
-    policy = config.get("permissions")
     if policy is not None:
         _keep_source(config["handler"])
         if not _confine(policy, frames, (proto_in.fileno(), proto_out.fileno())):
