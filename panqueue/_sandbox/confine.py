@@ -6,10 +6,10 @@
 3. Landlock: the runtime set read-only, the grants, the programs of ``run`` executable, TCP
    connect and bind only on the granted ports, no signals or abstract unix sockets outside;
 4. the seccomp filter (:mod:`panqueue._sandbox.seccomp`), whose listener goes to the worker's
-   supervisor when the policy needs one, and a second one that refuses every change of a
-   file's mode, owner, times or extended attributes (:data:`METADATA_CALLS`): Landlock does
-   not cover them, and a child running as the files' owner could otherwise make any of the
-   host's files world-readable, or unusable, without opening it.
+   supervisor when the policy needs one, and a second one for what Landlock does not cover:
+   every change of a file's mode, owner, times or extended attributes (a child running as
+   the files' owner could otherwise make any of the host's files world-readable, or
+   unusable, without opening it), another process's scheduling, inotify watches.
 
 Then :func:`install_audit_hook` gives Python code a clear ``PermissionError`` naming what was
 denied before the kernel refuses (advisory: the kernel enforces).
@@ -26,7 +26,8 @@ from typing import Any
 
 from panqueue._sandbox import landlock
 
-__all__ = ["METADATA_CALLS", "ConfineError", "adopt_orphans", "confine", "install_audit_hook"]
+__all__ = ["METADATA_CALLS", "SCHEDULING_CALLS", "ConfineError", "adopt_orphans", "confine",
+           "install_audit_hook"]
 
 # What Landlock does not govern: a file's mode, owner, times and extended attributes, by path
 # or by descriptor (an O_PATH descriptor opens anything; fchmod works on one opened to read).
@@ -36,6 +37,9 @@ METADATA_CALLS = (
     "utimensat_time64", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
     "fremovexattr", "setxattrat", "removexattrat",
 )
+# Calls that change another process's scheduling or memory placement, given its pid first.
+SCHEDULING_CALLS = ("sched_setaffinity", "sched_setscheduler", "sched_setparam",
+                    "sched_setattr", "migrate_pages", "move_pages")
 
 _PR_CAPBSET_DROP = 24
 _PR_SET_CHILD_SUBREAPER = 36
@@ -161,27 +165,32 @@ def _landlock(policy: dict[str, Any]) -> None:
     rules.restrict_self()
 
 
-def _deny_metadata_changes() -> None:
-    """A seccomp filter of its own: each of :data:`METADATA_CALLS` fails with EPERM."""
-    from panqueue._sandbox.seccomp import ACT_ALLOW, ACT_EPERM, library, syscall_number
+def _deny_what_landlock_misses() -> None:
+    """A seccomp filter of its own, for what Landlock does not govern: each of
+    :data:`METADATA_CALLS` fails with EPERM, and so does changing another process's
+    scheduling (:data:`SCHEDULING_CALLS`, any pid but 0: these check the user id, not
+    Landlock's domain) or watching files with inotify (it reports activity anywhere)."""
+    from panqueue._sandbox.seccomp import ACT_ALLOW, ACT_EPERM, _Rules, library
 
-    lib = library()
-    ctx = lib.seccomp_init(ACT_ALLOW)
-    if not ctx:
-        raise ConfineError("seccomp_init failed")
+    ne = 1  # SCMP_CMP_NE
+    rules = _Rules(ACT_ALLOW)
     try:
         for name in METADATA_CALLS:
-            number = syscall_number(name)
-            if number < 0:
-                continue  # not a system call of this architecture or of this libseccomp
-            result = lib.seccomp_rule_add_array(ctx, ACT_EPERM, number, 0, None)
-            if result < 0:
-                raise ConfineError(f"seccomp_rule_add({name}): {os.strerror(-result)}")
-        result = lib.seccomp_load(ctx)
+            rules.add(ACT_EPERM, name)
+        for name in SCHEDULING_CALLS:
+            rules.add(ACT_EPERM, name, (0, ne, 0, 0))  # pid 0: the caller itself
+        # setpriority(which, who): only PRIO_PROCESS (0) of the caller (who 0).
+        rules.add(ACT_EPERM, "setpriority", (0, ne, 0, 0))
+        rules.add(ACT_EPERM, "setpriority", (1, ne, 0, 0))
+        # ioprio_set(which, who): only IOPRIO_WHO_PROCESS (1) of the caller (who 0).
+        rules.add(ACT_EPERM, "ioprio_set", (0, ne, 1, 0))
+        rules.add(ACT_EPERM, "ioprio_set", (1, ne, 0, 0))
+        rules.add(ACT_EPERM, "inotify_add_watch")
+        result = library().seccomp_load(rules.ctx)
         if result < 0:
             raise ConfineError(f"seccomp_load: {os.strerror(-result)}")
     finally:
-        lib.seccomp_release(ctx)
+        rules.release()
 
 
 def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
@@ -204,7 +213,7 @@ def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
         libc = _libc()
         _drop_privileges(libc)
         _landlock(policy)
-        _deny_metadata_changes()
+        _deny_what_landlock_misses()
         spec = policy["filter"]
         return install_filter(FilterSpec(run=bool(spec["run"]), processes=int(spec["processes"]),
                                          inet=bool(spec["inet"]), listen=bool(spec["listen"])))
