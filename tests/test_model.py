@@ -931,3 +931,32 @@ def test_the_system_matches_the_model(redis_url: str, anyio_backend: str,
     finally:
         QueueMachine.producers.close()
 
+
+
+@pytest.mark.parametrize("partitions", [1, PARTED_COUNT])
+def test_a_dedup_replace_of_its_own_dependency_adds_the_job_failed(
+        redis_url: str, queue_name: str, partitions: int) -> None:
+    """Found by the model: an add whose dedup key replaces the waiting job it depends on. The
+    dependency exists when the add looks, then the replace deletes it, so the job is added
+    and fails at once (its dependency no longer exists), on any partition count. On three
+    partitions, with the key's home away from the job's partition, the add was refused as
+    naming an unknown dependency, after its replace had already deleted that job."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=partitions)
+    async def work(job: Job[Any]) -> None: ...
+
+    key = "k1"
+    assert route(partitions, key="dd:" + key) != route(partitions, "a") or partitions == 1
+    with SyncQueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = queue.add("first", job_id="a", dedup=Dedup(key, ttl=60))
+        assert first.created
+        second = queue.add("second", depends_on=["a"],
+                           dedup=Dedup(key, ttl=60, strategy="replace"))
+        assert second.created and second.id != "a"
+        with pytest.raises(JobNotFound):
+            client.get_job(queue_name, "a")
+        info = client.get_job(queue_name, second.id)
+        assert info.state == JobState.FAILED and info.error is not None
+        assert "no longer exists" in info.error.message
