@@ -4,8 +4,9 @@ resource limits.
 The handler (in examples/_executor_handlers.py) runs in a long-lived child process that
 inherits only the environment variables named in ``env=``, runs under ``Limits`` (memory, CPU
 seconds per job, open files) and sits in a session of its own. A job that exceeds a limit fails
-with a clear message, and the next job gets a fresh child. This is isolation against accidents,
-not a security sandbox: see docs/executors.md.
+with a clear message, and the next job gets a fresh child. Without permissions= this is
+isolation against accidents, not a security sandbox: see docs/executors.md, and
+examples/permissions.py for a child the kernel holds to its grants.
 
     PANQUEUE_URL=redis://127.0.0.1:6390/0 python examples/executor_subprocess.py
 
