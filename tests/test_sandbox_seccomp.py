@@ -392,6 +392,36 @@ def test_a_call_of_another_abi_kills_the_whole_process_not_only_its_thread() -> 
     assert "survived" not in done.stdout
 
 
+@pytest.fixture
+def bystander() -> Iterator[int]:
+    """A process of the same user that no child started (it stands for the worker)."""
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+HOWS = ["nice", "affinity", "policy", "io priority"]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_the_scheduling_of_another_process_cannot_be_changed(how: str, bystander: int) -> None:
+    assert run_app(BARE, [["schedule", how, bystander]]) == {"schedule": "EPERM"}
+    assert run_app({**BARE, "processes": 1}, [["schedule", how, bystander]],
+                   processes=1) == {"schedule": "EPERM"}
+    assert run_app({}, [["schedule", how, bystander]]) == {"schedule": "changed"}
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_the_scheduling_of_the_childs_own_threads_and_processes_can_be_changed(how: str) -> None:
+    checks = [["schedule", how, "thread"], ["schedule", how, "child"]]
+    results = run_app({**BARE, "processes": 1}, checks, processes=1)
+    assert results == {"schedule": "changed"}  # both: the later overwrites the first
+    assert run_app({**BARE, "processes": 1}, checks[:1], processes=1) == {"schedule": "changed"}
+
+
 def test_threads_and_harmless_prctls_still_work() -> None:
     assert run_app(BARE, [["threads"], ["prctl_name"], ["getrlimit"]])["threads"] == 5
     assert run_app(BARE, [["prctl_name"]]) == {"prctl_name": "renamed"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -73,6 +74,10 @@ _SOCK_FLAGS = 0o4000 | 0o2000000  # SOCK_NONBLOCK | SOCK_CLOEXEC
 _PROTOCOLS = frozenset({0, 6, 17})  # default, IPPROTO_TCP, IPPROTO_UDP (no SCTP, MPTCP, ICMP)
 # (level, option): TCP_FASTOPEN_CONNECT, IP_OPTIONS, IPV6_2292RTHDR, IPV6_RTHDR
 _SOCKOPTS_DENIED = ((6, 30), (0, 4), (41, 5), (41, 57))
+
+# Calls whose first argument names the process whose scheduling they change.
+SCHEDULING_CALLS = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+_PRIO_PROCESS, _IOPRIO_WHO_PROCESS = 0, 1
 
 # Refused outright: they could undo the rules, reach other processes or the kernel's state.
 DENIED = (
@@ -258,11 +263,30 @@ def _rules(spec: FilterSpec) -> _Rules:
         if not spec.run:
             rules.add(ACT_EPERM, "execve")
             rules.add(ACT_EPERM, "execveat")
+        _scheduling_rules(rules, spec)
         _socket_rules(rules, spec)
     except BaseException:
         rules.release()
         raise
     return rules
+
+
+def _scheduling_rules(rules: _Rules, spec: FilterSpec) -> None:
+    # Calls that change another process's priority, CPU affinity or scheduling (the worker's,
+    # another child's: same user, so the kernel lets them) name it by a pid in a register.
+    # This process (0 or its pid) may; for any other pid the supervisor lets the child's own
+    # threads and processes through, or, without a supervisor, no other.
+    others = ACT_NOTIFY if spec.supervised else ACT_EPERM
+    own = (0, os.getpid())
+    for name in SCHEDULING_CALLS:
+        rules.add_outside(others, name, 0, own)
+    # setpriority and ioprio_set: only a process (not a process group, not every process of
+    # the user), named in their second argument.
+    for name, process in (("setpriority", _PRIO_PROCESS), ("ioprio_set", _IOPRIO_WHO_PROCESS)):
+        rules.add_outside(ACT_EPERM, name, 0, (process,))
+        for mask, value in outside(own):
+            rules.add(others, name, (0, _CMP_MASKED_EQ, 0xFFFFFFFF, process),
+                      (1, _CMP_MASKED_EQ, mask, value))
 
 
 def _socket_rules(rules: _Rules, spec: FilterSpec) -> None:

@@ -215,6 +215,13 @@ class Supervisor:
         self._numbers = {name: seccomp.syscall_number(name) for name in
                          ("connect", "bind", "sendto", "sendmsg", "sendmmsg", "clone", "fork",
                           "vfork")}
+        # number -> (what it changes, the argument naming the process)
+        self._scheduling = {
+            seccomp.syscall_number(name): (what, arg) for name, what, arg in (
+                ("sched_setaffinity", "CPU affinity", 0), ("sched_setscheduler", "scheduling", 0),
+                ("sched_setparam", "scheduling", 0), ("sched_setattr", "scheduling", 0),
+                ("setpriority", "priority", 1), ("ioprio_set", "I/O priority", 1))
+            if seccomp.syscall_number(name) >= 0}
         self._notif: Any = None
         self._resp: Any = None
 
@@ -406,6 +413,8 @@ class Supervisor:
         numbers = self._numbers
         if nr in (numbers["clone"], numbers["fork"], numbers["vfork"]):
             return self._process_start(child, tid)
+        if nr in self._scheduling:
+            return self._scheduling_call(child, self._scheduling[nr], args)
         process = self._process(child, tid, notif_id)
         if nr == numbers["connect"]:
             return self._connect(child, process, notif_id, args)
@@ -440,6 +449,19 @@ class Supervisor:
             raise _Refuse(errno.EAGAIN, f"start a process (processes={child.processes})")
         in_flight[tid] = now + _IN_FLIGHT
         return _Reply(flags=seccomp.NOTIF_FLAG_CONTINUE)
+
+    def _scheduling_call(self, child: _Child, call: tuple[str, int], args: list[int]) -> _Reply:
+        """A change to the scheduling of a process named by pid: the child's own processes and
+        threads may be changed (the pid is a register: the call continues), no other."""
+        what, arg = call
+        target = _int32(args[arg])
+        try:
+            tgid = _tgid(target) if target > 0 else -1
+        except _Refuse:
+            raise _Refuse(errno.ESRCH) from None
+        if tgid == child.pid or tgid in _descendants(child.pid):
+            return _Reply(flags=seccomp.NOTIF_FLAG_CONTINUE)
+        raise _Refuse(errno.EPERM, f"change the {what} of process {target} (not one of its own)")
 
     def _process(self, child: _Child, tid: int, notif_id: int) -> _Process:
         """The process (thread group) of thread ``tid``: its memory and descriptors."""

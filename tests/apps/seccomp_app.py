@@ -394,6 +394,52 @@ def posix_mq() -> int:
     return _call(libc.mq_open(b"/panqueue-seccomp-test", os.O_RDONLY))
 
 
+def _reschedule(how: str, pid: int) -> None:
+    if how == "nice":
+        os.setpriority(os.PRIO_PROCESS, pid, 5)
+    elif how == "affinity":
+        os.sched_setaffinity(pid, os.sched_getaffinity(0))
+    elif how == "policy":
+        os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
+    else:  # I/O priority: IOPRIO_WHO_PROCESS, best effort class, level 7
+        _syscall("ioprio_set", 1, pid, (2 << 13) | 7)
+
+
+def schedule(how: str, target: Any) -> str:
+    """Change the scheduling of ``target``: a pid, "thread" (another thread of this process)
+    or "child" (a process this one started)."""
+    if target == "thread":
+        started, stop = threading.Event(), threading.Event()
+        native: list[int] = []
+
+        def park() -> None:
+            native.append(threading.get_native_id())
+            started.set()
+            stop.wait()
+        thread = threading.Thread(target=park)
+        thread.start()
+        started.wait()
+        try:
+            _reschedule(how, native[0])
+        finally:
+            stop.set()
+            thread.join()
+    elif target == "child":
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.read(read, 1)
+            os._exit(0)
+        try:
+            _reschedule(how, pid)
+        finally:
+            os.write(write, b"x")
+            os.waitpid(pid, 0)
+    else:
+        _reschedule(how, int(target))
+    return "changed"
+
+
 def threads() -> int:
     done = []
     thread = threading.Thread(target=lambda: done.append(1))
