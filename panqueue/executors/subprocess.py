@@ -211,6 +211,8 @@ class SubprocessExecutor(Executor):
     async def _spawn(self) -> _Child:
         stderr: int | None = None
         if self.permissions is not None:
+            if self._policy is None and self._unenforced is None:
+                await self.start()  # never an unconfined child because start() was skipped
             relay_fd, stderr = os.pipe()
         try:
             process = await anyio.open_process(
