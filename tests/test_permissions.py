@@ -114,6 +114,24 @@ def test_runtime_set_holds_the_interpreter_and_not_the_project() -> None:
                    for path in paths)
 
 
+def test_probe_reports_what_is_missing_off_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    from panqueue._sandbox import probe
+
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    found = probe.support.__wrapped__()
+    assert found.missing(Permissions()) == [
+        "not Linux (the rules are Landlock and seccomp, Linux kernel features)"]
+
+
+def test_probe_finds_what_this_host_offers() -> None:
+    found = support()
+    assert found.linux and found.landlock_abi >= 1
+    if found.landlock_abi >= 6:
+        assert found.missing(Permissions(net=["127.0.0.1:1"], processes=1)) == []
+
+
 # ----------------------------------------------------------------------------- confined child
 
 # Skipped only where the kernel lacks what permissions need (panqueue's own pieces must be there).
