@@ -786,6 +786,44 @@ def schedule(data: dict[str, Any]) -> str:
     return f"changed the {how} of {pid}"
 
 
+def forge(data: dict[str, Any]) -> str:
+    """Write a forged frame straight onto the child's protocol pipe to the worker, then end
+    the child (so that its real answer never follows)."""
+    import msgpack
+
+    kind = data["frame"]
+    if kind == "garbage":
+        body = b"\xc1" * 8  # a byte msgpack never uses
+    elif kind == "not a map":
+        body = msgpack.packb(7)
+    elif kind == "ext result":
+        body = msgpack.packb({"t": "done", "ok": True, "r": msgpack.ExtType(5, b"x")})
+    elif kind == "bytes result":
+        body = msgpack.packb({"t": "done", "ok": True, "r": b"\xff\xfe"}, use_bin_type=True)
+    elif kind == "deep progress":
+        value: Any = []
+        for _ in range(100_000):
+            value = [value]
+        body = msgpack.packb({"t": "p", "v": value})
+    elif kind == "huge length":
+        body = b""
+    else:
+        raise ValueError(kind)
+    header = (0xFFFFFFF0 if kind == "huge length" else len(body)).to_bytes(4, "big")
+    for fd in range(3, 64):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode) and \
+                    fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+                os.write(fd, header + body)
+                break
+        except OSError:
+            continue
+    else:
+        raise RuntimeError("no protocol pipe found")
+    time.sleep(0.2)
+    os._exit(0)
+
+
 def benign(data: dict[str, Any]) -> str:
     return "fine"
 
@@ -799,7 +837,7 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
-        schedule, udp_unspec, mkfifo, benign)}
+        schedule, udp_unspec, mkfifo, forge, benign)}
 
 
 def _try(job: Job) -> Any:
