@@ -22,7 +22,7 @@ from panqueue import ConfigError, JobFailed, Limits, Permissions, QueueClient, R
 from panqueue._sandbox.policy import child_env, runtime_paths
 from panqueue._sandbox.probe import support
 from panqueue.testing import run_worker
-from tests.helpers import APPS, ROOT, panqueue_command, subprocess_env
+from tests.helpers import APPS, ROOT, capture_panqueue_logs, panqueue_command, subprocess_env
 
 sys.path.insert(0, str(APPS))
 import perm_app
@@ -239,6 +239,21 @@ async def test_confined_handler_cannot_change_a_files_mode(redis_url: str, grant
     assert failed.error.type == "PermissionError"
     assert ("changing the mode" if how == "path" else str(victim)) in failed.error.message
     assert victim.stat().st_mode & 0o777 == 0o600
+
+
+@needs_enforcement
+@pytest.mark.anyio
+async def test_a_grant_of_a_path_that_does_not_exist_is_logged(redis_url: str,
+                                                               grants: Path) -> None:
+    registry = Registry()
+    absent = str(grants / "not-yet")
+    registry.handler("read", executor="subprocess", permissions=Permissions(
+        read=[str(grants / "in")], write=[absent]))(perm_app.read)
+    with capture_panqueue_logs() as logs:
+        assert await outcome(redis_url, registry, "read",
+                             {"path": str(grants / "in" / "source.txt")}) == "granted\n"
+    warnings = [e for e in logs if e["event"].startswith("permissions grant paths")]
+    assert len(warnings) == 1 and warnings[0]["paths"] == [absent]
 
 
 @needs_enforcement

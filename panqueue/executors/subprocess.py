@@ -194,6 +194,12 @@ class SubprocessExecutor(Executor):
                 self._policy = to_wire(permissions)
             except ValueError as exc:
                 raise ConfigError(f"queue {self.handler.queue!r}: {exc}") from None
+            absent = [path for path in (*permissions.read, *permissions.write)
+                      if not os.path.exists(path)]
+            if absent:  # granted nothing: the kernel needs the path to exist when rules apply
+                get_logger("panqueue.worker").warning(
+                    "permissions grant paths that do not exist (nothing is granted there)",
+                    queue=self.handler.queue, paths=absent)
         elif permissions.on_unsupported == "warn":
             self._unenforced = "; ".join(missing)
         else:
