@@ -18,7 +18,6 @@ import errno
 import os
 import platform
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -222,13 +221,16 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
                              "--poll-interval", "0.05"),
             stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=ROOT)
     client = SyncQueueClient(panqueue_server.url)
-    sandbox = Sandbox(client, worker, stderr_path, queue, host_queue, thread_queue, fork_queue,
-                      daemon_queue,
-                      panqueue_server, base,
-                      in_dir, out_dir, secret_dir, secret_file, ssh_file, port, host_port,
-                      granted, other_address, host_granted, host_other_address, udp,
-                      udp_granted, abstract, abstract_name, unix_path, unix_listener,
-                      datagram_sockets, dev_shm)
+    sandbox = Sandbox(
+        client=client, worker=worker, stderr_path=stderr_path, queue=queue,
+        host_queue=host_queue, thread_queue=thread_queue, fork_queue=fork_queue,
+        daemon_queue=daemon_queue, redis=panqueue_server, base=base, in_dir=in_dir,
+        out_dir=out_dir, secret_dir=secret_dir, secret_file=secret_file, ssh_file=ssh_file,
+        port=port, host_port=host_port, granted=granted, other_address=other_address,
+        host_granted=host_granted, host_other_address=host_other_address, udp=udp,
+        udp_granted=udp_granted, abstract=abstract, abstract_name=abstract_name,
+        unix_path=unix_path, unix_listener=unix_listener, datagram_sockets=datagram_sockets,
+        dev_shm=dev_shm)
     try:
         started = sandbox.attempt("benign")  # the worker serves: its child started, confined
         assert started.state is JobState.COMPLETED, (started.error, sandbox.stderr_tail())
@@ -244,7 +246,8 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
         ssh_file.unlink(missing_ok=True)
         dev_shm.unlink(missing_ok=True)
         if made_ssh_dir:
-            shutil.rmtree(ssh_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                ssh_dir.rmdir()  # only if nothing else was put there meanwhile
 
 
 @pytest.fixture(autouse=True)
