@@ -710,6 +710,20 @@ def test_the_granted_port_on_another_address_is_denied(sandbox: Sandbox) -> None
     assert_nothing_reached(sandbox.other_address)
 
 
+def test_the_granted_port_on_ipv6_loopback_is_denied(sandbox: Sandbox) -> None:
+    """[::1] is another address than the granted 127.0.0.1, though the same host."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as listener:
+        try:
+            listener.bind(("::1", sandbox.port))
+        except OSError as exc:
+            pytest.skip(f"cannot listen on [::1]:{sandbox.port} here: {exc}")
+        listener.listen(16)
+        listener.setblocking(False)
+        info = sandbox.attempt("connect", host="::1", port=sandbox.port, payload="escape")
+        assert_denied(info, str(sandbox.port))
+        assert_nothing_reached(listener)
+
+
 def test_the_granted_port_on_another_address_mapped_into_ipv6_is_denied(sandbox: Sandbox
                                                                         ) -> None:
     info = sandbox.attempt("connect", host="::ffff:127.0.0.2", port=sandbox.port,
