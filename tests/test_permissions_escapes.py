@@ -213,7 +213,7 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
                          HOSTILE_QUEUE=queue, HOSTILE_HOST_QUEUE=host_queue,
                          HOSTILE_THREAD_QUEUE=thread_queue, HOSTILE_FORK_QUEUE=fork_queue,
                          HOSTILE_DAEMON_QUEUE=daemon_queue, HOSTILE_DOUBLE_FORK="1",
-                         HOSTILE_SECRET=SECRET)
+                         HOSTILE_SECRET=SECRET, PANQUEUE_URL=panqueue_server.url)
     stderr_path = base / "worker.err"
     with (base / "worker.out").open("wb") as out, stderr_path.open("wb") as err:
         worker = subprocess.Popen(
