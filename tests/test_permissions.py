@@ -258,6 +258,20 @@ async def test_a_grant_of_a_path_that_does_not_exist_is_logged(redis_url: str,
 
 @needs_enforcement
 @pytest.mark.anyio
+async def test_code_run_on_import_is_held_by_the_rules(redis_url: str) -> None:
+    """The handler's module is imported inside the rules' first layer: a dependency that
+    reads a secret when imported is refused too."""
+    import perm_import_app
+
+    registry = Registry()
+    registry.handler("import", executor="subprocess",
+                     permissions=Permissions())(perm_import_app.secret)
+    result = await outcome(redis_url, registry, "import", None)
+    assert result == "denied: [Errno 13] Permission denied: '/etc/shadow'"
+
+
+@needs_enforcement
+@pytest.mark.anyio
 async def test_confined_async_handler_runs_its_event_loop(redis_url: str, grants: Path) -> None:
     registry = Registry()
     registry.handler("async", executor="subprocess", permissions=Permissions(

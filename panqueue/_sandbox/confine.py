@@ -1,4 +1,9 @@
-"""The child confines itself, once, before it answers ``ready`` (see docs/executors.md):
+"""The child confines itself, once, before it answers ``ready`` (see docs/executors.md).
+
+:func:`prepare` applies a first layer before the handler's module is imported: steps 1 to 3
+with sys.path readable, and the second filter of step 4, so that code running on import is
+held too. :func:`confine` then applies the whole, after the import; Landlock's layers add up,
+so the project's files are no longer readable:
 
 1. every file descriptor is closed but 0, 1, 2 and the protocol's pipes;
 2. no_new_privs, and every capability dropped (bounding, ambient, effective, permitted,
@@ -18,6 +23,7 @@ denied before the kernel refuses (advisory: the kernel enforces).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import sys
@@ -27,7 +33,7 @@ from typing import Any
 from panqueue._sandbox import landlock
 
 __all__ = ["METADATA_CALLS", "SCHEDULING_CALLS", "ConfineError", "adopt_orphans", "confine",
-           "install_audit_hook"]
+           "install_audit_hook", "prepare"]
 
 # What Landlock does not govern: a file's mode, owner, times and extended attributes, by path
 # or by descriptor (an O_PATH descriptor opens anything; fchmod works on one opened to read).
@@ -141,23 +147,30 @@ def _drop_privileges(libc: ctypes.CDLL) -> None:
     _check(libc.capset(ctypes.byref(header), data), "capset (dropping capabilities)")
 
 
-def _landlock(policy: dict[str, Any]) -> None:
+@functools.cache
+def _own_proc_entries() -> tuple[str, ...]:
+    """This process's /proc entries it may read (listed once: the first layer does not let
+    it list /proc/<pid> itself again)."""
+    own = f"/proc/{os.getpid()}"
+    # Not the links (root, cwd, exe): a rule opens what a link points to, and root's rule
+    # would grant the whole filesystem.
+    return tuple(f"{own}/{entry}" for entry in os.listdir(own)
+                 if entry not in _PROC_HIDDEN and not os.path.islink(f"{own}/{entry}"))
+
+
+def _landlock(policy: dict[str, Any], extra_read: Iterable[str] = ()) -> None:
     abi, why = landlock.abi_version()
     if abi < 6:
         raise ConfineError(why or f"Landlock ABI {abi} < 6")
     rules = landlock.Ruleset(abi)
     rules.allow_paths(policy["runtime"], landlock.FS_READ)
     # Its own /proc entries, except net/: the host's sockets (who listens where).
-    own = f"/proc/{os.getpid()}"
-    for entry in os.listdir(own):
-        # Not the links (root, cwd, exe): a rule opens what a link points to, and root's rule
-        # would grant the whole filesystem.
-        if entry not in _PROC_HIDDEN and not os.path.islink(f"{own}/{entry}"):
-            rules.allow_path(f"{own}/{entry}", landlock.FS_READ)
+    rules.allow_paths(_own_proc_entries(), landlock.FS_READ)
     rules.allow_paths(policy["devices"], landlock.FS_READ | landlock.ACCESS_FS_WRITE_FILE)
     rules.allow_paths(policy["execute"], landlock.FS_EXECUTE)
     rules.allow_paths(policy["read"], landlock.FS_READ)
     rules.allow_paths(policy["write"], landlock.FS_WRITE)
+    rules.allow_paths(extra_read, landlock.FS_READ)
     for port in policy["connect_ports"]:
         rules.allow_port(int(port), landlock.ACCESS_NET_CONNECT_TCP)
     for port in policy["listen_ports"]:
@@ -193,6 +206,42 @@ def _deny_what_landlock_misses() -> None:
         rules.release()
 
 
+def _import_paths() -> list[str]:
+    """Where the import system looks: every entry of sys.path (the working directory for
+    ``''``), as this child has it."""
+    paths = []
+    for entry in sys.path:
+        path = os.path.abspath(entry or os.getcwd())
+        if os.path.exists(path):
+            paths.append(path)
+    return paths
+
+
+_prepared = False
+
+
+def prepare(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> None:
+    """The first layer, before the handler's module is imported: everything of
+    :func:`confine` but the main seccomp filter, with sys.path readable too (the module and
+    what it imports). Code that runs on import is then held by the same file, port and scope
+    rules as the handler, apart from the project's files, which :func:`confine` takes away
+    once the import is done. ConfineError when it cannot be applied."""
+    global _prepared
+    if sys.platform != "linux":
+        raise ConfineError("not Linux")
+    try:
+        _close_fds(keep)
+        _single_threaded()
+        _drop_privileges(_libc())
+        _landlock(policy, _import_paths())
+        _deny_what_landlock_misses()
+    except ConfineError:
+        raise
+    except Exception as exc:
+        raise ConfineError(f"{type(exc).__name__}: {exc}") from exc
+    _prepared = True
+
+
 def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
     """Apply ``policy`` (:func:`panqueue._sandbox.policy.to_wire`) to this process, for good.
 
@@ -213,7 +262,8 @@ def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
         libc = _libc()
         _drop_privileges(libc)
         _landlock(policy)
-        _deny_what_landlock_misses()
+        if not _prepared:
+            _deny_what_landlock_misses()
         spec = policy["filter"]
         return install_filter(FilterSpec(run=bool(spec["run"]), processes=int(spec["processes"]),
                                          inet=bool(spec["inet"]), listen=bool(spec["listen"])))

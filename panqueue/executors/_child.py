@@ -2,8 +2,9 @@
 
 Protocol: frames of a 4-byte big-endian length and a msgpack map, over the child's original
 stdin/stdout (the handler's own prints go to stderr). The parent's first frame configures the
-child; the child answers ``ready``. With permissions, the child first confines itself (see
-:mod:`panqueue._sandbox.confine`) and, when its policy needs the worker's supervisor, sends
+child; the child answers ``ready``. With permissions, the child confines itself (see
+:mod:`panqueue._sandbox.confine`: a first layer before it imports the handler, the rest
+after) and, when its policy needs the worker's supervisor, sends
 ``listener`` (the seccomp listener's descriptor number) and waits for ``attached`` before
 closing it; a child that cannot confine itself sends ``refused`` and exits. Then, per job:
 parent ``run`` -> child ``p``/``l`` (progress, log) ... ``done``. SIGUSR1 at any time makes
@@ -102,15 +103,14 @@ def main() -> None:
     from panqueue._options import JobOptions
 
     policy = config.get("permissions")
-    if policy is not None:
-        from panqueue._sandbox.confine import adopt_orphans
-
-        adopt_orphans()
+    keep = (proto_in.fileno(), proto_out.fileno())
+    if policy is not None and not _prepare(policy, frames, keep):
+        return
     fn = _load_handler(config["handler"])
     cpu_seconds = (config.get("limits") or {}).get("cpu_seconds")
     if policy is not None:
         _keep_source(config["handler"])
-        if not _confine(policy, frames, (proto_in.fileno(), proto_out.fileno())):
+        if not _confine(policy, frames, keep):
             return
         cpu_seconds = None  # the worker sets each job's CPU budget (setrlimit is denied here)
     jobs: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
@@ -158,6 +158,21 @@ def _keep_source(path: str) -> None:
     filename = getattr(module, "__file__", None)
     if filename:
         linecache.getlines(filename)
+
+
+def _prepare(policy: dict[str, Any], frames: FrameIO, keep: tuple[int, ...]) -> bool:
+    """The rules' first layer, before the handler's module is imported (see
+    :func:`panqueue._sandbox.confine.prepare`): False, after telling the worker why, when
+    they cannot be applied."""
+    from panqueue._sandbox.confine import ConfineError, adopt_orphans, prepare
+
+    try:
+        adopt_orphans()
+        prepare(policy, keep=keep)
+    except ConfineError as exc:
+        frames.write({"t": "refused", "why": str(exc)})
+        return False
+    return True
 
 
 def _confine(policy: dict[str, Any], frames: FrameIO, keep: tuple[int, ...]) -> bool:
