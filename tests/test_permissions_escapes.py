@@ -99,6 +99,7 @@ class Sandbox:
     thread_queue: str
     fork_queue: str
     daemon_queue: str
+    process_queue: str
     redis: RedisServer
     base: Path
     in_dir: Path
@@ -208,11 +209,13 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     thread_queue = f"hostile-thread-{uuid.uuid4().hex[:8]}"
     fork_queue = f"hostile-fork-{uuid.uuid4().hex[:8]}"
     daemon_queue = f"hostile-daemon-{uuid.uuid4().hex[:8]}"
+    process_queue = f"hostile-process-{uuid.uuid4().hex[:8]}"
     env = subprocess_env(HOSTILE_IN=str(in_dir), HOSTILE_OUT=str(out_dir),
                          HOSTILE_PORT=str(port), HOSTILE_HOST_PORT=str(host_port),
                          HOSTILE_QUEUE=queue, HOSTILE_HOST_QUEUE=host_queue,
                          HOSTILE_THREAD_QUEUE=thread_queue, HOSTILE_FORK_QUEUE=fork_queue,
                          HOSTILE_DAEMON_QUEUE=daemon_queue, HOSTILE_DOUBLE_FORK="1",
+                         HOSTILE_PROCESS_QUEUE=process_queue,
                          HOSTILE_SECRET=SECRET, PANQUEUE_URL=panqueue_server.url)
     stderr_path = base / "worker.err"
     with (base / "worker.out").open("wb") as out, stderr_path.open("wb") as err:
@@ -224,7 +227,8 @@ def sandbox(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFacto
     sandbox = Sandbox(
         client=client, worker=worker, stderr_path=stderr_path, queue=queue,
         host_queue=host_queue, thread_queue=thread_queue, fork_queue=fork_queue,
-        daemon_queue=daemon_queue, redis=panqueue_server, base=base, in_dir=in_dir,
+        daemon_queue=daemon_queue, process_queue=process_queue, redis=panqueue_server,
+        base=base, in_dir=in_dir,
         out_dir=out_dir, secret_dir=secret_dir, secret_file=secret_file, ssh_file=ssh_file,
         port=port, host_port=host_port, granted=granted, other_address=other_address,
         host_granted=host_granted, host_other_address=host_other_address, udp=udp,
@@ -814,6 +818,39 @@ def test_a_32_bit_system_call_is_denied(sandbox: Sandbox, name: str) -> None:
         f"{info.error.type}: {info.error.message}")
     if info.error.type != "ChildCrashed" or "SIGSYS" not in info.error.message:
         assert_denied(info, codes=(errno.ENOSYS,))
+
+
+# A queue granted processes=2 and run=["/usr/bin/true"].
+PROCESSES = 2
+
+
+def test_a_granted_program_runs(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("run_exit_code", queue=sandbox.process_queue,
+                           program="/usr/bin/true")
+    assert info.state is JobState.COMPLETED, info.error
+    assert info.result == 0
+
+
+def test_a_program_not_granted_is_denied_where_others_are(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("run", queue=sandbox.process_queue, program="/bin/sh")
+    assert_denied(info, "/bin/sh")
+
+
+def test_a_process_beyond_the_granted_count_is_denied(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("fork_beyond", queue=sandbox.process_queue, hold=PROCESSES)
+    # The supervisor answers EAGAIN (BlockingIOError), as the kernel does past RLIMIT_NPROC.
+    assert_denied(info, errors=("PermissionError", "BlockingIOError"))
+
+
+def test_a_daemonized_grandchild_still_counts(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("daemon_then_fork", queue=sandbox.process_queue, hold=PROCESSES)
+    assert_denied(info, errors=("PermissionError", "BlockingIOError"))
+
+
+def test_a_process_the_child_starts_is_held_by_the_same_rules(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("fork_and_read", queue=sandbox.process_queue, path="/etc/shadow")
+    assert info.state is JobState.COMPLETED, info.error
+    assert info.result == "refused: PermissionError"
 
 
 def test_a_raw_clone3_is_denied(sandbox: Sandbox) -> None:

@@ -43,6 +43,8 @@ HOST_QUEUE = os.environ.get("HOSTILE_HOST_QUEUE", "hostile-host")
 THREAD_QUEUE = os.environ.get("HOSTILE_THREAD_QUEUE", "hostile-thread")
 FORK_QUEUE = os.environ.get("HOSTILE_FORK_QUEUE", "hostile-fork")
 DAEMON_QUEUE = os.environ.get("HOSTILE_DAEMON_QUEUE", "hostile-daemon")
+PROCESS_QUEUE = os.environ.get("HOSTILE_PROCESS_QUEUE", "hostile-process")
+PROCESSES = 2
 OPEN_FILES = 256
 CPU_SECONDS = 60
 JOB_TIMEOUT = 20.0
@@ -786,6 +788,101 @@ def schedule(data: dict[str, Any]) -> str:
     return f"changed the {how} of {pid}"
 
 
+def _hold() -> tuple[int, int]:
+    """Start a process that waits for a byte on a pipe: (pid, the pipe's write end)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # whatever happens here, this copy must not go on as the child
+        try:
+            os.close(w)
+            os.read(r, 1)
+        finally:
+            os._exit(0)
+    os.close(r)
+    return pid, w
+
+
+def _release(held: list[tuple[int, int]]) -> None:
+    for pid, w in held:
+        os.write(w, b"x")
+        os.close(w)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def fork_beyond(data: dict[str, Any]) -> str:
+    """Hold data['hold'] processes, then start one more."""
+    held: list[tuple[int, int]] = []
+    try:
+        for _ in range(data["hold"]):
+            held.append(_hold())
+        extra = os.fork()
+        if extra == 0:
+            os._exit(0)
+        os.waitpid(extra, 0)
+        return f"started a process ({extra}) beside {len(held)} others"
+    finally:
+        _release(held)
+
+
+def daemon_then_fork(data: dict[str, Any]) -> str:
+    """Start a process that starts another and exits (the grandchild lives on, re-parented),
+    hold one more, then start another: the grandchild must still count."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            if os.fork() == 0:
+                os.close(w)
+                os.read(r, 1)
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.waitpid(middle, 0)
+    held: list[tuple[int, int]] = []
+    try:
+        for _ in range(data["hold"] - 1):
+            held.append(_hold())
+        extra = os.fork()
+        if extra == 0:
+            os._exit(0)
+        os.waitpid(extra, 0)
+        return f"started {extra} while a daemonized grandchild and {len(held)} others lived"
+    finally:
+        _release(held)
+        os.write(w, b"x")
+        os.close(w)
+        deadline = time.monotonic() + 5
+        with contextlib.suppress(ChildProcessError):  # the grandchild, re-parented to us
+            while time.monotonic() < deadline and os.waitpid(-1, os.WNOHANG) == (0, 0):
+                time.sleep(0.01)
+
+
+def fork_and_read(data: dict[str, Any]) -> str:
+    """A process this child starts reads data['path'] and reports how it went."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with open(data["path"], "rb") as f:
+                report = b"read: " + f.read(200)
+        except OSError as exc:
+            report = f"refused: {type(exc).__name__}".encode()
+        try:
+            os.write(w, report)
+        finally:
+            os._exit(0)
+    os.close(w)
+    report = os.read(r, 4096)
+    os.waitpid(pid, 0)
+    os.close(r)
+    return report.decode(errors="replace")
+
+
+def run_exit_code(data: dict[str, Any]) -> int:
+    return subprocess.run([data["program"]], timeout=10).returncode
+
+
 def forge(data: dict[str, Any]) -> str:
     """Write a forged frame straight onto the child's protocol pipe to the worker, then end
     the child (so that its real answer never follows)."""
@@ -837,7 +934,8 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
-        schedule, udp_unspec, mkfifo, forge, benign)}
+        schedule, udp_unspec, mkfifo, forge, fork_beyond, daemon_then_fork, fork_and_read,
+        run_exit_code, benign)}
 
 
 def _try(job: Job) -> Any:
@@ -853,6 +951,12 @@ def _try(job: Job) -> Any:
                 limits=Limits(open_files=OPEN_FILES, cpu_seconds=CPU_SECONDS),
                 permissions=Permissions(read=[IN], write=[OUT], net=[f"127.0.0.1:{PORT}"]))
 def hostile(job: Job) -> Any:
+    return _try(job)
+
+
+@queues.handler(PROCESS_QUEUE, executor="subprocess", timeout=JOB_TIMEOUT,
+                permissions=Permissions(read=[IN], processes=PROCESSES, run=["/usr/bin/true"]))
+def hostile_processes(job: Job) -> Any:
     return _try(job)
 
 
