@@ -26,6 +26,7 @@ import ctypes
 import functools
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -182,7 +183,8 @@ def _deny_what_landlock_misses() -> None:
     """A seccomp filter of its own, for what Landlock does not govern: each of
     :data:`METADATA_CALLS` fails with EPERM, and so does changing another process's
     scheduling (:data:`SCHEDULING_CALLS`, any pid but 0: these check the user id, not
-    Landlock's domain) or watching files with inotify (it reports activity anywhere)."""
+    Landlock's domain), watching files with inotify (it reports activity anywhere) or making
+    a unix socket."""
     from panqueue._sandbox.seccomp import ACT_ALLOW, ACT_EPERM, _Rules, library
 
     ne = 1  # SCMP_CMP_NE
@@ -199,6 +201,9 @@ def _deny_what_landlock_misses() -> None:
         rules.add(ACT_EPERM, "ioprio_set", (0, ne, 1, 0))
         rules.add(ACT_EPERM, "ioprio_set", (1, ne, 0, 0))
         rules.add(ACT_EPERM, "inotify_add_watch")
+        # Unix sockets by path (a container runtime's, a database's) are outside Landlock's
+        # rules: none, from the first layer on (socketpair stays).
+        rules.add(ACT_EPERM, "socket", (0, 4, socket.AF_UNIX, 0))  # SCMP_CMP_EQ
         result = library().seccomp_load(rules.ctx)
         if result < 0:
             raise ConfineError(f"seccomp_load: {os.strerror(-result)}")
