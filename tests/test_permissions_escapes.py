@@ -836,6 +836,19 @@ def test_a_program_not_granted_is_denied_where_others_are(sandbox: Sandbox) -> N
     assert_denied(info, "/bin/sh")
 
 
+def test_a_program_not_granted_does_not_run_through_the_dynamic_loader(sandbox: Sandbox
+                                                                       ) -> None:
+    """The loader must be executable for any granted dynamic program; executed itself, it maps
+    and runs any program it can read (here git, readable as part of /usr/lib)."""
+    program = "/usr/lib/git-core/git"
+    if not os.path.exists(program):
+        pytest.skip(f"{program} is not installed here")
+    info = sandbox.attempt("loader_exec", queue=sandbox.process_queue,
+                           loader=os.path.realpath("/lib64/ld-linux-x86-64.so.2"),
+                           program=program, args=["--version"])
+    assert_denied(info)
+
+
 def test_a_process_beyond_the_granted_count_is_denied(sandbox: Sandbox) -> None:
     info = sandbox.attempt("fork_beyond", queue=sandbox.process_queue, hold=PROCESSES)
     # The supervisor answers EAGAIN (BlockingIOError), as the kernel does past RLIMIT_NPROC.

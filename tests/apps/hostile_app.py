@@ -879,6 +879,38 @@ def fork_and_read(data: dict[str, Any]) -> str:
     return report.decode(errors="replace")
 
 
+def loader_exec(data: dict[str, Any]) -> str:
+    """Run a program that is only readable through the dynamic loader, which every run grant
+    makes executable: execve(ld.so, [ld.so, program, ...]) from C, in a started process, its
+    output through a pipe."""
+    loader = data["loader"].encode()
+    argv_list = [loader, data["program"].encode(), *(a.encode() for a in data["args"]), None]
+    argv = (ctypes.c_char_p * len(argv_list))(*argv_list)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(w, 1)
+            os.dup2(w, 2)
+            _libc.execve(loader, argv, (ctypes.c_char_p * 1)(None))
+            os.write(w, f"execve: {os.strerror(ctypes.get_errno())}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    output = b""
+    while chunk := os.read(r, 4096):
+        output += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    text = output.decode(errors="replace")
+    if text.startswith("execve: "):
+        err = {os.strerror(e): e for e in (errno.EPERM, errno.EACCES)}.get(text[8:])
+        if err is not None:
+            raise OSError(err, text)
+        raise Escaped(f"execve of the loader was let through ({text})")
+    return f"ran {data['program']} through {data['loader']}: {text[:200]!r}"
+
+
 def run_exit_code(data: dict[str, Any]) -> int:
     return subprocess.run([data["program"]], timeout=10).returncode
 
@@ -935,7 +967,7 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
         schedule, udp_unspec, mkfifo, forge, fork_beyond, daemon_then_fork, fork_and_read,
-        run_exit_code, benign)}
+        run_exit_code, loader_exec, benign)}
 
 
 def _try(job: Job) -> Any:
