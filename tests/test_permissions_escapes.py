@@ -849,6 +849,19 @@ def test_a_program_not_granted_does_not_run_through_the_dynamic_loader(sandbox: 
     assert_denied(info)
 
 
+@pytest.mark.parametrize("via", ["execveat", "/proc/self/fd"])
+def test_a_program_not_granted_does_not_run_from_a_memory_file(sandbox: Sandbox,
+                                                               via: str) -> None:
+    """A copy of a readable program in a memfd, executed with execveat(AT_EMPTY_PATH) or as
+    /proc/self/fd/N: the memory file's filesystem is none that Landlock rules name."""
+    program = "/usr/lib/git-core/git"
+    if not os.path.exists(program):
+        pytest.skip(f"{program} is not installed here")
+    info = sandbox.attempt("memfd_exec", queue=sandbox.process_queue, program=program,
+                           args=["--version"], via=via)
+    assert_denied(info)
+
+
 def test_a_process_beyond_the_granted_count_is_denied(sandbox: Sandbox) -> None:
     info = sandbox.attempt("fork_beyond", queue=sandbox.process_queue, hold=PROCESSES)
     # The supervisor answers EAGAIN (BlockingIOError), as the kernel does past RLIMIT_NPROC.

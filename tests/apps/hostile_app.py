@@ -911,6 +911,46 @@ def loader_exec(data: dict[str, Any]) -> str:
     return f"ran {data['program']} through {data['loader']}: {text[:200]!r}"
 
 
+def memfd_exec(data: dict[str, Any]) -> str:
+    """Copy a readable program into an anonymous memory file and execute that (from C, in a
+    started process, its output through a pipe): with execveat(AT_EMPTY_PATH), or with execve
+    of /proc/self/fd/N (data['via'])."""
+    with open(data["program"], "rb") as f:
+        image = f.read()
+    memfd = os.memfd_create("hostile", 0)
+    os.write(memfd, image)
+    argv = (ctypes.c_char_p * 3)(b"program", *(a.encode() for a in data["args"][:1]))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(w, 1)
+            os.dup2(w, 2)
+            if data.get("via") == "/proc/self/fd":
+                _libc.execve(f"/proc/self/fd/{memfd}".encode(), argv,
+                             (ctypes.c_char_p * 1)(None))
+            else:
+                _libc.syscall(ctypes.c_long(322), ctypes.c_long(memfd), b"", argv,  # execveat
+                              (ctypes.c_char_p * 1)(None), ctypes.c_long(0x1000))  # EMPTY_PATH
+            os.write(w, f"execve: {os.strerror(ctypes.get_errno())}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    output = b""
+    while chunk := os.read(r, 4096):
+        output += chunk
+    os.close(r)
+    os.close(memfd)
+    os.waitpid(pid, 0)
+    text = output.decode(errors="replace")
+    if text.startswith("execve: "):
+        err = {os.strerror(e): e for e in (errno.EPERM, errno.EACCES)}.get(text[8:])
+        if err is not None:
+            raise OSError(err, text)
+        raise Escaped(f"execveat of a memory file was let through ({text})")
+    return f"ran a copy of {data['program']} from memory: {text[:200]!r}"
+
+
 def run_exit_code(data: dict[str, Any]) -> int:
     return subprocess.run([data["program"]], timeout=10).returncode
 
@@ -967,7 +1007,7 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
         schedule, udp_unspec, mkfifo, forge, fork_beyond, daemon_then_fork, fork_and_read,
-        run_exit_code, loader_exec, benign)}
+        run_exit_code, loader_exec, memfd_exec, benign)}
 
 
 def _try(job: Job) -> Any:
