@@ -658,6 +658,22 @@ def test_multipath_tcp_to_redis_is_denied(sandbox: Sandbox) -> None:
     assert_denied(sandbox.attempt("mptcp", host="127.0.0.1", port=sandbox.redis.port))
 
 
+SOCKET_OPTIONS: dict[str, tuple[int, int, Any]] = {
+    "TCP_FASTOPEN_CONNECT": (socket.IPPROTO_TCP, 30, 1),
+    # IP_OPTIONS, loose source route through 127.0.0.2
+    "IP_OPTIONS (source route)": (socket.IPPROTO_IP, 4, [0x83, 7, 4, 127, 0, 0, 2, 0]),
+    "IPV6_RTHDR": (socket.IPPROTO_IPV6, 57, [0, 2, 0, 1, 0, 0, 0, 0] + [0] * 16),
+    "IPV6_2292RTHDR": (socket.IPPROTO_IPV6, 5, [0, 2, 0, 1, 0, 0, 0, 0] + [0] * 16),
+}
+
+
+@pytest.mark.parametrize("option", list(SOCKET_OPTIONS))
+def test_a_socket_option_that_reroutes_or_connects_is_denied(sandbox: Sandbox,
+                                                             option: str) -> None:
+    level, number, value = SOCKET_OPTIONS[option]
+    assert_denied(sandbox.attempt("sockopt", level=level, option=number, value=value))
+
+
 SOCKET_KINDS = {
     "raw IPv4": (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP),
     "packet": (socket.AF_PACKET, socket.SOCK_RAW, 0),

@@ -732,6 +732,21 @@ def mptcp(data: dict[str, Any]) -> str:
         return f"connected to {data['host']}:{data['port']} with MPTCP, got {s.recv(100)!r}"
 
 
+def sockopt(data: dict[str, Any]) -> str:
+    """A socket option that reroutes or connects: TCP_FASTOPEN_CONNECT (a connect from the first
+    send), IP_OPTIONS with loose source routing, IPv6 routing headers."""
+    family = socket.AF_INET6 if data["level"] == socket.IPPROTO_IPV6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        value = bytes(data["value"]) if isinstance(data["value"], list) else data["value"]
+        try:
+            s.setsockopt(data["level"], data["option"], value)
+        except OSError as exc:
+            if exc.errno in (errno.EPERM, errno.EACCES):
+                raise
+            raise Escaped(f"setsockopt was let through (then {exc!r})") from None
+        return "set"
+
+
 def socket_kind(data: dict[str, Any]) -> str:
     """Only create a socket of a kind (raw, packet, netlink, vsock): no traffic."""
     with socket.socket(data["family"], data["type"], data.get("proto", 0)):
@@ -1007,7 +1022,7 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
         schedule, udp_unspec, mkfifo, forge, fork_beyond, daemon_then_fork, fork_and_read,
-        run_exit_code, loader_exec, memfd_exec, benign)}
+        run_exit_code, loader_exec, memfd_exec, sockopt, benign)}
 
 
 def _try(job: Job) -> Any:
