@@ -67,10 +67,12 @@ def thread_cpu(job: Job) -> int:
 
 
 def _burn(seconds: float) -> int:
-    """Pure-Python CPU work that never yields to anything."""
-    end = time.process_time() + seconds
+    """Pure-Python CPU work that never yields to anything, for ``seconds`` of wall-clock time
+    (what a lock TTL counts; CPU time would stretch on a busy machine, where this thread gets
+    a fraction of a core)."""
+    end = time.monotonic() + seconds
     n = 0
-    while time.process_time() < end:
+    while time.monotonic() < end:
         n += 1
     return n
 
