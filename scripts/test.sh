@@ -1,9 +1,28 @@
 #!/usr/bin/env bash
 # Install into .venv and run the whole suite: ruff, mypy --strict, pytest (asyncio and trio).
-# Extra arguments go to pytest (for example: scripts/test.sh -k lifecycle -x).
-# Then run a core subset again in .venv-floor, against the oldest redis-py that pyproject.toml
-# allows, to prove that floor still works, and on each other supported Python (3.12, 3.13) in
-# .venv-py312 / .venv-py313. A supported Python that cannot be found fails the run.
+# Extra arguments go to the main pytest run (for example: scripts/test.sh -k lifecycle -x, or
+# scripts/test.sh --long for the full endurance runs; see tests/bounds.py).
+#
+# Four legs run at the same time, each into a log of its own, printed whole once it ends (with
+# its exit status and time); the script fails if any leg fails (pytest's exit 5, no test
+# collected, included):
+#   lint    ruff, then mypy --strict panqueue.
+#   main    the whole suite on .venv's Python with the newest dependencies, on pytest-xdist
+#           workers (-n $PYTEST_WORKERS, default 4: most tests wait on servers and processes
+#           more than they compute; tests/conftest.py keeps a module with a module-scoped
+#           fixture on one worker and hands the slowest tests out first). --durations=15.
+#   py3.12  Python 3.12 with the oldest redis-py that pyproject.toml allows ("redis>=X"), in
+#           .venv-py312: the core subset (below) and the tests that drive redis-py itself
+#           beyond it (connections and errors, the cluster client). One leg proves both the
+#           floor and the Python: the newest redis-py runs on 3.11 and 3.13.
+#   py3.13  Python 3.13 with the newest dependencies, in .venv-py313: the core subset, and the
+#           Django tests on Django 6 and its built-in django.tasks (the main run has Django 5.2
+#           and the django-tasks package).
+# The core subset is what depends on the interpreter, on asyncio and trio: the lifecycle, every
+# executor, faults and cancellation, results, the transports, and typed handlers (mypy on user
+# code). The Lua scripts' own tests run in the main leg only: the scripts run in the server,
+# the same whatever the client's Python. The interpreters come from PATH (python3.12) or
+# pyenv's versions directory; a supported Python that cannot be found fails the run.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark,tui,metrics,otel,dashboard,django"
 # The terminal-view test drives `panqueue top` in a real terminal: tmux (a Debian package).
@@ -21,36 +40,13 @@ if ! command -v faketime >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "== installing faketime"
   (apt-get update -qq && apt-get install -y -qq faketime) >/dev/null 2>&1 || echo "could not install faketime"
 fi
-echo "== ruff"
-.venv/bin/ruff check .
-echo "== mypy --strict panqueue"
-.venv/bin/mypy --strict panqueue
-echo "== pytest"
-.venv/bin/pytest "$@"
 
-floor=$(sed -n 's/^ *"redis>=\([0-9][0-9.]*\)",*$/\1/p' pyproject.toml)
+# The floor: "redis>=X" or "redis>=X,<Y" in [project] dependencies.
+floor=$(sed -n 's/^ *"redis>=\([0-9][0-9.]*\)\(,[^"]*\)\{0,1\}",*$/\1/p' pyproject.toml)
 if [ -z "$floor" ]; then
   echo "cannot read the redis floor (\"redis>=X\") from pyproject.toml" >&2
   exit 1
 fi
-echo "== pytest, core subset, with the oldest supported redis-py ($floor)"
-if [ ! -x .venv-floor/bin/python ]; then
-  "${PYTHON:-python3}" -m venv .venv-floor
-fi
-.venv-floor/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,trio,embedded]" \
-  "redis==$floor"
-.venv-floor/bin/pytest -q -p no:cacheprovider tests/test_lifecycle.py tests/test_cluster.py \
-  tests/test_connections.py tests/test_transport.py tests/test_results.py \
-  tests/test_native_transport.py
-
-# The other supported Pythons (the classifiers in pyproject.toml): the core subset covers the
-# lifecycle, the Lua scripts, every executor, faults, results and the transport, on asyncio and
-# trio, and typed handlers (mypy on user code). On 3.13 the Django tests run too, on Django 6
-# and its built-in django.tasks (the main run has Django 5.2 and the django-tasks package).
-# The interpreter comes from PATH (python3.12) or pyenv's versions directory.
-core_subset=(tests/test_lifecycle.py tests/test_scripts.py tests/test_executors.py
-             tests/test_faults.py tests/test_results.py tests/test_transport.py
-             tests/test_typing.py tests/test_native_transport.py)
 
 find_python() {  # find_python 3.12: the path of a CPython 3.12 interpreter, or nothing
   local wanted=$1 candidate
@@ -64,24 +60,83 @@ find_python() {  # find_python 3.12: the path of a CPython 3.12 interpreter, or 
   done
 }
 
-for minor in 3.12 3.13; do
-  venv=".venv-py${minor/./}"
+# Each leg, as a function run in the background with its output in a log.
+leg_lint() {
+  echo "== ruff"
+  .venv/bin/ruff check .
+  echo "== mypy --strict panqueue"
+  .venv/bin/mypy --strict panqueue
+}
+
+leg_main() {
+  echo "== pytest, the whole suite, ${PYTEST_WORKERS:-4} workers"
+  .venv/bin/pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup --durations=15 "$@"
+}
+
+core_subset=(tests/test_lifecycle.py tests/test_executors.py tests/test_faults.py
+             tests/test_results.py tests/test_transport.py tests/test_typing.py
+             tests/test_native_transport.py)
+
+leg_python() {  # leg_python 3.13
+  local minor=$1 venv=".venv-py${1/./}" python
   python=$(find_python "$minor")
   if [ -z "$python" ]; then
     echo "Python $minor not found (neither python$minor on PATH nor a pyenv version):" \
       "it is a supported Python, install it (pyenv install $minor)" >&2
-    exit 1
+    return 1
   fi
-  echo "== pytest, core subset, on Python $minor ($python)"
-  if [ ! -x "$venv/bin/python" ]; then
-    "$python" -m venv "$venv"
-  fi
-  packages=(-e ".[dev,trio,embedded]")
-  files=("${core_subset[@]}")
-  if [ "$minor" = 3.13 ]; then
+  local packages=(-e ".[dev,trio,embedded]") files=("${core_subset[@]}")
+  if [ "$minor" = 3.12 ]; then
+    echo "== pytest, core subset and redis-py's, on Python $minor ($python), redis-py $floor"
+    packages+=("redis==$floor")
+    files+=(tests/test_connections.py tests/test_cluster.py)
+  else
+    echo "== pytest, core subset and Django 6, on Python $minor ($python)"
     packages+=("django>=6,<7")
     files+=(tests/test_django.py)
   fi
+  if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv "$venv"
+  fi
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${packages[@]}"
-  "$venv/bin/pytest" -q -p no:cacheprovider "${files[@]}"
+  "$venv/bin/python" -c "import redis; print('redis-py', redis.__version__)"
+  "$venv/bin/pytest" -n 2 --dist loadgroup -q -p no:cacheprovider --durations=5 "${files[@]}"
+}
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/panqueue-test.XXXXXX")
+legs=(lint main py3.12 py3.13)
+declare -A leg_of
+for leg in "${legs[@]}"; do
+  (
+    trap 'echo "$SECONDS" >"$logs/$leg.end"' EXIT
+    case $leg in
+      lint) leg_lint ;;
+      main) leg_main "$@" ;;
+      py3.*) leg_python "${leg#py}" ;;
+    esac
+  ) >"$logs/$leg.log" 2>&1 </dev/null &
+  leg_of[$!]=$leg
 done
+echo "== running at once: ${legs[*]} (logs in $logs); each is printed when it ends"
+
+# Print each leg as it ends, with its exit status.
+failed=()
+for _ in "${legs[@]}"; do
+  status=0
+  wait -n -p done_pid || status=$?
+  leg=${leg_of[$done_pid]}
+  echo
+  echo "==================== $leg: exit $status after $(cat "$logs/$leg.end" 2>/dev/null || echo "$SECONDS") s"
+  cat "$logs/$leg.log"
+  echo "==================== end of $leg: exit $status"
+  if [ "$status" != 0 ]; then
+    failed+=("$leg (exit $status)")
+  fi
+done
+echo
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED after $SECONDS s: ${failed[*]} (logs in $logs)" >&2
+  exit 1
+fi
+rm -rf "$logs"
+echo "all legs passed in $SECONDS s: ${legs[*]}"
