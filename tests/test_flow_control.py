@@ -30,7 +30,7 @@ from panqueue import (
 from panqueue._keys import QueueKeys
 from panqueue.embedded import RedisServer
 from panqueue.testing import run_worker
-from tests.helpers import APPS, panqueue_command, subprocess_env
+from tests.helpers import APPS, panqueue_command, subprocess_env, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -63,6 +63,9 @@ def test_keyed_queue_bounds_each_key_and_serves_keys_fairly_across_workers(
         try:
             for handle in big + small:
                 handle.result(timeout=60)
+            # Both workers listen for SIGTERM by now: on a busy machine the first can run the
+            # queue down before the second has started, and a SIGTERM then kills it (-15).
+            wait_until(lambda: len(client.workers("tenants")) == 2, 30, "both workers to run")
         finally:
             codes = stop(procs)
     assert codes == [0, 0]
