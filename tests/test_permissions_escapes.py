@@ -889,6 +889,31 @@ def test_a_daemonized_grandchild_still_counts(sandbox: Sandbox) -> None:
     assert_denied(info, errors=("PermissionError", "BlockingIOError"))
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def test_a_process_the_child_started_ends_with_the_child(sandbox: Sandbox) -> None:
+    """A detached process (its parent exited) must not outlive the child that started it: it
+    would go on with the queue's grants, beyond any count, after the worker replaced the
+    child."""
+    info = sandbox.attempt("leave_behind", queue=sandbox.process_queue)
+    assert isinstance(info.progress, dict) and "pid" in info.progress, info
+    pid, child = info.progress["pid"], info.progress["child"]
+    try:
+        wait_until(lambda: _gone(child), timeout=10, what=f"the replaced child {child} to end")
+        wait_until(lambda: _gone(pid), timeout=10,
+                   what=f"process {pid}, started by the child {child} (which has ended), to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_process_the_child_starts_is_held_by_the_same_rules(sandbox: Sandbox) -> None:
     info = sandbox.attempt("fork_and_read", queue=sandbox.process_queue, path="/etc/shadow")
     assert info.state is JobState.COMPLETED, info.error

@@ -873,6 +873,31 @@ def daemon_then_fork(data: dict[str, Any]) -> str:
                 time.sleep(0.01)
 
 
+def leave_behind(data: dict[str, Any]) -> int:
+    """Start a process that detaches (its parent exits, so it is re-parented) and lives on,
+    then end this child (Escaped: the worker replaces it). Returns nothing: the detached
+    process's pid is reported as progress first."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.setsid()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                os.close(w)
+                time.sleep(60)
+            else:
+                os.write(w, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    pid = int(os.read(r, 32))
+    os.close(r)
+    os.waitpid(middle, 0)
+    return pid
+
+
 def fork_and_read(data: dict[str, Any]) -> str:
     """A process this child starts reads data['path'] and reports how it went."""
     r, w = os.pipe()
@@ -1022,12 +1047,15 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
         schedule, udp_unspec, mkfifo, forge, fork_beyond, daemon_then_fork, fork_and_read,
-        run_exit_code, loader_exec, memfd_exec, sockopt, benign)}
+        run_exit_code, loader_exec, memfd_exec, sockopt, leave_behind, benign)}
 
 
 def _try(job: Job) -> Any:
     if job.data["attempt"] == "wait":
         return wait(job)
+    if job.data["attempt"] == "leave_behind":
+        job.progress({"pid": leave_behind(job.data), "child": os.getpid()})
+        raise Escaped("ending this child: is the process it started ended with it?")
     if job.data["attempt"] == "inotify":
         return inotify(job)
     return ATTEMPTS[job.data["attempt"]](job.data)
