@@ -884,6 +884,12 @@ def test_a_process_beyond_the_granted_count_is_denied(sandbox: Sandbox) -> None:
     assert_denied(info, errors=("PermissionError", "BlockingIOError"))
 
 
+def test_processes_started_at_the_same_moment_stay_within_the_count(sandbox: Sandbox) -> None:
+    info = sandbox.attempt("fork_race", queue=sandbox.process_queue, threads=16)
+    assert info.state is JobState.COMPLETED, info.error
+    assert info.result <= PROCESSES, f"{info.result} processes ran at once (processes={PROCESSES})"
+
+
 def test_a_daemonized_grandchild_still_counts(sandbox: Sandbox) -> None:
     info = sandbox.attempt("daemon_then_fork", queue=sandbox.process_queue, hold=PROCESSES)
     assert_denied(info, errors=("PermissionError", "BlockingIOError"))

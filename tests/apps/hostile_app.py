@@ -898,6 +898,44 @@ def leave_behind(data: dict[str, Any]) -> int:
     return pid
 
 
+def fork_race(data: dict[str, Any]) -> int:
+    """data['threads'] threads start a process each at the same moment (the processes wait on
+    a pipe): how many got one. A count checked before each start, and the start let go on,
+    could let several through at once."""
+    import threading
+
+    r, w = os.pipe()
+    barrier = threading.Barrier(data["threads"])
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            pid = os.fork()
+        except OSError:
+            return
+        if pid == 0:
+            try:
+                os.read(r, 1)
+            finally:
+                os._exit(0)
+        with lock:
+            started.append(pid)
+
+    threads = [threading.Thread(target=start) for _ in range(data["threads"])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    os.write(w, b"x" * len(started))
+    for pid in started:
+        os.waitpid(pid, 0)
+    os.close(r)
+    os.close(w)
+    return len(started)
+
+
 def fork_and_read(data: dict[str, Any]) -> str:
     """A process this child starts reads data['path'] and reports how it went."""
     r, w = os.pipe()
@@ -1047,7 +1085,7 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
         schedule, udp_unspec, mkfifo, forge, fork_beyond, daemon_then_fork, fork_and_read,
-        run_exit_code, loader_exec, memfd_exec, sockopt, leave_behind, benign)}
+        run_exit_code, loader_exec, memfd_exec, sockopt, leave_behind, fork_race, benign)}
 
 
 def _try(job: Job) -> Any:
