@@ -16,16 +16,19 @@ bounded versions.
 
 from __future__ import annotations
 
+import functools
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 import tests.bounds
 from panqueue.embedded import RedisServer
-from tests.helpers import WorkerProcess
+from tests.helpers import ROOT, WorkerProcess
 
 # Our own tests use the fixtures we ship to users: a private server per session (per xdist
 # worker: each worker is a process of its own); tests/store_fixtures.py adds ``store``, one
@@ -73,44 +76,59 @@ def _seconds(nodeid: str, seconds: dict[str, float]) -> float:
     return next((v for k, v in KNOWN_SLOW.items() if nodeid.startswith(k)), 1.0)
 
 
-# Tests that start a JVM (PySpark): one at a time, on one worker; four JVMs starting at once
-# on two cores took minutes each.
-JVM_FIXTURES = {"spark"}
+# Tests that start a JVM (PySpark) run one at a time, on one worker: four JVMs starting at
+# once on two cores took minutes each. Found by what the module imports, and two examples.
 JVM_EXAMPLES = ("[spark_enqueue.py]", "[history_export.py]")
+_SHARED = re.compile(r"""scope=["'](module|class)["']""")
 
 
-def _own_group(item: pytest.Item) -> str | None:
-    """The xdist group of a test: ``pyspark`` for those that start a JVM; else the test's
-    module when the test uses a fixture of module (or class) scope, so that the tests that
-    share it run on one worker together and the fixture is made once."""
-    if JVM_FIXTURES & set(getattr(item, "fixturenames", ())) or item.nodeid.endswith(
-            JVM_EXAMPLES):
-        return "pyspark"
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
+@functools.cache
+def _module_group(path: str) -> str | None:
+    """``pyspark`` for a test module that uses Spark, the module itself for one that defines a
+    fixture of module (or class) scope (its tests share it: one worker makes it once), else
+    None. Read from the module's source, so that the xdist controller, which collects
+    nothing, decides as the workers do."""
+    try:
+        source = (ROOT / path).read_text()
+    except OSError:
         return None
-    for definitions in info.name2fixturedefs.values():
-        if any(d.scope in ("module", "class") for d in definitions):
-            return item.nodeid.split("::")[0]
-    return None
+    if "pyspark" in source:
+        return "pyspark"
+    return path if _SHARED.search(source) else None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist turns the group marks into node ids
+def _unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its group, or the test alone."""
+    if nodeid.endswith(JVM_EXAMPLES):
+        return "pyspark"
+    return _module_group(nodeid.split("::")[0]) or nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: the groups of :func:`_unit` (xdist's own, by ``xdist_group``
+    marks, does not reach the controller under pytest 9), handed out in collection order."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order the workers collected in
+    return Scheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _own_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     if not hasattr(config, "workerinput"):
         return  # only xdist workers reorder: a plain run keeps the file order
     cache = getattr(config, "cache", None)
     seconds: dict[str, float] = cache.get(DURATIONS, {}) if cache is not None else {}
-    # Work units (a group, or a test alone), slowest first; the order is the same on every
-    # worker (xdist checks that they all collected the same list).
+    # Work units slowest first (the order is the same on every worker: xdist checks that they
+    # all collected the same list), each unit's tests together.
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
-        marks = [m.args[0] for m in item.iter_markers("xdist_group") if m.args]
-        units.setdefault(marks[0] if marks else item.nodeid, []).append(item)
+        units.setdefault(_unit(item.nodeid), []).append(item)
     ordered = sorted(units.values(),
                      key=lambda unit: -sum(_seconds(i.nodeid, seconds) for i in unit))
     items[:] = [item for unit in ordered for item in unit]
@@ -121,10 +139,7 @@ _taken: dict[str, float] = {}
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # In the controller of an xdist run (or a plain run): setup + call + teardown per test.
-    nodeid = report.nodeid
-    if nodeid.rfind("@") > nodeid.rfind("]"):
-        nodeid = nodeid[:nodeid.rfind("@")]  # the group xdist appended
-    _taken[nodeid] = _taken.get(nodeid, 0.0) + report.duration
+    _taken[report.nodeid] = _taken.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
