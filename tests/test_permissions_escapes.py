@@ -926,7 +926,7 @@ def test_a_process_the_child_started_ends_with_the_child(sandbox: Sandbox) -> No
     pid, child = info.progress["pid"], info.progress["child"]
     try:
         wait_until(lambda: _gone(child), timeout=10, what=f"the replaced child {child} to end")
-        wait_until(lambda: _gone(pid), timeout=10,
+        wait_until(lambda: _gone(pid), timeout=3,
                    what=f"process {pid}, started by the child {child} (which has ended), to end")
     finally:
         with contextlib.suppress(ProcessLookupError):

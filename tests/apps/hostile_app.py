@@ -456,8 +456,11 @@ def udp_bind(data: dict[str, Any]) -> str:
 
 def redis_ping(data: dict[str, Any]) -> Any:
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    client = redis.Redis(host=data["host"], port=data["port"], socket_connect_timeout=5)
+    client = redis.Redis(host=data["host"], port=data["port"], socket_connect_timeout=5,
+                         retry=Retry(NoBackoff(), 0))  # one try: a refusal is final
     try:
         return client.ping()
     finally:
