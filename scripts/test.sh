@@ -8,7 +8,7 @@
 # collected, included):
 #   lint    ruff, then mypy --strict panqueue.
 #   main    the whole suite on .venv's Python with the newest dependencies, on pytest-xdist
-#           workers (-n $PYTEST_WORKERS, default 4: most tests wait on servers and processes
+#           workers (-n $PYTEST_WORKERS, default 6: most tests wait on servers and processes
 #           more than they compute; tests/conftest.py keeps a module with a module-scoped
 #           fixture on one worker and hands the slowest tests out first). --durations=15.
 #   py3.12  Python 3.12 with the oldest redis-py that pyproject.toml allows ("redis>=X"), in
@@ -69,8 +69,8 @@ leg_lint() {
 }
 
 leg_main() {
-  echo "== pytest, the whole suite, ${PYTEST_WORKERS:-4} workers"
-  .venv/bin/pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup --durations=15 "$@"
+  echo "== pytest, the whole suite, ${PYTEST_WORKERS:-6} workers"
+  .venv/bin/pytest -n "${PYTEST_WORKERS:-6}" --dist loadgroup --durations=15 "$@"
 }
 
 core_subset=(tests/test_lifecycle.py tests/test_executors.py tests/test_faults.py

@@ -3,7 +3,7 @@
 Tests never touch a server they did not start. Each test gets an empty database and a fresh
 queue name; runtime tests run on both anyio backends.
 
-Parallel runs (pytest-xdist, ``-n 4 --dist loadgroup``, as scripts/test.sh runs them): each
+Parallel runs (pytest-xdist, ``-n 6 --dist loadgroup``, as scripts/test.sh runs them): each
 worker is a process with its own session server, temp directories and environment. A test
 module with a module-scoped fixture (a cluster, a Spark session, a built wheel) runs whole on
 one worker, so that fixture is made once; every other test goes wherever a worker is free.
