@@ -256,6 +256,10 @@ class Registry:
                 raise ConfigError(f"queue {name!r}: with permissions=, put the environment "
                                   "variables the child inherits in Permissions(env=...), not "
                                   "in env=")
+            if not new_session:
+                raise ConfigError(f"queue {name!r}: new_session=False cannot go with "
+                                  "permissions= (a confined child leads a process group of its "
+                                  "own, ended whole with it)")
             permissions = permissions.resolved(name)
         if mode not in ("global", "keyed"):
             raise ConfigError(f"mode for queue {name!r} must be 'global' or 'keyed', got {mode!r}")

@@ -82,6 +82,12 @@ def test_permissions_take_the_environment_in_their_own_env() -> None:
                            permissions=Permissions())(perm_app.read)
 
 
+def test_permissions_keep_the_child_in_a_session_of_its_own() -> None:
+    with pytest.raises(ConfigError, match="new_session=False cannot go with permissions="):
+        Registry().handler("q", executor="subprocess", new_session=False,
+                           permissions=Permissions())(perm_app.read)
+
+
 def test_run_programs_resolve_at_registration(tmp_path: Path) -> None:
     registry = Registry()
     handler = registry.handler("q", executor="subprocess",

@@ -78,6 +78,7 @@ _SOCKOPTS_DENIED = ((6, 30), (0, 4), (41, 5), (41, 57))
 # Calls whose first argument names the process whose scheduling they change.
 SCHEDULING_CALLS = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
 _PRIO_PROCESS, _IOPRIO_WHO_PROCESS = 0, 1
+_MFD_NOEXEC_SEAL = 0x0008
 
 # Refused outright: they could undo the rules, reach other processes or the kernel's state.
 DENIED = (
@@ -100,6 +101,9 @@ DENIED = (
     "semget", "semop", "semtimedop", "semtimedop_time64", "semctl", "ipc",
     "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
     "mq_timedsend_time64", "mq_timedreceive_time64",
+    # A new session or process group would take a process out of the child's group, which
+    # the worker kills whole when the child ends: nothing the child starts outlives it.
+    "setsid", "setpgid",
 )
 
 
@@ -263,6 +267,11 @@ def _rules(spec: FilterSpec) -> _Rules:
         if not spec.run:
             rules.add(ACT_EPERM, "execve")
             rules.add(ACT_EPERM, "execveat")
+        else:
+            # A memory file is on no path a Landlock rule names, so Landlock lets it execute:
+            # one may be made only sealed against execution.
+            rules.add(ACT_EPERM, "memfd_create",
+                      (1, _CMP_MASKED_EQ, _MFD_NOEXEC_SEAL, 0))
         _scheduling_rules(rules, spec)
         _socket_rules(rules, spec)
     except BaseException:

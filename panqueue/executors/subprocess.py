@@ -99,6 +99,9 @@ class _Child:
         self._writer = process.stdin
         self.jobs = 0
         self.supervised = False  # attached to the worker's supervisor: detach when it ends
+        # Confined: the child leads a process group that nothing it starts may leave (its
+        # filter refuses setsid and setpgid), killed whole when the child ends.
+        self.group = False
         self.denied = 0  # the supervisor's denials of this child reported so far
 
     async def send(self, frame: dict[str, Any]) -> None:
@@ -133,6 +136,11 @@ class _Child:
                     with contextlib.suppress(ProcessLookupError):
                         self.process.kill()
                     await self.process.wait()
+            if self.group:
+                # What the child started, detached or not, ends with it: no process goes on
+                # with the queue's grants after the worker replaced the child.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
             await self.process.aclose()
             if self.supervised:
                 self.supervised = False
@@ -241,6 +249,7 @@ class SubprocessExecutor(Executor):
                 "permissions not enforced: child runs unconfined", queue=self.handler.queue,
                 pid=process.pid, missing=self._unenforced)
         child = _Child(process)
+        child.group = self._policy is not None
         limits = self.isolation.limits
         try:
             config: dict[str, Any] = {
@@ -305,8 +314,19 @@ class SubprocessExecutor(Executor):
                 soft = min(soft, hard)
             resource.prlimit(pid, resource.RLIMIT_CPU, (soft, hard))
 
+    async def _take(self) -> _Child:
+        """An idle child still alive, else a new one: a child that ended while idle (it
+        exited after its last job) is no reason to fail the next job."""
+        while self._idle:
+            child = self._idle.pop()
+            if child.alive:
+                return child
+            await child.terminate()
+            self.restarted("crashed")
+        return await self._spawn()
+
     async def run(self, job: Job, timeout: float | None) -> Any:
-        child = self._idle.pop() if self._idle else await self._spawn()
+        child = await self._take()
         healthy = False
         # Why the child is replaced if this ends unhealthy; "stopped" unless found otherwise:
         # the attempt was cancelled (cancel request, lost lock, forced shutdown).

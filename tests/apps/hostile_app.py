@@ -884,7 +884,8 @@ def leave_behind(data: dict[str, Any]) -> int:
     middle = os.fork()
     if middle == 0:
         try:
-            os.setsid()
+            with contextlib.suppress(OSError):  # a new session, where the filter allows one
+                os.setsid()
             pid = os.fork()
             if pid == 0:
                 os.close(r)
