@@ -70,7 +70,10 @@ leg_lint() {
 
 leg_main() {
   echo "== pytest, the whole suite, ${PYTEST_WORKERS:-6} workers"
-  .venv/bin/pytest -n "${PYTEST_WORKERS:-6}" --dist loadgroup --durations=15 "$@"
+  # A worker that dies (killed, out of memory) fails the run with its test named; replacing
+  # it ends the grouped scheduler in an INTERNALERROR that hides every other result.
+  .venv/bin/pytest -n "${PYTEST_WORKERS:-6}" --dist loadgroup --max-worker-restart 0 \
+    --durations=15 "$@"
 }
 
 core_subset=(tests/test_lifecycle.py tests/test_executors.py tests/test_faults.py
