@@ -15,6 +15,7 @@ import redis
 
 from panqueue import ConfigError, Job, JobState, QueueClient, Registry, Worker
 from panqueue._keys import LEGACY_PLACEMENT, Layout, partition_keys
+from panqueue._store import transitions
 from panqueue._store.ops import partitions as parted
 from panqueue.testing import drain, run_worker
 
@@ -66,21 +67,53 @@ async def test_a_worker_of_another_count_is_refused_while_a_partition_holds_jobs
 async def test_a_worker_of_another_count_is_refused_while_workers_of_the_old_one_run(
         redis_url: str, queue_name: str) -> None:
     """The queue is empty, but a worker of the stored count still serves it: a worker declaring
-    another count is refused with one line, and the layout stays as the running worker knows
-    it (a job added now runs there)."""
+    another count waits the life of a registry entry (three of its heartbeats) for it to leave,
+    then is refused with one line, and the layout stays as the running worker knows it (a job
+    added now runs there)."""
     registry3, work3 = _deploy(queue_name, 3)
     registry2, _ = _deploy(queue_name, 2)
     async with QueueClient(redis_url) as client:
         async with run_worker(registry3, queue_name, redis_url, poll_interval=0.05):
+            started = anyio.current_time()
             with pytest.raises(ConfigError, match=r"partition count mismatch: the queue has 3 "
                                r"partition\(s\), this worker says 2, and 1 live worker\(s\) "
                                r"serve it with 3 \(stop them first"):
                 with anyio.fail_after(10):
-                    await Worker(registry2, queue_name, url=redis_url).run()
+                    await Worker(registry2, queue_name, url=redis_url,
+                                 heartbeat_interval=1.0).run()
+            assert anyio.current_time() - started >= 3.0
             handles = await client.queue(work3).add_bulk(range(6))
             counts = await drain(redis_url, queue_name)
         assert counts[JobState.COMPLETED] == 6
         assert {int(h.id) % 3 for h in handles} == {0, 1, 2}
+
+
+async def test_a_worker_of_another_count_waits_for_the_entry_of_one_that_could_not_leave(
+        redis_url: str, queue_name: str) -> None:
+    """A worker of the old count died, or stopped and lost its last call: its registry entry
+    lives on until its TTL ends. A worker declaring another count waits for that (up to three
+    of its own heartbeats) and changes the layout, rather than exit."""
+    registry3, _ = _deploy(queue_name, 3)
+    registry2, work2 = _deploy(queue_name, 2)
+    async with QueueClient(redis_url) as client:
+        async with run_worker(registry3, queue_name, redis_url, poll_interval=0.05):
+            pass
+        # The entry the old worker would have left, had its last call been lost: 1.5 s to live.
+        layout = await client._run(parted.read_layout(queue_name))
+        assert layout is not None and layout.count == 3
+        await client._run(transitions.heartbeat(
+            layout.keys(queue_name)[0], "gone-worker", 1500, host="h", pid=1,
+            queues=[queue_name], concurrency=1, running=[]))
+        started = anyio.current_time()
+        with anyio.fail_after(10):
+            async with run_worker(registry2, queue_name, redis_url, poll_interval=0.05,
+                                  heartbeat_interval=1.0):
+                waited = anyio.current_time() - started
+                handles = await client.queue(work2).add_bulk(range(4))
+                counts = await drain(redis_url, queue_name)
+        assert waited >= 1.0
+        assert counts[JobState.COMPLETED] == 4
+        assert {int(h.id) % 2 for h in handles} == {0, 1}
 
 
 async def test_no_sequence_of_redeploys_loses_a_job_of_a_producer_that_learned_an_old_layout(

@@ -40,18 +40,22 @@ class Served(Protocol):
 _BUSY_WAIT = 12.0
 _BUSY_POLL = 0.05
 _ATTEMPTS = 10
+_LEAVE_POLL = 0.25
 
 
 async def settle_layout(transport: AsyncTransport, name: str, count: int, token: str,
                         served: Served, trouble: Trouble,
-                        setup: Callable[[QueueKeys], Awaitable[None]]) -> list[QueueKeys]:
+                        setup: Callable[[QueueKeys], Awaitable[None]], *,
+                        leave_wait: float) -> list[QueueKeys]:
     """Settle queue ``name``'s layout for a worker declaring ``count`` partitions and set up
     each partition with ``setup``; returns the partitions. ``served`` sends one step (the
     worker waits out a server that cannot serve yet, reporting to ``trouble``); ``token``
-    names this worker's layout lock."""
+    names this worker's layout lock. A count change that workers of the old count are in the
+    way of is tried again for ``leave_wait`` seconds (the life of a registry entry that its
+    worker could not remove), then refused."""
     for _ in range(_ATTEMPTS):
-        layout = await _busy_retry(lambda: served(trouble, lambda: transport.run(
-            _layout_for(name, count, token))))
+        layout = await _leave_retry(leave_wait, lambda: _busy_retry(
+            lambda: served(trouble, lambda: transport.run(_layout_for(name, count, token)))))
         parts = layout.keys(name)
         if await _set_up(transport, parts, token, served, trouble, setup):
             return parts
@@ -85,6 +89,20 @@ async def _set_up(transport: AsyncTransport, parts: list[QueueKeys], token: str,
                 return False
             await served(trouble, set_up)
     return True
+
+
+async def _leave_retry(wait: float, call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``, again while workers of the old count are registered, for up to ``wait``
+    seconds: a stopped worker whose last call was lost, or one that died, leaves the registry
+    within that time; a live one keeps its entry, and the change is refused."""
+    deadline = anyio.current_time() + wait
+    while True:
+        try:
+            return await call()
+        except parted.LayoutServed:
+            if anyio.current_time() > deadline:
+                raise
+            await anyio.sleep(_LEAVE_POLL)
 
 
 async def _busy_retry(call: Callable[[], Awaitable[T]]) -> T:

@@ -38,7 +38,7 @@ from panqueue._runtime.attempt import AttemptRunner, Ending
 from panqueue._runtime.chunk_runner import ChunkRunner
 from panqueue._runtime.chunks import ChunkClaimer
 from panqueue._runtime.claimer import Claimer, ClaimLoop
-from panqueue._runtime.heartbeat import Heartbeat
+from panqueue._runtime.heartbeat import BEATS_PER_TTL, Heartbeat
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import settle_layout
 from panqueue._runtime.locks import Attempt, Attempts, Renewer, Tokens
@@ -188,7 +188,8 @@ class Worker:
             # to this worker's count first if it differs and no partition holds a job.
             self.parts = await settle_layout(
                 transport, self.keys.name, options.partitions, f"{self.name}:{uuid.uuid4().hex}",
-                self._when_served, starting, setup)
+                self._when_served, starting, setup,
+                leave_wait=self.heartbeat_interval * BEATS_PER_TTL)
             self.keys = self.parts[0]
             if len(self.parts) > 1:
                 await self._when_served(starting, lambda: transport.run(

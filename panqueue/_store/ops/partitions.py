@@ -184,6 +184,12 @@ class LayoutBusy(ConfigError):
     """Another client holds the queue's layout lock (a change is under way): try again."""
 
 
+class LayoutServed(ConfigError):
+    """Workers of the stored count are registered: the count can change once they have left
+    (a stopped worker's entry goes at once, or, when its last call was lost, within three of
+    its heartbeats, as a dead worker's)."""
+
+
 # How long a layout change may hold the home's lock. The changer stops taking steps well before
 # (_LEASE_MS / 2 after it took the lock), so that none lands after another may have taken it.
 _LEASE_MS = 10_000
@@ -278,7 +284,7 @@ def _served(name: str, current: Layout, count: int, refused: str) -> ConfigError
         return ConfigError(f"queue {name!r}: the change of its partition count lost its lock "
                            "(it took too long) and was stopped (the next worker undoes it)")
     live = refused.rpartition(" ")[2]
-    return ConfigError(
+    return LayoutServed(
         f"queue {name!r}: partition count mismatch: the queue has {current.count} "
         f"partition(s), this worker says {count}, and {live} live worker(s) serve it with "
         f"{current.count} (stop them first; a worker that died leaves the registry within three "
