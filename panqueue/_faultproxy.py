@@ -105,6 +105,7 @@ class FaultProxy:
         self.replies_dropped = 0
         # What clients sent since the last blackhole began that it holds back (or held).
         self._held: list[bytes] = []
+        self._restores = 0  # how many times restore() ran: it releases what was held before
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -218,6 +219,7 @@ class FaultProxy:
         :meth:`delay` and armed drops are kept."""
         with self._cond:
             self._mode = _FORWARD
+            self._restores += 1
             self._cond.notify_all()
 
     def delay(self, seconds: float) -> None:
@@ -391,7 +393,11 @@ class FaultProxy:
             if to_server and self._mode == _BLACKHOLE:
                 self._held.append(chunk)
                 self._cond.notify_all()
-            self._cond.wait_for(lambda: link.closed or self._mode != _BLACKHOLE)
+            # Held until a restore: that one restore releases it, even if a blackhole follows
+            # before this thread wakes (else a chunk held across restore-blackhole stays held).
+            restores = self._restores
+            self._cond.wait_for(lambda: link.closed or self._mode != _BLACKHOLE
+                                or self._restores != restores)
             if link.closed or self._mode == _CUT:
                 return False
             if self._delay > 0:

@@ -15,6 +15,7 @@ from redis.retry import Retry
 from panqueue import JobState, QueueClient
 from panqueue.errors import TimeoutError as PanqueueTimeoutError
 from panqueue.testing import FaultProxy
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -93,6 +94,25 @@ def test_held_bytes_are_delivered_after_the_blackhole(
         assert redis_client.get("held") is None  # not forwarded
         proxy.restore()
         sock.settimeout(5)
+        assert sock.recv(64) == b":1\r\n"
+
+
+def test_a_restore_releases_what_was_held_even_if_a_blackhole_follows_at_once(
+        proxy: FaultProxy, redis_client: redis.Redis) -> None:
+    """Bytes held by a blackhole flow on the restore that follows, even when the next blackhole
+    comes before the proxy's thread has woken; the reply, sent under that blackhole, is held
+    until the next restore."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+        sock.sendall(b"PING\r\n")
+        assert sock.recv(64) == b"+PONG\r\n"
+        proxy.blackhole()
+        sock.sendall(b"INCR held\r\n")
+        proxy.wait_for_held_requests(1)
+        proxy.restore()
+        proxy.blackhole()
+        wait_until(lambda: redis_client.get("held") == b"1", timeout=5,
+                   what="the held command to reach the server")
+        proxy.restore()
         assert sock.recv(64) == b":1\r\n"
 
 
