@@ -50,6 +50,10 @@ def free_port() -> int:
         return port
 
 
+class _ExitedAtStart(Exception):
+    """The server process ended before it answered."""
+
+
 class RedisServer:
     """One private server process. ``with RedisServer() as server: server.url``."""
 
@@ -58,6 +62,10 @@ class RedisServer:
                  extra_args: tuple[str, ...] = (), log_to: str | None = None) -> None:
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
+        # A port picked here may be taken before the server binds it (another process's
+        # connection got it as its local port): until the server first answers, a start that
+        # exits at once moves to another free port.
+        self._may_move = port is None
         self._own_dir = directory is None
         self.directory = Path(directory) if directory else Path(
             tempfile.mkdtemp(prefix="panqueue-redis-"))
@@ -75,6 +83,17 @@ class RedisServer:
         return None if self.process is None else self.process.pid
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        for _ in range(2 if self._may_move else 0):
+            try:
+                return self._start(timeout)
+            except _ExitedAtStart:
+                self.port = free_port()
+        try:
+            return self._start(timeout)
+        except _ExitedAtStart as exc:
+            raise PanqueueConnectionError(str(exc)) from None
+
+    def _start(self, timeout: float) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             self.binary,
@@ -93,10 +112,11 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise PanqueueConnectionError(
+                raise _ExitedAtStart(
                     f"{self.binary} exited with code {self.process.returncode} at start "
                     f"(port {self.port})")
             if self._answers_ping():
+                self._may_move = False  # its URL is known now: restarts keep the port
                 return self
             time.sleep(0.02)
         self.stop()

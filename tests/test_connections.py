@@ -8,6 +8,7 @@ SyncQueueClient, lets a Worker run both, and reads the results back.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -449,3 +450,26 @@ def test_a_sync_client_shared_by_threads_makes_one_connection_pool(redis_url: st
             assert len(used) == 16 and len({id(t) for t in used}) == 1
     finally:
         sys.setswitchinterval(switch)
+
+
+def test_a_private_server_whose_picked_port_is_taken_starts_on_another(tmp_path: Path) -> None:
+    """The port a RedisServer picks may be taken before the server binds it (another process's
+    connection can get it as its local port): its first start moves to another free port; a
+    restart keeps the port its URL named."""
+    server = RedisServer(directory=tmp_path / "redis")
+    taken = server.port
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        try:
+            server.start()
+            assert server.port != taken
+            port = server.port
+            client = redis.Redis(port=port)
+            assert client.ping()
+            client.close()
+            server.stop()
+            server.start()
+            assert server.port == port
+        finally:
+            server.cleanup()
