@@ -95,24 +95,24 @@ async def _leave_retry(wait: float, call: Callable[[], Awaitable[T]]) -> T:
     """``call()``, again while workers of the old count are registered, for up to ``wait``
     seconds: a stopped worker whose last call was lost, or one that died, leaves the registry
     within that time; a live one keeps its entry, and the change is refused."""
-    deadline = anyio.current_time() + wait
-    while True:
-        try:
-            return await call()
-        except parted.LayoutServed:
-            if anyio.current_time() > deadline:
-                raise
-            await anyio.sleep(_LEAVE_POLL)
+    return await _retry(call, parted.LayoutServed, wait, _LEAVE_POLL)
 
 
 async def _busy_retry(call: Callable[[], Awaitable[T]]) -> T:
     """``call()``, again while another client's layout change holds the lock (for up to the
     lock's lease)."""
-    deadline = anyio.current_time() + _BUSY_WAIT
+    return await _retry(call, parted.LayoutBusy, _BUSY_WAIT, _BUSY_POLL)
+
+
+async def _retry(call: Callable[[], Awaitable[T]], error: type[Exception], wait: float,
+                 poll: float) -> T:
+    """``call()``, again every ``poll`` seconds while it raises ``error``, for up to ``wait``
+    seconds; then the error stands."""
+    deadline = anyio.current_time() + wait
     while True:
         try:
             return await call()
-        except parted.LayoutBusy:
+        except error:
             if anyio.current_time() > deadline:
                 raise
-            await anyio.sleep(_BUSY_POLL)
+            await anyio.sleep(poll)
