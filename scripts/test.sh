@@ -48,6 +48,13 @@ if [ -z "$floor" ]; then
   exit 1
 fi
 
+# The oldest anyio the dependencies allow ("anyio>=X"), installed in the same leg.
+anyio_floor=$(sed -n 's/^ *"anyio>=\([0-9][0-9.]*\)",*$/\1/p' pyproject.toml)
+if [ -z "$anyio_floor" ]; then
+  echo "cannot read the anyio floor (\"anyio>=X\") from pyproject.toml" >&2
+  exit 1
+fi
+
 find_python() {  # find_python 3.12: the path of a CPython 3.12 interpreter, or nothing
   local wanted=$1 candidate
   for candidate in "$(command -v "python$wanted" 2>/dev/null || true)" \
@@ -90,8 +97,8 @@ leg_python() {  # leg_python 3.13
   fi
   local packages=(-e ".[dev,trio,embedded]") files=("${core_subset[@]}")
   if [ "$minor" = 3.12 ]; then
-    echo "== pytest, core subset and redis-py's, on Python $minor ($python), redis-py $floor"
-    packages+=("redis==$floor")
+    echo "== pytest, core subset and redis-py's, on Python $minor ($python), redis-py $floor, anyio $anyio_floor"
+    packages+=("redis==$floor" "anyio==$anyio_floor")
     files+=(tests/test_connections.py tests/test_cluster.py)
   else
     echo "== pytest, core subset and Django 6, on Python $minor ($python)"
