@@ -83,6 +83,9 @@ class RedisServer:
         return None if self.process is None else self.process.pid
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        if self.process is not None and self.process.poll() is None:
+            raise ConfigError(f"this server runs already (pid {self.process.pid}, port "
+                              f"{self.port}): stop it first")
         for _ in range(2 if self._may_move else 0):
             try:
                 return self._start(timeout)

@@ -26,6 +26,7 @@ import redis
 import redis.exceptions
 
 from panqueue import (
+    ConfigError,
     ConnectionError,
     Job,
     JobState,
@@ -468,6 +469,8 @@ def test_a_private_server_whose_picked_port_is_taken_starts_on_another(tmp_path:
             client = redis.Redis(port=port)
             assert client.ping()
             client.close()
+            with pytest.raises(ConfigError, match="this server runs already"):
+                server.start()  # a second process would go on unseen
             server.stop()
             server.start()
             assert server.port == port

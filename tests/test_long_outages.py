@@ -167,7 +167,6 @@ def test_idle_workers_take_a_job_at_once_from_a_server_that_drops_idle_clients(
     after that is still taken at once, by the worker idle longest (hand-off or wake-up: the
     poll interval is 30 s), on asyncio and on trio."""
     with RedisServer(directory=tmp_path / "redis", extra_args=("--timeout", "1")) as server:
-        server.start()
         workers = _start_workers(tmp_path, server.url)
         try:
             _each_worker_serves(workers, server.url, "first")
