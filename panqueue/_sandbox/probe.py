@@ -23,8 +23,6 @@ from panqueue._sandbox import landlock
 __all__ = ["REQUIRED_LANDLOCK_ABI", "Support", "support"]
 
 REQUIRED_LANDLOCK_ABI = 6
-_PIDFD_OPEN = 434
-_PIDFD_GETFD = 438
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,17 +86,17 @@ def _notify_problem() -> str:
 
 
 def _pidfd_problem() -> str:
-    libc = ctypes.CDLL(None, use_errno=True)
-    pidfd = libc.syscall(ctypes.c_long(_PIDFD_OPEN), ctypes.c_int(os.getpid()), ctypes.c_uint(0))
-    if pidfd < 0:
-        return f"pidfd_open is not available ({os.strerror(ctypes.get_errno())})"
+    from panqueue._sandbox.supervisor import pidfd_getfd
+
     try:
-        copy = libc.syscall(ctypes.c_long(_PIDFD_GETFD), ctypes.c_int(pidfd), ctypes.c_int(0),
-                            ctypes.c_uint(0))
-        if copy < 0:
-            return f"pidfd_getfd is not available ({os.strerror(ctypes.get_errno())})"
-        os.close(copy)
+        pidfd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        return f"pidfd_open is not available ({exc.strerror})"
+    try:
+        os.close(pidfd_getfd(pidfd, 0))
         return ""
+    except OSError as exc:
+        return f"pidfd_getfd is not available ({exc.strerror})"
     finally:
         os.close(pidfd)
 

@@ -149,8 +149,9 @@ class NotifResp(ctypes.Structure):
 
 
 @functools.lru_cache(maxsize=1)
+@functools.cache
 def library() -> ctypes.CDLL:
-    """libseccomp, its functions typed. OSError when it is not installed."""
+    """libseccomp, its functions typed (loaded once). OSError when it is not installed."""
     lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_init.restype = ctypes.c_void_p

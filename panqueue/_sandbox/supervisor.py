@@ -22,6 +22,7 @@ import collections
 import ctypes
 import errno
 import fcntl
+import functools
 import ipaddress
 import os
 import select
@@ -148,11 +149,18 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
+@functools.cache
+def _pidfd_getfd_number() -> int:
+    try:
+        number = seccomp.syscall_number("pidfd_getfd")
+    except OSError:  # no libseccomp to ask
+        number = -1
+    return number if number >= 0 else _PIDFD_GETFD
+
+
 def pidfd_getfd(pidfd: int, fd: int) -> int:
     """A copy of descriptor ``fd`` of the process ``pidfd`` refers to (close-on-exec)."""
-    number = seccomp.syscall_number("pidfd_getfd")
-    copy = int(_LIBC.syscall(ctypes.c_long(number if number >= 0 else _PIDFD_GETFD),
-                             ctypes.c_long(pidfd),
+    copy = int(_LIBC.syscall(ctypes.c_long(_pidfd_getfd_number()), ctypes.c_long(pidfd),
                              ctypes.c_long(fd), ctypes.c_long(0)))
     if copy < 0:
         code = ctypes.get_errno()
