@@ -14,7 +14,8 @@ so the project's files are no longer readable:
    supervisor when the policy needs one, and a second one for what Landlock does not cover:
    every change of a file's mode, owner, times or extended attributes (a child running as
    the files' owner could otherwise make any of the host's files world-readable, or
-   unusable, without opening it), another process's scheduling, inotify watches.
+   unusable, without opening it), inotify watches. (Another process's scheduling is the main
+   filter's: the child's own threads and processes only.)
 
 Then :func:`install_audit_hook` gives Python code a clear ``PermissionError`` naming what was
 denied before the kernel refuses (advisory: the kernel enforces).
@@ -33,7 +34,7 @@ from typing import Any
 
 from panqueue._sandbox import landlock
 
-__all__ = ["METADATA_CALLS", "SCHEDULING_CALLS", "ConfineError", "adopt_orphans", "confine",
+__all__ = ["METADATA_CALLS", "ConfineError", "adopt_orphans", "confine",
            "install_audit_hook", "prepare"]
 
 # What Landlock does not govern: a file's mode, owner, times and extended attributes, by path
@@ -44,9 +45,6 @@ METADATA_CALLS = (
     "utimensat_time64", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
     "fremovexattr", "setxattrat", "removexattrat",
 )
-# Calls that change another process's scheduling or memory placement, given its pid first.
-SCHEDULING_CALLS = ("sched_setaffinity", "sched_setscheduler", "sched_setparam",
-                    "sched_setattr", "migrate_pages", "move_pages")
 
 _PR_CAPBSET_DROP = 24
 _PR_SET_CHILD_SUBREAPER = 36
@@ -181,25 +179,15 @@ def _landlock(policy: dict[str, Any], extra_read: Iterable[str] = ()) -> None:
 
 def _deny_what_landlock_misses() -> None:
     """A seccomp filter of its own, for what Landlock does not govern: each of
-    :data:`METADATA_CALLS` fails with EPERM, and so does changing another process's
-    scheduling (:data:`SCHEDULING_CALLS`, any pid but 0: these check the user id, not
-    Landlock's domain), watching files with inotify (it reports activity anywhere) or making
-    a unix socket."""
+    :data:`METADATA_CALLS` fails with EPERM, and so does watching files with inotify (it
+    reports activity anywhere) or making a unix socket. (Another process's scheduling is the
+    main filter's, :mod:`panqueue._sandbox.seccomp`.)"""
     from panqueue._sandbox.seccomp import ACT_ALLOW, ACT_EPERM, _Rules, library
 
-    ne = 1  # SCMP_CMP_NE
     rules = _Rules(ACT_ALLOW)
     try:
         for name in METADATA_CALLS:
             rules.add(ACT_EPERM, name)
-        for name in SCHEDULING_CALLS:
-            rules.add(ACT_EPERM, name, (0, ne, 0, 0))  # pid 0: the caller itself
-        # setpriority(which, who): only PRIO_PROCESS (0) of the caller (who 0).
-        rules.add(ACT_EPERM, "setpriority", (0, ne, 0, 0))
-        rules.add(ACT_EPERM, "setpriority", (1, ne, 0, 0))
-        # ioprio_set(which, who): only IOPRIO_WHO_PROCESS (1) of the caller (who 0).
-        rules.add(ACT_EPERM, "ioprio_set", (0, ne, 1, 0))
-        rules.add(ACT_EPERM, "ioprio_set", (1, ne, 0, 0))
         rules.add(ACT_EPERM, "inotify_add_watch")
         # Unix sockets by path (a container runtime's, a database's) are outside Landlock's
         # rules: none, from the first layer on (socketpair stays).
