@@ -123,7 +123,7 @@ def child_ignores_sigterm(job: Job) -> None:
 
 @queues.handler("s-timeout", executor="subprocess", timeout=0.3)
 def child_sleeps(job: Job) -> None:
-    time.sleep(5)
+    time.sleep(600)  # only the timeout's kill ends it in time for the test's 30 s wait
 
 
 @queues.handler("s-recycle", executor="subprocess", max_jobs_per_child=2)
