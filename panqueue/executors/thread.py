@@ -3,7 +3,10 @@
 The worker's async code (claiming, lock renewal, wake-ups) is never blocked by a handler. A
 Python thread cannot be killed: when an attempt times out, is cancelled or outlives the forced
 shutdown phase, the executor stops waiting for it and ``job.should_stop()`` turns true; the
-thread is a daemon thread, so it never keeps the process alive.
+thread is a daemon thread, so it never keeps the process alive. Such a thread may still be in
+the handler when the same job runs here again (retried after its timeout, or claimed again
+after its lock was lost): the new run's handler starts only once that thread has returned, so
+one worker never runs a job twice at once. The wait counts towards the new attempt's timeout.
 
 How jobs reach threads and how their ends get back to the event loop: :mod:`._threadpool`
 and :mod:`._loops`.
@@ -21,10 +24,15 @@ import anyio.lowlevel
 from panqueue._job import DONE, Job
 from panqueue.errors import ConfigError
 from panqueue.executors._loops import _Loop, current_loop
-from panqueue.executors._threadpool import PATIENCE, WAITING, Pool
+from panqueue.executors._threadpool import FINISHED, PATIENCE, WAITING, Pool
 from panqueue.executors.base import Executor, HandlerAborted, JobTimeout
 
 __all__ = ["PATIENCE", "ThreadExecutor"]
+
+# How often a run waiting for the thread of an earlier run of its job looks whether it has
+# returned. A rare path (an attempt abandoned while its handler ran on, then the job run here
+# again), and a handler that never returns must not hold a thread to watch it.
+_LEFT_POLL = 0.02
 
 
 class _Call:
@@ -133,9 +141,12 @@ class ThreadExecutor(Executor):
         super().__init__(handler)
         self._pool = Pool(f"panqueue-{handler.queue}")
         self._loop: _Loop | None = None
+        # Abandoned calls whose thread was still in the handler, by job id: a later run of
+        # the job waits for that thread (see the module's docstring).
+        self._left: dict[str, _Call] = {}
 
     async def run(self, job: Job, timeout: float | None) -> Any:
-        if timeout is not None:
+        if timeout is not None or (self._left and job.id in self._left):
             return await self._in_thread(_Call(self.handler.fn, self._current_loop(), job),
                                          timeout)
         # The same as _in_thread without a timeout, one coroutine fewer on the hot path.
@@ -161,31 +172,47 @@ class ThreadExecutor(Executor):
         return loop
 
     async def _in_thread(self, call: _Call, timeout: float | None) -> Any:
-        """Run ``call`` in a thread; its result, or raise what it raised."""
+        """Run ``call`` in a thread, once no thread runs an earlier call of its jobs; its
+        result, or raise what it raised."""
         loop = call.loop
-        loop.prepare(call)
-        self._pool.submit(call)
-        scope = None
+        submitted = False
         try:
-            if timeout is None:
+            with anyio.move_on_after(timeout) as scope:
+                if self._left:
+                    await self._after_earlier_runs(call)
+                loop.prepare(call)
+                self._pool.submit(call)
+                submitted = True
                 await loop.wait(call)
                 call.delivered = True
-            else:
-                with anyio.move_on_after(timeout) as scope:
-                    await loop.wait(call)
-                    call.delivered = True
         finally:
-            if not call.delivered:
-                self._abandon(call, scope is not None and scope.cancelled_caught)
+            if submitted and not call.delivered:
+                self._abandon(call, scope.cancelled_caught)
         if not call.delivered:
             raise JobTimeout(timeout or 0)
         return call.result()
 
+    async def _after_earlier_runs(self, call: _Call) -> None:
+        """Until no thread is left in the handler for an earlier call of ``call``'s jobs."""
+        for job in [call.job] if call.job is not None else call.chunk or ():
+            earlier = self._left.get(job.id)
+            if earlier is None:
+                continue
+            while earlier.state != FINISHED:
+                await anyio.sleep(_LEFT_POLL)
+            if self._left.get(job.id) is earlier:
+                del self._left[job.id]
+
     def _abandon(self, call: _Call, timed_out: bool) -> None:
         """Cancelled (shutdown, cancel request, lock lost) or timed out. A thread that runs the
-        call runs on, and another takes the next job."""
+        call runs on, and another takes the next job; a later run of the same job waits for it."""
         if self._pool.abandon(call):
             self.restarted("timeout" if timed_out else "stopped")
+            if self._left:  # forget the threads that have returned since
+                self._left = {job_id: left for job_id, left in self._left.items()
+                              if left.state != FINISHED}
+            for job in [call.job] if call.job is not None else call.chunk or ():
+                self._left[job.id] = call
 
     async def aclose(self) -> None:
         self._pool.close()
