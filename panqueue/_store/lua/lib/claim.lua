@@ -1,11 +1,13 @@
 -- lib/claim.lua: WAITING -> ACTIVE. Taking up to n jobs for one worker's free slots, each
 -- locked in the same step, honouring pause, the rate limit and keyed mode's round robin.
--- Needs: layout.lua, waiting.lua (the wait order, promotion, readiness), rate.lua, expiry.lua
--- (a job past its deadline to start is ended instead of claimed).
+-- Needs: layout.lua, waiting.lua, rate.lua, expiry.lua, claimable.lua. The wait order, promotion
+-- and readiness (waiting); a job past its deadline to start is ended instead of claimed (expiry);
+-- the rules that hold every job of the queue, shared with explain.lua (claimable).
 --!include layout.lua
 --!include waiting.lua
 --!include rate.lua
 --!include expiry.lua
+--!include claimable.lua
 
 -- The sooner of two waits in ms, where -1 means none.
 local function earliest(a, b)
@@ -57,22 +59,25 @@ local function claim(now, token, ttl, n, out)
   out[count_at] = 0
   out[count_at + 1] = -1
   local m = meta()
-  if n <= 0 or m.paused then
+  if n <= 0 then
     return
   end
-  if m.paused_until and tonumber(m.paused_until) > now then
-    out[count_at + 1] = tonumber(m.paused_until) - now  -- a handler's RateLimited: look then
+  local closed, wait = queue_closed(now)
+  if closed == 'paused' then
+    return
+  end
+  if closed == 'paused_until' then
+    out[count_at + 1] = wait  -- a handler's RateLimited: look then
     return
   end
   promote_due(now)
-  local global_limit = m.rate_max > 0 and not m.rate_per_key
+  if closed == 'rate' then
+    out[count_at + 1] = earliest(wait, wake_in(now))
+    return
+  end
+  local global_limit = wait ~= nil
   if global_limit then
-    local room, retry_in = rate_allowance(K_RATE, now)
-    if room == 0 then
-      out[count_at + 1] = earliest(retry_in, wake_in(now))
-      return
-    end
-    n = math.min(n, room)
+    n = math.min(n, wait)  -- the starts the rate window has room for
   end
   local count = 0
   if keyed() then
