@@ -96,6 +96,7 @@ class _Scripts:
         self.snooze = _load("snooze")
         self.rate_limited = _load("rate_limited")
         self.rate_take = _load("rate_take")
+        self.explain = _load("explain")
         self.pause_for = _load("pause_for")
         self.extend = _load("extend")
         self.stalled = _load("stalled")

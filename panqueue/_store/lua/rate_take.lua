@@ -14,6 +14,11 @@
 -- taken and not given back (a worker that died in between, or a claim that came too late and
 -- could not give it back) only leaves the window less full until it ages out.
 --
+-- The limit itself is the workers' setting, stored nowhere else: each call keeps the one it was
+-- given beside the window ("<window>:limit", STRING "<max>:<per>", living as long as a start in
+-- the window can), so that explain (panqueue/_store/ops/explain.py) can ask this script, with
+-- no start wanted, whether the window has room.
+--
 -- KEYS[1]  the queue's shared rate window (ZSET: start -> its deadline, ms)
 -- ARGV[1]  starts wanted   ARGV[2] the limit (max)   ARGV[3] the window (ms)
 -- ARGV[4]  a prefix unique to this call: the starts are "<prefix>:<i>"
@@ -28,6 +33,7 @@ local key, wanted, max, per = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ton
 -- loop), short next to the window: the starts it over-counts are the limit's only cost.
 local grace = math.max(50, math.floor(per / 20))
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now - per)
+redis.call('SET', key .. ':limit', max .. ':' .. per, 'PX', per + grace + 1000)
 local room = max - redis.call('ZCARD', key)
 if room <= 0 then
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')

@@ -13,9 +13,9 @@ import msgpack
 
 from panqueue._job import JobState, from_ms
 from panqueue._keys import QueueKeys
-from panqueue._store.ops.rate import effective_rate_limit
+from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.workers import WorkerInfo, workers
-from panqueue._store.transport import Batch, Command, Op
+from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue.errors import JobNotFound
 
 __all__ = ["Explanation", "Reason", "explain"]
@@ -57,29 +57,14 @@ def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
                    f"{batch.decode()}: client.batch)")
 
 
-def _why(keys: QueueKeys, job_id: str) -> Op[Explanation]:
+def _why(keys: QueueKeys, job_id: str, again: bool = True) -> Op[Explanation]:
     jkey = keys.job(job_id)
-    fields, meta, time_reply = yield Batch((
-        Command(("HMGET", jkey, "s", "ft", "fr", "k", "dx", "tk")),
-        Command(("HMGET", keys.meta, "paused", "mode", "kc", "rlm", "rlp", "rlk", "pu")),
-        Command(("TIME",)),
-    ))
+    fields = yield Command(("HMGET", jkey, "s", "ft", "fr", "k", "dx", "tk"))
     if fields[0] is None:
         raise JobNotFound(keys.name, job_id)
     state = JobState(fields[0].decode())
-    now = int(time_reply[0]) * 1000 + int(time_reply[1]) // 1000
     if state.is_final:
         return _finished(state, fields[1], fields[2])
-    if state is JobState.DELAYED:
-        due, history = yield Batch((Command(("ZSCORE", keys.delayed, job_id)),
-                                    Command(("HGET", jkey, "h"))))
-        last = _last_entry(history)
-        if last.get("type") == "Snoozed":
-            return Explanation(state, "snoozed", f"snoozed by its handler until {_at(due)} "
-                               f"(attempt {last.get('attempt')} raised Snooze; no attempt "
-                               "used); it moves to waiting then")
-        return Explanation(state, "delayed", f"delayed until {_at(due)}; it moves to waiting "
-                           "then (a worker's upkeep promotes it)")
     if state is JobState.BLOCKED:
         return (yield from _blocked(keys, job_id, fields[4]))
     live = yield from workers(keys)
@@ -105,39 +90,102 @@ def _why(keys: QueueKeys, job_id: str) -> Op[Explanation]:
         return Explanation(state, "running", "running, lock deadline "
                            f"{_at(deadline)}; no live worker reports it: if its worker died, "
                            "the stalled sweep puts it back to waiting after that deadline")
-    paused, mode, kc, rate_max, rate_per, rate_per_key, paused_until = meta
-    if paused is not None:
+    # Waiting or delayed: what holds it is what holds the claim, so the server answers with the
+    # claim's own rules (lua/explain.lua); only the words are written here.
+    verdict = yield ScriptCall(SCRIPTS.explain, (keys.prefix,), (job_id,))
+    kind = verdict[0].decode()
+    if kind not in ("delayed", "paused", "paused_until"):
+        state = JobState.WAITING  # a due delayed job: the script moved it, as a claim would
+    if kind == "state":
+        if again:  # it moved while it was read: explain where it is now
+            return (yield from _why(keys, job_id, again=False))
+        return Explanation(state, "delayed" if state is JobState.DELAYED else "queued",
+                           "its state changed while it was read; ask again")
+    return (yield from _held(keys, job_id, state, kind, verdict[1:], live))
+
+
+def _limit(limit: Any, per: Any, maximum: Any) -> str:
+    """The rate limit in force, in words: "<n> starts per <s> s", and by how much a handler's
+    RateLimited has cut an adaptive one."""
+    cut = f", cut from {int(maximum)} by RateLimited" if int(limit) < int(maximum) else ""
+    return f"{int(limit)} starts per {int(per) / 1000:g} s{cut}"
+
+
+def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[Any],
+          live: list[WorkerInfo]) -> Op[Explanation]:
+    """The words for the answer of lua/explain.lua (its header lists the answers)."""
+    if kind == "delayed":
+        history = yield Command(("HGET", keys.job(job_id), "h"))
+        last = _last_entry(history)
+        if last.get("type") == "Snoozed":
+            return Explanation(state, "snoozed", f"snoozed by its handler until "
+                               f"{_at(args[0])} (attempt {last.get('attempt')} raised "
+                               "Snooze; no attempt used); it moves to waiting then")
+        return Explanation(state, "delayed", f"delayed until {_at(args[0])}; it moves to "
+                           "waiting then (a worker's upkeep promotes it)")
+    if kind == "paused":
         return Explanation(state, "paused", f"queue {keys.name!r} is paused; "
                            "resume it (client.resume) and workers will claim the job")
-    if paused_until is not None and int(paused_until) > now and mode != b"keyed":
+    if kind == "paused_until":
         return Explanation(state, "rate_limited", "a handler raised RateLimited: queue "
-                           f"{keys.name!r} starts no job until {_at(paused_until)} "
+                           f"{keys.name!r} starts no job until {_at(args[0])} "
                            "(client.resume ends the pause now)")
+    if kind == "rate":
+        return Explanation(state, "rate_limited", "the queue's rate limit "
+                           f"({_limit(*args[1:4])}) is used up until {_at(args[0])}")
+    if kind == "expired":
+        return Explanation(state, "expired", f"its deadline to start passed at "
+                           f"{_at(args[0])} (add(..., expires=)): it will never run; the "
+                           "next claim or the expiry sweep ends it cancelled (expired)")
+    if kind == "key_limited":
+        return Explanation(state, "rate_limited", f"key {args[0].decode()!r} is rate limited "
+                           f"until {_at(args[1])} (its rate limit is used up, or a handler "
+                           "of the key raised RateLimited)")
+    if kind == "key_busy":
+        return (yield from _key_busy(keys, args[0].decode(), int(args[1]), int(args[2]),
+                                     int(args[3])))
+    if kind == "key_unready":
+        return Explanation(state, "key_busy", f"key {args[0].decode()!r} is not among the "
+                           "keys ready to start a job, though neither its limit nor its rate "
+                           "holds it: no claim takes it until a job of the key changes")
+    if kind == "rate_room":
+        ahead, room = int(args[0]), int(args[1])
+        return Explanation(state, "rate_limited", "the queue's rate limit "
+                           f"({_limit(*args[2:5])}) has room for {room} more "
+                           f"start{'s' * (room != 1)} now, and {ahead} "
+                           f"job{'s' * (ahead != 1)} start before it")
+    ahead, partitions, key = int(args[0]), int(args[1]), args[2].decode()
+    if partitions > 1:
+        shared = yield from _shared_window(keys, state, partitions)
+        if shared is not None:
+            return shared
     if not live:
         return Explanation(state, "no_worker", f"no live worker serves queue {keys.name!r}; "
                            "start one (panqueue worker) to run the job")
-    keyed = mode == b"keyed"
-    rate_max_n = int(rate_max or 0)
-    if rate_max_n > 0 and rate_per_key != b"1":
-        window = int(rate_per or 0)
-        limit = (yield from effective_rate_limit(keys)) or rate_max_n  # adaptive: maybe lower
-        # The claim drops the starts at or before now - window (lib/rate.lua).
-        since = f"({now - window}"
-        used = int((yield Command(("ZCOUNT", keys.rate, since, "+inf"))))
-        # The next start waits until enough starts leave the window to go below the limit.
-        leaving = [] if used < limit else (yield Command((
-            "ZRANGEBYSCORE", keys.rate, since, "+inf", "LIMIT", used - limit, 1)))
-        if leaving:
-            started = yield Command(("ZSCORE", keys.rate, leaving[0]))
-            free_at = int(float(started)) + window
-            cut = f", cut from {rate_max_n} by RateLimited" if limit < rate_max_n else ""
-            return Explanation(state, "rate_limited", f"the queue's rate limit ({limit} "
-                               f"starts per {window / 1000:g} s{cut}) is used up until "
-                               f"{_at(free_at)}")
-    if keyed:
-        return (yield from _keyed(keys, job_id, fields[3], int(kc or 1)))
-    ahead = yield Command(("ZRANK", keys.wait, job_id))
-    return _queued(state, int(ahead or 0), live)
+    if key:
+        return Explanation(state, "queued", f"waiting behind {ahead} job{'s' * (ahead != 1)} "
+                           f"of key {key!r}")
+    return _queued(state, ahead, live)
+
+
+def _shared_window(keys: QueueKeys, state: JobState, partitions: int
+                   ) -> Op[Explanation | None]:
+    """A partitioned queue's global rate limit: one window outside every partition, which the
+    workers take starts from before they claim (lua/rate_take.lua). Asked with the same script,
+    wanting no start: None when it has room (or the queue has no such limit)."""
+    saved = yield Command(("GET", keys.shared_rate + ":limit"))  # rate_take.lua keeps it there
+    if saved is None:
+        return None
+    limit, per = (int(part) for part in saved.split(b":", 1))
+    _, wake_in, _ = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
+                                     (0, limit, per, "explain"))
+    if int(wake_in) < 0:
+        return None
+    seconds, micros = yield Command(("TIME",))
+    free_at = int(seconds) * 1000 + int(micros) // 1000 + int(wake_in)
+    return Explanation(state, "rate_limited", f"the queue's rate limit ({limit} starts per "
+                       f"{per / 1000:g} s, one window for its {partitions} partitions) is used "
+                       f"up until {_at(free_at)}")
 
 
 def _last_entry(history: bytes | None) -> dict[Any, Any]:
@@ -185,35 +233,28 @@ def _blocked(keys: QueueKeys, job_id: str, dead: bytes | None) -> Op[Explanation
                        "once every dependency has completed")
 
 
-def _keyed(keys: QueueKeys, job_id: str, key_raw: bytes | None, kc: int) -> Op[Explanation]:
+def _key_busy(keys: QueueKeys, key: str, running: int, ahead: int, kc: int
+              ) -> Op[Explanation]:
     state = JobState.WAITING
-    key = key_raw.decode() if key_raw else ""
-    running, limited, position = yield Batch((
-        Command(("HGET", keys.key_active, key)),
-        Command(("ZSCORE", keys.limited, key)),
-        Command(("LPOS", keys.key_list(key), job_id)),
-    ))
-    if limited is not None:
-        return Explanation(state, "rate_limited", f"key {key!r} is rate limited until "
-                           f"{_at(limited)} (its rate limit is used up, or a handler of the "
-                           "key raised RateLimited)")
-    if int(running or 0) >= kc:
-        active = yield Command(("ZRANGE", keys.active, 0, _ACTIVE_SCAN - 1))
-        ids = [m.decode() for m in active]
-        owners = yield Batch(tuple(Command(("HGET", keys.job(i), "k")) for i in ids))
-        holders = [i for i, k in zip(ids, owners, strict=True) if k is not None
-                   and k.decode() == key]
-        return Explanation(state, "key_busy", f"key {key!r} is at its concurrency limit "
-                           f"({kc}): held by job{'s' if len(holders) != 1 else ''} "
-                           f"{', '.join(holders) or '(unknown)'}; it runs when one finishes")
-    ahead = int(position or 0)
-    return Explanation(state, "queued", f"waiting behind {ahead} job{'s' * (ahead != 1)} "
-                       f"of key {key!r}")
+    active = yield Command(("ZRANGE", keys.active, 0, _ACTIVE_SCAN - 1))
+    ids = [m.decode() for m in active]
+    owners = yield Batch(tuple(Command(("HGET", keys.job(i), "k")) for i in ids))
+    holders = [i for i, k in zip(ids, owners, strict=True) if k is not None
+               and k.decode() == key]
+    held = (f"held by job{'s' if len(holders) != 1 else ''} "
+            f"{', '.join(holders) or '(unknown)'}") if running else "none running yet"
+    behind = (f", and {ahead} job{'s' * (ahead != 1)} of the key wait before it"
+              if ahead else "")
+    return Explanation(state, "key_busy", f"key {key!r} is at its concurrency limit "
+                       f"({kc}): {held}{behind}; it runs when one finishes")
 
 
 def _queued(state: JobState, ahead: int, live: list[WorkerInfo]) -> Explanation:
     capacity = sum(w.concurrency for w in live)
+    busy = sum(len(w.running) for w in live)
+    full = (", all of them taken (as of the workers' last heartbeats): a claim takes it when "
+            "one frees") if busy >= capacity else ""
     return Explanation(state, "queued", f"waiting behind {ahead} job{'s' * (ahead != 1)}; "
                        f"{len(live)} live worker{'s' * (len(live) != 1)} with {capacity} "
                        f"slot{'s' * (capacity != 1)} in all serve{'s' * (len(live) == 1)} "
-                       "the queue")
+                       f"the queue{full}")
