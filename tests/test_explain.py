@@ -276,6 +276,20 @@ async def test_without_a_worker_explain_names_what_holds_the_job_first(
         await agree(client, store.keys.name, second, "rate_limited", lambda n: claim(store, n))
 
 
+async def test_all_slots_taken_is_said_and_a_free_slot_takes_the_job(
+        redis_url: str, store: ScriptStore) -> None:
+    """Every live worker's slots run jobs: nothing in the store holds the job, so it is
+    "queued" (a claim from any free slot takes it), and the detail says the slots are taken."""
+    first, second = store.add(2)
+    assert claim(store, 1) == [first]
+    store.t.run(transitions.heartbeat(store.keys, "w-full", MINUTE_MS, host="here", pid=1,
+                                      queues=[store.keys.name], concurrency=1, running=[first]))
+    async with QueueClient(redis_url) as client:
+        said = await client.explain(store.keys.name, second)
+        assert "1 slot in all serves the queue, all of them taken" in said.detail, said
+        await agree(client, store.keys.name, second, "queued", lambda n: claim(store, n))
+
+
 # ------------------------------------------------------------------------ partitioned queues
 
 PARTITIONS = 2
