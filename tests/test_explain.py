@@ -230,23 +230,24 @@ ARRANGEMENTS: list[Callable[[ScriptStore], tuple[str, str]]] = [
 ]
 
 
-def _slots(reason: str, detail: str) -> int:
-    """The free slots a claim needs to take a job explain says can start: one more than the
-    jobs it says go first."""
-    if reason not in STARTS_NOW:
-        return ALL_SLOTS
-    ahead = re.search(r"behind (\d+) job", detail)
-    return int(ahead[1]) + 1 if ahead else 1
-
-
 async def agree(client: QueueClient, queue: str, job_id: str, reason: str,
                 claim_now: Callable[[int], list[str]]) -> None:
     """explain gives ``reason``, and the claim takes the job exactly when that reason says it
-    can start now."""
+    can start now: when it can, the jobs explain says go first are the ones a claim takes
+    first, and the next slot takes the job."""
     said = await client.explain(queue, job_id)
     assert said.reason == reason, said
-    taken = claim_now(_slots(said.reason, said.detail))
-    assert (job_id in taken) == (said.reason in STARTS_NOW), (said, taken)
+    if said.reason not in STARTS_NOW:
+        taken = claim_now(ALL_SLOTS)
+        assert job_id not in taken, (said, taken)
+        return
+    behind = re.search(r"behind (\d+) job", said.detail)
+    ahead = int(behind[1]) if behind else 0
+    if ahead:
+        first = claim_now(ahead)
+        assert len(first) == ahead and job_id not in first, (said, first)
+    taken = claim_now(1)
+    assert taken == [job_id], (said, taken)
 
 
 @pytest.fixture
