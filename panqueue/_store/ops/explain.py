@@ -94,14 +94,31 @@ def _why(keys: QueueKeys, job_id: str, again: bool = True) -> Op[Explanation]:
     # claim's own rules (lua/explain.lua); only the words are written here.
     verdict = yield ScriptCall(SCRIPTS.explain, (keys.prefix,), (job_id,))
     kind = verdict[0].decode()
+    if kind == "state":
+        return (yield from _moved(keys, job_id, verdict[1].decode(), again))
     if kind not in ("delayed", "paused", "paused_until"):
         state = JobState.WAITING  # a due delayed job: the script moved it, as a claim would
-    if kind == "state":
-        if again:  # it moved while it was read: explain where it is now
-            return (yield from _why(keys, job_id, again=False))
-        return Explanation(state, "delayed" if state is JobState.DELAYED else "queued",
-                           "its state changed while it was read; ask again")
     return (yield from _held(keys, job_id, state, kind, verdict[1:], live))
+
+
+def _moved(keys: QueueKeys, job_id: str, now: str, again: bool) -> Op[Explanation]:
+    """The script found the job in another state than the one read just before (``now``; ''
+    when it is gone), or a due delayed job that no claim moves yet."""
+    if now == JobState.DELAYED.value:
+        # Due, behind more due jobs than one claim moves to waiting (lib/waiting.lua
+        # promote_due): no claim takes it before those.
+        return Explanation(JobState.DELAYED, "delayed", "due, behind other due jobs that "
+                           "claims and upkeep move to waiting first; it follows them")
+    if again:  # it moved while it was read: explain where it is now
+        return (yield from _why(keys, job_id, again=False))
+    if not now:
+        raise JobNotFound(keys.name, job_id)
+    state = JobState(now)
+    reason: Reason = ("running" if state is JobState.ACTIVE else "blocked"
+                      if state is JobState.BLOCKED else "finished" if state.is_final
+                      else "queued")
+    return Explanation(state, reason, f"it changed state twice while it was read, now "
+                       f"{state.value}; ask again")
 
 
 def _limit(limit: Any, per: Any, maximum: Any) -> str:
