@@ -252,18 +252,24 @@ def _blocked(keys: QueueKeys, job_id: str, dead: bytes | None) -> Op[Explanation
 
 def _key_busy(keys: QueueKeys, key: str, running: int, ahead: int, kc: int
               ) -> Op[Explanation]:
+    """Key ``key`` runs ``kc`` jobs at a time: ``running`` run and ``ahead`` of its jobs wait
+    before this one, which fills them."""
     state = JobState.WAITING
-    active = yield Command(("ZRANGE", keys.active, 0, _ACTIVE_SCAN - 1))
-    ids = [m.decode() for m in active]
-    owners = yield Batch(tuple(Command(("HGET", keys.job(i), "k")) for i in ids))
-    holders = [i for i, k in zip(ids, owners, strict=True) if k is not None
-               and k.decode() == key]
-    held = (f"held by job{'s' if len(holders) != 1 else ''} "
-            f"{', '.join(holders) or '(unknown)'}") if running else "none running yet"
-    behind = (f", and {ahead} job{'s' * (ahead != 1)} of the key wait before it"
-              if ahead else "")
-    return Explanation(state, "key_busy", f"key {key!r} is at its concurrency limit "
-                       f"({kc}): {held}{behind}; it runs when one finishes")
+    holders: list[str] = []
+    if running:
+        active = yield Command(("ZRANGE", keys.active, 0, _ACTIVE_SCAN - 1))
+        ids = [m.decode() for m in active]
+        owners = yield Batch(tuple(Command(("HGET", keys.job(i), "k")) for i in ids))
+        holders = [i for i, k in zip(ids, owners, strict=True) if k is not None
+                   and k.decode() == key]
+    held = f"job{'s' * (len(holders) != 1)} {', '.join(holders) or '(unknown)'}"
+    if not ahead:
+        return Explanation(state, "key_busy", f"key {key!r} is at its concurrency limit "
+                           f"({kc}): held by {held}; it runs when one finishes")
+    running_now = f"{running} running ({held}) and " if running else ""
+    return Explanation(state, "key_busy", f"key {key!r} runs {kc} job{'s' * (kc != 1)} at a "
+                       f"time, and its slots go to {running_now}{ahead} waiting before this "
+                       "one; it runs when those have started and a slot frees")
 
 
 def _queued(state: JobState, ahead: int, live: list[WorkerInfo]) -> Explanation:
