@@ -25,6 +25,7 @@ import functools
 import zlib
 from dataclasses import dataclass
 
+from panqueue._check import check_int
 from panqueue.errors import ConfigError
 
 __all__ = ["CLUSTER_SLOTS", "LEGACY_PLACEMENT", "MAX_PARTITIONS", "SPREAD_PLACEMENT", "BatchKeys",
@@ -68,9 +69,7 @@ def check_job_id(job_id: object) -> str:
 
 def check_partitions(n: object) -> int:
     """Return a valid partition count, else raise :class:`ConfigError`."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PARTITIONS:
-        raise ConfigError(f"partitions must be an int between 1 and {MAX_PARTITIONS}, got {n!r}")
-    return n
+    return check_int(n, "partitions", low=1, high=MAX_PARTITIONS)
 
 
 def route(n: int, job_id: str | None = None, key: str | None = None) -> int | None:

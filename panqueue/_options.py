@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from panqueue._check import check_flag, check_int, check_number, check_one_of
 from panqueue.errors import ConfigError
 
 __all__ = ["Backoff", "JobOptions", "Permissions", "check_positive", "check_priority"]
@@ -45,13 +46,11 @@ class Backoff:
     jitter: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in ("fixed", "exponential"):
-            raise ConfigError(f"backoff kind must be 'fixed' or 'exponential', got {self.kind!r}")
+        check_one_of(self.kind, "backoff kind", ("fixed", "exponential"))
         check_positive(self.delay, "backoff delay", allow_zero=True)
         if self.max is not None:
             check_positive(self.max, "backoff max")
-        if not isinstance(self.jitter, bool):
-            raise ConfigError(f"backoff jitter must be a bool, got {self.jitter!r}")
+        check_flag(self.jitter, "backoff jitter")
 
     @classmethod
     def exponential(cls, base: float = 1.0, *, max: float | None = 60.0,
@@ -106,28 +105,20 @@ class JobOptions:
 
 def check_positive(value: object, what: str, *, allow_zero: bool = False) -> float:
     """A duration in seconds: a finite number, > 0 (or >= 0), at most :data:`MAX_SECONDS`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero) or value != value:
-        raise ConfigError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    if value > MAX_SECONDS:
-        raise ConfigError(f"{what} must be at most {MAX_SECONDS} s (100 years), got {value!r}")
-    return float(value)
+    seconds = check_number(value, what)
+    if seconds < 0 or (seconds == 0 and not allow_zero) or seconds != seconds:
+        raise ConfigError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, got {seconds!r}")
+    if seconds > MAX_SECONDS:
+        raise ConfigError(f"{what} must be at most {MAX_SECONDS} s (100 years), got {seconds!r}")
+    return float(seconds)
 
 
 def check_attempts(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
-        raise ConfigError(f"attempts must be an int between 1 and {MAX_ATTEMPTS}, got {value!r}")
-    return value
+    return check_int(value, "attempts", low=1, high=MAX_ATTEMPTS)
 
 
 def check_priority(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"priority must be an int, got {value!r}")
-    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
-        raise ConfigError(f"priority must be between -{MAX_PRIORITY} and {MAX_PRIORITY}, "
-                          f"got {value}")
-    return value
+    return check_int(value, "priority", low=-MAX_PRIORITY, high=MAX_PRIORITY)
 
 
 def options_to_wire(attempts: int | None, backoff: Backoff | None,
@@ -162,9 +153,8 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("memory_mb", "cpu_seconds", "open_files"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ConfigError(f"Limits.{name} must be an int >= 1, got {value!r}")
+            if value is not None:
+                check_int(value, f"Limits.{name}", low=1)
 
 
 # What a subprocess handler's child inherits from the worker's environment when env= is not
@@ -203,14 +193,8 @@ class Retention:
 
     def __post_init__(self) -> None:
         for name in ("completed", "failed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-                raise ConfigError(f"Retention.{name} must be an int >= -1 (-1 keeps all), "
-                                  f"got {value!r}")
-        if (isinstance(self.history, bool) or not isinstance(self.history, int)
-                or self.history < 0):
-            raise ConfigError(f"Retention.history must be an int >= 0 (0 keeps no history), "
-                              f"got {self.history!r}")
+            check_int(getattr(self, name), f"Retention.{name}", low=-1, note=" (-1 keeps all)")
+        check_int(self.history, "Retention.history", low=0, note=" (0 keeps no history)")
         for name in ("completed_for", "failed_for"):
             value = getattr(self, name)
             if value is not None:
@@ -239,13 +223,11 @@ class RateLimit:
     recover_every: float = 60.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1:
-            raise ConfigError(f"RateLimit.max must be an int >= 1, got {self.max!r}")
+        check_int(self.max, "RateLimit.max", low=1)
         check_positive(self.per, "RateLimit.per")
         if self.per < 0.001:
             raise ConfigError(f"RateLimit.per must be at least 0.001 s, got {self.per!r}")
-        if not isinstance(self.adaptive, bool):
-            raise ConfigError(f"RateLimit.adaptive must be a bool, got {self.adaptive!r}")
+        check_flag(self.adaptive, "RateLimit.adaptive")
         check_positive(self.recover_every, "RateLimit.recover_every")
         if self.recover_every < 0.001:
             raise ConfigError("RateLimit.recover_every must be at least 0.001 s, "
@@ -278,9 +260,7 @@ class Dedup:
         if not isinstance(self.key, str) or not self.key or not self.key.isprintable():
             raise ConfigError(f"Dedup.key must be a non-empty printable str, got {self.key!r}")
         check_positive(self.ttl, "Dedup.ttl")
-        if self.strategy not in DEDUP_STRATEGIES:
-            raise ConfigError(f"Dedup.strategy must be one of {', '.join(DEDUP_STRATEGIES)}, "
-                              f"got {self.strategy!r}")
+        check_one_of(self.strategy, "Dedup.strategy", DEDUP_STRATEGIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +273,7 @@ class Chunk:
     wait: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ConfigError(f"Chunk.size must be an int >= 1, got {self.size!r}")
+        check_int(self.size, "Chunk.size", low=1)
         check_positive(self.wait, "Chunk.wait", allow_zero=True)
 
 
@@ -398,9 +377,8 @@ class Permissions:
                               f"got {self.listen!r}")
         listen = tuple(self.listen)
         for port in listen:
-            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-                raise ConfigError(f"Permissions.listen entries must be ports (ints from 1 to "
-                                  f"65535), got {port!r}")
+            check_int(port, "Permissions.listen entries", low=1, high=65535,
+                      expected="ports (ints from 1 to 65535)")
         set_(self, "listen", listen)
         if isinstance(self.env, (str, bytes)) or not isinstance(self.env, Iterable):
             raise ConfigError(f"Permissions.env must be a list of variable names or globs, "
@@ -411,16 +389,11 @@ class Permissions:
                 raise ConfigError(f"Permissions.env entries must be variable names or globs, "
                                   f"got {name!r}")
         set_(self, "env", env)
-        if isinstance(self.processes, bool) or not isinstance(self.processes, int) \
-                or self.processes < 0:
-            raise ConfigError(f"Permissions.processes must be an int >= 0, "
-                              f"got {self.processes!r}")
+        check_int(self.processes, "Permissions.processes", low=0)
         if self.run and not self.processes:
             raise ConfigError("Permissions.run needs processes >= 1: a program runs in a process "
                               "of its own")
-        if self.on_unsupported not in ON_UNSUPPORTED:
-            raise ConfigError(f"Permissions.on_unsupported must be 'fail' or 'warn', "
-                              f"got {self.on_unsupported!r}")
+        check_one_of(self.on_unsupported, "Permissions.on_unsupported", ON_UNSUPPORTED)
 
     def net_ports(self) -> set[int]:
         """The TCP ports of the ``net`` grants (for the kernel's port rules)."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
+from panqueue._check import check_int, check_one_of
 from panqueue._job import Job, PayloadT
 from panqueue._keys import check_partitions, check_queue_name
 from panqueue._options import (
@@ -227,15 +228,11 @@ class Registry:
             check_priority(job_defaults["priority"])
         if "delay" in job_defaults:
             check_positive(job_defaults["delay"], "delay", allow_zero=True)
-        if concurrency is not None and (isinstance(concurrency, bool)
-                                        or not isinstance(concurrency, int) or concurrency < 1):
-            raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        if isinstance(max_stalls, bool) or not isinstance(max_stalls, int) or max_stalls < 0:
-            raise ConfigError(f"max_stalls must be an int >= 0, got {max_stalls!r}")
-        if max_snoozes is not None and (isinstance(max_snoozes, bool)
-                                        or not isinstance(max_snoozes, int) or max_snoozes < 0):
-            raise ConfigError(f"max_snoozes must be an int >= 0 or None (no limit), "
-                              f"got {max_snoozes!r}")
+        if concurrency is not None:
+            check_int(concurrency, "concurrency", low=1)
+        check_int(max_stalls, "max_stalls", low=0)
+        if max_snoozes is not None:
+            check_int(max_snoozes, "max_snoozes", low=0, note=" or None (no limit)")
         if retention is not None and not isinstance(retention, Retention):
             raise ConfigError(f"retention must be a panqueue.Retention, got {retention!r}")
         if backoff is not None and not isinstance(backoff, Backoff):
@@ -261,11 +258,8 @@ class Registry:
                                   "permissions= (a confined child leads a process group of its "
                                   "own, ended whole with it)")
             permissions = permissions.resolved(name)
-        if mode not in ("global", "keyed"):
-            raise ConfigError(f"mode for queue {name!r} must be 'global' or 'keyed', got {mode!r}")
-        if isinstance(key_concurrency, bool) or not isinstance(key_concurrency, int) \
-                or key_concurrency < 1:
-            raise ConfigError(f"key_concurrency must be an int >= 1, got {key_concurrency!r}")
+        check_one_of(mode, f"mode for queue {name!r}", ("global", "keyed"))
+        check_int(key_concurrency, "key_concurrency", low=1)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise ConfigError(f"rate_limit must be a panqueue.RateLimit, got {rate_limit!r}")
         if rate_limit is not None and rate_limit.per_key and mode != "keyed":
@@ -344,10 +338,8 @@ def _isolation(queue: str, limits: Limits | None, env: Sequence[str] | None, cwd
     if env is not None and (isinstance(env, str) or not all(isinstance(v, str) for v in env)):
         raise ConfigError(f"env for queue {queue!r} must be a list of variable names, "
                           f"got {env!r}")
-    if max_jobs_per_child is not None and (isinstance(max_jobs_per_child, bool) or not
-                                           isinstance(max_jobs_per_child, int)
-                                           or max_jobs_per_child < 1):
-        raise ConfigError(f"max_jobs_per_child must be an int >= 1, got {max_jobs_per_child!r}")
+    if max_jobs_per_child is not None:
+        check_int(max_jobs_per_child, "max_jobs_per_child", low=1)
     return Isolation(env=DEFAULT_CHILD_ENV if env is None else tuple(env), cwd=cwd,
                      limits=limits, max_jobs_per_child=max_jobs_per_child,
                      new_session=new_session)

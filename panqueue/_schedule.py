@@ -32,6 +32,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 
+from panqueue._check import check_one_of
 from panqueue._codec import check_json_compatible, encode
 from panqueue._keys import check_queue_name
 from panqueue._options import Backoff, check_positive, check_priority, options_to_wire
@@ -102,9 +103,7 @@ class Schedule:
                 raise ConfigError(f"schedule {name!r}: cron expression {cron!r} never matches "
                                   f"a date (check the day of month against the months)"
                                   ) from None
-        if not isinstance(misfire, str) or misfire not in MISFIRE_POLICIES:
-            raise ConfigError(f"schedule {name!r}: misfire must be 'skip', 'once' or 'all', "
-                              f"got {misfire!r}")
+        check_one_of(misfire, f"schedule {name!r}: misfire", MISFIRE_POLICIES)
         grace = check_positive(grace, f"schedule {name!r}: grace")
         check_json_compatible(data, f"schedule {name!r}: data")
         return cls(name, queue, cron, every, tz, data, check_priority(priority),

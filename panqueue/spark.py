@@ -32,6 +32,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
+from panqueue._check import check_int
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, check_queue_name
 from panqueue._options import Backoff
@@ -153,8 +154,7 @@ def enqueue_dataframe(
         raise ConfigError(f"mode must be 'global' or 'keyed', got {mode!r}")
     check_queue_name(queue)
     url = check_url(resolve_url(url))
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    check_int(batch_size, "batch_size", low=1)
     columns = set(df.columns)
     for name, column in (("id_column", id_column), ("data_column", data_column),
                          ("key_column", key_column), ("priority_column", priority_column),
@@ -419,8 +419,7 @@ def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"path must be a non-empty str or path (where the Parquet dataset "
                           f"goes), got {path!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    check_int(batch_size, "batch_size", low=1)
     exported = batches = lost = 0
     transport = SyncTransport(url)
     try:

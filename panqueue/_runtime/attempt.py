@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from panqueue import _tracing
+from panqueue._check import is_number
 from panqueue._codec import check_json_compatible, decode, encode
 from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._options import JobOptions
@@ -216,7 +217,7 @@ def failure_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, d
 
 def _requested_delay(what: str, delay: object) -> float | str:
     """The delay in seconds a Retry or a Snooze asked for, or why it is unusable."""
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+    if not is_number(delay):
         return f"{what} must be a number of seconds, got {delay!r}"
     if not math.isfinite(delay) or delay < 0 or delay > _MAX_RETRY_DELAY:
         return f"{what} must be finite, >= 0 and at most {_MAX_RETRY_DELAY:g} s, got {delay!r}"

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 import panqueue.errors
+from panqueue._check import check_flag
 from panqueue._client import SyncQueueClient
 from panqueue._codec import check_json_compatible
 from panqueue._job import JobInfo, JobState
@@ -146,11 +147,9 @@ class PanqueueBackend(BaseTaskBackend):
             raise ConfigError(f"{where}['OPTIONS']['retention'] must be a panqueue.Retention, "
                               f"got {retention!r}")
         self.retention: Retention | None = retention
-        on_commit = params.get("ENQUEUE_ON_COMMIT", True)
-        if not isinstance(on_commit, bool):
-            raise ConfigError(f"{where}['ENQUEUE_ON_COMMIT'] must be True or False, "
-                              f"got {on_commit!r}")
-        self.enqueue_on_commit = on_commit
+        self.enqueue_on_commit = check_flag(params.get("ENQUEUE_ON_COMMIT", True),
+                                            f"{where}['ENQUEUE_ON_COMMIT']",
+                                            expected="True or False")
         if not self.queues:
             raise ConfigError(f"{where}['QUEUES'] must name at least one queue")
         for queue in self.queues:

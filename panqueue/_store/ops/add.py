@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from panqueue._check import check_number
 from panqueue._codec import encode, encode_checked
 from panqueue._keys import QueueKeys, check_job_id
 from panqueue._options import MAX_SECONDS, Dedup, check_positive, check_priority, options_to_wire
@@ -65,9 +66,7 @@ def _expiry(expires: object) -> tuple[int, int]:
             raise ConfigError(f"expires must be at most {MAX_SECONDS} s (100 years) from now, "
                               f"got {expires.isoformat()}")
         return 0, int(expires.timestamp() * 1000) or -1  # 0 means none: the epoch is past
-    if isinstance(expires, bool) or not isinstance(expires, (int, float)):
-        raise ConfigError(f"expires must be a number of seconds or a timezone-aware datetime, "
-                          f"got {expires!r}")
+    check_number(expires, "expires", expected="a number of seconds or a timezone-aware datetime")
     return max(1, int(check_positive(expires, "expires") * 1000)), 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgpack
 
+from panqueue._check import check_int
 from panqueue._codec import decode
 from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
@@ -255,10 +256,8 @@ def list_jobs(keys: QueueKeys, state: JobState | str, limit: int = 100, offset: 
     except ValueError:
         raise ConfigError(f"unknown job state {state!r} (one of: "
                           f"{', '.join(s.value for s in JobState)})") from None
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigError(f"limit must be an int >= 1, got {limit!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ConfigError(f"offset must be an int >= 0, got {offset!r}")
+    check_int(limit, "limit", low=1)
+    check_int(offset, "offset", low=0)
     ids = yield from list_ids(keys, state, limit, offset)
     jobs = yield from read_jobs(keys, ids, states=(state,))
     return jobs
