@@ -11,10 +11,11 @@
 #           workers (-n $PYTEST_WORKERS, default 6: most tests wait on servers and processes
 #           more than they compute; tests/conftest.py keeps a module with a module-scoped
 #           fixture on one worker and hands the slowest tests out first). --durations=15.
-#   py3.12  Python 3.12 with the oldest redis-py that pyproject.toml allows ("redis>=X"), in
+#   py3.12  Python 3.12 with the oldest version that pyproject.toml allows of every core
+#           dependency (each "name>=X" of [project] dependencies, installed as name==X), in
 #           .venv-py312: the core subset (below) and the tests that drive redis-py itself
 #           beyond it (connections and errors, the cluster client). One leg proves both the
-#           floor and the Python: the newest redis-py runs on 3.11 and 3.13.
+#           floors and the Python: the newest dependencies run on 3.11 and 3.13.
 #   py3.13  Python 3.13 with the newest dependencies, in .venv-py313: the core subset, and the
 #           Django tests on Django 6 and its built-in django.tasks (the main run has Django 5.2
 #           and the django-tasks package).
@@ -41,19 +42,20 @@ if ! command -v faketime >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && apt-get install -y -qq faketime) >/dev/null 2>&1 || echo "could not install faketime"
 fi
 
-# The floor: "redis>=X" or "redis>=X,<Y" in [project] dependencies.
-floor=$(sed -n 's/^ *"redis>=\([0-9][0-9.]*\)\(,[^"]*\)\{0,1\}",*$/\1/p' pyproject.toml)
-if [ -z "$floor" ]; then
-  echo "cannot read the redis floor (\"redis>=X\") from pyproject.toml" >&2
-  exit 1
-fi
-
-# The oldest anyio the dependencies allow ("anyio>=X"), installed in the same leg.
-anyio_floor=$(sed -n 's/^ *"anyio>=\([0-9][0-9.]*\)",*$/\1/p' pyproject.toml)
-if [ -z "$anyio_floor" ]; then
-  echo "cannot read the anyio floor (\"anyio>=X\") from pyproject.toml" >&2
-  exit 1
-fi
+# The floors: name==X for each "name>=X" (or "name>=X,<Y") of [project] dependencies. A
+# dependency without one fails the run: every core dependency states the oldest it works with.
+floors=$(.venv/bin/python - <<'EOF'
+import re, sys, tomllib
+with open("pyproject.toml", "rb") as file:
+    dependencies = tomllib.load(file)["project"]["dependencies"]
+for dependency in dependencies:
+    floor = re.fullmatch(r"([A-Za-z0-9._-]+)>=([0-9][0-9.]*)(,<[0-9.]+)?", dependency)
+    if floor is None:
+        sys.exit(f"pyproject.toml: no floor (name>=X) in the dependency {dependency!r}")
+    print(f"{floor[1]}=={floor[2]}")
+EOF
+)
+read -r -d '' -a floors <<<"$floors" || true
 
 find_python() {  # find_python 3.12: the path of a CPython 3.12 interpreter, or nothing
   local wanted=$1 candidate
@@ -97,8 +99,8 @@ leg_python() {  # leg_python 3.13
   fi
   local packages=(-e ".[dev,trio,embedded]") files=("${core_subset[@]}")
   if [ "$minor" = 3.12 ]; then
-    echo "== pytest, core subset and redis-py's, on Python $minor ($python), redis-py $floor, anyio $anyio_floor"
-    packages+=("redis==$floor" "anyio==$anyio_floor")
+    echo "== pytest, core subset and redis-py's, on Python $minor ($python), floors: ${floors[*]}"
+    packages+=("${floors[@]}")
     files+=(tests/test_connections.py tests/test_cluster.py)
   else
     echo "== pytest, core subset and Django 6, on Python $minor ($python)"
