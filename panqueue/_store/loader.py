@@ -5,6 +5,10 @@ order they are named, depth first (an include names the includes it needs the sa
 each is pasted once per script: Lua locals must be defined before the code that uses them, and
 twice would redefine them. An unknown include, an include cycle or a ``#!lua`` shebang anywhere
 but on a script's first line is an error at import time, not a script Redis refuses later.
+
+Each script's header states its KEYS, its ARGV, what it returns and its invariants; the ARGV
+follow one grammar (``ARGV[i]``, a tail ``ARGV[i..]``, ``ARGV     none``), which
+``tests/test_lua_contract.py`` reads to hold them to what Python sends and what the Lua reads.
 """
 
 from __future__ import annotations

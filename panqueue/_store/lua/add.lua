@@ -5,7 +5,7 @@
 -- ARGV[1]  number of jobs n   ARGV[2] the producer's declared mode ('' | global | keyed)
 -- ARGV[3]  the producer's declared partition ("<count>:<index>:<version>", '' = as stored;
 --          lib/layout.lua partition_problem)
---          then n groups of 14: id ('' = generate), data (msgpack), priority, delay ms,
+-- ARGV[4..] n groups of 14: id ('' = generate), data (msgpack), priority, delay ms,
 --          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
 --          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy,
 --          expires in ms (0 = none; from the server's clock), expires at ms (0 = none): the
@@ -13,19 +13,20 @@
 --          batch id ('' = none; registered in the batch beforehand, panqueue/_batch.py;
 --          after a tab: the id's ending is recorded in the batch already, batch_register.lua,
 --          so the add may return the job it names but not create it: refused otherwise)
---          then (optional) n tokens: item i's identity token ('' = none), when a pointer in
---          another partition names the job (lib/identity.lua), followed by "\t<partition>"
---          when that partition holds its custom id's pointer (the job keeps it, field ih); an
---          add whose token was fenced here is refused
+--          then (absent when no item has one) n tokens: item i's identity token ('' = none),
+--          when a pointer in another partition names the job (lib/identity.lua), followed by
+--          "\t<partition>" when that partition holds its custom id's pointer (the job keeps it,
+--          field ih); an add whose token was fenced here is refused
 -- Returns  {id1, created1, ...}; or {'!', message} when the batch is refused (nothing written):
---          an item with a value out of range (new_job_problem in lib/new_job.lua), a key that
+--          an item with a value out of range (new_job_problem, lib/new_job_checks.lua), a key that
 --          does not fit the queue's mode, a layout that is not this partition's ('layout
 --          changed': the producer reads the layout again and routes anew), or an unknown
 --          dependency (checked before the item's identity, whatever its id or dedup key
 --          names), an id of a batch job that ended and no longer exists (in the batch or in
 --          this partition's batch outbox: the batch counts each id once); {'\t~', i} when
---          item i's token was fenced (its identity went to another add: look again), {'\t?', i, kind, name, pointer} when item i's custom id (kind 'id')
---          or dedup key ('dd') has its home here and a pointer to a job in another partition
+--          item i's token was fenced (its identity went to another add: look again);
+--          {'\t?', i, kind, name, pointer} when item i's custom id (kind 'id') or dedup key
+--          ('dd') has its home here and a pointer to a job in another partition
 --          (lib/identity.lua), which the producer must look at first.
 -- Invariants: a job is in exactly one state set; keyed queues get keyed jobs only and global
 --          queues unkeyed ones; dependencies exist (in the queue or earlier in the batch);
@@ -36,8 +37,11 @@
 --          when it was deleted since (a later dedup replace), it no longer exists and the
 --          dependent fails at once (add_job). No dependent waits for a job that is not there.
 --!include layout.lua
+--!include settings.lua
+--!include partition.lua
 --!include waiting.lua
 --!include new_job.lua
+--!include new_job_checks.lua
 --!include handoff.lua
 
 local n = tonumber(ARGV[1])

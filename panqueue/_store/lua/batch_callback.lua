@@ -22,6 +22,7 @@
 --!include layout.lua
 --!include waiting.lua
 --!include new_job.lua
+--!include new_job_checks.lua
 --!include handoff.lua
 
 local batch = ARGV[1]

@@ -8,6 +8,9 @@
 --          removed: deleted before it ended)
 -- Returns  the batch's answer (lib/batch_layout.lua), 'fire' once every job of the closed
 --          batch ended; {'gone'} when there is no such batch (it expired: nothing to count).
+-- Invariants: each registered job counts once, in c or f, however often its ending is relayed
+--          ("ended" holds only registered jobs, and c + f is its size); the ending of a job that is
+--          not registered counts nothing.
 --!include batch_layout.lua
 
 if missing() then

@@ -14,6 +14,9 @@
 --          only the ids it registered; or
 --          {'!', message}, nothing written, when the batch does not exist, has fired, or is
 --          closed (and these are not callbacks).
+-- Invariants: a job is registered before it is added, so the batch cannot fire while the job is on
+--          its way; no job joins a fired batch, nor a closed one (a child batch's callbacks aside);
+--          an id whose ending was recorded is never counted again.
 --!include batch_layout.lua
 
 local refused = missing()

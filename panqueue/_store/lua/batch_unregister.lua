@@ -5,6 +5,9 @@
 -- KEYS[1]  batch prefix "{b:<id>}:" (lib/batch_layout.lua)
 -- ARGV[1]  the jobs' queue   ARGV[2..] job ids
 -- Returns  the batch's answer (lib/batch_layout.lua); {'gone'} when there is no such batch.
+-- Invariants: only registrations whose ending was not recorded are taken back, so c + f stays the
+--          size of "ended", at most that of "jobs"; a closed batch that waited only for these fires
+--          here.
 --!include batch_layout.lua
 
 if missing() then

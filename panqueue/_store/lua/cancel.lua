@@ -6,9 +6,15 @@
 -- (stalled.lua).
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  job id   ARGV[2] keep cancelled (-1 = all) when no worker has set the queue's
+-- ARGV[1]  job id   ARGV[2] how many cancelled jobs the queue keeps (-1 = all) when no worker
+--          has set its retention (meta kf, which wins: a producer cannot know a worker's
+--          Retention.failed; panqueue/_store/ops/queue.py sends Retention's default)
 -- Returns  the state the job was in (a final state is left unchanged), or false when there is
 --          no such job.
+-- Invariants: a job in a final state is never changed. A job that waits, is delayed or is blocked
+--          ends CANCELLED in this step, and its dependents fail with it (end_job), so none waits
+--          for it. An ACTIVE job is never ended here, only marked and told: the run that holds its
+--          lock ends it, so no worker runs a job that is no longer ACTIVE.
 --!include layout.lua
 --!include waiting.lua
 --!include finish.lua

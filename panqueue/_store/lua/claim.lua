@@ -21,6 +21,7 @@
 --          claim and lock are one step; a resent call claims nothing more (it answers the
 --          jobs the first call claimed that its token still holds).
 --!include layout.lua
+--!include settings.lua
 --!include claim.lua
 --!include memo.lua
 --!include handoff.lua

@@ -6,6 +6,9 @@
 -- ARGV[1]  max age of completed jobs ms (-1: no limit)   ARGV[2] of failed/cancelled jobs
 -- ARGV[3]  limit per set per call
 -- Returns  how many jobs were deleted
+-- Invariants: only finished jobs are deleted, each with its dependency edges (delete_job:
+--          dependents still blocked on it fail); a job's age is the server's time since it finished
+--          (its score in the set).
 --!include layout.lua
 --!include finish.lua
 

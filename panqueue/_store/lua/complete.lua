@@ -5,12 +5,16 @@
 -- KEYS[1]  queue prefix
 -- ARGV[1]  keep completed (-1 = all)   ARGV[2] lock token for claimed jobs (fresh for this
 --          call: also its request id, see lib/memo.lua)   ARGV[3] lock ttl ms
--- ARGV[4]  k, then k groups: job id, lock token, result (msgpack), claim a next job (1/0)
+-- ARGV[4]  k   ARGV[5..] k groups of 4: job id, lock token, result (msgpack), claim a next job
+--          (1/0)
 -- Returns  {status1, ..., statusk, count, wake_in, jobs...} (see claim). A status is COMPLETED,
 --          or LOCK_LOST when the token does not match: that job's lock was lost (it stalled
 --          and may run elsewhere) and it was left unchanged (lib/status.lua). One job is claimed
 --          for each completed job that asked for a next one. A resent call answers as the
 --          first one did and changes nothing.
+-- Invariants: only the holder of a job's lock completes it (a lost lock changes nothing); only a
+--          COMPLETED job releases its dependents; the claim of the next jobs is the same step
+--          (claim.lua's invariants); a resent call answers from memory and changes nothing.
 --!include layout.lua
 --!include status.lua
 --!include waiting.lua

@@ -2,7 +2,7 @@
 -- extend: renew the locks of a worker's running jobs (one call for all of them).
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  lock ttl ms, then pairs: job id, lock token
+-- ARGV[1]  lock ttl ms   ARGV[2..] pairs: job id, lock token
 -- Returns  the locks that are lost, as job id, token pairs (flat): the job's token no longer
 --          matches (the lock expired and the job was taken away); their deadlines are untouched.
 --          A lock is the pair: the jobs one claim took share its token, and one worker may

@@ -10,8 +10,10 @@
 --          "<job id>\t<partition>\t<token>\t<since>" for a dedup key; since is replaced by
 --          this server's clock); for 'clear' / 'extend': the id or dedup key; for 'forget':
 --          "<partition>\t<token>", the pointer that named the deleted job
--- ARGV[4]  for 'dd': the dedup ttl ms; for 'clear' / 'extend': the pointer expected
+-- ARGV[4]  for 'dd': the dedup ttl ms; for 'clear' / 'extend': the pointer expected ('forget':
+--          absent)
 -- ARGV[5]  for 'dd': the dedup strategy (keep | extend | replace); for 'extend': the ttl ms
+--          ('clear' and 'forget': absent)
 -- Returns  reserve: {'won', pointer} (written, as stored), {'job', id} (the identity names a job
 --          here: the add returns it), {'ptr', pointer} (another add's pointer: look at its
 --          job first, identity_check.lua); 'clear' / 'extend' / 'forget': {'ok'} or {'moved'}

@@ -4,6 +4,8 @@
 -- KEYS[1]  queue prefix
 -- ARGV[1]  '1' pauses, '0' resumes
 -- Returns  1
+-- Invariants: a pause lasts until resumed; adds are never refused while paused; a resume wakes idle
+--          workers, so none sleeps past the work the pause held back.
 --!include layout.lua
 --!include waiting.lua
 

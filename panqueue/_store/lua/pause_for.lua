@@ -5,7 +5,10 @@
 -- KEYS[1]  queue prefix (one partition)
 -- ARGV[1]  ms from now (this partition's server clock)
 -- Returns  the time the partition is paused until (ms)
+-- Invariants: a pause only ever grows (a shorter one leaves a longer one as it is); the partition's
+--          own clock decides when it ends.
 --!include layout.lua
+--!include settings.lua
 
 local until_ms = now_ms() + tonumber(ARGV[1])
 local current = tonumber(meta().paused_until or '0')

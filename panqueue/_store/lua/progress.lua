@@ -4,6 +4,8 @@
 -- ARGV[1]  job id   ARGV[2] lock token   ARGV[3] 'p' (progress) or 'l' (log)
 -- ARGV[4]  value (msgpack progress, or the log line)   ARGV[5] max log lines kept
 -- Returns  1, or 0 when the lock is lost (nothing written)
+-- Invariants: only the holder of the job's lock writes (a stalled run whose job moved on writes
+--          nothing); the log keeps the newest ARGV[5] lines at most.
 --!include layout.lua
 
 local id = ARGV[1]

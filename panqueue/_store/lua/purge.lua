@@ -14,6 +14,7 @@
 -- purge of 'all' deletes next). States are visited blocked first and finished last, so those
 -- cascades land where the same purge still looks.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include finish.lua
 

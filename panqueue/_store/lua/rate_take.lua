@@ -26,12 +26,18 @@
 --          prefix:taken); when none were, ms until the oldest start leaves the window; and the
 --          deadline (ms, this server's clock) by which the claim using them must run.
 -- Invariants: the window holds at most `max` starts; a start's score is its deadline.
+
+-- The grace: GRACE_PERCENT of the window, at least GRACE_MIN_MS (docs/scaling.md says the same;
+-- tests/test_lua_contract.py holds the two together).
+local GRACE_PERCENT = 5
+local GRACE_MIN_MS = 50
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local key, wanted, max, per = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 -- Long enough for a take's reply and the claim's call (a round trip each, and a busy event
 -- loop), short next to the window: the starts it over-counts are the limit's only cost.
-local grace = math.max(50, math.floor(per / 20))
+local grace = math.max(GRACE_MIN_MS, math.floor(per * GRACE_PERCENT / 100))
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now - per)
 redis.call('SET', key .. ':limit', max .. ':' .. per, 'PX', per + grace + 1000)
 local room = max - redis.call('ZCARD', key)

@@ -21,6 +21,7 @@
 --          then every client routes by the old layout, whose partitions the change has already
 --          closed to it (they refuse, the client retries) or that still hold their jobs.
 --!include layout.lua
+--!include partition.lua
 
 if ARGV[3] ~= '' and redis.call('GET', K_RELAYOUT) ~= ARGV[3] then
   return {'!', 'lock lost'}

@@ -4,8 +4,11 @@
 -- cancellation was requested ends CANCELLED instead (keeping every cancelled job).
 --
 -- KEYS[1]  queue prefix
--- ARGV     pairs: job id, lock token
+-- ARGV[1..] pairs: job id, lock token
 -- Returns  how many jobs were released (a job whose token no longer matches is left alone).
+-- Invariants: only the holder of a lock gives its job back; the interrupted attempt does not count
+--          (the attempt count goes back down), the job goes back to its old place in the wait order
+--          and its deadline to start by applies again (rearm_expiry).
 --!include layout.lua
 --!include waiting.lua
 --!include finish.lua

@@ -4,6 +4,9 @@
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id
 -- Returns  1 removed, 0 no such job, -1 the job is active (cancel it first; nothing changed)
+-- Invariants: an ACTIVE job is never removed (its worker holds it: cancel it first); a removed job
+--          is in no state set, and its dependency edges go on both sides (delete_job), its blocked
+--          dependents failing, so no job waits for one that is gone.
 --!include layout.lua
 --!include waiting.lua
 --!include finish.lua

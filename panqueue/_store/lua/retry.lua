@@ -2,7 +2,7 @@
 -- FAILED -> BLOCKED when a dependency of the job has not completed yet.
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  limit when no ids are given, then job ids (none: the oldest `limit` failed jobs)
+-- ARGV[1]  limit when no ids are given   ARGV[2..] job ids (none: the oldest `limit` failed jobs)
 -- Returns  how many jobs were moved back
 -- Invariants: a job never starts before its dependencies have completed. A failed job moves
 --          back only if every dependency it still needs (needs:<id>) may complete: it is

@@ -3,6 +3,8 @@
 -- KEYS[1]  queue prefix
 -- ARGV[1]  name
 -- Returns  1 removed, 0 no such schedule
+-- Invariants: a schedule's definition and its next run go together; the jobs it enqueued are not
+--          touched.
 --!include layout.lua
 
 local name = ARGV[1]

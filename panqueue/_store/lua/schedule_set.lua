@@ -7,6 +7,9 @@
 -- ARGV[1]  name   ARGV[2] definition (msgpack)   ARGV[3] first run ms
 -- Returns  1 created or changed, 0 unchanged (the same definition is already scheduled: its
 --          next run is left as it was)
+-- Invariants: the definition and the next run are written together; "last" survives a change of the
+--          definition, so a changed schedule never runs a tick again that already ran
+--          (schedule_tick.lua).
 --!include layout.lua
 
 local name = ARGV[1]

@@ -19,6 +19,7 @@
 --          which a changed definition keeps) and no tick at or before it runs again, so a
 --          server clock that steps back cannot run a tick twice.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include new_job.lua
 

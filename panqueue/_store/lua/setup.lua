@@ -10,7 +10,13 @@
 --          partition_problem: a partition in no layout yet joins the declared one)
 -- Returns  {'ok'} or {'!', message} when the queue's stored mode differs, or its layout (a
 --          change of the layout is relayout.lua's, done before; nothing changed).
+-- Invariants: a stored mode never changes (a keyed queue holds only keyed jobs, a global one only
+--          unkeyed ones); a partition joins only a layout it may (partition_problem,
+--          lib/partition.lua); after a change of the settings every key's readiness holds again
+--          (refresh_key, lib/waiting.lua) and idle workers are woken when keys became ready.
 --!include layout.lua
+--!include settings.lua
+--!include partition.lua
 --!include waiting.lua
 
 local stored = redis.call('HGET', K_META, 'mode')

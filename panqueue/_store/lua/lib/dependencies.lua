@@ -84,3 +84,30 @@ local function forget_edges(id)
   redis.call('DEL', dkey)
   unlink_needs(id)
 end
+
+-- A new job `id` names its dependencies `deps`: each distinct one that has not completed is an
+-- edge (a set: naming one twice makes one edge). One that failed may still be retried: the job
+-- fails now but keeps the edge. One that was cancelled or no longer exists (removed earlier in
+-- the same batch, say) will never complete: no edge, the caller fails the job and marks it (dx).
+-- Returns waiting (a dependency may still complete), the first failed one, the first lost one
+-- and that one's state (nil: it no longer exists).
+local function link_needs(id, deps)
+  local waiting, failed_dep, lost_dep, lost_state = false, nil, nil, nil
+  for _, dep in ipairs(deps) do
+    local state = redis.call('HGET', job_key(dep), 's')
+    if state == 'cancelled' or not state then
+      if not lost_dep then
+        lost_dep, lost_state = dep, state
+      end
+    elseif state ~= 'completed' then
+      redis.call('SADD', needs_key(id), dep)
+      redis.call('SADD', deps_key(dep), id)
+      if state == 'failed' then
+        failed_dep = failed_dep or dep
+      else
+        waiting = true
+      end
+    end
+  end
+  return waiting, failed_dep, lost_dep, lost_state
+end

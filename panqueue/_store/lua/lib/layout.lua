@@ -1,5 +1,5 @@
--- lib/layout.lua: the key layout of one queue, the job hash's fields, the server clock, events
--- and the queue's settings (meta). Every script starts from here.
+-- lib/layout.lua: the key layout of one queue, the job hash's fields, the server clock and
+-- events. Every script starts from here (lib/settings.lua reads the queue's meta hash).
 -- Needs: nothing.
 --
 -- KEYS[1] is always the queue prefix "{q:<queue>}:"; every other key of the queue is derived
@@ -22,16 +22,6 @@
 --      partition (lib/identity.lua); deleting the job queues its removal ("id_outbox")
 -- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua).
 --
--- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
--- kf failed/cancelled jobs kept (for producers' cancels), seq (wait order), id (generated ids),
--- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
--- rls (rate-limit entry counter), kh (history records kept: Retention.history; 0 = none),
--- pu (global mode: no job starts before this time, ms: a handler raised RateLimited,
--- rate_limited.lua), np / pi / lv (partitioned queues: the partition count, this partition's
--- index and the version of the layout they belong to; absent: 1, 0 and 0; np 0: a partition
--- that a layout change left out; a generated id is id counter * np + pi, so id % np names the
--- partition, panqueue/_keys.py route), pl (the home's: how the partitions are named,
--- panqueue/_keys.py partition_tags; absent: the "#i" suffixes of queues declared before it).
 -- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
 -- read by exports (panqueue.spark.export_history) through their consumer group.
 -- Worker registry: ZSET "workers" (worker name -> when its entry expires, ms) and HASH
@@ -74,7 +64,6 @@ local K_ID_OUTBOX = P .. 'id_outbox'
 -- The home's lock of a layout change (STRING: the changer's token; relayout.lua).
 local K_RELAYOUT = P .. 'relayout'
 local EVENTS_MAXLEN = 10000
-local HISTORY_MAXLEN = 100000  -- Retention.history's default, for a queue no worker has set up
 
 local function job_key(id)
   return P .. 'job:' .. id
@@ -126,70 +115,4 @@ end
 
 local function emit(ev, id, ...)
   redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'ev', ev, 'id', id, ...)
-end
-
--- The queue's settings, read once per script (a script that changes them sets META = nil).
-local META = nil
-local function meta()
-  if not META then
-    local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh',
-      'pu', 'np', 'pi')
-    META = {mode = m[1] or 'global', kc = tonumber(m[2] or '1'), paused = m[3],
-            rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
-            rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
-            paused_until = m[8], partitions = tonumber(m[9] or '1'),
-            partition = tonumber(m[10] or '0')}
-  end
-  return META
-end
-
-local function keyed()
-  return meta().mode == 'keyed'
-end
-
--- How many jobs this partition holds, in any state: a layout change (relayout.lua) and a
--- partition joining a layout (partition_problem) need none.
-local function stored_jobs()
-  local held = tonumber(redis.call('HGET', K_META, 'kw') or '0')
-  for _, set in ipairs({K_WAIT, K_DELAYED, K_BLOCKED, K_ACTIVE, K_COMPLETED, K_FAILED,
-                        K_CANCELLED}) do
-    held = held + redis.call('ZCARD', set)
-  end
-  return held
-end
-
--- The layout a client routes by, as it declares this partition ("<count>:<index>:<version>",
--- '' for whatever is stored; panqueue/_keys.py QueueKeys.declared). A partition in no layout
--- yet, or left in an older one and holding no job, joins the declared layout (store_partition,
--- once the caller goes ahead); otherwise the declaration must be the stored one. A client that
--- learned another layout is refused with 'layout changed' and reads the layout again, so no
--- job is written where the queue's layout does not look. Returns nil, or the problem.
-local function partition_problem(declared)
-  local count, index, version = string.match(declared, '^(%d+):(%d+):(%d+)$')
-  if not count then
-    return nil
-  end
-  local m = redis.call('HMGET', K_META, 'np', 'pi', 'lv')
-  local stored = tonumber(m[3] or '0')
-  if not m[1] or (m[1] == count and (m[2] or '0') == index and stored == tonumber(version)) then
-    return nil
-  end
-  if stored < tonumber(version) and stored_jobs() == 0 then
-    return nil
-  end
-  return 'layout changed: this partition is ' .. (m[2] or '0') .. ' of ' .. m[1]
-    .. ' in layout version ' .. stored .. ', the caller routes by partition ' .. index .. ' of '
-    .. count .. ' in version ' .. version
-end
-
-local function store_partition(declared)
-  local count, index, version = string.match(declared, '^(%d+):(%d+):(%d+)$')
-  if not count then
-    return
-  end
-  local m = redis.call('HMGET', K_META, 'np', 'lv')
-  if not m[1] or tonumber(m[2] or '0') < tonumber(version) then
-    redis.call('HSET', K_META, 'np', count, 'pi', index, 'lv', version)
-    META = nil
-  end
 end

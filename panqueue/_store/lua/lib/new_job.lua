@@ -1,56 +1,14 @@
--- lib/new_job.lua: creating a job (add, and a schedule's tick): the checks every new job
--- passes before anything is written, and add_job, which makes it WAITING, DELAYED or BLOCKED
--- (or FAILED at once, when a dependency will not complete), honouring custom ids and dedup keys.
--- Needs: layout.lua, waiting.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua.
+-- lib/new_job.lua: creating a job (add, and a schedule's tick): add_job, which makes it
+-- WAITING, DELAYED or BLOCKED (or FAILED at once, when a dependency will not complete),
+-- honouring custom ids and dedup keys (the checks an add makes first: lib/new_job_checks.lua).
+-- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua.
 --!include layout.lua
 --!include waiting.lua
+--!include wake.lua
 --!include dependencies.lua
 --!include finish.lua
 --!include expiry.lua
 --!include identity.lua
-
--- Times and durations an add may carry (ms): 2^52 ms is about 142,000 years. Any such value,
--- added to the server's clock, is still an exact integer in a double, Redis formats it without
--- an exponent, and PX / PEXPIRE accept it.
-local MAX_TIME_MS = 4503599627370496
-
--- The queue's concurrency mode for an add: the stored one, else the producer's declaration,
--- else global. Returns mode or nil, error message.
-local function resolve_mode(declared)
-  local stored = redis.call('HGET', K_META, 'mode')
-  if stored and declared ~= '' and declared ~= stored then
-    return nil, 'queue mode mismatch: the queue is ' .. stored .. ', the producer says ' .. declared
-  end
-  return stored or (declared ~= '' and declared) or 'global', nil
-end
-
--- Whether `value` is a whole number in [low, high] (false for nil, NaN and the infinities).
-local function whole_in(value, low, high)
-  return value ~= nil and value == math.floor(value) and value >= low and value <= high
-end
-
--- What is wrong with one job to add (`f` as add_job takes it), or nil. The add script checks
--- every item of a batch before it writes any: a value Redis would refuse half-way through
--- (a PX out of range, say) must not leave half a batch behind.
-local function new_job_problem(f)
-  if not whole_in(f.priority, -MAX_PRIORITY, MAX_PRIORITY) then
-    return 'priority must be a whole number between -' .. MAX_PRIORITY .. ' and ' .. MAX_PRIORITY
-  elseif not whole_in(f.delay, 0, MAX_TIME_MS) then
-    return 'delay must be a whole number of ms between 0 and 2^52'
-  elseif not whole_in(f.run_at, -MAX_TIME_MS, MAX_TIME_MS) then
-    return 'run_at must be a whole number of ms since the epoch, at most 2^52 either way'
-  elseif f.expires_in and not whole_in(f.expires_in, 0, MAX_TIME_MS) then
-    return 'expires must be a whole number of ms between 0 and 2^52'
-  elseif f.expires_at and not whole_in(f.expires_at, -MAX_TIME_MS, MAX_TIME_MS) then
-    return 'expires_at must be a whole number of ms since the epoch, at most 2^52 either way'
-  elseif f.dedup ~= '' and not whole_in(f.ttl, 1, MAX_TIME_MS) then
-    return 'dedup ttl must be a whole number of ms between 1 and 2^52'
-  elseif f.dedup ~= '' and f.strategy ~= 'keep' and f.strategy ~= 'replace'
-      and f.strategy ~= 'extend' then
-    return 'dedup strategy must be keep, replace or extend'
-  end
-  return nil
-end
 
 -- Create one job: WAITING, DELAYED or BLOCKED (or FAILED at once when a dependency already
 -- failed, was cancelled or no longer exists). `f` holds the fields the add script validated.
@@ -101,13 +59,7 @@ local function add_job(now, f)
     redis.call('HSET', jkey, 'dd', f.dedup)
     redis.call('SET', dkey, id, 'PX', f.ttl)
   end
-  -- A deadline to start by: absolute (expires_at), or ms from now on the server's clock.
-  local deadline = nil
-  if f.expires_at and f.expires_at ~= 0 then
-    deadline = f.expires_at
-  elseif f.expires_in and f.expires_in > 0 then
-    deadline = now + f.expires_in
-  end
+  local deadline = start_deadline(now, f.expires_in, f.expires_at)
   if deadline then
     redis.call('HSET', jkey, 'x', deadline)
     if deadline <= now then  -- already past: it never waits
@@ -117,27 +69,7 @@ local function add_job(now, f)
     end
     redis.call('ZADD', K_EXPIRES, deadline, id)
   end
-  -- Each distinct dependency that has not completed is an edge (a set: naming one twice
-  -- makes one edge). One that failed may still be retried: the job fails now but keeps the
-  -- edge. One that was cancelled or no longer exists (removed earlier in the same batch, say)
-  -- will never complete: the job fails and can never run (dx).
-  local waiting, failed_dep, lost_dep, lost_state = false, nil, nil, nil
-  for _, dep in ipairs(f.deps) do
-    local state = redis.call('HGET', job_key(dep), 's')
-    if state == 'cancelled' or not state then
-      if not lost_dep then
-        lost_dep, lost_state = dep, state
-      end
-    elseif state ~= 'completed' then
-      redis.call('SADD', needs_key(id), dep)
-      redis.call('SADD', deps_key(dep), id)
-      if state == 'failed' then
-        failed_dep = failed_dep or dep
-      else
-        waiting = true
-      end
-    end
-  end
+  local waiting, failed_dep, lost_dep, lost_state = link_needs(id, f.deps)
   if lost_dep or failed_dep then
     local message = 'dependency ' .. (lost_dep or failed_dep) .. ' did not complete'
     if lost_dep then

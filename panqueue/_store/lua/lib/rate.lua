@@ -1,6 +1,7 @@
 -- lib/rate.lua: the sliding-window rate limit on starts, for the whole queue (ZSET "rl") or per
 -- key in keyed mode (ZSET "rl:<key>", and the key waits in "k:limited" while it is used up).
--- Needs: layout.lua, waiting.lua (a key whose pause is over is refreshed into the ready set).
+-- Needs: layout.lua, waiting.lua, delayed.lua. (A key whose pause is over is refreshed into the
+-- ready set; delayed.lua's batch size, PROMOTE_BATCH, bounds the keys released per call too.)
 --
 -- Adaptive limits (meta "rla" = the recovery step in ms; absent: the limit is fixed at "rlm"):
 -- the limit in force, the effective limit, is stored only while it is below the maximum, as
@@ -10,6 +11,7 @@
 -- no background process. rate_limited.lua cuts it (limit_cut).
 --!include layout.lua
 --!include waiting.lua
+--!include delayed.lua
 
 -- The recovery step of an adaptive limit in ms, or 0 for a fixed limit (read once per script).
 local RATE_STEP = nil

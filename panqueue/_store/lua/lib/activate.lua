@@ -1,0 +1,35 @@
+-- lib/activate.lua: WAITING -> ACTIVE of one job the claim took out of waiting: its lock, its
+-- attempt, and its deadline to start by (a job past it is ended instead of started).
+-- Needs: layout.lua, expiry.lua.
+--!include layout.lua
+--!include expiry.lua
+
+-- WAITING -> ACTIVE with the lock token and a lock deadline, in one step (a sweeper can never
+-- see a job that is claimed but not yet locked). `ws`: its place in the wait set (global mode),
+-- kept with it for a requeue. Appends the job to `out` and returns true; or, when the job is
+-- past its deadline to start (x), ends it CANCELLED "expired" and returns false.
+local function activate(id, now, token, ttl, out, ws)
+  local jkey = job_key(id)
+  local f = redis.call('HMGET', jkey, 'd', 'et', 'o', 'a', 'x')
+  if f[5] then
+    if tonumber(f[5]) <= now then
+      expire_job(jkey, id, now)
+      return false
+    end
+    redis.call('ZREM', K_EXPIRES, id)  -- started in time: it cannot expire while it runs
+  end
+  local attempt = tonumber(f[4] or '0') + 1
+  if ws then
+    redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt, 'ws', ws)
+  else
+    redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt)
+  end
+  redis.call('ZADD', K_ACTIVE, now + ttl, id)
+  out[#out + 1] = id
+  out[#out + 1] = f[1]
+  out[#out + 1] = attempt
+  out[#out + 1] = f[2]
+  out[#out + 1] = f[3] or ''
+  emit('active', id, 'a', attempt)
+  return true
+end

@@ -1,0 +1,43 @@
+-- lib/settings.lua: the queue's settings, its meta hash, read once per script.
+-- Needs: layout.lua.
+--
+-- Queue meta (HASH "meta"): v schema version, mode (global|keyed), kc key concurrency,
+-- kf failed/cancelled jobs kept (for producers' cancels), seq (wait order), id (generated ids),
+-- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
+-- rls (rate-limit entry counter), kh (history records kept: Retention.history; 0 = none),
+-- pu (global mode: no job starts before this time, ms: a handler raised RateLimited,
+-- rate_limited.lua), np / pi / lv (partitioned queues: the partition count, this partition's
+-- index and the version of the layout they belong to; absent: 1, 0 and 0; np 0: a partition
+-- that a layout change left out; a generated id is id counter * np + pi, so id % np names the
+-- partition, panqueue/_keys.py route), pl (the home's: how the partitions are named,
+-- panqueue/_keys.py partition_tags; absent: the "#i" suffixes of queues declared before it).
+--!include layout.lua
+
+-- The defaults of a queue no worker has set up (panqueue/_store/ops/base.py has the same
+-- figures; tests/test_lua_contract.py holds them together).
+local HISTORY_MAXLEN = 100000  -- kh: Retention.history's default
+local KEEP_FAILED = 10000      -- kf: Retention.failed's default (failed and cancelled jobs)
+
+-- The queue's settings, read once per script (a script that changes them sets META = nil).
+local META = nil
+local function meta()
+  if not META then
+    local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh',
+      'pu', 'np', 'pi')
+    META = {mode = m[1] or 'global', kc = tonumber(m[2] or '1'), paused = m[3],
+            rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
+            rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
+            paused_until = m[8], partitions = tonumber(m[9] or '1'),
+            partition = tonumber(m[10] or '0')}
+  end
+  return META
+end
+
+local function keyed()
+  return meta().mode == 'keyed'
+end
+
+-- How many cancelled jobs the queue keeps: what its workers set (kf), else Retention's default.
+local function cancelled_keep()
+  return tonumber(redis.call('HGET', K_META, 'kf') or KEEP_FAILED)
+end
