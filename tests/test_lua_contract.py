@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._options import MAX_PRIORITY, MAX_SECONDS, Retention
+from panqueue._registry import HandlerOptions
 from panqueue._store import transitions as tr
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import batches, identity, partitions, queue, schedules
@@ -352,6 +353,8 @@ def lua_numbers(path: Path) -> dict[str, int]:
 SHARED = {
     ("lib/settings.lua", "HISTORY_MAXLEN"): DEFAULT_KEEP_HISTORY,
     ("lib/settings.lua", "KEEP_FAILED"): DEFAULT_KEEP_FAILED,
+    ("lib/settings.lua", "KEY_CONCURRENCY"): next(
+        f.default for f in fields(HandlerOptions) if f.name == "key_concurrency"),
     ("lib/wait_order.lua", "MAX_PRIORITY"): MAX_PRIORITY,
 }
 # The Lua constants Python does not know, and why: a new constant is sorted into one or the

@@ -17,6 +17,7 @@
 -- figures; tests/test_lua_contract.py holds them together).
 local HISTORY_MAXLEN = 100000  -- kh: Retention.history's default
 local KEEP_FAILED = 10000      -- kf: Retention.failed's default (failed and cancelled jobs)
+local KEY_CONCURRENCY = 1      -- kc: a handler's key_concurrency default
 
 -- The queue's settings, read once per script (a script that changes them sets META = nil).
 local META = nil
@@ -24,7 +25,7 @@ local function meta()
   if not META then
     local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh',
       'pu', 'np', 'pi')
-    META = {mode = m[1] or 'global', kc = tonumber(m[2] or '1'), paused = m[3],
+    META = {mode = m[1] or 'global', kc = tonumber(m[2] or KEY_CONCURRENCY), paused = m[3],
             rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
             rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
             paused_until = m[8], partitions = tonumber(m[9] or '1'),
