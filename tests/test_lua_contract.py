@@ -38,6 +38,7 @@ from panqueue._store import transitions as tr
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import batches, identity, partitions, queue, schedules
 from panqueue._store.ops.add import NewJob, add_jobs
+from panqueue._store.ops.explain import explain
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_COMPLETED,
     DEFAULT_KEEP_FAILED,
@@ -217,6 +218,9 @@ CASES = [
     Case("declare", "count", lambda: partitions.declare("q", 2)),
     Case("relayout", "step", lambda: partitions._relayout(K, 1, "2:0", "tok")),
     Case("workers", "list", lambda: workers(K)),
+    Case("explain", "waiting job", lambda: explain(K, "j"),
+         answer=answering({"HMGET": [b"waiting", None, None, None, None, None],
+                           "workers": []})),
     Case("batch_open", "open", lambda: batches.open_batch("b", ("q", {}), None, "")),
     Case("batch_register", "one job", lambda: batches.add_to_batch("b", K, [JOB]), units=1),
     Case("batch_record", "relay", lambda: batches.relay(K), units=1,

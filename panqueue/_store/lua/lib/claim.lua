@@ -1,9 +1,8 @@
 -- lib/claim.lua: WAITING -> ACTIVE. Taking up to n jobs for one worker's free slots, each
 -- locked in the same step, honouring pause, the rate limit and keyed mode's round robin.
--- Needs: layout.lua, settings.lua, delayed.lua, rate.lua, activate.lua, claim_keyed.lua,
--- claimable.lua. (Due delayed jobs are promoted first; activate locks one job; claim_keyed is
--- keyed mode's round robin; claimable holds the rules that close the whole queue, shared with
--- explain.lua.)
+-- Needs: layout.lua, settings.lua, delayed.lua, rate.lua, activate.lua, claim_keyed.lua, claimable.lua.
+-- (Due delayed jobs are promoted first; activate locks one job; claim_keyed is keyed mode's
+-- round robin; claimable holds the rules that close the whole queue, shared with explain.lua.)
 --!include layout.lua
 --!include settings.lua
 --!include delayed.lua
