@@ -21,7 +21,19 @@ import redis
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from panqueue import ConfigError, Job, Registry, Retention, SyncQueueClient, Worker
+from panqueue import (
+    ConfigError,
+    Fail,
+    Job,
+    JobState,
+    QueueClient,
+    RateLimited,
+    Registry,
+    Retention,
+    Snooze,
+    SyncQueueClient,
+    Worker,
+)
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys, partition_keys
 from panqueue._store import ops
@@ -29,7 +41,7 @@ from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops import encode_error
 from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.spark import HISTORY_SCHEMA, enqueue_dataframe, export_history
-from tests.helpers import subprocess_env, wait_until
+from tests.helpers import async_wait_until, subprocess_env, wait_until
 from tests.store_fixtures import ScriptStore
 
 ERR = encode_error(ErrorInfo("ValueError", "boom", "Traceback (most recent call last): ..."))
@@ -150,6 +162,56 @@ async def test_a_worker_stores_its_retention_and_records_carry_its_name(
         client_redis.close()
     assert sorted(f[b"id"].decode() for _, f in records) == sorted(h.id for h in handles)
     assert {f[b"worker"] for _, f in records} == {b"history-worker"}
+
+
+@pytest.mark.anyio
+async def test_a_job_ended_by_a_snooze_or_a_rate_limit_records_the_worker_that_ran_it(
+        redis_url: str, queue_name: str) -> None:
+    """Whichever way an attempt ends its job (a failure, a snooze past max_snoozes, a snooze
+    or a RateLimited that finds the job's cancellation requested), the record names the
+    worker of that attempt, as a completion's does."""
+    registry = Registry()
+
+    @registry.handler(queue_name, max_snoozes=0, retention=Retention(history=1000))
+    async def handle(job: Job) -> None:
+        if job.data.endswith("-cancelled"):
+            # Requested while the attempt runs; shielded, the handler goes on to its own
+            # ending (the cancellation would reach it at its next checkpoint, which never comes).
+            with anyio.CancelScope(shield=True):
+                async with QueueClient(redis_url) as client:
+                    await client.cancel(queue_name, job.id)
+        if job.data.startswith("snooze"):
+            raise Snooze(0)
+        if job.data.startswith("limited"):
+            raise RateLimited(0)
+        raise Fail("no")
+
+    hows = ["fail", "snooze", "snooze-cancelled", "limited-cancelled"]
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        handles = {how: await queue.add(how) for how in hows}
+
+        async def all_ended() -> bool:
+            states = [(await handle.info()).state for handle in handles.values()]
+            return all(state in (JobState.FAILED, JobState.CANCELLED) for state in states)
+
+        async with anyio.create_task_group() as tg:
+            worker = Worker(registry, queue_name, url=redis_url, name="ending-worker")
+            tg.start_soon(worker.run)
+            await async_wait_until(all_ended, what="every job to end")
+            await worker.shutdown(5)
+    client_redis = redis.Redis.from_url(redis_url)
+    try:
+        records = client_redis.xrange(QueueKeys(queue_name).history)
+    finally:
+        client_redis.close()
+    ending = {f[b"id"].decode(): (f[b"state"], f[b"reason"], f[b"worker"]) for _, f in records}
+    assert len(records) == len(hows)
+    assert {how: ending[handle.id] for how, handle in handles.items()} == {
+        "fail": (b"failed", b"explicit_fail", b"ending-worker"),
+        "snooze": (b"failed", b"max_snoozes_exceeded", b"ending-worker"),
+        "snooze-cancelled": (b"cancelled", b"cancelled", b"ending-worker"),
+        "limited-cancelled": (b"cancelled", b"cancelled", b"ending-worker")}
 
 
 # --------------------------------------------------------------------------- export (Spark)

@@ -3,7 +3,8 @@
 -- raised goes back down), and the job's key (keyed mode: "k:limited", as a per-key rate limit
 -- does) or its whole queue (global mode: meta "pu", paused until) takes no new job until then.
 -- A job whose cancellation was requested ends CANCELLED instead. Then claim the next jobs for
--- the slot (none of the paused key or queue).
+-- the slot (none of the paused key or queue). The steps are those of every ending of an
+-- attempt (lib/ending.lua).
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  job id   ARGV[2] lock token   ARGV[3] retry after ms (0 .. 2^52)
@@ -18,31 +19,22 @@
 -- Invariants: a pause only ever grows (a shorter retry_after leaves a longer pause as it is);
 --          the key is paused before its job goes back, so the requeue cannot make it ready;
 --          a resent call cuts nothing (it answers from memory before any change).
---!include layout.lua
---!include status.lua
---!include waiting.lua
 --!include rate.lua
---!include claim.lua
---!include finish.lua
---!include expiry.lua
---!include memo.lua
+--!include ending.lua
 
-local early = resent_or_lock_lost(ARGV[7], ARGV[1], ARGV[2])
+local early, at = open_ending({id = ARGV[1], token = ARGV[2], request = ARGV[7],
+  keep = tonumber(ARGV[5]), claim_n = tonumber(ARGV[6]), ttl = tonumber(ARGV[8])})
 if early then
   return early
 end
-local id = ARGV[1]
-local jkey = job_key(id)
-local now = now_ms()
-local until_ms = now + tonumber(ARGV[3])
-local before = claimable()
-local job = redis.call('HMGET', jkey, 'k', 'x', 'st')
+local until_ms = at.now + tonumber(ARGV[3])
+local job = redis.call('HMGET', at.jkey, 'k', 'x', 'st')
 if meta().rate_max > 0 then
   local window = K_RATE
   if meta().rate_per_key then
     window = K_RATE .. ':' .. job[1]
   end
-  limit_cut(window, now, tonumber(job[3] or now))
+  limit_cut(window, at.now, tonumber(job[3] or at.now))
 end
 if keyed() then
   local paused = tonumber(redis.call('ZSCORE', K_LIMITED, job[1]) or '0')
@@ -53,22 +45,16 @@ elseif tonumber(meta().paused_until or '0') < until_ms then
   redis.call('HSET', K_META, 'pu', until_ms)
   META = nil
 end
-leave_active(jkey, id)
-redis.call('HSET', jkey, 'h', (redis.call('HGET', jkey, 'h') or '') .. ARGV[4])
+leave_with_entry(at, ARGV[4])
 
 local status
-if redis.call('HEXISTS', jkey, 'cx') == 1 then
+if cancel_heard(at) then
   status = CANCELLED
-  end_job(jkey, id, 'cancelled', now, tonumber(ARGV[5]))
 else
   status = RATE_LIMITED
-  local attempts = redis.call('HINCRBY', jkey, 'a', -1)
-  rearm_expiry(id, job[2])
-  requeue_waiting(jkey, id)
-  emit('rate_limited', id, 'a', attempts, 'until', until_ms)
+  local attempts = give_back(at)
+  rearm_expiry(at.id, job[2])
+  requeue_waiting(at.jkey, at.id)  -- at its old place: it did not run
+  emit('rate_limited', at.id, 'a', attempts, 'until', until_ms)
 end
-local reply = {status}
-claim(now, ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[6]), reply)
-wake_if_work_appeared(before)
-remember(ARGV[7], reply, 2, tonumber(ARGV[8]))
-return reply
+return ending_reply(at, status)

@@ -1,0 +1,61 @@
+-- lib/retention.lua: how many finished jobs a queue keeps. The finished sets are trimmed to a
+-- count (trim_finished), and deleting a job (delete_job) is what retention and removal do.
+-- Included by lib/finish.lua, which defines fail_dependents (declared here): deleting a job
+-- fails the jobs blocked on it, failing a job ends it, and an ending trims a finished set, so
+-- the two files call each other. Include finish.lua, not this file.
+-- Needs: layout.lua, dependencies.lua, records.lua.
+--
+-- Finished sets: ZSETs "completed", "failed" (the dead-letter set), "cancelled"; score = the
+-- finish time (ft), so the oldest go first.
+--!include layout.lua
+--!include dependencies.lua
+--!include records.lua
+
+local FINAL_SETS = {completed = K_COMPLETED, failed = K_FAILED, cancelled = K_CANCELLED}
+
+local fail_dependents  -- lib/finish.lua
+local delete_job  -- below: trim_finished deletes jobs
+
+-- Keep at most `keep` members in a finished set, deleting the oldest jobs. keep < 0 keeps
+-- everything. Deleting a job can fail jobs still blocked on it (see delete_job), which adds them
+-- to the failed set: trim until it is within bounds.
+local function trim_finished(set, keep, now)
+  if keep < 0 then
+    return
+  end
+  local excess = redis.call('ZCARD', set) - keep
+  -- A completed job has no dependency edge left: its dependencies completed before it ran,
+  -- its completion released its dependents, and no edge is made to a job that completed.
+  local edgeless = set == K_COMPLETED
+  while excess > 0 do
+    local old = redis.call('ZPOPMIN', set, excess)
+    for i = 1, #old, 2 do
+      delete_job(old[i], now, edgeless, true)
+    end
+    excess = redis.call('ZCARD', set) - keep
+  end
+end
+
+-- Delete a job: its hash, its log list and its dependency edges on both sides; the jobs still
+-- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
+-- retention takes at every finish; `edgeless`: the caller knows there is none, see
+-- trim_finished.)
+delete_job = function(id, now, edgeless, finished)
+  local jkey = job_key(id)
+  if not finished then  -- retention (`finished`) deletes only jobs whose ending was noted
+    local ending = redis.call('HMGET', jkey, 'b', 's')
+    if ending[1] and not FINAL_SETS[ending[2]] then
+      note_batch_ending(jkey, id, 'removed', now or now_ms())  -- it will never end: count it
+    end
+  end
+  if not edgeless and redis.call('EXISTS', deps_key(id), needs_key(id)) > 0 then
+    fail_dependents(id, now or now_ms(), -1)
+    forget_edges(id)
+  end
+  -- A pointer in another partition names it (lib/identity.lua): a worker clears it there.
+  local pointed = redis.call('HGET', jkey, 'ih')
+  if pointed then
+    redis.call('ZADD', K_ID_OUTBOX, now or now_ms(), id .. '\t' .. pointed)
+  end
+  redis.call('DEL', jkey, logs_key(id))
+end
