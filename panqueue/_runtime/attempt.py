@@ -23,7 +23,7 @@ from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._options import JobOptions
 from panqueue._runtime.locks import Attempt, Attempts
 from panqueue._store.ops.add import TRACE_OPTION
-from panqueue._store.transitions import ClaimedJob, Failure, Snoozing, Throttled
+from panqueue._store.transitions import ClaimedJob, Failure, Snoozing, Throttled, Unfinished
 from panqueue.errors import PayloadError, RateLimited, Snooze
 from panqueue.executors.base import (
     ChildCrashed,
@@ -51,12 +51,20 @@ class Ending(enum.Enum):
 
 @dataclass(slots=True)
 class Outcome:
+    """How an attempt ended. COMPLETED carries the encoded ``result``; FAILED, SNOOZED and
+    RATE_LIMITED carry what to record as ``unfinished`` (a Failure, a Snoozing, a Throttled),
+    which the recorder records with one call whichever it is; LOST and RELEASE carry
+    nothing."""
+
     ending: Ending
     duration: float
-    result: bytes = b""  # COMPLETED: the encoded result
-    failure: Failure | None = None  # FAILED: what to record
-    snooze: Snoozing | None = None  # SNOOZED: what to record
-    throttled: Throttled | None = None  # RATE_LIMITED: what to record
+    result: bytes = b""
+    unfinished: Unfinished | None = None
+
+    @property
+    def failure(self) -> Failure | None:
+        """The failure to record, when the attempt failed."""
+        return self.unfinished if isinstance(self.unfinished, Failure) else None
 
 
 class CancelRequested(Fail):
@@ -93,12 +101,13 @@ class AttemptRunner:
         carrier = stored.get(TRACE_OPTION) if isinstance(stored, dict) else None
         with _tracing.attempt_span(self._queue, claimed.id, claimed.attempt, carrier) as span:
             outcome = await self._run(claimed, stopping)
+            failure = outcome.failure
             _tracing.end_attempt(span, outcome.ending.value,
-                                 outcome.failure.error if outcome.failure else None)
-            if outcome.failure is not None and isinstance(stored, dict):
+                                 failure.error if failure is not None else None)
+            if failure is not None and isinstance(stored, dict):
                 # The fail transition stores this span with the job: the next attempt links it.
                 headers = carrier if isinstance(carrier, dict) else {}
-                outcome.failure.options = encode({**stored, TRACE_OPTION: {
+                failure.options = encode({**stored, TRACE_OPTION: {
                     **headers, _tracing.LINK: _tracing.traceparent(span)}})
             return outcome
 
@@ -159,17 +168,17 @@ def ending_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, du
     if isinstance(error, Snooze):
         seconds = _requested_delay("Snooze(seconds)", error.seconds)
         if not isinstance(seconds, str):  # an unusable value fails the attempt below
-            return Outcome(Ending.SNOOZED, duration, snooze=Snoozing(
+            return Outcome(Ending.SNOOZED, duration, unfinished=Snoozing(
                 claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
                 int(seconds * 1000)))
     elif isinstance(error, RateLimited):
         seconds = _requested_delay("RateLimited(retry_after)", error.retry_after)
         if not isinstance(seconds, str):  # an unusable value fails the attempt below
-            return Outcome(Ending.RATE_LIMITED, duration, throttled=Throttled(
+            return Outcome(Ending.RATE_LIMITED, duration, unfinished=Throttled(
                 claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
                 int(seconds * 1000)))
     return Outcome(Ending.FAILED, duration,
-                   failure=failure_of(claimed, options, error, duration))
+                   unfinished=failure_of(claimed, options, error, duration))
 
 
 def failure_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float
@@ -211,8 +220,9 @@ def failure_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, d
             error, (Fail, Retry, Snooze, RateLimited, JobTimeout, ChildCrashed)))
     if note:
         info = ErrorInfo(note_type, note, info.traceback)
-    return Failure(claimed.id, claimed.token, info, claimed.attempt, round(duration * 1000),
-                   options.attempts, int(delay * 1000), final, reason)
+    return Failure(claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
+                   int(delay * 1000), error=info, max_attempts=options.attempts, final=final,
+                   reason=reason)
 
 
 def _requested_delay(what: str, delay: object) -> float | str:

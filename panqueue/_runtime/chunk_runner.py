@@ -1,12 +1,13 @@
 """One chunk: a chunk handler called once on its jobs, then each job's ending recorded.
 
-Every job of a chunk ends on its own, through the transitions a plain handler's job uses:
-the completions in one call (which claims the slot's next chunk), each failure, snooze or rate
-limit in a call of its own under the job's own retry policy. What ends the call ends it for
-every job: a raised exception (the handler's timeout included, which bounds the whole call)
-fails each one; a forced shutdown releases each one. A job cancelled, or whose lock is lost,
-while the chunk runs stops the call: that job ends cancelled (or is left to the attempt that
-holds it now) and the others go back to waiting without using an attempt.
+Every job of a chunk ends on its own, through the recorder's calls a plain handler's job uses:
+the completions in one call (which claims the slot's next chunk), each job that did not
+complete (failed, snoozed, rate limited) in a call of its own under the job's own retry
+policy. What ends the call ends it for every job: a raised exception (the handler's timeout
+included, which bounds the whole call) fails each one; a forced shutdown releases each one. A
+job cancelled, or whose lock is lost, while the chunk runs stops the call: that job ends
+cancelled (or is left to the attempt that holds it now) and the others go back to waiting
+without using an attempt.
 """
 
 from __future__ import annotations
@@ -167,7 +168,10 @@ class ChunkRunner:
                                   job_id=claimed.id, attempt=claimed.attempt)
                 self._count(claimed, "lock_lost", outcome.duration)
                 continue
-            status, next_job = await self._record_one(claimed, outcome)
+            assert outcome.unfinished is not None  # failed, snoozed or rate limited
+            log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt,
+                                 duration_ms=round(outcome.duration * 1000, 3))
+            status, next_job = await self._recorder.end_attempt(outcome.unfinished, log)
             self._count(claimed, status, outcome.duration)
             if next_job is not None:
                 following.append(next_job)
@@ -179,18 +183,6 @@ class ChunkRunner:
                 self._count(job, status, outcome.duration)
             following += claimed_next
         return following
-
-    async def _record_one(self, claimed: ClaimedJob, outcome: Outcome
-                          ) -> tuple[Status | None, ClaimedJob | None]:
-        """Record a job that did not complete: failed, snoozed or rate limited."""
-        log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt,
-                             duration_ms=round(outcome.duration * 1000, 3))
-        if outcome.snooze is not None:
-            return await self._recorder.snooze(outcome.snooze, log)
-        if outcome.throttled is not None:
-            return await self._recorder.rate_limited(outcome.throttled, log)
-        assert outcome.failure is not None
-        return await self._recorder.fail(outcome.failure, log)
 
 
 Stopped = Callable[[Held, JobOptions, float], Outcome]

@@ -33,6 +33,7 @@ from panqueue._store.transitions import (
     Finished,
     Snoozing,
     Throttled,
+    Unfinished,
 )
 from panqueue._store.transport import AsyncTransport, Op
 from panqueue.errors import LockLost, PanqueueError
@@ -58,6 +59,12 @@ class _Batch:
 
     items: list[_Pending]
     done: anyio.Event = field(default_factory=anyio.Event)
+
+
+# What the log says when an ending finds its lock lost (the outcome is discarded).
+_LOCK_LOST = {Failure: "lock lost before failure was recorded",
+              Snoozing: "lock lost before the snooze was recorded",
+              Throttled: "lock lost before the rate limit was recorded"}
 
 
 def _traceback(error: ErrorInfo) -> dict[str, str]:
@@ -161,75 +168,47 @@ class Recorder:
                             error=str(LockLost(self._keys.name, item.job_id)))
         return list(finished.statuses), finished.claimed.jobs
 
-    async def fail(self, failure: Failure, log: Any) -> tuple[Status | None, ClaimedJob | None]:
-        """Record a failed attempt; returns (status, the job claimed next for the slot)."""
+    async def end_attempt(self, ending: Unfinished, log: Any
+                          ) -> tuple[Status | None, ClaimedJob | None]:
+        """Record an attempt that ended without completing its job (failed, snoozed, rate
+        limited: :func:`transitions.end_attempt`); returns (status, the job claimed next for
+        the slot; None, None when Redis could not record it)."""
         claiming = not self._stopping()
-        finished = await self._record(transitions.fail(
-            self._keys, failure, claim_next=claiming, keep=self._keep_failed,
-            token=self._tokens.new(), ttl_ms=self._ttl_ms), failure.job_id)
+        finished = await self._record(transitions.end_attempt(
+            self._keys, ending, max_snoozes=self._max_snoozes, claim_next=claiming,
+            keep=self._keep_failed, token=self._tokens.new(), ttl_ms=self._ttl_ms),
+            ending.job_id)
         if finished is None:
             return None, None
         status = finished.statuses[0]
-        error = failure.error
-        if status == Status.LOCK_LOST:
-            log.warning("lock lost before failure was recorded",
-                        error=str(LockLost(self._keys.name, failure.job_id)))
-        elif status.retried:
-            log.info("job attempt failed; will retry", error=error.message,
-                     error_type=error.type, retry_in_s=failure.retry_delay_ms / 1000,
-                     **_traceback(error))
-        elif status == Status.CANCELLED:
-            log.info("job cancelled")
-        else:
-            log.warning("job failed", error=error.message, error_type=error.type,
-                        reason=failure.reason or "max_attempts_exceeded", **_traceback(error))
+        self._log_ending(ending, status, log)
         jobs = finished.claimed.jobs
         return status, (jobs[0] if jobs else None)
 
-    async def snooze(self, snoozing: Snoozing, log: Any
-                     ) -> tuple[Status | None, ClaimedJob | None]:
-        """Record a snooze; returns (status, the job claimed next for the slot)."""
-        claiming = not self._stopping()
-        finished = await self._record(transitions.snooze(
-            self._keys, snoozing, max_snoozes=self._max_snoozes, claim_next=claiming,
-            keep=self._keep_failed, token=self._tokens.new(), ttl_ms=self._ttl_ms),
-            snoozing.job_id)
-        if finished is None:
-            return None, None
-        status = finished.statuses[0]
+    def _log_ending(self, ending: Unfinished, status: Status, log: Any) -> None:
         if status == Status.LOCK_LOST:
-            log.warning("lock lost before the snooze was recorded",
-                        error=str(LockLost(self._keys.name, snoozing.job_id)))
-        elif status == Status.FAILED:
+            log.warning(_LOCK_LOST[type(ending)],
+                        error=str(LockLost(self._keys.name, ending.job_id)))
+        elif status == Status.CANCELLED:
+            log.info("job cancelled")
+        elif status.retried:
+            assert isinstance(ending, Failure)
+            error = ending.error
+            log.info("job attempt failed; will retry", error=error.message,
+                     error_type=error.type, retry_in_s=ending.delay_ms / 1000,
+                     **_traceback(error))
+        elif status == Status.FAILED and isinstance(ending, Failure):
+            error = ending.error
+            log.warning("job failed", error=error.message, error_type=error.type,
+                        reason=ending.reason or "max_attempts_exceeded", **_traceback(error))
+        elif status == Status.FAILED:  # a snooze past max_snoozes
             log.warning("job failed", error_type="MaxSnoozesExceeded",
                         reason="max_snoozes_exceeded", max_snoozes=self._max_snoozes)
-        elif status == Status.CANCELLED:
-            log.info("job cancelled")
-        else:
-            log.debug("job snoozed", snooze_s=snoozing.delay_ms / 1000)
-        jobs = finished.claimed.jobs
-        return status, (jobs[0] if jobs else None)
-
-    async def rate_limited(self, throttled: Throttled, log: Any
-                           ) -> tuple[Status | None, ClaimedJob | None]:
-        """Record a RateLimited attempt; returns (status, the job claimed next for the slot)."""
-        claiming = not self._stopping()
-        finished = await self._record(transitions.rate_limited(
-            self._keys, throttled, claim_next=claiming, keep=self._keep_failed,
-            token=self._tokens.new(), ttl_ms=self._ttl_ms), throttled.job_id)
-        if finished is None:
-            return None, None
-        status = finished.statuses[0]
-        if status == Status.LOCK_LOST:
-            log.warning("lock lost before the rate limit was recorded",
-                        error=str(LockLost(self._keys.name, throttled.job_id)))
-        elif status == Status.CANCELLED:
-            log.info("job cancelled")
-        else:
+        elif status == Status.SNOOZED:
+            log.debug("job snoozed", snooze_s=ending.delay_ms / 1000)
+        elif status == Status.RATE_LIMITED:
             log.info("handler rate limited; its key or queue pauses",
-                     retry_after_s=throttled.retry_after_ms / 1000)
-        jobs = finished.claimed.jobs
-        return status, (jobs[0] if jobs else None)
+                     retry_after_s=ending.delay_ms / 1000)
 
     async def _record(self, op: Op[Finished], job_id: str) -> Finished | None:
         """Send a finishing call, riding out a Redis outage for up to half the lock TTL.

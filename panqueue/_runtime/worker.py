@@ -460,17 +460,10 @@ class Worker:
                 self._observe(job, "released", outcome.duration)
             log.warning("job released at forced shutdown")
             return None
-        if outcome.ending == Ending.SNOOZED:
-            assert outcome.snooze is not None
-            status, following = await recorder.snooze(outcome.snooze, log)
-        elif outcome.ending == Ending.RATE_LIMITED:
-            assert outcome.throttled is not None
-            status, following = await recorder.rate_limited(outcome.throttled, log)
-            if status == Status.RATE_LIMITED:
-                await self._pause_other_partitions(job, outcome.throttled.retry_after_ms)
-        else:
-            assert outcome.failure is not None
-            status, following = await recorder.fail(outcome.failure, log)
+        assert outcome.unfinished is not None  # failed, snoozed or rate limited
+        status, following = await recorder.end_attempt(outcome.unfinished, log)
+        if status == Status.RATE_LIMITED:
+            await self._pause_other_partitions(job, outcome.unfinished.delay_ms)
         if status == Status.FAILED:
             self.failed += 1
         if self.metrics is not None and status is not None:

@@ -1,6 +1,7 @@
-"""The worker's transitions, one typed function each: claim, complete a batch, fail, snooze,
-rate-limited by the handler, renew, release, report progress, sweep stalled jobs, promote
-delayed ones, expire jobs past their deadline to start.
+"""The worker's transitions, one typed function each: claim, complete a batch, end an attempt
+that did not complete its job (failed, snoozed, rate limited by the handler: one value,
+:class:`Unfinished`, one function, :func:`end_attempt`), renew, release, report progress, sweep
+stalled jobs, promote delayed ones, expire jobs past their deadline to start.
 
 Each function is an operation (a generator a transport drives, like those of ``ops``): it
 builds the script's ARGV and turns the reply into named values, so the runtime never sees
@@ -32,12 +33,13 @@ __all__ = [
     "Finished",
     "Snoozing",
     "Throttled",
+    "Unfinished",
     "cancels_requested",
     "claim",
     "complete_batch",
+    "end_attempt",
     "expire_due",
     "extend",
-    "fail",
     "give_back_starts",
     "heartbeat",
     "leave_registry",
@@ -47,9 +49,7 @@ __all__ = [
     "pause_for",
     "progress",
     "promote",
-    "rate_limited",
     "release",
-    "snooze",
     "sweep_stalled",
     "take_starts",
 ]
@@ -94,42 +94,39 @@ class Completion:
 
 
 @dataclass(slots=True)
-class Failure:
-    """One failed attempt to record, and what should follow it."""
+class Unfinished:
+    """An attempt that ended without completing its job, as :func:`end_attempt` records it:
+    one subclass per way to end (:class:`Failure`, :class:`Snoozing`, :class:`Throttled`),
+    each recorded by a script of its own over the steps they share (lua/lib/ending.lua)."""
 
     job_id: str
     token: str
-    error: ErrorInfo
     attempt: int
     duration_ms: int
+    delay_ms: int  # until the job may run again: the retry delay, the snooze, the pause
+
+
+@dataclass(slots=True)
+class Failure(Unfinished):
+    """A failed attempt: retried after ``delay_ms`` while attempts remain, else the job fails."""
+
+    error: ErrorInfo
     max_attempts: int
-    retry_delay_ms: int
     final: bool  # never retry (Fail, cancellation)
     reason: str  # the failure reason if this ends the job ('' = attempts ran out)
     options: bytes = b""  # the job's options from now on (b'': unchanged; see _tracing)
 
 
 @dataclass(slots=True)
-class Snoozing:
-    """One attempt that snoozed its job (``Snooze``): run it again in ``delay_ms``."""
-
-    job_id: str
-    token: str
-    attempt: int
-    duration_ms: int
-    delay_ms: int
+class Snoozing(Unfinished):
+    """An attempt that snoozed its job (``Snooze``): run it again in ``delay_ms``, no attempt
+    used."""
 
 
 @dataclass(slots=True)
-class Throttled:
-    """One attempt whose handler raised ``RateLimited``: pause its key or queue for
-    ``retry_after_ms`` and put the job back."""
-
-    job_id: str
-    token: str
-    attempt: int
-    duration_ms: int
-    retry_after_ms: int
+class Throttled(Unfinished):
+    """An attempt whose handler raised ``RateLimited``: its key or queue pauses for
+    ``delay_ms`` and the job goes back, no attempt used."""
 
 
 @dataclass(slots=True)
@@ -239,52 +236,39 @@ def complete_batch(keys: QueueKeys, batch: Sequence[Completion], *, claim_next: 
                     _claimed(reply, len(batch), token, keys))
 
 
-def fail(keys: QueueKeys, failure: Failure, *, claim_next: bool, keep: int, token: str,
-         ttl_ms: int) -> Op[Finished]:
-    """Record a failed attempt: retry it, or end the job failed (or cancelled, if that was
-    requested); then claim a next job with ``token`` (fresh for this call) if asked."""
-    entry = encode({"attempt": failure.attempt, "type": failure.error.type,
-                    "message": failure.error.message, "duration_ms": failure.duration_ms})
-    reply = yield _call(SCRIPTS.fail, keys, (
-        failure.job_id, failure.token, encode_error(failure.error), entry, failure.max_attempts,
-        failure.retry_delay_ms, 1 if failure.final else 0, failure.reason, keep,
-        1 if claim_next else 0, token, ttl_ms, failure.options))
-    status = _STATUS[int(reply[0])]
-    if status == Status.LOCK_LOST:
-        return Finished([status], Claimed([], -1))
-    return Finished([status], _claimed(reply, 1, token, keys))
-
-
-def snooze(keys: QueueKeys, snoozing: Snoozing, *, max_snoozes: int | None, claim_next: bool,
-           keep: int, token: str, ttl_ms: int) -> Op[Finished]:
-    """Snooze a job: back to delayed for ``delay_ms`` without using an attempt, or failed once
-    it snoozed more than ``max_snoozes`` times (``None``: no limit), or cancelled if that was
-    requested; then claim a next job with ``token`` (fresh for this call) if asked."""
-    entry = encode({"attempt": snoozing.attempt, "type": "Snoozed",
-                    "message": f"snoozed for {snoozing.delay_ms / 1000:g} s",
-                    "duration_ms": snoozing.duration_ms, "delay_ms": snoozing.delay_ms})
-    reply = yield _call(SCRIPTS.snooze, keys, (
-        snoozing.job_id, snoozing.token, snoozing.delay_ms, entry,
-        -1 if max_snoozes is None else max_snoozes, keep, 1 if claim_next else 0, token,
-        ttl_ms))
-    status = _STATUS[int(reply[0])]
-    if status == Status.LOCK_LOST:
-        return Finished([status], Claimed([], -1))
-    return Finished([status], _claimed(reply, 1, token, keys))
-
-
-def rate_limited(keys: QueueKeys, throttled: Throttled, *, claim_next: bool, keep: int,
-                 token: str, ttl_ms: int) -> Op[Finished]:
-    """The handler was refused for now: the job back to waiting without using an attempt, its
-    key (keyed mode) or queue paused for ``retry_after_ms``, or cancelled if that was
-    requested; then claim a next job with ``token`` (fresh for this call) if asked."""
-    entry = encode({"attempt": throttled.attempt, "type": "RateLimited",
-                    "message": f"rate limited; retry after {throttled.retry_after_ms / 1000:g} s",
-                    "duration_ms": throttled.duration_ms,
-                    "retry_after_ms": throttled.retry_after_ms})
-    reply = yield _call(SCRIPTS.rate_limited, keys, (
-        throttled.job_id, throttled.token, throttled.retry_after_ms, entry, keep,
-        1 if claim_next else 0, token, ttl_ms))
+def end_attempt(keys: QueueKeys, ending: Unfinished, *, max_snoozes: int | None,
+                claim_next: bool, keep: int, token: str, ttl_ms: int) -> Op[Finished]:
+    """Record an attempt that ended without completing its job, with the attempt's entry in
+    the job's history: a failure is retried (or ends the job FAILED), a snooze delays the job
+    (or fails it once it snoozed more than ``max_snoozes`` times; ``None``: no limit), a rate
+    limit pauses the job's key or queue and puts the job back; a job whose cancellation was
+    requested ends CANCELLED instead. Then claims a next job with ``token`` (fresh for this
+    call) if asked."""
+    head = (ending.job_id, ending.token)
+    tail = (1 if claim_next else 0, token, ttl_ms)
+    entry: dict[str, Any] = {"attempt": ending.attempt}
+    if isinstance(ending, Failure):
+        error = ending.error
+        entry |= {"type": error.type, "message": error.message,
+                  "duration_ms": ending.duration_ms}
+        call = _call(SCRIPTS.fail, keys, (
+            *head, encode_error(error), encode(entry), ending.max_attempts, ending.delay_ms,
+            1 if ending.final else 0, ending.reason, keep, *tail, ending.options))
+    elif isinstance(ending, Snoozing):
+        entry |= {"type": "Snoozed", "message": f"snoozed for {ending.delay_ms / 1000:g} s",
+                  "duration_ms": ending.duration_ms, "delay_ms": ending.delay_ms}
+        call = _call(SCRIPTS.snooze, keys, (
+            *head, ending.delay_ms, encode(entry), -1 if max_snoozes is None else max_snoozes,
+            keep, *tail))
+    elif isinstance(ending, Throttled):
+        entry |= {"type": "RateLimited",
+                  "message": f"rate limited; retry after {ending.delay_ms / 1000:g} s",
+                  "duration_ms": ending.duration_ms, "retry_after_ms": ending.delay_ms}
+        call = _call(SCRIPTS.rate_limited, keys, (
+            *head, ending.delay_ms, encode(entry), keep, *tail))
+    else:
+        raise TypeError(f"no transition records {type(ending).__name__}")
+    reply = yield call
     status = _STATUS[int(reply[0])]
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))
