@@ -1,4 +1,4 @@
-"""The history stream: every ending of a job appends exactly one record (lua/lib/finish.lua),
+"""The history stream: every ending of a job appends exactly one record (lua/lib/records.lua),
 bounded by Retention(history=); and its export to Parquet (panqueue.spark.export_history), which
 writes each record once, even when an export process is killed between its write and its
 acknowledgement and run again."""

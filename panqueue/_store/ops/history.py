@@ -1,4 +1,4 @@
-"""The history stream: one record per finished job (``record_history`` in lua/lib/finish.lua),
+"""The history stream: one record per finished job (``record_history`` in lua/lib/records.lua),
 read by exports through one consumer group, so a record stays pending until the export that
 read it acknowledges it."""
 
