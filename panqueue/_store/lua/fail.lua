@@ -16,9 +16,9 @@
 -- Returns  {status, count, wake_in, jobs...}; status (lib/status.lua) RETRY_NOW, RETRY_DELAYED,
 --          FAILED or CANCELLED; or {LOCK_LOST} when the token does not match (nothing
 --          changed). A resent call answers as the first one did and changes nothing.
--- Invariants: only the holder of the lock fails a job; a failed attempt keeps its count (the
---          claim raised it), so a job runs at most max attempts times; the error is kept
---          with the job whichever way it goes on.
+-- Invariants: only the holder of the lock fails a job; a failed attempt keeps the attempt the
+--          claim counted (a snooze or a rate limit gives it back); the error is kept with the
+--          job whichever way it goes on.
 --!include ending.lua
 
 local early, at = open_ending({id = ARGV[1], token = ARGV[2], request = ARGV[11],
