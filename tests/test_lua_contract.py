@@ -155,7 +155,7 @@ K = QueueKeys("q")
 PARTS = (K,)
 JOB = NewJob("j", b"\x90")
 POINTER = identity._Pointer(K, "id", "j", "0\ttok\t1")
-FAILURE = tr.Failure("j", "t", ErrorInfo("E", "m"), 1, 5, 3, 0, False, "")
+FAILURE = tr.Failure("j", "t", 1, 5, 0, ErrorInfo("E", "m"), 3, False, "")
 # A batch that fires: a job failed, so its on_success is not added (and its parent stops
 # waiting for it, batch_unregister), its on_complete is (batch_callback), then it is marked added.
 FIRED = [b"fire", b"1", b"0", b"1", b"1", encode(["cq", {}]), encode(["sq", {}]), b"p"]
@@ -184,13 +184,14 @@ CASES = [
     Case("complete", "one job", lambda: tr.complete_batch(
         K, [tr.Completion("j", "t", b"\xc0")], claim_next=True, keep=1, token="n", ttl_ms=1),
         units=1),
-    Case("fail", "attempt", lambda: tr.fail(K, FAILURE, claim_next=True, keep=1, token="n",
-                                            ttl_ms=1)),
-    Case("snooze", "attempt", lambda: tr.snooze(K, tr.Snoozing("j", "t", 1, 5, 10),
-                                                max_snoozes=None, claim_next=True, keep=1,
-                                                token="n", ttl_ms=1)),
-    Case("rate_limited", "attempt", lambda: tr.rate_limited(
-        K, tr.Throttled("j", "t", 1, 5, 10), claim_next=True, keep=1, token="n", ttl_ms=1)),
+    Case("fail", "attempt", lambda: tr.end_attempt(K, FAILURE, max_snoozes=None,
+                                                   claim_next=True, keep=1, token="n", ttl_ms=1)),
+    Case("snooze", "attempt", lambda: tr.end_attempt(K, tr.Snoozing("j", "t", 1, 5, 10),
+                                                     max_snoozes=None, claim_next=True, keep=1,
+                                                     token="n", ttl_ms=1)),
+    Case("rate_limited", "attempt", lambda: tr.end_attempt(
+        K, tr.Throttled("j", "t", 1, 5, 10), max_snoozes=None, claim_next=True, keep=1,
+        token="n", ttl_ms=1)),
     Case("rate_take", "starts", lambda: tr.take_starts(K, 1, 10, 1000, "s")),
     Case("pause_for", "ms", lambda: tr.pause_for(K, 5)),
     Case("extend", "one lock", lambda: tr.extend(K, 1000, [("j", "t")]), units=1),
@@ -267,13 +268,7 @@ def test_lua_reads_only_documented_argv(name: str) -> None:
             f"ARGV[{max(reads, default=0)}]")
 
 
-# fail.lua's header is being rewritten with the endings of an attempt made one script: its
-# invariants come with that change (snooze.lua and rate_limited.lua state theirs already).
-_HEADER_IN_REWRITE = {"fail"}
-
-
-@pytest.mark.parametrize("name", sorted(script.name for script in SCRIPTS
-                                        if script.name not in _HEADER_IN_REWRITE))
+@pytest.mark.parametrize("name", sorted(script.name for script in SCRIPTS))
 def test_every_header_states_keys_argv_returns_and_invariants(name: str) -> None:
     text = header(name)
     for part in ("KEYS[1]", "Returns", "Invariant"):
@@ -334,9 +329,7 @@ def test_a_name_used_above_its_definition_is_found() -> None:
                            ) == ["LIMIT"]
 
 
-# lib/finish.lua is left out while the endings of an attempt are being made one include.
-@pytest.mark.parametrize("path", sorted(p for p in (LUA / "lib").glob("*.lua")
-                                        if p.name != "finish.lua"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((LUA / "lib").glob("*.lua")), ids=lambda p: p.name)
 def test_no_include_is_longer_than_about_120_lines(path: Path) -> None:
     """An include is one concern, short enough to read whole."""
     assert len(path.read_text().splitlines()) <= 125, f"{path.name}: split it by concern"
