@@ -21,6 +21,7 @@ from panqueue._keys import QueueKeys
 from panqueue._runtime.trouble import Trouble
 from panqueue._store import transitions
 from panqueue._store.transitions import CancelRequest
+from panqueue._store.tokens import lock_token, parse_lock_token
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
@@ -33,20 +34,24 @@ _EARLY_CANCELS_KEPT = 10_000
 
 
 class Tokens:
-    """Lock tokens, unique per process and call whatever ``name=`` the worker was given; each
-    claim-bearing call gets a fresh one, which is also that call's request id."""
+    """Lock tokens (``_store/tokens.py``), unique per process and call whatever ``name=`` the
+    worker was given; each claim-bearing call gets a fresh one, which is also that call's
+    request id."""
 
     def __init__(self, worker_name: str) -> None:
-        self._prefix = f"{worker_name}:{uuid.uuid4().hex[:12]}"
+        self._worker = worker_name
+        self._process = uuid.uuid4().hex[:12]
         self._counter = 0
 
     def new(self) -> str:
         self._counter += 1
-        return f"{self._prefix}:{self._counter}"
+        return lock_token(self._worker, self._process, self._counter)
 
     def made_here(self, token: str) -> bool:
         """Whether ``token`` is one of these (a lock of this worker's)."""
-        return token.startswith(self._prefix + ":")
+        parsed = parse_lock_token(token)
+        return parsed is not None and parsed.process == self._process \
+            and parsed.worker == self._worker
 
 
 @dataclass(slots=True, eq=False)

@@ -15,6 +15,7 @@ from panqueue._job import JobState, from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.workers import WorkerInfo, workers
+from panqueue._store.tokens import parse_lock_token
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue.errors import JobNotFound
 
@@ -73,9 +74,9 @@ def _why(keys: QueueKeys, job_id: str, again: bool = True) -> Op[Explanation]:
         holder = next((w for w in live if job_id in w.running), None)
         if holder is None and fields[5] is not None:
             # Between two beats a newly claimed job is not in its worker's record yet; its
-            # lock token names the worker ("<worker name>:<random>:<n>", _runtime/locks.py).
-            owner = fields[5].decode().rsplit(":", 2)[0]
-            holder = next((w for w in live if w.name == owner), None)
+            # lock token names the worker.
+            owner = parse_lock_token(fields[5].decode())
+            holder = next((w for w in live if owner and w.name == owner.worker), None)
         if holder is not None and holder.loop_blocked_since is not None:
             return Explanation(state, "running", f"running on worker {holder.name} "
                                f"(pid {holder.pid} on {holder.host}), alive, but its event "
