@@ -21,6 +21,7 @@ from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._store import transitions
 from panqueue._store.loader import SCRIPTS
+from panqueue._store.notify import CancelRequest, Handoff, WakeUp, parse_message
 from panqueue._store.ops import NewJob, add_jobs, cancel, pause
 from panqueue._store.status import Status
 from panqueue._store.transitions import Completion
@@ -77,9 +78,10 @@ def test_an_add_hands_its_job_to_an_idle_worker_in_the_wake_up(
     register(store, keys, "w:1")
     [job_id] = add(store, keys)
     [message] = messages(notify)
-    assert message.startswith(b"h")
-    token, [job] = transitions.parse_handoff(message[1:])
-    assert (token, job.id, job.attempt, job.token) == ("w:1", job_id, 1, "w:1")
+    handed = parse_message(message)
+    assert isinstance(handed, Handoff)
+    [job] = handed.jobs
+    assert (handed.token, job.id, job.attempt, job.token) == ("w:1", job_id, 1, "w:1")
     # Claimed and locked in the add itself: active, with the registration's token.
     assert redis_client.hmget(keys.job(job_id), "s", "tk") == [b"active", b"w:1"]
     assert redis_client.zcard(keys.wait) == 0 and redis_client.zcard(keys.idle) == 0
@@ -95,8 +97,9 @@ def test_one_registration_takes_one_job_and_the_rest_wait_in_order(
     register(store, keys, "w:1")
     first, second, third = add(store, keys, 3)
     handed, wake = messages(notify)
-    assert [job.id for job in transitions.parse_handoff(handed[1:])[1]] == [first]
-    assert wake == b"w"  # other workers are woken for the rest
+    heard = parse_message(handed)
+    assert isinstance(heard, Handoff) and [job.id for job in heard.jobs] == [first]
+    assert parse_message(wake) == WakeUp()  # other workers are woken for the rest
     assert [x.decode() for x in redis_client.zrange(keys.wait, 0, -1)] == [second, third]
 
 
@@ -134,10 +137,9 @@ def test_a_cancel_of_a_handed_job_is_told_again_for_the_claim_that_takes_it_over
     assert store.run(cancel(keys, job_id)) is JobState.ACTIVE
     store.run(transitions.claim(keys, "w:2", TTL, 5, withdraw=["w:1"]))
     handed, for_the_registration, for_the_claim = messages(notify)
-    assert handed.startswith(b"h")
-    assert transitions.parse_cancel(for_the_registration[1:]) == \
-        transitions.CancelRequest(job_id, "w:1")
-    assert transitions.parse_cancel(for_the_claim[1:]) == transitions.CancelRequest(job_id, "w:2")
+    assert isinstance(parse_message(handed), Handoff)
+    assert parse_message(for_the_registration) == CancelRequest(job_id, "w:1")
+    assert parse_message(for_the_claim) == CancelRequest(job_id, "w:2")
 
 
 def test_a_stopping_worker_takes_back_what_it_was_handed(
@@ -220,9 +222,10 @@ async def test_an_idle_worker_runs_an_added_job_it_was_handed(
                 await async_wait_until(registered)
             handed = []
             while (message := pubsub.get_message(timeout=0.1)) is not None:
-                if message["type"] == "smessage" and message["data"].startswith(b"h"):
-                    handed += [job.id for job in
-                               transitions.parse_handoff(message["data"][1:])[1]]
+                heard = parse_message(message["data"]) if message["type"] == "smessage" \
+                    else None
+                if isinstance(heard, Handoff):
+                    handed += [job.id for job in heard.jobs]
             assert handed == ran and len(ran) == 5
         # A stopped worker leaves no registration behind.
         assert watcher.zcard(keys.idle) == 0

@@ -295,7 +295,8 @@ async def test_a_cancel_heard_before_its_claim_answered_stops_the_attempt_it_sta
     from panqueue._options import JobOptions
     from panqueue._runtime.attempt import AttemptRunner, Ending
     from panqueue._runtime.locks import Attempts, Tokens
-    from panqueue._store.transitions import CancelRequest, ClaimedJob
+    from panqueue._store.notify import CancelRequest
+    from panqueue._store.transitions import ClaimedJob
     from panqueue.executors.inline import InlineExecutor
 
     registry, ran = Registry(), []

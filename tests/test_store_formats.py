@@ -1,15 +1,19 @@
-"""The store's formats, read in one place each: lock tokens (``_store/tokens.py``). What the
-store writes is read back as typed values, and what is not one of its forms is refused as such,
-not half-read."""
+"""The store's formats, read in one place each: lock tokens (``_store/tokens.py``) and the
+notify channel's messages (``_store/notify.py``). What the store writes is read back as typed
+values, and what is not one of its forms is refused as such, not half-read."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgpack
 import pytest
 
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._runtime.locks import Tokens
 from panqueue._store import transitions
+from panqueue._store.notify import CancelRequest, Handoff, WakeUp, parse_message
 from panqueue._store.ops import NewJob, add_jobs, explain
 from panqueue._store.tokens import LockToken, lock_token, parse_lock_token
 from panqueue._store.transport import SyncTransport
@@ -52,3 +56,36 @@ def test_explain_finds_the_worker_a_lock_token_names_before_its_beat_lists_the_j
         assert why.detail.startswith("running on worker host:7 (pid 7 on h)")
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------------- notify messages
+
+
+def claim_record(job_id: str, options: bytes = b"") -> list[Any]:
+    """A claim reply's records, as the scripts send them (lua/lib/claim.lua)."""
+    return [1, -1, job_id.encode(), encode({"n": 1}), 2, 1700000000000, options]
+
+
+def test_the_notify_messages_read_as_typed_values() -> None:
+    assert parse_message(b"w") == WakeUp()
+    assert parse_message(b"c" + msgpack.packb([b"7", b"w:p:3"])) == CancelRequest("7", "w:p:3")
+    assert parse_message(b"c:7") == CancelRequest("7", "")  # an earlier version's message
+    handed = parse_message(b"h" + msgpack.packb([b"w:p:3", claim_record("9")]))
+    assert isinstance(handed, Handoff) and handed.token == "w:p:3"
+    [job] = handed.jobs
+    assert (job.id, job.token, job.attempt, job.enqueued_at_ms) == (
+        "9", "w:p:3", 2, 1700000000000)
+
+
+@pytest.mark.parametrize("message", [
+    b"", b"x", b"W", b"wake", b"c", b"h",
+    b"c" + msgpack.packb([b"7"]),  # one item, not two
+    b"c" + msgpack.packb([7, b"t"]),  # an id that is not a string
+    b"c" + msgpack.packb({b"id": b"7"}),
+    b"c\xc1", b"h\xc1", b"c" + msgpack.packb([b"7", b"t"])[:-1],  # not msgpack, cut short
+    b"h" + msgpack.packb([b"t", [2, -1, b"9", b"d", 1, 0, b""]]),  # fewer records than counted
+    b"h" + msgpack.packb([b"t", [1, -1, b"9", b"d", b"one", 0, b""]]),  # an attempt not a number
+    b"h" + msgpack.packb([b"t", 5]),
+])
+def test_a_message_that_is_none_of_the_forms_is_ignored(message: bytes) -> None:
+    assert parse_message(message) is None

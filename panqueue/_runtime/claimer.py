@@ -37,7 +37,8 @@ from panqueue._runtime.locks import Tokens
 from panqueue._runtime.trouble import Trouble
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._store import transitions
-from panqueue._store.transitions import Claimed, ClaimedJob, parse_handoff
+from panqueue._store.notify import Handoff
+from panqueue._store.transitions import Claimed, ClaimedJob
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
@@ -114,13 +115,13 @@ class ClaimLoop:
         """Jobs were just handed over (they are in ``_handed``). Default: the loop takes
         them."""
 
-    def handoff(self, payload: bytes) -> None:
-        """A job handed over in a wake-up message (``h`` + payload). It is this worker's when
-        it was handed to the registration it is waiting on; any other (another worker's, or
-        one this worker has since withdrawn and so takes over through its claim) is ignored."""
+    def handoff(self, handed: Handoff) -> None:
+        """A job handed over in a wake-up message. It is this worker's when it was handed to
+        the registration it is waiting on; any other (another worker's, or one this worker has
+        since withdrawn and so takes over through its claim) is ignored."""
         if self.stopping or not self._registered:
             return
-        token, jobs = parse_handoff(payload)
+        token, jobs = handed.token, handed.jobs
         if token != self._registered[-1] or len(self._registered) > 1:
             # Only the newest registration's message is taken as is; with older ones still to
             # withdraw, the next claim collects everything in one step.

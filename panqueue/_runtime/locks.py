@@ -20,7 +20,7 @@ import anyio
 from panqueue._keys import QueueKeys
 from panqueue._runtime.trouble import Trouble
 from panqueue._store import transitions
-from panqueue._store.transitions import CancelRequest
+from panqueue._store.notify import CancelRequest
 from panqueue._store.tokens import lock_token, parse_lock_token
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError

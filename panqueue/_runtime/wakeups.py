@@ -19,7 +19,7 @@ import anyio.abc
 
 from panqueue._keys import QueueKeys
 from panqueue._runtime.trouble import RETRY_CAP
-from panqueue._store.transitions import CancelRequest, parse_cancel
+from panqueue._store.notify import CancelRequest, Handoff, WakeUp, parse_message
 from panqueue._store.transport import AsyncSubscriber, AsyncTransport
 from panqueue.errors import ConnectionError, PanqueueError
 
@@ -32,7 +32,7 @@ _CLOSE_WAIT = 2.0
 class WakeUps:
     def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *,
                  health_interval: float, on_cancel: Callable[[CancelRequest], None],
-                 on_handoff: Callable[[bytes], None], log: Any) -> None:
+                 on_handoff: Callable[[Handoff], None], log: Any) -> None:
         self._transport = transport
         self._channels = [keys.notify for keys in parts]
         self._health_interval = health_interval
@@ -127,11 +127,11 @@ class WakeUps:
                 continue
             if message == b"":
                 ping_sent = None
-            elif message == b"w":
+                continue
+            heard = parse_message(message)
+            if isinstance(heard, WakeUp):
                 self._wake.set()
-            elif message.startswith(b"h"):
-                self._on_handoff(message[1:])
-            elif message.startswith(b"c"):
-                request = parse_cancel(message[1:])
-                if request is not None:
-                    self._on_cancel(request)
+            elif isinstance(heard, Handoff):
+                self._on_handoff(heard)
+            elif isinstance(heard, CancelRequest):
+                self._on_cancel(heard)

@@ -49,6 +49,7 @@ from panqueue._runtime.upkeep import Upkeep
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._runtime.watchdog import BEAT_INTERVAL, LoopWatchdog
 from panqueue._store import ops, transitions
+from panqueue._store.notify import Handoff
 from panqueue._store.ops.batches import in_batch
 from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
@@ -475,9 +476,9 @@ class Worker:
         wait_s = time.time() - run_s - job.enqueued_at_ms / 1000
         self.metrics.attempt_finished(self.keys.name, outcome, run_s, wait_s)
 
-    def _handed_over(self, payload: bytes) -> None:
+    def _handed_over(self, handed: Handoff) -> None:
         if self._claimer is not None:
-            self._claimer.handoff(payload)
+            self._claimer.handoff(handed)
 
     async def _withdraw(self, claimer: ClaimLoop) -> None:
         """End the claim loop's idle registration and release the jobs handed to it that did

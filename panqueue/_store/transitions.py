@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
 from panqueue._codec import encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
@@ -25,7 +23,6 @@ from panqueue._store.status import Status
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
 
 __all__ = [
-    "CancelRequest",
     "Claimed",
     "ClaimedJob",
     "Completion",
@@ -43,9 +40,7 @@ __all__ = [
     "give_back_starts",
     "heartbeat",
     "leave_registry",
-    "parse_cancel",
     "parse_claim",
-    "parse_handoff",
     "pause_for",
     "progress",
     "promote",
@@ -171,8 +166,8 @@ def claim(keys: QueueKeys, token: str, ttl_ms: int, n: int, *,
     ``withdraw``: the tokens of this worker's idle registrations: the call ends them and takes
     over the jobs handed to them meanwhile (counted among the ``n``, locked with ``token``).
     ``idle_ms``: when nothing is claimed, register ``token`` as idle for that long, so that an
-    add hands the next job straight to this worker (see lua/lib/handoff.lua and
-    :func:`parse_handoff`).
+    add hands the next job straight to this worker (see lua/lib/handoff.lua; the message is
+    read by ``notify.parse_message``).
     ``start_by_ms``: the deadline of the rate-limit starts taken for this claim
     (:func:`take_starts`); a claim that runs after it claims nothing and answers ``wake_in_ms``
     0, so that the worker gives them back and takes fresh ones.
@@ -190,37 +185,6 @@ def cancels_requested(keys: QueueKeys, ids: Sequence[str]) -> Op[list[bool]]:
     flags = yield Batch(tuple(Command(("HEXISTS", keys.job(i), "cx")) for i in ids),
                         route=keys.prefix)
     return [bool(flag) for flag in flags]
-
-
-def parse_handoff(payload: bytes) -> tuple[str, list[ClaimedJob]]:
-    """A job handed to an idle worker, from the notify message's payload (after the ``h``):
-    (the registration's token, the jobs claimed with it)."""
-    token, reply = msgpack.unpackb(payload, raw=True)
-    token = token.decode()
-    jobs, _ = parse_claim(reply, 0, token)
-    return token, jobs
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRequest:
-    """``cancel(queue, id)`` was called for an active job: the request as its worker hears it.
-    ``token`` is the lock token of the run it is for (lua/lib/cancel_request.lua); empty when
-    the message did not say (a script of an earlier version published it)."""
-
-    job_id: str
-    token: str
-
-
-def parse_cancel(payload: bytes) -> CancelRequest | None:
-    """A cancel request, from the notify message's payload (after the ``c``); None for a
-    payload that is not one."""
-    if payload.startswith(b":"):  # an earlier version's message: the job id alone
-        return CancelRequest(payload[1:].decode(errors="replace"), "")
-    try:
-        job_id, token = msgpack.unpackb(payload, raw=True)
-        return CancelRequest(job_id.decode(), token.decode())
-    except (ValueError, TypeError, AttributeError):
-        return None
 
 
 def complete_batch(keys: QueueKeys, batch: Sequence[Completion], *, claim_next: bool,
