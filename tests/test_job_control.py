@@ -315,7 +315,7 @@ async def test_a_cancel_heard_before_its_claim_answered_stops_the_attempt_it_sta
                            JobOptions(), attempts, nothing, nothing)
 
     def claimed(job_id: str, token: str) -> ClaimedJob:
-        return ClaimedJob(job_id, b"\xc0", 1, 0, b"", token)
+        return ClaimedJob(job_id, b"\xc0", 1, 0, {}, token)
 
     in_flight = tokens.new()  # the claim is sent...
     attempts.request_cancel(CancelRequest("7", in_flight))  # ...the cancel overtakes its reply...

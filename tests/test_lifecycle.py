@@ -13,6 +13,7 @@ import redis
 
 from panqueue import (
     Backoff,
+    Chunk,
     ConfigError,
     Fail,
     Job,
@@ -29,6 +30,8 @@ from panqueue import (
     TimeoutError,
     Worker,
 )
+from panqueue._codec import encode
+from panqueue._keys import QueueKeys
 from panqueue.embedded import RedisServer
 from panqueue.testing import run_worker
 from tests.helpers import async_wait_until
@@ -221,6 +224,49 @@ async def test_per_job_options_override_handler_defaults(redis_url: str,
         assert await handle.result(timeout=10) == 2
         info = await handle.info()
         assert info.history[0]["type"] == "JobTimeout"
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_unreadable_stored_options_fail_that_attempt_alone_with_a_clear_error(
+        redis_url: str, queue_name: str, redis_client: redis.Redis, chunked: bool) -> None:
+    """Stored options the claim cannot read (not msgpack, or not a map) fail the attempts of
+    their job, under the handler's own policy, with an error that says so; the other jobs run
+    and the worker carries on."""
+    registry = Registry()
+    ran: list[Any] = []
+
+    if chunked:
+        @registry.handler(queue_name, attempts=2, backoff=Backoff.fixed(0), chunk=Chunk(3, 0.1))
+        async def echo_all(jobs: list[Job]) -> list[Any]:
+            ran.extend(job.data for job in jobs)
+            return [job.data for job in jobs]
+    else:
+        @registry.handler(queue_name, attempts=2, backoff=Backoff.fixed(0))
+        async def echo(job: Job) -> Any:
+            ran.append(job.data)
+            return job.data
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        garbled = await queue.add("garbled", attempts=5)
+        not_a_map = await queue.add("not a map", attempts=5)
+        fine = await queue.add("fine", attempts=5)
+        redis_client.hset(QueueKeys(queue_name).job(garbled.id), "o", b"\xc1")
+        redis_client.hset(QueueKeys(queue_name).job(not_a_map.id), "o", encode([1, 2]))
+        async with run_worker(registry, queue_name, redis_url):
+            assert await fine.result(timeout=10) == "fine"
+            for handle, problem in ((garbled, "not msgpack"), (not_a_map, "not a map")):
+                with pytest.raises(JobFailed) as failed:
+                    await handle.result(timeout=10)
+                error = failed.value.error
+                assert error is not None and error.type == "PayloadError"
+                assert error.message.startswith("the job's stored options cannot be read")
+                assert problem in error.message
+                # The handler's attempts, not the 5 of the options it could not read (read raw:
+                # get_job cannot read such options either).
+                assert redis_client.hmget(QueueKeys(queue_name).job(handle.id), "a", "fr") == [
+                    b"2", b"max_attempts_exceeded"]
+    assert ran == ["fine"]
 
 
 async def test_timeout_fails_the_attempt_with_reason_timeout(redis_url: str,

@@ -1,6 +1,7 @@
-"""The store's formats, read in one place each: lock tokens (``_store/tokens.py``) and the
-notify channel's messages (``_store/notify.py``). What the store writes is read back as typed
-values, and what is not one of its forms is refused as such, not half-read."""
+"""The store's formats, read in one place each: lock tokens (``_store/tokens.py``), the notify
+channel's messages (``_store/notify.py``) and a claimed job's stored options and batch
+(``_store/transitions.py``). What the scripts write is read back as typed values, and what is
+not one of their forms is refused as such, not half-read."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ from typing import Any
 import msgpack
 import pytest
 
+from panqueue import Backoff, PayloadError
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
+from panqueue._options import JobOptions
 from panqueue._runtime.locks import Tokens
 from panqueue._store import transitions
 from panqueue._store.notify import CancelRequest, Handoff, WakeUp, parse_message
 from panqueue._store.ops import NewJob, add_jobs, explain
+from panqueue._store.ops.batches import batch_options
 from panqueue._store.tokens import LockToken, lock_token, parse_lock_token
+from panqueue._store.transitions import ClaimedJob, parse_claim
 from panqueue._store.transport import SyncTransport
 
 # ------------------------------------------------------------------------------ lock tokens
@@ -73,8 +78,8 @@ def test_the_notify_messages_read_as_typed_values() -> None:
     handed = parse_message(b"h" + msgpack.packb([b"w:p:3", claim_record("9")]))
     assert isinstance(handed, Handoff) and handed.token == "w:p:3"
     [job] = handed.jobs
-    assert (job.id, job.token, job.attempt, job.enqueued_at_ms) == (
-        "9", "w:p:3", 2, 1700000000000)
+    assert (job.id, job.token, job.attempt, job.enqueued_at_ms, job.options) == (
+        "9", "w:p:3", 2, 1700000000000, {})
 
 
 @pytest.mark.parametrize("message", [
@@ -89,3 +94,50 @@ def test_the_notify_messages_read_as_typed_values() -> None:
 ])
 def test_a_message_that_is_none_of_the_forms_is_ignored(message: bytes) -> None:
     assert parse_message(message) is None
+
+
+# ------------------------------------------------------------------- claimed jobs, typed
+
+
+def claimed(options: bytes) -> ClaimedJob:
+    [job], _ = parse_claim(claim_record("9", options), 0, "w:p:1")
+    return job
+
+
+def test_a_claimed_job_comes_with_its_options_read_and_its_batch_named() -> None:
+    plain = claimed(encode({"attempts": 4, "timeout": 2.5}))
+    assert (plain.options, plain.batch, plain.unreadable) == (
+        {"attempts": 4, "timeout": 2.5}, "", "")
+    assert plain.job_options(JobOptions(attempts=1, backoff=Backoff.fixed(3))) == JobOptions(
+        attempts=4, backoff=Backoff.fixed(3), timeout=2.5)
+    member = claimed(batch_options("b-1", encode({"attempts": 4})))
+    assert (member.options["attempts"], member.batch) == (4, "b-1")
+    assert claimed(batch_options("b-1")).batch == "b-1"
+    none = claimed(b"")
+    assert (none.options, none.batch) == ({}, "")
+    assert none.job_options(JobOptions(attempts=3)) == JobOptions(attempts=3)
+
+
+def test_batch_membership_is_the_batch_option_not_its_bytes_anywhere() -> None:
+    """A value that holds the bytes of the key (a trace header, say) names no batch."""
+    assert claimed(encode({"trace": {"tracestate": "batch"}})).batch == ""
+    assert claimed(encode({"batch": 5})).batch == ""
+
+
+@pytest.mark.parametrize(("blob", "problem"), [
+    (b"\xc1", "not msgpack (FormatError)"),
+    (encode({"a": 1})[:-1], "not msgpack"),
+    (encode({"a": 1}) + b"\x00", "not msgpack"),
+    (b"\xc7\x01\x05a", "extension type 5"),
+    (encode([1, 2]), "not a map (list)"),
+    (encode("attempts"), "not a map (str)"),
+    (encode({"attempts": "many"}), "invalid literal"),
+    (encode({"backoff": [1]}), "not enough values"),
+])
+def test_unreadable_stored_options_fail_the_attempt_with_what_is_wrong(
+        blob: bytes, problem: str) -> None:
+    job = claimed(blob)
+    assert job.batch == ""
+    with pytest.raises(PayloadError, match=r"^the job's stored options cannot be read: ") as bad:
+        job.job_options(JobOptions())
+    assert problem in str(bad.value)

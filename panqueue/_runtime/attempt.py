@@ -94,21 +94,19 @@ class AttemptRunner:
     async def run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
         if not _tracing.enabled():
             return await self._run(claimed, stopping)
-        try:  # unreadable options are _run's to report, as the attempt's failure
-            stored = decode(claimed.options) if claimed.options else {}
-        except Exception:
-            stored = None
-        carrier = stored.get(TRACE_OPTION) if isinstance(stored, dict) else None
+        # Unreadable options are _run's to report, as the attempt's failure.
+        stored = None if claimed.unreadable else claimed.options
+        carrier = stored.get(TRACE_OPTION) if stored is not None else None
         with _tracing.attempt_span(self._queue, claimed.id, claimed.attempt, carrier) as span:
             outcome = await self._run(claimed, stopping)
             failure = outcome.failure
             _tracing.end_attempt(span, outcome.ending.value,
                                  failure.error if failure is not None else None)
-            if failure is not None and isinstance(stored, dict):
+            if failure is not None and stored is not None:
                 # The fail transition stores this span with the job: the next attempt links it.
                 headers = carrier if isinstance(carrier, dict) else {}
-                failure.options = encode({**stored, TRACE_OPTION: {
-                    **headers, _tracing.LINK: _tracing.traceparent(span)}})
+                failure.options = claimed.options_with(TRACE_OPTION, {
+                    **headers, _tracing.LINK: _tracing.traceparent(span)})
             return outcome
 
     async def _run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
@@ -118,8 +116,7 @@ class AttemptRunner:
         outcome: Any = None
         error: BaseException | None = None
         try:
-            if claimed.options:
-                options = options.merged(decode(claimed.options))
+            options = claimed.job_options(options)
 
             def sink(kind: str, value: Any) -> Awaitable[None]:
                 return self._report(attempt, kind, value)

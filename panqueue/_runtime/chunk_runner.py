@@ -133,8 +133,7 @@ class ChunkRunner:
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _job_options(self, claimed: ClaimedJob) -> JobOptions:
-        return self._options.merged(decode(claimed.options)) if claimed.options \
-            else self._options
+        return claimed.job_options(self._options)
 
     def _job(self, held: Held, options: JobOptions) -> Job:
         claimed = held.job

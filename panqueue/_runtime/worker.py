@@ -50,7 +50,6 @@ from panqueue._runtime.wakeups import WakeUps
 from panqueue._runtime.watchdog import BEAT_INTERVAL, LoopWatchdog
 from panqueue._store import ops, transitions
 from panqueue._store.notify import Handoff
-from panqueue._store.ops.batches import in_batch
 from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncTransport, open_async_transport
@@ -327,7 +326,7 @@ class Worker:
         if self.metrics is not None and outcome is not None:
             self._observe(job, outcome if isinstance(outcome, str) else _OUTCOME_NAMES[outcome],
                           run_s)
-        if self._upkeep is not None and in_batch(job.options):
+        if self._upkeep is not None and job.batch:
             self._upkeep.batch_job_ended()  # as _process_and_relay does for a plain job
 
     async def _when_served(self, trouble: Trouble, call: Callable[[], Awaitable[T]]) -> T:
@@ -418,7 +417,7 @@ class Worker:
     async def _process_and_relay(self, job: ClaimedJob) -> ClaimedJob | None:
         """:meth:`_process`; then, for a job of a batch, its ending is relayed to the batch."""
         following = await self._process(job)
-        if self._upkeep is not None and in_batch(job.options):
+        if self._upkeep is not None and job.batch:
             self._upkeep.batch_job_ended()
         return following
 

@@ -5,7 +5,8 @@ stalled jobs, promote delayed ones, expire jobs past their deadline to start.
 
 Each function is an operation (a generator a transport drives, like those of ``ops``): it
 builds the script's ARGV and turns the reply into named values, so the runtime never sees
-either. Statuses are :class:`Status` codes, the same numbers the Lua scripts name.
+either. Statuses are :class:`Status` codes, the same numbers the Lua scripts name. A claimed
+job comes out typed: its stored options read (and checked) here, its batch named.
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from panqueue._codec import encode
+import msgpack
+
+from panqueue._codec import decode, encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
+from panqueue._options import JobOptions
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import encode_error
+from panqueue._store.ops.batches import BATCH_OPTION
 from panqueue._store.status import Status
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
+from panqueue.errors import PanqueueError, PayloadError
 
 __all__ = [
     "Claimed",
@@ -62,12 +68,30 @@ class ClaimedJob:
     """A job a claim handed to this worker, locked by the claim's token."""
 
     id: str
-    data: bytes
+    data: bytes  # as stored: decoded by the attempt that runs the job (its failure if it fails)
     attempt: int
     enqueued_at_ms: int
-    options: bytes
+    options: dict[str, Any]  # the job's stored options ({}: none of its own)
     token: str
     partition: int = 0  # of a partitioned queue: where the job is (its scripts run there)
+    batch: str = ""  # the batch the job belongs to ('' = none)
+    unreadable: str = ""  # why its stored options could not be read ('' = they could)
+
+    def job_options(self, defaults: JobOptions) -> JobOptions:
+        """``defaults`` (its handler's) overridden by the job's stored options. Options that
+        cannot be read raise :class:`PayloadError`: the attempt fails (under ``defaults``),
+        and no other job's does."""
+        if self.unreadable:
+            raise PayloadError(f"the job's stored options cannot be read: {self.unreadable}")
+        try:
+            return defaults.merged(self.options)
+        except (ValueError, TypeError, PanqueueError) as exc:
+            raise PayloadError(f"the job's stored options cannot be read: {exc}") from None
+
+    def options_with(self, name: str, value: Any) -> bytes:
+        """The job's stored options with option ``name`` set to ``value``, in their stored
+        form (for :attr:`Failure.options`)."""
+        return encode({**self.options, name: value})
 
 
 @dataclass(slots=True)
@@ -139,17 +163,36 @@ def _call(script: Script, keys: QueueKeys, args: Sequence[Any]) -> ScriptCall:
     return ScriptCall(script, (keys.prefix,), tuple(args))
 
 
+def _claimed_job(reply: list[Any], i: int, token: str, partition: int) -> ClaimedJob:
+    """The job whose claim record (id, data, attempt, enqueued_at, options) starts at ``i``."""
+    job = ClaimedJob(reply[i].decode(), reply[i + 1], int(reply[i + 2]), int(reply[i + 3] or 0),
+                     {}, token, partition)
+    if blob := reply[i + 4]:
+        try:
+            stored = decode(blob)
+        except PayloadError as exc:  # an extension type
+            job.unreadable = str(exc)
+            return job
+        except (ValueError, msgpack.UnpackException) as exc:
+            job.unreadable = f"not msgpack ({str(exc) or type(exc).__name__})"
+            return job
+        if not isinstance(stored, dict):
+            job.unreadable = f"not a map ({type(stored).__name__})"
+            return job
+        job.options = stored
+        # A batch's jobs carry it in their options (ops/batches.py, batch_options).
+        batch = stored.get(BATCH_OPTION)
+        if isinstance(batch, str):
+            job.batch = batch
+    return job
+
+
 def parse_claim(reply: list[Any], offset: int = 0, token: str = "", partition: int = 0
                 ) -> tuple[list[ClaimedJob], int]:
     """The claim part of a claim / complete / fail reply, from ``offset``: (jobs locked with
     ``token``, wake_in ms or -1)."""
     count = int(reply[offset])
-    jobs = []
-    i = offset + 2
-    for _ in range(count):
-        jobs.append(ClaimedJob(reply[i].decode(), reply[i + 1], int(reply[i + 2]),
-                               int(reply[i + 3] or 0), reply[i + 4], token, partition))
-        i += 5
+    jobs = [_claimed_job(reply, offset + 2 + 5 * n, token, partition) for n in range(count)]
     return jobs, int(reply[offset + 1])
 
 

@@ -30,8 +30,11 @@ from panqueue._store.ops.schedules import server_time_ms
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue.errors import ConfigError, PanqueueError
 
-__all__ = ["BatchInfo", "add_to_batch", "batch_info", "batch_member", "batch_options",
-           "callback_id", "close_batch", "in_batch", "open_batch", "relay", "sweep_batches"]
+__all__ = ["BATCH_OPTION", "BatchInfo", "add_to_batch", "batch_info", "batch_member",
+           "batch_options", "callback_id", "close_batch", "open_batch", "relay", "sweep_batches"]
+
+# The stored option that names a job's batch (batch_options).
+BATCH_OPTION = "batch"
 
 # Outbox entries relayed per read; batches a sweep looks at per run; how long the sweep waits
 # before it looks again at a batch that is still open.
@@ -131,11 +134,12 @@ def _unregister(batch_id: str, queue: str, ids: Sequence[str]) -> Op[None]:
 
 
 def batch_options(batch_id: str, options: bytes = b"") -> bytes:
-    """A job's stored options with its batch: the worker that ends it relays the ending at once
-    (panqueue/_runtime/upkeep.py); a job outside any batch keeps its options as they were."""
+    """A job's stored options with its batch (under :data:`BATCH_OPTION`, which the claim reads
+    back as the claimed job's ``batch``: the worker that ends it relays the ending at once,
+    panqueue/_runtime/upkeep.py); a job outside any batch keeps its options as they were."""
     if not batch_id:
         return options
-    return encode({**(decode(options) if options else {}), "batch": batch_id})
+    return encode({**(decode(options) if options else {}), BATCH_OPTION: batch_id})
 
 
 def batch_member(job: NewJob, batch_id: str, job_id: str, plain_options: bytes) -> NewJob:
@@ -145,12 +149,6 @@ def batch_member(job: NewJob, batch_id: str, job_id: str, plain_options: bytes) 
     return NewJob(job_id, job.data, job.priority, job.delay_ms, job.run_at_ms, options, job.key,
                   job.depends_on, job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy,
                   job.expires_in_ms, job.expires_at_ms, batch_id)
-
-
-def in_batch(options: bytes) -> bool:
-    """Whether a claimed job's stored options name a batch (msgpack's form of the key, found
-    without decoding the options of every job)."""
-    return b"\xa5batch" in options
 
 
 def open_batch(batch_id: str, on_complete: tuple[str, Any],
