@@ -38,12 +38,12 @@ from panqueue._store import transitions as tr
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import batches, identity, partitions, queue, schedules
 from panqueue._store.ops.add import NewJob, add_jobs
-from panqueue._store.ops.explain import explain
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_COMPLETED,
     DEFAULT_KEEP_FAILED,
     DEFAULT_KEEP_HISTORY,
 )
+from panqueue._store.ops.explain import explain
 from panqueue._store.ops.workers import workers
 from panqueue._store.transport import Batch, Command, ScriptCall
 
