@@ -502,6 +502,37 @@ async def test_forced_shutdown_releases_jobs_back_to_waiting(redis_url: str,
         assert (await client.counts(queue_name))[JobState.ACTIVE] == 0
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_worker_made_outside_any_event_loop_runs_and_is_forced_to_stop(
+        redis_url: str, queue_name: str, backend: str) -> None:
+    """A Worker is made before the event loop that runs it (its state exists from the
+    constructor on): it runs a job, and a forced stop skips the grace period and releases it."""
+    registry = Registry()
+    started = anyio.Event()
+
+    @registry.handler(queue_name, lock_ttl=60)
+    async def stuck(job: Job) -> None:
+        started.set()
+        await anyio.sleep(60)
+
+    worker = Worker(registry, queue_name, url=redis_url)
+
+    async def main() -> None:
+        async with QueueClient(redis_url) as client:
+            handle = await client.queue(queue_name).add({})
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                with anyio.fail_after(10):
+                    await started.wait()
+                with anyio.fail_after(5):  # well within the default 30 s grace
+                    worker.force()
+                    await worker.shutdown()
+            info = await handle.info()
+            assert info.state is JobState.WAITING and info.attempts == 0
+
+    anyio.run(main, backend=backend)
+
+
 async def test_idle_worker_recovers_when_its_connections_are_killed(
         redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
     registry = Registry()

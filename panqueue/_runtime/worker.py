@@ -8,13 +8,9 @@
 - :mod:`upkeep`: stalled sweep, promotion, cleaning, schedules;
 - :mod:`heartbeat`: the worker's entry in the queue's worker registry.
 
-The Worker starts them, runs each slot's job (attempt, then record), and stops them in two
-phases on shutdown. A chunk handler's slots run in :mod:`chunks` instead; a partitioned queue
-has a recorder per partition, and each job is recorded by its partition's.
-
-Past our usual 400 lines: the start sequence and one slot's job are the two halves of the
-coordination; one slot's job (``_process`` and the partition dispatch around it) is the part
-to move into a module of its own when this grows again.
+:mod:`roles` builds them, in one place, for the kind of queue the worker serves (plain, a chunk
+handler's, partitioned). The Worker starts them, runs each slot's job (attempt, then record),
+and stops them in two phases on shutdown.
 """
 
 from __future__ import annotations
@@ -26,37 +22,28 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.abc
 
-from panqueue._keys import QueueKeys, partition_keys
+from panqueue._keys import partition_keys
 from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
 from panqueue._runtime.attempt import AttemptRunner, Ending
-from panqueue._runtime.chunk_runner import ChunkRunner
-from panqueue._runtime.chunks import ChunkClaimer
-from panqueue._runtime.claimer import Claimer, ClaimLoop
-from panqueue._runtime.heartbeat import BEATS_PER_TTL, Heartbeat
+from panqueue._runtime.heartbeat import BEATS_PER_TTL
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import settle_layout
-from panqueue._runtime.locks import Attempt, Attempts, Renewer, Tokens
+from panqueue._runtime.locks import Attempts, Tokens
 from panqueue._runtime.recorder import Recorder
-from panqueue._runtime.stats import log_summary
+from panqueue._runtime.roles import CLOSE_WAIT, Roles, Shape
 from panqueue._runtime.trouble import Trouble
-from panqueue._runtime.upkeep import Upkeep
-from panqueue._runtime.wakeups import WakeUps
-from panqueue._runtime.watchdog import BEAT_INTERVAL, LoopWatchdog
-from panqueue._store import ops, transitions
-from panqueue._store.notify import Handoff
+from panqueue._store import ops
 from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
-from panqueue._store.transport import AsyncTransport, open_async_transport
+from panqueue._store.transport import AsyncSubscriber, AsyncTransport, open_async_transport
 from panqueue._url import resolve_url
-from panqueue.errors import ConfigError, ConnectionError, PanqueueError, ServerUnavailable
-from panqueue.executors import create_executor
-from panqueue.executors.base import Executor
+from panqueue.errors import ConfigError, ConnectionError, ServerUnavailable
 
 __all__ = ["Worker"]
 
@@ -66,12 +53,6 @@ T = TypeVar("T")
 class _StoppedWhileStarting(Exception):
     """Stopped while the start waited for a server that could not serve: a clean stop."""
 
-# Bounds of the shutdown's forced phase: how long cancelled jobs get to stop and be released,
-# how long the last writes may take (together, see _close), and closing the connection, so
-# that shutdown(grace) returns within grace + _FORCE_WAIT + 2 * _CLOSE_WAIT seconds even when
-# the network drops every packet (the drain ends grace seconds after the stop began).
-_FORCE_WAIT = 5.0
-_CLOSE_WAIT = 2.0
 # A recorded failure's status, as the metrics' outcome.
 _OUTCOME_NAMES = {Status.LOCK_LOST: "lock_lost", Status.RETRY_NOW: "retried",
                   Status.RETRY_DELAYED: "retried", Status.FAILED: "failed",
@@ -119,6 +100,7 @@ class Worker:
         self.keys = self.parts[0]
         self.url = resolve_url(url)
         options = self.handler.options
+        self._shape = Shape.of(options)  # plain, chunk or partitioned: decided here, once
         self.concurrency = options.concurrency or concurrency or 1
         self.poll_interval = poll_interval
         self.grace = grace
@@ -130,23 +112,22 @@ class Worker:
                 f"heartbeat_interval must be > 0 seconds, got {heartbeat_interval!r}")
         self.heartbeat_interval = heartbeat_interval
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._shared_transport = transport
         self.summary_interval = summary_interval
         self.metrics = metrics
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
         self._jobs_log = get_logger(JOBS_LOGGER).bind(queue=queue, worker=self.name)
         self._tokens = Tokens(self.name)
         self._attempts = Attempts(self._log, self.lock_ttl, self._tokens)
-        if metrics is not None:
-            self._attempts.on_lost = lambda: metrics.lock_lost(queue)
-        self._executor: Executor | None = None
-        self._claimer: ClaimLoop | None = None
-        self._upkeep: Upkeep | None = None
-        self._stopping = False
-        self._reached = False  # the server answered during this start (see _when_served)
+        self._shared_transport = transport  # else run() opens its own
+        self._roles: Roles | None = None  # built by run() once the start has read the layout
+        # The run's state: begun (_done, set once stopped), its claim loop's scope, stopping,
+        # past the grace period (_force), when running jobs stop getting time to finish.
         self._done: anyio.Event | None = None
-        self._drain_until = math.inf  # when running jobs stop getting time to finish
-        self._closed = False  # the last steps (_close) have run
+        self._claim_scope: anyio.CancelScope | None = None
+        self._stopping = False
+        self._force = anyio.Event()
+        self._drain_until = math.inf
+        self._reached = False  # the server answered during this start (see _when_served)
         self.processed = 0
         self.failed = 0
 
@@ -157,177 +138,74 @@ class Worker:
         """Run until :meth:`shutdown` (or cancellation). Raises ConnectionError if Redis is
         unreachable at start. With ``task_group.start(worker.run)`` it returns once the worker
         listens for work."""
-        self._force = anyio.Event()
-        self._claim_scope = anyio.CancelScope()
+        self._claim_scope = claim_scope = anyio.CancelScope()
         self._done = done = anyio.Event()
         if self._stopping:  # shutdown() was called before run()
-            self._claim_scope.cancel()
+            claim_scope.cancel()
             self._drain_until = anyio.current_time() + self.grace
-        self._transport = transport = self._shared_transport or open_async_transport(self.url)
-        watchdog: LoopWatchdog | None = None
-        beats: Heartbeat | None = None
+        transport = self._shared_transport or open_async_transport(self.url)
         try:
-            options = self.handler.options
-            rate = options.rate_limit
-            # A partitioned queue's global rate limit is one window outside every partition:
-            # the claim loop takes its starts (Claimer), not the partitions' scripts.
-            shared_rate = None
-            if rate is not None and not rate.per_key and len(self.parts) > 1:
-                shared_rate, rate = (rate.max, int(rate.per * 1000)), None
-            starting = Trouble(self._log, "starting the worker")
-
-            def setup(keys: QueueKeys) -> Awaitable[None]:
-                return transport.run(ops.setup_queue(
-                    keys, options.mode, options.key_concurrency,
-                    0 if rate is None else rate.max,
-                    0 if rate is None else int(rate.per * 1000),
-                    rate is not None and rate.per_key, options.retention.failed,
-                    options.retention.history, 0 if rate is None else rate.recover_every_ms))
-
-            # The partitions as the queue stores them (their names and layout version), changed
-            # to this worker's count first if it differs and no partition holds a job.
-            self.parts = await settle_layout(
-                transport, self.keys.name, options.partitions, f"{self.name}:{uuid.uuid4().hex}",
-                self._when_served, starting, setup,
-                leave_wait=self.heartbeat_interval * BEATS_PER_TTL)
-            self.keys = self.parts[0]
-            if len(self.parts) > 1:
-                await self._when_served(starting, lambda: transport.run(
-                    ops.pause_like_home(self.parts)))
-            self._executor = executor = create_executor(self.handler)
-            if self.metrics is not None:
-                executor.on_restart = (lambda reason, m=self.metrics, e=executor.name:
-                                       m.executor_restarted(self.keys.name, e, reason))
-            await executor.start()
-            log = self._log
-            self._recorders = [Recorder(
-                transport, keys, self._tokens, lock_ttl=self.lock_ttl,
-                keep_completed=options.retention.completed, keep_failed=options.retention.failed,
-                concurrency=self.concurrency,
-                # With a shared rate window, recordings claim nothing: every start is taken
-                # through it by the claim loop.
-                stopping=lambda: self._stopping or shared_rate is not None, log=log,
-                max_snoozes=options.max_snoozes) for keys in self.parts]
-            self._runner = AttemptRunner(executor, self.keys.name, options.job, self._attempts,
-                                         self._report, self._release)
-            wakeups = WakeUps(transport, self.parts, health_interval=self.health_interval,
-                              on_cancel=self._attempts.request_cancel,
-                              on_handoff=self._handed_over, log=log)
-            # Subscribed before the first claim (no lost wake-up), and outside the task group so
-            # that a refusal at start is raised as itself.
-            subscriber = await self._when_served(starting, wakeups.subscribe)
-            self._claimer = claimer = self._chunk_loop(transport, wakeups, executor,
-                                                       self._recorders[0]) \
-                if options.chunk is not None else Claimer(
-                transport, self.keys, self._tokens, wakeups, concurrency=self.concurrency,
-                lock_ttl=self.lock_ttl, poll_interval=self.poll_interval,
-                process=self._process_and_relay,
-                log=log, parts=self.parts, shared_rate=shared_rate)
-            if self._stopping:
-                claimer.stop(by=self._drain_until)
-            if self.metrics is not None:
-                claimer.on_claim = lambda s, m=self.metrics: m.claim_finished(self.keys.name, s)
-            self._upkeep = upkeep = Upkeep(
-                transport, self.parts, interval=self.stalled_interval,
-                max_stalls=options.max_stalls, retention=options.retention,
-                schedules=self.schedules, log=log)
-            beats = Heartbeat(
-                transport, self.parts, name=self.name, concurrency=self.concurrency,
-                running=lambda: [job_id for job_id, _ in self._attempts.locks()],
-                interval=self.heartbeat_interval, log=log)
-            # The watchdog keeps the locks and the registry entry while the loop is blocked.
-            watchdog = LoopWatchdog(
-                url=self.url, parts=self.parts, handler_name=self.handler.import_path,
-                executor_name=executor.name, lock_ttl=self.lock_ttl,
-                running=self._attempts.locks, renewed=self._attempts.renewed, log=log,
-                partition_of=self._attempts.partition_of, registry=beats.writes,
-                registry_every=beats.interval)
-            watchdog.start()
-            await self._when_served(starting, beats.beat)
+            roles, subscriber = await self._start(transport)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(beats.run)
-                tg.start_soon(self._heartbeat, watchdog)
-                tg.start_soon(wakeups.listen, subscriber)
-                renewer = Renewer(transport, self.parts, self._attempts, log)
-                if self.metrics is not None:
-                    renewer.on_renewed = (
-                        lambda n, m=self.metrics: m.locks_renewed(self.keys.name, n))
-                tg.start_soon(renewer.run)
-                tg.start_soon(upkeep.run)
-                tg.start_soon(upkeep.run_batches)
-                if self.schedules:
-                    tg.start_soon(upkeep.run_schedules)
-                if self.summary_interval:
-                    tg.start_soon(log_summary, self, self.summary_interval, log)
-                log.info("worker started", concurrency=self.concurrency, executor=executor.name)
+                for loop in roles.loops(subscriber):
+                    tg.start_soon(loop)
+                self._log.info("worker started", concurrency=self.concurrency,
+                               executor=roles.executor.name)
                 task_status.started()
-                with self._claim_scope:
-                    await claimer.run(tg)
+                with claim_scope:
+                    await roles.claimer.run(tg)
                 # The idle registration is withdrawn while the running jobs drain.
                 async with anyio.create_task_group() as stopping:
-                    stopping.start_soon(self._withdraw, claimer)
-                    await self._drain(claimer)
+                    stopping.start_soon(roles.withdraw)
+                    await roles.drain(self._drain_until, self._force)
                 # The roles wind down (each bounds its own closing) while the last writes go
                 # out: the two overlap, under one bound.
                 tg.cancel_scope.cancel()
-                watchdog.stop()
-                await self._close(beats)
+                roles.watchdog.stop()
+                await roles.close()
         except _StoppedWhileStarting:
             task_status.started()
         finally:
             # Stopped first: with the loop's roles gone, nothing beats it any more, and it must
-            # not write the registry entry again once _close has removed it.
-            if watchdog is not None:
-                watchdog.stop()
+            # not write the registry entry again once close() has removed it.
+            built = self._roles  # None if the start failed or stopped before the layout
+            if built is not None:
+                built.watchdog.stop()
             # Bounded: a network that drops every packet must not hold the shutdown.
             with anyio.CancelScope(shield=True):
-                await self._close(beats)  # after an error or a cancellation: not done yet
+                if built is not None:
+                    await built.close()  # after an error or a cancellation: not done yet
                 if self._shared_transport is None:
-                    with anyio.move_on_after(_CLOSE_WAIT):
+                    with anyio.move_on_after(CLOSE_WAIT):
                         await transport.aclose()
             self._stopping = True
             done.set()
             self._log.info("worker stopped", processed=self.processed, failed=self.failed)
 
-    async def _close(self, beats: Heartbeat | None) -> None:
-        """The last steps, once: leave the worker registry and close the executor, together
-        under one bound, so that a network that drops every packet costs it once, not once
-        per step (an entry that could not be removed expires by itself). A beat cancelled on
-        its way was sent before the entry is removed, so none brings the entry back."""
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.move_on_after(_CLOSE_WAIT, shield=True):
-            async with anyio.create_task_group() as tg:
-                if beats is not None:
-                    tg.start_soon(beats.leave)
-                if self._executor is not None:
-                    tg.start_soon(self._executor.aclose)
-
-    def _chunk_loop(self, transport: AsyncTransport, wakeups: WakeUps, executor: Executor,
-                    recorder: Recorder) -> ChunkClaimer:
-        """The claim loop of a chunk handler: one chunk per slot (see chunks.py)."""
-        chunk = self.handler.options.chunk
-        assert chunk is not None
-        runner = ChunkRunner(executor, self.keys.name, self.handler.options.job, self._attempts,
-                             recorder, stopping=lambda: self._stopping,
-                             forced=self._force.is_set, count=self._counted, log=self._log)
-        return ChunkClaimer(transport, self.keys, self._tokens, wakeups,
-                            concurrency=self.concurrency, lock_ttl=self.lock_ttl,
-                            poll_interval=self.poll_interval, chunk=chunk,
-                            attempts=self._attempts, run_chunk=runner.run, log=self._log)
-
-    def _counted(self, job: ClaimedJob, outcome: Status | str | None, run_s: float) -> None:
-        """A chunk's job ended (``outcome``: its recorded status, or what happened instead)."""
-        if outcome == Status.COMPLETED:
-            self.processed += 1
-        elif outcome == Status.FAILED:
-            self.failed += 1
-        if self.metrics is not None and outcome is not None:
-            self._observe(job, outcome if isinstance(outcome, str) else _OUTCOME_NAMES[outcome],
-                          run_s)
-        if self._upkeep is not None and job.batch:
-            self._upkeep.batch_job_ended()  # as _process_and_relay does for a plain job
+    async def _start(self, transport: AsyncTransport
+                     ) -> tuple[Roles, list[tuple[list[str], AsyncSubscriber]]]:
+        """The start, in order: settle the layout (each partition set up), pause the partitions
+        like the home, build the roles and start them (:meth:`Roles.start`: outside the task
+        group, so that a refusal is raised as itself). Each step that talks to Redis waits out
+        a server that cannot serve yet (:meth:`_when_served`)."""
+        starting = Trouble(self._log, "starting the worker")
+        # The partitions as the queue stores them (their names and layout version), changed
+        # to this worker's count first if it differs and no partition holds a job.
+        self.parts = parts = await settle_layout(
+            transport, self.keys.name, self.handler.options.partitions,
+            f"{self.name}:{uuid.uuid4().hex}", self._when_served, starting,
+            lambda keys: transport.run(self._shape.setup(keys)),
+            leave_wait=self.heartbeat_interval * BEATS_PER_TTL)
+        self.keys = parts[0]
+        if self._shape.partitioned:
+            await self._when_served(starting, lambda: transport.run(ops.pause_like_home(parts)))
+        self._roles = roles = Roles(
+            self, self._shape, transport, parts, tokens=self._tokens, attempts=self._attempts,
+            log=self._log, process=self._process, counted=self._counted,
+            stopping=lambda: self._stopping, forced=self._force.is_set)
+        if self._stopping:  # since before the roles were built
+            roles.claimer.stop(by=self._drain_until)
+        return roles, await roles.start(self._when_served, starting)
 
     async def _when_served(self, trouble: Trouble, call: Callable[[], Awaitable[T]]) -> T:
         """One step of the start, sent again while Redis answers that it cannot serve now (it
@@ -369,8 +247,8 @@ class Worker:
         self._begin_stop()
         if self._done is not None:
             self._force.set()
-            if self._claimer is not None:
-                self._claimer.stop(by=anyio.current_time())
+            if self._roles is not None:
+                self._roles.claimer.stop(by=anyio.current_time())
 
     def _begin_stop(self) -> None:
         if not self._stopping:
@@ -381,45 +259,28 @@ class Worker:
                 self._drain_until = anyio.current_time() + self.grace
             for attempt in self._attempts.by_lock.values():
                 attempt.stopping = True
-            if self._executor is not None:
-                self._executor.request_stop()
-            if self._claimer is not None:
-                self._claimer.stop(by=self._drain_until)
+            if self._roles is not None:
+                self._roles.executor.request_stop()
+                self._roles.claimer.stop(by=self._drain_until)
         # Interrupts the claim loop wherever it waits (for a slot or for work); the claim call
         # itself is shielded, so jobs already claimed in Redis are never dropped while the
         # drain lasts.
-        if self._done is not None:
+        if self._claim_scope is not None:
             self._claim_scope.cancel()
-
-    async def _drain(self, claimer: ClaimLoop) -> None:
-        if len(self._attempts) or claimer.busy:
-            async with anyio.create_task_group() as tg:
-                async def wait_force() -> None:
-                    await self._force.wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(wait_force)
-                with anyio.CancelScope(deadline=self._drain_until):
-                    await claimer.idle.wait()
-                tg.cancel_scope.cancel()
-        if claimer.busy:
-            self._force.set()
-            self._log.warning("grace period over; cancelling running jobs",
-                              running=len(self._attempts))
-            for attempt in list(self._attempts.by_lock.values()):
-                attempt.forced = True
-                attempt.scope.cancel()
-            with anyio.move_on_after(_FORCE_WAIT):
-                await claimer.idle.wait()
 
     # ------------------------------------------------------------------ one slot's job
 
-    async def _process_and_relay(self, job: ClaimedJob) -> ClaimedJob | None:
-        """:meth:`_process`; then, for a job of a batch, its ending is relayed to the batch."""
-        following = await self._process(job)
-        if self._upkeep is not None and job.batch:
-            self._upkeep.batch_job_ended()
-        return following
+    @property
+    def _recorders(self) -> list[Recorder]:
+        """The run's recorders, one per partition (a slot's job runs only while the roles
+        exist)."""
+        assert self._roles is not None
+        return self._roles.recorders
+
+    @property
+    def _runner(self) -> AttemptRunner:
+        assert self._roles is not None
+        return self._roles.runner
 
     async def _process(self, job: ClaimedJob) -> ClaimedJob | None:
         """Run one job and record its outcome; returns the job claimed next for the slot."""
@@ -470,58 +331,30 @@ class Worker:
             self._observe(job, _OUTCOME_NAMES[status], outcome.duration)
         return following
 
+    def _counted(self, job: ClaimedJob, outcome: Status | str | None, run_s: float) -> None:
+        """A chunk's job ended (``outcome``: its recorded status, or what happened instead)."""
+        if outcome == Status.COMPLETED:
+            self.processed += 1
+        elif outcome == Status.FAILED:
+            self.failed += 1
+        if self.metrics is not None and outcome is not None:
+            self._observe(job, outcome if isinstance(outcome, str) else _OUTCOME_NAMES[outcome],
+                          run_s)
+
     def _observe(self, job: ClaimedJob, outcome: str, run_s: float) -> None:
         assert self.metrics is not None
         wait_s = time.time() - run_s - job.enqueued_at_ms / 1000
         self.metrics.attempt_finished(self.keys.name, outcome, run_s, wait_s)
 
-    def _handed_over(self, handed: Handoff) -> None:
-        if self._claimer is not None:
-            self._claimer.handoff(handed)
-
-    async def _withdraw(self, claimer: ClaimLoop) -> None:
-        """End the claim loop's idle registration and release the jobs handed to it that did
-        not start (bounded: past that, their locks expire and the stalled sweep requeues them).
-        """
-        with anyio.move_on_after(_CLOSE_WAIT, shield=True):
-            try:
-                handed = await claimer.withdraw()
-            except PanqueueError as exc:
-                self._log.warning("could not withdraw the idle registration", error=str(exc))
-                return
-            await self._recorders[0].release([(job.id, job.token) for job in handed])
-
     async def _pause_other_partitions(self, job: ClaimedJob, ms: int) -> None:
-        """A global-mode queue's RateLimited pauses the whole queue: the script paused the
-        job's partition, the others are paused here (best effort: a partition this cannot
-        reach goes on until it can be told, or until the pause would have ended)."""
-        if len(self.parts) == 1 or self.handler.options.mode != "global":
-            return
-        for keys in self.parts:
-            if keys.partition != job.partition:
-                try:
-                    await self._transport.run(transitions.pause_for(keys, ms))
-                except PanqueueError as exc:
-                    self._log.warning("could not pause a partition", partition=keys.partition,
-                                      error=str(exc))
-
-    async def _report(self, attempt: Attempt, kind: str, value: Any) -> None:
-        await self._recorders[attempt.partition].report(attempt, kind, value)
-
-    async def _release(self, locks: list[tuple[str, str]], partition: int) -> None:
-        await self._recorders[partition].release(locks)
-
-
-    async def _heartbeat(self, watchdog: LoopWatchdog) -> None:
-        while True:
-            watchdog.beat()
-            await anyio.sleep(BEAT_INTERVAL)
+        assert self._roles is not None
+        await self._roles.pause_others(job.partition, ms)
 
     @property
     def claims_failing(self) -> bool:
         """The claim loop's last claim failed and none has worked since (readiness: a worker
         that cannot claim is not serving its queue, whatever else answers)."""
-        return self._claimer is not None and self._claimer.failing
+        return self._roles is not None and self._roles.claimer.failing
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} queue={self.keys.name!r}>"
