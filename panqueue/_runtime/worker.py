@@ -270,10 +270,11 @@ class Worker:
 
     # ------------------------------------------------------------------ one slot's job
 
+    # A slot's job uses the run's roles (it runs only while they exist): a recorder per
+    # partition, the attempt runner, and pausing the other partitions.
+
     @property
     def _recorders(self) -> list[Recorder]:
-        """The run's recorders, one per partition (a slot's job runs only while the roles
-        exist)."""
         assert self._roles is not None
         return self._roles.recorders
 
@@ -281,6 +282,10 @@ class Worker:
     def _runner(self) -> AttemptRunner:
         assert self._roles is not None
         return self._roles.runner
+
+    async def _pause_other_partitions(self, job: ClaimedJob, ms: int) -> None:
+        assert self._roles is not None
+        await self._roles.pause_others(job.partition, ms)
 
     async def _process(self, job: ClaimedJob) -> ClaimedJob | None:
         """Run one job and record its outcome; returns the job claimed next for the slot."""
@@ -345,10 +350,6 @@ class Worker:
         assert self.metrics is not None
         wait_s = time.time() - run_s - job.enqueued_at_ms / 1000
         self.metrics.attempt_finished(self.keys.name, outcome, run_s, wait_s)
-
-    async def _pause_other_partitions(self, job: ClaimedJob, ms: int) -> None:
-        assert self._roles is not None
-        await self._roles.pause_others(job.partition, ms)
 
     @property
     def claims_failing(self) -> bool:
