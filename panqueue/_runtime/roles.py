@@ -5,8 +5,9 @@ a plain queue, a chunk handler's (one chunk per slot), or a partitioned one, who
 limit is one window shared by its partitions. :class:`Roles` builds every role of a run from
 that and from what the start found (the connection, the partitions as the queue stores them):
 the executor, a recorder per partition, the attempt runner, the wake-ups, the claim loop, lock
-renewal, upkeep, the heartbeat and the loop watchdog, with the metrics hooks of each; and it
-lists the loops that run beside the claim loop. The worker starts them, and stops them.
+renewal, upkeep, the heartbeat and the loop watchdog, with the metrics hooks of each. It starts
+them, lists the loops that run beside the claim loop, and at the stop drains, withdraws and
+closes them; the worker decides when (``Worker.run``, ``shutdown``, ``force``).
 """
 
 from __future__ import annotations
