@@ -30,6 +30,7 @@ from panqueue._registry import Handler, Registry
 from panqueue._runtime.worker import Worker
 from panqueue._schedule import Schedule
 from panqueue._store import Event, Explanation, ScheduleInfo, WorkerInfo
+from panqueue._version import __version__
 from panqueue.errors import (
     ConfigError,
     ConnectionError,
@@ -46,8 +47,6 @@ from panqueue.errors import (
     TimeoutError,
 )
 from panqueue.executors import Executor
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Backoff",

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import enum
-import traceback
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic
 
 from panqueue._options import JobOptions
-from panqueue.errors import Fail, Retry, exception_message  # Fail, Retry: defined there, kept here
+from panqueue.errors import ErrorInfo, Fail, Retry  # defined there (below this), kept here
 
 __all__ = ["DONE", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "PayloadT",
            "Retry", "from_ms"]
@@ -43,36 +42,6 @@ class JobState(enum.StrEnum):
 
 
 _FINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorInfo:
-    """What a failed attempt recorded: exception type, message and formatted traceback."""
-
-    type: str
-    message: str
-    traceback: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": self.type, "message": self.message, "traceback": self.traceback}
-
-    @classmethod
-    def from_exception(cls, exc: BaseException, with_traceback: bool = True) -> ErrorInfo:
-        """Describe an exception, whatever it does: one whose ``__str__`` raises is described
-        by its type alone (a bad value from a handler must never stop a worker)."""
-        tb = None
-        if with_traceback:
-            try:
-                tb = "".join(traceback.format_exception(exc))
-            except Exception:  # a broken __repr__ in a frame's locals, and the like
-                tb = None
-        return cls(type(exc).__name__, exception_message(exc), tb)
-
-    @classmethod
-    def from_wire(cls, wire: Any) -> ErrorInfo | None:
-        if not isinstance(wire, dict):
-            return None
-        return cls(str(wire.get("type", "")), str(wire.get("message", "")), wire.get("traceback"))
 
 
 def from_ms(value: bytes | str | int | None) -> datetime | None:

@@ -35,7 +35,7 @@ def _load() -> Any:
     except ImportError:
         _api = None
     else:
-        from panqueue import __version__
+        from panqueue._version import __version__
 
         _api = (trace, TraceContextTextMapPropagator(),
                 trace.get_tracer("panqueue", __version__))

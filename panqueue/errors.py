@@ -27,6 +27,9 @@ Errors of redis-py and of the network are translated in one place
     ├── ChildCrashed              the subprocess executor's child died mid-job
     └── RemoteError               the handler raised in a child; its type and traceback as text
 
+:class:`ErrorInfo`, what an attempt that failed recorded (the ``error`` of a
+:class:`JobFailed`), is defined here too, so that this module imports nothing else of panqueue.
+
 A command the server refused for good (ACL permissions, a script error) is a plain
 :class:`PanqueueError` whose message quotes the server.
 
@@ -38,10 +41,9 @@ purpose: they describe what happened to one job, so code that handles panqueue's
 from __future__ import annotations
 
 import builtins
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from panqueue._job import ErrorInfo
+import traceback
+from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ChildCrashed",
@@ -71,6 +73,40 @@ def exception_message(exc: BaseException) -> str:
         return str(exc)
     except Exception:
         return f"<{type(exc).__name__}: str() raised an exception>"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What a failed attempt recorded: exception type, message and formatted traceback.
+
+    Defined here, below the job types that re-export it, because :class:`JobFailed` carries
+    one: the exceptions import nothing else of panqueue.
+    """
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "traceback": self.traceback}
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, with_traceback: bool = True) -> ErrorInfo:
+        """Describe an exception, whatever it does: one whose ``__str__`` raises is described
+        by its type alone (a bad value from a handler must never stop a worker)."""
+        tb = None
+        if with_traceback:
+            try:
+                tb = "".join(traceback.format_exception(exc))
+            except Exception:  # a broken __repr__ in a frame's locals, and the like
+                tb = None
+        return cls(type(exc).__name__, exception_message(exc), tb)
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> ErrorInfo | None:
+        if not isinstance(wire, dict):
+            return None
+        return cls(str(wire.get("type", "")), str(wire.get("message", "")), wire.get("traceback"))
 
 
 class PanqueueError(Exception):

@@ -67,10 +67,11 @@ def runtime_paths() -> tuple[str, ...]:
               in ("site-packages", "dist-packages")]
     import msgpack
 
-    import panqueue
-    for package in (panqueue, msgpack):
-        if package.__file__:
-            paths.append(os.path.dirname(os.path.abspath(package.__file__)))
+    # panqueue's own package: the directory above this one (not ``import panqueue``, which
+    # would make this module import the package that imports it).
+    paths.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if msgpack.__file__:
+        paths.append(os.path.dirname(os.path.abspath(msgpack.__file__)))
     verify = ssl.get_default_verify_paths()
     paths += [p for p in (verify.cafile, verify.capath, verify.openssl_cafile,
                           verify.openssl_capath) if p]

@@ -24,7 +24,7 @@ from panqueue.executors.subprocess import SubprocessExecutor
 from panqueue.executors.thread import ThreadExecutor
 
 if TYPE_CHECKING:
-    from panqueue._registry import Handler
+    from panqueue._handler import Handler
 
 __all__ = [
     "ChildCrashed",

@@ -9,14 +9,18 @@ import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio.lowlevel
 
-if TYPE_CHECKING:
-    from panqueue.executors.thread import _Call
+__all__ = ["Waiting", "_Loop", "current_loop"]
 
-__all__ = ["_Loop", "current_loop"]
+
+class Waiting(Protocol):
+    """What a loop knows of a call: the primitive its attempt waits on (set by
+    :meth:`_Loop.prepare`, an asyncio future or a parked trio task)."""
+
+    waiter: Any
 
 
 class _Loop(ABC):
@@ -26,7 +30,7 @@ class _Loop(ABC):
     def __init__(self, lock: threading.Lock, token: anyio.lowlevel.EventLoopToken) -> None:
         self.lock = lock  # the pool's: guards finished and scheduled
         self.token = token
-        self.finished: list[_Call] = []
+        self.finished: list[Waiting] = []
         self.scheduled = False
 
     @abstractmethod
@@ -34,15 +38,15 @@ class _Loop(ABC):
         """Whether this is the loop running the calling task."""
 
     @abstractmethod
-    def prepare(self, call: _Call) -> None:
+    def prepare(self, call: Waiting) -> None:
         """Before the call is submitted: what the attempt will wait on."""
 
     @abstractmethod
-    def wait(self, call: _Call) -> Awaitable[Any]:
+    def wait(self, call: Waiting) -> Awaitable[Any]:
         """What to await until the call is delivered (cancellable)."""
 
     @abstractmethod
-    def wake(self, call: _Call) -> None:
+    def wake(self, call: Waiting) -> None:
         """On the loop: let the attempt waiting for ``call`` go on."""
 
     @abstractmethod
@@ -70,14 +74,14 @@ class _AsyncioLoop(_Loop):
     def current(self) -> bool:
         return asyncio._get_running_loop() is self.loop
 
-    def prepare(self, call: _Call) -> None:
+    def prepare(self, call: Waiting) -> None:
         call.waiter = self.loop.create_future()
 
-    def wait(self, call: _Call) -> Awaitable[Any]:
+    def wait(self, call: Waiting) -> Awaitable[Any]:
         waiter: Awaitable[Any] = call.waiter
         return waiter
 
-    def wake(self, call: _Call) -> None:
+    def wake(self, call: Waiting) -> None:
         waiter = call.waiter
         if not waiter.done():  # else cancelled: the attempt stopped waiting
             waiter.set_result(None)
@@ -109,10 +113,10 @@ class _TrioLoop(_Loop):
         except RuntimeError:
             return False
 
-    def prepare(self, call: _Call) -> None:
+    def prepare(self, call: Waiting) -> None:
         call.waiter = self.trio.lowlevel.current_task()
 
-    def wait(self, call: _Call) -> Awaitable[Any]:
+    def wait(self, call: Waiting) -> Awaitable[Any]:
         lowlevel = self.trio.lowlevel
 
         def abort(_: Any) -> Any:
@@ -121,7 +125,7 @@ class _TrioLoop(_Loop):
 
         return lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
-    def wake(self, call: _Call) -> None:
+    def wake(self, call: Waiting) -> None:
         task, call.waiter = call.waiter, None
         if task is not None:
             self.trio.lowlevel.reschedule(task)

@@ -23,13 +23,12 @@ from __future__ import annotations
 import threading
 from collections import deque
 from time import monotonic
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from panqueue.executors._loops import _Loop
-    from panqueue.executors.thread import _Call
 
-__all__ = ["DROPPED", "FINISHED", "PATIENCE", "RUNNING", "WAITING", "Pool"]
+__all__ = ["DROPPED", "FINISHED", "PATIENCE", "RUNNING", "WAITING", "Pool", "Task"]
 
 #: Seconds a job may wait for a busy thread to take it before it gets a thread of its own.
 PATIENCE = 0.001
@@ -38,19 +37,43 @@ PATIENCE = 0.001
 WAITING, RUNNING, FINISHED, DROPPED = range(4)
 
 
+class Task:
+    """What the pool runs: a call made on the event loop ``loop``, run in a pool thread by
+    :meth:`run`, and its end delivered back to that loop. The thread executor's calls are
+    tasks; the pool knows them by this class alone."""
+
+    __slots__ = ("abandoned", "inside", "loop", "ok", "since", "state", "stuck", "value",
+                 "waiter")
+
+    def __init__(self, loop: _Loop) -> None:
+        self.loop = loop
+        self.state = WAITING
+        self.inside = False  # its thread is in the handler (not in the pool's code)
+        self.since = 0.0  # when it was handed to the pool
+        self.stuck = False  # abandoned while running: its thread is not counted as awake
+        self.abandoned = False  # the attempt no longer waits for it
+        self.ok = False  # it returned (``value`` is what), rather than raised (``value``: what)
+        self.value: Any = None
+        self.waiter: Any = None  # the loop's primitive the attempt waits on
+
+    def run(self) -> None:
+        """In a pool thread: do the work, leaving its end in :attr:`ok` and :attr:`value`."""
+        raise NotImplementedError
+
+
 class _Thread:
     """A pool thread's mailbox: it sleeps on ``wake`` (held) until a call is left for it."""
 
     __slots__ = ("call", "wake")
 
     def __init__(self) -> None:
-        self.call: _Call | None = None
+        self.call: Task | None = None
         self.wake = threading.Lock()
         self.wake.acquire()
 
 
 # A thread to start and the call handed to it.
-_Start = tuple[threading.Thread, "_Call"]
+_Start = tuple[threading.Thread, Task]
 
 
 class Pool:
@@ -64,7 +87,7 @@ class Pool:
     def __init__(self, name: str) -> None:
         self._name = name
         self.lock = threading.Lock()
-        self._waiting: deque[_Call] = deque()
+        self._waiting: deque[Task] = deque()
         self._idle: list[_Thread] = []  # asleep, the most recently used last
         self._awake = 0  # threads that look at _waiting before sleeping again (not stuck ones)
         self._started = 0
@@ -75,12 +98,12 @@ class Pool:
         self._watching = False
         self._watcher = False  # started and not told to stop
         self._flushing = False  # a _flush() is scheduled on the event loop
-        self._running: set[_Call] = set()  # taken by a thread, not finished
+        self._running: set[Task] = set()  # taken by a thread, not finished
         # Loops with finished calls they have not been told of, and since when.
         self._unposted: dict[_Loop, float] = {}
         self._closing = False
 
-    def submit(self, call: _Call) -> None:
+    def submit(self, call: Task) -> None:
         """On the event loop. A call that finds no thread awake waits for the end of the loop's
         current round: the calls submitted in that round then go to one thread together, which
         the loop has stopped competing with for the GIL (a thread woken at once would take the
@@ -134,7 +157,7 @@ class Pool:
         return threading.Thread(target=self._watch_loop, daemon=True,
                                 name=f"{self._name}-watcher")
 
-    def _hand_over(self, call: _Call) -> _Start | None:
+    def _hand_over(self, call: Task) -> _Start | None:
         """Give ``call`` to an idle thread, or to a new one (returned with the call, to be
         started with :meth:`_start` once the lock is released). Under the lock."""
         call.state = RUNNING
@@ -149,7 +172,7 @@ class Pool:
         return threading.Thread(target=self._serve, args=(call,), daemon=True,
                                 name=f"{self._name}-{self._started}"), call
 
-    def _start(self, thread: threading.Thread, call: _Call | None) -> None:
+    def _start(self, thread: threading.Thread, call: Task | None) -> None:
         """Start a pool thread for ``call``, or the watcher (``call`` None). A thread the
         system refuses (``can't start new thread``) fails its call with that error instead of
         leaving it to wait for ever; without a watcher, busy threads still take the waiting
@@ -174,7 +197,7 @@ class Pool:
                 loop.scheduled = True
             loop.post()
 
-    def _serve(self, call: _Call | None) -> None:
+    def _serve(self, call: Task | None) -> None:
         me = _Thread()
         while call is not None:
             while call is not None:  # then the waiting calls, while there are any
@@ -263,7 +286,7 @@ class Pool:
             loop.scheduled = True
         return posts
 
-    def abandon(self, call: _Call) -> bool:
+    def abandon(self, call: Task) -> bool:
         """The attempt stops waiting for ``call``; whether a thread is left running it."""
         start = None
         with self.lock:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from panqueue.errors import ChildCrashed, ConfigError, HandlerAborted, JobTimeout, RemoteError
 
 if TYPE_CHECKING:
+    from panqueue._handler import Handler
     from panqueue._job import Job
-    from panqueue._registry import Handler
 
 __all__ = ["ChildCrashed", "Executor", "HandlerAborted", "JobTimeout", "RemoteError"]
 

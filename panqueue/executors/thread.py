@@ -24,7 +24,7 @@ import anyio.lowlevel
 from panqueue._job import DONE, Job
 from panqueue.errors import ConfigError
 from panqueue.executors._loops import _Loop, current_loop
-from panqueue.executors._threadpool import FINISHED, PATIENCE, WAITING, Pool
+from panqueue.executors._threadpool import FINISHED, PATIENCE, Pool, Task
 from panqueue.executors.base import Executor, HandlerAborted, JobTimeout
 
 __all__ = ["PATIENCE", "ThreadExecutor"]
@@ -35,28 +35,19 @@ __all__ = ["PATIENCE", "ThreadExecutor"]
 _LEFT_POLL = 0.02
 
 
-class _Call:
+class _Call(Task):
     """One call of the handler: made on the event loop, run in a thread, delivered back. For a
     single job it is also the job's way to report from the thread (see :class:`_Reports`)."""
 
-    __slots__ = ("abandoned", "chunk", "delivered", "fn", "inside", "job", "loop", "ok",
-                 "since", "state", "stuck", "value", "waiter")
+    __slots__ = ("chunk", "delivered", "fn", "job")
 
     def __init__(self, fn: Callable[[Any], Any], loop: _Loop, job: Job | None,
                  chunk: list[Job] | None = None) -> None:
+        super().__init__(loop)
         self.fn = fn
-        self.loop = loop
         self.job = job  # a single job's call
         self.chunk = chunk  # a chunk's call
-        self.state = WAITING
-        self.inside = False  # its thread is in the handler (not in the pool's code)
-        self.since = 0.0  # when it was handed to the pool
-        self.stuck = False  # abandoned while running: its thread is not counted as awake
-        self.abandoned = False  # the attempt no longer waits for it
         self.delivered = False  # its end reached the waiting attempt
-        self.ok = False
-        self.value: Any = None
-        self.waiter: Any = None  # the loop's primitive the attempt waits on
 
     def run(self) -> None:
         """In a pool thread. The jobs' views for the thread are made here, off the loop."""

@@ -1,0 +1,143 @@
+"""The package's import graph has no cycles.
+
+Read from the source with ``ast``, not by importing: every import counts, at module level, inside
+functions (a deferred import hides a cycle from the interpreter, not from the design) and under
+``if TYPE_CHECKING:`` (two modules that name each other's types know each other). A module that
+imports ``panqueue.a.b`` depends on ``panqueue.a.b`` alone, not on the package ``panqueue.a``
+that Python runs first: otherwise every module of a package whose ``__init__`` gathers its
+modules would be in a cycle with them. A shared piece goes down into a module that both import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import panqueue
+
+ROOT = Path(panqueue.__file__).parent
+
+# Cycles known to be on their way out, each with the change that removes it.
+KNOWN_CYCLES = {
+    frozenset({"panqueue._batch", "panqueue._client"}),  # removed by the producer module
+}
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    """Every module of the package under ``root``, by dotted name (a package by its own)."""
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imports(name: str, path: Path) -> list[str]:
+    """What the module ``name`` imports, anywhere in it: the modules, or the names inside
+    modules (``panqueue.errors.ConfigError``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found += [f"{base}.{alias.name}" for alias in node.names]
+    return found
+
+
+def _owner(target: str, modules: dict[str, Path]) -> str | None:
+    """The package's module that ``target`` names (a name inside it: the module), or None."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _graph(root: Path) -> dict[str, set[str]]:
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for target in _imports(name, path):
+            owner = _owner(target, modules)
+            if owner is not None and owner != name:
+                graph[name].add(owner)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, with an
+    explicit stack: no recursion limit to meet)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(graph[successor]))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(frozenset(component))
+    return found
+
+
+def _describe(cycle: frozenset[str], graph: dict[str, set[str]]) -> str:
+    return "; ".join(f"{name} -> {', '.join(sorted(graph[name] & cycle))}"
+                     for name in sorted(cycle))
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_deferred_and_a_type_checking_import(
+        tmp_path: Path) -> None:
+    """The check itself: a cycle that only a deferred import and one under TYPE_CHECKING
+    make is found, and a module that imports a sibling of its package is not in a cycle with
+    the package."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from pkg.sub.b import B\n")
+    (package / "sub" / "__init__.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("from pkg.sub.c import C\nB = 1\n")
+    (package / "sub" / "c.py").write_text("C = 1\n")
+    (package / "a.py").write_text("def f():\n    from pkg.d import D\n")
+    (package / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\nD = 1\n")
+    graph = _graph(package)
+    assert _cycles(graph) == [frozenset({"pkg.a", "pkg.d"})]
+
+
+def test_no_module_of_the_package_is_in_an_import_cycle() -> None:
+    graph = _graph(ROOT)
+    cycles = [cycle for cycle in _cycles(graph) if cycle not in KNOWN_CYCLES]
+    assert not cycles, "import cycles: " + " | ".join(_describe(c, graph) for c in cycles)
+
