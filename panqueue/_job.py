@@ -6,13 +6,13 @@ import enum
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, Literal
 
 from panqueue._options import JobOptions
 from panqueue.errors import ErrorInfo, Fail, Retry  # defined there (below this), kept here
 
 __all__ = ["DONE", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "PayloadT",
-           "Retry", "from_ms"]
+           "ReportKind", "Retry", "Sink", "from_ms"]
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -113,8 +113,15 @@ class _Done:
 
 DONE = _Done()
 
-# How a Job reports progress/log lines: (kind 'p' or 'l', value) -> awaitable.
-Sink = Callable[[str, Any], Awaitable[None]]
+#: What a job reports: ``"p"``, a progress value (``job.progress``), or ``"l"``, a log line
+#: (``job.log``).
+ReportKind = Literal["p", "l"]
+
+#: Where a job's reports go: called with the kind of report and its value, it returns what
+#: ``job.progress()`` / ``job.log()`` return (an awaitable: the report is written once it is
+#: awaited, or at once when the sink reports synchronously and returns :data:`DONE`). Given to
+#: a :class:`Job` when it is made, or by an executor to a view of it with :meth:`Job.rebind`.
+Sink = Callable[[ReportKind, Any], Awaitable[None]]
 
 
 def _never() -> bool:
@@ -155,6 +162,14 @@ class Job(Generic[PayloadT]):
             self._enqueued_at = from_ms(self._enqueued_ms)  # made on first use: hot path
         return self._enqueued_at
 
+    @property
+    def enqueued_at_ms(self) -> int | None:
+        """:attr:`enqueued_at` in milliseconds since the epoch: how an executor hands it on
+        (to a child process) without making the datetime."""
+        if self._enqueued_ms is None and self._enqueued_at is not None:
+            return int(self._enqueued_at.timestamp() * 1000)
+        return self._enqueued_ms
+
     def progress(self, value: Any) -> Awaitable[None]:
         """Record progress (0..100 or any JSON-compatible value); visible in ``info()``."""
         return self._sink("p", value)
@@ -169,7 +184,10 @@ class Job(Generic[PayloadT]):
         return self._stop()
 
     def rebind(self, sink: Sink, should_stop: Callable[[], bool]) -> Job[PayloadT]:
-        """The same job with another way to report (used by executors)."""
+        """The same job with another way to report and to be told to stop: what an executor
+        gives a handler that runs elsewhere (a thread). The view's ``progress()`` and ``log()``
+        call ``sink``, which carries each report back and makes it through this job's own
+        ``progress()`` / ``log()``; its ``should_stop()`` calls ``should_stop``."""
         return Job(id=self.id, queue=self.queue, data=self.data, attempt=self.attempt,
                    options=self.options, enqueued_at=self._enqueued_at,
                    enqueued_at_ms=self._enqueued_ms, sink=sink,

@@ -7,7 +7,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from panqueue import (
     Registry,
     Worker,
 )
+from panqueue.executors.base import DONE, ReportKind
 from panqueue.testing import run_worker
 from tests.helpers import APPS, async_wait_until, capture_panqueue_logs
 
@@ -306,6 +308,50 @@ async def test_third_party_executor_is_selected_by_entry_point_name(
     async with run_worker(registry, "plugged", redis_url):
         assert await add_and_wait(redis_url, "plugged") == 42
     assert issubclass(type(Executor), type)
+
+
+class _OwnThreadExecutor(Executor):
+    """An executor written against the public contract alone (``panqueue.executors.base`` and
+    the ``Job``'s public methods): it runs a plain handler in a thread of its own, on a view of
+    the job whose reports it carries back to the event loop."""
+
+    name = "own-thread"
+
+    async def run(self, job: Job, timeout: float | None) -> Any:
+        def sink(kind: ReportKind, value: Any) -> Awaitable[None]:  # in the handler's thread
+            anyio.from_thread.run(_make_report, job, kind, value)
+            return DONE
+
+        view: Job = job.rebind(sink, job.should_stop)
+        return await anyio.to_thread.run_sync(self.handler.fn, view)
+
+
+async def _make_report(job: Job, kind: ReportKind, value: Any) -> None:
+    await (job.progress(value) if kind == "p" else job.log(value))
+
+
+async def test_an_executor_gives_a_handler_elsewhere_a_view_whose_reports_reach_the_job(
+        redis_url: str) -> None:
+    """What an executor needs to run a handler away from the event loop is public: the view
+    (``job.rebind``), the sink's types, and the job's own ``progress`` / ``log`` to make the
+    reports it carries back."""
+    registry = Registry()
+
+    @registry.handler("elsewhere", executor=_OwnThreadExecutor)
+    def report(job: Job) -> Any:
+        job.progress(50)
+        job.log("half way")
+        job.progress({"parts": 2})
+        return {"thread": threading.current_thread().name, "enqueued_ms": job.enqueued_at_ms}
+
+    async with run_worker(registry, "elsewhere", redis_url), QueueClient(redis_url) as client:
+        handle = await client.queue("elsewhere").add(None)
+        result = await handle.result(timeout=20)
+        info = await handle.info()
+    assert result["thread"] != threading.current_thread().name
+    assert info.progress == {"parts": 2}
+    assert info.logs == ["half way"]
+    assert datetime.fromtimestamp(result["enqueued_ms"] / 1000, tz=UTC) == info.enqueued_at
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -1,8 +1,17 @@
-"""The Executor protocol: how a worker hands one job to whatever runs the handler, and the
-types through which an executor reports a failed attempt.
+"""The Executor protocol: how a worker hands one job to whatever runs the handler, the types
+through which an executor reports a failed attempt, and those through which a handler that runs
+elsewhere reports progress and log lines.
 
 The failure types are defined in :mod:`panqueue.errors` (one hierarchy, drawn there) and
 re-exported here: executors and the worker runtime import them from this module.
+
+Reports: a handler that runs on the worker's event loop is given the :class:`Job` itself. One
+that runs elsewhere is given a view of it, ``job.rebind(sink, should_stop)``: the view's
+``progress()`` and ``log()`` call ``sink(kind, value)`` (:data:`Sink`, ``kind`` a
+:data:`ReportKind`), which carries the report back to the event loop and makes it there with
+the job's own ``job.progress(value)`` or ``job.log(value)``. A sink that reports synchronously
+returns :data:`DONE`. An executor whose handler runs in another process sends the reports over
+its own channel and makes them with ``job.progress`` / ``job.log`` as they arrive.
 """
 
 from __future__ import annotations
@@ -11,13 +20,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from panqueue._job import DONE, Job, ReportKind, Sink
 from panqueue.errors import ChildCrashed, ConfigError, HandlerAborted, JobTimeout, RemoteError
 
 if TYPE_CHECKING:
     from panqueue._handler import Handler
-    from panqueue._job import Job
 
-__all__ = ["ChildCrashed", "Executor", "HandlerAborted", "JobTimeout", "RemoteError"]
+__all__ = ["DONE", "ChildCrashed", "Executor", "HandlerAborted", "JobTimeout", "RemoteError",
+           "ReportKind", "Sink"]
 
 
 class Executor(ABC):

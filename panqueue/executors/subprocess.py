@@ -339,8 +339,7 @@ class SubprocessExecutor(Executor):
                 "attempt": job.attempt,
                 "options": {"attempts": options.attempts, "backoff": options.backoff.to_wire(),
                             "timeout": options.timeout},
-                "enqueued_at": job._enqueued_ms if job._enqueued_ms is not None else (
-                    None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)),
+                "enqueued_at": job.enqueued_at_ms,
             })
             self._busy.add(child)
             if self._stopping:
@@ -377,8 +376,10 @@ class SubprocessExecutor(Executor):
             kind = frame.get("t")
             if kind == "done":
                 return frame
-            if kind in ("p", "l"):
-                await job._sink(kind, frame.get("v"))
+            if kind == "p":
+                await job.progress(frame.get("v"))
+            elif kind == "l":
+                await job.log(str(frame.get("v")))
 
     def _outcome(self, frame: dict[str, Any], child: _Child) -> Any:
         if frame.get("ok"):

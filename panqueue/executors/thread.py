@@ -21,7 +21,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from panqueue._job import DONE, Job
+from panqueue._job import DONE, Job, ReportKind
 from panqueue.errors import ConfigError
 from panqueue.executors._loops import _Loop, current_loop
 from panqueue.executors._threadpool import FINISHED, PATIENCE, Pool, Task
@@ -75,7 +75,7 @@ class _Call(Task):
             raise HandlerAborted(value)
         raise value
 
-    def sink(self, kind: str, value: Any) -> Awaitable[None]:
+    def sink(self, kind: ReportKind, value: Any) -> Awaitable[None]:
         """The single job's reports from the handler's thread."""
         return _report(self, self.job, kind, value)
 
@@ -92,7 +92,7 @@ class _Reports:
         self.call = call
         self.job = job
 
-    def sink(self, kind: str, value: Any) -> Awaitable[None]:
+    def sink(self, kind: ReportKind, value: Any) -> Awaitable[None]:
         return _report(self.call, self.job, kind, value)
 
     def should_stop(self) -> bool:
@@ -102,11 +102,12 @@ class _Reports:
         return self.job.rebind(self.sink, self.should_stop)
 
 
-def _report(call: _Call, job: Job | None, kind: str, value: Any) -> Awaitable[None]:
-    """From the handler's thread: report through the event loop, and wait for it (nothing once
-    the attempt has given up on the call)."""
+def _report(call: _Call, job: Job | None, kind: ReportKind, value: Any) -> Awaitable[None]:
+    """From the handler's thread: report to ``job`` through the event loop, and wait for it
+    (nothing once the attempt has given up on the call)."""
     if not call.abandoned and job is not None:
-        anyio.from_thread.run(_await, job._sink(kind, value), token=call.loop.token)
+        report = job.progress(value) if kind == "p" else job.log(value)
+        anyio.from_thread.run(_await, report, token=call.loop.token)
     return DONE
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from panqueue import Job, QueueClient, Registry, SyncQueueClient
+from panqueue.executors.base import DONE
 
 queues = Registry()
 
@@ -42,3 +44,10 @@ async def produce(client: QueueClient) -> None:
 def produce_sync(client: SyncQueueClient) -> None:
     client.queue(send_email).add({"to": "c@example.com"})  # error: typeddict-item
     client.queue(thumbnail).add_bulk(["a.png"])  # error: list-item
+
+
+def a_view_with_a_sink_of_other_reports(job: Job) -> Job:
+    def sink(kind: int, value: Any) -> Awaitable[None]:  # a report's kind is "p" or "l"
+        return DONE
+
+    return job.rebind(sink, job.should_stop)  # error: arg-type

@@ -6,10 +6,14 @@ handlers and queues named by a string stay ``Any``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypedDict, assert_type
 
+import anyio.to_thread
+
 from panqueue import Job, JobHandle, Queue, QueueClient, Registry, SyncQueue, SyncQueueClient
+from panqueue.executors.base import DONE, Executor, ReportKind, Sink
 
 queues = Registry()
 
@@ -74,3 +78,16 @@ def bare_annotations(queue: Queue, sync_queue: SyncQueue, job: Job) -> None:
     assert_type(queue, Queue[Any])
     assert_type(sync_queue, SyncQueue[Any])
     assert_type(job.data, Any)
+
+
+class OwnThread(Executor):
+    """A third-party executor: the handler runs in a thread, on a view of the job."""
+
+    async def run(self, job: Job, timeout: float | None) -> Any:
+        def sink(kind: ReportKind, value: Any) -> Awaitable[None]:
+            return DONE
+
+        reports: Sink = sink
+        view = job.rebind(reports, job.should_stop)
+        assert_type(view.enqueued_at_ms, int | None)
+        return await anyio.to_thread.run_sync(self.handler.fn, view)
