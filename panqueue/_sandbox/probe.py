@@ -86,7 +86,7 @@ def _notify_problem() -> str:
 
 
 def _pidfd_problem() -> str:
-    from panqueue._sandbox.supervisor import pidfd_getfd
+    from panqueue._sandbox.reach import pidfd_getfd
 
     try:
         pidfd = os.pidfd_open(os.getpid())
