@@ -15,7 +15,7 @@ is a pure function of the partition count (:func:`route`).
 The layout (count, placement) is stored in the queue's home meta with a version
 (:class:`Layout`); every add and every worker's setup names the version it routes by, so a
 client that learned an older layout is refused and refreshes instead of writing where nobody
-serves (``_store/ops/partitions.py``).
+serves (``_store/ops/layout.py``, ``_store/ops/partitions.py``).
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ class QueueKeys:
         # of its own (lua/rate_take.lua).
         self.shared_rate = f"{{q:{name}#rate}}:rl"
         # The home's lock of a layout change (STRING: the changer's token, with a lease;
-        # _store/ops/partitions.py change_layout).
+        # _store/ops/layout.py change_layout).
         self.relayout = self.prefix + "relayout"
 
     @property

@@ -102,7 +102,7 @@ sys.path.insert(0, str(ROOT))
 from panqueue import Dedup, JobState, SyncQueueClient  # noqa: E402
 from panqueue._batch import SyncBatch  # noqa: E402
 from panqueue._keys import QueueKeys, partition_keys  # noqa: E402
-from panqueue._store.ops.partitions import read_layout  # noqa: E402
+from panqueue._store.ops.layout import read_layout  # noqa: E402
 from panqueue.embedded import RedisServer  # noqa: E402
 from panqueue.errors import JobNotFound  # noqa: E402
 from panqueue.errors import TimeoutError as PanqueueTimeoutError  # noqa: E402

@@ -36,7 +36,7 @@ from panqueue._options import MAX_PRIORITY, MAX_SECONDS, Retention
 from panqueue._registry import HandlerOptions
 from panqueue._store import transitions as tr
 from panqueue._store.loader import SCRIPTS, Script
-from panqueue._store.ops import batches, identity, partitions, queue, schedules
+from panqueue._store.ops import batches, identity, layout, queue, schedules
 from panqueue._store.ops.add import NewJob, add_jobs
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_COMPLETED,
@@ -216,8 +216,8 @@ CASES = [
     Case("schedule_tick", "one tick", lambda: schedules.schedule_tick(
         K, "n", [1], 1, 2, "skip", 0, b"\x80", 0, b""), units=1),
     Case("schedule_remove", "remove", lambda: schedules.remove_schedule(K, "n")),
-    Case("declare", "count", lambda: partitions.declare("q", 2)),
-    Case("relayout", "step", lambda: partitions._relayout(K, 1, "2:0", "tok")),
+    Case("declare", "count", lambda: layout.declare("q", 2)),
+    Case("relayout", "step", lambda: layout._relayout(K, 1, "2:0", "tok")),
     Case("workers", "list", lambda: workers(K)),
     Case("explain", "waiting job", lambda: explain(K, "j"),
          answer=answering({"HMGET": [b"waiting", None, None, None, None, None],

@@ -16,7 +16,7 @@ import redis
 from panqueue import ConfigError, Job, JobState, QueueClient, Registry, Worker
 from panqueue._keys import LEGACY_PLACEMENT, Layout, partition_keys
 from panqueue._store import transitions
-from panqueue._store.ops import partitions as parted
+from panqueue._store.ops import layout as ops_layout
 from panqueue.testing import drain, run_worker
 
 pytestmark = pytest.mark.anyio
@@ -99,7 +99,7 @@ async def test_a_worker_of_another_count_waits_for_the_entry_of_one_that_could_n
         async with run_worker(registry3, queue_name, redis_url, poll_interval=0.05):
             pass
         # The entry the old worker would have left, had its last call been lost: 1.5 s to live.
-        layout = await client._run(parted.read_layout(queue_name))
+        layout = await client._run(ops_layout.read_layout(queue_name))
         assert layout is not None and layout.count == 3
         await client._run(transitions.heartbeat(
             layout.keys(queue_name)[0], "gone-worker", 1500, host="h", pid=1,
@@ -188,7 +188,7 @@ async def test_adds_racing_a_count_change_are_kept_where_the_queue_looks(
                     chooser.random() * 0.03)
                 tg.start_soon(_add_one_by_one, producer, name, added, after)
                 tg.start_soon(_start_and_stop, registry2, name, redis_url, started)
-            layout = await producer._run(parted.read_layout(name))
+            layout = await producer._run(ops_layout.read_layout(name))
             assert layout is not None
             changed.append(layout.count == 2)
             parts = layout.keys(name)
@@ -236,7 +236,7 @@ async def test_a_partition_left_moved_by_an_interrupted_change_is_given_back(
     async with QueueClient(redis_url) as client:
         await client.queue(work).add(0)  # declared: 3 partitions, version 0; spread starts at 0
         moved = partition_keys(queue_name, 3)[2]
-        assert await client._run(parted._relayout(moved, 1, "2:1")) is None
+        assert await client._run(ops_layout._relayout(moved, 1, "2:1")) is None
         await client.queue(work).add(1)  # partition 1
         with pytest.raises(ConfigError, match="refused the queue's stored layout"):
             await client.queue(work).add(2)  # partition 2: refused, not added
@@ -257,7 +257,7 @@ async def test_a_queue_declared_before_placement_keeps_its_partitions(
         redis_client.hset(keys.meta, mapping={"np": 3, "pi": keys.partition, "mode": "global"})
     registry, work = _deploy(queue_name, 3)
     async with QueueClient(redis_url) as client:
-        assert await client._run(parted.read_layout(queue_name)) == Layout(3, LEGACY_PLACEMENT)
+        assert await client._run(ops_layout.read_layout(queue_name)) == Layout(3, LEGACY_PLACEMENT)
         handles = await client.queue(work).add_bulk(range(6))
         for handle in handles:
             assert redis_client.exists(legacy[int(handle.id) % 3].job(handle.id))

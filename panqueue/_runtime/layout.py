@@ -1,6 +1,6 @@
 """The worker's first step: settle the queue's layout (its partitions) and set each partition up.
 
-The layout is stored in the queue's home meta (``_store/ops/partitions.py``). A worker whose
+The layout is stored in the queue's home meta (``_store/ops/layout.py``). A worker whose
 handler declares the stored count sets up the stored layout's partitions. One that declares
 another count changes the layout, which is possible only while no partition holds a job
 (``change_layout``; otherwise a :class:`ConfigError` names the partition that holds jobs and
@@ -17,8 +17,15 @@ import anyio
 
 from panqueue._keys import Layout, QueueKeys
 from panqueue._runtime.trouble import Trouble
-from panqueue._store.ops import partitions as parted
 from panqueue._store.ops.base import LayoutChanged
+from panqueue._store.ops.layout import (
+    LayoutBusy,
+    LayoutServed,
+    change_layout,
+    declare,
+    read_layout,
+    repair_partition,
+)
 from panqueue._store.transport import AsyncTransport, Op
 from panqueue.errors import ConfigError
 
@@ -63,12 +70,12 @@ async def settle_layout(transport: AsyncTransport, name: str, count: int, token:
 
 
 def _layout_for(name: str, count: int, token: str) -> Op[Layout]:
-    layout = yield from parted.read_layout(name)
+    layout = yield from read_layout(name)
     if layout is None:
-        layout = yield from parted.declare(name, count)
+        layout = yield from declare(name, count)
     if layout.count == count:
         return layout
-    return (yield from parted.change_layout(name, count, token))
+    return (yield from change_layout(name, count, token))
 
 
 async def _set_up(transport: AsyncTransport, parts: list[QueueKeys], token: str,
@@ -80,7 +87,7 @@ async def _set_up(transport: AsyncTransport, parts: list[QueueKeys], token: str,
             return setup(keys)
 
         def repair(keys: QueueKeys = keys) -> Awaitable[bool]:
-            return transport.run(parted.repair_partition(keys, token))
+            return transport.run(repair_partition(keys, token))
 
         try:
             await served(trouble, set_up)
@@ -95,13 +102,13 @@ async def _leave_retry(wait: float, call: Callable[[], Awaitable[T]]) -> T:
     """``call()``, again while workers of the old count are registered, for up to ``wait``
     seconds: a stopped worker whose last call was lost, or one that died, leaves the registry
     within that time; a live one keeps its entry, and the change is refused."""
-    return await _retry(call, parted.LayoutServed, wait, _LEAVE_POLL)
+    return await _retry(call, LayoutServed, wait, _LEAVE_POLL)
 
 
 async def _busy_retry(call: Callable[[], Awaitable[T]]) -> T:
     """``call()``, again while another client's layout change holds the lock (for up to the
     lock's lease)."""
-    return await _retry(call, parted.LayoutBusy, _BUSY_WAIT, _BUSY_POLL)
+    return await _retry(call, LayoutBusy, _BUSY_WAIT, _BUSY_POLL)
 
 
 async def _retry(call: Callable[[], Awaitable[T]], error: type[Exception], wait: float,

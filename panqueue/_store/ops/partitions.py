@@ -2,43 +2,37 @@
 
 Each partition is a queue layout of its own in a hash slot of its own, so a question about the
 whole queue asks each partition and merges the answers: counts add up, lists merge, a job is
-looked up where its id routes it and then, failing that, in the other partitions. With one
-partition every operation here is the plain one.
+looked up in the partition that holds it (``ops/routing.py``). With one partition every
+operation here is the plain one.
 
-The queue's layout (partition count, placement, version: :class:`panqueue._keys.Layout`) lives
-in its home meta. Clients remember it to route adds without a read; every add names the version
-it routes by, and a partition that is not in that version refuses it (``lua/lib/layout.lua``
-``partition_problem``): the client reads the layout again and routes the refused jobs anew. A
-layout changes only through :func:`change_layout`, while the queue holds no job.
+A client remembers each queue's layout (``ops/layout.py``) in a :class:`PartitionCounts`, to
+route adds without a read; an add that a partition refuses as routed by a stale layout is routed
+again under the stored one.
 """
 
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from panqueue._job import JobInfo, JobState
-from panqueue._keys import LEGACY_PLACEMENT, SPREAD_PLACEMENT, Layout, QueueKeys, route
-from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops import add as _add
+from panqueue._keys import Layout, QueueKeys
 from panqueue._store.ops import batches as _batches
 from panqueue._store.ops import events as _events
-from panqueue._store.ops import identity as _identity
 from panqueue._store.ops import jobs as _jobs
 from panqueue._store.ops import queue as _queue
 from panqueue._store.ops.add import NewJob
-from panqueue._store.ops.base import LayoutChanged, script_call
+from panqueue._store.ops.base import LayoutChanged
 from panqueue._store.ops.events import Event
-from panqueue._store.transport import Batch, Command, Op
-from panqueue.errors import ConfigError, JobNotFound, PanqueueError
+from panqueue._store.ops.layout import declare, read_layout
+from panqueue._store.ops.routing import PartlyAdded, add_routed, home_partition, job_partition
+from panqueue._store.transport import Op
+from panqueue.errors import ConfigError, JobNotFound
 
-__all__ = ["LayoutBusy", "PartitionCounts", "add_routed", "add_to_batch", "all_counts",
-           "all_events", "all_list_jobs", "all_pause", "all_purge", "all_retry_failed",
-           "change_layout", "declare", "event_positions", "job_partition", "next_events",
-           "partition_count", "read_layout", "repair_partition"]
+__all__ = ["PartitionCounts", "add_to_batch", "all_counts", "all_events", "all_list_jobs",
+           "all_pause", "all_purge", "all_retry_failed", "event_positions", "next_events"]
 
 T = TypeVar("T")
 
@@ -49,24 +43,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # gives up: a change happens only on an empty queue and takes a few round trips, so a producer
 # meets one rarely, and a second one right after rarely again.
 _LAYOUT_RETRIES = 10
-
-
-def read_layout(name: str) -> Op[Layout | None]:
-    """The layout stored in queue ``name``'s home meta; None while it has none (no producer or
-    worker has declared it yet, so it may still become anything). A queue stored without a
-    placement was declared before partitions were placed by slot: its partitions keep their
-    "#i" tags."""
-    count, placement, version = yield Command(("HMGET", QueueKeys(name).meta, "np", "pl", "lv"))
-    if count is None:
-        return None
-    return Layout(int(count), LEGACY_PLACEMENT if placement is None else int(placement),
-                  int(version or 0))
-
-
-def partition_count(name: str) -> Op[int | None]:
-    """The partition count stored for queue ``name``; None while it has none."""
-    layout = yield from read_layout(name)
-    return None if layout is None else layout.count
 
 
 def _mismatch(name: str, stored: int, declared: int, who: str) -> ConfigError:
@@ -156,7 +132,7 @@ class PartitionCounts:
                     parts, [jobs[i] for i in pending], mode, spread, durable_timeout_ms,
                     together))
             except LayoutChanged as exc:
-                got = exc.added if isinstance(exc, _PartlyAdded) else [None] * len(pending)
+                got = exc.added if isinstance(exc, PartlyAdded) else [None] * len(pending)
                 self.forget(name)
             for index, item in zip(pending, got, strict=True):
                 added[index] = item
@@ -168,169 +144,6 @@ class PartitionCounts:
             f"refused the queue's stored layout {_LAYOUT_RETRIES} times (a change of its "
             "partition count is under way, or was interrupted: a worker of the queue finishes "
             "or undoes it when it starts)")
-
-
-def declare(name: str, n: int) -> Op[Layout]:
-    """Store a producer's layout in the queue's home meta, where every client reads it (the
-    add itself may go to another partition); the layout stored first wins."""
-    home = QueueKeys(name)
-    reply = yield script_call(SCRIPTS.declare, home, n, SPREAD_PLACEMENT)
-    count, placement, version = reply
-    return Layout(int(count), LEGACY_PLACEMENT if placement is None else int(placement),
-                  int(version or 0))
-
-
-class LayoutBusy(ConfigError):
-    """Another client holds the queue's layout lock (a change is under way): try again."""
-
-
-class LayoutServed(ConfigError):
-    """Workers of the stored count are registered: the count can change once they have left
-    (a stopped worker's entry goes at once, or, when its last call was lost, within three of
-    its heartbeats, as a dead worker's)."""
-
-
-# How long a layout change may hold the home's lock. The changer stops taking steps well before
-# (_LEASE_MS / 2 after it took the lock), so that none lands after another may have taken it.
-_LEASE_MS = 10_000
-
-
-def _relayout(keys: QueueKeys, version: int | str, place: str, token: str = "",
-              placement: int = SPREAD_PLACEMENT) -> Op[str | None]:
-    """One step of a change (``lua/relayout.lua``): None, or why it was refused."""
-    reply = yield script_call(SCRIPTS.relayout, keys, version, place, token, placement)
-    return reply[1].decode() if reply[0] == b"!" else None
-
-
-def change_layout(name: str, count: int, token: str) -> Op[Layout]:
-    """Change queue ``name`` to ``count`` partitions placed by slot (a worker that declares
-    another count than the stored one): :class:`ConfigError` naming the partition that holds
-    jobs, or the workers that serve the old layout (nothing changed); :class:`LayoutBusy` when
-    another change holds the lock. Under the home's lock, every partition of the old layout and
-    every new one moves to the next version while it holds no job, one script each, then the
-    home, where clients read the layout, moves last; a refusal moves the others back. From the
-    first step on, a client that routes by the old layout is refused by the partitions already
-    moved and reads the layout again, so no add lands in a partition that the new layout
-    leaves out."""
-    home = QueueKeys(name)
-    if not (yield Command(("SET", home.relayout, token, "NX", "PX", _LEASE_MS))):
-        raise LayoutBusy(f"queue {name!r}: another change of its layout is under way")
-    return (yield from _released(home, token, _change(name, count, token)))
-
-
-def _released(home: QueueKeys, token: str, op: Op[T]) -> Op[T]:
-    """``op``, then the layout lock released, also when ``op`` fails with an error of ours.
-    (Not in a ``finally``: an operation abandoned by a cancelled caller is closed, and can send
-    nothing then; its lock expires with its lease.)"""
-    try:
-        result = yield from op
-    except PanqueueError:
-        yield from _relayout(home, "", "", token)
-        raise
-    yield from _relayout(home, "", "", token)
-    return result
-
-
-def _change(name: str, count: int, token: str) -> Op[Layout]:
-    home = QueueKeys(name)
-    deadline = time.monotonic() + _LEASE_MS / 2000
-    current = (yield from read_layout(name)) or Layout(1)
-    if current.count == count:
-        return current  # another worker changed it meanwhile
-    new = Layout(count, SPREAD_PLACEMENT, current.version + 1)
-    old_parts, new_parts = current.keys(name), new.keys(name)
-    new_index = {keys.prefix: keys.partition for keys in new_parts}
-    old_prefixes = {keys.prefix for keys in old_parts}
-    steps = [(keys, f"{count}:{new_index[keys.prefix]}" if keys.prefix in new_index
-              else "0:0", f"{current.count}:{keys.partition}") for keys in old_parts[1:]]
-    steps += [(keys, f"{count}:{keys.partition}", "0:0") for keys in new_parts[1:]
-              if keys.prefix not in old_prefixes]
-    moved: list[tuple[QueueKeys, str]] = []
-    problem = None
-    for keys, place, before in steps:
-        if time.monotonic() > deadline:
-            problem = ConfigError(f"queue {name!r}: the change of its partition count took "
-                                  "too long and was stopped (the next worker undoes it)")
-            break
-        if (yield from _relayout(keys, new.version, place)):
-            problem = _held(name, current, count, keys)
-            break
-        moved.append((keys, before))
-    if problem is None:
-        refused = yield from _relayout(home, new.version, f"{count}:0", token)
-        if refused is None:
-            return new
-        problem = _held(name, current, count, home) if refused == "holds jobs" else \
-            _served(name, current, count, refused)
-    if time.monotonic() < deadline:
-        # Back to the old layout: no client routed by the new one yet (the home never named
-        # it), and the old one's clients were refused, so these hold no job. Past the deadline
-        # the lock may be another's by now: the next worker gives them back (repair_partition).
-        for keys, before in reversed(moved):
-            yield from _relayout(keys, current.version, before)
-    raise problem
-
-
-def _held(name: str, current: Layout, count: int, keys: QueueKeys) -> ConfigError:
-    return ConfigError(
-        f"queue {name!r}: partition count mismatch: the queue has {current.count} "
-        f"partition(s), this worker says {count}, and its partition {keys.partition} "
-        f"({keys.prefix[:-1]}) holds jobs (the count changes only while the queue holds no "
-        "job: drain and purge it first; see docs/scaling.md)")
-
-
-def _served(name: str, current: Layout, count: int, refused: str) -> ConfigError:
-    if not refused.startswith("live workers"):
-        return ConfigError(f"queue {name!r}: the change of its partition count lost its lock "
-                           "(it took too long) and was stopped (the next worker undoes it)")
-    live = refused.rpartition(" ")[2]
-    return LayoutServed(
-        f"queue {name!r}: partition count mismatch: the queue has {current.count} "
-        f"partition(s), this worker says {count}, and {live} live worker(s) serve it with "
-        f"{current.count} (stop them first; a worker that died leaves the registry within three "
-        "heartbeats; see docs/scaling.md)")
-
-
-def repair_partition(keys: QueueKeys, token: str) -> Op[bool]:
-    """Give ``keys`` (a partition of the queue's stored layout, refusing it) back to that
-    layout: a change that was interrupted left it moved, empty, to a version the home never
-    named. Under the home's lock, so that no change is under way. False: the stored layout is
-    not the one ``keys`` belongs to any more (the caller reads it again)."""
-    home = QueueKeys(keys.name)
-    if not (yield Command(("SET", home.relayout, token, "NX", "PX", _LEASE_MS))):
-        raise LayoutBusy(f"queue {keys.name!r}: a change of its layout is under way")
-    return (yield from _released(home, token, _give_back(keys)))
-
-
-def _give_back(keys: QueueKeys) -> Op[bool]:
-    stored = yield from read_layout(keys.name)
-    if stored is None or stored.version != keys.version or stored.count != keys.partitions:
-        return False
-    if (yield from _relayout(keys, keys.version, f"{keys.partitions}:{keys.partition}")):
-        raise ConfigError(
-            f"queue {keys.name!r}: partition {keys.partition} ({keys.prefix[:-1]}) holds jobs "
-            f"under another layout than the queue's (version {keys.version})")
-    return True
-
-
-def job_partition(parts: Sequence[QueueKeys], job_id: str) -> Op[QueueKeys]:
-    """The partition that holds ``job_id``: where its id routes it (generated ids always, custom
-    ids unless the job was routed by its key or its dependencies), else the first that has it.
-    A job found nowhere answers the routed partition, whose operations then report it
-    missing."""
-    if len(parts) == 1:
-        return parts[0]
-    guess = parts[route(len(parts), job_id) or 0]
-    # A custom id's home knows where its job went when that is elsewhere (lib/identity.lua).
-    pointed = yield from _identity.pointed_partition(parts, guess, job_id)
-    if pointed is not None:
-        return pointed
-    others = [p for p in parts if p is not guess]
-    found = yield Batch(tuple(Command(("EXISTS", p.job(job_id))) for p in others))
-    for part, exists in zip(others, found, strict=True):
-        if exists:
-            return part
-    return guess
 
 
 def all_counts(parts: Sequence[QueueKeys]) -> Op[dict[JobState, int]]:
@@ -476,33 +289,6 @@ def _stream_order(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _home(parts: Sequence[QueueKeys], job: NewJob, spread: int) -> Op[QueueKeys]:
-    """The partition a new job goes to: its key's, its dependencies' (a job waits only for jobs
-    of its own partition), its id's, its dedup key's (so that the same key meets itself), or,
-    for a job with none of these, the ``spread``-th (the producer turns it)."""
-    n = len(parts)
-    if n == 1:
-        return parts[0]
-    if job.key:
-        return parts[route(n, key=job.key) or 0]
-    if job.depends_on:
-        home = yield from job_partition(parts, job.depends_on[0])
-        for dep in job.depends_on[1:]:
-            other = yield from job_partition(parts, dep)
-            if other is not home:
-                raise ConfigError(
-                    f"queue {home.name!r}: depends_on names jobs of two partitions "
-                    f"({job.depends_on[0]!r} in {home.partition}, {dep!r} in "
-                    f"{other.partition}); a job of a partitioned queue can wait only for jobs "
-                    "of one partition (see docs/scaling.md)")
-        return home
-    if job.job_id:
-        return parts[route(n, job.job_id) or 0]
-    if job.dedup_key:
-        return parts[route(n, key="dd:" + job.dedup_key) or 0]
-    return parts[spread % n]
-
-
 def add_to_batch(parts: Sequence[QueueKeys], batch_id: str, jobs: Sequence[NewJob],
                  mode: str) -> Op[list[tuple[str, bool]]]:
     """:func:`batches.add_to_batch` for a queue of any number of partitions: each partition's
@@ -511,7 +297,7 @@ def add_to_batch(parts: Sequence[QueueKeys], batch_id: str, jobs: Sequence[NewJo
         return (yield from _batches.add_to_batch(batch_id, parts[0], jobs, mode))
     groups: dict[int, list[int]] = {}
     for index, job in enumerate(jobs):
-        home = yield from _home(parts, job, index)
+        home = yield from home_partition(parts, job, index)
         groups.setdefault(home.partition, []).append(index)
     added: list[tuple[str, bool]] = [("", False)] * len(jobs)
     for partition, members in groups.items():
@@ -520,71 +306,3 @@ def add_to_batch(parts: Sequence[QueueKeys], batch_id: str, jobs: Sequence[NewJo
         for index, item in zip(members, got, strict=True):
             added[index] = item
     return added
-
-
-def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, spread: int,
-               durable_timeout_ms: int | None = None, together: bool = False
-               ) -> Op[list[tuple[str, bool]]]:
-    """Add ``jobs`` each to its partition (:func:`_home`), one script call per partition, all
-    sent in one round trip (on a cluster, one pipeline per node); the reply in the order of
-    ``jobs``. ``together``: the jobs depend on each other (a flow): all go where the first
-    goes, in one atomic call. ``durable_timeout_ms`` applies to a single partition's add."""
-    if len(parts) == 1 or (together and len(jobs) > 0):
-        home = yield from _home(parts, jobs[0], spread)
-        return (yield from _identity.add_placed(parts, home, jobs, mode, durable_timeout_ms))
-    groups: dict[int, list[int]] = {}
-    for index, job in enumerate(jobs):
-        home = yield from _home(parts, job, spread + index)
-        groups.setdefault(home.partition, []).append(index)
-    if durable_timeout_ms is not None:
-        [(partition, members)] = groups.items()  # a single add: one partition
-        return (yield from _identity.add_placed(parts, parts[partition],
-                                                [jobs[i] for i in members], mode,
-                                                durable_timeout_ms))
-    # Jobs whose custom id or dedup key has its home in another partition are decided there
-    # first, one by one (_store/ops/identity.py); so are the jobs of a partition whose add met
-    # a pointer to another partition. The rest go in one round trip.
-    one_by_one: list[tuple[int, list[int]]] = []
-    for partition, members in groups.items():
-        far = [i for i in members if _identity.is_far(parts, parts[partition], jobs[i])]
-        if far:
-            one_by_one += [(partition, [i]) for i in far]
-            members[:] = [i for i in members if i not in far]
-    order = [(partition, members) for partition, members in groups.items() if members]
-    calls = tuple(_add.add_call(parts[p], [jobs[i] for i in members], mode)
-                  for p, members in order)
-    replies = (yield Batch(calls)) if calls else []
-    added: list[tuple[str, bool] | None] = [None] * len(jobs)
-    stale = None
-    for (partition, members), reply in zip(order, replies, strict=True):
-        try:
-            items = _add.parse_added(parts[partition], reply)
-        except _add.IdentityElsewhere:
-            one_by_one.append((partition, members))  # nothing of it was written
-            continue
-        except LayoutChanged as exc:
-            stale = exc  # the others went ahead: the caller routes only these again
-            continue
-        for index, item in zip(members, items, strict=True):
-            added[index] = item
-    for partition, members in one_by_one:
-        try:
-            items = yield from _identity.add_placed(parts, parts[partition],
-                                                    [jobs[i] for i in members], mode)
-        except LayoutChanged as exc:
-            stale = exc
-            continue
-        for index, item in zip(members, items, strict=True):
-            added[index] = item
-    if stale is not None:
-        raise _PartlyAdded(str(stale), added)
-    return [item for item in added if item is not None]
-
-
-class _PartlyAdded(LayoutChanged):
-    """Some partitions of an add refused a stale layout, the others added their jobs:
-    ``added`` holds those (None for each refused job)."""
-
-    def __init__(self, message: str, added: list[tuple[str, bool] | None]) -> None:
-        super().__init__(message)
-        self.added = added
