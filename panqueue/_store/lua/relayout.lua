@@ -1,5 +1,5 @@
 -- relayout: one step of a change of a partitioned queue's layout (its partition count or the
--- naming of its partitions; panqueue/_store/ops/partitions.py change_layout). This partition
+-- naming of its partitions; panqueue/_store/ops/layout.py change_layout). This partition
 -- becomes partition "<count>:<index>" of layout version ARGV[1], or, with "0:0", part of no
 -- layout: only while it holds no job. Every add and every worker's setup names the layout
 -- version it routes by (partition_problem, lib/layout.lua), so once a partition has moved, a

@@ -1,5 +1,5 @@
 -- lib/partition.lua: which layout of a partitioned queue this partition belongs to, checked on
--- every add, worker setup and layout change (panqueue/_store/ops/partitions.py).
+-- every add, worker setup and layout change (panqueue/_store/ops/layout.py).
 -- Needs: settings.lua.
 --!include settings.lua
 
