@@ -4,15 +4,7 @@ Everything public is importable from here; other modules are private.
 """
 
 from panqueue._batch import Batch, BatchInfo, SyncBatch
-from panqueue._client import (
-    FlowJob,
-    JobHandle,
-    Queue,
-    QueueClient,
-    SyncJobHandle,
-    SyncQueue,
-    SyncQueueClient,
-)
+from panqueue._client import QueueClient, SyncQueueClient
 from panqueue._job import ChunkFailure, ErrorInfo, Job, JobInfo, JobState
 from panqueue._log import configure_logging
 from panqueue._options import (
@@ -26,10 +18,13 @@ from panqueue._options import (
     Retention,
 )
 from panqueue._pool import WorkerPool
+from panqueue._producer import FlowJob, JobHandle, SyncJobHandle
+from panqueue._queue import Queue, SyncQueue
 from panqueue._registry import Handler, Registry
 from panqueue._runtime.worker import Worker
 from panqueue._schedule import Schedule
 from panqueue._store import Event, Explanation, ScheduleInfo, WorkerInfo
+from panqueue._store.ops import Timings
 from panqueue._version import __version__
 from panqueue.errors import (
     ConfigError,
@@ -92,6 +87,7 @@ __all__ = [
     "SyncQueue",
     "SyncQueueClient",
     "TimeoutError",
+    "Timings",
     "Worker",
     "WorkerInfo",
     "WorkerPool",

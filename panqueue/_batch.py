@@ -10,23 +10,23 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-# No import cycle: the clients import this module only inside client.batch().
-from panqueue._client import (
-    JobHandle,
-    QueueClient,
-    SyncJobHandle,
-    SyncQueueClient,
-    _dependency_ids,
-    _new_jobs,
-    _stored_form,
-)
 from panqueue._codec import encode_checked
 from panqueue._keys import check_queue_name
+from panqueue._producer import (
+    JobHandle,
+    Producer,
+    SyncJobHandle,
+    SyncProducer,
+    Target,
+    dependency_ids,
+    new_jobs,
+    stored_form,
+    target,
+)
 from panqueue._registry import Handler
 from panqueue._store.ops import NewJob, new_job
-from panqueue._store.ops import partitions as parted
 from panqueue._store.ops.batches import (
     BatchInfo,
     batch_info,
@@ -38,13 +38,12 @@ from panqueue._store.ops.batches import (
 from panqueue._store.transport import Op
 from panqueue.errors import ConfigError, PayloadError
 
-__all__ = ["Batch", "BatchInfo", "SyncBatch", "batch_opening"]
+__all__ = ["Batch", "BatchInfo", "SyncBatch", "new_batch", "new_sync_batch"]
 
 # Jobs per register-and-add round of add_bulk (the benchmark's add_bulk batch size).
 BULK_CHUNK = 1000
 
 Callback = tuple[str, Any]
-H = TypeVar("H")
 
 
 def _callback(value: object, what: str) -> Callback:
@@ -70,7 +69,7 @@ def _callback(value: object, what: str) -> Callback:
     return queue, data
 
 
-def batch_opening(on_complete: object, on_success: object, parent: object
+def _opening(on_complete: object, on_success: object, parent: object
                   ) -> tuple[str, Op[BatchInfo]]:
     """Validate ``client.batch``'s arguments: the new batch's id and the operation that
     opens it."""
@@ -98,114 +97,114 @@ class _Jobs:
         job_id = job.job_id or f"{self.id}-{next(self._numbers)}"
         return batch_member(job, self.id, job_id, self._plain_options)
 
-    def _one(self, target: Any, data: Any, options: dict[str, Any]) -> list[NewJob]:
+    def _one(self, to: Target, data: Any, options: dict[str, Any]) -> list[NewJob]:
         if "depends_on" in options:
-            options["depends_on"] = _dependency_ids(target.name, options["depends_on"])
-        return [self._member(new_job(target.defaults, _stored_form(data), options))]
+            options["depends_on"] = dependency_ids(to.name, options["depends_on"])
+        return [self._member(new_job(to.defaults, stored_form(data), options))]
 
-    def _many(self, target: Any, items: Iterable[Any]) -> list[NewJob]:
-        return [self._member(job) for job in _new_jobs(target.defaults, items)]
+    def _rounds(self, to: Target, items: Iterable[Any]) -> Iterable[Sequence[NewJob]]:
+        """An ``add_bulk``'s jobs, all validated first, in rounds of :data:`BULK_CHUNK`."""
+        jobs = [self._member(job) for job in new_jobs(to.defaults, items)]
+        for start in range(0, len(jobs), BULK_CHUNK):
+            yield jobs[start:start + BULK_CHUNK]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id}>"
-
-
-def _chunks(jobs: Sequence[NewJob]) -> Iterable[Sequence[NewJob]]:
-    for start in range(0, len(jobs), BULK_CHUNK):
-        yield jobs[start:start + BULK_CHUNK]
 
 
 class Batch(_Jobs):
     """A batch opened by :meth:`QueueClient.batch`. Its callbacks are added once, when it is
     closed and every job in it has ended."""
 
-    def __init__(self, client: QueueClient, batch_id: str) -> None:
+    def __init__(self, producer: Producer, batch_id: str) -> None:
         super().__init__(batch_id)
-        self._client = client
+        self._producer = producer
 
     async def add(self, queue: str | Handler[Any, Any, Any], data: Any = None,
                   **options: Any) -> JobHandle:
         """Add one job to ``queue`` as a member of the batch (the options of
         :meth:`Queue.add`). Returns its :class:`JobHandle`."""
-        target = self._client.queue(queue)
-        [job] = self._one(target, data, options)
-        [(job_id, created)] = await self._client._run(self._client._parts.on_all(
-            target.name, parted.add_to_batch, self.id, [job], target.mode,
-            declared=target.partitions))
-        return _created(target.job(job_id), created)
+        to = target(queue, {})
+        [(job_id, created)] = await self._producer.run(self._producer.add_to_batch(
+            to, self.id, self._one(to, data, options)))
+        return JobHandle(self._producer, to.name, job_id, created)
 
     async def add_bulk(self, queue: str | Handler[Any, Any, Any], items: Iterable[Any]
                        ) -> list[JobHandle]:
         """Add many jobs (each item one job's data) to ``queue``, 1000 per round. Every item
         is validated first: one bad item raises PayloadError and nothing is added."""
-        target = self._client.queue(queue)
+        to = target(queue, {})
         handles = []
-        for chunk in _chunks(self._many(target, items)):
-            added = await self._client._run(self._client._parts.on_all(
-                target.name, parted.add_to_batch, self.id, chunk, target.mode,
-                declared=target.partitions))
-            handles += [_created(target.job(i), c) for i, c in added]
+        for jobs in self._rounds(to, items):
+            added = await self._producer.run(self._producer.add_to_batch(to, self.id, jobs))
+            handles += [JobHandle(self._producer, to.name, i, c) for i, c in added]
         return handles
 
     async def close(self) -> BatchInfo:
         """No more jobs join the batch. If all of them already ended (or there are none), the
         callbacks are added before this returns."""
-        return await self._client._run(close_batch(self.id))
+        return await self._producer.run(close_batch(self.id))
 
     async def info(self) -> BatchInfo:
         """The batch's counts now."""
-        return await self._client._run(batch_info(self.id))
+        return await self._producer.run(batch_info(self.id))
 
     async def batch(self, on_complete: Callback, on_success: Callback | None = None
                     ) -> Batch:
         """Open a child batch: its callbacks are jobs of this batch, so this one ends only
         after them (the same as ``client.batch(..., parent=this)``)."""
-        return await self._client.batch(on_complete, on_success, parent=self.id)
+        return await new_batch(self._producer, on_complete, on_success, self.id)
 
 
 class SyncBatch(_Jobs):
     """:class:`Batch` for :class:`SyncQueueClient` (blocking methods)."""
 
-    def __init__(self, client: SyncQueueClient, batch_id: str) -> None:
+    def __init__(self, producer: SyncProducer, batch_id: str) -> None:
         super().__init__(batch_id)
-        self._client = client
+        self._producer = producer
 
     def add(self, queue: str | Handler[Any, Any, Any], data: Any = None,
             **options: Any) -> SyncJobHandle:
         """Blocking :meth:`Batch.add`."""
-        target = self._client.queue(queue)
-        [job] = self._one(target, data, options)
-        [(job_id, created)] = self._client._run(self._client._parts.on_all(
-            target.name, parted.add_to_batch, self.id, [job], target.mode,
-            declared=target.partitions))
-        return _created(target.job(job_id), created)
+        to = target(queue, {})
+        [(job_id, created)] = self._producer.run(self._producer.add_to_batch(
+            to, self.id, self._one(to, data, options)))
+        return SyncJobHandle(self._producer, to.name, job_id, created)
 
     def add_bulk(self, queue: str | Handler[Any, Any, Any], items: Iterable[Any]
                  ) -> list[SyncJobHandle]:
         """Blocking :meth:`Batch.add_bulk`."""
-        target = self._client.queue(queue)
+        to = target(queue, {})
         handles = []
-        for chunk in _chunks(self._many(target, items)):
-            added = self._client._run(self._client._parts.on_all(
-                target.name, parted.add_to_batch, self.id, chunk, target.mode,
-                declared=target.partitions))
-            handles += [_created(target.job(i), c) for i, c in added]
+        for jobs in self._rounds(to, items):
+            added = self._producer.run(self._producer.add_to_batch(to, self.id, jobs))
+            handles += [SyncJobHandle(self._producer, to.name, i, c) for i, c in added]
         return handles
 
     def close(self) -> BatchInfo:
         """Blocking :meth:`Batch.close`."""
-        return self._client._run(close_batch(self.id))
+        return self._producer.run(close_batch(self.id))
 
     def info(self) -> BatchInfo:
         """Blocking :meth:`Batch.info`."""
-        return self._client._run(batch_info(self.id))
+        return self._producer.run(batch_info(self.id))
 
     def batch(self, on_complete: Callback, on_success: Callback | None = None) -> SyncBatch:
         """Blocking :meth:`Batch.batch`."""
-        return self._client.batch(on_complete, on_success, parent=self.id)
+        return new_sync_batch(self._producer, on_complete, on_success, self.id)
 
 
-def _created(handle: H, created: bool) -> H:
-    """A queue handle's job handle, saying whether the add created the job."""
-    handle.created = created  # type: ignore[attr-defined]
-    return handle
+async def new_batch(producer: Producer, on_complete: object, on_success: object,
+                    parent: object) -> Batch:
+    """Open a batch: ``client.batch``'s arguments, checked before anything is written."""
+    batch_id, opening = _opening(on_complete, on_success, parent)
+    await producer.run(opening)
+    return Batch(producer, batch_id)
+
+
+def new_sync_batch(producer: SyncProducer, on_complete: object, on_success: object,
+                   parent: object) -> SyncBatch:
+    """Blocking :func:`new_batch`."""
+    batch_id, opening = _opening(on_complete, on_success, parent)
+    producer.run(opening)
+    return SyncBatch(producer, batch_id)

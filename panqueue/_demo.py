@@ -13,9 +13,10 @@ from pathlib import Path
 
 import anyio
 
-from panqueue._client import SyncJobHandle, SyncQueueClient
+from panqueue._client import SyncQueueClient
 from panqueue._job import Job, JobInfo, JobState
 from panqueue._options import Backoff
+from panqueue._producer import SyncJobHandle
 from panqueue._registry import Registry
 from panqueue._store.transport import redact_url
 from panqueue.errors import JobNotFound, PanqueueError

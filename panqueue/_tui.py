@@ -11,7 +11,7 @@ stream since its last read instead (the stream is itself trimmed to about 10,000
 queue that finishes more than that between two refreshes is undercounted).
 
 Wait and run times: read back from the job hashes of the newest jobs (up to 1,000) that
-completed or failed in the last minute (``ops.recent_timings``), so the view adds no write to
+completed or failed in the last minute (``client.timings``), so the view adds no write to
 any job's path and shows the same numbers whenever it starts.
 """
 
@@ -32,7 +32,7 @@ from textual.widgets import DataTable, Footer, Static
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobInfo, JobState
 from panqueue._lag import lag_seconds
-from panqueue._store import ops
+from panqueue._store.ops.timings import DEFAULT_SAMPLE, Timings
 from panqueue._store.transport import redact_url
 
 __all__ = ["QueueRow", "Snapshot", "TopApp", "sparkline"]
@@ -93,7 +93,7 @@ class QueueRow:
     workers: int
     completed_rate: list[float]
     failed_rate: list[float]
-    timings: ops.Timings
+    timings: Timings
 
 
 @dataclass
@@ -164,9 +164,7 @@ class Sampler:
             lag = lag_seconds(self.client, queue)
             self._finished_since_last(queue)
             rates = self._rates[queue]
-            # The store's door: the client has no call for this read (the dashboard shares it).
-            timings = self.client._run(self.client._parts.on_all(
-                queue, ops.recent_timings, TIMINGS_WINDOW))
+            timings = self.client.timings(queue, window=TIMINGS_WINDOW)
             rows.append(QueueRow(queue, counts, self.client.is_paused(queue), lag,
                                  sum(1 for w in workers if queue in w.queues),
                                  list(rates.completed), list(rates.failed), timings))
@@ -296,7 +294,7 @@ class TopApp(App[None]):
         width = max(10, self.size.width - len(done) - 4)
         t = row.timings
         window = f"last {t.window:g}s"
-        sampled = " (the newest)" if t.jobs >= ops.timings.DEFAULT_SAMPLE else ""
+        sampled = " (the newest)" if t.jobs >= DEFAULT_SAMPLE else ""
         timings = (f"{row.name}  {t.jobs}{sampled} job(s) finished in the {window}: wait p50 "
                    f"{_duration(t.wait_p50)} p95 {_duration(t.wait_p95)}, run p50 "
                    f"{_duration(t.run_p50)} p95 {_duration(t.run_p95)}")

@@ -437,7 +437,7 @@ def test_a_batch_that_fired_without_its_callback_gets_it_from_the_sweep(
     """The firer died between the batch firing and adding the callback: a worker of the
     callback queue adds it, once, however many times the sweep runs."""
     with SyncQueueClient(redis_url) as client:
-        store = client._connect()
+        store = client._producer.connect()
         batch = client.batch(on_complete=(DONE, {}))
         # Closed by the script alone (nobody adds the callback), as a dying close would.
         store.run(_script(SCRIPTS.batch_close, batch.id))
@@ -455,7 +455,7 @@ def _script(script: Any, batch_id: str, *args: Any) -> Iterator[Any]:
 def test_a_relay_repeated_after_a_lost_reply_counts_each_job_once(
         redis_url: str, redis_client: redis.Redis) -> None:
     with SyncQueueClient(redis_url) as client:
-        store = client._connect()
+        store = client._producer.connect()
         batch = client.batch(on_complete=(DONE, {}))
         job = batch.add(WORK, {})
         client.cancel(WORK, job.id)

@@ -25,6 +25,7 @@ import pytest
 from panqueue import (
     Backoff,
     JobFailed,
+    JobHandle,
     JobState,
     Limits,
     Permissions,
@@ -32,7 +33,6 @@ from panqueue import (
     Registry,
     SyncQueueClient,
 )
-from panqueue._client import JobHandle
 from panqueue._keys import route
 from panqueue._sandbox.probe import support
 from panqueue.testing import run_worker

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from panqueue import JobState, SyncQueueClient
-from panqueue._keys import QueueKeys
-from panqueue._store import ops
+from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient
 from panqueue.embedded import RedisServer
+from panqueue.testing import drain, run_worker
 from tests.helpers import ROOT, WorkerProcess, panqueue_command, run_cli, subprocess_env, wait_until
 
 TMUX = shutil.which("tmux")
@@ -179,12 +178,32 @@ def test_percentile_is_the_nearest_rank() -> None:
     assert percentile([], 0.5) is None
 
 
+@pytest.mark.anyio
+async def test_the_async_client_reads_the_timings_of_every_partition(redis_url: str,
+                                                                      queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=2)
+    async def quick(job: Job) -> None:
+        pass
+
+    async with QueueClient(redis_url) as client:
+        empty = await client.timings(queue_name)
+        assert (empty.jobs, empty.wait_p50, empty.run_p95) == (0, None, None)
+        await client.queue(quick).add_bulk([{"n": n} for n in range(4)])
+        async with run_worker(registry, queue_name, redis_url):
+            assert (await drain(redis_url, queue_name))[JobState.COMPLETED] == 4
+        timings = await client.timings(queue_name, window=3600)
+    assert timings.jobs == 4, timings
+    assert timings.window == 3600
+    assert timings.run_p95 is not None and timings.wait_p95 is not None
+
+
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
 def test_top_shows_wait_and_run_percentiles_of_the_last_minute(
         server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     url = server.url
     queue = "top-timed"
-    keys = QueueKeys(queue)
     (tmp_path / "timed_app.py").write_text(TIMED_APP)
     worker = WorkerProcess(tmp_path, "--url", url, app="timed_app:queues", path=tmp_path)
     request.addfinalizer(worker.kill)
@@ -203,16 +222,16 @@ def test_top_shows_wait_and_run_percentiles_of_the_last_minute(
         wait_until(lambda: client.counts(queue)[JobState.COMPLETED] == 6, 30,
                    "the worker to run the six jobs")
 
-        timings = client._run(ops.recent_timings(keys))
+        timings = client.timings(queue)
         assert timings.jobs == 6, timings
         assert timings.wait_p50 is not None and timings.wait_p95 is not None
         assert 1.0 <= timings.wait_p50 <= timings.wait_p95 < 30, timings
         assert timings.run_p50 is not None and timings.run_p95 is not None
         assert 0.2 <= timings.run_p50 <= timings.run_p95 < 5, timings
         # The window is by finish time: these jobs leave a half-second window once older.
-        wait_until(lambda: client._run(ops.recent_timings(keys, 0.5)).jobs == 0, 10,
+        wait_until(lambda: client.timings(queue, window=0.5).jobs == 0, 10,
                    "the jobs to fall out of a 0.5 s window")
-        assert client._run(ops.recent_timings(keys)).jobs == 6
+        assert client.timings(queue).jobs == 6
 
         session = f"pq-top-{uuid.uuid4().hex[:10]}"
         env = subprocess_env()
