@@ -18,9 +18,8 @@ import click
 
 from panqueue._client import SyncQueueClient
 from panqueue._registry import Registry
+from panqueue._store.transport import URL_SCHEMES, redact_url
 from panqueue._store.transport import check_url as transport_check_url
-from panqueue._store.transport import redact_url
-from panqueue._store.transport.options import _SCHEMES as URL_SCHEMES
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, PanqueueError
 from panqueue.errors import ConnectionError as PanqueueConnectionError

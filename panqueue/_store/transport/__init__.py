@@ -28,6 +28,7 @@ from panqueue._store.transport.errors import translate_error
 from panqueue._store.transport.options import (
     CONNECT_TIMEOUT,
     SOCKET_TIMEOUT,
+    URL_SCHEMES,
     check_url,
     redact_url,
 )
@@ -39,6 +40,7 @@ from panqueue.errors import ConfigError
 __all__ = [
     "CONNECT_TIMEOUT",
     "SOCKET_TIMEOUT",
+    "URL_SCHEMES",
     "AsyncSubscriber",
     "AsyncTransport",
     "Batch",

@@ -19,7 +19,7 @@ from redis.connection import parse_url
 
 from panqueue.errors import ConfigError
 
-_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
+URL_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
             "rediss+sentinel")
 _SENTINEL_FORM = "redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]"
 # Sentinel's own port, for an address given without one.
@@ -71,9 +71,9 @@ def _parse(url: str) -> tuple[bool, str]:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"invalid Redis URL {url!r}: expected redis://host:port/db and friends")
     scheme = url.split("://", 1)[0].lower()
-    if scheme not in _SCHEMES:
+    if scheme not in URL_SCHEMES:
         raise ConfigError(
-            f"invalid Redis URL {redact_url(url)!r}: scheme must be one of {', '.join(_SCHEMES)}"
+            f"invalid Redis URL {redact_url(url)!r}: scheme must be one of {', '.join(URL_SCHEMES)}"
         )
     if scheme.endswith("+cluster"):
         return True, scheme.removesuffix("+cluster") + url[len(scheme) :]
