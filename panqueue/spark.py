@@ -36,8 +36,8 @@ from panqueue._check import check_int
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, check_queue_name
 from panqueue._options import Backoff
-from panqueue._store import SyncTransport, check_url, ops
-from panqueue._store.ops import partitions as parted
+from panqueue._producer import SyncProducer, target
+from panqueue._store import check_url, ops
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
 
@@ -150,9 +150,9 @@ def enqueue_dataframe(
     row. ``mode`` ('global' or 'keyed') refuses a queue stored with the other mode. Raises
     ConfigError before writing anything if a column has no JSON form.
     """
-    if mode not in ("", "global", "keyed"):
-        raise ConfigError(f"mode must be 'global' or 'keyed', got {mode!r}")
-    check_queue_name(queue)
+    defaults = {k: v for k, v in dict(priority=priority, delay=delay, attempts=attempts,
+                                      backoff=backoff, timeout=timeout).items() if v is not None}
+    to = target(queue, {**defaults, "mode": mode})  # checks the mode and the queue's name
     url = check_url(resolve_url(url))
     check_int(batch_size, "batch_size", low=1)
     columns = set(df.columns)
@@ -171,9 +171,7 @@ def enqueue_dataframe(
                               "integers, decimals or dates")
     schema = df.schema if data_column is None else df.schema[data_column].dataType
     to_data = converter(schema)
-    defaults = {k: v for k, v in dict(priority=priority, delay=delay, attempts=attempts,
-                                      backoff=backoff, timeout=timeout).items() if v is not None}
-    ops.new_job(defaults, None, {})  # validates the options on the driver
+    ops.new_job(to.defaults, None, {})  # validates the options on the driver
     if id_column is None:
         warnings.warn(
             "enqueue_dataframe without id_column: a Spark task that is retried (or run "
@@ -181,22 +179,15 @@ def enqueue_dataframe(
             stacklevel=2)
 
     def add_partition(rows: Iterable[Row]) -> Iterator[tuple[int, int]]:
-        transport = SyncTransport(url)
         added = existing = 0
         batch = []
-        spread = random.randrange(1 << 16)  # where this task's rows without id or key start
-        try:
+        # Where this task's rows without id or key start: tasks spread over the partitions.
+        with SyncProducer(url, spread=random.randrange(1 << 16)) as producer:
             # A partitioned queue: each batch goes out as one script call per partition,
             # pipelined (one round trip per node of a cluster), routed by the queue's layout
             # (read again if it changes meanwhile).
-            layouts = parted.PartitionCounts()
-
             def add(jobs: list[ops.NewJob]) -> int:
-                nonlocal spread
-                created = sum(c for _, c in transport.run(layouts.add(
-                    queue, None, jobs, mode, spread)))
-                spread += len(jobs)
-                return created
+                return sum(c for _, c in producer.run(producer.add(to, jobs)))
 
             for row in rows:
                 values = row.asDict(recursive=False)
@@ -213,7 +204,7 @@ def enqueue_dataframe(
                     options["priority"] = int(values[priority_column])
                 if delay_column is not None and values[delay_column] is not None:
                     options["delay"] = float(values[delay_column])
-                batch.append(ops.new_job(defaults, data, options))
+                batch.append(ops.new_job(to.defaults, data, options))
                 if len(batch) >= batch_size:
                     created = add(batch)
                     added, existing = added + created, existing + len(batch) - created
@@ -221,8 +212,6 @@ def enqueue_dataframe(
             if batch:
                 created = add(batch)
                 added, existing = added + created, existing + len(batch) - created
-        finally:
-            transport.close()
         yield added, existing
 
     totals = df.rdd.mapPartitions(add_partition).fold((0, 0), lambda a, b: (a[0] + b[0],
@@ -276,43 +265,37 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
     """
     url = check_url(resolve_url(url))
     wanted = list(JobState) if states is None else [JobState(s) for s in states]
-    transport = SyncTransport(url)
-    try:
-        parts = transport.run(parted.PartitionCounts().parts(queue))
+    with SyncProducer(url) as producer:
+        parts = producer.run(producer.partitions(queue))
         # A job moving between states while the states are listed can be listed twice.
         ids = list(dict.fromkeys((keys.partition, job_id) for keys in parts
                                  for state in wanted
-                                 for job_id in transport.run(ops.list_ids(keys, state, None))))
-    finally:
-        transport.close()
+                                 for job_id in producer.run(ops.list_ids(keys, state, None))))
     wanted_states = frozenset(wanted)
     slices = partitions or max(1, min(spark.sparkContext.defaultParallelism * 4,
                                       len(ids) // _READ_BATCH + 1))
 
     def read_partition(part: Iterable[tuple[int, str]]) -> Iterator[tuple[Any, ...]]:
-        client = SyncTransport(url)
         chunks: dict[int, list[str]] = {}  # by the queue partition that holds the jobs
-        try:
+        with SyncProducer(url) as producer:
             for partition, job_id in part:
                 chunk = chunks.setdefault(partition, [])
                 chunk.append(job_id)
                 if len(chunk) >= _READ_BATCH:
-                    yield from _read_chunk(client, parts[partition], chunk, wanted_states)
+                    yield from _read_chunk(producer, parts[partition], chunk, wanted_states)
                     chunk.clear()
             for partition, chunk in chunks.items():
                 if chunk:
-                    yield from _read_chunk(client, parts[partition], chunk, wanted_states)
-        finally:
-            client.close()
+                    yield from _read_chunk(producer, parts[partition], chunk, wanted_states)
 
     rdd = spark.sparkContext.parallelize(ids, slices).mapPartitions(read_partition)
     return spark.createDataFrame(rdd, JOB_SCHEMA)
 
 
-def _read_chunk(client: SyncTransport, keys: QueueKeys, ids: list[str],
+def _read_chunk(producer: SyncProducer, keys: QueueKeys, ids: list[str],
                 states: frozenset[JobState]) -> Iterator[tuple[Any, ...]]:
     # Skips jobs removed since the listing, and jobs that moved to a state not asked for.
-    for info in client.run(ops.read_jobs(keys, ids, states=states, logs=False)):
+    for info in producer.run(ops.read_jobs(keys, ids, states=states, logs=False)):
         yield _record(info)
 
 
@@ -421,15 +404,14 @@ def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
                           f"goes), got {path!r}")
     check_int(batch_size, "batch_size", low=1)
     exported = batches = lost = 0
-    transport = SyncTransport(url)
-    try:
+    with SyncProducer(url) as producer:
         # A partitioned queue has a stream per partition; stream ids of different partitions
         # may be equal, so their batches are named after the partition too.
-        parts = transport.run(parted.PartitionCounts().parts(queue))
+        parts = producer.run(producer.partitions(queue))
         for keys in parts:
-            transport.run(ops.open_history_export(keys))
+            producer.run(ops.open_history_export(keys))
             while True:
-                batch = transport.run(ops.read_history(keys, batch_size))
+                batch = producer.run(ops.read_history(keys, batch_size))
                 if not batch.entries:
                     break
                 lost += batch.skipped + batch.trimmed
@@ -437,9 +419,7 @@ def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
                     name = batch.name if len(parts) == 1 else f"p{keys.partition}_{batch.name}"
                     _write_batch(spark, queue, name, [_history_row(r) for r in batch.records],
                                  path)
-                transport.run(ops.acknowledge_history(keys, batch.entries))
+                producer.run(ops.acknowledge_history(keys, batch.entries))
                 exported += len(batch.records)
                 batches += 1
-    finally:
-        transport.close()
     return HistoryExport(exported=exported, batches=batches, lost=lost)
