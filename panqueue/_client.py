@@ -23,7 +23,7 @@ import anyio
 from panqueue._batch import Batch, SyncBatch, new_batch, new_sync_batch
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys
-from panqueue._producer import Producer, SyncProducer, target
+from panqueue._producer import EventTail, Producer, SyncProducer, target
 from panqueue._queue import Queue, SyncQueue
 from panqueue._registry import Handler
 from panqueue._store import (
@@ -44,10 +44,6 @@ __all__ = ["QueueClient", "SyncQueueClient"]
 
 T = TypeVar("T")
 D = TypeVar("D")
-
-_EVENTS_BLOCK_MS = 1000
-_RECONNECT_MIN = 0.05
-_RECONNECT_MAX = 5.0
 
 
 # --------------------------------------------------------------------------- async
@@ -205,22 +201,13 @@ class QueueClient:
         A broken connection is re-established and reading resumes where it stopped, so no
         event is skipped (unless the capped stream dropped it meanwhile).
         """
-        positions: list[str] | None = None
-        delay = _RECONNECT_MIN
-        turn = 0
+        tail = EventTail(self._producer, queue, after)
         while True:
             try:
-                if positions is None:
-                    positions = await self._run(self._producer.on_all(
-                        queue, parted.event_positions, after))
-                batch, positions = await self._run(self._producer.on_all(
-                    queue, parted.next_events, positions, _EVENTS_BLOCK_MS, turn))
+                batch = await self._run(tail.next())
             except ConnectionError:
-                await anyio.sleep(delay)
-                delay = min(delay * 2, _RECONNECT_MAX)
+                await anyio.sleep(tail.backoff())
                 continue
-            delay = _RECONNECT_MIN
-            turn += 1
             for event in batch:
                 yield event
 
@@ -338,22 +325,13 @@ class SyncQueueClient:
 
     def events(self, queue: str, *, after: str | None = None) -> Iterator[Event]:
         """Blocking :meth:`QueueClient.events`."""
-        positions: list[str] | None = None
-        delay = _RECONNECT_MIN
-        turn = 0
+        tail = EventTail(self._producer, queue, after)
         while True:
             try:
-                if positions is None:
-                    positions = self._run(self._producer.on_all(queue, parted.event_positions,
-                                                             after))
-                batch, positions = self._run(self._producer.on_all(
-                    queue, parted.next_events, positions, _EVENTS_BLOCK_MS, turn))
+                batch = self._run(tail.next())
             except ConnectionError:
-                time.sleep(delay)
-                delay = min(delay * 2, _RECONNECT_MAX)
+                time.sleep(tail.backoff())
                 continue
-            delay = _RECONNECT_MIN
-            turn += 1
             yield from batch
 
 

@@ -26,11 +26,20 @@ from typing import Any, TypeAlias, TypeVar
 from panqueue._job import JobInfo
 from panqueue._keys import QueueKeys
 from panqueue._registry import Handler
-from panqueue._store import AsyncTransport, NewJob, Op, SyncTransport, open_async_transport, ops
+from panqueue._store import (
+    AsyncTransport,
+    Event,
+    NewJob,
+    Op,
+    SyncTransport,
+    open_async_transport,
+    ops,
+)
 from panqueue._store.ops import partitions as parted
 from panqueue.errors import ConfigError, PayloadError
 
-__all__ = ["DURABLE_TIMEOUT_MS", "Dependency", "FlowJob", "JobHandle", "Producer",
+__all__ = ["DURABLE_TIMEOUT_MS", "EVENTS_BLOCK_MS", "Dependency", "EventTail", "FlowJob",
+           "JobHandle", "Producer",
            "SyncJobHandle", "SyncProducer", "Target", "chain", "dependency_ids", "flow_jobs",
            "new_jobs", "stored_form", "target"]
 
@@ -42,6 +51,10 @@ Dependency: TypeAlias = "str | JobHandle | SyncJobHandle"
 QUEUE_DEFAULTS = frozenset({"delay", "priority", "attempts", "backoff", "timeout", "expires"})
 # How long ``add(..., durable=True)`` waits for the server's fsync.
 DURABLE_TIMEOUT_MS = 10_000
+# How long one read of ``client.events`` blocks, and its waits after a failed read.
+EVENTS_BLOCK_MS = 1000
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 5.0
 
 
 # --------------------------------------------------------------------------- what to add
@@ -276,6 +289,37 @@ class SyncProducer(_Routes):
         if self._transport is not None:
             transport, self._transport = self._transport, None
             transport.close()
+
+
+class EventTail:
+    """Where a reader of a queue's events is, kept across failed reads: ``client.events``
+    runs :meth:`next` for ever, and after a read that failed waits :meth:`backoff` seconds and
+    runs it again, resuming where the last read that succeeded stopped."""
+
+    def __init__(self, producer: _Routes, queue: str, after: str | None) -> None:
+        self._producer = producer
+        self._queue = queue
+        self._after = after
+        self._positions: list[str] | None = None  # one stream id per partition
+        self._turn = 0
+        self._delay = RECONNECT_MIN
+
+    def next(self) -> Op[list[Event]]:
+        """The events that arrive within :data:`EVENTS_BLOCK_MS` (merged by time across the
+        partitions)."""
+        if self._positions is None:
+            self._positions = yield from self._producer.on_all(
+                self._queue, parted.event_positions, self._after)
+        batch, self._positions = yield from self._producer.on_all(
+            self._queue, parted.next_events, self._positions, EVENTS_BLOCK_MS, self._turn)
+        self._delay = RECONNECT_MIN
+        self._turn += 1
+        return batch
+
+    def backoff(self) -> float:
+        """Seconds to wait after a failed read: doubling from 0.05 s, at most 5 s."""
+        delay, self._delay = self._delay, min(self._delay * 2, RECONNECT_MAX)
+        return delay
 
 
 # --------------------------------------------------------------------------- job handles
