@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from panqueue._codec import encode_checked
 from panqueue._keys import check_queue_name
@@ -44,6 +44,20 @@ __all__ = ["Batch", "BatchInfo", "SyncBatch", "new_batch", "new_sync_batch"]
 BULK_CHUNK = 1000
 
 Callback = tuple[str, Any]
+
+
+class _Client(Protocol):
+    """What a batch needs of its client (:class:`QueueClient`): the producer it adds through."""
+
+    @property
+    def producer(self) -> Producer: ...
+
+
+class _SyncClient(Protocol):
+    """What a batch needs of its client (:class:`SyncQueueClient`)."""
+
+    @property
+    def producer(self) -> SyncProducer: ...
 
 
 def _callback(value: object, what: str) -> Callback:
@@ -113,12 +127,14 @@ class _Jobs:
 
 
 class Batch(_Jobs):
-    """A batch opened by :meth:`QueueClient.batch`. Its callbacks are added once, when it is
-    closed and every job in it has ended."""
+    """A batch opened by :meth:`QueueClient.batch` (``Batch(client, batch_id)``: a handle on
+    one opened before). Its callbacks are added once, when it is closed and every job in it has
+    ended."""
 
-    def __init__(self, producer: Producer, batch_id: str) -> None:
+    def __init__(self, client: _Client, batch_id: str) -> None:
         super().__init__(batch_id)
-        self._producer = producer
+        self._client = client
+        self._producer = client.producer
 
     async def add(self, queue: str | Handler[Any, Any, Any], data: Any = None,
                   **options: Any) -> JobHandle:
@@ -153,15 +169,16 @@ class Batch(_Jobs):
                     ) -> Batch:
         """Open a child batch: its callbacks are jobs of this batch, so this one ends only
         after them (the same as ``client.batch(..., parent=this)``)."""
-        return await new_batch(self._producer, on_complete, on_success, self.id)
+        return await new_batch(self._client, on_complete, on_success, self.id)
 
 
 class SyncBatch(_Jobs):
     """:class:`Batch` for :class:`SyncQueueClient` (blocking methods)."""
 
-    def __init__(self, producer: SyncProducer, batch_id: str) -> None:
+    def __init__(self, client: _SyncClient, batch_id: str) -> None:
         super().__init__(batch_id)
-        self._producer = producer
+        self._client = client
+        self._producer = client.producer
 
     def add(self, queue: str | Handler[Any, Any, Any], data: Any = None,
             **options: Any) -> SyncJobHandle:
@@ -191,20 +208,20 @@ class SyncBatch(_Jobs):
 
     def batch(self, on_complete: Callback, on_success: Callback | None = None) -> SyncBatch:
         """Blocking :meth:`Batch.batch`."""
-        return new_sync_batch(self._producer, on_complete, on_success, self.id)
+        return new_sync_batch(self._client, on_complete, on_success, self.id)
 
 
-async def new_batch(producer: Producer, on_complete: object, on_success: object,
+async def new_batch(client: _Client, on_complete: object, on_success: object,
                     parent: object) -> Batch:
     """Open a batch: ``client.batch``'s arguments, checked before anything is written."""
     batch_id, opening = _opening(on_complete, on_success, parent)
-    await producer.run(opening)
-    return Batch(producer, batch_id)
+    await client.producer.run(opening)
+    return Batch(client, batch_id)
 
 
-def new_sync_batch(producer: SyncProducer, on_complete: object, on_success: object,
+def new_sync_batch(client: _SyncClient, on_complete: object, on_success: object,
                    parent: object) -> SyncBatch:
     """Blocking :func:`new_batch`."""
     batch_id, opening = _opening(on_complete, on_success, parent)
-    producer.run(opening)
-    return SyncBatch(producer, batch_id)
+    client.producer.run(opening)
+    return SyncBatch(client, batch_id)

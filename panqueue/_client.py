@@ -50,14 +50,18 @@ D = TypeVar("D")
 
 
 class QueueClient:
-    """The async client: ``async with QueueClient(url) as client: ...``."""
+    """The async client: ``async with QueueClient(url) as client: ...``.
+
+    ``producer``: what the client adds and reads through (``_producer.py``), shared with the
+    queue handles and batches it hands out; the package's own surface, not part of the API.
+    """
 
     def __init__(self, url: str | None = None) -> None:
-        self._producer = Producer(check_url(resolve_url(url)))
-        self.url = self._producer.url
+        self.producer = Producer(check_url(resolve_url(url)))
+        self.url = self.producer.url
 
     async def __aenter__(self) -> QueueClient:
-        self._producer.connect()
+        self.producer.connect()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -65,10 +69,10 @@ class QueueClient:
         await self.aclose()
 
     async def _run(self, op: Op[T]) -> T:
-        return await self._producer.run(op)
+        return await self.producer.run(op)
 
     async def aclose(self) -> None:
-        await self._producer.aclose()
+        await self.producer.aclose()
 
     @overload
     def queue(self, queue: Handler[Any, Any, D], **defaults: Any) -> Queue[D]: ...
@@ -81,14 +85,14 @@ class QueueClient:
         ``backoff``, ``timeout``) and optionally ``mode`` ('global' or 'keyed': adds fail
         if the queue's stored mode differs). A handler's queue is typed by its payload
         (``Queue[Email]`` for a handler of ``Job[Email]``)."""
-        return Queue(self._producer, target(queue, defaults))
+        return Queue(self.producer, target(queue, defaults))
 
     async def batch(self, on_complete: tuple[str, Any], on_success: tuple[str, Any] | None = None,
                     *, parent: Batch | str | None = None) -> Batch:
         """Open a batch (panqueue/_batch.py): ``on_complete=("queue", data)`` is added once
         the batch is closed and every job in it ended; ``on_success`` only if none failed.
         ``parent``: a batch whose jobs these callbacks become (a child batch)."""
-        return await new_batch(self._producer, on_complete, on_success, parent)
+        return await new_batch(self, on_complete, on_success, parent)
 
     async def ping(self) -> None:
         """Check that Redis answers; raises :class:`ConnectionError` if it cannot be reached."""
@@ -108,7 +112,7 @@ class QueueClient:
         return await self._run(ops.is_paused(QueueKeys(queue)))
 
     async def get_job(self, queue: str, job_id: str) -> JobInfo:
-        return await self._run(self._producer.on_job(queue, job_id, ops.get_job))
+        return await self._run(self.producer.on_job(queue, job_id, ops.get_job))
 
     async def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100,
                         offset: int = 0) -> list[JobInfo]:
@@ -124,26 +128,26 @@ class QueueClient:
         ``offset`` pages through that order: a page costs O(log N + limit) in Redis at any
         depth (a keyed queue's waiting jobs: one LLEN per waiting key besides).
         """
-        return await self._run(self._producer.on_all(queue, parted.all_list_jobs, state, limit,
+        return await self._run(self.producer.on_all(queue, parted.all_list_jobs, state, limit,
                                                   offset))
 
     async def counts(self, queue: str) -> dict[JobState, int]:
-        return await self._run(self._producer.on_all(queue, parted.all_counts))
+        return await self._run(self.producer.on_all(queue, parted.all_counts))
 
     async def pause(self, queue: str) -> None:
-        await self._run(self._producer.on_all(queue, parted.all_pause, True))
+        await self._run(self.producer.on_all(queue, parted.all_pause, True))
 
     async def resume(self, queue: str) -> None:
-        await self._run(self._producer.on_all(queue, parted.all_pause, False))
+        await self._run(self.producer.on_all(queue, parted.all_pause, False))
 
     async def cancel(self, queue: str, job_id: str) -> JobState:
-        return await self._run(self._producer.on_job(queue, job_id, ops.cancel))
+        return await self._run(self.producer.on_job(queue, job_id, ops.cancel))
 
     async def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        return await self._run(self._producer.on_all(queue, parted.all_retry_failed, ids))
+        return await self._run(self.producer.on_all(queue, parted.all_retry_failed, ids))
 
     async def remove(self, queue: str, job_id: str) -> bool:
-        return await self._run(self._producer.on_job(queue, job_id, ops.remove))
+        return await self._run(self.producer.on_job(queue, job_id, ops.remove))
 
     async def workers(self, queue: str | None = None) -> list[WorkerInfo]:
         """The live workers of ``queue`` (``None``: of every queue, one entry per worker name),
@@ -160,7 +164,7 @@ class QueueClient:
         """Why the job is in its state, from Redis alone: paused, delayed until when, blocked
         on which dependency, its key busy, rate-limited, queued behind how many jobs, no live
         worker, running on which worker, or finished (how and when)."""
-        return await self._run(self._producer.on_job(queue, job_id, ops.explain))
+        return await self._run(self.producer.on_job(queue, job_id, ops.explain))
 
     async def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Delete the jobs of ``queue`` in ``states`` and return how many were deleted.
@@ -168,7 +172,7 @@ class QueueClient:
         active or a live worker serves the queue.
         Active jobs are deleted only when ``states`` names ACTIVE (their workers then lose
         their locks). Dependents of a deleted job that still wait for it fail."""
-        return await self._run(self._producer.on_all(queue, parted.all_purge, _states(states)))
+        return await self._run(self.producer.on_all(queue, parted.all_purge, _states(states)))
 
     async def schedules(self, queue: str) -> list[ScheduleInfo]:
         """The queue's schedules as registered in Redis, with their next run times."""
@@ -183,14 +187,14 @@ class QueueClient:
         """Wait and run times (p50, p95) of the jobs of ``queue`` that completed or failed in
         the last ``window`` seconds (the newest 1,000 of them at most), read back from their
         job hashes: nothing is written for them on a job's path."""
-        return await self._run(self._producer.on_all(queue, ops.recent_timings, window))
+        return await self._run(self.producer.on_all(queue, ops.recent_timings, window))
 
     async def read_events(self, queue: str, after: str | None = None, *, limit: int = 500
                           ) -> tuple[list[Event], str]:
         """The events of ``queue`` after stream id ``after`` that are there now (at most
         ``limit``), without waiting, and the id to pass as ``after`` next time. With ``after``
         None: no events, and the id of the stream's end (start watching from now)."""
-        return await self._run(self._producer.on_all(queue, parted.all_events, after, limit))
+        return await self._run(self.producer.on_all(queue, parted.all_events, after, limit))
 
     async def events(self, queue: str, *, after: str | None = None) -> AsyncIterator[Event]:
         """Lifecycle events of a queue, as they happen, forever.
@@ -201,7 +205,7 @@ class QueueClient:
         A broken connection is re-established and reading resumes where it stopped, so no
         event is skipped (unless the capped stream dropped it meanwhile).
         """
-        tail = EventTail(self._producer, queue, after)
+        tail = EventTail(self.producer, queue, after)
         while True:
             try:
                 batch = await self._run(tail.next())
@@ -216,14 +220,15 @@ class QueueClient:
 
 
 class SyncQueueClient:
-    """The blocking client, for scripts, web apps without an event loop, and Spark executors."""
+    """The blocking client, for scripts, web apps without an event loop, and Spark executors.
+    ``producer``: see :class:`QueueClient`."""
 
     def __init__(self, url: str | None = None) -> None:
-        self._producer = SyncProducer(check_url(resolve_url(url)))
-        self.url = self._producer.url
+        self.producer = SyncProducer(check_url(resolve_url(url)))
+        self.url = self.producer.url
 
     def __enter__(self) -> SyncQueueClient:
-        self._producer.connect()
+        self.producer.connect()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -231,10 +236,10 @@ class SyncQueueClient:
         self.close()
 
     def _run(self, op: Op[T]) -> T:
-        return self._producer.run(op)
+        return self.producer.run(op)
 
     def close(self) -> None:
-        self._producer.close()
+        self.producer.close()
 
     @overload
     def queue(self, queue: Handler[Any, Any, D], **defaults: Any) -> SyncQueue[D]: ...
@@ -244,12 +249,12 @@ class SyncQueueClient:
 
     def queue(self, queue: str | Handler[Any, Any, Any], **defaults: Any) -> SyncQueue[Any]:
         """Blocking :meth:`QueueClient.queue`."""
-        return SyncQueue(self._producer, target(queue, defaults))
+        return SyncQueue(self.producer, target(queue, defaults))
 
     def batch(self, on_complete: tuple[str, Any], on_success: tuple[str, Any] | None = None,
               *, parent: SyncBatch | str | None = None) -> SyncBatch:
         """Blocking :meth:`QueueClient.batch`."""
-        return new_sync_batch(self._producer, on_complete, on_success, parent)
+        return new_sync_batch(self, on_complete, on_success, parent)
 
     def ping(self) -> None:
         """Blocking :meth:`QueueClient.ping`."""
@@ -266,30 +271,30 @@ class SyncQueueClient:
         return self._run(ops.is_paused(QueueKeys(queue)))
 
     def get_job(self, queue: str, job_id: str) -> JobInfo:
-        return self._run(self._producer.on_job(queue, job_id, ops.get_job))
+        return self._run(self.producer.on_job(queue, job_id, ops.get_job))
 
     def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100,
                   offset: int = 0) -> list[JobInfo]:
         """Blocking :meth:`QueueClient.list_jobs`."""
-        return self._run(self._producer.on_all(queue, parted.all_list_jobs, state, limit, offset))
+        return self._run(self.producer.on_all(queue, parted.all_list_jobs, state, limit, offset))
 
     def counts(self, queue: str) -> dict[JobState, int]:
-        return self._run(self._producer.on_all(queue, parted.all_counts))
+        return self._run(self.producer.on_all(queue, parted.all_counts))
 
     def pause(self, queue: str) -> None:
-        self._run(self._producer.on_all(queue, parted.all_pause, True))
+        self._run(self.producer.on_all(queue, parted.all_pause, True))
 
     def resume(self, queue: str) -> None:
-        self._run(self._producer.on_all(queue, parted.all_pause, False))
+        self._run(self.producer.on_all(queue, parted.all_pause, False))
 
     def cancel(self, queue: str, job_id: str) -> JobState:
-        return self._run(self._producer.on_job(queue, job_id, ops.cancel))
+        return self._run(self.producer.on_job(queue, job_id, ops.cancel))
 
     def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        return self._run(self._producer.on_all(queue, parted.all_retry_failed, ids))
+        return self._run(self.producer.on_all(queue, parted.all_retry_failed, ids))
 
     def remove(self, queue: str, job_id: str) -> bool:
-        return self._run(self._producer.on_job(queue, job_id, ops.remove))
+        return self._run(self.producer.on_job(queue, job_id, ops.remove))
 
     def workers(self, queue: str | None = None) -> list[WorkerInfo]:
         """Blocking :meth:`QueueClient.workers`."""
@@ -302,11 +307,11 @@ class SyncQueueClient:
 
     def explain(self, queue: str, job_id: str) -> Explanation:
         """Blocking :meth:`QueueClient.explain`."""
-        return self._run(self._producer.on_job(queue, job_id, ops.explain))
+        return self._run(self.producer.on_job(queue, job_id, ops.explain))
 
     def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Blocking :meth:`QueueClient.purge`."""
-        return self._run(self._producer.on_all(queue, parted.all_purge, _states(states)))
+        return self._run(self.producer.on_all(queue, parted.all_purge, _states(states)))
 
     def schedules(self, queue: str) -> list[ScheduleInfo]:
         return self._run(ops.list_schedules(QueueKeys(queue)))
@@ -316,16 +321,16 @@ class SyncQueueClient:
 
     def timings(self, queue: str, *, window: float = 60.0) -> Timings:
         """Blocking :meth:`QueueClient.timings`."""
-        return self._run(self._producer.on_all(queue, ops.recent_timings, window))
+        return self._run(self.producer.on_all(queue, ops.recent_timings, window))
 
     def read_events(self, queue: str, after: str | None = None, *, limit: int = 500
                     ) -> tuple[list[Event], str]:
         """See :meth:`QueueClient.read_events`."""
-        return self._run(self._producer.on_all(queue, parted.all_events, after, limit))
+        return self._run(self.producer.on_all(queue, parted.all_events, after, limit))
 
     def events(self, queue: str, *, after: str | None = None) -> Iterator[Event]:
         """Blocking :meth:`QueueClient.events`."""
-        tail = EventTail(self._producer, queue, after)
+        tail = EventTail(self.producer, queue, after)
         while True:
             try:
                 batch = self._run(tail.next())

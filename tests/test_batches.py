@@ -119,6 +119,25 @@ async def test_an_empty_batch_fires_when_it_is_closed(redis_url: str) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_batch_is_taken_up_by_its_id_from_another_client(redis_url: str) -> None:
+    async with QueueClient(redis_url) as opener:
+        opened = await opener.batch(on_complete=(DONE, None))
+        await opened.add(WORK, {"n": 1})
+    async with QueueClient(redis_url) as client:
+        batch = Batch(client, opened.id)
+        # An id of its own: this handle's generated ids would count from 0 again.
+        job = await batch.add(WORK, {"n": 2}, job_id=f"{opened.id}-second")
+        assert (await job.info()).options["batch"] == opened.id
+        child = await batch.batch(on_complete=(DONE, None))
+        assert await child.close() == info(child.id, 0, 0, 0, 0, True)
+        # The empty child fired: its callback is the batch's third job.
+        assert await batch.info() == info(opened.id, 3, 3, 0, 0, False)
+        assert await batch.close() == info(opened.id, 3, 3, 0, 0, True)
+    with SyncQueueClient(redis_url) as sync_client:
+        assert SyncBatch(sync_client, opened.id).info() == info(opened.id, 3, 3, 0, 0, True)
+
+
+@pytest.mark.anyio
 async def test_on_success_and_on_complete_when_every_job_completed_even_after_retries(
         redis_url: str, redis_client: redis.Redis) -> None:
     async with QueueClient(redis_url) as client, \
@@ -437,7 +456,7 @@ def test_a_batch_that_fired_without_its_callback_gets_it_from_the_sweep(
     """The firer died between the batch firing and adding the callback: a worker of the
     callback queue adds it, once, however many times the sweep runs."""
     with SyncQueueClient(redis_url) as client:
-        store = client._producer.connect()
+        store = client.producer.connect()
         batch = client.batch(on_complete=(DONE, {}))
         # Closed by the script alone (nobody adds the callback), as a dying close would.
         store.run(_script(SCRIPTS.batch_close, batch.id))
@@ -455,7 +474,7 @@ def _script(script: Any, batch_id: str, *args: Any) -> Iterator[Any]:
 def test_a_relay_repeated_after_a_lost_reply_counts_each_job_once(
         redis_url: str, redis_client: redis.Redis) -> None:
     with SyncQueueClient(redis_url) as client:
-        store = client._producer.connect()
+        store = client.producer.connect()
         batch = client.batch(on_complete=(DONE, {}))
         job = batch.add(WORK, {})
         client.cancel(WORK, job.id)

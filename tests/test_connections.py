@@ -431,7 +431,7 @@ def test_a_sync_client_shared_by_threads_makes_one_connection_pool(redis_url: st
     def first_use(client: SyncQueueClient, start: threading.Barrier, used: list[object]
                   ) -> None:
         start.wait()
-        used.append(client._producer.connect())  # the transport this thread's call runs on
+        used.append(client.producer.connect())  # the transport this thread's call runs on
 
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # threads take turns as often as they can: the race shows

@@ -711,7 +711,7 @@ class QueueMachine(RuleBasedStateMachine):
             time.sleep(0.002)
 
     def _partition(self, queue: str, job_id: str) -> int:
-        parts = self.client._run(self.client._producer.layouts.parts(queue))
+        parts = self.client._run(self.client.producer.layouts.parts(queue))
         [index] = [keys.partition for keys in parts if self.raw.exists(keys.job(job_id))]
         return index
 

@@ -55,7 +55,7 @@ def _dedup_in(partition: int, prefix: str) -> str:
 
 async def _where(client: QueueClient, queue: str, job_id: str) -> list[int]:
     """The partitions that hold a job with this id (exactly one, for a sound queue)."""
-    parts = await client._run(client._producer.layouts.parts(queue))
+    parts = await client._run(client.producer.layouts.parts(queue))
     found = []
     for part in parts:
         if await client._run(_exists(part.job(job_id))):
@@ -224,7 +224,7 @@ async def test_an_add_stopped_between_its_steps_blocks_no_later_add(
     async with QueueClient(redis_url) as client:
         queue = client.queue(work)
         await queue.add("declare", key="any")
-        parts = await client._run(client._producer.layouts.parts(queue_name))
+        parts = await client._run(client.producer.layouts.parts(queue_name))
         reply = await client._run(identity.reserve_identity(parts[0], "id", job_id,
                                                           "2\tdead-producer\t0"))
         assert reply[0] == "won"
@@ -280,7 +280,7 @@ async def test_a_refused_add_leaves_no_pointer(redis_url: str, queue_name: str,
         parent = await queue.add("parent", key=_name_in(2, "t"))
         with pytest.raises(ConfigError, match="is not a job of this queue"):
             await queue.add("child", job_id=job_id, key=_name_in(1, "t"), depends_on=[parent])
-        parts = await client._run(client._producer.layouts.parts(queue_name))
+        parts = await client._run(client.producer.layouts.parts(queue_name))
         assert not redis_client.exists(parts[0].id_pointer(job_id))
         added = await queue.add("again", job_id=job_id, key=_name_in(1, "t"))
         assert added.created and await _where(client, queue_name, job_id) == [1]
@@ -300,7 +300,7 @@ async def test_deleted_jobs_leave_no_pointer_behind(redis_url: str, queue_name: 
     key = _name_in(1, "t")
     async with QueueClient(redis_url) as client:
         queue = client.queue(work)
-        parts = await client._run(client._producer.layouts.parts(queue_name))
+        parts = await client._run(client.producer.layouts.parts(queue_name))
         for job_id in ids:
             assert (await queue.add(job_id, job_id=job_id, key=key)).created
         assert (await queue.add("gone", job_id=removed, key=_name_in(2, "t"),
