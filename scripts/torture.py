@@ -371,9 +371,9 @@ class Torture:
                 if by_stale:
                     assert stale is not None
                     stale_left -= 1
-                    known = stale._parts._known.get(queue)
+                    known = stale.producer.layouts._known.get(queue)
                     _, added = self.add(stale, queue, data, job_id, options, keep=True)
-                    relearned = stale._parts._known.get(queue)
+                    relearned = stale.producer.layouts._known.get(queue)
                     # Refused as routed by the old layout, it read the new one and re-routed.
                     if added and known and relearned and relearned.version > known.version:
                         self.stale_adds += 1
