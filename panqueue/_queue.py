@@ -34,7 +34,7 @@ class _Handle:
     """What both queue handles are: a target, and the one job of an ``add``."""
 
     def __init__(self, to: Target) -> None:
-        self.target = to
+        self._target = to
         self.keys = to.keys
         self.name = to.name
         self.defaults = to.defaults
@@ -81,20 +81,20 @@ class Queue(_Handle, Generic[PayloadT]):
             backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on,
             expires=expires))
         [(job_id_, created)] = await self._producer.run(self._producer.add(
-            self.target, [job], DURABLE_TIMEOUT_MS if durable else None))
+            self._target, [job], DURABLE_TIMEOUT_MS if durable else None))
         return JobHandle(self._producer, self.name, job_id_, created)
 
     async def add_bulk(self, items: Iterable[PayloadT]) -> list[JobHandle]:
         """Add many jobs (each item is one job's data) in one round trip. Every item is
         validated first: one bad item raises PayloadError and nothing is written."""
         jobs = new_jobs(self.defaults, items)
-        added = await self._producer.run(self._producer.add(self.target, jobs))
+        added = await self._producer.run(self._producer.add(self._target, jobs))
         return [JobHandle(self._producer, self.name, i, c) for i, c in added]
 
     async def add_flow(self, flow: Sequence[FlowJob]) -> list[JobHandle]:
         """Add a tree (or any DAG) of jobs with their dependencies in one atomic call."""
         jobs = flow_jobs(self.name, self.defaults, flow)
-        added = await self._producer.run(self._producer.add(self.target, jobs, together=True))
+        added = await self._producer.run(self._producer.add(self._target, jobs, together=True))
         return [JobHandle(self._producer, self.name, i, c) for i, c in added]
 
     async def add_chain(self, items: Iterable[PayloadT]) -> list[JobHandle]:
@@ -126,17 +126,17 @@ class SyncQueue(_Handle, Generic[PayloadT]):
             backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on,
             expires=expires))
         [(job_id_, created)] = self._producer.run(self._producer.add(
-            self.target, [job], DURABLE_TIMEOUT_MS if durable else None))
+            self._target, [job], DURABLE_TIMEOUT_MS if durable else None))
         return SyncJobHandle(self._producer, self.name, job_id_, created)
 
     def add_bulk(self, items: Iterable[PayloadT]) -> list[SyncJobHandle]:
         jobs = new_jobs(self.defaults, items)
-        added = self._producer.run(self._producer.add(self.target, jobs))
+        added = self._producer.run(self._producer.add(self._target, jobs))
         return [SyncJobHandle(self._producer, self.name, i, c) for i, c in added]
 
     def add_flow(self, flow: Sequence[FlowJob]) -> list[SyncJobHandle]:
         jobs = flow_jobs(self.name, self.defaults, flow)
-        added = self._producer.run(self._producer.add(self.target, jobs, together=True))
+        added = self._producer.run(self._producer.add(self._target, jobs, together=True))
         return [SyncJobHandle(self._producer, self.name, i, c) for i, c in added]
 
     def add_chain(self, items: Iterable[PayloadT]) -> list[SyncJobHandle]:
