@@ -13,10 +13,10 @@ from panqueue._options import (
     Dedup,
     JobOptions,
     Limits,
-    Permissions,
     RateLimit,
     Retention,
 )
+from panqueue._permissions import Permissions
 from panqueue._pool import WorkerPool
 from panqueue._producer import FlowJob, JobHandle, SyncJobHandle
 from panqueue._queue import Queue, SyncQueue

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from panqueue._job import Job, PayloadT
-from panqueue._options import Chunk, Isolation, JobOptions, Permissions, RateLimit, Retention
+from panqueue._options import Chunk, Isolation, JobOptions, RateLimit, Retention
+from panqueue._permissions import Permissions
 from panqueue.errors import ConfigError, Fail
 
 __all__ = ["Handler", "HandlerOptions", "check_chunk_payload"]

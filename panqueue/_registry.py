@@ -22,13 +22,13 @@ from panqueue._options import (
     Isolation,
     JobOptions,
     Limits,
-    Permissions,
     RateLimit,
     Retention,
     check_attempts,
     check_positive,
     check_priority,
 )
+from panqueue._permissions import Permissions
 from panqueue._schedule import DEFAULT_GRACE, Schedule
 from panqueue.errors import ConfigError
 from panqueue.executors import check_executor

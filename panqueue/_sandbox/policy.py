@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from panqueue._options import Permissions
+from panqueue._permissions import Permissions
 
 __all__ = ["child_env", "runtime_paths", "to_wire"]
 

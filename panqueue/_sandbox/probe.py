@@ -17,7 +17,7 @@ import os
 import platform
 from dataclasses import dataclass
 
-from panqueue._options import Permissions
+from panqueue._permissions import Permissions
 from panqueue._sandbox import landlock
 
 __all__ = ["REQUIRED_LANDLOCK_ABI", "Support", "support"]
