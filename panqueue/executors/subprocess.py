@@ -20,28 +20,22 @@ import contextlib
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import threading
 from typing import Any
 
 import anyio
-import anyio.abc
-import msgpack
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from panqueue._job import Job
 from panqueue._log import get_logger
 from panqueue._options import Isolation
 from panqueue.errors import ConfigError, Fail, RateLimited, Retry, Snooze
+from panqueue.executors._process import TERM_GRACE, Child, cpu_used, relay_stderr
 from panqueue.executors.base import ChildCrashed, Executor, JobTimeout, RemoteError
 
 __all__ = ["ChildCrashed", "RemoteError", "SubprocessExecutor"]
 
-_HEADER = struct.Struct(">I")
-# Seconds a child gets between SIGTERM and SIGKILL when it has to go.
-_TERM_GRACE = 1.0
 # The child's bootstrap: it needs panqueue and the handler's module importable without any
 # inherited PYTHONPATH, so the parent's sys.path travels as an argument.
 _BOOTSTRAP = (
@@ -64,101 +58,6 @@ def describe_exit(returncode: int, isolation: Isolation) -> str:
     return f"child exited with code {returncode}"
 
 
-def _relay(fd: int) -> None:
-    """Copy a confined child's stderr to the worker's until the child closes it."""
-    try:
-        while chunk := os.read(fd, 65536):
-            stream = sys.stderr
-            try:
-                buffer = getattr(stream, "buffer", None)
-                if buffer is not None:
-                    buffer.write(chunk)
-                else:
-                    stream.write(chunk.decode(errors="replace"))
-                stream.flush()
-            except (OSError, ValueError):
-                pass  # the worker's stderr is closed: keep draining so the child never blocks
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _cpu_used(pid: int) -> int:
-    """Whole CPU seconds process ``pid`` has used (/proc/<pid>/stat utime + stime)."""
-    with open(f"/proc/{pid}/stat") as file:
-        fields = file.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) // os.sysconf("SC_CLK_TCK")
-
-
-class _Child:
-    def __init__(self, process: anyio.abc.Process) -> None:
-        self.process = process
-        assert process.stdout is not None and process.stdin is not None
-        self._reader = BufferedByteReceiveStream(process.stdout)
-        self._writer = process.stdin
-        self.jobs = 0
-        self.supervised = False  # attached to the worker's supervisor: detach when it ends
-        # Confined: the child leads a process group that nothing it starts may leave (its
-        # filter refuses setsid and setpgid), killed whole when the child ends.
-        self.group = False
-        self.denied = 0  # the supervisor's denials of this child reported so far
-
-    async def send(self, frame: dict[str, Any]) -> None:
-        body = msgpack.packb(frame, use_bin_type=True)
-        await self._writer.send(_HEADER.pack(len(body)) + body)
-
-    async def receive(self) -> dict[str, Any]:
-        (size,) = _HEADER.unpack(await self._reader.receive_exactly(_HEADER.size))
-        frame: dict[str, Any] = msgpack.unpackb(await self._reader.receive_exactly(size),
-                                                raw=False)
-        return frame
-
-    def request_stop(self) -> None:
-        """Make ``job.should_stop()`` true in the child (SIGUSR1: synchronous, no frame)."""
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGUSR1)
-
-    @property
-    def alive(self) -> bool:
-        return self.process.returncode is None
-
-    async def terminate(self) -> None:
-        """SIGTERM, then SIGKILL after a short grace; always reaps the process."""
-        with anyio.CancelScope(shield=True):
-            if self.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.terminate()
-                with anyio.move_on_after(_TERM_GRACE):
-                    await self.process.wait()
-                if self.process.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        self.process.kill()
-                    await self.process.wait()
-            if self.group:
-                # What the child started, detached or not, ends with it: no process goes on
-                # with the queue's grants after the worker replaced the child.
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-            await self.process.aclose()
-            if self.supervised:
-                self.supervised = False
-                from panqueue._sandbox.supervisor import supervisor
-
-                supervisor().detach(self.process.pid)
-
-    def new_denials(self) -> list[str]:
-        """What the supervisor denied this child since the last call."""
-        if not self.supervised:
-            return []
-        from panqueue._sandbox.supervisor import supervisor
-
-        denials = supervisor().denials(self.process.pid)
-        fresh, self.denied = denials[self.denied:], len(denials)
-        return fresh
-
-
 class SubprocessExecutor(Executor):
     """Runs each job in a child process; see the module docstring for the isolation model."""
 
@@ -177,8 +76,8 @@ class SubprocessExecutor(Executor):
     def __init__(self, handler: Any) -> None:
         super().__init__(handler)
         self.isolation: Isolation = handler.options.isolation or Isolation()
-        self._idle: list[_Child] = []
-        self._busy: set[_Child] = set()
+        self._idle: list[Child] = []
+        self._busy: set[Child] = set()
         self._stopping = False
         self.permissions = getattr(handler.options, "permissions", None)
         # The config frame's policy when the children are confined; None without permissions
@@ -222,7 +121,7 @@ class SubprocessExecutor(Executor):
             return child_env(self.permissions)
         return {name: os.environ[name] for name in self.isolation.env if name in os.environ}
 
-    async def _spawn(self) -> _Child:
+    async def _spawn(self) -> Child:
         stderr: int | None = None
         if self.permissions is not None:
             if self._policy is None and self._unenforced is None:
@@ -242,13 +141,13 @@ class SubprocessExecutor(Executor):
             if stderr is not None:
                 os.close(stderr)
         if stderr is not None:
-            threading.Thread(target=_relay, args=(relay_fd,), daemon=True,
+            threading.Thread(target=relay_stderr, args=(relay_fd,), daemon=True,
                              name=f"panqueue-stderr-{process.pid}").start()
         if self._unenforced is not None:
             get_logger("panqueue.worker").warning(
                 "permissions not enforced: child runs unconfined", queue=self.handler.queue,
                 pid=process.pid, missing=self._unenforced)
-        child = _Child(process)
+        child = Child(process)
         child.group = self._policy is not None
         limits = self.isolation.limits
         try:
@@ -266,7 +165,7 @@ class SubprocessExecutor(Executor):
                 await self._attach(child, int(ready["fd"]))
                 ready = await child.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead):
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_TERM_GRACE):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(TERM_GRACE):
                 await process.wait()  # it exited: report how, rather than our own SIGTERM
             returncode = process.returncode
             await child.terminate()
@@ -288,7 +187,7 @@ class SubprocessExecutor(Executor):
             raise ChildCrashed(f"child sent {ready!r} instead of 'ready'")
         return child
 
-    async def _attach(self, child: _Child, fd: int) -> None:
+    async def _attach(self, child: Child, fd: int) -> None:
         """Hand the child's seccomp listener to the worker's supervisor, then say so."""
         from panqueue._sandbox.net import NetPolicy
         from panqueue._sandbox.supervisor import supervisor
@@ -299,7 +198,7 @@ class SubprocessExecutor(Executor):
         child.supervised = True
         await child.send({"t": "attached"})
 
-    def _limit_cpu(self, child: _Child) -> None:
+    def _limit_cpu(self, child: Child) -> None:
         """A confined child cannot raise its own CPU limit: give its next job a budget."""
         limits = self.isolation.limits
         if self._policy is None or limits is None or not limits.cpu_seconds:
@@ -309,12 +208,12 @@ class SubprocessExecutor(Executor):
         pid = child.process.pid
         with contextlib.suppress(OSError, ValueError):
             _, hard = resource.prlimit(pid, resource.RLIMIT_CPU)
-            soft = _cpu_used(pid) + 1 + limits.cpu_seconds
+            soft = cpu_used(pid) + 1 + limits.cpu_seconds
             if hard != resource.RLIM_INFINITY:
                 soft = min(soft, hard)
             resource.prlimit(pid, resource.RLIMIT_CPU, (soft, hard))
 
-    async def _take(self) -> _Child:
+    async def _take(self) -> Child:
         """An idle child still alive, else a new one: a child that ended while idle (it
         exited after its last job) is no reason to fail the next job."""
         while self._idle:
@@ -370,7 +269,7 @@ class SubprocessExecutor(Executor):
                 if restart is not None:  # not a planned recycle
                     self.restarted(restart)
 
-    async def _until_done(self, child: _Child, job: Job) -> dict[str, Any]:
+    async def _until_done(self, child: Child, job: Job) -> dict[str, Any]:
         while True:
             frame = await child.receive()
             kind = frame.get("t")
@@ -381,7 +280,7 @@ class SubprocessExecutor(Executor):
             elif kind == "l":
                 await job.log(str(frame.get("v")))
 
-    def _outcome(self, frame: dict[str, Any], child: _Child) -> Any:
+    def _outcome(self, frame: dict[str, Any], child: Child) -> Any:
         if frame.get("ok"):
             return frame.get("r")
         if "retry" in frame:
