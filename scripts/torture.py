@@ -193,6 +193,7 @@ class Torture:
         self.dedup_mismatches: list[tuple[str, str]] = []
         self.dedup_keys = 0
         self.batches: dict[str, list[str]] = {}  # closed batch id -> its jobs' ids
+        self.batch_details: list[str] = []  # the report's lines on batches gone wrong
         # The partition count changes: the partitioned queue's count now, every count it had,
         # the jobs a change purged (id -> their state, read just before), one record per
         # change, and adds that a partition refused as routed by an old layout (re-routed).
@@ -856,6 +857,24 @@ class Torture:
                     fired[str(info.result)] += 1
         # Each closed batch's callback ran and completed exactly once.
         callbacks_wrong = sorted(b for b in self.batches if fired[b] != 1)
+        self.batch_details = []
+        with SyncQueueClient(self.server.url) as client:
+            for batch_id in callbacks_wrong[:5]:
+                try:
+                    info = SyncBatch(client, batch_id).info()
+                except Exception as exc:  # the report says what it could not read
+                    info = f"unreadable: {exc}"
+                members = []
+                for job_id in self.batches[batch_id]:
+                    queue = self.added.get(job_id)
+                    try:
+                        state = (client.get_job(queue, job_id).state.value if queue else "?")
+                    except JobNotFound:
+                        state = "gone"
+                    members.append(f"{job_id}:{state}")
+                self.batch_details.append(
+                    f"batch {batch_id}: callback completed {fired[batch_id]} times; {info}; "
+                    f"members {members}")
         stalls += self.stalls_purged
         twice = {j: n for j, n in self.completed_events.items() if n > 1}
         without_run = sorted(j for j in completed_ids if j not in by_job)
@@ -987,6 +1006,10 @@ class Torture:
                   f"(attempt {earlier.attempt}, pid {earlier.pid}, {earlier.outcome or 'no end'})"
                   f" and run {later.run} (attempt {later.attempt}, pid {later.pid}) started "
                   f"{(later.start - earlier.start) / 1e6:.0f} ms later")
+        if self.batch_details:
+            print("\nbatches whose callback did not complete once (first 5):")
+            for line in self.batch_details:
+                print(f"  {line}")
         if without_run:
             print(f"\ncompleted without a recorded run: {without_run[:10]}")
         if died:

@@ -241,12 +241,24 @@ class QueueMachine(RuleBasedStateMachine):
             self.workers[name] = worker
 
     def _stop_workers(self) -> None:
+        """Stop every worker, even when stopping one fails (its error is raised after)."""
+        failed: list[BaseException] = []
         for queue in list(self.workers):
-            self.workers.pop(queue).__exit__(None, None, None)
+            try:
+                self.workers.pop(queue).__exit__(None, None, None)
+            except BaseException as exc:
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     def teardown(self) -> None:
         try:
             self._stop_workers()
+        except BaseException:
+            # Whatever still runs in the portal ends now: closing the stack alone would stop
+            # the portal waiting for its tasks, hanging the run instead of reporting this.
+            self.portal.call(self.portal.stop, True)
+            raise
         finally:
             if self.proxied is not None:
                 self.proxied.close()
