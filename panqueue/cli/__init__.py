@@ -23,7 +23,13 @@ from collections.abc import Sequence
 import click
 
 from panqueue import __version__
-from panqueue.cli._common import EXIT_ERROR, EXIT_USAGE, RuntimeFailure, UsageFailure
+from panqueue.cli._common import (
+    EXIT_ERROR,
+    EXIT_USAGE,
+    RuntimeFailure,
+    UsageFailure,
+    print_error,
+)
 from panqueue.cli._dashboard import dashboard
 from panqueue.cli._dev import demo, server
 from panqueue.cli._jobs import (
@@ -79,7 +85,7 @@ def _find_error(exc: BaseException) -> BaseException | None:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"panqueue: error: {message}", file=sys.stderr)
+    print_error(message)
     return code
 
 

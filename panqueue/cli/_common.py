@@ -36,6 +36,7 @@ __all__ = [
     "check_url",
     "client_for",
     "load_registry",
+    "print_error",
     "print_json",
     "require_queue",
     "url_option",
@@ -208,6 +209,11 @@ def client_for(url: str) -> SyncQueueClient:
 def require_queue(client: SyncQueueClient, queue: str) -> None:
     if not client.queue_exists(queue):
         raise UsageFailure(f"unknown queue {queue!r} (no job or worker has used it)")
+
+
+def print_error(message: str) -> None:
+    """The one-line form of every error the command line reports, on stderr."""
+    print(f"panqueue: error: {message}", file=sys.stderr)
 
 
 def print_json(value: Any) -> None:

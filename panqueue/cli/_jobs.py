@@ -8,16 +8,20 @@ from typing import Any
 
 import click
 
+from panqueue._client import SyncQueueClient
 from panqueue._job import JobInfo, JobState
 from panqueue.cli._common import (
+    EXIT_ERROR,
     POSITIVE_INT,
     RuntimeFailure,
     UsageFailure,
     client_for,
+    print_error,
     print_json,
     require_queue,
     url_option,
 )
+from panqueue.errors import JobNotFound
 
 __all__ = ["cancel", "dlq", "enqueue", "job", "jobs", "pause", "remove", "resume",
            "schedules", "stats"]
@@ -138,10 +142,16 @@ def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
 def cancel(queue: str, job_id: str, url: str) -> None:
     """Cancel job ID of QUEUE: it will not run; a running job is stopped by its worker.
 
-    Prints `ID: cancelled (was STATE)`. An unknown ID exits 1.
+    Prints `ID: cancelled (was STATE)`. A job that already finished (completed, failed or
+    cancelled) is left as it is and exits 1, saying so; an unknown ID exits 1.
     """
     with client_for(url) as client:
         was = client.cancel(queue, job_id)
+    if was.is_final:
+        # The store leaves a finished job unchanged: "cancelled" would tell the operator that
+        # something stopped when nothing did.
+        raise RuntimeFailure(f"job {job_id!r} in queue {queue!r} already {was.value}: "
+                             "nothing was cancelled")
     if was is JobState.ACTIVE:
         click.echo(f"{job_id}: cancel requested (running; its worker stops it)")
     else:
@@ -179,15 +189,15 @@ def dlq(queue: str, retry: bool, ids: tuple[str, ...], limit: int, url: str,
     Each line shows id, failure reason, attempts and last error. --json prints a list of
     {id, reason, error, attempts, finished_at}. --retry moves the failed jobs given by ID
     (all of them without IDs) back to waiting with a fresh set of attempts, and prints how
-    many moved.
+    many moved. A given ID that is unknown or not failed is named with its state on stderr and
+    the command exits 1 (the failed ones among the IDs still move).
     """
     if ids and not retry:
         raise UsageFailure("job IDs are only taken with --retry")
     with client_for(url) as client:
         require_queue(client, queue)
         if retry:
-            moved = client.retry_failed(queue, list(ids) or None)
-            click.echo(f"{moved} job(s) moved back to waiting")
+            _retry(client, queue, ids)
             return
         failed = client.list_jobs(queue, JobState.FAILED, limit=limit)
     entries: list[dict[str, Any]] = [{
@@ -204,6 +214,34 @@ def dlq(queue: str, retry: bool, ids: tuple[str, ...], limit: int, url: str,
     else:
         for e in entries:
             click.echo(f"{e['id']}\t{e['reason']}\t{e['attempts']} attempt(s)\t{e['error']}")
+
+
+def _retry(client: SyncQueueClient, queue: str, ids: tuple[str, ...]) -> None:
+    """``dlq --retry``: move the failed jobs back and name each given ID that was not moved.
+
+    The retry script only counts what it moved, so the states are read first: an ID that is
+    unknown or not failed is reported instead of being counted silently as "0 moved"."""
+    if not ids:
+        click.echo(f"{client.retry_failed(queue, None)} job(s) moved back to waiting")
+        return
+    refused: list[str] = []
+    chosen: list[str] = []
+    for job_id in dict.fromkeys(ids):  # each ID once, in the order given
+        try:
+            state = client.get_job(queue, job_id).state
+        except JobNotFound:
+            refused.append(f"job {job_id!r} not retried: not found in queue {queue!r}")
+            continue
+        if state is JobState.FAILED:
+            chosen.append(job_id)
+        else:
+            refused.append(f"job {job_id!r} not retried: it is {state.value}, not failed")
+    if chosen:
+        click.echo(f"{client.retry_failed(queue, chosen)} job(s) moved back to waiting")
+    if refused:
+        for line in refused:
+            print_error(line)
+        raise click.exceptions.Exit(EXIT_ERROR)
 
 
 @click.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import time
 from typing import Any
 
@@ -116,6 +117,26 @@ def workers(queue: str | None, url: str, as_json: bool) -> None:
                           f"\tevent loop blocked since {w.loop_blocked_since.isoformat()}"))
 
 
+def _python_to_command(queue: str, job_id: str) -> dict[str, str]:
+    """The Python calls the client's explanations suggest, and what to type here instead (an
+    empty replacement: a call named only as the job's origin, with no command to match)."""
+    queue, job_id = shlex.quote(queue), shlex.quote(job_id)  # ready to paste into a shell
+    return {
+        "client.resume": f"panqueue resume {queue}",
+        "client.retry_failed": f"panqueue dlq {queue} --retry {job_id}",
+        ": client.batch)": ")",
+    }
+
+
+def _for_the_terminal(found: Explanation, queue: str, job_id: str) -> Explanation:
+    """``found`` with its hints naming the command a person at a terminal types: the client's
+    own words name its Python calls, which are no help here."""
+    detail = found.detail
+    for call, command in _python_to_command(queue, job_id).items():
+        detail = detail.replace(call, command)
+    return dataclasses.replace(found, detail=detail)
+
+
 @click.command()
 @click.argument("queue")
 @click.argument("job_id", metavar="ID")
@@ -125,9 +146,10 @@ def explain(queue: str, job_id: str, url: str, as_json: bool) -> None:
     """Why job ID is in its state: paused, delayed until when, snoozed by its handler until
     when, blocked on which dependency, rate limited (by the queue's limit or a handler's
     RateLimited), its key busy, queued behind how many jobs, no live worker, running on which
-    worker, finished, or expired (not started by its deadline). An unknown ID exits 1."""
+    worker, finished, or expired (not started by its deadline). A hint names the command to
+    type (`panqueue resume QUEUE`, `panqueue dlq QUEUE --retry ID`). An unknown ID exits 1."""
     with client_for(url) as client:
-        found: Explanation = client.explain(queue, job_id)
+        found = _for_the_terminal(client.explain(queue, job_id), queue, job_id)
     if as_json:
         print_json({"state": found.state.value, "reason": found.reason, "detail": found.detail})
     else:
