@@ -104,8 +104,13 @@ def test_a_module_that_fails_to_import_names_the_users_file_and_line(
 # --------------------------------------------------------------------------- server / demo
 
 
-def test_server_on_a_port_in_use_refuses_with_exit_1_and_writes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reuse", [False, True], ids=["plain", "reuseaddr"])
+def test_server_on_a_port_in_use_refuses_with_exit_1_and_writes_nothing(
+        tmp_path: Path, reuse: bool) -> None:
+    # A listener with SO_REUSEADDR (as redis-server's own) is refused as well.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        if reuse:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
@@ -114,6 +119,42 @@ def test_server_on_a_port_in_use_refuses_with_exit_1_and_writes_nothing(tmp_path
     assert_user_error(proc, f"port {port}", "already in use")
     assert proc.returncode == 1
     assert not data.exists()
+
+
+def _start_server(port: int, data: Path) -> subprocess.Popen[str]:
+    """``panqueue server --port PORT`` once it said it listens (its three lines read)."""
+    proc = subprocess.Popen(
+        panqueue_command("server", "--port", str(port), "--dir", str(data)),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=subprocess_env(), cwd=ROOT)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(3)]
+    if f"export PANQUEUE_URL=redis://127.0.0.1:{port}/0\n" not in lines:
+        proc.kill()
+        _, stderr = proc.communicate(timeout=20)
+        raise AssertionError(f"the server did not start: {lines} {stderr}")
+    return proc
+
+
+def test_server_restarts_on_its_port_right_after_a_stop(tmp_path: Path) -> None:
+    """A stopped server leaves the connections it closed in TIME_WAIT on its port: the next
+    server on that port starts at once all the same."""
+    port = free_port()
+    proc = _start_server(port, tmp_path / "d")
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        assert client.ping()  # a connection the server closes first, when it stops
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=20)
+        assert proc.returncode == 0, stderr
+        client.close()
+        proc = _start_server(port, tmp_path / "d")
+        with redis.Redis(host="127.0.0.1", port=port) as again:
+            assert again.ping()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+    assert proc.returncode == 0
 
 
 def test_server_prints_a_ready_to_paste_export_line(tmp_path: Path) -> None:

@@ -20,8 +20,16 @@ def _port_taken(port: int) -> bool:
     """Whether something listens on 127.0.0.1:``port`` (or we may not bind it).
 
     A server started on a taken port exits at once, but the one already there answers PING:
-    without this check we would report success and leave the user on someone else's server."""
+    without this check we would report success and leave the user on someone else's server.
+
+    The probe binds with ``SO_REUSEADDR``, as the server itself does: a server just stopped
+    leaves its closed connections in TIME_WAIT on the port for about a minute, which the server
+    may bind over but a plain bind may not. A socket that listens on the port still refuses
+    the bind (Linux and macOS); on Windows the option would let us bind over a listener, so
+    there the probe binds plainly."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if os.name != "nt":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -39,7 +47,8 @@ def server(port: int, directory: str) -> None:
 
     It uses redis-server or valkey-server from PATH, else the Valkey binary of the embedded
     extra, and prints the URL and a ready-to-paste `export PANQUEUE_URL=...` line. A port
-    already in use is refused (exit 1).
+    already in use is refused (exit 1); the port of a server just stopped can be used again at
+    once.
     """
     from panqueue.embedded import RedisServer
 
