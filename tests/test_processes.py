@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -310,3 +312,52 @@ def test_a_worker_whose_handler_blocks_its_loop_stays_listed_and_explained(
     finally:
         proc.kill()
         proc.wait(10)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_watchdog_of_a_process_serving_two_queues_names_only_the_blocking_handler(
+        redis_url: str, redis_client: redis.Redis, backend: str) -> None:
+    """One worker process, two queues on one event loop: a handler that blocks it
+    (time.sleep) and one that awaits. Both workers' jobs are starved, but only the blocking
+    handler is named, and a line says when the blockage ended and how long it lasted."""
+    proc = subprocess.Popen(panqueue_command(
+        "worker", "blocking_app:queues", "-q", "blocks", "-q", "awaits", "--url", redis_url,
+        "--backend", backend, "--log-level", "warning", "--log-format", "json"),
+        env=subprocess_env(PANQUEUE_URL=redis_url), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        lines.extend(proc.stderr)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def logged() -> list[dict[str, object]]:
+        return [json.loads(line) for line in list(lines) if line.startswith("{")]
+
+    def ended() -> bool:
+        return any(str(e["event"]).startswith("handler no longer blocks the event loop")
+                   for e in logged())
+
+    try:
+        with SyncQueueClient(redis_url) as client:
+            client.queue("awaits").add(10)
+            wait_until(lambda: redis_client.get("started:awaits"), timeout=20,
+                       what="the awaiting handler to start")
+            blocking = client.queue("blocks").add(3)
+            assert blocking.result(timeout=20) == "blocked"
+            wait_until(ended, timeout=10, what="the end of the blockage to be logged")
+    finally:
+        proc.kill()
+        proc.wait(10)
+        reader.join(10)
+    events = logged()
+    blamed = [e for e in events if str(e["event"]).startswith("handler is blocking")]
+    assert [e["handler"] for e in blamed] == ["blocking_app:blocks"], events
+    assert "blocking_app.py" in str(blamed[0]["at"]), blamed
+    over = [e for e in events if str(e["event"]).startswith("handler no longer blocks")]
+    assert [e["handler"] for e in over] == ["blocking_app:blocks"], events
+    assert "ended after" in str(over[0]["event"])
+    assert 2.5 <= float(str(over[0]["blocked_s"])) <= 3.5, over

@@ -164,7 +164,8 @@ class Roles:
             interval=worker.heartbeat_interval, log=log)
         # The watchdog keeps the locks and the registry entry while the loop is blocked.
         self.watchdog = LoopWatchdog(
-            url=worker.url, parts=parts, handler_name=worker.handler.import_path,
+            url=worker.url, parts=parts, handler=worker.handler,
+            handler_name=worker.handler.import_path,
             executor_name=executor.name, lock_ttl=worker.lock_ttl, running=attempts.locks,
             renewed=attempts.renewed, log=log, partition_of=attempts.partition_of,
             registry=self.beats.writes, registry_every=self.beats.interval)

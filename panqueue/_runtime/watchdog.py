@@ -4,7 +4,17 @@ An inline handler that runs blocking code (``time.sleep``, CPU work) stops the e
 nothing else runs, including lock renewal, so the job would be declared stalled and run twice.
 The watchdog lives in its own thread, which such a handler cannot starve. When the loop has not
 answered for ``threshold`` seconds it logs a warning naming the handler, and while the loop stays
-blocked it renews the running jobs' locks itself, over a connection of its own.
+blocked it renews the running jobs' locks itself, over a connection of its own. When the loop
+answers again it logs that the blockage ended, and how long it lasted.
+
+Only the handler that blocks is named. Several workers may share one loop (a pool serving
+several queues in one process), each with its watchdog, and a blocked loop starves them all:
+every one of them renews its own jobs' locks, but a worker whose handler merely awaits is not
+to blame. So the watchdog looks at what the loop's thread is executing: the thread's current
+frame (``sys._current_frames``) and the frames that called it. A coroutine being executed is on
+that stack, one suspended at an await is not; the handler blocks the loop exactly when the code
+of its function is on the stack. Only then does this worker's watchdog warn, with the line the
+loop is stuck on. A loop blocked by other code is not blamed on any handler.
 
 Not forever: a loop blocked for good (a handler stuck in a blocking call) would hold every job
 of the worker hostage. After ``RENEW_BOUND`` lock TTLs of blockage the watchdog stops renewing
@@ -21,9 +31,11 @@ the process is alive and says what state it is in.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 from panqueue._keys import QueueKeys
@@ -38,15 +50,35 @@ BEAT_INTERVAL = 0.1
 RENEW_BOUND = 10
 
 
+def _codes(fn: Any) -> frozenset[CodeType]:
+    """The code objects of ``fn`` and of the functions it wraps (``__wrapped__``, as
+    ``functools.wraps`` and :class:`~panqueue.Handler` leave it): one of them is on the loop's
+    stack while the handler runs on it."""
+    codes: set[CodeType] = set()
+    seen: set[int] = set()
+    while fn is not None and id(fn) not in seen:
+        seen.add(id(fn))
+        code = getattr(fn, "__code__", None)
+        if isinstance(code, CodeType):
+            codes.add(code)
+        fn = getattr(fn, "__wrapped__", None)
+    return frozenset(codes)
+
+
 class LoopWatchdog:
-    def __init__(self, *, url: str, parts: list[QueueKeys], handler_name: str,
-                 executor_name: str, lock_ttl: float, running: Callable[[], list[tuple[str, str]]],
+    def __init__(self, *, url: str, parts: list[QueueKeys], handler: Callable[..., Any],
+                 handler_name: str, executor_name: str, lock_ttl: float,
+                 running: Callable[[], list[tuple[str, str]]],
                  renewed: Callable[[list[tuple[str, str]], float], None], log: Any,
                  threshold: float = 1.0,
                  partition_of: Callable[[tuple[str, str]], int] = lambda lock: 0,
                  registry: Callable[[int], list[Op[Any]]] | None = None,
                  registry_every: float = math.inf) -> None:
         self._url = url
+        # The code of the handler's frames (see the module's docstring); the loop's thread is
+        # the one that starts the watchdog.
+        self._codes = _codes(handler)
+        self._loop_thread: int | None = None
         self._parts = parts
         self._partition_of = partition_of
         self._handler_name = handler_name
@@ -73,6 +105,8 @@ class LoopWatchdog:
         self._last_beat = time.monotonic()
 
     def start(self) -> None:
+        """Called from the event loop's thread."""
+        self._loop_thread = threading.get_ident()
         self._last_beat = time.monotonic()
         self._thread.start()
 
@@ -97,6 +131,12 @@ class LoopWatchdog:
         while not self._stop.wait(BEAT_INTERVAL / 2):
             beat = self._last_beat
             blocked = time.monotonic() - beat
+            if warned_for and beat != warned_for:
+                self._log.warning(
+                    f"handler no longer blocks the event loop: the blockage ended after "
+                    f"{beat - warned_for:.1f} s", handler=self._handler_name,
+                    blocked_s=round(beat - warned_for, 2))
+                warned_for = 0.0
             if blocked >= entry_after and \
                     time.monotonic() - last_entry >= self._registry_every:
                 last_entry = time.monotonic()
@@ -122,13 +162,29 @@ class LoopWatchdog:
                 last_renewal = time.monotonic()
                 self._renew(jobs)
             if blocked >= self._threshold and warned_for != beat:
+                at = self._blocking_at()
+                if at is None:  # another worker's handler, or other code, blocks the loop
+                    continue
                 warned_for = beat
                 advice = (" (use executor='thread' for blocking code)"
                           if self._executor_name == "inline" else "")
                 self._log.warning(
                     "handler is blocking the event loop" + advice,
-                    handler=self._handler_name, blocked_s=round(blocked, 2),
+                    handler=self._handler_name, blocked_s=round(blocked, 2), at=at,
                     job_ids=[job_id for job_id, _ in jobs])
+
+    def _blocking_at(self) -> str | None:
+        """Where this worker's handler is (``file:line in function``, the innermost of its
+        frames) if it is on the stack of the loop's thread, else None. A handler with no code
+        of its own to look for (a callable object) is blamed as before: it may be the one."""
+        frame = sys._current_frames().get(self._loop_thread) \
+            if self._loop_thread is not None else None
+        while frame is not None:
+            code = frame.f_code
+            if code in self._codes:
+                return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+            frame = frame.f_back
+        return None if self._codes else "unknown"
 
     def _keep_entry(self, blocked: float) -> None:
         if self._registry is None:
