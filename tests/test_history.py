@@ -316,6 +316,9 @@ pqspark.export_history(spark, queue, url=url, path=out, batch_size=40)
 """
 
 
+# A JVM of its own, started beside the session's: about 30 s alone, minutes under the whole
+# suite's load (as the JVM examples, test_examples.py); a guard against a hang, not a bound.
+@pytest.mark.timeout(300)
 def test_an_export_killed_mid_write_and_run_again_writes_every_record_once(
         spark: SparkSession, store: ScriptStore, redis_url: str, tmp_path: Path) -> None:
     ids = finish_jobs(store, 200)
@@ -326,7 +329,7 @@ def test_an_export_killed_mid_write_and_run_again_writes_every_record_once(
                                 str(out), str(marker)], env=subprocess_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(marker.exists, timeout=120, what="the export to write half a batch")
+        wait_until(marker.exists, timeout=240, what="the export to write half a batch")
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait(30)
