@@ -20,6 +20,7 @@ parked trio task) rather than an ``anyio.Event``.
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections import deque
 from time import monotonic
@@ -37,7 +38,7 @@ PATIENCE = 0.001
 WAITING, RUNNING, FINISHED, DROPPED = range(4)
 
 
-class Task:
+class Task(abc.ABC):
     """What the pool runs: a call made on the event loop ``loop``, run in a pool thread by
     :meth:`run`, and its end delivered back to that loop. The thread executor's calls are
     tasks; the pool knows them by this class alone."""
@@ -56,9 +57,9 @@ class Task:
         self.value: Any = None
         self.waiter: Any = None  # the loop's primitive the attempt waits on
 
+    @abc.abstractmethod
     def run(self) -> None:
         """In a pool thread: do the work, leaving its end in :attr:`ok` and :attr:`value`."""
-        raise NotImplementedError
 
 
 class _Thread:
