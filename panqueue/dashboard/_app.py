@@ -5,6 +5,10 @@ Every route reads and acts through one :class:`~panqueue.SyncQueueClient` (threa
 pooled); Starlette runs the sync endpoints in its thread pool, so the app works the same under
 asyncio and trio servers. Queue names and job ids travel in query strings and form fields,
 never in paths, so any name (slashes included) round-trips.
+
+Longer than our usual 400 lines: it is the route table, one method per route or action, and
+reads best whole; the sessions, tokens and headers live in ``_security.py``, the reads in
+``_reads.py``.
 """
 
 from __future__ import annotations
