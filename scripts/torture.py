@@ -101,7 +101,8 @@ sys.path.insert(0, str(ROOT))
 
 from panqueue import Dedup, JobState, SyncQueueClient  # noqa: E402
 from panqueue._batch import SyncBatch  # noqa: E402
-from panqueue._keys import QueueKeys, partition_keys  # noqa: E402
+from panqueue._keys import BatchKeys, QueueKeys, partition_keys  # noqa: E402
+from panqueue._store.ops.batches import callback_id  # noqa: E402
 from panqueue._store.ops.layout import read_layout  # noqa: E402
 from panqueue.embedded import RedisServer  # noqa: E402
 from panqueue.errors import JobNotFound  # noqa: E402
@@ -808,6 +809,25 @@ class Torture:
     def read_journals(self) -> list[Run]:
         return read_journals(self.journal_dir, {w.pid: w.gone_ns for w in self.workers})
 
+    def batch_snapshot(self, batch_id: str) -> str:
+        """A batch as Redis holds it, read without relaying or firing anything: its state hash,
+        job and ended counts, the outboxes it names and the entries of its jobs still in any
+        outbox, whether the callback queue still owes it, and its callback job's state."""
+        bkeys = BatchKeys(batch_id)
+        callbacks = partition_keys(CALLBACKS, 1)[0]
+        with self.direct() as r:
+            state = {k.decode(): v.decode() for k, v in r.hgetall(bkeys.state).items()
+                     if k not in (b"oc", b"os")}
+            outboxes = sorted(m.decode() for m in r.smembers(bkeys.queues))
+            waiting = [e.decode() for keys in (k for q in QUEUES for k in self.keys(q))
+                       for e in r.zrange(keys.batch_outbox, 0, -1)
+                       if e.decode().startswith(batch_id + "\t")]
+            owed = r.zscore(callbacks.batches, batch_id)
+            callback = r.hget(callbacks.job(callback_id(batch_id, "complete")), "s")
+            return (f"batch {batch_id} in Redis: state {state}; jobs {r.scard(bkeys.jobs)}, "
+                    f"ended {r.scard(bkeys.ended)}; outboxes {outboxes}; still in outboxes "
+                    f"{waiting}; owed by {CALLBACKS}: {owed}; callback job state {callback!r}")
+
     def audit(self, drain_seconds: float) -> dict[str, Any]:
         runs = self.read_journals()
         by_job: dict[str, list[Run]] = collections.defaultdict(list)
@@ -860,6 +880,8 @@ class Torture:
         self.batch_details = []
         with SyncQueueClient(self.server.url) as client:
             for batch_id in callbacks_wrong[:5]:
+                # What Redis holds before info() relays anything (info() may fire the batch).
+                self.batch_details.append(self.batch_snapshot(batch_id))
                 try:
                     info = SyncBatch(client, batch_id).info()
                 except Exception as exc:  # the report says what it could not read
