@@ -761,16 +761,23 @@ class Torture:
         self.producer_done.wait(max(0.0, deadline - time.monotonic()))
         assert self.server is not None
         expected = collections.Counter(q for j, q in self.added.items() if j not in self.purged)
+        expected[CALLBACKS] = len(self.batches)
+        said = started
         while time.monotonic() < deadline:
+            short: dict[str, str] = {}
             try:
                 with SyncQueueClient(self.server.url) as client:
-                    done = all(client.counts(q)[JobState.COMPLETED] >= expected[q]
-                               for q in QUEUES) and client.counts(CALLBACKS)[
-                        JobState.COMPLETED] >= len(self.batches)
-            except Exception:
-                done = False
-            if done and self.producer_done.is_set():
+                    for q in (*QUEUES, CALLBACKS):
+                        completed = client.counts(q)[JobState.COMPLETED]
+                        if completed < expected[q]:
+                            short[q] = f"{completed} of {expected[q]}"
+            except Exception as exc:
+                short["(counts unreadable)"] = type(exc).__name__
+            if not short and self.producer_done.is_set():
                 break
+            if time.monotonic() - said >= 5:
+                said = time.monotonic()
+                self.say(f"draining: completed {short}")
             self.sleep(0.5)
         return time.monotonic() - started
 

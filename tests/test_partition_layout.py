@@ -14,9 +14,10 @@ import pytest
 import redis
 
 from panqueue import ConfigError, Job, JobState, QueueClient, Registry, Worker
-from panqueue._keys import LEGACY_PLACEMENT, Layout, partition_keys
+from panqueue._keys import LEGACY_PLACEMENT, BatchKeys, Layout, partition_keys
 from panqueue._store import transitions
 from panqueue._store.ops import layout as ops_layout
+from panqueue._store.ops.batches import callback_id
 from panqueue.testing import drain, run_worker
 
 pytestmark = pytest.mark.anyio
@@ -267,3 +268,37 @@ async def test_a_queue_declared_before_placement_keeps_its_partitions(
     spread = partition_keys(queue_name, 3)
     assert not redis_client.keys(spread[1].prefix + "*")
     assert not redis_client.keys(spread[2].prefix + "*")
+
+
+async def test_a_count_change_relays_the_batch_endings_its_partitions_still_hold(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """A job of a batch that ended where no worker relayed it (a cancel from a client) leaves
+    its ending in its partition's batch outbox. A count change that leaves that partition out
+    of the layout relays the ending first: no worker of the new count looks at the old
+    partition again, and the batch would learn of the ending only when its callback queue's
+    sweep came back to it (30 s later), or never, had it stopped looking."""
+    _, work3 = _deploy(queue_name, 3)
+    registry4, _ = _deploy(queue_name, 4)
+    old = partition_keys(queue_name, 3)
+    new_prefixes = {keys.prefix for keys in partition_keys(queue_name, 4)}
+    async with QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=(f"{queue_name}-done", {}))
+        handles = [await batch.add(work3, i) for i in range(6)]
+        await batch.close()
+        left_out = [keys for keys in old if keys.prefix not in new_prefixes]
+        assert left_out, "the new layout keeps every old partition's keys"
+        for handle in handles:
+            assert await client.cancel(queue_name, handle.id)
+        assert any(redis_client.zcard(keys.batch_outbox) for keys in left_out)
+        await client.purge(queue_name)
+        async with run_worker(registry4, queue_name, redis_url, poll_interval=0.05):
+            pass
+        layout = await client._run(ops_layout.read_layout(queue_name))
+        assert layout is not None and layout.count == 4
+        for keys in old:
+            assert redis_client.zcard(keys.batch_outbox) == 0, keys.prefix
+        batch_keys = BatchKeys(batch.id)
+        assert redis_client.scard(batch_keys.ended) == len(handles)
+        assert redis_client.hget(batch_keys.state, "fired") == b"1"
+        assert (await client.get_job(f"{queue_name}-done",
+                                     callback_id(batch.id, "complete"))).state == JobState.WAITING

@@ -12,11 +12,14 @@
 --          step goes ahead only while the token holds the home's lock ("relayout", taken
 --          with SET NX PX by the changer), and releases it
 -- ARGV[4]  the placement (the home's, stored as pl; panqueue/_keys.py partition_tags)
--- Returns  {'ok'}, or {'!', 'holds jobs'}, {'!', 'lock lost'}, or, on the home,
+-- Returns  {'ok'}, or {'!', 'holds jobs'}, {'!', 'holds batch endings'} (endings of batch jobs
+--          not yet relayed to their batches: the changer relays them first), {'!', 'lock lost'},
+--          or, on the home,
 --          {'!', 'live workers <n>'} while n workers are registered (they serve the old layout;
 --          heartbeat.lua): nothing changed
 -- Invariants: a partition that holds a job never changes layout, so no job is ever left in a
---          partition outside its queue's layout. The home, where clients read the layout, moves
+--          partition outside its queue's layout; nor one whose batch outbox holds an ending, so
+--          no ending is left where no worker of the new layout relays it. The home, where clients read the layout, moves
 --          last and only under the lock, and never while a worker serves the old layout: until
 --          then every client routes by the old layout, whose partitions the change has already
 --          closed to it (they refuse, the client retries) or that still hold their jobs.
@@ -38,6 +41,9 @@ if ARGV[3] ~= '' then
 end
 if stored_jobs() > 0 then
   return {'!', 'holds jobs'}
+end
+if redis.call('ZCARD', K_BATCH_OUTBOX) > 0 then
+  return {'!', 'holds batch endings'}
 end
 local count, index = string.match(ARGV[2], '^(%d+):(%d+)$')
 redis.call('HSET', K_META, 'np', count, 'pi', index, 'lv', ARGV[1])

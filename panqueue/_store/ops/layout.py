@@ -17,6 +17,7 @@ from typing import TypeVar
 from panqueue._keys import LEGACY_PLACEMENT, SPREAD_PLACEMENT, Layout, QueueKeys
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import script_call
+from panqueue._store.ops.batches import relay
 from panqueue._store.transport import Command, Op
 from panqueue.errors import ConfigError, PanqueueError
 
@@ -107,12 +108,22 @@ def _released(home: QueueKeys, token: str, op: Op[T]) -> Op[T]:
 
 def _change(name: str, count: int, token: str) -> Op[Layout]:
     home = QueueKeys(name)
-    deadline = time.monotonic() + _LEASE_MS / 2000
+    started = time.monotonic()
     current = (yield from read_layout(name)) or Layout(1)
     if current.count == count:
         return current  # another worker changed it meanwhile
     new = Layout(count, SPREAD_PLACEMENT, current.version + 1)
     old_parts, new_parts = current.keys(name), new.keys(name)
+    # The endings of batch jobs that no worker relayed (a cancel from a client, a worker stopped
+    # before its relay) go to their batches first: no worker of the new layout looks at the
+    # outbox of a partition it leaves out or names anew, and a partition whose outbox holds an
+    # ending refuses to move (relayout.lua).
+    for keys in old_parts:
+        try:
+            yield from relay(keys)
+        except ConfigError:
+            pass  # a callback its queue refused: the ending is recorded, the sweep adds it
+    deadline = started + _LEASE_MS / 2000
     new_index = {keys.prefix: keys.partition for keys in new_parts}
     old_prefixes = {keys.prefix for keys in old_parts}
     steps = [(keys, f"{count}:{new_index[keys.prefix]}" if keys.prefix in new_index
@@ -126,16 +137,16 @@ def _change(name: str, count: int, token: str) -> Op[Layout]:
             problem = ConfigError(f"queue {name!r}: the change of its partition count took "
                                   "too long and was stopped (the next worker undoes it)")
             break
-        if (yield from _relayout(keys, new.version, place)):
-            problem = _held(name, current, count, keys)
+        if (refused := (yield from _relayout(keys, new.version, place))):
+            problem = _held(name, current, count, keys, refused)
             break
         moved.append((keys, before))
     if problem is None:
         refused = yield from _relayout(home, new.version, f"{count}:0", token)
         if refused is None:
             return new
-        problem = _held(name, current, count, home) if refused == "holds jobs" else \
-            _served(name, current, count, refused)
+        problem = (_held(name, current, count, home, refused) if refused.startswith("holds")
+                   else _served(name, current, count, refused))
     if time.monotonic() < deadline:
         # Back to the old layout: no client routed by the new one yet (the home never named
         # it), and the old one's clients were refused, so these hold no job. Past the deadline
@@ -145,12 +156,16 @@ def _change(name: str, count: int, token: str) -> Op[Layout]:
     raise problem
 
 
-def _held(name: str, current: Layout, count: int, keys: QueueKeys) -> ConfigError:
+def _held(name: str, current: Layout, count: int, keys: QueueKeys,
+          refused: str = "holds jobs") -> ConfigError:
+    what = ("holds jobs (the count changes only while the queue holds no job: drain and purge "
+            "it first; see docs/scaling.md)" if refused == "holds jobs" else
+            "holds endings of batch jobs that reached no batch yet (they were relayed "
+            "just before; start the worker again)")
     return ConfigError(
         f"queue {name!r}: partition count mismatch: the queue has {current.count} "
         f"partition(s), this worker says {count}, and its partition {keys.partition} "
-        f"({keys.prefix[:-1]}) holds jobs (the count changes only while the queue holds no "
-        "job: drain and purge it first; see docs/scaling.md)")
+        f"({keys.prefix[:-1]}) {what}")
 
 
 def _served(name: str, current: Layout, count: int, refused: str) -> ConfigError:
