@@ -24,6 +24,8 @@ stalls are tolerated many times over (a job may be abandoned by every worker tha
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 import uuid
 
@@ -87,7 +89,10 @@ async def batch_done(job: Job) -> str:
 
 
 def _blocking(job: Job) -> int:
-    run = _start(job)
+    return _sleep_blocking(job, _start(job))
+
+
+def _sleep_blocking(job: Job, run: str) -> int:
     outcome = "ok"
     try:
         deadline = time.monotonic() + job.data["ms"] / 1000
@@ -111,7 +116,28 @@ def _blocking(job: Job) -> int:
 thread = queues.handler("torture-thread", executor="thread", concurrency=4, **_COMMON)(_blocking)
 
 
+# The run under way in this child process, for _on_sigterm.
+_child_run: str | None = None
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """A child the executor ends (an attempt stopped: lock lost, timeout, cancel) gets SIGTERM
+    first: its run's end is journaled before it exits, so that the run is not taken to have
+    lasted until its worker was gone. (SIGKILL, after the executor's grace, leaves no line.)"""
+    if _child_run is not None:
+        _end(_child_run, "SIGTERM")
+    os._exit(128 + signum)
+
+
 @queues.handler("torture-subprocess", executor="subprocess", concurrency=2, new_session=False,
                 env=["PATH", "TORTURE_JOURNAL_DIR"], **_COMMON)
 def in_child(job: Job) -> int:
-    return _blocking(job)
+    global _child_run
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    run = _start(job)
+    _child_run = run
+    try:
+        return _sleep_blocking(job, run)
+    finally:
+        _child_run = None
