@@ -5,13 +5,11 @@ acknowledgement and run again."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
 
@@ -215,23 +213,6 @@ async def test_a_job_ended_by_a_snooze_or_a_rate_limit_records_the_worker_that_r
 
 
 # --------------------------------------------------------------------------- export (Spark)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]")
-               .appName("panqueue-history-tests")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("OFF")
-    yield session
-    session.stop()
 
 
 def finish_jobs(store: ScriptStore, n: int) -> list[str]:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import os
 import signal
 import subprocess
-import sys
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -21,23 +18,6 @@ from pyspark.sql import types as T
 from panqueue import ConfigError, JobState, SyncQueueClient
 from panqueue.spark import JOB_SCHEMA, enqueue_dataframe, read_jobs
 from tests.helpers import panqueue_command, subprocess_env, wait_until
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2,4]")  # 2 cores, up to 4 task attempts
-               .appName("panqueue-tests")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("OFF")
-    yield session
-    session.stop()
 
 
 def test_rows_become_jobs_with_json_compatible_data_and_reruns_add_nothing(
