@@ -16,14 +16,17 @@
 #           .venv-py312: the core subset (below) and the tests that drive redis-py itself
 #           beyond it (connections and errors, the cluster client). One leg proves both the
 #           floors and the Python: the newest dependencies run on 3.11 and 3.13.
-#   py3.13  Python 3.13 with the newest dependencies, in .venv-py313: the core subset, and the
+#   py3.13  Python 3.13 with the newest dependencies, in .venv-py313: what differs there, the
 #           Django tests on Django 6 and its built-in django.tasks (the main run has Django 5.2
-#           and the django-tasks package).
+#           and the django-tasks package), and the lifecycle on both event loops of the newest
+#           interpreter.
 # The core subset is what depends on the interpreter, on asyncio and trio: the lifecycle, every
 # executor, faults and cancellation, results, the transports, and typed handlers (mypy on user
-# code). The Lua scripts' own tests run in the main leg only: the scripts run in the server,
-# the same whatever the client's Python. The interpreters come from PATH (python3.12) or
-# pyenv's versions directory; a supported Python that cannot be found fails the run.
+# code). It runs on the oldest (3.11, main) and on 3.12 with the floors; the newest gets its
+# lifecycle only, as each leg's time comes out of the same two cores. The Lua scripts' own
+# tests run in the main leg only: the scripts run in the server, the same whatever the
+# client's Python. The interpreters come from PATH (python3.12) or pyenv's versions
+# directory; a supported Python that cannot be found fails the run.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark,tui,metrics,otel,dashboard,django"
 # The terminal-view test drives `panqueue top` in a real terminal: tmux (a Debian package).
@@ -97,15 +100,15 @@ leg_python() {  # leg_python 3.13
       "it is a supported Python, install it (pyenv install $minor)" >&2
     return 1
   fi
-  local packages=(-e ".[dev,trio,embedded]") files=("${core_subset[@]}")
+  local packages=(-e ".[dev,trio,embedded]") files
   if [ "$minor" = 3.12 ]; then
     echo "== pytest, core subset and redis-py's, on Python $minor ($python), floors: ${floors[*]}"
     packages+=("${floors[@]}")
-    files+=(tests/test_connections.py tests/test_cluster.py)
+    files=("${core_subset[@]}" tests/test_connections.py tests/test_cluster.py)
   else
-    echo "== pytest, core subset and Django 6, on Python $minor ($python)"
+    echo "== pytest, the lifecycle and Django 6, on Python $minor ($python)"
     packages+=("django>=6,<7")
-    files+=(tests/test_django.py)
+    files=(tests/test_lifecycle.py tests/test_django.py)
   fi
   if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
