@@ -34,8 +34,16 @@ from panqueue import (
 )
 from panqueue._keys import BatchKeys, QueueKeys, partition_keys
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops.batches import _call, _fire, callback_id, relay, sweep_batches
-from panqueue._store.transport import ScriptCall
+from panqueue._store.ops import batches as batches_ops
+from panqueue._store.ops.batches import (
+    _call,
+    _fire,
+    callback_id,
+    open_batch,
+    relay,
+    sweep_batches,
+)
+from panqueue._store.transport import Command, ScriptCall
 from panqueue.embedded import find_server_binary
 from panqueue.testing import FaultProxy, drain, run_worker
 from tests.helpers import APPS, WorkerProcess, async_wait_until, wait_until
@@ -61,6 +69,12 @@ def success_id(batch: Batch | SyncBatch) -> str:
 def info(batch_id: str, total: int, pending: int, completed: int, failed: int,
          closed: bool) -> BatchInfo:
     return BatchInfo(batch_id, total, pending, completed, failed, closed)
+
+
+def grace_passed(r: redis.Redis, queue: str, batch_id: str) -> None:
+    """The callback queue ``queue`` looks at the batch from now on, as it does once the open's
+    grace passed (ops/batches.py OPEN_GRACE_MS, 30 s)."""
+    assert r.zadd(QueueKeys(queue).batches, {batch_id: 0}, xx=True, ch=True) == 1
 
 
 def callback_runs(r: redis.Redis, job_id: str) -> int:
@@ -252,7 +266,8 @@ async def test_endings_nobody_relayed_reach_the_batch_through_a_workers_tick(
 
 
 @pytest.mark.anyio
-async def test_a_worker_of_the_callback_queue_relays_for_an_open_batch(redis_url: str) -> None:
+async def test_a_worker_of_the_callback_queue_relays_for_an_open_batch(
+        redis_url: str, redis_client: redis.Redis) -> None:
     """The jobs' queue has no worker at all: the callback queue's sweep relays the outboxes
     of the batch's queues."""
     async with QueueClient(redis_url) as client:
@@ -260,6 +275,7 @@ async def test_a_worker_of_the_callback_queue_relays_for_an_open_batch(redis_url
         job = await batch.add(WORK, {})
         await batch.close()
         await client.cancel(WORK, job.id)
+        grace_passed(redis_client, DONE, batch.id)
         async with run_worker(batch_app.queues, DONE, redis_url, stalled_interval=0.2):
             callback = client.queue(DONE).job(complete_id(batch))
             await async_wait_until(lambda: _exists(callback), 10, "the callback was added")
@@ -322,6 +338,7 @@ def test_a_callback_its_queue_refuses_holds_up_no_other_batch(
         assert client.get_job(DONE, complete_id(fine)).state == JobState.WAITING
         assert redis_client.zcard(QueueKeys(WORK).batch_outbox) == 0
         assert doomed.info().pending == 0
+        grace_passed(redis_client, "later-keyed", doomed.id)
         with pytest.raises(ConfigError, match="keyed"):
             client._run(sweep_batches(QueueKeys("later-keyed")))
         # It stays due: the sweep looks at it again in 30 s.
@@ -461,6 +478,9 @@ def test_a_batch_that_fired_without_its_callback_gets_it_from_the_sweep(
         # Closed by the script alone (nobody adds the callback), as a dying close would.
         store.run(_script(SCRIPTS.batch_close, batch.id))
         assert not redis_client.exists(QueueKeys(DONE).job(complete_id(batch)))
+        client._run(sweep_batches(QueueKeys(DONE)))  # within the open's grace: not looked at
+        assert not redis_client.exists(QueueKeys(DONE).job(complete_id(batch)))
+        grace_passed(redis_client, DONE, batch.id)
         for _ in range(3):
             store.run(sweep_batches(QueueKeys(DONE)))
         assert client.counts(DONE)[JobState.WAITING] == 1
@@ -469,6 +489,62 @@ def test_a_batch_that_fired_without_its_callback_gets_it_from_the_sweep(
 
 def _script(script: Any, batch_id: str, *args: Any) -> Iterator[Any]:
     yield ScriptCall(script, (BatchKeys(batch_id).prefix,), args)
+
+
+def _pausing_after_the_zadd(op: Iterator[Any], meanwhile: Callable[[], Any]) -> Iterator[Any]:
+    """``op`` (an open), with ``meanwhile()`` run once its callback queue learned of the batch
+    (the ZADD to its "batches" set was answered): a client slowed between the two steps of
+    the open while another ran."""
+    request = next(op)
+    while True:
+        try:
+            reply = yield request
+        except Exception as exc:
+            request = op.throw(exc)
+            continue
+        if isinstance(request, Command) and request.args[0] == "ZADD":
+            meanwhile()
+        try:
+            request = op.send(reply)
+        except StopIteration as done:
+            return done.value
+
+
+def test_a_sweep_between_the_two_steps_of_an_open_does_not_forget_the_batch(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    """A batch's callback queue learns of it first, then the batch is made. A sweep of the
+    callback queue that ran between the two saw no batch yet: it must not take that for a
+    batch that is gone and forget it, since the callback queue would then owe the batch
+    nothing, and the callback would never be added when it fired."""
+    batch_id = "opened-slowly"
+    with SyncQueueClient(redis_url) as client:
+        store = client.producer.connect()
+        sweeps: list[int] = []
+        store.run(_pausing_after_the_zadd(
+            open_batch(batch_id, (DONE, {}), None, ""),
+            lambda: sweeps.append(client._run(sweep_batches(QueueKeys(DONE))))))
+        assert redis_client.exists(BatchKeys(batch_id).state)
+        batch = SyncBatch(client, batch_id)
+        assert batch.close() == info(batch_id, 0, 0, 0, 0, True)
+        assert client.counts(DONE)[JobState.WAITING] == 1
+
+
+def test_an_open_that_arrives_after_its_grace_is_refused_and_its_batch_forgotten(
+        redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other side of the race: a batch's open that reaches the server later than the
+    callback queue waits before it looks at the batch is refused (nothing is made), so the
+    sweep that then finds no batch may forget it."""
+    monkeypatch.setattr(batches_ops, "OPEN_GRACE_MS", 200)
+    batch_id = "opened-too-late"
+    with SyncQueueClient(redis_url) as client:
+        store = client.producer.connect()
+        with pytest.raises(ConfigError, match="opened too late"):
+            store.run(_pausing_after_the_zadd(
+                open_batch(batch_id, (DONE, {}), None, ""), lambda: time.sleep(0.3)))
+        assert not redis_client.exists(BatchKeys(batch_id).state)
+        assert redis_client.zscore(QueueKeys(DONE).batches, batch_id) is not None
+        client._run(sweep_batches(QueueKeys(DONE)))
+        assert redis_client.zscore(QueueKeys(DONE).batches, batch_id) is None
 
 
 def test_a_relay_repeated_after_a_lost_reply_counts_each_job_once(
@@ -697,7 +773,7 @@ async def test_a_batch_across_partitions_closed_after_its_jobs_were_cancelled_fi
 
 @pytest.mark.anyio
 async def test_a_batch_across_partitions_fires_when_its_last_job_is_cancelled(
-        redis_url: str) -> None:
+        redis_url: str, redis_client: redis.Redis) -> None:
     """Every job cancelled from the client after the close, no worker of their queue: the
     callback queue's worker relays the outbox of every partition, and the batch fires once."""
     async with QueueClient(redis_url) as client:
@@ -706,6 +782,7 @@ async def test_a_batch_across_partitions_fires_when_its_last_job_is_cancelled(
         await batch.close()
         for job in jobs:
             await client.cancel(SPREAD, job.id)
+        grace_passed(redis_client, DONE, batch.id)
         async with run_worker(batch_app.queues, DONE, redis_url, stalled_interval=0.2):
             callback = client.queue(DONE).job(complete_id(batch))
             await async_wait_until(lambda: _exists(callback), 10, "the callback was added")

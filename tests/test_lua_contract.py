@@ -127,8 +127,8 @@ def _canned(item: Any) -> Any:
             return [b"open", b"1", b"0", b"0", b"0", b"", b"", b""]  # batch_layout's answer
         return 1
     command = item.args[0]
-    return {"SMEMBERS": set(), "ZRANGE": [], "HGET": None, "GET": None, "EXISTS": 0}.get(
-        command, 1)
+    return {"SMEMBERS": set(), "ZRANGE": [], "HGET": None, "GET": None, "EXISTS": 0,
+            "TIME": [b"1700000000", b"0"]}.get(command, 1)
 
 
 def sent(script: Script, op: Generator[Any, Any, Any], answer: Answer = _canned

@@ -41,6 +41,13 @@ BATCH_OPTION = "batch"
 RELAY_CHUNK = 1000
 SWEEP_CHUNK = 100
 RECHECK_MS = 30_000
+# How long after a callback queue learns of a batch (open_batch) it first looks at it: longer
+# than an open's last step can take to reach the server (a request's socket timeout and its one
+# resend), and batch_open.lua refuses to make the batch later, so that a sweep which finds no
+# batch then knows that none will be made and forgets it. (A sweep that looked while the open
+# was still under way would have taken the batch for one that is gone, and the queue would owe
+# its callbacks nothing when it fired.)
+OPEN_GRACE_MS = 30_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +163,8 @@ def open_batch(batch_id: str, on_complete: tuple[str, Any],
     """Create a batch. A child batch's callbacks join its parent first (a parent that cannot
     take them refuses before anything is written), so the parent cannot fire without them;
     then the callbacks' queues learn of the batch (their workers' sweep adds the callbacks if
-    whoever fires the batch dies first)."""
+    whoever fires the batch dies first), from :data:`OPEN_GRACE_MS` on, and the batch is made,
+    no later than that."""
     callbacks = [("complete", on_complete)] + ([("success", on_success)] if on_success else [])
     for which, (queue, _data) in callbacks:
         if (yield Command(("HGET", QueueKeys(queue).meta, "mode"))) == b"keyed":
@@ -170,10 +178,12 @@ def open_batch(batch_id: str, on_complete: tuple[str, Any],
         if on_success:
             yield from _call(SCRIPTS.batch_register, parent, on_success[0], "1",
                              _outbox(QueueKeys(on_success[0])), callback_id(batch_id, "success"))
+    last_moment = (yield from server_time_ms()) + OPEN_GRACE_MS
     for _, (queue, _data) in callbacks:
-        yield Command(("ZADD", QueueKeys(queue).batches, 0, batch_id))
+        yield Command(("ZADD", QueueKeys(queue).batches, last_moment, batch_id))
     answer = yield from _call(SCRIPTS.batch_open, batch_id, encode(list(on_complete)),
-                              encode(list(on_success)) if on_success else b"", parent)
+                              encode(list(on_success)) if on_success else b"", parent,
+                              last_moment)
     return answer.info
 
 
