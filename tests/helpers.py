@@ -131,3 +131,22 @@ def ask_node(port: int, *command: Any) -> Any:
         return None
     finally:
         client.close()
+
+
+def pausing_after_the_zadd(op: Iterator[Any], meanwhile: Callable[[], Any]) -> Iterator[Any]:
+    """``op`` (a batch's open), with ``meanwhile()`` run once its callback queue learned of the
+    batch (the ZADD to that queue's "batches" set was answered), before the batch is made: a
+    client slowed between the two steps of the open while another ran."""
+    request = next(op)
+    while True:
+        try:
+            reply = yield request
+        except Exception as exc:
+            request = op.throw(exc)
+            continue
+        if getattr(request, "args", ("",))[0] == "ZADD":
+            meanwhile()
+        try:
+            request = op.send(reply)
+        except StopIteration as done:
+            return done.value

@@ -43,10 +43,16 @@ from panqueue._store.ops.batches import (
     relay,
     sweep_batches,
 )
-from panqueue._store.transport import Command, ScriptCall
+from panqueue._store.transport import ScriptCall
 from panqueue.embedded import find_server_binary
 from panqueue.testing import FaultProxy, drain, run_worker
-from tests.helpers import APPS, WorkerProcess, async_wait_until, wait_until
+from tests.helpers import (
+    APPS,
+    WorkerProcess,
+    async_wait_until,
+    pausing_after_the_zadd,
+    wait_until,
+)
 from tests.test_cluster import Cluster, _running_cluster, _spread_queues
 
 sys.path.insert(0, str(APPS))
@@ -491,25 +497,6 @@ def _script(script: Any, batch_id: str, *args: Any) -> Iterator[Any]:
     yield ScriptCall(script, (BatchKeys(batch_id).prefix,), args)
 
 
-def _pausing_after_the_zadd(op: Iterator[Any], meanwhile: Callable[[], Any]) -> Iterator[Any]:
-    """``op`` (an open), with ``meanwhile()`` run once its callback queue learned of the batch
-    (the ZADD to its "batches" set was answered): a client slowed between the two steps of
-    the open while another ran."""
-    request = next(op)
-    while True:
-        try:
-            reply = yield request
-        except Exception as exc:
-            request = op.throw(exc)
-            continue
-        if isinstance(request, Command) and request.args[0] == "ZADD":
-            meanwhile()
-        try:
-            request = op.send(reply)
-        except StopIteration as done:
-            return done.value
-
-
 def test_a_sweep_between_the_two_steps_of_an_open_does_not_forget_the_batch(
         redis_url: str, redis_client: redis.Redis) -> None:
     """A batch's callback queue learns of it first, then the batch is made. A sweep of the
@@ -520,7 +507,7 @@ def test_a_sweep_between_the_two_steps_of_an_open_does_not_forget_the_batch(
     with SyncQueueClient(redis_url) as client:
         store = client.producer.connect()
         sweeps: list[int] = []
-        store.run(_pausing_after_the_zadd(
+        store.run(pausing_after_the_zadd(
             open_batch(batch_id, (DONE, {}), None, ""),
             lambda: sweeps.append(client._run(sweep_batches(QueueKeys(DONE))))))
         assert redis_client.exists(BatchKeys(batch_id).state)
@@ -539,7 +526,7 @@ def test_an_open_that_arrives_after_its_grace_is_refused_and_its_batch_forgotten
     with SyncQueueClient(redis_url) as client:
         store = client.producer.connect()
         with pytest.raises(ConfigError, match="opened too late"):
-            store.run(_pausing_after_the_zadd(
+            store.run(pausing_after_the_zadd(
                 open_batch(batch_id, (DONE, {}), None, ""), lambda: time.sleep(0.3)))
         assert not redis_client.exists(BatchKeys(batch_id).state)
         assert redis_client.zscore(QueueKeys(DONE).batches, batch_id) is not None

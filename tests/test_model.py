@@ -78,13 +78,14 @@ from panqueue import (
     JobState,
     Registry,
     Retention,
+    SyncBatch,
     SyncQueueClient,
 )
-from panqueue._keys import route
+from panqueue._keys import QueueKeys, route
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops.batches import callback_id
+from panqueue._store.ops.batches import callback_id, open_batch, sweep_batches
 from panqueue.testing import FaultProxy, run_worker
-from tests.helpers import APPS, ROOT, subprocess_env
+from tests.helpers import APPS, ROOT, pausing_after_the_zadd, subprocess_env
 from tests.model import (
     ACTIVE,
     COMPLETED,
@@ -613,6 +614,30 @@ class QueueMachine(RuleBasedStateMachine):
                                   else None)
         self.batches[batch.id] = batch
         self.model.open_batch(batch.id, on_success)
+
+    @rule(on_success=st.booleans())
+    def open_batch_swept_midway(self, on_success: bool) -> None:
+        """A worker of the callback queue sweeps its batches between the two steps of an open
+        (the queue learns of the batch, then the batch is made): the batch is not forgotten,
+        and its callbacks come as the model says."""
+        batch_id = f"model-batch-{next(self.serial)}"
+        sweep = lambda: self.client._run(sweep_batches(QueueKeys(CALLBACKS)))  # noqa: E731
+        self.client.producer.connect().run(pausing_after_the_zadd(open_batch(
+            batch_id, (CALLBACKS, {"on": "complete"}),
+            (CALLBACKS, {"on": "success"}) if on_success else None, ""), sweep))
+        self.batches[batch_id] = SyncBatch(self.client, batch_id)
+        self.model.open_batch(batch_id, on_success)
+
+    @rule()
+    def sweep_callback_queue(self) -> None:
+        """Time passes for the callback queue's sweep: every batch's open grace is over
+        (as 30 s after each open), and a sweep looks at each: it adds a fired batch's callbacks
+        once, relays the outboxes of an open one, and forgets none that the model still has."""
+        keys = QueueKeys(CALLBACKS)
+        owed = self.raw.zrange(keys.batches, 0, -1)
+        if owed:
+            self.raw.zadd(keys.batches, dict.fromkeys(owed, 0), xx=True)
+        self.client._run(sweep_batches(keys))
 
     @precondition(lambda self: any(not b.closed for b in self.model.batches.values()))
     @rule(pick=st.integers(0, 10), queue=serving, job_id=custom_id, fail=fail_first)
