@@ -116,9 +116,12 @@ class _Jobs:
             options["depends_on"] = dependency_ids(to.name, options["depends_on"])
         return [self._member(new_job(to.defaults, stored_form(data), options))]
 
-    def _rounds(self, to: Target, items: Iterable[Any]) -> Iterable[Sequence[NewJob]]:
-        """An ``add_bulk``'s jobs, all validated first, in rounds of :data:`BULK_CHUNK`."""
+    def _rounds(self, producer: Producer | SyncProducer, to: Target, items: Iterable[Any]
+                ) -> Iterable[Sequence[NewJob]]:
+        """An ``add_bulk``'s jobs, all validated first (their size by ``producer``), in rounds
+        of :data:`BULK_CHUNK`."""
         jobs = [self._member(job) for job in new_jobs(to.defaults, items)]
+        producer.check_sizes(jobs)
         for start in range(0, len(jobs), BULK_CHUNK):
             yield jobs[start:start + BULK_CHUNK]
 
@@ -140,7 +143,7 @@ class Batch(_Jobs):
                   **options: Any) -> JobHandle:
         """Add one job to ``queue`` as a member of the batch (the options of
         :meth:`Queue.add`). Returns its :class:`JobHandle`."""
-        to = target(queue, {})
+        to = target(queue, {}, self._producer.prefix)
         [(job_id, created)] = await self._producer.run(self._producer.add_to_batch(
             to, self.id, self._one(to, data, options)))
         return JobHandle(self._producer, to.name, job_id, created)
@@ -149,9 +152,9 @@ class Batch(_Jobs):
                        ) -> list[JobHandle]:
         """Add many jobs (each item one job's data) to ``queue``, 1000 per round. Every item
         is validated first: one bad item raises PayloadError and nothing is added."""
-        to = target(queue, {})
+        to = target(queue, {}, self._producer.prefix)
         handles = []
-        for jobs in self._rounds(to, items):
+        for jobs in self._rounds(self._producer, to, items):
             added = await self._producer.run(self._producer.add_to_batch(to, self.id, jobs))
             handles += [JobHandle(self._producer, to.name, i, c) for i, c in added]
         return handles
@@ -183,7 +186,7 @@ class SyncBatch(_Jobs):
     def add(self, queue: str | Handler[Any, Any, Any], data: Any = None,
             **options: Any) -> SyncJobHandle:
         """Blocking :meth:`Batch.add`."""
-        to = target(queue, {})
+        to = target(queue, {}, self._producer.prefix)
         [(job_id, created)] = self._producer.run(self._producer.add_to_batch(
             to, self.id, self._one(to, data, options)))
         return SyncJobHandle(self._producer, to.name, job_id, created)
@@ -191,9 +194,9 @@ class SyncBatch(_Jobs):
     def add_bulk(self, queue: str | Handler[Any, Any, Any], items: Iterable[Any]
                  ) -> list[SyncJobHandle]:
         """Blocking :meth:`Batch.add_bulk`."""
-        to = target(queue, {})
+        to = target(queue, {}, self._producer.prefix)
         handles = []
-        for jobs in self._rounds(to, items):
+        for jobs in self._rounds(self._producer, to, items):
             added = self._producer.run(self._producer.add_to_batch(to, self.id, jobs))
             handles += [SyncJobHandle(self._producer, to.name, i, c) for i, c in added]
         return handles

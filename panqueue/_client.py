@@ -21,8 +21,9 @@ from typing import Any, TypeVar, overload
 import anyio
 
 from panqueue._batch import Batch, SyncBatch, new_batch, new_sync_batch
+from panqueue._codec import DEFAULT_MAX_PAYLOAD
 from panqueue._job import JobInfo, JobState
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, prefixed
 from panqueue._producer import EventTail, Producer, SyncProducer, target
 from panqueue._queue import Queue, SyncQueue
 from panqueue._registry import Handler
@@ -52,13 +53,26 @@ D = TypeVar("D")
 class QueueClient:
     """The async client: ``async with QueueClient(url) as client: ...``.
 
+    ``prefix``: a namespace for every key the client reads and writes (``{<prefix>:q:<queue>}``),
+    so that several applications share one Redis, each under its own ACL key pattern; the
+    workers of the queues run with the same prefix. ``max_payload_bytes``: the bound of one
+    job's encoded data and options (None: no bound); a job over it raises
+    :class:`PayloadError` naming its size and nothing is written.
+
     ``producer``: what the client adds and reads through (``_producer.py``), shared with the
     queue handles and batches it hands out; the package's own surface, not part of the API.
     """
 
-    def __init__(self, url: str | None = None) -> None:
-        self.producer = Producer(check_url(resolve_url(url)))
+    def __init__(self, url: str | None = None, *, prefix: str | None = None,
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
+        self.producer = Producer(check_url(resolve_url(url)), prefix=prefix,
+                                 max_payload_bytes=max_payload_bytes)
         self.url = self.producer.url
+        self.prefix = self.producer.prefix
+
+    def _keys(self, queue: str) -> QueueKeys:
+        with prefixed(self.prefix):
+            return QueueKeys(queue)
 
     async def __aenter__(self) -> QueueClient:
         self.producer.connect()
@@ -85,7 +99,7 @@ class QueueClient:
         ``backoff``, ``timeout``) and optionally ``mode`` ('global' or 'keyed': adds fail
         if the queue's stored mode differs). A handler's queue is typed by its payload
         (``Queue[Email]`` for a handler of ``Job[Email]``)."""
-        return Queue(self.producer, target(queue, defaults))
+        return Queue(self.producer, target(queue, defaults, self.prefix))
 
     async def batch(self, on_complete: tuple[str, Any], on_success: tuple[str, Any] | None = None,
                     *, parent: Batch | str | None = None) -> Batch:
@@ -105,11 +119,11 @@ class QueueClient:
 
     async def queue_exists(self, queue: str) -> bool:
         """Whether ``queue`` has state in Redis (a job was added to it or a worker served it)."""
-        return await self._run(ops.known_queue(QueueKeys(queue)))
+        return await self._run(ops.known_queue(self._keys(queue)))
 
     async def is_paused(self, queue: str) -> bool:
         """Whether ``queue`` is paused (:meth:`pause`)."""
-        return await self._run(ops.is_paused(QueueKeys(queue)))
+        return await self._run(ops.is_paused(self._keys(queue)))
 
     async def get_job(self, queue: str, job_id: str) -> JobInfo:
         return await self._run(self.producer.on_job(queue, job_id, ops.get_job))
@@ -154,10 +168,10 @@ class QueueClient:
         from their heartbeats. A worker that stopped cleanly is gone at once; one that died is
         gone within three heartbeat intervals."""
         if queue is not None:
-            return await self._run(ops.workers(QueueKeys(queue)))
+            return await self._run(ops.workers(self._keys(queue)))
         found = []
         for name in await self.queues():
-            found += await self._run(ops.workers(QueueKeys(name)))
+            found += await self._run(ops.workers(self._keys(name)))
         return ops.merge_workers(found)
 
     async def explain(self, queue: str, job_id: str) -> Explanation:
@@ -176,12 +190,12 @@ class QueueClient:
 
     async def schedules(self, queue: str) -> list[ScheduleInfo]:
         """The queue's schedules as registered in Redis, with their next run times."""
-        return await self._run(ops.list_schedules(QueueKeys(queue)))
+        return await self._run(ops.list_schedules(self._keys(queue)))
 
     async def remove_schedule(self, queue: str, name: str) -> bool:
         """Delete a schedule from Redis (a worker whose registry still defines it registers
         it again when it starts)."""
-        return await self._run(ops.remove_schedule(QueueKeys(queue), name))
+        return await self._run(ops.remove_schedule(self._keys(queue), name))
 
     async def timings(self, queue: str, *, window: float = 60.0) -> Timings:
         """Wait and run times (p50, p95) of the jobs of ``queue`` that completed or failed in
@@ -223,9 +237,16 @@ class SyncQueueClient:
     """The blocking client, for scripts, web apps without an event loop, and Spark executors.
     ``producer``: see :class:`QueueClient`."""
 
-    def __init__(self, url: str | None = None) -> None:
-        self.producer = SyncProducer(check_url(resolve_url(url)))
+    def __init__(self, url: str | None = None, *, prefix: str | None = None,
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
+        self.producer = SyncProducer(check_url(resolve_url(url)), prefix=prefix,
+                                     max_payload_bytes=max_payload_bytes)
         self.url = self.producer.url
+        self.prefix = self.producer.prefix
+
+    def _keys(self, queue: str) -> QueueKeys:
+        with prefixed(self.prefix):
+            return QueueKeys(queue)
 
     def __enter__(self) -> SyncQueueClient:
         self.producer.connect()
@@ -249,7 +270,7 @@ class SyncQueueClient:
 
     def queue(self, queue: str | Handler[Any, Any, Any], **defaults: Any) -> SyncQueue[Any]:
         """Blocking :meth:`QueueClient.queue`."""
-        return SyncQueue(self.producer, target(queue, defaults))
+        return SyncQueue(self.producer, target(queue, defaults, self.prefix))
 
     def batch(self, on_complete: tuple[str, Any], on_success: tuple[str, Any] | None = None,
               *, parent: SyncBatch | str | None = None) -> SyncBatch:
@@ -265,10 +286,10 @@ class SyncQueueClient:
         return self._run(ops.queues())
 
     def queue_exists(self, queue: str) -> bool:
-        return self._run(ops.known_queue(QueueKeys(queue)))
+        return self._run(ops.known_queue(self._keys(queue)))
 
     def is_paused(self, queue: str) -> bool:
-        return self._run(ops.is_paused(QueueKeys(queue)))
+        return self._run(ops.is_paused(self._keys(queue)))
 
     def get_job(self, queue: str, job_id: str) -> JobInfo:
         return self._run(self.producer.on_job(queue, job_id, ops.get_job))
@@ -299,10 +320,10 @@ class SyncQueueClient:
     def workers(self, queue: str | None = None) -> list[WorkerInfo]:
         """Blocking :meth:`QueueClient.workers`."""
         if queue is not None:
-            return self._run(ops.workers(QueueKeys(queue)))
+            return self._run(ops.workers(self._keys(queue)))
         found = []
         for name in self.queues():
-            found += self._run(ops.workers(QueueKeys(name)))
+            found += self._run(ops.workers(self._keys(name)))
         return ops.merge_workers(found)
 
     def explain(self, queue: str, job_id: str) -> Explanation:
@@ -314,10 +335,10 @@ class SyncQueueClient:
         return self._run(self.producer.on_all(queue, parted.all_purge, _states(states)))
 
     def schedules(self, queue: str) -> list[ScheduleInfo]:
-        return self._run(ops.list_schedules(QueueKeys(queue)))
+        return self._run(ops.list_schedules(self._keys(queue)))
 
     def remove_schedule(self, queue: str, name: str) -> bool:
-        return self._run(ops.remove_schedule(QueueKeys(queue), name))
+        return self._run(ops.remove_schedule(self._keys(queue), name))
 
     def timings(self, queue: str, *, window: float = 60.0) -> Timings:
         """Blocking :meth:`QueueClient.timings`."""

@@ -13,9 +13,14 @@ from typing import Any
 
 import msgpack
 
+from panqueue._check import check_int
 from panqueue.errors import PayloadError
 
-__all__ = ["check_json_compatible", "decode", "encode", "encode_checked"]
+__all__ = ["DEFAULT_MAX_PAYLOAD", "check_json_compatible", "check_max_payload", "check_size",
+           "decode", "encode", "encode_checked"]
+
+# The default bound of one job's encoded data and options, and of one result (1 MiB).
+DEFAULT_MAX_PAYLOAD = 1_048_576
 
 _MAX_DEPTH = 100
 _INT_MIN = -(2**63)
@@ -40,6 +45,20 @@ def decode(blob: bytes | None) -> Any:
     if blob is None:
         return None
     return msgpack.unpackb(blob, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+
+
+def check_max_payload(limit: object) -> int | None:
+    """Return a valid ``max_payload_bytes`` (None: no bound), else raise ConfigError."""
+    if limit is None:
+        return None
+    return check_int(limit, "max_payload_bytes", low=1)
+
+
+def check_size(size: int, limit: int | None, what: str) -> None:
+    """Raise :class:`PayloadError` if ``size`` (bytes, encoded) is over ``limit``."""
+    if limit is not None and size > limit:
+        raise PayloadError(f"{what} is {size:,} bytes encoded, over the limit of {limit:,} bytes "
+                           "(max_payload_bytes)")
 
 
 def encode_checked(value: Any, what: str = "data") -> bytes:

@@ -21,20 +21,90 @@ serves (``_store/ops/layout.py``, ``_store/ops/partitions.py``).
 from __future__ import annotations
 
 import binascii
+import contextvars
 import functools
+import re
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from panqueue._check import check_int
 from panqueue.errors import ConfigError
 
 __all__ = ["CLUSTER_SLOTS", "LEGACY_PLACEMENT", "MAX_PARTITIONS", "SPREAD_PLACEMENT", "BatchKeys",
-           "Layout", "QueueKeys", "check_job_id", "check_partitions", "check_queue_name",
-           "hash_slot", "partition_keys", "partition_tags", "route"]
+           "Layout", "QueueKeys", "check_job_id", "check_partitions", "check_prefix",
+           "check_queue_name", "current_prefix", "hash_slot", "key_pattern", "partition_keys",
+           "partition_tags", "prefixed", "route", "tag_base"]
 
 _MAX_NAME = 200
 _MAX_JOB_ID = 256
 MAX_PARTITIONS = 1024
+
+
+# The namespace (``prefix=``) the keys built here belong to: "" for none, else "<prefix>:",
+# which every hash tag starts with ("{<prefix>:q:<queue>}:", "{<prefix>:b:<id>}:"). A client
+# or worker names its prefix explicitly where it builds keys itself; an operation (a generator
+# that a transport drives) builds them under the prefix of the transport driving it, which
+# sets this variable around each step (``transport.base``), so no operation takes it as an
+# argument and none can build a key outside it.
+_PREFIX: contextvars.ContextVar[str] = contextvars.ContextVar("panqueue_key_prefix", default="")
+
+_MAX_PREFIX = 64
+_PREFIX_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# "q" and "b" would make "{q:q:X}" and "{b:q:X}", the tags of an unprefixed queue "q:X" and
+# batch "q:X": a prefix must never name keys that another namespace can name too.
+_RESERVED_PREFIXES = frozenset({"q", "b"})
+
+
+def check_prefix(prefix: object) -> str | None:
+    """Return a valid key prefix (None: no prefix), else raise :class:`ConfigError`.
+
+    A prefix is letters, digits, ``_``, ``.`` and ``-`` (it starts with a letter or a digit), at
+    most 64 of them: no braces (it is inside the hash tag), no colon (``{a:b:q:X}`` would be
+    both prefix ``a:b`` and queue ``b:q:X`` of prefix ``a``), no glob characters (it is part of
+    a SCAN pattern and of the ACL pattern that confines it)."""
+    if prefix is None:
+        return None
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError(f"prefix must be a non-empty str, got {prefix!r}")
+    if len(prefix) > _MAX_PREFIX:
+        raise ConfigError(f"prefix {prefix[:40]!r}... is longer than {_MAX_PREFIX} characters")
+    if not _PREFIX_SHAPE.fullmatch(prefix):
+        raise ConfigError(
+            f"prefix {prefix!r} may contain only letters, digits, '_', '.' and '-' (starting "
+            "with a letter or a digit): no braces, colons, spaces or glob characters")
+    if prefix in _RESERVED_PREFIXES:
+        raise ConfigError(f"prefix {prefix!r} is reserved (it would name the keys of queues "
+                          "without a prefix); choose another")
+    return prefix
+
+
+def tag_base(prefix: str | None) -> str:
+    """What every hash tag of ``prefix`` starts with after the brace: ``"<prefix>:"``, or
+    ``""`` for no prefix."""
+    return f"{prefix}:" if prefix else ""
+
+
+def current_prefix() -> str | None:
+    """The prefix keys are built under here and now (None: none)."""
+    return _PREFIX.get()[:-1] or None
+
+
+@contextmanager
+def prefixed(prefix: str | None) -> Iterator[None]:
+    """Build keys under ``prefix`` inside the block (see ``_PREFIX``)."""
+    token = _PREFIX.set(tag_base(prefix))
+    try:
+        yield
+    finally:
+        _PREFIX.reset(token)
+
+
+def key_pattern(kind: str, rest: str) -> str:
+    """A SCAN pattern over keys of ``kind`` ("q" or "b") under the current prefix: for
+    example ``key_pattern("q", "*}:meta")``."""
+    return "{" + _PREFIX.get() + kind + ":" + rest
 
 
 def check_queue_name(name: object) -> str:
@@ -136,7 +206,6 @@ def _range_start(j: int, n: int) -> int:
     return (2 * j * CLUSTER_SLOTS + n) // (2 * n)
 
 
-@functools.lru_cache(maxsize=4096)
 def partition_tags(name: str, count: int, placement: int = SPREAD_PLACEMENT) -> tuple[str, ...]:
     """The hash tags of the ``count`` partitions of queue ``name``.
 
@@ -150,8 +219,16 @@ def partition_tags(name: str, count: int, placement: int = SPREAD_PLACEMENT) -> 
     The tag of partition ``i`` is ``q:<name>#<suffix>`` with the four-character suffix whose
     slot is the target: CRC16 with a zero start is linear, so CRC16(prefix + suffix) is
     CRC16(prefix + four zero bytes) XOR CRC16(suffix), and a table of the suffixes' CRCs
-    (:func:`_first_suffixes`) answers each target at once."""
-    home = f"q:{name}"
+    (:func:`_first_suffixes`) answers each target at once.
+
+    Under a prefix (``_PREFIX``) every tag starts with it: ``<prefix>:q:<name>...``."""
+    return _partition_tags(_PREFIX.get(), name, count, placement)
+
+
+@functools.lru_cache(maxsize=4096)
+def _partition_tags(namespace: str, name: str, count: int, placement: int
+                    ) -> tuple[str, ...]:
+    home = f"{namespace}q:{name}"
     if count == 1:
         return (home,)
     if placement == LEGACY_PLACEMENT:
@@ -209,8 +286,9 @@ class QueueKeys:
         self.partitions = partitions
         # The layout version this partition is addressed under (see ``declared``).
         self.version = version
+        base = _PREFIX.get()
         if tag is None:
-            tag = f"q:{name}#{partition}" if partition else f"q:{name}"
+            tag = f"{base}q:{name}#{partition}" if partition else f"{base}q:{name}"
         self.prefix = f"{{{tag}}}:"
         self.meta = self.prefix + "meta"
         self.wait = self.prefix + "wait"
@@ -249,7 +327,7 @@ class QueueKeys:
         self.id_outbox = self.prefix + "id_outbox"
         # A partitioned queue's global rate limit: one window for every partition, in a slot
         # of its own (lua/rate_take.lua).
-        self.shared_rate = f"{{q:{name}#rate}}:rl"
+        self.shared_rate = f"{{{base}q:{name}#rate}}:rl"
         # The home's lock of a layout change (STRING: the changer's token, with a lease;
         # _store/ops/layout.py change_layout).
         self.relayout = self.prefix + "relayout"
@@ -292,7 +370,7 @@ class BatchKeys:
 
     def __init__(self, batch_id: str) -> None:
         self.id = batch_id
-        self.prefix = f"{{b:{batch_id}}}:"
+        self.prefix = f"{{{_PREFIX.get()}b:{batch_id}}}:"
         # HASH: the callbacks, closed, counts, fired/added marks (lib/batch_layout.lua).
         self.state = self.prefix + "state"
         # SET of "<queue>\t<job id>": every job registered in the batch, and those that ended.

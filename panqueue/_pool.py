@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from panqueue._keys import check_prefix
 from panqueue._registry import Registry
 from panqueue._runtime.worker import Worker
 from panqueue._store import AsyncTransport, open_async_transport
@@ -29,14 +30,17 @@ class WorkerPool:
 
     def __init__(self, registry: Registry, *, url: str | None = None,
                  queues: Sequence[str] | None = None, concurrency: int | None = None,
-                 grace: float = 30.0, **worker_options: Any) -> None:
-        self.url = resolve_url(url)
+                 grace: float = 30.0, prefix: str | None = None,
+                 **worker_options: Any) -> None:
+        self.url = resolve_url(url if url is not None else registry.url)
+        # The key namespace of every worker (Worker's prefix; default: the registry's).
+        self.prefix = check_prefix(prefix) if prefix is not None else registry.prefix
         self._registry = registry
         self._queues = list(queues) if queues is not None else registry.queues
         # The workers are made by run(), on the pool's connection (opened there: it needs the
         # event loop); their arguments are checked now, as making them would.
         inspect.signature(Worker).bind(registry, "", url=self.url, concurrency=concurrency,
-                                       grace=grace, **worker_options)
+                                       grace=grace, prefix=self.prefix, **worker_options)
         for name in self._queues:
             registry.get(name)  # an unknown queue: ConfigError
         self.grace = grace
@@ -53,11 +57,12 @@ class WorkerPool:
         if self._stopping:  # shutdown() was called before run()
             task_status.started()
             return
-        self._transport = open_async_transport(self.url)
+        self._transport = open_async_transport(self.url, self.prefix)
         try:
             self.workers = [
                 Worker(self._registry, name, url=self.url, concurrency=self._concurrency,
-                       grace=self.grace, transport=self._transport, **self._worker_options)
+                       grace=self.grace, transport=self._transport, prefix=self.prefix,
+                       **self._worker_options)
                 for name in self._queues
             ]
             async with anyio.create_task_group() as tg:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
 
+from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_max_payload, check_size
 from panqueue._job import JobInfo
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, check_prefix, prefixed
 from panqueue._registry import Handler
 from panqueue._store import (
     AsyncTransport,
@@ -87,9 +88,11 @@ class Target:
         return self.keys.name
 
 
-def target(queue: str | Handler[Any, Any, Any], defaults: dict[str, Any]) -> Target:
+def target(queue: str | Handler[Any, Any, Any], defaults: dict[str, Any],
+           prefix: str | None = None) -> Target:
     """The target of ``client.queue(queue, **defaults)``, checked: ``defaults`` may name
-    ``mode`` and the options of :data:`QUEUE_DEFAULTS`; a handler's job defaults come first."""
+    ``mode`` and the options of :data:`QUEUE_DEFAULTS`; a handler's job defaults come first.
+    ``prefix``: the client's key namespace."""
     defaults = dict(defaults)
     mode = defaults.pop("mode", "")
     partitions = None
@@ -107,7 +110,9 @@ def target(queue: str | Handler[Any, Any, Any], defaults: dict[str, Any]) -> Tar
     if unknown:
         raise ConfigError(f"unknown queue default(s): {', '.join(sorted(unknown))} "
                           f"(allowed: {', '.join(sorted(QUEUE_DEFAULTS))})")
-    return Target(QueueKeys(name), merged, mode, partitions)
+    with prefixed(prefix):
+        keys = QueueKeys(name)
+    return Target(keys, merged, mode, partitions)
 
 
 def stored_form(data: Any) -> Any:
@@ -197,15 +202,28 @@ class _Routes:
     layouts, and where its next job that neither an id, a key nor a dependency places goes
     (the partitions in turn)."""
 
-    def __init__(self, spread: int) -> None:
+    def __init__(self, spread: int, prefix: str | None = None,
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
         self.layouts = parted.PartitionCounts()
         self._spread = spread
+        self.prefix = check_prefix(prefix)
+        self.max_payload_bytes = check_max_payload(max_payload_bytes)
+
+    def check_sizes(self, jobs: Sequence[NewJob]) -> None:
+        """:class:`PayloadError` if a job's encoded data and options are over
+        ``max_payload_bytes`` (checked for every job before any is written)."""
+        for index, job in enumerate(jobs):
+            what = "the job's data" if len(jobs) == 1 else f"job {index}'s data"
+            check_size(len(job.data) + len(job.options), self.max_payload_bytes,
+                       what + " (with its options)" if job.options else what)
 
     def add(self, to: Target, jobs: Sequence[NewJob], durable_timeout_ms: int | None = None,
             together: bool = False) -> Op[list[tuple[str, bool]]]:
         """Add ``jobs`` to ``to``, each in its partition: ``(job id, created)`` per job.
         ``together``: all in one script call, or none (a flow). No jobs (an empty bulk, flow or
-        chain) is nothing to add: nothing is asked of the server."""
+        chain) is nothing to add: nothing is asked of the server. A job over
+        ``max_payload_bytes`` adds none."""
+        self.check_sizes(jobs)
         spread, self._spread = self._spread, self._spread + len(jobs)
         if not jobs:
             return []
@@ -215,6 +233,7 @@ class _Routes:
     def add_to_batch(self, to: Target, batch_id: str, jobs: Sequence[NewJob]
                      ) -> Op[list[tuple[str, bool]]]:
         """Register ``jobs`` with batch ``batch_id`` and add them to ``to``."""
+        self.check_sizes(jobs)
         return self.layouts.on_all(to.name, parted.add_to_batch, batch_id, jobs, to.mode,
                                    declared=to.partitions)
 
@@ -234,14 +253,15 @@ class _Routes:
 class Producer(_Routes):
     """A producer on an async transport, opened on first use. ``url`` is taken as checked."""
 
-    def __init__(self, url: str, spread: int = 0) -> None:
-        super().__init__(spread)
+    def __init__(self, url: str, spread: int = 0, *, prefix: str | None = None,
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
+        super().__init__(spread, prefix, max_payload_bytes)
         self.url = url
         self._transport: AsyncTransport | None = None
 
     def connect(self) -> AsyncTransport:
         if self._transport is None:
-            self._transport = open_async_transport(self.url)
+            self._transport = open_async_transport(self.url, self.prefix)
         return self._transport
 
     async def run(self, op: Op[T]) -> T:
@@ -257,8 +277,9 @@ class SyncProducer(_Routes):
     """A producer on redis-py's blocking client, opened on first use; safe to share between
     threads. ``url`` is taken as checked."""
 
-    def __init__(self, url: str, spread: int = 0) -> None:
-        super().__init__(spread)
+    def __init__(self, url: str, spread: int = 0, *, prefix: str | None = None,
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
+        super().__init__(spread, prefix, max_payload_bytes)
         self.url = url
         self._transport: SyncTransport | None = None
         # The producer may be shared by threads (a web app's thread pool): the first connection
@@ -279,7 +300,7 @@ class SyncProducer(_Routes):
             with self._connecting:
                 transport = self._transport
                 if transport is None:
-                    transport = self._transport = SyncTransport(self.url)
+                    transport = self._transport = SyncTransport(self.url, self.prefix)
         return transport
 
     def run(self, op: Op[T]) -> T:

@@ -14,7 +14,7 @@ from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar, over
 from panqueue._check import check_int, check_one_of
 from panqueue._handler import Handler, HandlerOptions, check_chunk_payload
 from panqueue._job import Job
-from panqueue._keys import check_partitions, check_queue_name
+from panqueue._keys import check_partitions, check_prefix, check_queue_name
 from panqueue._options import (
     DEFAULT_CHILD_ENV,
     Backoff,
@@ -60,9 +60,16 @@ class _HandlerDecorator(Protocol):
 
 
 class Registry:
-    """Maps queue ids to handlers. ``panqueue worker app:queues`` loads one of these."""
+    """Maps queue ids to handlers. ``panqueue worker app:queues`` loads one of these.
 
-    def __init__(self) -> None:
+    ``url``: the Redis URL its workers use when they are given none (else ``PANQUEUE_URL``).
+    ``prefix``: the key namespace of its queues (``{<prefix>:q:<queue>}``): the default of its
+    workers and pools, and of ``panqueue worker`` when neither ``--prefix`` nor
+    ``PANQUEUE_PREFIX`` is given."""
+
+    def __init__(self, url: str | None = None, *, prefix: str | None = None) -> None:
+        self.url = url
+        self.prefix = check_prefix(prefix)
         self._handlers: dict[str, Handler[Any, Any]] = {}
         self._schedules: dict[str, Schedule] = {}
 

@@ -108,10 +108,11 @@ class WorkerMetrics:
 
 class QueueCollector(Collector):
     """Gauges read from Redis at each scrape: every queue's jobs by state, lag, paused flag and
-    live workers. Register it in a ``CollectorRegistry`` (as :func:`serve_queues` does)."""
+    live workers. Register it in a ``CollectorRegistry`` (as :func:`serve_queues` does).
+    ``prefix``: the key namespace of the queues it reads (``QueueClient``'s)."""
 
-    def __init__(self, url: str | None = None) -> None:
-        self._client = SyncQueueClient(url)
+    def __init__(self, url: str | None = None, *, prefix: str | None = None) -> None:
+        self._client = SyncQueueClient(url, prefix=prefix)
         self._lock = threading.Lock()  # scrapes may come from several server threads
 
     def close(self) -> None:
@@ -165,11 +166,12 @@ def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> An
     return server
 
 
-def serve_queues(url: str | None, port: int, host: str = "127.0.0.1"
-                 ) -> tuple[Any, QueueCollector]:
-    """The cluster exporter: a :class:`QueueCollector` on ``url`` served on ``host:port``."""
+def serve_queues(url: str | None, port: int, host: str = "127.0.0.1", *,
+                 prefix: str | None = None) -> tuple[Any, QueueCollector]:
+    """The cluster exporter: a :class:`QueueCollector` on ``url`` (the queues of ``prefix``)
+    served on ``host:port``."""
     registry = CollectorRegistry()
-    collector = QueueCollector(url)
+    collector = QueueCollector(url, prefix=prefix)
     registry.register(collector)
     try:
         return serve(registry, port, host), collector

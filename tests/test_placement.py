@@ -12,7 +12,13 @@ import string
 
 import pytest
 
-from panqueue._keys import LEGACY_PLACEMENT, partition_keys, partition_tags
+from panqueue._keys import (
+    LEGACY_PLACEMENT,
+    SPREAD_PLACEMENT,
+    _partition_tags,
+    partition_keys,
+    partition_tags,
+)
 
 SLOTS = 16384
 
@@ -67,7 +73,8 @@ def test_placement_is_a_pure_function_of_name_and_count() -> None:
         tags = partition_tags(name, 12)
         assert tags[0] == f"q:{name}"
         assert len(set(tags)) == 12
-        assert partition_tags.__wrapped__(name, 12) == tags  # not only the cache's answer
+        # Not only the cache's answer:
+        assert _partition_tags.__wrapped__("", name, 12, SPREAD_PLACEMENT) == tags
         legacy = partition_tags(name, 12, LEGACY_PLACEMENT)
         assert legacy == (f"q:{name}", *(f"q:{name}#{i}" for i in range(1, 12)))
         assert not set(tags[1:]) & set(legacy)

@@ -18,7 +18,7 @@ import anyio
 
 from panqueue import _tracing
 from panqueue._check import is_number
-from panqueue._codec import check_json_compatible, decode, encode
+from panqueue._codec import check_json_compatible, check_size, decode, encode
 from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._options import JobOptions
 from panqueue._runtime.locks import Attempt, Attempts
@@ -83,8 +83,10 @@ class AttemptRunner:
     """Runs attempts of one handler's jobs on its executor."""
 
     def __init__(self, executor: Executor, queue: str, options: JobOptions, attempts: Attempts,
-                 report: Report, release: Release) -> None:
+                 report: Report, release: Release, *,
+                 max_payload_bytes: int | None = None) -> None:
         self._executor = executor
+        self._max_payload_bytes = max_payload_bytes
         self._queue = queue
         self._options = options
         self._attempts = attempts
@@ -151,7 +153,9 @@ class AttemptRunner:
         if error is None:
             try:
                 check_json_compatible(outcome, "result")
-                return Outcome(Ending.COMPLETED, duration, result=encode(outcome))
+                result = encode(outcome)
+                check_size(len(result), self._max_payload_bytes, "the handler's result")
+                return Outcome(Ending.COMPLETED, duration, result=result)
             except PayloadError as exc:
                 error = exc
         return ending_of(claimed, options, error, duration)

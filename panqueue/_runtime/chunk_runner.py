@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from panqueue._codec import check_json_compatible, decode, encode
+from panqueue._codec import check_json_compatible, check_size, decode, encode
 from panqueue._job import ChunkFailure, Job
 from panqueue._options import JobOptions
 from panqueue._runtime.attempt import CancelRequested, Ending, Outcome, ending_of
@@ -52,8 +52,10 @@ class ChunkRunner:
 
     def __init__(self, executor: Executor, queue: str, options: JobOptions, attempts: Attempts,
                  recorder: Recorder, *, stopping: Callable[[], bool],
-                 forced: Callable[[], bool], count: Count, log: Any) -> None:
+                 forced: Callable[[], bool], count: Count, log: Any,
+                 max_payload_bytes: int | None = None) -> None:
         self._executor = executor
+        self._max_payload_bytes = max_payload_bytes
         self._queue = queue
         self._options = options
         self._attempts = attempts
@@ -129,7 +131,7 @@ class ChunkRunner:
                 outcomes[i] = ending_of(held.job, options[i], error, duration)
             else:
                 outcomes[i] = _item_outcome(held, options[i], result[position], position,
-                                            duration)
+                                            duration, self._max_payload_bytes)
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _job_options(self, claimed: ClaimedJob) -> JobOptions:
@@ -236,8 +238,8 @@ def _misshapen(result: Any, count: int) -> InvalidChunkResult | None:
                               f"job, in the order of the jobs), got {got}")
 
 
-def _item_outcome(held: Held, options: JobOptions, value: Any, position: int, duration: float
-                  ) -> Outcome:
+def _item_outcome(held: Held, options: JobOptions, value: Any, position: int, duration: float,
+                  max_payload_bytes: int | None = None) -> Outcome:
     """How one job ends from its slot of the chunk's result."""
     if isinstance(value, ChunkFailure):
         if value.index != position:
@@ -251,6 +253,8 @@ def _item_outcome(held: Held, options: JobOptions, value: Any, position: int, du
         return ending_of(held.job, options, error, duration)
     try:
         check_json_compatible(value, f"result[{position}]")
-        return Outcome(Ending.COMPLETED, duration, result=encode(value))
+        result = encode(value)
+        check_size(len(result), max_payload_bytes, f"result[{position}]")
+        return Outcome(Ending.COMPLETED, duration, result=result)
     except PayloadError as exc:
         return ending_of(held.job, options, exc, duration)

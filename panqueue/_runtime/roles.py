@@ -96,6 +96,8 @@ class Settings(Protocol):
     handler: Handler[Any, Any]
     name: str
     url: str
+    prefix: str | None
+    max_payload_bytes: int | None
     concurrency: int
     lock_ttl: float
     poll_interval: float
@@ -135,7 +137,7 @@ class Roles:
             stopping=stopping if shape.shared_rate is None else lambda: True, log=log,
             max_snoozes=options.max_snoozes) for keys in parts]
         self.runner = AttemptRunner(executor, queue, options.job, attempts, self._report,
-                                    self._release)
+                                    self._release, max_payload_bytes=worker.max_payload_bytes)
         self.wakeups = WakeUps(transport, parts, health_interval=worker.health_interval,
                                on_cancel=attempts.request_cancel, on_handoff=self._handed_over,
                                log=log)
@@ -143,7 +145,8 @@ class Roles:
         if shape.chunk is not None:
             chunk_runner = ChunkRunner(
                 executor, queue, options.job, attempts, self.recorders[0], stopping=stopping,
-                forced=forced, count=self._relayed_count(counted), log=log)
+                forced=forced, count=self._relayed_count(counted), log=log,
+                max_payload_bytes=worker.max_payload_bytes)
             self.claimer = ChunkClaimer(
                 transport, parts[0], tokens, self.wakeups, concurrency=worker.concurrency,
                 lock_ttl=worker.lock_ttl, poll_interval=worker.poll_interval, chunk=shape.chunk,
@@ -164,7 +167,7 @@ class Roles:
             interval=worker.heartbeat_interval, log=log)
         # The watchdog keeps the locks and the registry entry while the loop is blocked.
         self.watchdog = LoopWatchdog(
-            url=worker.url, parts=parts, handler=worker.handler,
+            url=worker.url, prefix=worker.prefix, parts=parts, handler=worker.handler,
             handler_name=worker.handler.import_path,
             executor_name=executor.name, lock_ttl=worker.lock_ttl, running=attempts.locks,
             renewed=attempts.renewed, log=log, partition_of=attempts.partition_of,

@@ -73,8 +73,9 @@ class LoopWatchdog:
                  threshold: float = 1.0,
                  partition_of: Callable[[tuple[str, str]], int] = lambda lock: 0,
                  registry: Callable[[int], list[Op[Any]]] | None = None,
-                 registry_every: float = math.inf) -> None:
+                 registry_every: float = math.inf, prefix: str | None = None) -> None:
         self._url = url
+        self._prefix = prefix
         # The code of the handler's frames (see the module's docstring); the loop's thread is
         # the one that starts the watchdog.
         self._codes = _codes(handler)
@@ -195,7 +196,7 @@ class LoopWatchdog:
             return
         try:
             if self._transport is None:
-                self._transport = SyncTransport(self._url)
+                self._transport = SyncTransport(self._url, self._prefix)
             for write in writes:
                 self._transport.run(write)
         except PanqueueError as exc:
@@ -204,7 +205,7 @@ class LoopWatchdog:
     def _renew(self, jobs: list[tuple[str, str]]) -> None:
         try:
             if self._transport is None:
-                self._transport = SyncTransport(self._url)
+                self._transport = SyncTransport(self._url, self._prefix)
             sent = time.monotonic()
             grouped: dict[int, list[tuple[str, str]]] = {}
             for lock in jobs:

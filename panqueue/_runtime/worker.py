@@ -27,7 +27,8 @@ from typing import TypeVar
 import anyio
 import anyio.abc
 
-from panqueue._keys import partition_keys
+from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_max_payload
+from panqueue._keys import check_prefix, partition_keys, prefixed
 from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
 from panqueue._runtime.attempt import AttemptRunner, Ending
@@ -72,7 +73,10 @@ class Worker:
     ``summary_interval``: seconds between the worker's summary lines (jobs processed and failed,
     rate) on the ``panqueue.worker`` logger; ``None`` for none. ``metrics``: an object the
     worker reports attempts, claims and lock renewals to (a
-    :class:`panqueue.metrics.WorkerMetrics`); ``None`` for none.
+    :class:`panqueue.metrics.WorkerMetrics`); ``None`` for none. ``prefix``: the key namespace
+    of the queue (as the clients that add to it name it; default: the registry's).
+    ``max_payload_bytes``: the bound of a handler's encoded result (None: no bound); a result
+    over it fails the attempt with a :class:`PayloadError` naming its size.
     """
 
     def __init__(
@@ -91,14 +95,22 @@ class Worker:
         heartbeat_interval: float = 5.0,
         summary_interval: float | None = 60.0,
         metrics: MetricsHook | None = None,
+        prefix: str | None = None,
+        max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
     ) -> None:
         self.handler = registry.get(queue)
         self.schedules = {s.name: s for s in registry.schedules_for(queue)}
+        self.prefix = check_prefix(prefix) if prefix is not None else registry.prefix
+        if transport is not None and transport.prefix != self.prefix:
+            raise ConfigError(f"the shared transport's prefix {transport.prefix!r} is not the "
+                              f"worker's {self.prefix!r}")
+        self.max_payload_bytes = check_max_payload(max_payload_bytes)
         # Every partition of the queue (one for most queues); the first is the queue's home.
         # Named as the queue stores them once run() has read its layout.
-        self.parts = partition_keys(queue, self.handler.options.partitions)
+        with prefixed(self.prefix):
+            self.parts = partition_keys(queue, self.handler.options.partitions)
         self.keys = self.parts[0]
-        self.url = resolve_url(url)
+        self.url = resolve_url(url if url is not None else registry.url)
         options = self.handler.options
         self._shape = Shape.of(options)  # plain, chunk or partitioned: decided here, once
         self.concurrency = options.concurrency or concurrency or 1
@@ -138,12 +150,18 @@ class Worker:
         """Run until :meth:`shutdown` (or cancellation). Raises ConnectionError if Redis is
         unreachable at start. With ``task_group.start(worker.run)`` it returns once the worker
         listens for work."""
+        # Every key the worker's roles build (in this task and in the tasks it starts, which
+        # copy its context) is the prefix's.
+        with prefixed(self.prefix):
+            await self._run(task_status)
+
+    async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         self._claim_scope = claim_scope = anyio.CancelScope()
         self._done = done = anyio.Event()
         if self._stopping:  # shutdown() was called before run()
             claim_scope.cancel()
             self._drain_until = anyio.current_time() + self.grace
-        transport = self._shared_transport or open_async_transport(self.url)
+        transport = self._shared_transport or open_async_transport(self.url, self.prefix)
         try:
             roles, subscriber = await self._start(transport)
             async with anyio.create_task_group() as tg:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import click
 
 from panqueue._client import SyncQueueClient
+from panqueue._keys import check_prefix
 from panqueue._registry import Registry
 from panqueue._store.transport import URL_SCHEMES, redact_url
 from panqueue._store.transport import check_url as transport_check_url
@@ -34,6 +35,7 @@ __all__ = [
     "RuntimeFailure",
     "UsageFailure",
     "check_url",
+    "cli_prefix",
     "client_for",
     "load_registry",
     "print_error",
@@ -119,8 +121,33 @@ def check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return url
 
 
+_PREFIX_META = "panqueue.prefix"
+
+
+def _check_prefix(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``--prefix`` or ``$PANQUEUE_PREFIX``, checked, kept for :func:`cli_prefix`."""
+    if value is not None:
+        try:
+            check_prefix(value)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc)) from None
+    ctx.meta[_PREFIX_META] = value
+
+
+def cli_prefix() -> str | None:
+    """The key prefix the command was given (``--prefix``, else ``$PANQUEUE_PREFIX``)."""
+    value: str | None = click.get_current_context().meta.get(_PREFIX_META)
+    return value
+
+
 def url_option(func: F) -> F:
-    """``--url URL``: where Redis is."""
+    """``--url URL``: where Redis is; ``--prefix PREFIX``: the key namespace of the queues
+    (:func:`cli_prefix`)."""
+    func = click.option(
+        "--prefix", default=None, envvar="PANQUEUE_PREFIX", callback=_check_prefix,
+        expose_value=False, is_eager=False, metavar="PREFIX",
+        help="Key prefix of the application's queues, as its clients and workers name it "
+             "(default: $PANQUEUE_PREFIX, else none).")(func)
     return click.option(
         "--url", default=None, callback=check_url, metavar="URL",
         help="Redis URL (default: $PANQUEUE_URL, else redis://localhost:6379/0).")(func)
@@ -187,8 +214,9 @@ def load_registry(spec: str) -> Registry:
 
 
 def client_for(url: str) -> SyncQueueClient:
-    """A client that has answered a PING (fail fast and clearly)."""
-    client = SyncQueueClient(url)
+    """A client (under the command's ``--prefix``) that has answered a PING (fail fast and
+    clearly)."""
+    client = SyncQueueClient(url, prefix=cli_prefix())
     try:
         client.ping()
     except (ConfigError, PanqueueConnectionError):

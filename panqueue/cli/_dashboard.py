@@ -8,7 +8,14 @@ import socket
 
 import click
 
-from panqueue.cli._common import PORT, RuntimeFailure, UsageFailure, client_for, url_option
+from panqueue.cli._common import (
+    PORT,
+    RuntimeFailure,
+    UsageFailure,
+    cli_prefix,
+    client_for,
+    url_option,
+)
 
 __all__ = ["dashboard"]
 
@@ -79,7 +86,8 @@ def dashboard(port: int, host: str, read_only: bool, token: str | None,
         raise UsageFailure(f"--allowed-host {exc}") from None
     client_for(url).close()  # an unreachable Redis is one error line, before we listen
     sock = _bind(host, port)
-    app = create_app(url, read_only=read_only, token=token, allowed_hosts=allowed_hosts)
+    app = create_app(url, read_only=read_only, token=token, allowed_hosts=allowed_hosts,
+                     prefix=cli_prefix())
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"serving the dashboard on http://{shown}:{sock.getsockname()[1]}/"

@@ -9,7 +9,14 @@ from types import ModuleType
 
 import click
 
-from panqueue.cli._common import PORT, RuntimeFailure, UsageFailure, client_for, url_option
+from panqueue.cli._common import (
+    PORT,
+    RuntimeFailure,
+    UsageFailure,
+    cli_prefix,
+    client_for,
+    url_option,
+)
 
 __all__ = ["import_metrics", "metrics"]
 
@@ -42,7 +49,7 @@ def metrics(port: int, host: str, url: str) -> None:
     module = import_metrics("panqueue metrics")
     client_for(url).close()  # an unreachable Redis is one error line
     try:
-        server, collector = module.serve_queues(url, port, host)
+        server, collector = module.serve_queues(url, port, host, prefix=cli_prefix())
     except OSError as exc:
         raise RuntimeFailure(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
                              ) from None

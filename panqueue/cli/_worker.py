@@ -24,6 +24,7 @@ from panqueue.cli._common import (
     POSITIVE_INT,
     RuntimeFailure,
     UsageFailure,
+    cli_prefix,
     client_for,
     load_registry,
     url_option,
@@ -133,7 +134,7 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
     if worker_metrics is not None:
         options["metrics"] = worker_metrics
     pool = WorkerPool(registry, url=url, queues=served, concurrency=concurrency, grace=grace,
-                      poll_interval=poll_interval, **options)
+                      poll_interval=poll_interval, prefix=cli_prefix(), **options)
     health = None
     if health_port is not None:
         state = HealthState(served, lambda: (sum(w.processed for w in pool.workers),
@@ -201,7 +202,7 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
                         pool.force()
 
         async def stop_when_empty() -> None:
-            await _wait_until_empty(url, queues, poll_interval)
+            await _wait_until_empty(url, pool.prefix, queues, poll_interval)
             notice("queues empty (--burst); stopping", queues=queues)
             await shutdown()
 
@@ -239,7 +240,8 @@ async def _run_reporting(pool: WorkerPool, health: HealthState) -> None:
     health.claiming = False
 
 
-async def _wait_until_empty(url: str, queues: list[str], poll_interval: float) -> None:
+async def _wait_until_empty(url: str, prefix: str | None, queues: list[str],
+                            poll_interval: float) -> None:
     """Return once every queue has no waiting and no active job on two checks in a row.
 
     A delayed job that falls due is moved to waiting by the workers, so two empty checks a
@@ -247,7 +249,7 @@ async def _wait_until_empty(url: str, queues: list[str], poll_interval: float) -
     worker alive."""
     interval = min(max(poll_interval, 0.1), 1.0)
     empty_checks = 0
-    async with QueueClient(url) as client:
+    async with QueueClient(url, prefix=prefix) as client:
         while empty_checks < 2:
             await anyio.sleep(interval)
             busy = False

@@ -24,8 +24,8 @@ __all__ = ["create_app"]
 
 
 def create_app(url: str | None = None, read_only: bool = False,
-               token: str | None = None, allowed_hosts: Iterable[str] | None = None
-               ) -> Starlette:
+               token: str | None = None, allowed_hosts: Iterable[str] | None = None, *,
+               prefix: str | None = None) -> Starlette:
     """The dashboard as an ASGI app.
 
     ``url``: the Redis URL (default: ``$PANQUEUE_URL``, else ``redis://localhost:6379/0``).
@@ -41,9 +41,11 @@ def create_app(url: str | None = None, read_only: bool = False,
     public name on, list that name. An action (a POST) must also come from a page of the
     dashboard: its ``Origin`` (or ``Referer``) must name the same host, or it gets 403.
 
+    ``prefix``: the key namespace of the queues it shows (``QueueClient``'s ``prefix``).
+
     Mount it under any prefix (``app.mount("/queues", create_app(...))``): its links and
     cookies follow the prefix. Nothing connects until the first request. A bad ``url``, an
     empty ``token`` or an entry of ``allowed_hosts`` that is not a host name raises
     :class:`~panqueue.ConfigError` here.
     """
-    return build_app(url, read_only, token, allowed_hosts)
+    return build_app(url, read_only, token, allowed_hosts, prefix)

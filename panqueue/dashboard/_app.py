@@ -88,8 +88,9 @@ class BadRequest(Exception):
 class Dashboard:
     """The app's state: the client, the rate windows, the templates and the signer."""
 
-    def __init__(self, url: str | None, read_only: bool, token: str | None) -> None:
-        self.client = SyncQueueClient(url)
+    def __init__(self, url: str | None, read_only: bool, token: str | None,
+                 prefix: str | None = None) -> None:
+        self.client = SyncQueueClient(url, prefix=prefix)
         self.read_only = read_only
         self.signer = Signer(token)
         self.rates = Rates(self.client)
@@ -371,7 +372,8 @@ def _int(params: Mapping[str, str], name: str, default: int, low: int, high: int
 
 
 def build_app(url: str | None, read_only: bool, token: str | None,
-              allowed_hosts: Iterable[str] | None = None) -> Starlette:
+              allowed_hosts: Iterable[str] | None = None, prefix: str | None = None
+              ) -> Starlette:
     """The dashboard's ASGI app (see :func:`panqueue.dashboard.create_app`)."""
     if token is not None and (not isinstance(token, str) or not token.strip()):
         raise ConfigError("token must be a non-empty string (or None for no token)")
@@ -379,7 +381,7 @@ def build_app(url: str | None, read_only: bool, token: str | None,
         hosts = host_names(allowed_hosts or ())
     except ValueError as exc:
         raise ConfigError(f"allowed_hosts: {exc}") from None
-    board = Dashboard(url, read_only, token)
+    board = Dashboard(url, read_only, token, prefix)
     routes = [
         Route("/", board.index),
         Route("/queue", board.queue),

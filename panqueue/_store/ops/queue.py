@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from panqueue._job import JobState
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, key_pattern
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_FAILED,
@@ -24,8 +24,9 @@ __all__ = ["cancel", "clean", "is_paused", "known_queue", "pause", "ping", "purg
 # How many jobs one purge call deletes (a call is atomic; a purge repeats it until done).
 PURGE_BATCH = 1000
 
-# Every queue that has state in Redis has its meta hash (the first write to a queue makes it).
-_META_PATTERN = "{q:*}:meta"
+# Every queue that has state in Redis has its meta hash (the first write to a queue makes it):
+# "{<prefix>:q:X}:meta" (key_pattern: under the prefix of the transport that runs the scan).
+_META_REST = "*}:meta"
 
 
 def ping() -> Op[None]:
@@ -36,12 +37,13 @@ def ping() -> Op[None]:
 def queues() -> Op[list[str]]:
     """The names of every queue with state in Redis, sorted. Scans the keyspace (on a cluster,
     every master): meant for operators, not for a hot path."""
-    found = yield Scan(_META_PATTERN)
+    found = yield Scan(key_pattern("q", _META_REST))
+    start = len(key_pattern("q", ""))
     names = set()
     for key in found:
         text = key.decode()
         # "{q:X#i}:meta" is partition i of queue X (queue names have no '#').
-        names.add(text[3 : text.index("}:meta")].partition("#")[0])
+        names.add(text[start : text.index("}:meta")].partition("#")[0])
     return sorted(names)
 
 

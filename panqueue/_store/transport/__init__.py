@@ -69,8 +69,15 @@ def _running_on_trio() -> bool:
         return False
 
 
-def open_async_transport(url: str) -> AsyncTransport:
-    """The async transport for the event loop this is called from."""
+def open_async_transport(url: str, prefix: str | None = None) -> AsyncTransport:
+    """The async transport for the event loop this is called from, whose operations build
+    their keys under ``prefix`` (taken as checked)."""
+    transport = _open_async_transport(url)
+    transport.prefix = prefix
+    return transport
+
+
+def _open_async_transport(url: str) -> AsyncTransport:
     if not _running_on_trio():
         return _AsyncioTransport(url)
     from panqueue._store.transport import native  # imports trio: only on trio

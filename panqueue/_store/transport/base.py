@@ -14,6 +14,7 @@ import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
 
+from panqueue._keys import prefixed
 from panqueue._store.transport.options import redact_url
 from panqueue._store.transport.requests import Op, Request, T
 from panqueue.errors import ConnectionError as PanqueueConnectionError
@@ -98,22 +99,30 @@ class AsyncTransport(ABC):
 
     url: str
     is_cluster: bool
+    # The key namespace its operations build keys in (_keys.prefixed): open_async_transport's.
+    prefix: str | None = None
 
     @abstractmethod
     async def execute(self, request: Request) -> Any:
         ...
 
     async def run(self, op: Op[T]) -> T:
-        """Drive an operation; errors are thrown into it, so it can explain or handle them."""
+        """Drive an operation; errors are thrown into it, so it can explain or handle them.
+        Each step runs under this transport's key prefix (``_keys.prefixed``): the keys the
+        operation builds are this namespace's."""
+        prefix = self.prefix
         try:
-            request = next(op)
+            with prefixed(prefix):
+                request = op.send(None)
             while True:
                 try:
                     reply = await self.execute(request)
                 except PanqueueError as exc:
-                    request = op.throw(exc)
+                    with prefixed(prefix):
+                        request = op.throw(exc)
                 else:
-                    request = op.send(reply)
+                    with prefixed(prefix):
+                        request = op.send(reply)
         except StopIteration as done:
             result: T = done.value
             return result

@@ -14,6 +14,7 @@ import redis.exceptions
 import redis.sentinel
 from redis.retry import Retry as SyncRetry
 
+from panqueue._keys import prefixed
 from panqueue._store.transport.base import _confirm_subscription
 from panqueue._store.transport.errors import _REDIS_ERRORS, _translated
 from panqueue._store.transport.options import (
@@ -42,8 +43,9 @@ from panqueue.errors import ConfigError, PanqueueError
 class SyncTransport:
     """Blocking access through redis-py's sync client (thread-safe, pooled)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, prefix: str | None = None) -> None:
         self.url = url
+        self.prefix = prefix  # the key namespace its operations build keys in (_keys.prefixed)
         self.is_cluster, redis_url = _parse(url)
         self._sentinels: Any = None  # Sentinel URLs: the client of the sentinels
         self.client: Any
@@ -94,16 +96,22 @@ class SyncTransport:
         return pipe.execute()
 
     def run(self, op: Op[T]) -> T:
-        """Drive an operation; errors are thrown into it, so it can explain or handle them."""
+        """Drive an operation; errors are thrown into it, so it can explain or handle them.
+        Each step runs under this transport's key prefix (``_keys.prefixed``): the keys the
+        operation builds are this namespace's."""
+        prefix = self.prefix
         try:
-            request = next(op)
+            with prefixed(prefix):
+                request = op.send(None)
             while True:
                 try:
                     reply = self.execute(request)
                 except PanqueueError as exc:
-                    request = op.throw(exc)
+                    with prefixed(prefix):
+                        request = op.throw(exc)
                 else:
-                    request = op.send(reply)
+                    with prefixed(prefix):
+                        request = op.send(reply)
         except StopIteration as done:
             result: T = done.value
             return result
