@@ -1,0 +1,194 @@
+"""``prefix=``: several applications share one Redis, each in its own key namespace.
+
+Two applications with different prefixes (and one with none) on one server never see each
+other's queues, jobs or workers; a worker process run as a Redis ACL user that may touch only
+its prefix's keys and channels runs jobs of every kind (plain, delayed, partitioned, batch,
+flow, schedule) without one refusal, and leaves no key outside the prefix; a bad prefix is one
+line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import (
+    ConfigError,
+    FlowJob,
+    Job,
+    JobState,
+    PanqueueError,
+    QueueClient,
+    Registry,
+    SyncQueueClient,
+    Worker,
+    WorkerPool,
+)
+from panqueue.embedded import RedisServer
+from tests.helpers import WorkerProcess, async_wait_until, run_cli, wait_until
+
+SHARED = "shared"
+
+
+@pytest.mark.parametrize("prefix", ["", "a{b", "a}b", "a:b", "a*", "a?", "a[b]", "has space",
+                                    "q", "b", "-lead", "x" * 65, 7])
+def test_a_bad_prefix_is_one_config_error(prefix: Any) -> None:
+    for make in (lambda: QueueClient(prefix=prefix), lambda: SyncQueueClient(prefix=prefix),
+                 lambda: Registry(prefix=prefix)):
+        with pytest.raises(ConfigError) as caught:
+            make()
+        assert "prefix" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_cli_refuses_a_bad_prefix_in_one_line(redis_url: str) -> None:
+    for args, env in ((["--prefix", "a:b"], {}), ([], {"PANQUEUE_PREFIX": "{app}"})):
+        done = run_cli("stats", "--url", redis_url, *args, **env)
+        assert done.returncode == 2, done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert any("prefix" in line for line in lines), done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def _isolation_registry(prefix: str | None = None) -> Registry:
+    registry = Registry(prefix=prefix)
+
+    @registry.handler(SHARED, concurrency=4)
+    async def echo(job: Job) -> Any:
+        return job.data
+
+    return registry
+
+
+@pytest.mark.anyio
+async def test_two_prefixes_on_one_server_never_see_each_other(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    registry = _isolation_registry()
+    async with QueueClient(redis_url, prefix="one") as one, \
+            QueueClient(redis_url, prefix="two") as two, QueueClient(redis_url) as bare:
+        added = {name: [await client.queue(SHARED).add({"app": name, "n": n})
+                        for n in range(3)]
+                 for name, client in (("one", one), ("two", two), ("bare", bare))}
+        # Each application sees its own queue, with its own three jobs, and nothing else.
+        for name, client in (("one", one), ("two", two), ("bare", bare)):
+            assert await client.queues() == [SHARED]
+            assert (await client.counts(SHARED))[JobState.WAITING] == 3
+            listed = await client.list_jobs(SHARED, JobState.WAITING)
+            assert {job.data["app"] for job in listed} == {name}
+        # The ids are per namespace: the same id names a different job in each.
+        assert {h.id for h in added["one"]} == {h.id for h in added["two"]}
+
+        # A worker of "one" runs "one"'s jobs only, and only "one" sees it.
+        worker = Worker(registry, SHARED, url=redis_url, prefix="one", poll_interval=0.1)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+
+            async def one_done() -> bool:
+                return (await one.counts(SHARED))[JobState.COMPLETED] == 3
+
+            await async_wait_until(one_done, what="the jobs of prefix one completed")
+            assert [w.name for w in await one.workers(SHARED)] == [worker.name]
+            assert await two.workers(SHARED) == [] and await bare.workers(SHARED) == []
+            for handle in added["one"]:
+                assert (await handle.result(timeout=5))["app"] == "one"
+            await worker.shutdown()
+        for client in (two, bare):
+            counts = await client.counts(SHARED)
+            assert counts[JobState.WAITING] == 3 and counts[JobState.COMPLETED] == 0
+
+    keys = [key.decode() for key in redis_client.keys("*")]
+    assert keys and all(key.startswith(("{one:q:shared", "{two:q:shared", "{q:shared"))
+                        for key in keys), keys
+    assert any(key.startswith("{one:") for key in keys)
+    assert any(key.startswith("{two:") for key in keys)
+
+
+@pytest.mark.anyio
+async def test_a_pool_takes_its_registrys_prefix(redis_url: str,
+                                                 redis_client: redis.Redis) -> None:
+    confined = _isolation_registry(prefix="reg")
+    async with QueueClient(redis_url, prefix="reg") as client:
+        handle = await client.queue(SHARED).add({"x": 1})
+        async with WorkerPool(confined, url=redis_url, poll_interval=0.1) as pool:
+            assert pool.prefix == "reg"
+            assert await handle.result(timeout=10) == {"x": 1}
+    assert all(key.startswith(b"{reg:") for key in redis_client.keys("*"))
+
+
+def test_the_cli_reads_only_its_prefixs_queues(redis_url: str) -> None:
+    with SyncQueueClient(redis_url, prefix="cli") as mine, SyncQueueClient(redis_url) as bare:
+        mine.queue("mine").add({"n": 1})
+        bare.queue("theirs").add({"n": 2})
+    for args, env in ((["--prefix", "cli"], {}), ([], {"PANQUEUE_PREFIX": "cli"})):
+        done = run_cli("stats", "--url", redis_url, "--json", *args, **env)
+        assert done.returncode == 0, done.stderr
+        assert list(json.loads(done.stdout)) == ["mine"]
+    done = run_cli("stats", "--url", redis_url, "--json")
+    assert list(json.loads(done.stdout)) == ["theirs"]
+
+
+# ----------------------------------------------------------------- a worker confined by ACL
+
+ACL_USER, ACL_PASSWORD, PREFIX = "app", "app-secret", "app"
+
+
+@pytest.fixture
+def confined(private_redis: RedisServer) -> tuple[str, redis.Redis]:
+    """The URL of an ACL user that may touch only the keys and channels of prefix ``app``, and
+    an admin client of the same server."""
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.execute_command("ACL", "SETUSER", ACL_USER, "on", f">{ACL_PASSWORD}",
+                          "~{" + PREFIX + ":*", "&{" + PREFIX + ":*", "+@all")
+    admin.execute_command("ACL", "LOG", "RESET")
+    host_port = private_redis.url.split("://", 1)[1]
+    return f"redis://{ACL_USER}:{ACL_PASSWORD}@{host_port}", admin
+
+
+def test_a_worker_confined_to_its_prefix_runs_every_kind_of_job(
+        confined: tuple[str, redis.Redis], tmp_path: Path) -> None:
+    url, admin = confined
+    # Without the prefix the same user is refused: the ACL does confine it.
+    with SyncQueueClient(url) as outside, pytest.raises(PanqueueError,
+                                                        match=r"(?i)noperm|permission"):
+        outside.queue("acl-plain").add({"n": 0})
+    admin.execute_command("ACL", "LOG", "RESET")
+
+    worker = WorkerProcess(tmp_path, "--url", url, "--prefix", PREFIX, "--poll-interval", "0.1",
+                           app="prefix_app:queues")
+    try:
+        with SyncQueueClient(url, prefix=PREFIX) as client:
+            wait_until(lambda: len(client.workers()) == 4, timeout=20,
+                       what="the worker serving its four queues")
+            plain = client.queue("acl-plain")
+            handles = [plain.add({"kind": "plain"}),
+                       plain.add({"kind": "delayed"}, delay=0.3)]
+            handles += plain.add_bulk([{"kind": "bulk", "n": n} for n in range(5)])
+            handles += plain.add_flow([FlowJob({"kind": "flow", "n": 0}),
+                                       FlowJob({"kind": "flow", "n": 1}, depends_on=[0])])
+            handles += client.queue("acl-parts").add_bulk(
+                [{"kind": "partitioned", "n": n} for n in range(12)])
+            batch = client.batch(on_complete=("acl-done", {"kind": "callback"}))
+            handles += batch.add_bulk("acl-parts", [{"kind": "batch", "n": n}
+                                                    for n in range(4)])
+            batch.close()
+            for handle in handles:
+                assert handle.result(timeout=20)["kind"] in {
+                    "plain", "delayed", "bulk", "flow", "partitioned", "batch"}
+            wait_until(lambda: client.counts("acl-done")[JobState.COMPLETED] == 1, timeout=20,
+                       what="the batch's callback")
+            wait_until(lambda: client.counts("acl-sched")[JobState.COMPLETED] >= 2, timeout=20,
+                       what="two ticks of the schedule")
+            assert sorted(client.queues()) == ["acl-done", "acl-parts", "acl-plain",
+                                               "acl-sched"]
+    finally:
+        code = worker.stop()
+    assert code == 0, worker.stderr
+    # No command, key or channel was refused, and every key is the prefix's.
+    assert admin.execute_command("ACL", "LOG") == [], worker.stderr
+    assert "NOPERM" not in worker.stderr and "permission" not in worker.stderr.lower()
+    keys = [key.decode() for key in admin.keys("*")]
+    assert keys and all(key.startswith("{" + PREFIX + ":") for key in keys), keys
