@@ -4,17 +4,21 @@ Redis. One browser for the module, a fresh context (no cookies) per test."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import json
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from panqueue import JobState, SyncQueueClient
+from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Worker
 from tests.helpers import ROOT, panqueue_command, subprocess_env, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -213,3 +217,58 @@ def test_a_request_without_the_token_is_refused(
     bearer = httpx.get(base + "/api/overview",
                        headers={"Authorization": "Bearer t0ken-for-tests"})
     assert bearer.status_code == 200
+
+
+def _finish_huge_job(redis_url: str) -> str:
+    """Run one job of queue ``dash-huge`` whose data, result and logs are each far over the
+    page's bound (a worker with no payload bound); returns its id."""
+    registry = Registry()
+
+    @registry.handler("dash-huge")
+    async def huge(job: Job) -> Any:
+        for n in range(60):
+            await job.log(f"line {n} " + "l" * 1_000)
+        return {"out": "r" * 3_000_000}
+
+    async def run() -> str:
+        worker = Worker(registry, "dash-huge", url=redis_url, poll_interval=0.1,
+                        max_payload_bytes=None)
+        async with QueueClient(redis_url, max_payload_bytes=None) as client, \
+                anyio.create_task_group() as tg:
+            handle = await client.queue("dash-huge").add({"blob": "x" * 20_000_000})
+            await tg.start(worker.run)
+            await handle.result(timeout=60)
+            await worker.shutdown()
+        return handle.id
+
+    # In a thread of its own: Playwright's sync API holds an event loop in this one.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(anyio.run, run).result()
+
+
+def test_a_job_of_many_megabytes_shows_a_bounded_preview_and_links_the_raw_json(
+        page: Page, dashboard: Callable[..., str], redis_url: str) -> None:
+    job_id = _finish_huge_job(redis_url)
+    base = dashboard()
+    url = f"{base}/job?q=dash-huge&id={job_id}"
+    html = httpx.get(url, timeout=60)
+    assert html.status_code == 200
+    assert len(html.content) < 200_000, len(html.content)  # not 23 MB
+    page.goto(url)
+    expect(page.locator("#job-state")).to_have_text("completed")
+    expect(page.locator("#job-data")).to_contain_text('"blob": "xxxxxxxx')
+    expect(page.locator("#job-data-cut")).to_contain_text("of 20,000,016 characters")
+    expect(page.locator("#job-result-cut")).to_contain_text("of 3,000,015 characters")
+    expect(page.locator("#job-logs")).to_contain_text("line 0 lll")
+    expect(page.locator("#job-logs-cut")).to_be_visible()
+    # The whole of each, a click away, as raw JSON.
+    for part, whole in (("data", {"blob": "x" * 20_000_000}),
+                        ("result", {"out": "r" * 3_000_000})):
+        href = page.locator(f"#job-{part}-cut a").get_attribute("href")
+        assert href is not None
+        raw = httpx.get(base + href, timeout=60)
+        assert raw.headers["content-type"].startswith("application/json")
+        assert raw.json() == whole
+    page.locator("#job-logs-cut a").click()
+    lines = json.loads(page.locator("body").inner_text())
+    assert len(lines) == 60 and lines[59].startswith("line 59 ")

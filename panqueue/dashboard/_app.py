@@ -1,5 +1,6 @@
-"""The dashboard's routes: server-rendered pages (Jinja2, autoescaped), two JSON endpoints for
-the live parts, and the actions, each a POST checked for its CSRF token.
+"""The dashboard's routes: server-rendered pages (Jinja2, autoescaped), JSON endpoints for the
+live parts and for the whole of a job's parts (its page shows a bounded preview of each), and
+the actions, each a POST checked for its CSRF token.
 
 Every route reads and acts through one :class:`~panqueue.SyncQueueClient` (thread-safe and
 pooled); Starlette runs the sync endpoints in its thread pool, so the app works the same under
@@ -43,6 +44,8 @@ from panqueue.dashboard._reads import (
     QueueNames,
     Rates,
     age,
+    bounded,
+    bounded_json,
     live_workers,
     overview,
     pretty_json,
@@ -169,8 +172,17 @@ class Dashboard:
         except JobNotFound:
             why = None
         columns = list(dict.fromkeys(key for entry in job.history for key in entry))
+        # Each value bounded (_reads.PREVIEW_CHARS), the whole one a link away (api_job_raw).
+        shown = {"data": bounded_json(job.data), "result": bounded_json(job.result),
+                 "progress": bounded_json(job.progress), "options": bounded_json(job.options),
+                 "logs": bounded("\n".join(job.logs)),
+                 "traceback": bounded(job.error.traceback if job.error is not None
+                                      and job.error.traceback else ""),
+                 "error": bounded(job.error.message if job.error is not None else "")}
+        history = [{column: bounded(str(value)).text for column, value in entry.items()}
+                   for entry in job.history]
         return self.render(request, "job.html", queue=name, job=job, explanation=why,
-                           history_columns=columns)
+                           history_columns=columns, history=history, shown=shown)
 
     def workers(self, request: Request) -> Response:
         return self.render(request, "workers.html",
@@ -207,7 +219,20 @@ class Dashboard:
         name = _required(request.query_params, "q")
         job = self.client.get_job(name, _required(request.query_params, "id"))
         return JSONResponse({"state": job.state.value, "attempts": job.attempts,
-                             "progress": pretty_json(job.progress)})
+                             "progress": bounded_json(job.progress).text})
+
+    def api_job_raw(self, request: Request) -> Response:
+        """One part of a job, whole, as JSON: what its page shows only the start of."""
+        name = _required(request.query_params, "q")
+        job = self.client.get_job(name, _required(request.query_params, "id"))
+        part = request.query_params.get("part", "")
+        values: dict[str, Any] = {
+            "data": job.data, "result": job.result, "progress": job.progress,
+            "options": job.options, "logs": job.logs,
+            "error": job.error.to_wire() if job.error is not None else None}
+        if part not in values:
+            raise BadRequest(f"part must be one of {', '.join(values)}, got {part!r}")
+        return JSONResponse(values[part])
 
     # ------------------------------------------------------------------ login
 
@@ -393,6 +418,7 @@ def build_app(url: str | None, read_only: bool, token: str | None,
         Route("/api/overview", board.api_overview),
         Route("/api/events", board.api_events),
         Route("/api/job", board.api_job),
+        Route("/api/job/raw", board.api_job_raw),
         Route("/login", board.login_form, methods=["GET"]),
         Route("/login", board.login, methods=["POST"]),
         Route("/logout", board.logout, methods=["POST"]),

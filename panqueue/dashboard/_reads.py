@@ -28,9 +28,9 @@ from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient,
 from panqueue._lag import lag_seconds
 from panqueue._store.ops import merge_workers
 
-__all__ = ["QUEUE_LIST_TTL", "RATE_WINDOW", "Overview", "QueueNames", "QueueRow", "Rates", "age",
-           "event_dict", "live_workers", "overview", "pretty_json", "preview", "recent_events",
-           "timestamp"]
+__all__ = ["PREVIEW_CHARS", "QUEUE_LIST_TTL", "RATE_WINDOW", "Bounded", "Overview", "QueueNames",
+           "QueueRow", "Rates", "age", "bounded", "bounded_json", "event_dict", "live_workers",
+           "overview", "pretty_json", "preview", "recent_events", "timestamp"]
 
 QUEUE_LIST_TTL = 10.0
 RATE_WINDOW = 10.0
@@ -63,6 +63,34 @@ def timestamp(value: datetime | None) -> str:
 
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+# The most characters of one value (data, result, progress, options, logs, traceback) a job's
+# page shows; the whole is at its raw JSON link (``/api/job/raw``). A job's data may be many
+# megabytes (``max_payload_bytes`` may be lifted): the page stays small whatever it holds.
+PREVIEW_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """At most ``PREVIEW_CHARS`` of a value's text, and the length of the whole."""
+
+    text: str
+    total: int
+
+    @property
+    def cut(self) -> bool:
+        return self.total > len(self.text)
+
+
+def bounded(text: str, limit: int = PREVIEW_CHARS) -> Bounded:
+    """The first ``limit`` characters of ``text``."""
+    return Bounded(text[:limit], len(text))
+
+
+def bounded_json(value: Any, limit: int = PREVIEW_CHARS) -> Bounded:
+    """``value`` as indented JSON (:func:`pretty_json`), bounded."""
+    return bounded(pretty_json(value), limit)
 
 
 def preview(value: Any, width: int = 80) -> str:
