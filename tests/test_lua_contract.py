@@ -400,3 +400,24 @@ def test_the_rate_grace_is_what_the_docs_say() -> None:
     said = f"{grace['GRACE_PERCENT']} % of the window, at least {grace['GRACE_MIN_MS']} ms"
     assert said in " ".join((DOCS / "scaling.md").read_text().split())
     assert said in " ".join(header("rate_take").split())
+
+
+def _without_comments(path: Path) -> str:
+    """A Lua file without its comments."""
+    return "\n".join(line.split("--", 1)[0] for line in path.read_text().splitlines())
+
+
+@pytest.mark.parametrize("path", sorted(LUA.rglob("*.lua")), ids=lambda p: p.name)
+def test_every_key_a_script_touches_comes_from_its_keys_prefix(path: Path) -> None:
+    """A prefix (``QueueClient(prefix=...)``) confines an application to ``{<prefix>:*`` only if
+    no script names a key but from KEYS: the scripts read KEYS[1] alone (a queue's or a batch's
+    prefix, or rate_take's one key), take it as it is, and never write a hash tag of their own
+    (a literal "{") that would put a key outside it."""
+    code = _without_comments(path)
+    assert set(re.findall(r"KEYS\[(\w+)\]", code)) <= {"1"}, f"{path.name} reads KEYS past [1]"
+    literals = re.findall(r"'[^'\n]*'|\"[^\"\n]*\"", code)
+    assert not [s for s in literals if "{" in s], f"{path.name} builds a hash tag"
+    for use in re.finditer(r"KEYS\[1\]", code):
+        line = code[code.rfind("\n", 0, use.start()) + 1 : code.find("\n", use.end())]
+        assert re.fullmatch(r"local (P|B|key, .*) = KEYS\[1\].*", line.strip()), (
+            f"{path.name}: KEYS[1] used other than as the prefix: {line.strip()}")
