@@ -35,7 +35,11 @@ panqueue COMMAND [options]          # also: python -m panqueue COMMAND [options]
 
 Every command except `server` and `check-permissions` takes `--url URL`. The URL is taken
 from `--url`, then from `$PANQUEUE_URL`, and finally defaults to `redis://localhost:6379/0`. See
-[connections](connections.md) for the URL forms. `panqueue COMMAND --help` shows what is below.
+[connections](connections.md) for the URL forms. Each of them also takes `--prefix PREFIX`
+(else `$PANQUEUE_PREFIX`): the key prefix of an application whose clients and workers use
+`prefix=` ([operations](operations.md#sharing-one-redis)); without either, a command sees only
+the queues without a prefix, and `worker` uses its registry's `prefix=`. `panqueue COMMAND
+--help` shows what is below.
 Installed in a virtual environment, the command is `.venv/bin/panqueue` (or `panqueue` once the
 environment is activated with `. .venv/bin/activate`).
 

@@ -50,6 +50,14 @@ EXPECTED: dict[str, list[str]] = {
         "is completed, progress 100, logs ['greeting ada']",
         "worker stopped after 3 jobs",
     ],
+    "shared_redis.py": [
+        "billing sees ['tasks']: 2 waiting",
+        "search sees ['tasks']: 1 waiting",
+        "refused: the job's data is 100,018 bytes encoded, over the limit of 64,000 bytes "
+        "(max_payload_bytes)",
+        "billing's worker ran [{'charged': 5}, {'charged': 7}]",
+        "search's job still waits: 1 waiting",
+    ],
     "sync_producer.py": [
         "added 50 invoice jobs in one call",
         "job_id 'order-C-7' added twice: created=[True, False]",

@@ -141,8 +141,11 @@ def confined(private_redis: RedisServer) -> tuple[str, redis.Redis]:
     """The URL of an ACL user that may touch only the keys and channels of prefix ``app``, and
     an admin client of the same server."""
     admin = redis.Redis.from_url(private_redis.url)
-    admin.execute_command("ACL", "SETUSER", ACL_USER, "on", f">{ACL_PASSWORD}",
-                          "~{" + PREFIX + ":*", "&{" + PREFIX + ":*", "+@all")
+    # The narrow form of docs/connections.md, confined to the prefix.
+    admin.execute_command("ACL", "SETUSER", ACL_USER, "on", f">{ACL_PASSWORD}", "resetkeys",
+                          "~{" + PREFIX + ":*", "resetchannels", "&{" + PREFIX + ":*", "-@all",
+                          "+@read", "+@write", "+@scripting", "+@pubsub", "+@connection",
+                          "+time", "+scan")
     admin.execute_command("ACL", "LOG", "RESET")
     host_port = private_redis.url.split("://", 1)[1]
     return f"redis://{ACL_USER}:{ACL_PASSWORD}@{host_port}", admin
