@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import html
 import re
 import socket
 import subprocess
@@ -615,3 +616,17 @@ def test_allowed_hosts_must_be_host_names(redis_url: str) -> None:
     done = run_cli("dashboard", "--url", redis_url, "--allowed-host", "http://x")
     assert done.returncode == 2
     assert "--allowed-host" in _one_line(done)
+
+
+def test_a_dashboard_with_a_prefix_shows_that_applications_queues_only(
+        redis_url: str, client: SyncQueueClient) -> None:
+    client.queue("bare-mail").add({"n": 1})
+    with SyncQueueClient(redis_url, prefix="dash") as prefixed:
+        job = prefixed.queue("dash-mail").add({"n": 2})
+    with browser(create_app(redis_url, prefix="dash")) as web:
+        rows = re.findall(r'<tr data-queue="([^"]+)">', web.get("/").text)
+        assert rows == ["dash-mail"]
+        page = web.get(f"/job?q=dash-mail&id={job.id}")
+        assert page.status_code == 200 and '"n": 2' in html.unescape(page.text)
+    with browser(create_app(redis_url)) as web:
+        assert re.findall(r'<tr data-queue="([^"]+)">', web.get("/").text) == ["bare-mail"]

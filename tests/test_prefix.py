@@ -195,3 +195,21 @@ def test_a_worker_confined_to_its_prefix_runs_every_kind_of_job(
     assert "NOPERM" not in worker.stderr and "permission" not in worker.stderr.lower()
     keys = [key.decode() for key in admin.keys("*")]
     assert keys and all(key.startswith("{" + PREFIX + ":") for key in keys), keys
+
+
+def test_the_exporter_reads_only_its_prefixs_queues(redis_url: str) -> None:
+    pytest.importorskip("prometheus_client")
+    from panqueue.metrics import QueueCollector
+
+    with SyncQueueClient(redis_url, prefix="m") as mine, SyncQueueClient(redis_url) as bare:
+        mine.queue("mine").add_bulk([{"n": 1}, {"n": 2}])
+        bare.queue("theirs").add({"n": 3})
+    for prefix, expected in (("m", {("mine", 2.0)}), (None, {("theirs", 1.0)})):
+        collector = QueueCollector(redis_url, prefix=prefix)
+        try:
+            waiting = {(s.labels["queue"], s.value) for family in collector.collect()
+                       if family.name == "panqueue_jobs" for s in family.samples
+                       if s.labels["state"] == "waiting"}
+        finally:
+            collector.close()
+        assert waiting == expected
