@@ -5,6 +5,10 @@ and a Lua script can touch all of them atomically. Scripts receive the prefix as
 and derive the rest (``_store/lua/lib/layout.lua``; ``tests/test_lua_layout.py`` holds the two
 layouts together).
 
+An application with a key prefix (``QueueClient(url, prefix="app")``) has every tag start with
+it: ``{app:q:X}:``, ``{app:b:<id>}:`` (:func:`check_prefix`). The keys built here take the
+prefix in force where they are built (:func:`prefixed`, ``_PREFIX``).
+
 A queue with ``partitions=N`` is N such layouts: partition 0 is ``{q:X}:`` (so a one-partition
 queue is exactly the plain layout) and partition ``i`` is ``{q:X#<suffix>}:``, the suffix chosen
 for the hash slot it lands in (:func:`partition_tags`), so that the partitions spread over the
