@@ -295,3 +295,27 @@ def test_top_refuses_a_bad_interval() -> None:
     done = run_cli("top", "--interval", "0")
     assert done.returncode == 2
     assert "--interval" in done.stderr
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
+def test_top_with_a_prefix_shows_that_applications_queues_only(server: RedisServer) -> None:
+    url = server.url
+    with SyncQueueClient(url, prefix="topapp") as mine, SyncQueueClient(url) as bare:
+        mine.queue("top-mine").add_bulk([{"n": n} for n in range(3)])
+        bare.queue("top-theirs").add({"n": 9})
+    session = f"pq-top-{uuid.uuid4().hex[:10]}"
+    env = subprocess_env()
+    command = " ".join(shlex.quote(part) for part in
+                       panqueue_command("top", "--url", url, "--prefix", "topapp",
+                                        "--interval", "0.5"))
+    exports = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
+    try:
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "48",
+                        "-c", str(ROOT), exports + command], check=True, timeout=10)
+        screen = _wait_screen(session, lambda s: _row(s, "top-mine")[1:2] == ["3"],
+                              "the prefix's queue with its 3 waiting jobs")
+        assert "top-theirs" not in screen, screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True, timeout=10)
+        wait_until(lambda: not _session_alive(session), 30, "top to quit on q", interval=0.1)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
