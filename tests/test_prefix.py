@@ -54,8 +54,8 @@ def test_the_cli_refuses_a_bad_prefix_in_one_line(redis_url: str) -> None:
         assert "Traceback" not in done.stderr
 
 
-def _isolation_registry(prefix: str | None = None) -> Registry:
-    registry = Registry(prefix=prefix)
+def _isolation_registry(url: str | None = None, prefix: str | None = None) -> Registry:
+    registry = Registry(url, prefix=prefix)
 
     @registry.handler(SHARED, concurrency=4)
     async def echo(job: Job) -> Any:
@@ -108,13 +108,14 @@ async def test_two_prefixes_on_one_server_never_see_each_other(
 
 
 @pytest.mark.anyio
-async def test_a_pool_takes_its_registrys_prefix(redis_url: str,
+async def test_a_pool_takes_its_registrys_url_and_prefix(redis_url: str,
                                                  redis_client: redis.Redis) -> None:
-    confined = _isolation_registry(prefix="reg")
+    confined = _isolation_registry(redis_url, prefix="reg")
     async with QueueClient(redis_url, prefix="reg") as client:
         handle = await client.queue(SHARED).add({"x": 1})
-        async with WorkerPool(confined, url=redis_url, poll_interval=0.1) as pool:
-            assert pool.prefix == "reg"
+        # Its URL and prefix from the registry.
+        async with WorkerPool(confined, poll_interval=0.1) as pool:
+            assert pool.prefix == "reg" and pool.url == redis_url
             assert await handle.result(timeout=10) == {"x": 1}
     assert all(key.startswith(b"{reg:") for key in redis_client.keys("*"))
 
