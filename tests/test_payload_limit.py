@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from panqueue import (
+    Chunk,
     ConfigError,
     FlowJob,
     Job,
@@ -117,3 +118,31 @@ async def test_a_result_over_the_bound_fails_the_attempt_naming_its_size(
     assert failed.state == JobState.FAILED
     assert failed.error is not None and failed.error.type == "PayloadError"
     assert "the handler's result" in _one_line_naming_size(failed.error.message)
+
+
+@pytest.mark.anyio
+async def test_a_chunk_result_over_the_bound_fails_that_job_only(redis_url: str) -> None:
+    registry = Registry()
+
+    @registry.handler("chunk-results", chunk=Chunk(size=2, wait=0.5), attempts=1)
+    async def results(jobs: list[Job]) -> list[Any]:
+        return [{"blob": "z" * job.data["size"]} for job in jobs]
+
+    worker = Worker(registry, "chunk-results", url=redis_url, poll_interval=0.1,
+                    max_payload_bytes=LIMIT)
+    async with QueueClient(redis_url) as client, anyio.create_task_group() as tg:
+        small, big = await client.queue("chunk-results").add_bulk([{"size": 10},
+                                                                   {"size": 2_000}])
+        await tg.start(worker.run)
+
+        async def ended() -> bool:
+            counts = await client.counts("chunk-results")
+            return counts[JobState.COMPLETED] + counts[JobState.FAILED] == 2
+
+        await async_wait_until(ended, what="both jobs of the chunk ended")
+        await worker.shutdown()
+        assert (await small.info()).state == JobState.COMPLETED
+        failed = await big.info()
+    assert failed.state == JobState.FAILED
+    assert failed.error is not None and failed.error.type == "PayloadError"
+    assert "result[" in _one_line_naming_size(failed.error.message)  # its slot of the chunk
