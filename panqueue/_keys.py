@@ -38,8 +38,8 @@ from panqueue.errors import ConfigError
 
 __all__ = ["CLUSTER_SLOTS", "LEGACY_PLACEMENT", "MAX_PARTITIONS", "SPREAD_PLACEMENT", "BatchKeys",
            "Layout", "QueueKeys", "check_job_id", "check_partitions", "check_prefix",
-           "check_queue_name", "current_prefix", "hash_slot", "key_pattern", "partition_keys",
-           "partition_tags", "prefixed", "route", "tag_base"]
+           "check_queue_name", "hash_slot", "key_pattern", "partition_keys", "partition_tags",
+           "prefixed", "route"]
 
 _MAX_NAME = 200
 _MAX_JOB_ID = 256
@@ -84,21 +84,10 @@ def check_prefix(prefix: object) -> str | None:
     return prefix
 
 
-def tag_base(prefix: str | None) -> str:
-    """What every hash tag of ``prefix`` starts with after the brace: ``"<prefix>:"``, or
-    ``""`` for no prefix."""
-    return f"{prefix}:" if prefix else ""
-
-
-def current_prefix() -> str | None:
-    """The prefix keys are built under here and now (None: none)."""
-    return _PREFIX.get()[:-1] or None
-
-
 @contextmanager
 def prefixed(prefix: str | None) -> Iterator[None]:
     """Build keys under ``prefix`` inside the block (see ``_PREFIX``)."""
-    token = _PREFIX.set(tag_base(prefix))
+    token = _PREFIX.set(f"{prefix}:" if prefix else "")
     try:
         yield
     finally:

@@ -145,7 +145,7 @@ def url_option(func: F) -> F:
     (:func:`cli_prefix`)."""
     func = click.option(
         "--prefix", default=None, envvar="PANQUEUE_PREFIX", callback=_check_prefix,
-        expose_value=False, is_eager=False, metavar="PREFIX",
+        expose_value=False, metavar="PREFIX",
         help="Key prefix of the application's queues, as its clients and workers name it "
              "(default: $PANQUEUE_PREFIX, else none).")(func)
     return click.option(
