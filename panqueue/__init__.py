@@ -23,7 +23,7 @@ from panqueue._queue import Queue, SyncQueue
 from panqueue._registry import Handler, Registry
 from panqueue._runtime.worker import Worker
 from panqueue._schedule import Schedule
-from panqueue._store import Event, Explanation, ScheduleInfo, WorkerInfo
+from panqueue._store import Event, Explanation, ScheduleInfo, WorkerInfo, WorkerProcess
 from panqueue._store.ops import Timings
 from panqueue._version import __version__
 from panqueue.errors import (
@@ -91,6 +91,7 @@ __all__ = [
     "Worker",
     "WorkerInfo",
     "WorkerPool",
+    "WorkerProcess",
     "__version__",
     "configure_logging",
 ]

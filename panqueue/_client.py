@@ -33,6 +33,7 @@ from panqueue._store import (
     Op,
     ScheduleInfo,
     WorkerInfo,
+    WorkerProcess,
     check_url,
     ops,
 )
@@ -173,6 +174,16 @@ class QueueClient:
         for name in await self.queues():
             found += await self._run(ops.workers(self._keys(name)))
         return ops.merge_workers(found)
+
+    async def worker_processes(self, queue: str | None = None) -> list[WorkerProcess]:
+        """The live worker processes (of ``queue``, or of every queue): one row per process
+        with every queue it serves, its slots over all of them and the jobs it runs; its
+        entries per queue, as :meth:`workers` reads them, in ``workers``."""
+        names = [queue] if queue is not None else await self.queues()
+        found = []
+        for name in names:
+            found += await self._run(ops.workers(QueueKeys(name)))
+        return ops.worker_processes(found)
 
     async def explain(self, queue: str, job_id: str) -> Explanation:
         """Why the job is in its state, from Redis alone: paused, delayed until when, blocked
@@ -325,6 +336,14 @@ class SyncQueueClient:
         for name in self.queues():
             found += self._run(ops.workers(self._keys(name)))
         return ops.merge_workers(found)
+
+    def worker_processes(self, queue: str | None = None) -> list[WorkerProcess]:
+        """Blocking :meth:`QueueClient.worker_processes`."""
+        names = [queue] if queue is not None else self.queues()
+        found = []
+        for name in names:
+            found += self._run(ops.workers(QueueKeys(name)))
+        return ops.worker_processes(found)
 
     def explain(self, queue: str, job_id: str) -> Explanation:
         """Blocking :meth:`QueueClient.explain`."""

@@ -370,7 +370,7 @@ def test_workers_and_info_show_the_live_worker_and_the_queues(
     assert parsed["queues"][ECHO]["lag_seconds"] >= 0
     assert [w["name"] for w in parsed["workers"]] == ["cli-ops-1"]
     table = run_cli("info", "--url", redis_url)
-    assert table.returncode == 0 and "1 live worker(s)" in table.stdout
+    assert table.returncode == 0 and "1 live worker process(es)" in table.stdout
     assert_usage_error(run_cli("info", "--interval", "0", "--url", redis_url), "--interval")
 
 

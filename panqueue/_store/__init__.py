@@ -15,7 +15,14 @@ stored form.
 """
 
 from panqueue._store import ops, transitions
-from panqueue._store.ops import Event, Explanation, NewJob, ScheduleInfo, WorkerInfo
+from panqueue._store.ops import (
+    Event,
+    Explanation,
+    NewJob,
+    ScheduleInfo,
+    WorkerInfo,
+    WorkerProcess,
+)
 from panqueue._store.transport import (
     AsyncTransport,
     Op,
@@ -33,6 +40,7 @@ __all__ = [
     "ScheduleInfo",
     "SyncTransport",
     "WorkerInfo",
+    "WorkerProcess",
     "check_url",
     "open_async_transport",
     "ops",

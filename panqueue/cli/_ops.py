@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from panqueue import Explanation, JobState, SyncQueueClient, WorkerInfo
+from panqueue import Explanation, JobState, SyncQueueClient, WorkerInfo, WorkerProcess
 from panqueue._lag import lag_seconds
 from panqueue.cli._common import (
     FLOAT_POSITIVE,
@@ -28,11 +28,26 @@ __all__ = ["check", "explain", "info", "purge", "workers"]
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 _COUNTED = [JobState.WAITING, JobState.DELAYED, JobState.ACTIVE, JobState.FAILED]
 
-def _worker_dict(w: WorkerInfo) -> dict[str, Any]:
+def _worker_dict(w: WorkerInfo | WorkerProcess) -> dict[str, Any]:
+    """A worker (or a worker process, with its workers per queue) as JSON-ready values."""
     blocked = w.loop_blocked_since
-    return {**dataclasses.asdict(w), "started_at": w.started_at.isoformat(),
+    fields = {f.name: getattr(w, f.name) for f in dataclasses.fields(w)}
+    if isinstance(w, WorkerProcess):
+        fields["workers"] = [_worker_dict(one) for one in w.workers]
+    return {**fields, "started_at": w.started_at.isoformat(),
             "heartbeat_at": w.heartbeat_at.isoformat(),
             "loop_blocked_since": None if blocked is None else blocked.isoformat()}
+
+
+def _process_line(p: WorkerProcess) -> str:
+    """One worker process in a line: name, host:pid, its queues, its jobs over its slots."""
+    shown = ", ".join(p.running[:5]) + (f", +{len(p.running) - 5} more"
+                                        if len(p.running) > 5 else "")
+    return (f"{p.name}\t{p.host}:{p.pid}\t{','.join(p.queues)}\t"
+            f"running {len(p.running)}/{p.concurrency}" + (f" ({shown})" if shown else "")
+            + f"\tbeat {p.heartbeat_at.isoformat()}"
+            + ("" if p.loop_blocked_since is None else
+               f"\tevent loop blocked since {p.loop_blocked_since.isoformat()}"))
 
 
 def _snapshot(client: SyncQueueClient) -> dict[str, Any]:
@@ -42,7 +57,8 @@ def _snapshot(client: SyncQueueClient) -> dict[str, Any]:
         queues[queue] = {**{s.value: counts[s] for s in _COUNTED},
                          "paused": client.is_paused(queue),
                          "lag_seconds": lag_seconds(client, queue)}
-    return {"queues": queues, "workers": [_worker_dict(w) for w in client.workers()]}
+    return {"queues": queues,
+            "workers": [_worker_dict(p) for p in client.worker_processes()]}
 
 
 def _print_snapshot(snap: dict[str, Any]) -> None:
@@ -57,10 +73,10 @@ def _print_snapshot(snap: dict[str, Any]) -> None:
             lag = "-" if row["lag_seconds"] is None else f"{row['lag_seconds']:.1f} s"
             click.echo(f"{name:<{width}}  " + "  ".join(f"{row[s.value]:>9}" for s in _COUNTED)
                        + f"  {lag:>9}" + ("  (paused)" if row["paused"] else ""))
-    click.echo(f"{len(snap['workers'])} live worker(s)")
+    click.echo(f"{len(snap['workers'])} live worker process(es)")
     for w in snap["workers"]:
-        click.echo(f"  {w['name']}\t{','.join(w['queues'])}\trunning {len(w['running'])}"
-                   f"/{w['concurrency']}")
+        click.echo(f"  {w['name']}\t{w['host']}:{w['pid']}\t{','.join(w['queues'])}\t"
+                   f"running {len(w['running'])}/{w['concurrency']}")
 
 
 @click.command()
@@ -96,25 +112,25 @@ def info(interval: float | None, url: str, as_json: bool) -> None:
 @url_option
 @_JSON
 def workers(queue: str | None, url: str, as_json: bool) -> None:
-    """The live workers (of QUEUE, or of every queue), from their heartbeats.
+    """The live worker processes (of QUEUE, or of every queue), from their heartbeats and
+    the locks of the jobs they run.
 
-    Each line shows name, host:pid, queues, running jobs over concurrency and the last beat.
+    One line per process, whatever number of queues it serves: name, host:pid, its queues,
+    the jobs it runs over its slots (on all its queues) and its last beat. A worker that was
+    killed is shown with the jobs it held until its entry expires (three heartbeats). --json
+    prints one object per process, with its per-queue entries under "workers".
     """
     with client_for(url) as client:
         if queue:
             require_queue(client, queue)
-        found = client.workers(queue)
+        found = client.worker_processes(queue)
     if as_json:
-        print_json([_worker_dict(w) for w in found])
+        print_json([_worker_dict(p) for p in found])
     elif not found:
         click.echo("no live workers")
     else:
-        for w in found:
-            click.echo(f"{w.name}\t{w.host}:{w.pid}\t{','.join(w.queues)}\t"
-                       f"running {len(w.running)}/{w.concurrency}\t"
-                       f"beat {w.heartbeat_at.isoformat()}"
-                       + ("" if w.loop_blocked_since is None else
-                          f"\tevent loop blocked since {w.loop_blocked_since.isoformat()}"))
+        for p in found:
+            click.echo(_process_line(p))
 
 
 def _python_to_command(queue: str, job_id: str) -> dict[str, str]:

@@ -70,7 +70,13 @@ from panqueue._store.ops.schedules import (
     server_time_ms,
 )
 from panqueue._store.ops.timings import Timings, recent_timings
-from panqueue._store.ops.workers import WorkerInfo, merge_workers, workers
+from panqueue._store.ops.workers import (
+    WorkerInfo,
+    WorkerProcess,
+    merge_workers,
+    worker_processes,
+    workers,
+)
 
 __all__ = [
     "ADD_OPTIONS",
@@ -88,6 +94,7 @@ __all__ = [
     "ScheduleInfo",
     "Timings",
     "WorkerInfo",
+    "WorkerProcess",
     "acknowledge_history",
     "add_call",
     "add_jobs",
@@ -129,5 +136,6 @@ __all__ = [
     "setup_queue",
     "state_set",
     "wait_result",
+    "worker_processes",
     "workers",
 ]

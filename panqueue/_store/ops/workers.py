@@ -4,11 +4,20 @@ Each worker writes its entry once per beat (``transitions.heartbeat``, ``lua/hea
 into its queue's own keys, so the registry lives in the queue's hash slot like the rest of the
 queue (Redis Cluster). An entry expires a few beats after the last one: readers see only live
 entries, and :func:`workers` prunes the expired ones (``lua/workers.lua``).
+
+What a worker runs is read from the jobs' locks, not only from its last beat: every running job
+carries the lock token of the claim that took it, and the token names the worker
+(``tokens.py``). A job claimed after the last beat, by a worker that was then killed, is still
+shown as held by that worker until the stalled sweep takes it back or the entry expires.
+
+One worker *process* serves one or more queues (``WorkerPool``: one ``Worker`` per queue, each
+with its own entry): :func:`worker_processes` groups the entries by host and pid.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -17,9 +26,15 @@ from panqueue._job import from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import script_call
-from panqueue._store.transport import Op
+from panqueue._store.tokens import parse_lock_token
+from panqueue._store.transport import Batch, Command, Op
 
-__all__ = ["WorkerInfo", "merge_workers", "workers"]
+__all__ = ["WorkerInfo", "WorkerProcess", "holders", "merge_workers", "worker_processes",
+           "workers"]
+
+# How many running jobs of a queue are read for the worker that holds each (their lock
+# tokens). Past this, a worker's running jobs are those of its last beat.
+ACTIVE_SCAN = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +59,31 @@ class WorkerInfo:
     loop_blocked_since: datetime | None = None
 
 
+def holders(keys: QueueKeys) -> Op[tuple[dict[str, str], bool]]:
+    """The running jobs of the queue (up to :data:`ACTIVE_SCAN`, soonest lock deadline first)
+    mapped to the name of the worker whose claim locked each, from their lock tokens; and
+    whether that is every running job."""
+    active = yield Command(("ZRANGE", keys.active, 0, ACTIVE_SCAN))
+    ids = [member.decode() for member in active[:ACTIVE_SCAN]]
+    if not ids:
+        return {}, True
+    tokens = yield Batch(tuple(Command(("HGET", keys.job(i), "tk")) for i in ids))
+    held = {}
+    for job_id, token in zip(ids, tokens, strict=True):
+        parsed = None if token is None else parse_lock_token(token.decode())
+        if parsed is not None:
+            held[job_id] = parsed.worker
+    return held, len(active) <= ACTIVE_SCAN
+
+
 def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
-    """The live workers of one queue, by name (expired entries are pruned)."""
+    """The live workers of one queue, by name (expired entries are pruned), each with the jobs
+    it holds the locks of (and those of its last beat that no lock names)."""
     reply = yield script_call(SCRIPTS.workers, keys)
+    held: dict[str, str] = {}
+    complete = False
+    if len(reply) > 1:
+        held, complete = yield from holders(keys)
     found = []
     for i in range(1, len(reply), 3):
         record: dict[str, Any] = decode(reply[i + 2]) or {}
@@ -58,13 +95,23 @@ def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
             host=str(record.get("host", "")),
             pid=int(record.get("pid") or 0),
             queues=[str(q) for q in record.get("queues") or [keys.name]],
-            running=[str(job_id) for job_id in record.get("running") or []],
+            running=_running(reply[i].decode(), record.get("running") or [], held, complete),
             concurrency=int(record.get("concurrency") or 0),
             started_at=started,
             heartbeat_at=beat,
             loop_blocked_since=from_ms(record.get("loop_blocked_since")),
         ))
     return sorted(found, key=lambda w: w.name)
+
+
+def _running(name: str, beat: Sequence[Any], held: dict[str, str], complete: bool
+             ) -> list[str]:
+    """Worker ``name``'s running jobs: those of its last beat that it still holds (a job that
+    finished since, or that another worker took over, is left out when every running job was
+    read), then those claimed since the beat."""
+    running = [str(job_id) for job_id in beat]
+    kept = [j for j in running if held.get(j, None if complete else name) == name]
+    return kept + sorted(j for j, owner in held.items() if owner == name and j not in kept)
 
 
 def merge_workers(found: list[WorkerInfo]) -> list[WorkerInfo]:
@@ -88,3 +135,55 @@ def merge_workers(found: list[WorkerInfo]) -> list[WorkerInfo]:
                                    default=None),
         )
     return sorted(merged.values(), key=lambda w: w.name)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProcess:
+    """One worker process (``panqueue worker``, a ``WorkerPool``, a ``Worker``) and every queue
+    it serves, from the registry entries of its workers (``client.worker_processes()``).
+
+    ``name``: the workers' name when they share one (``--name``), else ``host:pid``.
+    ``concurrency``: its slots over every queue; ``running``: the jobs it runs on any of them.
+    ``workers``: its entries, one per queue (or partition's queue), as ``client.workers()``
+    gives them.
+    """
+
+    name: str
+    host: str
+    pid: int
+    queues: list[str]
+    running: list[str]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    loop_blocked_since: datetime | None = None
+    workers: list[WorkerInfo] = field(default_factory=list)
+
+
+def worker_processes(found: list[WorkerInfo]) -> list[WorkerProcess]:
+    """The entries ``found`` (of one queue or several) grouped into one row per process (host
+    and pid), ordered by name. An entry seen once per queue counts once."""
+    groups: dict[tuple[str, int], dict[tuple[str, tuple[str, ...]], WorkerInfo]] = {}
+    for info in found:
+        # The same worker read from several partitions of one queue is one entry.
+        groups.setdefault((info.host, info.pid), {})[(info.name, tuple(info.queues))] = info
+    rows = []
+    for (host, pid), entries in groups.items():
+        members = sorted(entries.values(), key=lambda w: (w.queues, w.name))
+        names = {w.name for w in members}
+        running: list[str] = []
+        for w in members:
+            running += [j for j in w.running if j not in running]
+        rows.append(WorkerProcess(
+            name=names.pop() if len(names) == 1 else f"{host}:{pid}",
+            host=host, pid=pid,
+            queues=sorted({q for w in members for q in w.queues}),
+            running=running,
+            concurrency=sum(w.concurrency for w in members),  # a Worker per queue
+            started_at=min(w.started_at for w in members),
+            heartbeat_at=max(w.heartbeat_at for w in members),
+            loop_blocked_since=min((w.loop_blocked_since for w in members
+                                    if w.loop_blocked_since is not None), default=None),
+            workers=members,
+        ))
+    return sorted(rows, key=lambda p: (p.name, p.host, p.pid))

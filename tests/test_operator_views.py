@@ -1,0 +1,96 @@
+"""What an operator sees of workers and jobs must be right, and must scale to many queues: a
+killed worker is shown holding the job it held, one process is one row whatever number of
+queues it serves, explain names the jobs that hold every slot and the retry a job waits for,
+and each state's list shows the column that matters for it. Real worker processes
+(``panqueue worker ops_app:queues``) on the test's server; the CLI runs as a child process."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from panqueue import JobState, SyncQueueClient
+from tests.helpers import WorkerProcess, run_cli, wait_until
+
+APP = "ops_app:queues"
+
+
+@pytest.fixture
+def start_ops_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """``panqueue worker ops_app:queues ARGS`` processes, each killed at the end."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str) -> WorkerProcess:
+        home = tmp_path / f"worker-{len(started)}"
+        home.mkdir()
+        worker = WorkerProcess(home, *args, app=APP)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+def running(client: SyncQueueClient, queue: str, job_id: str) -> bool:
+    return client.get_job(queue, job_id).state is JobState.ACTIVE
+
+
+def cli_json(*args: str) -> object:
+    proc = run_cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def test_a_worker_killed_mid_job_is_shown_holding_its_job_until_its_entry_expires(
+        redis_url: str, start_ops_worker: Callable[..., WorkerProcess]) -> None:
+    worker = start_ops_worker("-q", "ops-hold", "--url", redis_url)
+    with SyncQueueClient(redis_url) as client:
+        wait_until(lambda: client.workers("ops-hold"), timeout=30)
+        job_id = client.queue("ops-hold").add("held").id
+        wait_until(lambda: running(client, "ops-hold", job_id))
+        # Killed at once: its last beat (at its start) was before the claim.
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait()
+        [info] = client.workers("ops-hold")
+        assert info.running == [job_id]
+    proc = run_cli("workers", "ops-hold", "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    assert "running 1/3" in proc.stdout, proc.stdout
+    assert job_id in proc.stdout
+
+
+def test_one_process_serving_many_queues_is_one_row(
+        redis_url: str, start_ops_worker: Callable[..., WorkerProcess]) -> None:
+    queues = [f"ops-many-{i}" for i in range(4)]
+    serve = [arg for q in queues for arg in ("-q", q)]
+    first = start_ops_worker(*serve, "--url", redis_url)
+    second = start_ops_worker(*serve, "--url", redis_url)
+    with SyncQueueClient(redis_url) as client:
+        wait_until(lambda: len(client.workers()) == 8, timeout=30)
+        # Per queue, as before: one WorkerInfo per Worker.
+        assert len(client.workers("ops-many-0")) == 2
+        processes = client.worker_processes()
+    assert [p.pid for p in processes] == sorted(p.pid for p in processes)
+    assert {p.pid for p in processes} == {first.process.pid, second.process.pid}
+    for process in processes:
+        assert process.queues == queues
+        assert process.concurrency == 8  # two slots on each of four queues
+        assert len(process.workers) == 4
+
+    shown = cli_json("workers", "--url", redis_url)
+    assert isinstance(shown, list) and len(shown) == 2, shown
+    assert all(row["queues"] == queues for row in shown)
+    proc = run_cli("workers", "--url", redis_url)
+    assert len(proc.stdout.strip().splitlines()) == 2, proc.stdout
+    info = cli_json("info", "--url", redis_url)
+    assert isinstance(info, dict) and len(info["workers"]) == 2, info
+    proc = run_cli("info", "--url", redis_url)
+    assert "2 live worker process(es)" in proc.stdout, proc.stdout
