@@ -38,6 +38,7 @@ from panqueue._store import (
     ops,
 )
 from panqueue._store.ops import partitions as parted
+from panqueue._store.ops.explain import Tool
 from panqueue._store.ops.timings import Timings
 from panqueue._url import resolve_url
 from panqueue.errors import ConnectionError
@@ -185,11 +186,15 @@ class QueueClient:
             found += await self._run(ops.workers(QueueKeys(name)))
         return ops.worker_processes(found)
 
-    async def explain(self, queue: str, job_id: str) -> Explanation:
-        """Why the job is in its state, from Redis alone: paused, delayed until when, blocked
-        on which dependency, its key busy, rate-limited, queued behind how many jobs, no live
-        worker, running on which worker, or finished (how and when)."""
-        return await self._run(self.producer.on_job(queue, job_id, ops.explain))
+    async def explain(self, queue: str, job_id: str, *, tool: Tool = "python") -> Explanation:
+        """Why the job is in its state, from Redis alone: paused, delayed until when (a retry:
+        after which error, attempt n of m), blocked on which dependency, its key busy,
+        rate-limited, queued behind how many jobs (every slot taken: by which jobs, for how
+        long), no live worker, running on which worker, or finished (how and when).
+
+        ``tool``: whose words a hint uses: ``"python"`` (the client's calls), ``"cli"`` (the
+        ``panqueue`` command to type) or ``"dashboard"`` (its buttons)."""
+        return await self._run(self.producer.on_job(queue, job_id, ops.explain, tool))
 
     async def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Delete the jobs of ``queue`` in ``states`` and return how many were deleted.
@@ -345,9 +350,9 @@ class SyncQueueClient:
             found += self._run(ops.workers(QueueKeys(name)))
         return ops.worker_processes(found)
 
-    def explain(self, queue: str, job_id: str) -> Explanation:
+    def explain(self, queue: str, job_id: str, *, tool: Tool = "python") -> Explanation:
         """Blocking :meth:`QueueClient.explain`."""
-        return self._run(self.producer.on_job(queue, job_id, ops.explain))
+        return self._run(self.producer.on_job(queue, job_id, ops.explain, tool))
 
     def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Blocking :meth:`QueueClient.purge`."""

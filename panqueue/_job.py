@@ -73,6 +73,16 @@ class JobInfo:
     options: dict[str, Any] = field(default_factory=dict)
     #: The deadline to start by (``add(..., expires=)``), or None.
     expires_at: datetime | None = None
+    #: When a delayed job is due (its delay, its retry's backoff or its snooze ends), or None.
+    run_at: datetime | None = None
+    #: The worker running an active job (the one whose claim holds its lock), or None.
+    worker: str | None = None
+    #: For a retry that waits (out its backoff, or its turn): the attempt it follows, whose
+    #: error is ``error``; None for a job that has not failed an attempt since it last ran.
+    retry_of: int | None = None
+    #: How many attempts the job has in all, as its last failed attempt was told (with
+    #: ``retry_of``: "retry ``retry_of + 1`` of ``max_attempts``"), or None.
+    max_attempts: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the CLI's ``panqueue job`` prints this)."""
@@ -97,6 +107,10 @@ class JobInfo:
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
             "expires_at": iso(self.expires_at),
+            "run_at": iso(self.run_at),
+            "worker": self.worker,
+            "retry_of": self.retry_of,
+            "max_attempts": self.max_attempts,
         }
 
 

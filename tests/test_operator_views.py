@@ -94,3 +94,68 @@ def test_one_process_serving_many_queues_is_one_row(
     assert isinstance(info, dict) and len(info["workers"]) == 2, info
     proc = run_cli("info", "--url", redis_url)
     assert "2 live worker process(es)" in proc.stdout, proc.stdout
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def explain_cli(redis_url: str, queue: str, job_id: str) -> tuple[str, dict[str, object]]:
+    """``panqueue explain`` as text, and as JSON."""
+    proc = run_cli("explain", queue, job_id, "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    shown = cli_json("explain", queue, job_id, "--url", redis_url)
+    assert isinstance(shown, dict)
+    return proc.stdout, shown
+
+
+def test_explain_of_a_job_waiting_for_a_slot_names_the_jobs_that_hold_them(
+        redis_url: str, start_ops_worker: Callable[..., WorkerProcess]) -> None:
+    start_ops_worker("-q", "ops-one", "--url", redis_url)
+    with SyncQueueClient(redis_url) as client:
+        wait_until(lambda: client.workers("ops-one"), timeout=30)
+        holder = client.queue("ops-one").add("first").id
+        wait_until(lambda: running(client, "ops-one", holder))
+        waiting = client.queue("ops-one").add("second").id
+        [worker] = client.workers("ops-one")
+    text, shown = explain_cli(redis_url, "ops-one", waiting)
+    assert "1 slot in all serves the queue, all of them taken, by " \
+           f"job {holder} (running for " in text, text
+    assert f"on {worker.name})" in text, text
+    assert shown["reason"] == "queued"
+    [held] = shown["holders"]  # type: ignore[misc]
+    assert held["job_id"] == holder and held["worker"] == worker.name
+    assert held["running_for"] >= 0
+
+
+def test_explain_of_a_keyed_job_names_the_jobs_of_its_key_and_for_how_long(
+        redis_url: str, start_ops_worker: Callable[..., WorkerProcess]) -> None:
+    start_ops_worker("-q", "ops-keyed", "--url", redis_url)
+    with SyncQueueClient(redis_url) as client:
+        wait_until(lambda: client.workers("ops-keyed"), timeout=30)
+        holder = client.queue("ops-keyed").add("first", key="tenant-a").id
+        wait_until(lambda: running(client, "ops-keyed", holder))
+        waiting = client.queue("ops-keyed").add("second", key="tenant-a").id
+        [worker] = client.workers("ops-keyed")
+    text, shown = explain_cli(redis_url, "ops-keyed", waiting)
+    assert "key 'tenant-a' is at its concurrency limit (1): held by " \
+           f"job {holder} (running for " in text, text
+    assert f"on {worker.name})" in text, text
+    assert [h["job_id"] for h in shown["holders"]] == [holder]  # type: ignore[attr-defined]
+
+
+def test_explain_of_a_retry_waiting_out_its_backoff_names_the_attempt_and_the_error(
+        redis_url: str, start_ops_worker: Callable[..., WorkerProcess]) -> None:
+    start_ops_worker("-q", "ops-flaky", "--url", redis_url)
+    with SyncQueueClient(redis_url) as client:
+        job_id = client.queue("ops-flaky").add("x").id
+        wait_until(lambda: client.get_job("ops-flaky", job_id).state is JobState.DELAYED,
+                   timeout=30)
+        info = client.get_job("ops-flaky", job_id)
+    text, shown = explain_cli(redis_url, "ops-flaky", job_id)
+    assert ("retry 2 of 3 after ConnectionError: db at 127.0.0.1:5432 refused 'x', "
+            "due at ") in text, text
+    assert shown["retry_of"] == 1 and shown["max_attempts"] == 3
+    assert shown["due_at"] is not None and info.run_at is not None
+    assert shown["due_at"] == info.run_at.isoformat()
+    assert info.retry_of == 1 and info.max_attempts == 3
+    assert info.error is not None and info.error.type == "ConnectionError"

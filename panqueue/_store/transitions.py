@@ -257,7 +257,7 @@ def end_attempt(keys: QueueKeys, ending: Unfinished, *, max_snoozes: int | None,
     if isinstance(ending, Failure):
         error = ending.error
         entry |= {"type": error.type, "message": error.message,
-                  "duration_ms": ending.duration_ms}
+                  "duration_ms": ending.duration_ms, "max_attempts": ending.max_attempts}
         call = _call(SCRIPTS.fail, keys, (
             *head, encode_error(error), encode(entry), ending.max_attempts, ending.delay_ms,
             1 if ending.final else 0, ending.reason, keep, *tail, ending.options))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import time
+from datetime import datetime
 from typing import Any
 
 import click
@@ -133,24 +133,20 @@ def workers(queue: str | None, url: str, as_json: bool) -> None:
             click.echo(_process_line(p))
 
 
-def _python_to_command(queue: str, job_id: str) -> dict[str, str]:
-    """The Python calls the client's explanations suggest, and what to type here instead (an
-    empty replacement: a call named only as the job's origin, with no command to match)."""
-    queue, job_id = shlex.quote(queue), shlex.quote(job_id)  # ready to paste into a shell
+def _explanation_dict(found: Explanation) -> dict[str, Any]:
+    """An explanation as JSON-ready values: the reason and its sentence, and the facts it names
+    (the jobs that hold the slots, when a delayed job is due, the retry it waits for)."""
+    def iso(when: datetime | None) -> str | None:
+        return None if when is None else when.isoformat()
+
     return {
-        "client.resume": f"panqueue resume {queue}",
-        "client.retry_failed": f"panqueue dlq {queue} --retry {job_id}",
-        ": client.batch)": ")",
+        "state": found.state.value, "reason": found.reason, "detail": found.detail,
+        "action": found.action, "due_at": iso(found.due_at), "retry_of": found.retry_of,
+        "max_attempts": found.max_attempts,
+        "error": None if found.error is None else found.error.to_wire(),
+        "holders": [{"job_id": h.job_id, "worker": h.worker, "started_at": iso(h.started_at),
+                     "running_for": h.running_for} for h in found.holders],
     }
-
-
-def _for_the_terminal(found: Explanation, queue: str, job_id: str) -> Explanation:
-    """``found`` with its hints naming the command a person at a terminal types: the client's
-    own words name its Python calls, which are no help here."""
-    detail = found.detail
-    for call, command in _python_to_command(queue, job_id).items():
-        detail = detail.replace(call, command)
-    return dataclasses.replace(found, detail=detail)
 
 
 @click.command()
@@ -161,13 +157,15 @@ def _for_the_terminal(found: Explanation, queue: str, job_id: str) -> Explanatio
 def explain(queue: str, job_id: str, url: str, as_json: bool) -> None:
     """Why job ID is in its state: paused, delayed until when, snoozed by its handler until
     when, blocked on which dependency, rate limited (by the queue's limit or a handler's
-    RateLimited), its key busy, queued behind how many jobs, no live worker, running on which
-    worker, finished, or expired (not started by its deadline). A hint names the command to
+    RateLimited), its key busy, queued behind how many jobs (every slot taken: which jobs hold
+    them, on which worker, for how long), a retry waiting out its backoff (attempt n of m, the
+    error, when it is due), no live worker, running on which worker, finished, or expired (not
+    started by its deadline). --json adds the facts: holders, due_at, retry_of, error. A hint names the command to
     type (`panqueue resume QUEUE`, `panqueue dlq QUEUE --retry ID`). An unknown ID exits 1."""
     with client_for(url) as client:
-        found = _for_the_terminal(client.explain(queue, job_id), queue, job_id)
+        found = client.explain(queue, job_id, tool="cli")  # hints name the command to type
     if as_json:
-        print_json({"state": found.state.value, "reason": found.reason, "detail": found.detail})
+        print_json(_explanation_dict(found))
     else:
         click.echo(f"{job_id}: {found.state.value} ({found.reason}): {found.detail}")
 

@@ -168,7 +168,7 @@ class Dashboard:
         job_id = _required(request.query_params, "id")
         job = self.client.get_job(name, job_id)
         try:
-            why = self.client.explain(name, job_id)
+            why = self.client.explain(name, job_id, tool="dashboard")
         except JobNotFound:
             why = None
         columns = list(dict.fromkeys(key for entry in job.history for key in entry))

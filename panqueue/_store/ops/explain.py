@@ -1,41 +1,109 @@
 """Why a job is where it is (``client.explain``): the job, its queue's settings, its place in
 line, its dependencies, the rate limit and the worker registry, read from Redis and turned into
-one reason and a sentence a person can act on."""
+one reason and a sentence a person can act on.
+
+This module holds every word of an explanation. What holds a waiting or delayed job comes from
+``lua/explain.lua`` as a structured answer; the facts a person acts on travel with the words
+(``Explanation.holders``: the jobs that hold the slots, and since when; ``due_at``;
+``retry_of``; ``action``). A hint names the tool in use (``tool``): the client's Python call,
+the command to type, or the dashboard's button; :data:`_HINTS` holds each one's words."""
 
 from __future__ import annotations
 
 import io
+import shlex
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
 import msgpack
 
-from panqueue._job import JobState, from_ms
+from panqueue._codec import decode
+from panqueue._job import ErrorInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
+from panqueue._store.ops.jobs import failed_attempt
 from panqueue._store.ops.workers import WorkerInfo, workers
 from panqueue._store.tokens import parse_lock_token
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
-from panqueue.errors import JobNotFound
+from panqueue.errors import ConfigError, JobNotFound
 
-__all__ = ["Explanation", "Reason", "explain"]
+__all__ = ["Action", "Explanation", "Reason", "SlotHolder", "Tool", "explain"]
 
 Reason = Literal["paused", "delayed", "snoozed", "blocked", "rate_limited", "key_busy", "queued",
                  "no_worker", "running", "finished", "expired"]
+#: What a person can do about the job: resume its queue, retry it (a failed job), start a
+#: worker (none serves the queue).
+Action = Literal["resume", "retry", "start_worker"]
+#: Who reads the explanation: a program (the client's Python calls), a person at a terminal
+#: (``panqueue`` commands), or one in the dashboard (its buttons).
+Tool = Literal["python", "cli", "dashboard"]
 
 # How many running jobs explain looks through for those that hold a busy key.
 _ACTIVE_SCAN = 1000
+# How many of the jobs that hold the slots the detail names (``holders`` has them all).
+_NAMED_HOLDERS = 5
+
+# The one place a hint's words are written, for each tool: {queue} and {job} are filled in
+# (quoted for a shell in the terminal's commands).
+_HINTS: dict[str, dict[Tool, str]] = {
+    "resume": {"python": "client.resume", "cli": "panqueue resume {queue}",
+               "dashboard": "the Resume button above"},
+    "retry": {"python": "client.retry_failed", "cli": "panqueue dlq {queue} --retry {job}",
+              "dashboard": "the Retry button above"},
+    "start_worker": {"python": "panqueue worker", "cli": "panqueue worker",
+                     "dashboard": "panqueue worker"},
+    "batch": {"python": ": client.batch", "cli": "", "dashboard": ""},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHolder:
+    """A running job that holds a slot the explained job waits for: which worker runs it
+    (None when no live worker names it), since when, and for how long (seconds, by the
+    server's clock)."""
+
+    job_id: str
+    worker: str | None
+    started_at: datetime | None
+    running_for: float | None
 
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
     """Why job ``id`` is in ``state``: ``reason`` in one word, ``detail`` in a sentence (until
-    when, behind how many jobs, which dependency, which worker holds it)."""
+    when, behind how many jobs, which dependency, which worker holds it).
+
+    The facts the sentence names, for a program: ``holders``, the running jobs that hold the
+    slots it waits for (every slot of the queue's live workers, or its key's); ``due_at``, when
+    a delayed job is due; ``retry_of``, for a retry waiting out its backoff, the attempt it
+    follows (whose error is ``error``) and ``max_attempts``; ``action``, what a person can do
+    about it.
+    """
 
     state: JobState
     reason: Reason
     detail: str
+    holders: tuple[SlotHolder, ...] = ()
+    due_at: datetime | None = None
+    retry_of: int | None = None
+    max_attempts: int | None = None
+    error: ErrorInfo | None = None
+    action: Action | None = None
+
+
+class _Words:
+    """The hints for one tool and one job."""
+
+    def __init__(self, tool: Tool, queue: str, job_id: str) -> None:
+        if tool not in ("python", "cli", "dashboard"):
+            raise ConfigError(f"tool must be 'python', 'cli' or 'dashboard', got {tool!r}")
+        self.tool = tool
+        quote = shlex.quote if tool == "cli" else str
+        self._fill = {"queue": quote(queue), "job": quote(job_id)}
+
+    def __call__(self, action: str, **more: str) -> str:
+        return _HINTS[action][self.tool].format(**self._fill, **more)
 
 
 def _at(ms: bytes | int | float | None) -> str:
@@ -47,25 +115,27 @@ def _fmt(when: datetime) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-def explain(keys: QueueKeys, job_id: str) -> Op[Explanation]:
+def explain(keys: QueueKeys, job_id: str, tool: Tool = "python") -> Op[Explanation]:
     """Read the job and what holds it, and say why it is where it is (:class:`JobNotFound` if
-    there is no such job); a job of a batch says which."""
-    explanation = yield from _why(keys, job_id)
+    there is no such job); a job of a batch says which. ``tool``: whose words the hints use."""
+    words = _Words(tool, keys.name, job_id)
+    explanation = yield from _why(keys, job_id, words)
     batch = yield Command(("HGET", keys.job(job_id), "b"))
     if batch is None:
         return explanation
     return replace(explanation, detail=f"{explanation.detail} (a job of batch "
-                   f"{batch.decode()}: client.batch)")
+                   f"{batch.decode()}{words('batch')})")
 
 
-def _why(keys: QueueKeys, job_id: str, again: bool = True) -> Op[Explanation]:
+def _why(keys: QueueKeys, job_id: str, words: _Words, again: bool = True
+         ) -> Op[Explanation]:
     jkey = keys.job(job_id)
     fields = yield Command(("HMGET", jkey, "s", "ft", "fr", "k", "dx", "tk"))
     if fields[0] is None:
         raise JobNotFound(keys.name, job_id)
     state = JobState(fields[0].decode())
     if state.is_final:
-        return _finished(state, fields[1], fields[2])
+        return _finished(state, fields[1], fields[2], words)
     if state is JobState.BLOCKED:
         return (yield from _blocked(keys, job_id, fields[4]))
     live = yield from workers(keys)
@@ -96,13 +166,14 @@ def _why(keys: QueueKeys, job_id: str, again: bool = True) -> Op[Explanation]:
     verdict = yield ScriptCall(SCRIPTS.explain, (keys.prefix,), (job_id,))
     kind = verdict[0].decode()
     if kind == "state":
-        return (yield from _moved(keys, job_id, verdict[1].decode(), again))
+        return (yield from _moved(keys, job_id, verdict[1].decode(), words, again))
     if kind not in ("delayed", "paused", "paused_until"):
         state = JobState.WAITING  # a due delayed job: the script moved it, as a claim would
-    return (yield from _held(keys, job_id, state, kind, verdict[1:], live))
+    return (yield from _held(keys, job_id, state, kind, verdict[1:], live, words))
 
 
-def _moved(keys: QueueKeys, job_id: str, now: str, again: bool) -> Op[Explanation]:
+def _moved(keys: QueueKeys, job_id: str, now: str, words: _Words, again: bool
+           ) -> Op[Explanation]:
     """The script found the job in another state than the one read just before (``now``; ''
     when it is gone), or a due delayed job that no claim moves yet."""
     if now == JobState.DELAYED.value:
@@ -111,7 +182,7 @@ def _moved(keys: QueueKeys, job_id: str, now: str, again: bool) -> Op[Explanatio
         return Explanation(JobState.DELAYED, "delayed", "due, behind other due jobs that "
                            "claims and upkeep move to waiting first; it follows them")
     if again:  # it moved while it was read: explain where it is now
-        return (yield from _why(keys, job_id, again=False))
+        return (yield from _why(keys, job_id, words, again=False))
     if not now:
         raise JobNotFound(keys.name, job_id)
     state = JobState(now)
@@ -130,24 +201,30 @@ def _limit(limit: Any, per: Any, maximum: Any) -> str:
 
 
 def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[Any],
-          live: list[WorkerInfo]) -> Op[Explanation]:
+          live: list[WorkerInfo], words: _Words) -> Op[Explanation]:
     """The words for the answer of lua/explain.lua (its header lists the answers)."""
     if kind == "delayed":
-        history = yield Command(("HGET", keys.job(job_id), "h"))
+        history, error = yield Command(("HMGET", keys.job(job_id), "h", "e"))
         last = _last_entry(history)
+        due = from_ms(int(args[0]))
         if last.get("type") == "Snoozed":
             return Explanation(state, "snoozed", f"snoozed by its handler until "
                                f"{_at(args[0])} (attempt {last.get('attempt')} raised "
-                               "Snooze; no attempt used); it moves to waiting then")
+                               "Snooze; no attempt used); it moves to waiting then",
+                               due_at=due)
+        failed = ErrorInfo.from_wire(decode(error)) if error else None
+        if failed is not None and failed_attempt(last):
+            return _retry(state, last, failed, args[0], due)
         return Explanation(state, "delayed", f"delayed until {_at(args[0])}; it moves to "
-                           "waiting then (a worker's upkeep promotes it)")
+                           "waiting then (a worker's upkeep promotes it)", due_at=due)
     if kind == "paused":
         return Explanation(state, "paused", f"queue {keys.name!r} is paused; "
-                           "resume it (client.resume) and workers will claim the job")
+                           f"resume it ({words('resume')}) and workers will claim the job",
+                           action="resume")
     if kind == "paused_until":
         return Explanation(state, "rate_limited", "a handler raised RateLimited: queue "
                            f"{keys.name!r} starts no job until {_at(args[0])} "
-                           "(client.resume ends the pause now)")
+                           f"({words('resume')} ends the pause now)", action="resume")
     if kind == "rate":
         return Explanation(state, "rate_limited", "the queue's rate limit "
                            f"({_limit(*args[1:4])}) is used up until {_at(args[0])}")
@@ -161,7 +238,7 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
                            "of the key raised RateLimited)")
     if kind == "key_busy":
         return (yield from _key_busy(keys, args[0].decode(), int(args[1]), int(args[2]),
-                                     int(args[3])))
+                                     int(args[3]), live))
     if kind == "key_unready":
         return Explanation(state, "key_busy", f"key {args[0].decode()!r} is not among the "
                            "keys ready to start a job, though neither its limit nor its rate "
@@ -179,11 +256,12 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
             return shared
     if not live:
         return Explanation(state, "no_worker", f"no live worker serves queue {keys.name!r}; "
-                           "start one (panqueue worker) to run the job")
+                           f"start one ({words('start_worker')}) to run the job",
+                           action="start_worker")
     if key:
         return Explanation(state, "queued", f"waiting behind {ahead} job{'s' * (ahead != 1)} "
                            f"of key {key!r}")
-    return _queued(state, ahead, live)
+    return (yield from _queued(keys, state, ahead, live))
 
 
 def _shared_window(keys: QueueKeys, state: JobState, partitions: int
@@ -219,7 +297,22 @@ def _last_entry(history: bytes | None) -> dict[Any, Any]:
     return last if isinstance(last, dict) else {}
 
 
-def _finished(state: JobState, finished_ms: bytes | None, reason: bytes | None) -> Explanation:
+def _retry(state: JobState, last: dict[Any, Any], error: ErrorInfo, due_ms: Any,
+           due: datetime | None) -> Explanation:
+    """A retry waiting out its backoff: which attempt comes next, of how many, after which
+    error, and when."""
+    attempt = int(last.get("attempt") or 0)
+    allowed = last.get("max_attempts")
+    of = f" of {int(allowed)}" if allowed else ""
+    message = error.message if len(error.message) <= 200 else error.message[:199] + "…"
+    return Explanation(state, "delayed", f"retry {attempt + 1}{of} after {error.type}: "
+                       f"{message}, due at {_at(due_ms)}; it moves to waiting then",
+                       due_at=due, retry_of=attempt,
+                       max_attempts=int(allowed) if allowed else None, error=error)
+
+
+def _finished(state: JobState, finished_ms: bytes | None, reason: bytes | None,
+              words: _Words) -> Explanation:
     when = _at(finished_ms)
     if state is JobState.COMPLETED:
         how = f"completed at {when}"
@@ -230,8 +323,9 @@ def _finished(state: JobState, finished_ms: bytes | None, reason: bytes | None) 
         how = f"cancelled at {when}"
     else:
         why = reason.decode() if reason else "error"
-        how = (f"failed at {when} ({why}); retry it with client.retry_failed, after fixing "
-               "what its error says")
+        return Explanation(state, "finished", f"failed at {when} ({why}); retry it with "
+                           f"{words('retry')}, after fixing what its error says",
+                           action="retry")
     return Explanation(state, "finished", how)
 
 
@@ -251,34 +345,83 @@ def _blocked(keys: QueueKeys, job_id: str, dead: bytes | None) -> Op[Explanation
                        "once every dependency has completed")
 
 
-def _key_busy(keys: QueueKeys, key: str, running: int, ahead: int, kc: int
-              ) -> Op[Explanation]:
+def _slot_holders(keys: QueueKeys, ids: list[str], live: list[WorkerInfo]
+                  ) -> Op[tuple[SlotHolder, ...]]:
+    """The running jobs ``ids`` as slot holders: the live worker that runs each (from the
+    workers' view, which reads the jobs' lock tokens) and since when, longest running first."""
+    if not ids:
+        return ()
+    replies = yield Batch((Command(("TIME",)),
+                           *(Command(("HGET", keys.job(i), "st")) for i in ids)))
+    seconds, micros = replies[0]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    by_job = {j: w.name for w in live for j in w.running}
+    found = []
+    for job_id, started in zip(ids, replies[1:], strict=True):
+        started_ms = None if started is None else int(float(started))
+        found.append(SlotHolder(job_id, by_job.get(job_id), from_ms(started_ms),
+                                None if started_ms is None
+                                else max(0.0, (now_ms - started_ms) / 1000)))
+    return tuple(sorted(found, key=lambda h: -(h.running_for or 0.0)))
+
+
+def _held_by(holders: tuple[SlotHolder, ...]) -> str:
+    """The jobs that hold the slots, in words: each with its worker and how long it has run,
+    the longest running first."""
+    if not holders:
+        return "jobs no live worker reports"
+    parts = []
+    for h in holders[:_NAMED_HOLDERS]:
+        how_long = "" if h.running_for is None else f" for {_duration(h.running_for)}"
+        where = f" on {h.worker}" if h.worker else ""
+        parts.append(f"job {h.job_id} (running{how_long}{where})")
+    more = len(holders) - _NAMED_HOLDERS
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+def _key_busy(keys: QueueKeys, key: str, running: int, ahead: int, kc: int,
+              live: list[WorkerInfo]) -> Op[Explanation]:
     """Key ``key`` runs ``kc`` jobs at a time: ``running`` run and ``ahead`` of its jobs wait
     before this one, which fills them."""
     state = JobState.WAITING
-    holders: list[str] = []
+    ids: list[str] = []
     if running:
         active = yield Command(("ZRANGE", keys.active, 0, _ACTIVE_SCAN - 1))
-        ids = [m.decode() for m in active]
-        owners = yield Batch(tuple(Command(("HGET", keys.job(i), "k")) for i in ids))
-        holders = [i for i, k in zip(ids, owners, strict=True) if k is not None
-                   and k.decode() == key]
-    held = f"job{'s' * (len(holders) != 1)} {', '.join(holders) or '(unknown)'}"
+        scanned = [m.decode() for m in active]
+        owners = yield Batch(tuple(Command(("HGET", keys.job(i), "k")) for i in scanned))
+        ids = [i for i, k in zip(scanned, owners, strict=True) if k is not None
+               and k.decode() == key]
+    holders = yield from _slot_holders(keys, ids, live)
+    held = _held_by(holders)
     if not ahead:
         return Explanation(state, "key_busy", f"key {key!r} is at its concurrency limit "
-                           f"({kc}): held by {held}; it runs when one finishes")
+                           f"({kc}): held by {held}; it runs when one finishes",
+                           holders=holders)
     running_now = f"{running} running ({held}) and " if running else ""
     return Explanation(state, "key_busy", f"key {key!r} runs {kc} job{'s' * (kc != 1)} at a "
                        f"time, and its slots go to {running_now}{ahead} waiting before this "
-                       "one; it runs when those have started and a slot frees")
+                       "one; it runs when those have started and a slot frees",
+                       holders=holders)
 
 
-def _queued(state: JobState, ahead: int, live: list[WorkerInfo]) -> Explanation:
+def _queued(keys: QueueKeys, state: JobState, ahead: int, live: list[WorkerInfo]
+            ) -> Op[Explanation]:
     capacity = sum(w.concurrency for w in live)
-    busy = sum(len(w.running) for w in live)
-    full = (", all of them taken (as of the workers' last heartbeats): a claim takes it when "
-            "one frees") if busy >= capacity else ""
-    return Explanation(state, "queued", f"waiting behind {ahead} job{'s' * (ahead != 1)}; "
-                       f"{len(live)} live worker{'s' * (len(live) != 1)} with {capacity} "
-                       f"slot{'s' * (capacity != 1)} in all serve{'s' * (len(live) == 1)} "
-                       f"the queue{full}")
+    running = [j for w in live for j in w.running]
+    served = (f"{len(live)} live worker{'s' * (len(live) != 1)} with {capacity} "
+              f"slot{'s' * (capacity != 1)} in all serve{'s' * (len(live) == 1)} the queue")
+    behind = f"waiting behind {ahead} job{'s' * (ahead != 1)}"
+    if len(running) < capacity:
+        return Explanation(state, "queued", f"{behind}; {served}")
+    holders = yield from _slot_holders(keys, running, live)
+    return Explanation(state, "queued", f"{behind}; {served}, all of them taken, by "
+                       f"{_held_by(holders)}: a claim takes it when one frees",
+                       holders=holders)

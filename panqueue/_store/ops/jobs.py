@@ -21,6 +21,7 @@ from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.ops.events import stream_entries
 from panqueue._store.ops.workers import WorkerInfo, workers
+from panqueue._store.tokens import parse_lock_token
 from panqueue._store.transport import Batch, Command, Op, redact_url
 from panqueue.errors import ConfigError, JobFailed, JobNotFound, TimeoutError
 
@@ -33,9 +34,16 @@ _RESULT_READ_COUNT = 1000
 _FINAL_EVENTS = frozenset({b"completed", b"failed", b"cancelled"})
 
 
-def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[bytes]
-              ) -> JobInfo:
-    """The job stored in the hash ``fields`` (HGETALL of its key) with its ``logs``;
+def failed_attempt(entry: dict[Any, Any]) -> bool:
+    """Whether a history entry is a failed attempt's (a snooze or a handler's RateLimited used
+    none, and a stalled attempt's entry has no error type)."""
+    return bool(entry) and entry.get("type") not in (None, "Snoozed", "RateLimited")
+
+
+def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[bytes],
+              due: bytes | float | None = None) -> JobInfo:
+    """The job stored in the hash ``fields`` (HGETALL of its key) with its ``logs`` and
+    ``due``, its score in the delayed set (ZSCORE);
     :class:`JobNotFound` if the hash holds no job (it is empty, or has no state field)."""
 
     def text(name: bytes) -> str | None:
@@ -53,10 +61,17 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=_no_ext)
         unpacker.feed(fields[b"h"])
         history = [entry for entry in unpacker if isinstance(entry, dict)]
+    job_state = JobState(state)
+    token = text(b"tk")
+    holder = parse_lock_token(token) if token and job_state is JobState.ACTIVE else None
+    last = history[-1] if history else {}
+    retry = (job_state in (JobState.WAITING, JobState.DELAYED) and failed_attempt(last)
+             and b"e" in fields)
+    allowed = last.get("max_attempts") if retry else None
     return JobInfo(
         id=job_id,
         queue=queue,
-        state=JobState(state),
+        state=job_state,
         data=decode(fields.get(b"d")),
         attempts=int(fields.get(b"a") or 0),
         progress=decode(fields.get(b"pg")),
@@ -71,6 +86,11 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         history=history,
         options=decode(fields.get(b"o")) or {},
         expires_at=from_ms(fields.get(b"x")),
+        run_at=(from_ms(int(float(due))) if due is not None
+                and job_state is JobState.DELAYED else None),
+        worker=None if holder is None else holder.worker,
+        retry_of=int(last.get("attempt") or 0) if retry else None,
+        max_attempts=int(allowed) if isinstance(allowed, int) else None,
     )
 
 
@@ -80,10 +100,12 @@ def _no_ext(code: int, data: bytes) -> Any:
 
 def get_job(keys: QueueKeys, job_id: str) -> Op[JobInfo]:
     jkey = keys.job(job_id)
-    h, logs = yield Batch((Command(("HGETALL", jkey)), Command(("LRANGE", jkey + ":logs", 0, -1))))
+    h, logs, due = yield Batch((Command(("HGETALL", jkey)),
+                                Command(("LRANGE", jkey + ":logs", 0, -1)),
+                                Command(("ZSCORE", keys.delayed, job_id))))
     if not h:
         raise JobNotFound(keys.name, job_id)
-    return parse_job(keys.name, job_id, h, logs)
+    return parse_job(keys.name, job_id, h, logs, due)
 
 
 def read_jobs(keys: QueueKeys, ids: Sequence[str], *, states: Collection[JobState] | None = None,
@@ -96,10 +118,11 @@ def read_jobs(keys: QueueKeys, ids: Sequence[str], *, states: Collection[JobStat
     requests = []
     for job_id in ids:
         requests.append(Command(("HGETALL", keys.job(job_id))))
+        requests.append(Command(("ZSCORE", keys.delayed, job_id)))
         if logs:
             requests.append(Command(("LRANGE", keys.job(job_id) + ":logs", 0, -1)))
     replies = yield Batch(tuple(requests))
-    step = 2 if logs else 1
+    step = 3 if logs else 2
     wanted = None if states is None else frozenset(JobState(s).value for s in states)
     jobs = []
     for index, job_id in enumerate(ids):
@@ -107,7 +130,9 @@ def read_jobs(keys: QueueKeys, ids: Sequence[str], *, states: Collection[JobStat
         state = h.get(b"s") if h else None
         if state is None or (wanted is not None and state.decode() not in wanted):
             continue
-        jobs.append(parse_job(keys.name, job_id, h, replies[index * step + 1] if logs else []))
+        jobs.append(parse_job(keys.name, job_id, h,
+                              replies[index * step + 2] if logs else [],
+                              replies[index * step + 1]))
     return jobs
 
 

@@ -59,20 +59,19 @@ class WorkerInfo:
     loop_blocked_since: datetime | None = None
 
 
-def holders(keys: QueueKeys) -> Op[tuple[dict[str, str], bool]]:
+def holders(keys: QueueKeys) -> Op[tuple[dict[str, str | None], bool]]:
     """The running jobs of the queue (up to :data:`ACTIVE_SCAN`, soonest lock deadline first)
-    mapped to the name of the worker whose claim locked each, from their lock tokens; and
-    whether that is every running job."""
+    mapped to the name of the worker whose claim locked each, from their lock tokens (None: a
+    token that names none); and whether that is every running job."""
     active = yield Command(("ZRANGE", keys.active, 0, ACTIVE_SCAN))
     ids = [member.decode() for member in active[:ACTIVE_SCAN]]
     if not ids:
         return {}, True
     tokens = yield Batch(tuple(Command(("HGET", keys.job(i), "tk")) for i in ids))
-    held = {}
+    held: dict[str, str | None] = {}
     for job_id, token in zip(ids, tokens, strict=True):
         parsed = None if token is None else parse_lock_token(token.decode())
-        if parsed is not None:
-            held[job_id] = parsed.worker
+        held[job_id] = None if parsed is None else parsed.worker
     return held, len(active) <= ACTIVE_SCAN
 
 
@@ -80,7 +79,7 @@ def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
     """The live workers of one queue, by name (expired entries are pruned), each with the jobs
     it holds the locks of (and those of its last beat that no lock names)."""
     reply = yield script_call(SCRIPTS.workers, keys)
-    held: dict[str, str] = {}
+    held: dict[str, str | None] = {}
     complete = False
     if len(reply) > 1:
         held, complete = yield from holders(keys)
@@ -104,13 +103,14 @@ def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
     return sorted(found, key=lambda w: w.name)
 
 
-def _running(name: str, beat: Sequence[Any], held: dict[str, str], complete: bool
+def _running(name: str, beat: Sequence[Any], held: dict[str, str | None], complete: bool
              ) -> list[str]:
     """Worker ``name``'s running jobs: those of its last beat that it still holds (a job that
     finished since, or that another worker took over, is left out when every running job was
     read), then those claimed since the beat."""
     running = [str(job_id) for job_id in beat]
-    kept = [j for j in running if held.get(j, None if complete else name) == name]
+    kept = [j for j in running
+            if (j in held or not complete) and held.get(j) in (None, name)]
     return kept + sorted(j for j, owner in held.items() if owner == name and j not in kept)
 
 
