@@ -160,8 +160,9 @@ def explain(queue: str, job_id: str, url: str, as_json: bool) -> None:
     RateLimited), its key busy, queued behind how many jobs (every slot taken: which jobs hold
     them, on which worker, for how long), a retry waiting out its backoff (attempt n of m, the
     error, when it is due), no live worker, running on which worker, finished, or expired (not
-    started by its deadline). --json adds the facts: holders, due_at, retry_of, error. A hint names the command to
-    type (`panqueue resume QUEUE`, `panqueue dlq QUEUE --retry ID`). An unknown ID exits 1."""
+    started by its deadline). A hint names the command to type (`panqueue resume QUEUE`,
+    `panqueue dlq QUEUE --retry ID`). --json adds the facts: holders, due_at, retry_of, error.
+    An unknown ID exits 1."""
     with client_for(url) as client:
         found = client.explain(queue, job_id, tool="cli")  # hints name the command to type
     if as_json:
