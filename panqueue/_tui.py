@@ -157,7 +157,7 @@ class Sampler:
 
     def snapshot(self) -> Snapshot:
         now = datetime.now(UTC)
-        workers = self.client.workers()
+        workers = self.client.worker_processes()  # one row per process, whatever it serves
         rows = []
         for queue in sorted(self.client.queues()):
             counts = self.client.counts(queue)

@@ -206,7 +206,7 @@ def test_jobs_lists_one_state_as_text_or_json(redis_url: str) -> None:
     waiting = run_cli("jobs", ECHO, "--url", redis_url)
     assert waiting.returncode == 0, waiting.stderr
     assert [line.split("\t")[0] for line in waiting.stdout.splitlines()] == [
-        h.id for h in handles]
+        "id", *(h.id for h in handles)]
     delayed = run_cli("jobs", ECHO, "--state", "delayed", "--json", "--url", redis_url)
     assert delayed.returncode == 0, delayed.stderr
     assert [j["data"] for j in json.loads(delayed.stdout)] == ["later"]

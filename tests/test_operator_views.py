@@ -159,3 +159,49 @@ def test_explain_of_a_retry_waiting_out_its_backoff_names_the_attempt_and_the_er
     assert shown["due_at"] == info.run_at.isoformat()
     assert info.retry_of == 1 and info.max_attempts == 3
     assert info.error is not None and info.error.type == "ConnectionError"
+
+
+# --------------------------------------------------------------------------- lists by state
+
+
+def jobs_table(redis_url: str, queue: str, state: str) -> list[dict[str, str]]:
+    """``panqueue jobs QUEUE --state STATE``: its heading and lines, as one dict per job."""
+    proc = run_cli("jobs", queue, "--state", state, "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    heading, *lines = proc.stdout.rstrip("\n").split("\n")
+    names = heading.split("\t")
+    return [dict(zip(names, line.split("\t"), strict=True)) for line in lines]
+
+
+def test_each_states_list_shows_the_column_that_matters_for_it(
+        redis_url: str, start_ops_worker: Callable[..., WorkerProcess]) -> None:
+    start_ops_worker("-q", "ops-flaky", "-q", "ops-one", "-q", "ops-fail", "--url", redis_url)
+    with SyncQueueClient(redis_url) as client:
+        retried = client.queue("ops-flaky").add("x").id
+        later = client.queue("ops-flaky").add("later", delay=3600).id
+        held = client.queue("ops-one").add("held").id
+        failed = client.queue("ops-fail").add("bad").id
+        wait_until(lambda: client.get_job("ops-flaky", retried).state is JobState.DELAYED
+                   and running(client, "ops-one", held)
+                   and client.get_job("ops-fail", failed).state is JobState.FAILED, timeout=30)
+        due = {j.id: j.run_at for j in client.list_jobs("ops-flaky", "delayed")}
+        [worker] = client.workers("ops-one")
+        [active] = client.list_jobs("ops-one", "active")
+    assert active.worker == worker.name and active.started_at is not None
+
+    delayed = {row["id"]: row for row in jobs_table(redis_url, "ops-flaky", "delayed")}
+    assert delayed[retried]["why"] == "retry 2 of 3 after ConnectionError"
+    assert delayed[retried]["error"].startswith("ConnectionError: db at 127.0.0.1:5432")
+    assert delayed[later]["why"] == "delayed by the producer"
+    for job_id, row in delayed.items():
+        when = due[job_id]
+        assert when is not None and row["due"].startswith(when.strftime("%Y-%m-%d %H:%M:%S"))
+
+    [row] = jobs_table(redis_url, "ops-one", "active")
+    assert row["id"] == held and row["worker"] == worker.name
+    assert row["started"] != "-" and row["running for"].endswith(" s")
+
+    [row] = jobs_table(redis_url, "ops-fail", "failed")
+    assert row["id"] == failed and row["error type"] == "ValueError"
+    assert row["reason"] == "max_attempts_exceeded"
+    assert row["message"] == "cannot parse 'bad'"

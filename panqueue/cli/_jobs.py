@@ -4,12 +4,14 @@ resume, schedules. Each opens one client, does one thing through its public meth
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobInfo, JobState
+from panqueue._listing import columns
 from panqueue.cli._common import (
     EXIT_ERROR,
     POSITIVE_INT,
@@ -103,9 +105,15 @@ def job(queue: str, job_id: str, url: str) -> None:
     print_json(info.to_dict())
 
 
-def _line(info: JobInfo) -> str:
-    error = "" if info.error is None else f"\t{info.error.type}: {info.error.message}"
-    return f"{info.id}\t{info.state.value}\t{info.attempts} attempt(s){error}"
+def _table(state: JobState, found: list[JobInfo]) -> list[str]:
+    """A heading line and one line per job: its id, then the columns that matter for the
+    state (panqueue/_listing.py), separated by tabs."""
+    shown = columns(state)
+    now = datetime.now(UTC)
+    lines = ["\t".join(("id", *(column.heading for column in shown)))]
+    for info in found:
+        lines.append("\t".join((info.id, *(column.cell(info, now) for column in shown))))
+    return lines
 
 
 @click.command()
@@ -120,8 +128,12 @@ def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
     """List the jobs of QUEUE in one state (client.list_jobs): claim order for waiting, due
     time for delayed, newest first for the finished states.
 
-    Each line shows id, state, attempts and the last error; --json prints the jobs as
-    `panqueue job` does.
+    A heading line, then one line per job (tab-separated) with its id and what matters for
+    the state: delayed, when it is due and why (retry n of m after which error, snoozed by its
+    handler, delayed by the producer); active, when it started, for how long it has run and
+    on which worker; failed, its failure reason, error type and message; completed, how long
+    it took; waiting, for how long it has waited. --json prints the jobs as `panqueue job`
+    does.
     """
     with client_for(url) as client:
         require_queue(client, queue)
@@ -131,8 +143,8 @@ def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
     elif not found:
         click.echo(f"no {state} jobs in {queue!r}")
     else:
-        for info in found:
-            click.echo(_line(info))
+        for line in _table(JobState(state), found):
+            click.echo(line)
 
 
 @click.command()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -39,6 +40,7 @@ from panqueue import (
     PanqueueError,
     SyncQueueClient,
 )
+from panqueue._listing import columns
 from panqueue._store.transport import redact_url
 from panqueue.dashboard._reads import (
     QueueNames,
@@ -161,7 +163,7 @@ class Dashboard:
         return self.render(
             request, "queue.html", queue=name, state=state, counts=counts, jobs=jobs,
             offset=offset, limit=limit, total=total, last_offset=last,
-            paused=self.client.is_paused(name))
+            paused=self.client.is_paused(name), columns=columns(state), now=datetime.now(UTC))
 
     def job(self, request: Request) -> Response:
         name = _required(request.query_params, "q")

@@ -5,7 +5,8 @@ shown as (one formatting for the page and for its live updates).
 Queue names: ``client.queues()`` scans the keyspace, which takes about 0.8 s on a Redis
 holding 1,000,000 jobs, so :class:`QueueNames` keeps the list for :data:`QUEUE_LIST_TTL`
 seconds and refreshes it in the background once it is older: a page never waits for a scan but
-the very first one. The live workers are then read queue by queue, without a scan either.
+the very first one. The live workers are then read queue by queue, without a scan either, and
+shown one row per process with every queue it serves.
 
 Rates: the completed and failed sets are trimmed by retention, so their sizes cannot give
 rates. :class:`Rates` counts the ``completed`` and ``failed`` events appended to each queue's
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient, WorkerInfo
+from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient, WorkerProcess
 from panqueue._lag import lag_seconds
-from panqueue._store.ops import merge_workers
+from panqueue._listing import age, timestamp
+from panqueue._store.ops import worker_processes
 
 __all__ = ["PREVIEW_CHARS", "QUEUE_LIST_TTL", "RATE_WINDOW", "Bounded", "Overview", "QueueNames",
            "QueueRow", "Rates", "age", "bounded", "bounded_json", "event_dict", "live_workers",
@@ -41,24 +43,8 @@ EVENTS_SHOWN = 200
 _EVENTS_LOOKBACK_MS = 60_000
 
 
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
-
-
-def timestamp(value: datetime | None) -> str:
-    if value is None:
-        return "-"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
 def pretty_json(value: Any) -> str:
@@ -227,9 +213,9 @@ class QueueNames:
             self._refreshing = False
 
 
-def live_workers(client: SyncQueueClient, queues: list[str]) -> list[WorkerInfo]:
-    """The live workers of ``queues``, one entry per worker name."""
-    return merge_workers([w for queue in queues for w in client.workers(queue)])
+def live_workers(client: SyncQueueClient, queues: list[str]) -> list[WorkerProcess]:
+    """The live worker processes of ``queues``, one row per process with all its queues."""
+    return worker_processes([w for queue in queues for w in client.workers(queue)])
 
 
 def overview(client: SyncQueueClient, names: QueueNames, rates: Rates) -> Overview:

@@ -38,3 +38,8 @@ for index in range(4):
     @queues.handler(f"ops-many-{index}", concurrency=2)
     async def served(job: Job) -> None:
         return None
+
+
+@queues.handler("ops-fail", attempts=1)
+async def fails(job: Job) -> None:
+    raise ValueError(f"cannot parse {job.data!r}")
