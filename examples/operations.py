@@ -1,4 +1,5 @@
-"""Day-one operations: which workers are alive, why a job is not running, purging a queue.
+"""Day-one operations: which workers are alive, why a job is not running (and which jobs hold
+the slots it waits for), what a list of delayed jobs shows, purging a queue.
 
     PANQUEUE_URL=redis://127.0.0.1:6390/0 python examples/operations.py
 
@@ -46,9 +47,20 @@ async def main(url: str) -> None:
                 print(f"worker {info.name}: queues {info.queues}, concurrency "
                       f"{info.concurrency}, running {info.running}")
 
+            # One row per worker process, whatever number of queues it serves.
+            for process in await client.worker_processes():
+                print(f"process {process.name}: queues {process.queues}, running "
+                      f"{len(process.running)}/{process.concurrency}")
+
             for handle in (first, second, nightly, summary):
                 why = await client.explain("exports", handle.id)
                 print(f"job {handle.id} is {why.state.value} ({why.reason}): {why.detail}")
+            # The facts behind the words: which jobs hold the slots, on which worker.
+            why = await client.explain("exports", second.id)
+            print("slots held by:", [(h.job_id, h.worker) for h in why.holders])
+            [later] = await client.list_jobs("exports", JobState.DELAYED)
+            print(f"delayed job {later.id} runs at {later.run_at:%H:%M} UTC "
+                  f"(retry of attempt: {later.retry_of})")
 
             release.set()
             print("result:", await summary.result(timeout=10))
