@@ -255,7 +255,7 @@ class TopApp(App[None]):
         self.query_one("#title", Static).update(
             f"panqueue top  {redact_url(self.client.url)}  "
             f"{snap.taken_at.strftime('%H:%M:%S')} UTC  {len(snap.queues)} queue(s)  "
-            f"{len(snap.workers)} live worker(s)")
+            f"{len(snap.workers)} live worker process(es)")
         table = self.query_one("#queues", DataTable)
         cursor = table.cursor_row
         table.clear()

@@ -10,9 +10,17 @@ from collections.abc import Callable
 from playwright.sync_api import Page, expect
 
 from panqueue import JobState, SyncQueueClient
+from tests import test_dashboard_browser as browser
+from tests import test_operator_views as views
 from tests.helpers import WorkerProcess, wait_until
-from tests.test_dashboard_browser import chromium, client, dashboard, page  # noqa: F401
-from tests.test_operator_views import running, start_ops_worker  # noqa: F401
+
+# The fixtures of the dashboard's browser tests and of the operator views' worker processes.
+chromium = browser.chromium
+page = browser.page
+dashboard = browser.dashboard
+client = browser.client
+start_ops_worker = views.start_ops_worker
+running = views.running
 
 
 def cell(page: Page, job_id: str, column: str) -> object:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from panqueue import JobState, SyncQueueClient
+from panqueue import ConfigError, JobState, SyncQueueClient
 from tests.helpers import WorkerProcess, run_cli, wait_until
 
 APP = "ops_app:queues"
@@ -205,3 +205,18 @@ def test_each_states_list_shows_the_column_that_matters_for_it(
     assert row["id"] == failed and row["error type"] == "ValueError"
     assert row["reason"] == "max_attempts_exceeded"
     assert row["message"] == "cannot parse 'bad'"
+
+
+def test_explain_for_an_unknown_tool_is_one_clear_error(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        job_id = client.queue("ops-one").add("x").id
+        with pytest.raises(ConfigError, match="tool must be 'python', 'cli' or 'dashboard', "
+                                              "got 'web'"):
+            client.explain("ops-one", job_id, tool="web")  # type: ignore[arg-type]
+        # The words of each tool: the dashboard's never name a Python call.
+        client.pause("ops-one")
+        assert "client.resume" in client.explain("ops-one", job_id).detail
+        assert "panqueue resume ops-one" in client.explain("ops-one", job_id, tool="cli").detail
+        shown = client.explain("ops-one", job_id, tool="dashboard")
+        assert "the Resume button above" in shown.detail and "client." not in shown.detail
+        assert shown.action == "resume"
