@@ -97,8 +97,11 @@ def job(queue: str, job_id: str, url: str) -> None:
     """Print one job as JSON.
 
     The fields: id, queue, state, data, attempts, priority, progress, logs (the newest 1000
-    lines), result, error (type, message, traceback), failure_reason, history, options, and
-    enqueued_at, started_at and finished_at (ISO 8601, UTC). An unknown ID exits 1.
+    lines), result, error (type, message, traceback), failure_reason, history, options,
+    enqueued_at, started_at, finished_at, expires_at and run_at (when a delayed job is due;
+    ISO 8601, UTC), worker (the worker running an active job), and for a job waiting to run
+    again after a failed attempt retry_of (that attempt) and max_attempts. An unknown ID
+    exits 1.
     """
     with client_for(url) as client:
         info = client.get_job(queue, job_id)

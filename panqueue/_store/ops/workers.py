@@ -59,20 +59,20 @@ class WorkerInfo:
     loop_blocked_since: datetime | None = None
 
 
-def holders(keys: QueueKeys) -> Op[tuple[dict[str, str | None], bool]]:
+def holders(keys: QueueKeys) -> Op[dict[str, str | None]]:
     """The running jobs of the queue (up to :data:`ACTIVE_SCAN`, soonest lock deadline first)
     mapped to the name of the worker whose claim locked each, from their lock tokens (None: a
-    token that names none); and whether that is every running job."""
-    active = yield Command(("ZRANGE", keys.active, 0, ACTIVE_SCAN))
-    ids = [member.decode() for member in active[:ACTIVE_SCAN]]
+    token that names none)."""
+    active = yield Command(("ZRANGE", keys.active, 0, ACTIVE_SCAN - 1))
+    ids = [member.decode() for member in active]
     if not ids:
-        return {}, True
+        return {}
     tokens = yield Batch(tuple(Command(("HGET", keys.job(i), "tk")) for i in ids))
     held: dict[str, str | None] = {}
     for job_id, token in zip(ids, tokens, strict=True):
         parsed = None if token is None else parse_lock_token(token.decode())
         held[job_id] = None if parsed is None else parsed.worker
-    return held, len(active) <= ACTIVE_SCAN
+    return held
 
 
 def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
@@ -80,9 +80,8 @@ def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
     it holds the locks of (and those of its last beat that no lock names)."""
     reply = yield script_call(SCRIPTS.workers, keys)
     held: dict[str, str | None] = {}
-    complete = False
     if len(reply) > 1:
-        held, complete = yield from holders(keys)
+        held = yield from holders(keys)
     found = []
     for i in range(1, len(reply), 3):
         record: dict[str, Any] = decode(reply[i + 2]) or {}
@@ -94,7 +93,7 @@ def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
             host=str(record.get("host", "")),
             pid=int(record.get("pid") or 0),
             queues=[str(q) for q in record.get("queues") or [keys.name]],
-            running=_running(reply[i].decode(), record.get("running") or [], held, complete),
+            running=_running(reply[i].decode(), record.get("running") or [], held),
             concurrency=int(record.get("concurrency") or 0),
             started_at=started,
             heartbeat_at=beat,
@@ -103,14 +102,13 @@ def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
     return sorted(found, key=lambda w: w.name)
 
 
-def _running(name: str, beat: Sequence[Any], held: dict[str, str | None], complete: bool
-             ) -> list[str]:
-    """Worker ``name``'s running jobs: those of its last beat that it still holds (a job that
-    finished since, or that another worker took over, is left out when every running job was
-    read), then those claimed since the beat."""
+def _running(name: str, beat: Sequence[Any], held: dict[str, str | None]) -> list[str]:
+    """Worker ``name``'s running jobs: those of its last beat that no other worker's lock holds
+    now (one that another worker took over is left out; one that finished since the beat, or
+    runs in another partition of the queue, whose running jobs this read does not see, stays
+    until the next beat), then those its locks hold that the beat did not list."""
     running = [str(job_id) for job_id in beat]
-    kept = [j for j in running
-            if (j in held or not complete) and held.get(j) in (None, name)]
+    kept = [j for j in running if held.get(j) in (None, name)]
     return kept + sorted(j for j, owner in held.items() if owner == name and j not in kept)
 
 
