@@ -67,7 +67,7 @@ def test_a_paused_jobs_explanation_points_at_the_resume_button(
     client.pause("ops-paused")
     page.goto(dashboard() + f"/job?q=ops-paused&id={job_id}")
     explanation = page.locator("#job-live .explain")
-    expect(explanation).to_contain_text("the Resume button above")
+    expect(explanation).to_contain_text("the Resume button below")
     expect(explanation).not_to_contain_text("client.")
     page.locator('button[data-action="resume"]').click()
     expect(page.locator(".notice")).to_be_visible()

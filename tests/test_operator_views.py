@@ -218,5 +218,5 @@ def test_explain_for_an_unknown_tool_is_one_clear_error(redis_url: str) -> None:
         assert "client.resume" in client.explain("ops-one", job_id).detail
         assert "panqueue resume ops-one" in client.explain("ops-one", job_id, tool="cli").detail
         shown = client.explain("ops-one", job_id, tool="dashboard")
-        assert "the Resume button above" in shown.detail and "client." not in shown.detail
+        assert "the Resume button below" in shown.detail and "client." not in shown.detail
         assert shown.action == "resume"

@@ -48,9 +48,9 @@ _NAMED_HOLDERS = 5
 # (quoted for a shell in the terminal's commands).
 _HINTS: dict[str, dict[Tool, str]] = {
     "resume": {"python": "client.resume", "cli": "panqueue resume {queue}",
-               "dashboard": "the Resume button above"},
+               "dashboard": "the Resume button below"},
     "retry": {"python": "client.retry_failed", "cli": "panqueue dlq {queue} --retry {job}",
-              "dashboard": "the Retry button above"},
+              "dashboard": "the Retry button below"},
     "start_worker": {"python": "panqueue worker", "cli": "panqueue worker",
                      "dashboard": "panqueue worker"},
     "batch": {"python": ": client.batch", "cli": "", "dashboard": ""},
