@@ -87,9 +87,11 @@ def _print_snapshot(snap: dict[str, Any]) -> None:
 def info(interval: float | None, url: str, as_json: bool) -> None:
     """Every queue (counts, lag) and the live workers.
 
-    Lag is the age of the oldest job among the next 100 to be claimed. --json prints
-    {"queues": {queue: {state: count, "paused", "lag_seconds"}}, "workers": [...]}, one object
-    per line with --interval.
+    Lag is the age of the oldest job among the next 100 to be claimed. Workers are listed one
+    line per process, with every queue it serves (as `panqueue workers`). --json prints
+    {"queues": {queue: {state: count, "paused", "lag_seconds"}}, "workers": [...]} (one object
+    per worker process, its per-queue entries under "workers"), one object per line with
+    --interval.
     """
     with client_for(url) as client:
         while True:
