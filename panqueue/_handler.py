@@ -1,7 +1,7 @@
 """A registered handler, as the registry makes it and the executors and clients read it.
 
 Below both the registry (which checks at registration that an executor can run the function,
-so it imports the executors) and the executors (which run a :class:`Handler`): neither has to
+so it imports the executors) and the executors (which run a :class:`HandlerBase`): neither has to
 import the other to name it.
 """
 
@@ -20,7 +20,7 @@ from panqueue._options import Chunk, Isolation, JobOptions, RateLimit, Retention
 from panqueue._permissions import Permissions
 from panqueue.errors import ConfigError, Fail
 
-__all__ = ["Handler", "HandlerOptions", "check_chunk_payload"]
+__all__ = ["HandlerBase", "HandlerOptions", "check_chunk_payload"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,8 +46,9 @@ class HandlerOptions:
     permissions: Permissions | None = None
 
 
-class Handler(Generic[P, R, PayloadT]):
-    """A registered handler: still callable like the decorated function.
+class HandlerBase(Generic[P, R, PayloadT]):
+    """A registered handler: still callable like the decorated function. (The registry makes
+    :class:`panqueue.Handler`, which adds the producer side: ``enqueue``, ``aenqueue``.)
 
     ``PayloadT`` is the type of its jobs' data, read by type checkers from the annotation of
     the function's first parameter (``job: Job[Email]``); ``client.queue(handler)`` passes it

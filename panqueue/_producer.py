@@ -24,9 +24,9 @@ from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
 
 from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_max_payload, check_size
+from panqueue._handler import HandlerBase
 from panqueue._job import JobInfo
 from panqueue._keys import QueueKeys, check_prefix, prefixed
-from panqueue._registry import Handler
 from panqueue._store import (
     AsyncTransport,
     Event,
@@ -88,7 +88,7 @@ class Target:
         return self.keys.name
 
 
-def target(queue: str | Handler[Any, Any, Any], defaults: dict[str, Any],
+def target(queue: str | HandlerBase[Any, Any, Any], defaults: dict[str, Any],
            prefix: str | None = None) -> Target:
     """The target of ``client.queue(queue, **defaults)``, checked: ``defaults`` may name
     ``mode`` and the options of :data:`QUEUE_DEFAULTS`; a handler's job defaults come first.
@@ -96,7 +96,7 @@ def target(queue: str | Handler[Any, Any, Any], defaults: dict[str, Any],
     defaults = dict(defaults)
     mode = defaults.pop("mode", "")
     partitions = None
-    if isinstance(queue, Handler):
+    if isinstance(queue, HandlerBase):
         merged = {**queue.job_defaults, **defaults}
         name = queue.queue
         mode = mode or queue.options.mode

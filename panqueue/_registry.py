@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from panqueue._check import check_int, check_one_of
-from panqueue._handler import Handler, HandlerOptions, check_chunk_payload
+from panqueue._handler import HandlerOptions, check_chunk_payload
+from panqueue._home import Handler, RegistryClients, check_registry_url
 from panqueue._job import Job
 from panqueue._keys import check_partitions, check_prefix, check_queue_name
 from panqueue._options import (
@@ -62,16 +63,30 @@ class _HandlerDecorator(Protocol):
 class Registry:
     """Maps queue ids to handlers. ``panqueue worker app:queues`` loads one of these.
 
-    ``url``: the Redis URL its workers use when they are given none (else ``PANQUEUE_URL``).
-    ``prefix``: the key namespace of its queues (``{<prefix>:q:<queue>}``): the default of its
-    workers and pools, and of ``panqueue worker`` when neither ``--prefix`` nor
+    ``url``: the Redis URL its workers use when they are given none (else ``PANQUEUE_URL``),
+    and where its handlers' :meth:`Handler.enqueue` and :meth:`Handler.aenqueue` add jobs
+    (default: ``PANQUEUE_URL`` when they are first used). The clients they open are the
+    registry's: :meth:`close` closes the blocking one, :meth:`aclose` the current event
+    loop's. ``prefix``: the key namespace of its queues (``{<prefix>:q:<queue>}``): the default
+    of its workers, pools and clients, and of ``panqueue worker`` when neither ``--prefix`` nor
     ``PANQUEUE_PREFIX`` is given."""
 
     def __init__(self, url: str | None = None, *, prefix: str | None = None) -> None:
-        self.url = url
-        self.prefix = check_prefix(prefix)
         self._handlers: dict[str, Handler[Any, Any]] = {}
         self._schedules: dict[str, Schedule] = {}
+        self.url = check_registry_url(url)
+        self.prefix = check_prefix(prefix)
+        self._clients = RegistryClients(self.url, self.prefix)
+
+    def close(self) -> None:
+        """Close the blocking client ``handler.enqueue`` opened (if any); the next
+        ``enqueue`` opens a new one."""
+        self._clients.close()
+
+    async def aclose(self) -> None:
+        """Close the client ``handler.aenqueue`` opened in the running event loop (if any).
+        Call it before the loop ends, in each loop that enqueued."""
+        await self._clients.aclose()
 
     def schedule(self, name: str, queue: str, *, cron: str | None = None,
                  every: float | None = None, tz: str = "UTC", data: Any = None,
@@ -248,7 +263,7 @@ class Registry:
                            chunked=chunk is not None, sandboxed=permissions is not None)
             if chunk is not None:
                 check_chunk_payload(name, fn)
-            handler = Handler(name, fn, options, dict(job_defaults))
+            handler = Handler(name, fn, options, dict(job_defaults), self._clients)
             self._handlers[name] = handler
             return handler
 

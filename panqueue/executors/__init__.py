@@ -24,7 +24,7 @@ from panqueue.executors.subprocess import SubprocessExecutor
 from panqueue.executors.thread import ThreadExecutor
 
 if TYPE_CHECKING:
-    from panqueue._handler import Handler
+    from panqueue._handler import HandlerBase
 
 __all__ = [
     "ChildCrashed",
@@ -89,5 +89,5 @@ def check_executor(spec: Any, fn: Any, queue: str, *, isolated: bool = False,
     cls.check_handler(fn, queue)
 
 
-def create_executor(handler: Handler[Any, Any]) -> Executor:
+def create_executor(handler: HandlerBase[Any, Any]) -> Executor:
     return _resolve(handler.options.executor, handler.fn)(handler)

@@ -24,7 +24,7 @@ from panqueue._job import DONE, Job, ReportKind, Sink
 from panqueue.errors import ChildCrashed, ConfigError, HandlerAborted, JobTimeout, RemoteError
 
 if TYPE_CHECKING:
-    from panqueue._handler import Handler
+    from panqueue._handler import HandlerBase
 
 __all__ = ["DONE", "ChildCrashed", "Executor", "HandlerAborted", "JobTimeout", "RemoteError",
            "ReportKind", "Sink"]
@@ -51,7 +51,7 @@ class Executor(ABC):
     #: when it has a metrics object; ``None`` otherwise. Call :meth:`restarted`, not this.
     on_restart: Callable[[str], None] | None = None
 
-    def __init__(self, handler: Handler[Any, Any]) -> None:
+    def __init__(self, handler: HandlerBase[Any, Any]) -> None:
         self.handler = handler
 
     @classmethod

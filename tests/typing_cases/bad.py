@@ -46,6 +46,16 @@ def produce_sync(client: SyncQueueClient) -> None:
     client.queue(thumbnail).add_bulk(["a.png"])  # error: list-item
 
 
+def enqueue_from_handlers() -> None:
+    send_email.enqueue({"to": "g@example.com"})  # error: typeddict-item
+    thumbnail.enqueue({"path": "e.png"})  # error: arg-type
+    send_email.enqueue({"to": "h", "subject": "x"}, delay="soon")  # error: arg-type
+
+
+async def aenqueue_from_handlers() -> None:
+    await thumbnail.aenqueue(Thumbnail("f.png"), prio=1)  # error: call-arg
+
+
 def a_view_with_a_sink_of_other_reports(job: Job) -> Job:
     def sink(kind: int, value: Any) -> Awaitable[None]:  # a report's kind is "p" or "l"
         return DONE

@@ -12,7 +12,16 @@ from typing import Any, TypedDict, assert_type
 
 import anyio.to_thread
 
-from panqueue import Job, JobHandle, Queue, QueueClient, Registry, SyncQueue, SyncQueueClient
+from panqueue import (
+    Job,
+    JobHandle,
+    Queue,
+    QueueClient,
+    Registry,
+    SyncJobHandle,
+    SyncQueue,
+    SyncQueueClient,
+)
 from panqueue.executors.base import DONE, Executor, ReportKind, Sink
 
 queues = Registry()
@@ -71,6 +80,23 @@ def produce_sync(client: SyncQueueClient) -> None:
     emails.add({"to": "d@example.com", "subject": "sync"})
     client.queue(thumbnail).add_bulk([Thumbnail("b.png", width=64)])
     client.queue("thumbnails").add("not checked")
+
+
+def enqueue_from_handlers() -> None:
+    """A handler enqueues to its own queue through its registry's client, typed the same."""
+    handle = send_email.enqueue({"to": "e@example.com", "subject": "hi"}, delay=1.0,
+                                priority=2, job_id="welcome-e")
+    assert_type(handle, SyncJobHandle)
+    thumbnail.enqueue(Thumbnail("c.png"))
+    legacy.enqueue(["anything", 1])
+
+
+async def aenqueue_from_handlers() -> None:
+    handle = await send_email.aenqueue(Email(to="f@example.com", subject="async"))
+    assert_type(handle, JobHandle)
+    await thumbnail.aenqueue(Thumbnail("d.png"), attempts=3)
+    await queues.aclose()
+    queues.close()
 
 
 def bare_annotations(queue: Queue, sync_queue: SyncQueue, job: Job) -> None:

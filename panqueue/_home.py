@@ -1,0 +1,162 @@
+"""The registry's handlers as producers: :class:`Handler` (``handler.enqueue`` /
+``handler.aenqueue``) and the clients a registry opens for them.
+
+A :class:`~panqueue.Registry` made with ``url=`` (else ``PANQUEUE_URL``) lets its handlers add
+jobs to their own queues without a client opened by hand, the way Celery's ``delay`` and RQ's
+``enqueue`` are used. What it opens lives here:
+
+- one blocking producer for the whole process, opened by the first ``enqueue`` of any thread
+  (the producer is thread-safe; opening it is done once, under a lock);
+- one async producer per event loop, opened by the first ``aenqueue`` in that loop: an async
+  connection belongs to the loop it was made in, so a loop never uses another's.
+
+``registry.close()`` closes the blocking one; ``await registry.aclose()`` the current loop's.
+Both may be called more than once, and a later ``enqueue`` opens a fresh one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, ParamSpec, TypeVar
+
+import anyio.lowlevel
+
+from panqueue._handler import HandlerBase, HandlerOptions
+from panqueue._job import PayloadT
+from panqueue._options import Backoff, Dedup
+from panqueue._producer import Dependency, JobHandle, Producer, SyncJobHandle, SyncProducer, target
+from panqueue._queue import Queue, SyncQueue
+from panqueue._store import check_url
+from panqueue.errors import ConfigError
+
+__all__ = ["Handler", "RegistryClients", "check_registry_url"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Handler(HandlerBase[P, R, PayloadT]):
+    """A registered handler: callable like the decorated function, and a producer for its
+    queue. ``PayloadT`` is its jobs' data type (see :class:`HandlerBase`), which
+    :meth:`enqueue` and :meth:`aenqueue` take."""
+
+    def __init__(self, queue: str, fn: Callable[P, R], options: HandlerOptions,
+                 job_defaults: dict[str, Any], clients: RegistryClients) -> None:
+        super().__init__(queue, fn, options, job_defaults)
+        self._clients = clients
+
+    def enqueue(self, data: PayloadT = None, *,  # type: ignore[assignment]
+                job_id: str | None = None, delay: float | None = None,
+                run_at: datetime | None = None, priority: int | None = None,
+                attempts: int | None = None, backoff: Backoff | None = None,
+                timeout: float | None = None, key: str | None = None,
+                dedup: Dedup | None = None, depends_on: Sequence[Dependency] | None = None,
+                durable: bool = False,
+                expires: float | datetime | None = None) -> SyncJobHandle:
+        """Add a job to this handler's queue, blocking, through the registry's client (opened
+        on first use from ``Registry(url=...)``, else ``PANQUEUE_URL``; one for the process,
+        safe from any thread). The options are those of :meth:`panqueue.SyncQueue.add`, over
+        the handler's producer defaults."""
+        queue: SyncQueue[PayloadT] = SyncQueue(self._clients.sync(), target(self, {}, self._clients.prefix))
+        return queue.add(data, job_id=job_id, delay=delay, run_at=run_at, priority=priority,
+                         attempts=attempts, backoff=backoff, timeout=timeout, key=key,
+                         dedup=dedup, depends_on=depends_on, durable=durable, expires=expires)
+
+    async def aenqueue(self, data: PayloadT = None, *,  # type: ignore[assignment]
+                       job_id: str | None = None, delay: float | None = None,
+                       run_at: datetime | None = None, priority: int | None = None,
+                       attempts: int | None = None, backoff: Backoff | None = None,
+                       timeout: float | None = None, key: str | None = None,
+                       dedup: Dedup | None = None,
+                       depends_on: Sequence[Dependency] | None = None, durable: bool = False,
+                       expires: float | datetime | None = None) -> JobHandle:
+        """:meth:`enqueue` for async code, through the registry's client for the running
+        event loop (asyncio or trio; one per loop, opened on first use)."""
+        queue: Queue[PayloadT] = Queue(self._clients.current(), target(self, {}, self._clients.prefix))
+        return await queue.add(data, job_id=job_id, delay=delay, run_at=run_at,
+                               priority=priority, attempts=attempts, backoff=backoff,
+                               timeout=timeout, key=key, dedup=dedup, depends_on=depends_on,
+                               durable=durable, expires=expires)
+
+
+def check_registry_url(url: str | None) -> str | None:
+    """``Registry(url=...)``'s URL, checked for form (nothing is connected)."""
+    if url is None:
+        return None
+    if not isinstance(url, str):
+        raise ConfigError(f"Registry(url=...) must be a Redis URL (str) or None, got {url!r}")
+    return check_url(url)
+
+
+class RegistryClients:
+    """The producers of one registry: a blocking one, and one per running event loop."""
+
+    def __init__(self, url: str | None, prefix: str | None = None) -> None:
+        self.url = url
+        self.prefix = prefix
+        self._lock = threading.Lock()
+        self._sync: SyncProducer | None = None
+        # Keyed by the loop object (an asyncio loop, trio's token), held alongside it so the
+        # key's id is not reused while the entry lives.
+        self._async: dict[int, tuple[Any, Producer]] = {}
+
+    def resolve(self) -> str:
+        """The URL to connect to: the registry's, else ``PANQUEUE_URL``."""
+        url = self.url or os.environ.get("PANQUEUE_URL")
+        if not url:
+            raise ConfigError("handler.enqueue() needs a Redis URL: make the registry with "
+                              "Registry(url='redis://...') or set PANQUEUE_URL")
+        return check_url(url)
+
+    def sync(self) -> SyncProducer:
+        producer = self._sync
+        if producer is None:
+            with self._lock:
+                producer = self._sync
+                if producer is None:
+                    producer = self._sync = SyncProducer(self.resolve(), prefix=self.prefix)
+        return producer
+
+    def current(self) -> Producer:
+        loop = _current_loop()
+        with self._lock:
+            entry = self._async.get(id(loop))
+            if entry is None or entry[0] is not loop:
+                self._forget_closed_loops()
+                entry = (loop, Producer(self.resolve(), prefix=self.prefix))
+                self._async[id(loop)] = entry
+        return entry[1]
+
+    def close(self) -> None:
+        with self._lock:
+            producer, self._sync = self._sync, None
+            self._forget_closed_loops()
+        if producer is not None:
+            producer.close()
+
+    async def aclose(self) -> None:
+        loop = _current_loop()
+        with self._lock:
+            entry = self._async.get(id(loop))
+            if entry is not None and entry[0] is loop:
+                del self._async[id(loop)]
+            else:
+                entry = None
+        if entry is not None:
+            await entry[1].aclose()
+
+    def _forget_closed_loops(self) -> None:
+        """Drop the entries of asyncio loops that are closed: nothing can run on them any
+        more (their connections were not closed in time; see :meth:`aclose`)."""
+        for key, (loop, _) in list(self._async.items()):
+            is_closed = getattr(loop, "is_closed", None)
+            if is_closed is not None and is_closed():
+                del self._async[key]
+
+
+def _current_loop() -> Any:
+    """The running event loop: asyncio's loop object, or trio's token."""
+    return anyio.lowlevel.current_token().native_token

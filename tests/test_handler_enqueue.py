@@ -1,0 +1,216 @@
+"""Enqueueing from a handler: ``handler.enqueue(data, **options)`` and ``await
+handler.aenqueue(...)`` through the client its registry opens on first use (URL from
+``Registry(url=...)``, else ``PANQUEUE_URL``), one blocking client for every thread and one
+async client per event loop, each closed by the registry. Connections are counted on a server
+of the test's own, with ``CLIENT LIST``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import (
+    ConfigError,
+    Job,
+    JobHandle,
+    JobState,
+    PayloadError,
+    QueueClient,
+    Registry,
+    SyncJobHandle,
+    SyncQueueClient,
+)
+from panqueue.embedded import RedisServer
+from panqueue.testing import drain, run_worker
+
+
+def _registry(url: str | None = None) -> Registry:
+    queues = Registry(url=url)
+
+    @queues.handler("mail", priority=3)
+    async def send(job: Job[dict[str, Any]]) -> str:
+        return f"sent to {job.data['to']}"
+
+    return queues
+
+
+def _connections(url: str) -> int:
+    """Clients connected to the server now, this probe's own connection left out."""
+    probe = redis.Redis.from_url(url)
+    try:
+        return len(probe.client_list()) - 1
+    finally:
+        probe.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[str]:
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.cleanup()
+
+
+def test_enqueue_adds_to_the_handlers_queue_with_its_defaults_and_add_options(
+        redis_url: str) -> None:
+    queues = _registry(redis_url)
+    send = queues.get("mail")
+    try:
+        job = send.enqueue({"to": "a@example.com"}, job_id="welcome-a", delay=60.0)
+        assert isinstance(job, SyncJobHandle)
+        assert (job.id, job.queue, job.created) == ("welcome-a", "mail", True)
+        info = job.info()
+        assert info.state is JobState.DELAYED
+        assert info.data == {"to": "a@example.com"}
+        assert info.priority == 3  # the handler's producer default
+        # The same options as Queue.add: an id that exists returns that job, unchanged.
+        again = send.enqueue({"to": "other"}, job_id="welcome-a")
+        assert not again.created
+        assert again.info().data == {"to": "a@example.com"}
+        assert send.enqueue({"to": "b"}, priority=9).info().priority == 9
+        # Bad data: one clear error, nothing written.
+        with pytest.raises(PayloadError, match="set"):
+            send.enqueue({"to": {1, 2}})
+        with SyncQueueClient(redis_url) as client:
+            assert sum(client.counts("mail").values()) == 2
+    finally:
+        queues.close()
+
+
+@pytest.mark.anyio
+async def test_aenqueue_job_runs_in_a_worker_and_its_result_reads_back(redis_url: str) -> None:
+    queues = _registry(redis_url)
+    send = queues.get("mail")
+    try:
+        async with run_worker(queues, "mail", redis_url):
+            job = await send.aenqueue({"to": "c@example.com"})
+            assert isinstance(job, JobHandle)
+            assert await job.result(timeout=10.0) == "sent to c@example.com"
+    finally:
+        await queues.aclose()
+
+
+def test_without_a_registry_url_panqueue_url_is_read_at_first_use(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    queues = _registry()
+    monkeypatch.setenv("PANQUEUE_URL", redis_url)  # after the registry was made
+    try:
+        job = queues.get("mail").enqueue({"to": "d"})
+        with SyncQueueClient(redis_url) as client:
+            assert client.get_job("mail", job.id).data == {"to": "d"}
+    finally:
+        queues.close()
+
+
+def test_no_url_anywhere_is_one_config_error_naming_both_ways(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PANQUEUE_URL", raising=False)
+    queues = _registry()
+    with pytest.raises(ConfigError, match=r"Registry\(url=.*PANQUEUE_URL"):
+        queues.get("mail").enqueue({"to": "e"})
+
+    async def main() -> None:
+        await queues.get("mail").aenqueue({"to": "e"})
+
+    with pytest.raises(ConfigError, match="PANQUEUE_URL"):
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", 6379])
+def test_a_bad_registry_url_is_refused_when_the_registry_is_made(url: Any) -> None:
+    with pytest.raises(ConfigError, match="URL"):
+        Registry(url=url)
+
+
+def test_threads_share_one_client_and_close_ends_its_connections(own_redis: str) -> None:
+    queues = _registry(own_redis)
+    send = queues.get("mail")
+    start = threading.Barrier(8)
+    ids: list[str] = []
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        try:
+            start.wait()
+            for i in range(20):
+                ids.append(send.enqueue({"to": f"{n}-{i}"}).id)
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(set(ids)) == 160
+    # One pool for the process: at most one connection per thread that used it at once.
+    assert 1 <= _connections(own_redis) <= 8
+    queues.close()
+    assert _connections(own_redis) == 0
+    # A later enqueue opens a fresh client; closing twice is harmless.
+    send.enqueue({"to": "after close"})
+    queues.close()
+    queues.close()
+    assert _connections(own_redis) == 0
+    with SyncQueueClient(own_redis) as client:
+        assert client.counts("mail")[JobState.WAITING] == 161
+
+
+@pytest.mark.anyio
+async def test_each_event_loop_gets_its_own_client_which_aclose_ends(own_redis: str) -> None:
+    queues = _registry(own_redis)
+    send = queues.get("mail")
+    job = await send.aenqueue({"to": "this loop"})
+    assert _connections(own_redis) == 1
+
+    # Another loop, in another thread (as a sync web app running async code per request
+    # does): a client of its own, not this loop's connection used from the wrong loop.
+    def other_loop() -> str:
+        async def main() -> str:
+            try:
+                return (await send.aenqueue({"to": "other loop"})).id
+            finally:
+                await queues.aclose()
+
+        return asyncio.run(main())
+
+    other = await anyio.to_thread.run_sync(other_loop)
+    assert _connections(own_redis) == 1  # the other loop closed its own
+    await queues.aclose()
+    assert _connections(own_redis) == 0
+    await queues.aclose()  # again: nothing to close
+    async with QueueClient(own_redis) as client:
+        assert {(await client.get_job("mail", i)).data["to"] for i in (job.id, other)} \
+            == {"this loop", "other loop"}
+
+
+@pytest.mark.anyio
+async def test_aenqueue_from_inside_a_handler_adds_to_another_queue(redis_url: str) -> None:
+    queues = Registry(url=redis_url)
+
+    @queues.handler("receipts")
+    async def receipt(job: Job[dict[str, Any]]) -> None: ...
+
+    @queues.handler("orders")
+    async def order(job: Job[dict[str, Any]]) -> str:
+        handle = await receipt.aenqueue({"order": job.data["id"]}, job_id=f"r-{job.data['id']}")
+        return handle.id
+
+    try:
+        async with run_worker(queues, "orders", redis_url):
+            job = await order.aenqueue({"id": 7})
+            assert await job.result(timeout=10.0) == "r-7"
+        async with run_worker(queues, "receipts", redis_url):
+            counts = await drain(redis_url, "receipts")
+        assert counts[JobState.COMPLETED] == 1
+    finally:
+        await queues.aclose()
