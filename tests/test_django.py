@@ -54,7 +54,7 @@ def django_db(tmp_path_factory: pytest.TempPathFactory, panqueue_server: RedisSe
     # The settings module reads these once, when setup_django() imports it; they are
     # removed again so that they leak into no other test.
     env = {"DJANGO_SETTINGS_MODULE": SETTINGS, "PQ_DJANGO_DB": str(db),
-           "PANQUEUE_URL": panqueue_server.url}
+           "PANQUEUE_URL": panqueue_server.url, "PQ_DJANGO_ANY_QUEUE": "1"}
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
@@ -92,14 +92,15 @@ def _env(django_db: Path, url: str, **extra: str) -> dict[str, str]:
 @pytest.fixture
 def django_worker(django_db: Path, client: SyncQueueClient, tmp_path: Path
                   ) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Start ``panqueue worker panqueue.django:registry`` (killed at the end); returns once it
-    serves the default queue."""
+    """Start ``panqueue worker panqueue.django:registry`` (or ``app``; killed at the end);
+    returns once it serves the queue ``serves``."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(**extra_env: str) -> subprocess.Popen[bytes]:
+    def start(app: str = "panqueue.django:registry", serves: str = "default",
+              **extra_env: str) -> subprocess.Popen[bytes]:
         with (tmp_path / "worker.err").open("wb") as err:
             process = subprocess.Popen(
-                panqueue_command("worker", "panqueue.django:registry", "--url", client.url),
+                panqueue_command("worker", app, "--url", client.url),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 env=_env(django_db, client.url, **extra_env), cwd=ROOT)
         started.append(process)
@@ -107,7 +108,7 @@ def django_worker(django_db: Path, client: SyncQueueClient, tmp_path: Path
         def serving() -> bool:
             if process.poll() is not None:
                 raise AssertionError((tmp_path / "worker.err").read_text())
-            return bool(client.workers("default"))
+            return bool(client.workers(serves))
 
         wait_until(serving, timeout=20, what="the Django worker to start")
         return process
@@ -408,3 +409,128 @@ def test_bad_backend_settings_raise_one_config_error_naming_the_entry(
         PanqueueBackend("bad", {"QUEUES": ["default"], **params})
     assert problem in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------- Django's meanings
+
+# A process of a project without DATABASES: `check` first (it opens django.db.connections,
+# which is when Django fills DATABASES with its dummy engine), then an enqueue.
+_NO_DATABASE = """
+import io
+import django
+django.setup()
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from panqueue import ConfigError
+from tests.django_project.shop.tasks import add
+try:
+    call_command("check", stdout=io.StringIO())
+    print("check: ok")
+except SystemCheckError as exc:
+    print("check:", " | ".join(line.strip() for line in str(exc).splitlines()
+                               if "panqueue." in line or "HINT" in line))
+try:
+    result = add.enqueue(1, 2)
+    print("enqueued", result.id)
+except ConfigError as exc:
+    print("refused:", exc)
+"""
+
+
+def _no_database(url: str, **extra: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_DATABASE], capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.django_project.settings_nodb",
+                                     PANQUEUE_URL=url, **extra))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_project_without_databases_enqueues_at_once_after_anything_touched_the_database(
+        client: SyncQueueClient) -> None:
+    check, enqueued = _no_database(client.url)
+    assert check == "check: ok"
+    assert enqueued.startswith("enqueued ")
+    assert client.get_job("default", enqueued.split()[1]).state is JobState.WAITING
+
+
+def test_enqueue_on_commit_without_a_database_is_a_system_check_error_and_a_clear_refusal(
+        client: SyncQueueClient) -> None:
+    check, refused = _no_database(client.url, PQ_ON_COMMIT="1")
+    assert check.startswith("check: ?: (panqueue.E001) TASKS['default']['ENQUEUE_ON_COMMIT'] "
+                            "is True, but no database is configured"), check
+    assert "HINT: Remove ENQUEUE_ON_COMMIT" in check
+    assert refused == ("refused: TASKS['default']['ENQUEUE_ON_COMMIT'] is True, but no "
+                       "database is configured (DATABASES): remove ENQUEUE_ON_COMMIT to "
+                       "enqueue at once")
+    assert client.queues() == []
+
+
+def test_enqueue_on_commit_is_off_unless_asked_for_as_in_djangos_own_backends(
+        django_db: Path) -> None:
+    from panqueue.django import PanqueueBackend
+
+    assert PanqueueBackend("x", {}).enqueue_on_commit is False
+    asked = PanqueueBackend("x", {"ENQUEUE_ON_COMMIT": True})
+    assert asked.enqueue_on_commit is True
+    assert asked.check() == []  # this project has a database
+
+
+def test_enqueue_returns_the_result_get_result_reads_back_enqueued_at_on_the_servers_clock(
+        client: SyncQueueClient) -> None:
+    from django.db import transaction
+
+    from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import task_backends
+
+    at_once = add.using(backend="direct", queue_name="direct").enqueue(1, 2)
+    with transaction.atomic():
+        on_commit = add.enqueue(3, 4)
+        assert on_commit.enqueued_at is None
+    for result, queue in [(at_once, "direct"), (on_commit, "default")]:
+        stored = client.get_job(queue, result.id).enqueued_at
+        assert result.enqueued_at == stored  # the server's time of the add
+        back = task_backends[result.backend].get_result(result.id)
+        assert back.enqueued_at == result.enqueued_at
+        assert (back.id, back.status, back.args, back.kwargs, back.backend, back.errors,
+                back.worker_ids, back.started_at, back.finished_at) == (
+            result.id, result.status, result.args, result.kwargs, result.backend,
+            result.errors, result.worker_ids, result.started_at, result.finished_at)
+
+
+def test_every_feature_flag_django_defines_is_declared_by_the_backend(django_db: Path) -> None:
+    from panqueue.django import PanqueueBackend
+    from tests.django_project.tasks_compat import BaseTaskBackend
+
+    flags = {name for name in vars(BaseTaskBackend) if name.startswith("supports_")}
+    assert flags >= {"supports_defer", "supports_async_task", "supports_get_result",
+                     "supports_priority"}
+    # Declared on the backend itself (not inherited as False), each True: run_after, async
+    # tasks, results from any process and priorities are what the other tests here run.
+    assert {name: vars(PanqueueBackend).get(name) for name in flags} \
+        == dict.fromkeys(flags, True)
+
+
+def test_queues_empty_takes_any_queue_name_as_django_means_and_its_workers_serve_named_ones(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
+    from panqueue import ConfigError
+    from panqueue.django import registry_for
+    from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import InvalidTask, TaskResultStatus
+
+    anywhere = add.using(backend="anyqueue", queue_name="anything")
+    result = anywhere.enqueue(2, 5)
+    assert result.id.startswith("anything:")
+    assert client.get_job("anything", result.id).data["task"] == add.module_path
+    back = add.using(backend="anyqueue").get_result(result.id)
+    assert (back.status, back.task.queue_name) == (TaskResultStatus.READY, "anything")
+    with pytest.raises(InvalidTask, match="braces"):  # any name panqueue can store
+        add.using(backend="anyqueue", queue_name="a{b}")
+
+    # A worker must be told the queues (panqueue.django:registry cannot list "any").
+    with pytest.raises(ConfigError, match=r"TASKS\['anyqueue'\]\['QUEUES'\] is \[\]"):
+        registry_for("anyqueue")
+    django_worker("tests.django_project.any_queue:registry", serves="anything",
+                  PQ_DJANGO_ANY_QUEUE="1")
+    wait_until(_finished(result), what="the any-queue task to finish")
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)

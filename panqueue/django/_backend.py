@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 from django.apps import apps
 from django.conf import settings
-from django.db import transaction
+from django.core import checks
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
@@ -26,6 +27,7 @@ from panqueue._keys import check_queue_name
 from panqueue._options import Retention, check_attempts, check_positive
 from panqueue.django._compat import (
     BaseTaskBackend,
+    InvalidTask,
     Task,
     TaskError,
     TaskResult,
@@ -39,6 +41,8 @@ __all__ = ["FAILED", "READY", "RUNNING", "SUCCESSFUL", "WORKER_LINE", "PanqueueB
            "TaskRefused", "class_path", "task_call"]
 
 T = TypeVar("T")
+
+_ID_LENGTH = 32
 
 # The job log line each attempt starts with; TaskResult.worker_ids is read back from these.
 WORKER_LINE = "django task running on worker "
@@ -94,14 +98,21 @@ class PanqueueBackend(BaseTaskBackend):
     """A backend for Django's Tasks framework that stores tasks as panqueue jobs.
 
     ``TASKS = {"default": {"BACKEND": "panqueue.django.PanqueueBackend", "QUEUES": [...],
-    "ENQUEUE_ON_COMMIT": True, "OPTIONS": {"url": "redis://..."}}}``. ``OPTIONS``:
+    "OPTIONS": {"url": "redis://..."}}}``. ``ENQUEUE_ON_COMMIT`` (default False, as Django's
+    own backends enqueue at once): True adds the job when the ``default`` database's
+    transaction commits. ``OPTIONS``:
     ``url`` (default ``PANQUEUE_URL``, else ``redis://localhost:6379/0``), ``task_modules``
     (modules outside the installed apps whose tasks workers may run), and for the workers'
     handlers ``attempts`` (default 1), ``timeout`` (seconds, default none) and ``retention``
     (a :class:`panqueue.Retention`: how many finished tasks keep their results).
 
-    Each of ``QUEUES`` is the panqueue queue of that name. ``panqueue worker
+    Each of ``QUEUES`` is the panqueue queue of that name; ``QUEUES: []`` accepts any queue
+    name, as Django's backends do (each result id then carries its queue). ``panqueue worker
     panqueue.django:registry`` runs the tasks.
+
+    Every feature flag Django defines is True, each because panqueue does it: ``run_after``
+    (a delayed job), coroutine tasks (run by the worker), results read from any process
+    (they are in Redis), and priorities (-100..100 passed unchanged; higher runs first).
     """
 
     supports_defer = True
@@ -147,11 +158,9 @@ class PanqueueBackend(BaseTaskBackend):
             raise ConfigError(f"{where}['OPTIONS']['retention'] must be a panqueue.Retention, "
                               f"got {retention!r}")
         self.retention: Retention | None = retention
-        self.enqueue_on_commit = check_flag(params.get("ENQUEUE_ON_COMMIT", True),
+        self.enqueue_on_commit = check_flag(params.get("ENQUEUE_ON_COMMIT", False),
                                             f"{where}['ENQUEUE_ON_COMMIT']",
                                             expected="True or False")
-        if not self.queues:
-            raise ConfigError(f"{where}['QUEUES'] must name at least one queue")
         for queue in self.queues:
             try:
                 check_queue_name(queue)
@@ -163,25 +172,58 @@ class PanqueueBackend(BaseTaskBackend):
         """The process's client for this backend's URL."""
         return _client(self.url)
 
+    # -- checks ------------------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """``manage.py check`` (and ``runserver``, ``migrate``...): ``ENQUEUE_ON_COMMIT`` needs
+        a database whose transactions it can wait for."""
+        if self.enqueue_on_commit and not _has_database():
+            return [checks.Error(
+                f"TASKS[{self.alias!r}]['ENQUEUE_ON_COMMIT'] is True, but no database is "
+                "configured: there is no transaction to wait for, and every enqueue() fails",
+                hint="Remove ENQUEUE_ON_COMMIT (the default is False: enqueue at once), or "
+                     "configure DATABASES",
+                id="panqueue.E001")]
+        return []
+
+    def validate_task(self, task: Task[Any, Any]) -> None:
+        """Django's checks, and with ``QUEUES: []`` (any queue) the queue name panqueue's."""
+        super().validate_task(task)
+        if not self.queues:
+            try:
+                check_queue_name(task.queue_name)
+            except ConfigError as exc:
+                raise InvalidTask(str(exc)) from None
+
     # -- producing ---------------------------------------------------------------------------
 
     def enqueue(self, task: Task[Any, T], args: Any, kwargs: Any) -> TaskResult[T]:
-        """Add a job that runs ``task(*args, **kwargs)``; with ``ENQUEUE_ON_COMMIT`` (the
-        default), inside ``transaction.atomic()`` the job is added when the transaction
-        commits, and never if it rolls back. The returned result's ``id`` is the job id."""
+        """Add a job that runs ``task(*args, **kwargs)`` at once; with ``ENQUEUE_ON_COMMIT``,
+        inside ``transaction.atomic()`` the job is added when the transaction commits, and
+        never if it rolls back. The returned result's ``id`` is the job id, and its
+        ``enqueued_at`` is the time the server recorded (None until the job is added)."""
         self.validate_task(task)
+        if self.enqueue_on_commit and not _has_database():
+            raise ConfigError(f"TASKS[{self.alias!r}]['ENQUEUE_ON_COMMIT'] is True, but no "
+                              "database is configured (DATABASES): remove ENQUEUE_ON_COMMIT "
+                              "to enqueue at once")
         result: TaskResult[T] = TaskResult(
-            task=task, id=_new_id(), status=READY, enqueued_at=None,
+            task=task, id=self._new_id(task.queue_name), status=READY, enqueued_at=None,
             started_at=None, finished_at=None, last_attempted_at=None, args=args,
             kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[])
         # Checked now, so a bad argument fails the enqueue() call, not a later commit.
         check_json_compatible(result.args, "args")
         check_json_compatible(result.kwargs, "kwargs")
-        if self.enqueue_on_commit and settings.DATABASES:
-            transaction.on_commit(partial(self._add, result))
+        if self.enqueue_on_commit:
+            transaction.on_commit(partial(self._add, result), using=DEFAULT_DB_ALIAS)
         else:
             self._add(result)
         return result
+
+    def _new_id(self, queue: str) -> str:
+        """A new result id: random; with ``QUEUES: []`` prefixed by its queue, which
+        :meth:`get_result` has no list to find it in."""
+        return _random_id() if self.queues else f"{queue}:{_random_id()}"
 
     def _add(self, result: TaskResult[Any]) -> None:
         task = result.task
@@ -198,9 +240,10 @@ class PanqueueBackend(BaseTaskBackend):
             "run_after": None if run_at is None else run_at.isoformat(),
         }
         # Django and panqueue agree on priorities: higher runs first, 0 by default.
-        self.client.queue(task.queue_name).add(data, job_id=result.id, priority=task.priority,
-                                               run_at=run_at)
-        object.__setattr__(result, "enqueued_at", timezone.now())
+        job = self.client.queue(task.queue_name).add(data, job_id=result.id,
+                                                     priority=task.priority, run_at=run_at)
+        # The server's time of the add, as get_result() reads it back (not this clock).
+        object.__setattr__(result, "enqueued_at", _django_time(job.info().enqueued_at))
         task_enqueued.send(type(self), task_result=result)
 
     # -- reading back ------------------------------------------------------------------------
@@ -208,7 +251,7 @@ class PanqueueBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult[Any]:
         """The task's result as stored now; :class:`TaskResultDoesNotExist` if no queue of
         this backend has a job ``result_id`` made by a Django task."""
-        for queue in sorted(self.queues):
+        for queue in sorted(self.queues) if self.queues else _queue_of(result_id):
             try:
                 info = self.client.get_job(queue, result_id)
             except (JobNotFound, ConfigError):
@@ -311,10 +354,25 @@ def _django_time(value: datetime | None) -> datetime | None:
     return naive
 
 
-def _new_id() -> str:
+def _random_id() -> str:
     """A random result id, which is also the job id (never all digits: panqueue keeps those
     for the ids it generates)."""
     while True:
-        result_id: str = get_random_string(32)
+        result_id: str = get_random_string(_ID_LENGTH)
         if not result_id.isdigit():
             return result_id
+
+
+def _queue_of(result_id: str) -> list[str]:
+    """The queue a result id of a ``QUEUES: []`` backend names (``<queue>:<random>``), as a
+    list of at most one."""
+    queue, separator = result_id[:-_ID_LENGTH - 1], result_id[-_ID_LENGTH - 1:-_ID_LENGTH]
+    return [queue] if queue and separator == ":" else []
+
+
+def _has_database() -> bool:
+    """Whether the ``default`` database is a real one. Django puts its dummy engine there
+    (in ``settings.DATABASES`` itself) when ``DATABASES`` is empty, the first time anything
+    opens ``django.db.connections``."""
+    engine = connections.settings.get(DEFAULT_DB_ALIAS, {}).get("ENGINE")
+    return bool(engine) and engine != "django.db.backends.dummy"

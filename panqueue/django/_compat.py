@@ -4,8 +4,8 @@
 
 The two have the same API for what a backend does (``BaseTaskBackend`` and its ``supports_*``
 flags, ``validate_task``, ``enqueue(task, args, kwargs)``, ``TaskResult``'s fields, the
-signals); they differ in names panqueue does not use (``InvalidTask`` is ``InvalidTaskError``
-in the package), in the package being an app for ``INSTALLED_APPS``, and in the package's
+signals); they differ in names (``InvalidTask`` is ``InvalidTaskError`` in the package: exported
+here as ``InvalidTask``), in the package being an app for ``INSTALLED_APPS``, and in the package's
 classes being generic for type checkers. The choice follows Django's version, not what happens
 to be importable: on Django 6 the built-in framework is the one ``TASKS`` is read by, even where
 the package is installed too.
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 __all__ = [
     "BaseTaskBackend",
+    "InvalidTask",
     "Task",
     "TaskContext",
     "TaskError",
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from django_tasks import task_backends
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
@@ -55,7 +57,7 @@ else:
             TaskResult,
             TaskResultStatus,
         )
-        from django.tasks.exceptions import TaskResultDoesNotExist
+        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
         from django.tasks.signals import task_enqueued, task_finished, task_started
     else:
         try:
@@ -74,5 +76,6 @@ else:
             TaskResult,
             TaskResultStatus,
         )
+        from django_tasks.exceptions import InvalidTaskError as InvalidTask
         from django_tasks.exceptions import TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from panqueue._job import ErrorInfo, Job
@@ -61,11 +61,14 @@ def setup_django() -> None:
         django.setup()
 
 
-def registry_for(*aliases: str) -> Registry:
+def registry_for(*aliases: str, queues: Sequence[str] | None = None) -> Registry:
     """A registry that runs the tasks of the ``TASKS`` backends ``aliases`` (default: every
     backend that is a :class:`PanqueueBackend`): one handler per queue of each, on the thread
     executor, with the backend's ``attempts``, ``timeout`` and ``retention``. Sets Django up
-    first."""
+    first.
+
+    A backend with ``QUEUES: []`` takes any queue name, so its workers cannot list them:
+    ``queues`` names the ones they serve (it applies to such backends only)."""
     setup_django()
     from django.core.exceptions import ImproperlyConfigured
 
@@ -83,10 +86,20 @@ def registry_for(*aliases: str) -> Registry:
     if not backends:
         raise ConfigError("no backend in TASKS is a panqueue.django.PanqueueBackend "
                           "(set its 'BACKEND' to 'panqueue.django.PanqueueBackend')")
+    if queues is not None and (isinstance(queues, str) or not all(
+            isinstance(q, str) and q for q in queues)):
+        raise ConfigError(f"registry_for(queues=...) must be a list of queue names, "
+                          f"got {queues!r}")
     registry = Registry()
     for backend in backends:
         runner = _TaskRunner(backend)
-        for queue in sorted(backend.queues):
+        served = sorted(backend.queues or queues or ())
+        if not served:
+            raise ConfigError(
+                f"TASKS[{backend.alias!r}]['QUEUES'] is [] (any queue name), so its workers "
+                f"must be told which queues to serve: registry_for({backend.alias!r}, "
+                f"queues=[...]) in a module of your own")
+        for queue in served:
             registry.handler(queue, executor="thread", attempts=backend.attempts,
                              timeout=backend.timeout, retention=backend.retention
                              )(runner.handler())

@@ -17,9 +17,11 @@ DATABASES = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["PQ_DJANGO_DB"]},
 }
 TASKS = {
+    # Tasks sent inside a transaction are added when it commits (not the default).
     "default": {
         "BACKEND": "panqueue.django.PanqueueBackend",
         "QUEUES": ["default", "reports"],
+        "ENQUEUE_ON_COMMIT": True,
         "OPTIONS": {"url": os.environ["PANQUEUE_URL"]},
     },
     # Tasks sent through this one are added at once, even inside a transaction.
@@ -31,3 +33,13 @@ TASKS = {
         "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "retention": Retention(completed=2)},
     },
 }
+
+# Any queue name (QUEUES: []), where the process asks for it: the tests' own process and the
+# workers of tests.django_project.any_queue, not those of panqueue.django:registry, which
+# cannot serve a backend whose queues it is not told.
+if os.environ.get("PQ_DJANGO_ANY_QUEUE"):
+    TASKS["anyqueue"] = {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": [],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"]},
+    }
