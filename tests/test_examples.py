@@ -218,6 +218,15 @@ EXPECTED: dict[str, list[str]] = {
         "purged 1 delayed job; counts: {'completed': 3}",
         "purged 3 more; queue still exists: False",
     ],
+    "from_celery.py": [
+        "send_welcome.enqueue -> job 1 in queue 'emails'",
+        "welcome mail sent to ada on attempt 2",
+        "countdown: job welcome-bob is delayed; enqueued twice, created=[True, False]",
+        "revoke: welcome-bob was delayed, now cancelled",
+        "its result raises JobFailed: ended cancelled",
+        "group: ['beach-128.jpg', 'tower-128.jpg', 'garden-128.jpg']",
+        "emails: completed=1 cancelled=1; outbox ['ada']",
+    ],
     "spark_enqueue.py": [
         "first run: added=200, existing=0",
         "second run: added=0, existing=200",
