@@ -60,7 +60,8 @@ class Handler(HandlerBase[P, R, PayloadT]):
         on first use from ``Registry(url=...)``, else ``PANQUEUE_URL``; one for the process,
         safe from any thread). The options are those of :meth:`panqueue.SyncQueue.add`, over
         the handler's producer defaults."""
-        queue: SyncQueue[PayloadT] = SyncQueue(self._clients.sync(), target(self, {}, self._clients.prefix))
+        clients = self._clients
+        queue: SyncQueue[PayloadT] = SyncQueue(clients.sync(), target(self, {}, clients.prefix))
         return queue.add(data, job_id=job_id, delay=delay, run_at=run_at, priority=priority,
                          attempts=attempts, backoff=backoff, timeout=timeout, key=key,
                          dedup=dedup, depends_on=depends_on, durable=durable, expires=expires)
@@ -75,7 +76,8 @@ class Handler(HandlerBase[P, R, PayloadT]):
                        expires: float | datetime | None = None) -> JobHandle:
         """:meth:`enqueue` for async code, through the registry's client for the running
         event loop (asyncio or trio; one per loop, opened on first use)."""
-        queue: Queue[PayloadT] = Queue(self._clients.current(), target(self, {}, self._clients.prefix))
+        clients = self._clients
+        queue: Queue[PayloadT] = Queue(clients.current(), target(self, {}, clients.prefix))
         return await queue.add(data, job_id=job_id, delay=delay, run_at=run_at,
                                priority=priority, attempts=attempts, backoff=backoff,
                                timeout=timeout, key=key, dedup=dedup, depends_on=depends_on,

@@ -110,6 +110,30 @@ def test_without_a_registry_url_panqueue_url_is_read_at_first_use(
         queues.close()
 
 
+@pytest.mark.anyio
+async def test_a_registrys_prefix_namespaces_the_jobs_its_handlers_enqueue(
+        redis_url: str) -> None:
+    """``Registry(url, prefix=...)``: ``enqueue`` and ``aenqueue`` add under the registry's
+    key prefix, where a client of that prefix finds the jobs and one without it does not."""
+    queues = Registry(url=redis_url, prefix="app1")
+
+    @queues.handler("mail")
+    async def mail(job: Job[dict[str, Any]]) -> None:
+        return None
+
+    try:
+        sync_job = await anyio.to_thread.run_sync(lambda: mail.enqueue({"to": "e"}))
+        async_job = await mail.aenqueue({"to": "f"})
+        async with QueueClient(redis_url, prefix="app1") as mine, \
+                QueueClient(redis_url) as plain:
+            for job in (sync_job, async_job):
+                assert (await mine.get_job("mail", job.id)).state == JobState.WAITING
+            assert sum((await plain.counts("mail")).values()) == 0
+    finally:
+        await anyio.to_thread.run_sync(queues.close)
+        await queues.aclose()
+
+
 def test_no_url_anywhere_is_one_config_error_naming_both_ways(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PANQUEUE_URL", raising=False)
