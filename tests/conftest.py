@@ -86,8 +86,10 @@ def _seconds(nodeid: str, seconds: dict[str, float]) -> float:
     return next((v for k, v in KNOWN_SLOW.items() if nodeid.startswith(k)), 1.0)
 
 
-# Tests that start a JVM (PySpark) run one at a time, on one worker: four JVMs starting at
-# once on two cores took minutes each. Found by what the module imports, and two examples.
+# Tests that start a JVM (PySpark) run in two groups, each on one worker: the modules that use
+# PySpark (one Spark session for both, tests/spark_fixtures.py) and the two JVM examples (a JVM
+# each). Two JVMs at once at most: four starting at once on two cores took minutes each. Found by
+# what the module imports, and the examples' names.
 JVM_EXAMPLES = ("[spark_enqueue.py]", "[history_export.py]")
 _SHARED = re.compile(r"""scope=["'](module|class)["']""")
 
@@ -110,7 +112,7 @@ def _module_group(path: str) -> str | None:
 def _unit(nodeid: str) -> str:
     """The xdist work unit of a test: its group, or the test alone."""
     if nodeid.endswith(JVM_EXAMPLES):
-        return "pyspark"
+        return "jvm-examples"
     return _module_group(nodeid.split("::")[0]) or nodeid
 
 
