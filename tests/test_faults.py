@@ -356,6 +356,34 @@ async def test_a_start_that_reached_the_server_waits_out_a_lost_connection(
         admin.close()
 
 
+async def test_a_start_whose_first_connections_are_closed_waits_for_the_server(
+        proxy: FaultProxy, redis_url: str, queue_name: str) -> None:
+    """A worker (re)started while the server closes every new connection (a restart, a
+    CLIENT KILL, a proxy in between that drops its links): its first step never gets an
+    answer, yet the server is not unreachable for good. The start waits it out (one warning)
+    and the worker serves once connections hold again."""
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def handler(job: Job) -> Any:
+        return job.data
+
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(queue_name).add(9)
+        proxy.cut()
+        with capture_panqueue_logs() as logs:
+            async def lift() -> None:
+                async def refused() -> bool:
+                    return any("starting the worker failed" in e["event"] for e in logs)
+                await async_wait_until(refused)
+                proxy.restore()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lift)
+                async with run_worker(registry, queue_name, proxy.url):
+                    assert await handle.result(timeout=15) == 9
+
+
 async def test_a_worker_stopped_while_its_start_waits_stops_cleanly(
         own_server: RedisServer, queue_name: str) -> None:
     """Stopped while its start waits for a full server: the worker returns without an error

@@ -50,6 +50,12 @@ __all__ = ["Worker"]
 
 T = TypeVar("T")
 
+# How long a start waits for a server it has not reached yet before it fails: long enough for
+# a server that restarts or closes every connection for a moment (CLIENT KILL, a proxy in
+# between dropping its links) to take connections again; short enough that a wrong URL is an
+# error within seconds.
+START_GRACE = 5.0
+
 
 class _StoppedWhileStarting(Exception):
     """Stopped while the start waited for a server that could not serve: a clean stop."""
@@ -140,6 +146,7 @@ class Worker:
         self._force = anyio.Event()
         self._drain_until = math.inf
         self._reached = False  # the server answered during this start (see _when_served)
+        self._unreached_since: float | None = None  # when the start first failed to reach it
         self.processed = 0
         self.failed = 0
 
@@ -147,9 +154,9 @@ class Worker:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Run until :meth:`shutdown` (or cancellation). Raises ConnectionError if Redis is
-        unreachable at start. With ``task_group.start(worker.run)`` it returns once the worker
-        listens for work."""
+        """Run until :meth:`shutdown` (or cancellation). Raises ConnectionError if Redis stays
+        unreachable for :data:`START_GRACE` seconds at start. With
+        ``task_group.start(worker.run)`` it returns once the worker listens for work."""
         # Every key the worker's roles build (in this task and in the tasks it starts, which
         # copy its context) is the prefix's.
         with prefixed(self.prefix):
@@ -231,14 +238,19 @@ class Worker:
         waits it out, unless it is stopped meanwhile. Once the server has been reached in this
         start, a lost connection is waited out the same way (the server was there a moment
         ago: it is restarting, or the network broke). A server that cannot be reached at all,
-        from the first step on, fails the start at once."""
+        from the first step on, is waited for :data:`START_GRACE` seconds (it may be
+        restarting, or closing every new connection for a moment), and then fails the start."""
         while True:
             try:
                 result = await call()
             except ConnectionError as exc:
                 if not isinstance(exc, ServerUnavailable) and not self._reached:
-                    raise
-                self._reached = True
+                    if self._unreached_since is None:
+                        self._unreached_since = anyio.current_time()
+                    if anyio.current_time() - self._unreached_since >= START_GRACE:
+                        raise
+                else:
+                    self._reached = True
                 if self._stopping:
                     raise _StoppedWhileStarting from exc
                 trouble.failed(exc)
