@@ -36,3 +36,18 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("OFF")
     yield session
     session.stop()
+
+
+# The test that first asks for ``spark`` starts the JVM in its setup: about 5 s alone, over a
+# minute while the suite's other workers hold both cores. Every test of the session gets the
+# JVM examples' guard against a hang (tests/test_examples.py), not pytest's default 120 s, which
+# a loaded run reached; and a test interrupted by that guard leaves the session broken for every
+# test after it.
+SPARK_TIMEOUT = 300
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()) and item.get_closest_marker(
+                "timeout") is None:
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT))
