@@ -88,13 +88,13 @@ def capture_panqueue_logs() -> Iterator[list[dict[str, Any]]]:
 class WorkerProcess:
     """``panqueue worker`` as a child process; its output goes to files, not pipes.
     ``app``: the registry to serve; ``path``: a directory put first on its PYTHONPATH (for an
-    app module a test writes)."""
+    app module a test writes); ``env``: more environment variables."""
 
     def __init__(self, tmp_path: Path, *args: str, app: str = "cli_app:queues",
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.stdout_path = tmp_path / "worker.out"
         self.stderr_path = tmp_path / "worker.err"
-        env = subprocess_env()
+        env = subprocess_env(**(env or {}))
         if path is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(path), env["PYTHONPATH"]])
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:

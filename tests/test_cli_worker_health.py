@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from panqueue import JobState, SyncQueueClient
 from panqueue.embedded import RedisServer, free_port
@@ -55,7 +58,13 @@ def test_healthz_is_200_while_the_worker_claims_and_503_once_redis_is_gone(
     wait_until(lambda: get(port)[0] == 503, 10, "/healthz to answer 503 without Redis")
     status, body = get(port)
     assert status == 503
-    assert body["status"] == "unavailable" and "Redis" in body["reason"], body
+    # The actual cause, with the error: not a stale PING, not "claiming fails" alone.
+    assert body["status"] == "unavailable", body
+    assert body["reason"].startswith("Redis unreachable: "), body
+    assert str(private_redis.port) in body["reason"], body
+    assert get(port, "/readyz")[0] == 503
+    # The loop still turns: alive, not ready.
+    assert get(port, "/livez")[0] == 200
     assert worker.alive(), worker.stderr
     # The failed job's traceback is logged; no other traceback (nothing from the endpoint).
     assert (worker.stderr.count("Traceback")
@@ -143,3 +152,77 @@ def test_without_log_jobs_no_job_lines(
     events = [json.loads(line)["event"] for line in worker.stderr.splitlines()]
     assert "job completed" not in events
     assert any(e.startswith("SIGTERM received") for e in events)
+
+
+def test_livez_and_readyz_name_the_handler_that_blocks_the_loop_not_redis(
+        redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    """One process serving two queues: while one handler blocks the event loop (time.sleep)
+    next to one that awaits, /livez and /readyz both say the loop is blocked and by which
+    handler; neither blames Redis nor the awaiting handler. Both are 200 again after."""
+    port = free_port()
+    worker = WorkerProcess(tmp_path, "-q", "blocks", "-q", "awaits", "--url", redis_url,
+                           "--poll-interval", "0.1", "--health-port", str(port),
+                           app="blocking_app:queues", env={"PANQUEUE_URL": redis_url})
+    try:
+        wait_until(lambda: get(port, "/readyz")[0] == 200, 20, "/readyz to answer 200")
+        assert get(port, "/livez")[0] == 200
+        with SyncQueueClient(redis_url) as client:
+            client.queue("awaits").add(30)
+            wait_until(lambda: redis_client.get("started:awaits"), 20,
+                       "the awaiting handler to start")
+            blocking = client.queue("blocks").add(6)
+            wait_until(lambda: get(port, "/livez")[0] == 503, 10, "/livez to answer 503")
+            live_status, live = get(port, "/livez")
+            ready_status, ready = get(port, "/readyz")
+            health_status, health = get(port, "/healthz")
+            assert (live_status, ready_status, health_status) == (503, 503, 503)
+            for body in (live, ready, health):
+                reason = body["reason"]
+                assert reason.startswith("event loop blocked for "), body
+                assert "by handler blocking_app:blocks at " in reason, body
+                assert "blocking_app.py" in reason, body
+                assert "awaits" not in reason and "PING" not in reason, body
+                assert "Redis" not in reason, body
+            assert blocking.result(timeout=20) == "blocked"
+        wait_until(lambda: get(port, "/livez")[0] == 200, 10, "/livez to answer 200 again")
+        wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "/readyz to answer 200 again")
+        assert worker.alive(), worker.stderr
+    finally:
+        worker.kill()
+
+
+def test_readyz_says_the_worker_is_stopping_and_livez_stays_200_while_it_drains(
+        redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    port = free_port()
+    worker = WorkerProcess(tmp_path, "-q", "awaits", "--url", redis_url, "--grace", "30",
+                           "--poll-interval", "0.1", "--health-port", str(port),
+                           app="blocking_app:queues", env={"PANQUEUE_URL": redis_url})
+    try:
+        wait_until(lambda: get(port, "/readyz")[0] == 200, 20, "/readyz to answer 200")
+        with SyncQueueClient(redis_url) as client:
+            client.queue("awaits").add(30)
+        wait_until(lambda: redis_client.get("started:awaits"), 20, "the handler to start")
+        worker.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: get(port, "/readyz")[0] == 503, 10, "/readyz to answer 503")
+        reason = get(port, "/readyz")[1]["reason"]
+        assert reason.startswith("the worker is stopping (SIGTERM received"), reason
+        assert get(port, "/livez")[0] == 200
+    finally:
+        worker.kill()
+
+
+def test_readyz_says_every_served_queue_is_paused_with_the_command_that_resumes_it(
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
+    port = free_port()
+    start_worker("--url", redis_url, "-q", ECHO, "--health-port", str(port))
+    wait_until(lambda: get(port, "/readyz")[0] == 200, 20, "/readyz to answer 200")
+    with SyncQueueClient(redis_url) as client:
+        client.pause(ECHO)
+        wait_until(lambda: get(port, "/readyz")[0] == 503, 10, "/readyz to answer 503")
+        body = get(port, "/readyz")[1]
+        assert body["reason"] == (f"every queue it serves is paused: {ECHO} "
+                                  f"(panqueue resume {ECHO})"), body
+        assert body["paused"] == [ECHO]
+        assert get(port, "/livez")[0] == 200
+        client.resume(ECHO)
+    wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "/readyz to answer 200 again")

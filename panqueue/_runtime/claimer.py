@@ -95,10 +95,10 @@ class ClaimLoop:
         self._stop_by = math.inf
 
     @property
-    def failing(self) -> bool:
-        """Its last claim failed (Redis unreachable, or unable to serve): true from the first
-        failure of an episode until a claim works again."""
-        return self._trouble.count > 0
+    def failing(self) -> BaseException | None:
+        """Why its last claim failed (Redis unreachable, or unable to serve), from the first
+        failure of an episode until a claim works again; None while claims work."""
+        return self._trouble.error if self._trouble.count > 0 else None
 
     def stop(self, by: float) -> None:
         """Claim nothing more. A claim call still out is waited for until ``by`` (on the event

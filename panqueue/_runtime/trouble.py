@@ -17,16 +17,18 @@ class Trouble:
     episode is logged as a warning, the recovery as one line with how many calls failed in
     between. :meth:`backoff` says how long to wait before the next try."""
 
-    __slots__ = ("_log", "_what", "count", "since")
+    __slots__ = ("_log", "_what", "count", "error", "since")
 
     def __init__(self, log: Any, what: str) -> None:
         self._log = log
         self._what = what
         self.count = 0
         self.since = 0.0
+        self.error: BaseException | None = None  # the last failure
 
     def failed(self, exc: BaseException) -> None:
         self.count += 1
+        self.error = exc
         if self.count == 1:
             self.since = time.monotonic()
             self._log.warning(f"{self._what} failed; retrying until Redis answers",

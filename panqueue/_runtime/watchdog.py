@@ -174,6 +174,15 @@ class LoopWatchdog:
                     handler=self._handler_name, blocked_s=round(blocked, 2), at=at,
                     job_ids=[job_id for job_id, _ in jobs])
 
+    def blocking(self) -> str | None:
+        """``module:function at file:line`` if this worker's handler is on the stack of the
+        loop's thread right now, else None (a handler with no code of its own to look for is
+        never named here). Callable from any thread; meaningful while the loop is blocked."""
+        if not self._codes:
+            return None
+        at = self._blocking_at()
+        return None if at is None else f"{self._handler_name} at {at}"
+
     def _blocking_at(self) -> str | None:
         """Where this worker's handler is (``file:line in function``, the innermost of its
         frames) if it is on the stack of the loop's thread, else None. A handler with no code

@@ -382,10 +382,16 @@ class Worker:
         self.metrics.attempt_finished(self.keys.name, outcome, run_s, wait_s)
 
     @property
-    def claims_failing(self) -> bool:
+    def claims_failing(self) -> BaseException | None:
         """The claim loop's last claim failed and none has worked since (readiness: a worker
-        that cannot claim is not serving its queue, whatever else answers)."""
-        return self._roles is not None and self._roles.claimer.failing
+        that cannot claim is not serving its queue, whatever else answers): the error, or None."""
+        return None if self._roles is None else self._roles.claimer.failing
+
+    def blocking(self) -> str | None:
+        """The handler of this worker whose code the event loop is executing right now, as
+        ``module:function at file:line``, or None (called from another thread while the loop
+        is blocked: see :meth:`LoopWatchdog.blocking`)."""
+        return None if self._roles is None else self._roles.watchdog.blocking()
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} queue={self.keys.name!r}>"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import anyio
@@ -63,8 +63,9 @@ __all__ = ["worker"]
               help="Restart gracefully when a .py file under the current directory changes "
                    "(development; needs the reload extra).")
 @click.option("--health-port", type=PORT, default=None, metavar="PORT",
-              help="Serve GET /healthz on this port (1-65535): 200 while the worker claims "
-                   "jobs and Redis answers, else 503.")
+              help="Serve GET /livez (the event loop turns) and /readyz (the worker claims "
+                   "jobs and Redis answers; also /healthz) on this port (1-65535): 200, or "
+                   "503 naming the cause.")
 @click.option("--health-host", default="127.0.0.1", show_default=True, metavar="HOST",
               help="Address the health endpoint listens on (0.0.0.0 to expose it).")
 @click.option("--metrics-port", type=PORT, default=None, metavar="PORT",
@@ -89,10 +90,13 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
     --reload restarts the worker, gracefully, when a .py file under the current directory
     changes (pip install 'panqueue[reload]').
 
-    --health-port serves GET /healthz (loopback only unless --health-host says otherwise):
-    200 with a JSON body (queues, processed, failed) while the worker claims jobs and Redis
-    has answered a PING in the last 3 seconds, 503 while it starts, stops or cannot reach
-    Redis. Other paths are 404.
+    --health-port serves GET /livez and GET /readyz (loopback only unless --health-host says
+    otherwise), each a JSON body (queues, processed, failed). /livez is 200 while the event
+    loop turns, 503 once it has been blocked for a second, naming the handler that blocks it.
+    /readyz (and /healthz, the same) is 200 while the worker claims jobs and Redis has
+    answered a PING in the last 3 seconds, 503 naming the cause: starting, stopping, the loop
+    blocked, Redis unreachable (with the error), claims failing, every queue paused. Other
+    paths are 404.
 
     --metrics-port serves this worker's Prometheus counters and histograms at /metrics
     (loopback only unless --metrics-host says otherwise; pip install 'panqueue[metrics]'):
@@ -139,7 +143,8 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
     if health_port is not None:
         state = HealthState(served, lambda: (sum(w.processed for w in pool.workers),
                                              sum(w.failed for w in pool.workers)),
-                            claims_failing=lambda: any(w.claims_failing for w in pool.workers))
+                            claims_failing=lambda: _first(w.claims_failing for w in pool.workers),
+                            blocked_by=lambda: _first(w.blocking() for w in pool.workers))
         try:
             health = HealthServer(health_host, health_port, state)
         except OSError as exc:
@@ -173,6 +178,10 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         os.execv(sys.executable, [sys.executable, "-m", "panqueue", *sys.argv[1:]])
 
 
+def _first(values: Iterable[str | None]) -> str | None:
+    return next((value for value in values if value is not None), None)
+
+
 async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
                  poll_interval: float, burst: bool, reload: bool,
                  health: HealthState | None) -> bool:
@@ -180,8 +189,9 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
     skips to the forced phase. Returns True when the code changed and we should restart."""
     restart = False
 
-    async def shutdown() -> None:
+    async def shutdown(why: str) -> None:
         if health is not None:
+            health.stop_reason = why
             health.stopping = True
         await pool.shutdown(grace)
 
@@ -196,7 +206,7 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
                         name = signal.Signals(signum).name
                         notice(f"{name} received; finishing running jobs (up to {grace:g} s; "
                                f"again to force)", signal=name, grace=grace)
-                        tg.start_soon(shutdown)
+                        tg.start_soon(shutdown, f"{name} received; draining running jobs")
                     else:
                         notice("forcing shutdown", signal=signal.Signals(signum).name)
                         pool.force()
@@ -204,7 +214,7 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
         async def stop_when_empty() -> None:
             await _wait_until_empty(url, pool.prefix, queues, poll_interval)
             notice("queues empty (--burst); stopping", queues=queues)
-            await shutdown()
+            await shutdown("queues empty, --burst")
 
         async def stop_on_change() -> None:
             nonlocal restart
@@ -214,7 +224,7 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
                 changed = sorted({os.path.relpath(path) for _, path in changes})
                 notice(f"{', '.join(changed)} changed; restarting", changed=changed)
                 restart = True
-                await shutdown()
+                await shutdown("code changed, --reload")
                 return
 
         tg.start_soon(handle_signals)
@@ -225,6 +235,7 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
         if health is None:
             await pool.run()
         else:
+            tg.start_soon(health.keep_turning)
             tg.start_soon(health.keep_pinging, url)
             await _run_reporting(pool, health)
         tg.cancel_scope.cancel()
