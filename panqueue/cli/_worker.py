@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import click
@@ -33,6 +33,8 @@ from panqueue.cli._metrics import import_metrics
 from panqueue.errors import ServerUnavailable
 
 __all__ = ["worker"]
+
+T = TypeVar("T")
 
 
 @click.command()
@@ -178,7 +180,7 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         os.execv(sys.executable, [sys.executable, "-m", "panqueue", *sys.argv[1:]])
 
 
-def _first(values: Iterable[str | None]) -> str | None:
+def _first(values: Iterable[T | None]) -> T | None:
     return next((value for value in values if value is not None), None)
 
 
