@@ -39,6 +39,7 @@ __all__ = ["Handler", "HandlerOptions", "Registry"]
 P = ParamSpec("P")
 R = TypeVar("R")
 D = TypeVar("D")
+F = TypeVar("F", bound=Callable[..., Any])
 
 _PRODUCER_DEFAULTS = frozenset({"priority", "delay"})
 
@@ -77,6 +78,7 @@ class Registry:
         self.url = check_registry_url(url)
         self.prefix = check_prefix(prefix)
         self._clients = RegistryClients(self.url, self.prefix)
+        self._on_failure: list[Callable[[Job[Any], BaseException, bool], Any]] = []
 
     def close(self) -> None:
         """Close the blocking client ``handler.enqueue`` opened (if any); the next
@@ -87,6 +89,29 @@ class Registry:
         """Close the client ``handler.aenqueue`` opened in the running event loop (if any).
         Call it before the loop ends, in each loop that enqueued."""
         await self._clients.aclose()
+
+    def on_failure(self, callback: F) -> F:
+        """Call ``callback(job, exception, final)`` after every failed attempt of every queue
+        of this registry, once Redis has recorded it: ``final`` is False when the job will be
+        retried, True when it ended FAILED (attempts used up, ``Fail``, a timeout on the last
+        attempt). The exception is what the handler raised (a
+        :class:`~panqueue.executors.RemoteError` for a subprocess handler's). A sync or async
+        callable; it runs on the worker's event loop, so keep it quick. What it raises is
+        logged and goes no further. Returns ``callback``, so it works as a decorator too::
+
+            @queues.on_failure
+            def report(job: Job, exc: BaseException, final: bool) -> None:
+                sentry_sdk.capture_exception(exc)
+        """
+        if not callable(callback):
+            raise ConfigError(f"on_failure needs a callable, got {callback!r}")
+        self._on_failure.append(callback)
+        return callback
+
+    @property
+    def failure_callbacks(self) -> tuple[Callable[[Job[Any], BaseException, bool], Any], ...]:
+        """The callbacks :meth:`on_failure` registered, in order."""
+        return tuple(self._on_failure)
 
     def schedule(self, name: str, queue: str, *, cron: str | None = None,
                  every: float | None = None, tz: str = "UTC", data: Any = None,

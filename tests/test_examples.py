@@ -50,6 +50,14 @@ EXPECTED: dict[str, list[str]] = {
         "is completed, progress 100, logs ['greeting ada']",
         "worker stopped after 3 jobs",
     ],
+    "sentry_errors.py": [
+        "globex: sent to globex",
+        "acme: failed: ConnectionError",
+        "sentry warning: ConnectionError: mail server refused the connection "
+        "(queue=invoice-mail attempt=1 final=False)",
+        "sentry error: ConnectionError: mail server refused the connection "
+        "(queue=invoice-mail attempt=2 final=True)",
+    ],
     "shared_redis.py": [
         "billing sees ['tasks']: 2 waiting",
         "search sees ['tasks']: 1 waiting",

@@ -60,6 +60,8 @@ class Outcome:
     duration: float
     result: bytes = b""
     unfinished: Unfinished | None = None
+    error: BaseException | None = None  # what the handler raised, when it did
+    job: Job[Any] | None = None  # the job the handler got (None if it could not be built)
 
     @property
     def failure(self) -> Failure | None:
@@ -117,6 +119,7 @@ class AttemptRunner:
         started = time.monotonic()
         outcome: Any = None
         error: BaseException | None = None
+        job: Job[Any] | None = None
         try:
             options = claimed.job_options(options)
 
@@ -158,7 +161,9 @@ class AttemptRunner:
                 return Outcome(Ending.COMPLETED, duration, result=result)
             except PayloadError as exc:
                 error = exc
-        return ending_of(claimed, options, error, duration)
+        ended = ending_of(claimed, options, error, duration)
+        ended.job = job
+        return ended
 
 
 def ending_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float
@@ -179,7 +184,7 @@ def ending_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, du
                 claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
                 int(seconds * 1000)))
     return Outcome(Ending.FAILED, duration,
-                   unfinished=failure_of(claimed, options, error, duration))
+                   unfinished=failure_of(claimed, options, error, duration), error=error)
 
 
 def failure_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -24,6 +24,7 @@ from panqueue._job import ChunkFailure, Job
 from panqueue._options import JobOptions
 from panqueue._runtime.attempt import CancelRequested, Ending, Outcome, ending_of
 from panqueue._runtime.chunks import Held
+from panqueue._runtime.failures import FailureCallback, report_failure
 from panqueue._runtime.locks import Attempts
 from panqueue._runtime.recorder import Recorder
 from panqueue._store.status import Status
@@ -53,7 +54,8 @@ class ChunkRunner:
     def __init__(self, executor: Executor, queue: str, options: JobOptions, attempts: Attempts,
                  recorder: Recorder, *, stopping: Callable[[], bool],
                  forced: Callable[[], bool], count: Count, log: Any,
-                 max_payload_bytes: int | None = None) -> None:
+                 max_payload_bytes: int | None = None,
+                 on_failure: Callable[[], Sequence[FailureCallback]] = tuple) -> None:
         self._executor = executor
         self._max_payload_bytes = max_payload_bytes
         self._queue = queue
@@ -64,6 +66,7 @@ class ChunkRunner:
         self._forced = forced
         self._count = count
         self._log = log
+        self._on_failure = on_failure
 
     async def run(self, chunk: list[Held]) -> list[ClaimedJob]:
         """Run one chunk and record how each of its jobs ended; returns the jobs claimed next
@@ -86,7 +89,7 @@ class ChunkRunner:
         outcomes: list[Outcome | None] = [None] * len(chunk)
         options: list[JobOptions] = [self._options] * len(chunk)
         running: list[int] = []  # positions in ``chunk`` of the jobs the handler gets
-        jobs: list[Job] = []
+        jobs: list[Job] = []  # the handler's jobs, in the order of ``running``
         for i, held in enumerate(chunk):
             held.attempt.scope = scope
             outcomes[i] = _stopped_before(held, self._options)
@@ -132,6 +135,9 @@ class ChunkRunner:
             else:
                 outcomes[i] = _item_outcome(held, options[i], result[position], position,
                                             duration, self._max_payload_bytes)
+            ended = outcomes[i]
+            if ended is not None:
+                ended.job = jobs[position]
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _job_options(self, claimed: ClaimedJob) -> JobOptions:
@@ -174,6 +180,9 @@ class ChunkRunner:
                                  duration_ms=round(outcome.duration * 1000, 3))
             status, next_job = await self._recorder.end_attempt(outcome.unfinished, log)
             self._count(claimed, status, outcome.duration)
+            if status is not None and (status == Status.FAILED or status.retried):
+                await report_failure(self._on_failure(), outcome.job, outcome.error,
+                                     status == Status.FAILED, log)
             if next_job is not None:
                 following.append(next_job)
         if completed:

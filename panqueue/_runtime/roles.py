@@ -12,7 +12,7 @@ closes them; the worker decides when (``Worker.run``, ``shutdown``, ``force``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -26,6 +26,7 @@ from panqueue._runtime.attempt import AttemptRunner
 from panqueue._runtime.chunk_runner import ChunkRunner, Count
 from panqueue._runtime.chunks import ChunkClaimer
 from panqueue._runtime.claimer import Claimer, Process
+from panqueue._runtime.failures import FailureCallback
 from panqueue._runtime.heartbeat import Heartbeat
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import Served
@@ -122,7 +123,8 @@ class Roles:
     def __init__(self, worker: Settings, shape: Shape, transport: AsyncTransport,
                  parts: list[QueueKeys], *, tokens: Tokens, attempts: Attempts, log: Any,
                  process: Process, counted: Count, stopping: Callable[[], bool],
-                 forced: Callable[[], bool]) -> None:
+                 forced: Callable[[], bool],
+                 on_failure: Callable[[], Sequence[FailureCallback]] = tuple) -> None:
         options, queue = shape.options, parts[0].name
         self._worker, self._shape, self._transport, self._parts = worker, shape, transport, parts
         self._attempts, self._log = attempts, log
@@ -146,7 +148,7 @@ class Roles:
             chunk_runner = ChunkRunner(
                 executor, queue, options.job, attempts, self.recorders[0], stopping=stopping,
                 forced=forced, count=self._relayed_count(counted), log=log,
-                max_payload_bytes=worker.max_payload_bytes)
+                max_payload_bytes=worker.max_payload_bytes, on_failure=on_failure)
             self.claimer = ChunkClaimer(
                 transport, parts[0], tokens, self.wakeups, concurrency=worker.concurrency,
                 lock_ttl=worker.lock_ttl, poll_interval=worker.poll_interval, chunk=shape.chunk,

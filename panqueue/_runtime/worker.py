@@ -32,6 +32,7 @@ from panqueue._keys import check_prefix, partition_keys, prefixed
 from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
 from panqueue._runtime.attempt import AttemptRunner, Ending
+from panqueue._runtime.failures import report_failure
 from panqueue._runtime.heartbeat import BEATS_PER_TTL
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import settle_layout
@@ -105,6 +106,7 @@ class Worker:
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
     ) -> None:
         self.handler = registry.get(queue)
+        self._registry = registry  # its failure callbacks, read at each failure
         self.schedules = {s.name: s for s in registry.schedules_for(queue)}
         self.prefix = check_prefix(prefix) if prefix is not None else registry.prefix
         if transport is not None and transport.prefix != self.prefix:
@@ -227,6 +229,7 @@ class Worker:
         self._roles = roles = Roles(
             self, self._shape, transport, parts, tokens=self._tokens, attempts=self._attempts,
             log=self._log, process=self._process, counted=self._counted,
+            on_failure=lambda: self._registry.failure_callbacks,
             stopping=lambda: self._stopping, forced=self._force.is_set)
         if self._stopping:  # since before the roles were built
             roles.claimer.stop(by=self._drain_until)
@@ -358,6 +361,9 @@ class Worker:
             return None
         assert outcome.unfinished is not None  # failed, snoozed or rate limited
         status, following = await recorder.end_attempt(outcome.unfinished, log)
+        if status is not None and (status == Status.FAILED or status.retried):
+            await report_failure(self._registry.failure_callbacks, outcome.job, outcome.error,
+                                 status == Status.FAILED, log)
         if status == Status.RATE_LIMITED:
             await self._pause_other_partitions(job, outcome.unfinished.delay_ms)
         if status == Status.FAILED:
