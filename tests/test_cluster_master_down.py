@@ -214,8 +214,10 @@ def test_a_partitioned_queues_worker_started_while_its_first_partitions_master_i
     assert victim is not None
     url = cluster.url_without(victim)
     cluster.kill(victim)
+    # Debug: every activity's trouble is a line there (at info, only the outage's first).
     worker = WorkerProcess(tmp_path, "--url", url, "-q", PARTITIONED, "--backend", backend,
-                           "--poll-interval", "0.2", app="outage_app:queues", path=APPS)
+                           "--poll-interval", "0.2", "--log-level", "debug",
+                           app="outage_app:queues", path=APPS)
     try:
         wait_until(lambda: "starting the worker failed; retrying until Redis answers"
                    in worker.stderr or not worker.alive(), 30, "the worker to retry its start")
@@ -246,7 +248,7 @@ def test_a_running_worker_rides_out_its_master_dying_and_serves_once_it_is_back(
     subscription all meet the dead master until it is back."""
     url = cluster.url_without(echo_master)
     worker = WorkerProcess(tmp_path, "--url", url, "-q", ECHO, "--backend", backend,
-                           "--poll-interval", "0.2")
+                           "--poll-interval", "0.2", "--log-level", "debug")
     try:
         # Started, and so registered idle: a job added before could go to the idle
         # registration the previous test's worker made just before it was killed.
@@ -320,7 +322,7 @@ def test_a_worker_started_while_the_slot_map_has_a_gap_waits_and_serves_once_it_
 def _worker_retrying_its_start(tmp_path: Path, url: str, backend: str) -> WorkerProcess:
     """A worker process of the echo queue, once it says it retries its start (and is alive)."""
     worker = WorkerProcess(tmp_path, "--url", url, "-q", ECHO, "--backend", backend,
-                           "--poll-interval", "0.2")
+                           "--poll-interval", "0.2", "--log-level", "debug")
     try:
         wait_until(lambda: "starting the worker failed; retrying until Redis answers"
                    in worker.stderr or not worker.alive(), 30, "the worker to retry its start")

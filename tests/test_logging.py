@@ -28,9 +28,10 @@ def test_an_application_with_logging_basic_config_gets_the_worker_records(redis_
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     assert any(line.startswith("panqueue.worker INFO worker started") for line in lines)
-    assert any(line.startswith("panqueue.worker INFO job attempt failed; will retry")
+    assert any(line.startswith("panqueue.worker INFO job attempt 1 of 2 failed: ValueError: "
+                               "the payment service said no; retry in 0.01 s")
                for line in lines)
-    failed = [line for line in lines if line.startswith("panqueue.worker WARNING job failed")]
+    failed = [line for line in lines if line.startswith("panqueue.worker ERROR job failed")]
     assert len(failed) == 1 and "job_id=" in failed[0]
     assert "ValueError: the payment service said no" in done.stderr  # the traceback follows
     assert any(line.startswith("panqueue.worker INFO worker summary") for line in lines)
@@ -45,13 +46,16 @@ def test_json_logging_writes_only_json_lines_with_the_failure_traceback(redis_ur
     events = [r["event"] for r in records]
     assert "SIGTERM received; finishing running jobs" in events  # the operator notice too
     assert events.count("job completed") == 1  # log_jobs=True
-    retried = next(r for r in records if r["event"] == "job attempt failed; will retry")
-    failed = next(r for r in records if r["event"] == "job failed")
+    retried = next(r for r in records if r["event"].startswith("job attempt 1 of 2 failed"))
+    failed = next(r for r in records if r["event"].startswith("job failed"))
     for record in (retried, failed):
-        assert record["exception"].startswith("Traceback (most recent call last)")
-        assert "ValueError: the payment service said no" in record["exception"]
+        assert record["error"] == "the payment service said no"
         assert record["logger"] == "panqueue.worker" and record["queue"] == "logged"
-    assert (retried["level"], failed["level"]) == ("info", "warning")
+    # The traceback goes with the final failure only: a retry is one line.
+    assert "exception" not in retried
+    assert failed["exception"].startswith("Traceback (most recent call last)")
+    assert "ValueError: the payment service said no" in failed["exception"]
+    assert (retried["level"], failed["level"]) == ("info", "error")
     assert failed["attempt"] == 2 and failed["error_type"] == "ValueError"
     summaries = [r for r in records if r["event"] == "worker summary"]
     assert summaries and sum(r["processed"] for r in summaries) == 1

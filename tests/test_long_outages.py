@@ -84,7 +84,9 @@ def _each_worker_serves(workers: dict[str, tuple[WorkerProcess, int]], url: str,
 
 
 def _outage(server: RedisServer, tmp_path: Path, seconds: float) -> None:
-    workers = _start_workers(tmp_path, server.url)
+    # Debug: each activity's recovery is a line of its own there (at info, the outage is one
+    # line and its end another, for every activity of the process together).
+    workers = _start_workers(tmp_path, server.url, "--log-level", "debug")
     try:
         _each_worker_serves(workers, server.url, "before")
         server.stop()

@@ -34,7 +34,7 @@ import anyio.abc
 
 from panqueue._keys import QueueKeys
 from panqueue._runtime.locks import Tokens
-from panqueue._runtime.trouble import Trouble
+from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._store import transitions
 from panqueue._store.notify import Handoff
@@ -72,7 +72,7 @@ class ClaimLoop:
         self._lock_ttl = lock_ttl
         self._ttl_ms = max(1, int(lock_ttl * 1000))
         self._poll_interval = poll_interval
-        self._trouble = Trouble(log, "claiming jobs")
+        self._trouble = Trouble(log, "claiming jobs", episode_of(transport))
         self._slots = anyio.Semaphore(concurrency)
         # How long an idle registration lasts: the loop claims again within the poll interval.
         self._idle_ms = max(1, int(poll_interval * 1000))

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from panqueue._keys import QueueKeys
-from panqueue._runtime.trouble import Trouble
+from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import transitions
 from panqueue._store.transport import AsyncTransport, Op
 from panqueue.errors import PanqueueError
@@ -42,7 +42,7 @@ class Heartbeat:
         self._ttl_ms = max(1, int(interval * BEATS_PER_TTL * 1000))
         self._host = socket.gethostname()
         self._pid = os.getpid()
-        self._trouble = Trouble(log, "worker heartbeat")
+        self._trouble = Trouble(log, "worker heartbeat", episode_of(transport))
 
     def writes(self, loop_blocked_ms: int = 0) -> list[Op[int]]:
         """The writes of one beat, one per partition (also run from the watchdog's thread,

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from panqueue._keys import QueueKeys
-from panqueue._runtime.trouble import Trouble
+from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import transitions
 from panqueue._store.notify import CancelRequest
 from panqueue._store.tokens import lock_token, parse_lock_token
@@ -202,7 +202,7 @@ class Renewer:
         self._parts = parts
         self._attempts = attempts
         self._ttl_ms = max(1, int(attempts.lock_ttl * 1000))
-        self._trouble = Trouble(log, "lock renewal")
+        self._trouble = Trouble(log, "lock renewal", episode_of(transport))
         self.on_renewed: Callable[[int], None] | None = None  # metrics: locks renewed
 
     async def run(self) -> None:

@@ -23,7 +23,7 @@ from panqueue._codec import check_json_compatible, encode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._runtime.locks import Attempt, Tokens
-from panqueue._runtime.trouble import Trouble
+from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import transitions
 from panqueue._store.status import Status
 from panqueue._store.transitions import (
@@ -67,6 +67,16 @@ _LOCK_LOST = {Failure: "lock lost before failure was recorded",
               Throttled: "lock lost before the rate limit was recorded"}
 
 
+def _headline(error: ErrorInfo, limit: int = 200) -> str:
+    """``Type: message`` on one line, the message cut at its first line and ``limit``
+    characters (the whole message is the line's ``error`` field)."""
+    lines = error.message.strip().splitlines()
+    message = lines[0] if lines else ""
+    if len(message) > limit or len(lines) > 1:
+        message = message[:limit].rstrip() + " ..."
+    return f"{error.type}: {message}" if message else error.type
+
+
 def _traceback(error: ErrorInfo) -> dict[str, str]:
     """The recorded traceback of a failed attempt, as the ``exception`` field of its log line
     (shown under the line on the console, a string field in JSON)."""
@@ -91,8 +101,8 @@ class Recorder:
         # The batch still gathering (its leader has not sent it yet), if any.
         self._gathering: _Batch | None = None
         self._max_batch = max(1, (concurrency + 1) // 2)
-        self._trouble = Trouble(log, "recording outcomes")
-        self._report_trouble = Trouble(log, "progress reporting")
+        self._trouble = Trouble(log, "recording outcomes", episode_of(transport))
+        self._report_trouble = Trouble(log, "progress reporting", episode_of(transport))
 
     async def complete(self, job_id: str, token: str, result: bytes, log: Any
                        ) -> tuple[bool, ClaimedJob | None]:
@@ -192,18 +202,25 @@ class Recorder:
         elif status == Status.CANCELLED:
             log.info("job cancelled")
         elif status.retried:
+            # One line, no traceback: a retry is expected; the final failure carries it.
             assert isinstance(ending, Failure)
             error = ending.error
-            log.info("job attempt failed; will retry", error=error.message,
-                     error_type=error.type, retry_in_s=ending.delay_ms / 1000,
-                     **_traceback(error))
+            delay = ending.delay_ms / 1000
+            log.info(f"job attempt {ending.attempt} of {ending.max_attempts} failed: "
+                     f"{_headline(error)}; retry in {delay:g} s", error=error.message,
+                     error_type=error.type, max_attempts=ending.max_attempts,
+                     retry_in_s=delay)
         elif status == Status.FAILED and isinstance(ending, Failure):
             error = ending.error
-            log.warning("job failed", error=error.message, error_type=error.type,
-                        reason=ending.reason or "max_attempts_exceeded", **_traceback(error))
+            reason = ending.reason or "max_attempts_exceeded"
+            log.error(f"job failed on attempt {ending.attempt} of {ending.max_attempts} "
+                      f"({reason}): {_headline(error)}", error=error.message,
+                      error_type=error.type, reason=reason, max_attempts=ending.max_attempts,
+                      **_traceback(error))
         elif status == Status.FAILED:  # a snooze past max_snoozes
-            log.warning("job failed", error_type="MaxSnoozesExceeded",
-                        reason="max_snoozes_exceeded", max_snoozes=self._max_snoozes)
+            log.error(f"job failed: snoozed more than max_snoozes ({self._max_snoozes}) "
+                      f"times", error_type="MaxSnoozesExceeded", reason="max_snoozes_exceeded",
+                      max_snoozes=self._max_snoozes)
         elif status == Status.SNOOZED:
             log.debug("job snoozed", snooze_s=ending.delay_ms / 1000)
         elif status == Status.RATE_LIMITED:

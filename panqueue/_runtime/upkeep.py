@@ -14,7 +14,7 @@ import anyio
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._options import Retention
-from panqueue._runtime.trouble import Trouble
+from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._schedule import Schedule
 from panqueue._store import ops, transitions
 from panqueue._store.ops.batches import relay, sweep_batches
@@ -37,9 +37,10 @@ class Upkeep:
         self._retention = retention
         self.schedules = schedules
         self._log = log
-        self._trouble = Trouble(log, "upkeep (stalled sweep, promotion, cleaning)")
-        self._schedule_trouble = Trouble(log, "schedules")
-        self._batch_trouble = Trouble(log, "batches")
+        episode = episode_of(transport)  # shared with the worker's other activities
+        self._trouble = Trouble(log, "upkeep (stalled sweep, promotion, cleaning)", episode)
+        self._schedule_trouble = Trouble(log, "schedules", episode)
+        self._batch_trouble = Trouble(log, "batches", episode)
         self._relay_due: anyio.Event | None = None
 
     async def run(self) -> None:

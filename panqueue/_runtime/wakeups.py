@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 
 from panqueue._keys import QueueKeys
-from panqueue._runtime.trouble import RETRY_CAP
+from panqueue._runtime.trouble import RETRY_CAP, Trouble, episode_of
 from panqueue._store.notify import CancelRequest, Handoff, WakeUp, parse_message
 from panqueue._store.transport import AsyncSubscriber, AsyncTransport
 from panqueue.errors import ConnectionError, PanqueueError
@@ -80,6 +80,9 @@ class WakeUps:
                       first: AsyncSubscriber | None) -> None:
         subscriber = first
         delay = 0.1
+        # The channel's failures count in the episode of the worker's other activities: an
+        # outage is one line for them all.
+        trouble = Trouble(self._log, "wake-up channel", episode_of(self._transport))
         while True:
             if subscriber is None:
                 try:
@@ -91,19 +94,17 @@ class WakeUps:
                     channels = mine
                     subscriber = await self._transport.subscribe(*channels)
                 except PanqueueError as exc:
-                    if delay == 0.1:
-                        self._log.warning("wake-up channel unavailable; polling",
-                                          error=str(exc))
+                    trouble.failed(exc)  # the claim loop polls meanwhile
                     await anyio.sleep(delay)
                     delay = min(delay * 2, RETRY_CAP)
                     continue
                 delay = 0.1
-                self._log.info("wake-up channel re-established")
+                trouble.ok()
                 self._wake.set()  # anything published while we were away: look now
             try:
                 await self._until_broken(subscriber)
             except PanqueueError as exc:
-                self._log.warning("wake-up channel broken; reconnecting", error=str(exc))
+                trouble.failed(exc)
                 # Redis may be gone, and an idle claim loop would not find out before its poll
                 # interval: it claims now, and so retries (and reports its trouble) until
                 # Redis answers, instead of waiting for a channel that cannot wake it.

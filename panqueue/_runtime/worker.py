@@ -39,7 +39,7 @@ from panqueue._runtime.layout import settle_layout
 from panqueue._runtime.locks import Attempts, Tokens
 from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.roles import CLOSE_WAIT, Roles, Shape
-from panqueue._runtime.trouble import Trouble
+from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import ops
 from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
@@ -215,7 +215,7 @@ class Worker:
         like the home, build the roles and start them (:meth:`Roles.start`: outside the task
         group, so that a refusal is raised as itself). Each step that talks to Redis waits out
         a server that cannot serve yet (:meth:`_when_served`)."""
-        starting = Trouble(self._log, "starting the worker")
+        starting = Trouble(self._log, "starting the worker", episode_of(transport))
         # The partitions as the queue stores them (their names and layout version), changed
         # to this worker's count first if it differs and no partition holds a job.
         self.parts = parts = await settle_layout(

@@ -3,7 +3,7 @@
 ``python log_app.py MODE URL``: runs one job that succeeds and one that fails twice, then
 exits. MODE says how the application sets up logging: ``none`` (not at all), ``basic``
 (``logging.basicConfig`` at INFO) or ``json`` (``configure_logging("json", log_jobs=True)``,
-plus an operator notice)."""
+plus an operator notice). ``idle``: JSON lines, the pool idle for a second, then one job."""
 
 from __future__ import annotations
 
@@ -26,10 +26,25 @@ async def logged(job: Job) -> str:
     return "ok"
 
 
+# Queues that stay idle (mode ``idle``).
+for _idle in ("idle-1", "idle-2"):
+    registry.handler(_idle)(logged)
+
+
 async def main(mode: str, url: str) -> None:
     if mode == "basic":
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(name)s %(levelname)s %(message)s")
+    elif mode == "idle":
+        configure_logging("json")
+        async with WorkerPool(registry, url=url, summary_interval=0.05):
+            await anyio.sleep(1.0)  # about 60 summary intervals with nothing to say
+            notice("idle second over")
+            async with QueueClient(url) as client:
+                await client.queue("logged").add({"fail": False})
+            await drain(url, "logged")
+            await anyio.sleep(0.3)  # room for the summary line
+        return
     elif mode == "json":
         configure_logging("json", log_jobs=True)
         notice("SIGTERM received; finishing running jobs", signal="SIGTERM")
