@@ -49,7 +49,7 @@ environment is activated with `. .venv/bin/activate`).
 |---|---|
 | 0 | success (for `worker`: stopped after SIGTERM/SIGINT and a completed shutdown, or `--burst` with the queues empty) |
 | 1 | runtime failure: Redis unreachable or the connection broke, job not found, `cancel` of a job that already finished, `dlq --retry` of an ID that is unknown or not failed (each such ID is named; the failed ones still move), a port already in use, `check` finding a queue that no live worker serves, `check-permissions` finding a queue whose grants this host does not enforce, a `demo` job that did not complete |
-| 2 | usage or configuration error: a bad option or argument (a non-positive `--poll-interval`, a negative or NaN `--grace`, a port outside 1-65535, a database that is not a number, an empty or malformed `--url`, a directory that cannot be written), a URL whose server does not speak Redis, a bad `MODULE:ATTR` or a module that fails to import (the message names your file and line), an unknown queue, invalid JSON |
+| 2 | usage or configuration error: a bad option or argument (a non-positive `--poll-interval`, a negative or NaN `--grace`, a port outside 1-65535, a database that is not a number, an empty or malformed `--url`, a directory that cannot be written), a URL whose server does not speak Redis, a bad `MODULE:ATTR` or a module that fails to import (the message names your file and line; `--traceback` prints the whole traceback after it, every exception of the chain; `worker --reload` prints it and waits for the next save instead), an unknown queue, invalid JSON |
 | 130 | interrupted (Ctrl-C) outside a command's own signal handling |
 
 Errors print one line on stderr, without a traceback:

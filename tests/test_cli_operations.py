@@ -279,6 +279,82 @@ def test_reload_restarts_the_worker_when_a_python_file_changes(tmp_path: Path,
     assert "Traceback" not in err.read_text()
 
 
+def test_reload_waits_for_the_next_save_after_a_syntax_error(tmp_path: Path,
+                                                             redis_url: str) -> None:
+    """A save that does not import (a syntax error mid-edit) prints the error and waits; the
+    next save that imports restarts the worker, which serves the new code."""
+    app = tmp_path / "reloadapp.py"
+    app.write_text(_RELOAD_APP.format(answer=1))
+    err = tmp_path / "worker.err"
+    with err.open("wb") as stderr:
+        worker = subprocess.Popen(
+            panqueue_command("worker", "reloadapp:queues", "--reload", "--grace", "1",
+                             "--poll-interval", "0.1", "--url", redis_url),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            env=subprocess_env(), cwd=tmp_path)
+    try:
+        with SyncQueueClient(redis_url) as client:
+            assert client.queue("reload").add(None).result(timeout=20) == 1
+            app.write_text(_RELOAD_APP.format(answer="(1 +"))
+            wait_until(lambda: "waiting for a .py file to change" in err.read_text()
+                       or worker.poll() is not None, 30, "the worker to wait for a save")
+            assert worker.poll() is None, err.read_text()
+            text = err.read_text()
+            assert "panqueue: error: importing 'reloadapp' failed at " in text, text
+            assert "reloadapp.py:" in text and "SyntaxError" in text, text
+            app.write_text(_RELOAD_APP.format(answer=2))
+            assert client.queue("reload").add(None).result(timeout=30) == 2
+    finally:
+        worker.terminate()
+        worker.wait(20)
+    assert "Traceback" not in err.read_text()
+
+
+_CHAINED_APP = """
+import json
+
+
+def _settings():
+    try:
+        return json.loads("{not json")
+    except ValueError as exc:
+        raise RuntimeError("settings.json is not valid JSON") from exc
+
+
+SETTINGS = _settings()
+"""
+
+
+def test_an_app_that_fails_to_import_is_one_line_and_its_whole_chain_with_traceback(
+        tmp_path: Path, redis_url: str) -> None:
+    (tmp_path / "chainedapp.py").write_text(_CHAINED_APP)
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            panqueue_command("worker", "chainedapp:queues", "--url", redis_url, *extra),
+            capture_output=True, text=True, timeout=30, env=subprocess_env(), cwd=tmp_path)
+
+    short = run()
+    assert short.returncode == 2, short
+    assert short.stderr.count("\n") == 1, short.stderr
+    assert short.stderr.startswith("panqueue: error: importing 'chainedapp' failed at "), short
+    assert "chainedapp.py:9: RuntimeError: settings.json is not valid JSON" in short.stderr
+    assert "--traceback" in short.stderr  # how to see the rest
+
+    full = run("--traceback")
+    assert full.returncode == 2, full
+    lines = full.stderr.splitlines()
+    assert lines[0].startswith("panqueue: error: importing 'chainedapp' failed at ")
+    text = full.stderr
+    # The cause first, then the exception it caused, each with its frames in the app.
+    cause = text.index("json.decoder.JSONDecodeError: Expecting property name")
+    link = text.index("The above exception was the direct cause of the following exception")
+    assert cause < link < text.rindex("RuntimeError: settings.json is not valid JSON"), text
+    assert 'chainedapp.py", line 7, in _settings' in text, text
+    assert "importlib" not in text and "panqueue/cli" not in text, text
+    assert full.stdout == ""
+
+
 def test_reload_without_watchfiles_is_one_line_naming_the_extra(tmp_path: Path,
                                                                  redis_url: str) -> None:
     # A watchfiles that cannot be imported, first on the path: as if it were not installed.

@@ -41,6 +41,7 @@ __all__ = [
     "print_error",
     "print_json",
     "require_queue",
+    "traceback_option",
     "url_option",
     "writable_directory",
 ]
@@ -168,22 +169,60 @@ def writable_directory(value: str) -> Path:
 # --------------------------------------------------------------------------- helpers
 
 
+def _import_failure(module_name: str, exc: BaseException, what: str, full: bool) -> str:
+    """The one line for a module that failed to import, and with ``full`` the traceback of
+    the whole chain after it."""
+    line = f"importing {module_name!r} failed at {_user_frame(exc)}: {what}"
+    chained = exc.__cause__ is not None or (
+        exc.__context__ is not None and not exc.__suppress_context__)
+    if not full:
+        return line + (" (--traceback shows the exceptions that caused it)" if chained else "")
+    report = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    pending = [report]
+    while pending:  # every exception of the chain, without the import machinery's frames
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.stack = traceback.StackSummary.from_list(
+            [frame for frame in current.stack if _is_users(frame.filename)])
+        pending += [inner for inner in (current.__cause__, current.__context__) if inner]
+    return line + "\n" + "".join(report.format()).rstrip()
+
+
+def _is_users(filename: str) -> bool:
+    """Whether a frame is the application's (or a library's it calls), not the import
+    machinery's or the command line's."""
+    return "importlib" not in filename and "/panqueue/cli/" not in filename
+
+
 def _user_frame(exc: BaseException) -> str:
     """``file:line`` of the deepest frame outside the import machinery and panqueue."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "importlib" not in f.filename and "/panqueue/cli/" not in f.filename]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename)]
     if not frames:
         return "?"
     return f"{frames[-1].filename}:{frames[-1].lineno}"
 
 
-def load_registry(spec: str) -> Registry:
+def traceback_option(fn: F) -> F:
+    """``--traceback``: an app module that fails to import shows its whole traceback."""
+    return click.option(
+        "--traceback", "show_traceback", is_flag=True,
+        help="If MODULE fails to import, print the whole traceback, with the exceptions "
+             "that caused it (default: one line naming your file and line).")(fn)
+
+
+def load_registry(spec: str, *, show_traceback: bool = False) -> Registry:
     """Import ``MODULE:ATTR`` (from the current directory too) and return the Registry.
 
     A module that does not import is a usage error naming the user's own file and line: the
-    traceback of importlib is no help to someone who made a typo in app.py."""
+    traceback of importlib is no help to someone who made a typo in app.py. With
+    ``show_traceback`` the line is followed by the whole traceback, every exception of the
+    chain (``raise ... from``, an exception during the handling of another), without the
+    frames of the import machinery."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise UsageFailure(f"expected MODULE:ATTR (for example app:queues), got {spec!r}")
@@ -194,14 +233,14 @@ def load_registry(spec: str) -> Registry:
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             raise UsageFailure(f"cannot import module {module_name!r}: {exc}") from None
-        raise UsageFailure(f"importing {module_name!r} failed at {_user_frame(exc)}: "
-                           f"{type(exc).__name__}: {exc}") from None
+        raise UsageFailure(_import_failure(
+            module_name, exc, f"{type(exc).__name__}: {exc}", show_traceback)) from None
     except SyntaxError as exc:
-        raise UsageFailure(f"importing {module_name!r} failed at {_user_frame(exc)}: "
-                           f"SyntaxError: {exc.msg}") from None
+        raise UsageFailure(_import_failure(
+            module_name, exc, f"SyntaxError: {exc.msg}", show_traceback)) from None
     except Exception as exc:
-        raise UsageFailure(f"importing {module_name!r} failed at {_user_frame(exc)}: "
-                           f"{type(exc).__name__}: {exc}") from None
+        raise UsageFailure(_import_failure(
+            module_name, exc, f"{type(exc).__name__}: {exc}", show_traceback)) from None
     obj: Any = module
     for part in attr.split("."):
         try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from panqueue.cli._common import EXIT_ERROR, UsageFailure, load_registry
+from panqueue.cli._common import EXIT_ERROR, UsageFailure, load_registry, traceback_option
 
 __all__ = ["check_permissions"]
 
@@ -41,7 +41,8 @@ def _describe(queue: str, import_path: str, permissions: Any, missing: list[str]
 @click.option("-q", "--queue", "queues", multiple=True, metavar="QUEUE",
               help="Check only this queue (repeatable; default: every queue of the registry "
                    "whose handler has permissions).")
-def check_permissions(app: str, queues: tuple[str, ...]) -> int:
+@traceback_option
+def check_permissions(app: str, queues: tuple[str, ...], show_traceback: bool) -> int:
     """What each queue of MODULE:ATTR with permissions= is granted, and whether this host
     enforces it.
 
@@ -51,7 +52,7 @@ def check_permissions(app: str, queues: tuple[str, ...]) -> int:
     the same way before it serves the queue. Exit 0 when every queue checked is enforced, 1
     when one is not, 2 for an unknown queue or a QUEUE without permissions. Needs no Redis.
     """
-    registry = load_registry(app)
+    registry = load_registry(app, show_traceback=show_traceback)
     handlers = {handler.queue: handler for handler in registry}
     for queue in queues:
         if queue not in handlers:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import click
@@ -27,10 +28,12 @@ from panqueue.cli._common import (
     cli_prefix,
     client_for,
     load_registry,
+    print_error,
+    traceback_option,
     url_option,
 )
 from panqueue.cli._metrics import import_metrics
-from panqueue.errors import ServerUnavailable
+from panqueue.errors import ConfigError, ServerUnavailable
 
 __all__ = ["worker"]
 
@@ -75,10 +78,12 @@ T = TypeVar("T")
                    "metrics extra).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST",
               help="Address the metrics endpoint listens on (0.0.0.0 to expose it).")
+@traceback_option
 def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, backend: str,
            grace: float, poll_interval: float, log_format: str, log_level: str, log_jobs: bool,
            name: str | None, burst: bool, reload: bool, health_port: int | None,
-           health_host: str, metrics_port: int | None, metrics_host: str) -> None:
+           health_host: str, metrics_port: int | None, metrics_host: str,
+           show_traceback: bool) -> None:
     """Run workers for the queues of the registry MODULE:ATTR (for example app:queues), in this
     process, until SIGTERM or SIGINT.
 
@@ -90,7 +95,9 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
     --burst exits 0 once the queues have no waiting and no active job (a delayed job that
     falls due is moved to waiting first; one due later does not keep the worker running).
     --reload restarts the worker, gracefully, when a .py file under the current directory
-    changes (pip install 'panqueue[reload]').
+    changes (pip install 'panqueue[reload]'). If MODULE then fails to import (a syntax error
+    in the file being edited), the error is printed and the worker waits for the next change
+    instead of exiting.
 
     --health-port serves GET /livez and GET /readyz (loopback only unless --health-host says
     otherwise), each a JSON body (queues, processed, failed). /livez is 200 while the event
@@ -113,12 +120,20 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         except ImportError:
             raise UsageFailure("--reload needs watchfiles: pip install 'panqueue[reload]'"
                                ) from None
-    registry = load_registry(app)
-    if not len(registry):
-        raise UsageFailure(f"{app} has no handlers")
-    served = list(queues) or registry.queues
-    for queue in served:
-        registry.get(queue)  # ConfigError names unknown queues
+    try:
+        registry = load_registry(app, show_traceback=show_traceback)
+        if not len(registry):
+            raise UsageFailure(f"{app} has no handlers")
+        served = list(queues) or registry.queues
+        for queue in served:
+            registry.get(queue)  # ConfigError names unknown queues
+    except (UsageFailure, ConfigError) as exc:
+        if not reload:
+            raise
+        # The file being edited does not import (yet): the next save may fix it.
+        print_error(str(exc))
+        _wait_for_change()
+        _restart()
     if backend == "trio":
         try:
             import trio  # noqa: F401
@@ -174,10 +189,28 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
             metrics_server.shutdown()
             metrics_server.server_close()
     if restart:
-        # A fresh process imports the changed code; the same arguments serve the same queues.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, "-m", "panqueue", *sys.argv[1:]])
+        _restart()
+
+
+def _restart() -> NoReturn:
+    """A fresh process imports the changed code; the same arguments serve the same queues."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "panqueue", *sys.argv[1:]])
+
+
+def _wait_for_change() -> None:
+    """Block until a .py file under the current directory changes (--reload); SIGINT and
+    SIGTERM end the command meanwhile."""
+    from watchfiles import PythonFilter, watch
+
+    click.echo("panqueue: waiting for a .py file to change (--reload)", err=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    for _ in watch(os.getcwd(), watch_filter=PythonFilter(), stop_event=stop):
+        return
+    raise click.exceptions.Exit(0)
 
 
 def _first(values: Iterable[T | None]) -> T | None:
