@@ -189,6 +189,8 @@ class TopApp(App[None]):
     """
     BINDINGS = [
         Binding("q", "quit", "quit"),
+        # Ctrl-C quits, as it does every other command (textual's default only says how to).
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),
         Binding("j", "down", "down", show=False),
         Binding("k", "up", "up", show=False),
         Binding("f", "failed", "failed jobs"),

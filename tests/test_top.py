@@ -314,3 +314,27 @@ def test_top_with_a_prefix_shows_that_applications_queues_only(server: RedisServ
         wait_until(lambda: not _session_alive(session), 30, "top to quit on q", interval=0.1)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
+def test_top_quits_on_ctrl_c(server: RedisServer, tmp_path: Path) -> None:
+    """Ctrl-C in the terminal quits top at once (exit 0), as q does: not a hint to press
+    another key."""
+    session = f"pq-top-{uuid.uuid4().hex[:10]}"
+    env = subprocess_env()
+    status = tmp_path / "status"
+    command = " ".join(shlex.quote(part) for part in
+                       panqueue_command("top", "--url", server.url, "--interval", "0.5"))
+    exports = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
+    try:
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
+                        "-c", str(ROOT), f"{exports}{command}; echo $? > {status}"],
+                       check=True, timeout=10)
+        _wait_screen(session, lambda s: "panqueue top" in s, "top to draw its screen")
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True, timeout=10)
+        wait_until(lambda: not _session_alive(session), 15, "top to quit on Ctrl-C",
+                   interval=0.1)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True,
+                       timeout=10)
+    assert status.read_text().strip() == "0"
