@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.helpers import ROOT, subprocess_env
 
@@ -15,3 +16,35 @@ def test_docs_cli_md_is_what_the_generator_writes_from_the_help() -> None:
                           capture_output=True, text=True, timeout=60, env=subprocess_env(),
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+
+
+def _shell_lines(page: str) -> list[str]:
+    """The lines of the ```sh blocks of ``page``, in order, comments dropped."""
+    lines: list[str] = []
+    inside = False
+    for line in (ROOT / "docs" / page).read_text().splitlines():
+        if line.startswith("```"):
+            inside = line.strip() == "```sh" if not inside else False
+            continue
+        if inside and line.split("#", 1)[0].strip():
+            lines.append(line.split("#", 1)[0].strip())
+    return lines
+
+
+def test_getting_started_activates_the_environment_before_it_runs_panqueue(
+        tmp_path: Path) -> None:
+    """A reader who types the page's commands in order has `panqueue` on PATH by the time
+    the page runs it (``panqueue server``): the environment is activated first, and the line
+    that does it works in a fresh shell."""
+    lines = _shell_lines("getting-started.md")
+    first = next(i for i, line in enumerate(lines) if line.startswith("panqueue "))
+    activations = [line for line in lines[:first] if line.endswith(".venv/bin/activate")]
+    assert activations, lines[:first + 1]
+    # The line as the page writes it, in a directory whose .venv is this one.
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    env = {k: v for k, v in subprocess_env().items() if k not in ("VIRTUAL_ENV",)}
+    env["PATH"] = "/usr/bin:/bin"
+    done = subprocess.run(["bash", "-c", f"{activations[0]} && panqueue --version"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("panqueue ")
