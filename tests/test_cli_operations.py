@@ -87,6 +87,46 @@ def test_a_url_that_is_not_redis_is_a_usage_error(http_url: str) -> None:
                        "does not answer as a Redis server")
 
 
+def _listener(answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A loopback listener that, to each connection, sends ``answer`` after the first bytes
+    it reads, or (None) closes it at once without a byte."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                if answer is not None:
+                    try:
+                        conn.recv(1024)
+                        conn.sendall(answer)
+                    except OSError:
+                        pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+@pytest.mark.parametrize("answer", [None, b"\x00\x01\xff garbage\r\n"],
+                         ids=["closes-without-answering", "answers-garbage"])
+@pytest.mark.parametrize("command", [("stats",), ("info",), ("worker", "cli_app:queues")])
+def test_a_server_that_does_not_speak_redis_is_one_line_exit_2(
+        answer: bytes | None, command: tuple[str, ...]) -> None:
+    listener, thread = _listener(answer)
+    url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    try:
+        proc = run_cli(*command, "--url", url, timeout=30)
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the serving thread
+        listener.close()
+        thread.join(5)
+    assert_usage_error(proc, f"{url} does not answer as a Redis server", "check the host and port")
+
+
 @pytest.mark.parametrize(("source", "line", "fragment"), [
     ("import os\n\n\ndef broken(:\n    pass\n", 4, "SyntaxError"),
     ("import os\n\nraise RuntimeError('settings missing')\n", 3, "settings missing"),

@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from panqueue._registry import Registry
 from panqueue._store.transport import URL_SCHEMES, redact_url
 from panqueue._store.transport import check_url as transport_check_url
 from panqueue._url import resolve_url
-from panqueue.errors import ConfigError, PanqueueError
+from panqueue.errors import ConfigError, PanqueueError, ServerUnavailable
 from panqueue.errors import ConnectionError as PanqueueConnectionError
 
 __all__ = [
@@ -252,13 +253,42 @@ def load_registry(spec: str, *, show_traceback: bool = False) -> Registry:
     return obj
 
 
+def _closes_without_answering(url: str, timeout: float = 2.0) -> bool:
+    """Whether the host and port of a plain ``redis://`` URL accept a connection and then
+    close it without a byte in answer to an inline PING (which every Redis answers, with
+    PONG or an error such as NOAUTH). False when nothing listens, when it answers, or when it
+    stays silent."""
+    parts = urlsplit(url)
+    if parts.scheme != "redis" or not parts.hostname:
+        return False
+    try:
+        port = parts.port or 6379
+        with socket.create_connection((parts.hostname, port), timeout=timeout) as probe:
+            probe.sendall(b"PING\r\n")
+            return probe.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True  # accepted, then reset: it hung up
+    except (OSError, ValueError):  # refused, unreachable, silent (timeout), a bad port
+        return False
+
+
 def client_for(url: str) -> SyncQueueClient:
     """A client (under the command's ``--prefix``) that has answered a PING (fail fast and
     clearly)."""
     client = SyncQueueClient(url, prefix=cli_prefix())
     try:
         client.ping()
-    except (ConfigError, PanqueueConnectionError):
+    except PanqueueConnectionError as exc:
+        client.close()
+        if not isinstance(exc, ServerUnavailable) and _closes_without_answering(url):
+            # Something listens there and hangs up on a PING: not a Redis server (or one
+            # that speaks TLS only). The URL is the user's to fix: a usage error.
+            raise UsageFailure(
+                f"{redact_url(url)} does not answer as a Redis server (it closed the "
+                f"connection without answering a PING; a TLS-only server wants rediss://); "
+                f"check the host and port") from None
+        raise
+    except ConfigError:
         client.close()
         raise
     except PanqueueError as exc:
