@@ -6,13 +6,13 @@ import enum
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Generic, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple
 
 from panqueue._options import JobOptions
 from panqueue.errors import ErrorInfo, Fail, Retry  # defined there (below this), kept here
 
-__all__ = ["DONE", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "PayloadT",
-           "ReportKind", "Retry", "Sink", "from_ms"]
+__all__ = ["DONE", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "LogLine",
+           "PayloadT", "ReportKind", "Retry", "Sink", "from_ms", "log_line", "parse_log_line"]
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -42,6 +42,36 @@ class JobState(enum.StrEnum):
 
 
 _FINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+
+class LogLine(NamedTuple):
+    """One line of a job's log: when the worker took it (None for a line stored before the
+    lines carried it), the attempt that wrote it (None likewise), and the text."""
+
+    at: datetime | None
+    attempt: int | None
+    message: str
+
+
+# A stored log line is its text behind a stamp: US, the time in ms, a space, the attempt
+# number, US. The unit separator does not occur in a stamp, so the text may hold anything.
+_STAMP = "\x1f"
+
+
+def log_line(at: float, attempt: int, message: str) -> str:
+    """A log line as stored: ``message`` stamped with ``at`` (epoch seconds) and the
+    attempt number."""
+    return f"{_STAMP}{round(at * 1000)} {attempt}{_STAMP}{message}"
+
+
+def parse_log_line(stored: str) -> LogLine:
+    """A stored log line back as a :class:`LogLine` (a line without a stamp is its text)."""
+    if stored.startswith(_STAMP):
+        stamp, sep, message = stored[1:].partition(_STAMP)
+        ms, _, attempt = stamp.partition(" ")
+        if sep and ms.isdigit() and attempt.isdigit():
+            return LogLine(from_ms(int(ms)), int(attempt), message)
+    return LogLine(None, None, stored)
 
 
 def from_ms(value: bytes | str | int | None) -> datetime | None:
@@ -83,6 +113,8 @@ class JobInfo:
     #: How many attempts the job has in all, as its last failed attempt was told (with
     #: ``retry_of``: "retry ``retry_of + 1`` of ``max_attempts``"), or None.
     max_attempts: int | None = None
+    #: The lines of :attr:`logs` with when each was written and by which attempt.
+    log_lines: list[LogLine] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the CLI's ``panqueue job`` prints this)."""
@@ -111,6 +143,8 @@ class JobInfo:
             "worker": self.worker,
             "retry_of": self.retry_of,
             "max_attempts": self.max_attempts,
+            "log_lines": [{"at": iso(line.at), "attempt": line.attempt,
+                           "message": line.message} for line in self.log_lines],
         }
 
 

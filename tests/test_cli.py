@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from panqueue import JobState, SyncQueueClient
+from panqueue import JobFailed, JobState, SyncQueueClient
 from panqueue.embedded import free_port
 from tests.helpers import ROOT, WorkerProcess, panqueue_command, run_cli, subprocess_env, wait_until
 
@@ -134,7 +134,7 @@ def test_stats_of_an_unknown_queue_is_an_error(redis_url: str) -> None:
 def test_job_prints_one_job_as_json(redis_url: str) -> None:
     with SyncQueueClient(redis_url) as client:
         handle = client.queue(ECHO).add({"x": 1}, priority=3)
-    proc = run_cli("job", ECHO, handle.id, "--url", redis_url)
+    proc = run_cli("job", ECHO, handle.id, "--url", redis_url, "--json")
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["id"] == handle.id
@@ -144,6 +144,45 @@ def test_job_prints_one_job_as_json(redis_url: str) -> None:
     assert info["attempts"] == 0
     assert info["error"] is None and info["result"] is None
     assert info["enqueued_at"] is not None and info["finished_at"] is None
+
+
+def test_job_prints_a_view_for_people_with_the_traceback_and_timed_log_lines(
+        redis_url: str, tmp_path: Path) -> None:
+    worker = WorkerProcess(tmp_path, "--url", redis_url, "--poll-interval", "0.1",
+                           app="job_view_app:queues")
+    try:
+        with SyncQueueClient(redis_url) as client:
+            handle = client.queue("job-view").add({"to": "ada"})
+            with pytest.raises(JobFailed):
+                handle.result(timeout=20)
+    finally:
+        worker.kill()
+    proc = run_cli("job", "job-view", handle.id, "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    lines = text.splitlines()
+    assert lines[0] == f"job:       {handle.id} in job-view"
+    assert "state:     failed (max_attempts_exceeded)" in lines
+    assert "attempts:  2" in lines
+    assert 'data:      {"to": "ada"}' in lines
+    # The error as Python prints it: real line breaks, not a JSON string with \n in it.
+    assert "error: ConnectionError: mail server refused" in lines
+    assert "Traceback (most recent call last):" in lines
+    assert "second line of the reply" in lines
+    assert "Traceback (most recent call last):\n  File " in text
+    assert "  attempt 1  ConnectionError: mail server refused" in text
+    # Each log line with its time (UTC) and the attempt that wrote it.
+    logged = [line for line in lines[lines.index("logs:") + 1:] if line.strip()]
+    assert len(logged) == 2, text
+    for number, line in enumerate(logged, 1):
+        assert re.fullmatch(rf"  \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} UTC  "
+                            rf"attempt {number}  sending to ada", line), line
+    # --json has them too.
+    data = json.loads(run_cli("job", "job-view", handle.id, "--url", redis_url,
+                              "--json").stdout)
+    assert data["logs"] == ["sending to ada", "sending to ada"]
+    assert [line["attempt"] for line in data["log_lines"]] == [1, 2]
+    assert all(line["at"].endswith("+00:00") for line in data["log_lines"])
 
 
 def test_job_that_does_not_exist_is_an_error(redis_url: str) -> None:

@@ -114,7 +114,8 @@ class AttemptRunner:
             return outcome
 
     async def _run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
-        attempt = self._attempts.start(claimed.id, claimed.token, stopping, claimed.partition)
+        attempt = self._attempts.start(claimed.id, claimed.token, stopping, claimed.partition,
+                                       claimed.attempt)
         options = self._options
         started = time.monotonic()
         outcome: Any = None

@@ -152,7 +152,8 @@ class ChunkClaimer(ClaimLoop):
         previous = self._attempts.of_job(job.id)
         if previous is not None:
             self._attempts.lose(previous, "the job was claimed again")
-        return Held(job, self._attempts.start(job.id, job.token, self.stopping), previous)
+        return Held(job, self._attempts.start(job.id, job.token, self.stopping,
+                                              number=job.attempt), previous)
 
     def _put_back(self, chunk: list[Held]) -> None:
         """A chunk that will not run: its jobs wait in ``_handed`` again (released if the

@@ -69,6 +69,7 @@ class Attempt:
     cancel_requested: bool = False  # cancel(queue, id) was called for this job
     stopping: bool = False  # the worker is shutting down
     partition: int = 0  # the partition of a partitioned queue that holds the job
+    number: int = 0  # the job's attempt number (1 for its first run): stamped on its log lines
 
     def should_stop(self) -> bool:
         return self.stopping or self.cancel_requested or self.lost
@@ -103,10 +104,11 @@ class Attempts:
     def __len__(self) -> int:
         return len(self.by_lock)
 
-    def start(self, job_id: str, token: str, stopping: bool, partition: int = 0) -> Attempt:
+    def start(self, job_id: str, token: str, stopping: bool, partition: int = 0,
+              number: int = 0) -> Attempt:
         now = time.monotonic()
         attempt = Attempt(job_id, token, now + self.lock_ttl, stopping=stopping,
-                          partition=partition)
+                          partition=partition, number=number)
         self.by_lock[attempt.lock] = attempt
         self._by_job[job_id] = attempt
         if self._early_cancels:

@@ -20,7 +20,7 @@ import anyio
 import anyio.lowlevel
 
 from panqueue._codec import check_json_compatible, encode
-from panqueue._job import ErrorInfo
+from panqueue._job import ErrorInfo, log_line
 from panqueue._keys import QueueKeys
 from panqueue._runtime.locks import Attempt, Tokens
 from panqueue._runtime.trouble import Trouble, episode_of
@@ -268,8 +268,8 @@ class Recorder:
         if kind == "p":
             check_json_compatible(value, "progress")  # a bad value is the handler's error
             payload: Any = encode(value)
-        else:
-            payload = value
+        else:  # a log line, stamped with when and in which attempt (see parse_log_line)
+            payload = log_line(time.time(), attempt.number, value)
         try:
             await self._transport.run(transitions.progress(
                 self._keys, attempt.job_id, attempt.token, kind, payload, _MAX_LOG_LINES))

@@ -11,7 +11,7 @@ import click
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobInfo, JobState
-from panqueue._listing import columns
+from panqueue._listing import columns, delayed_because, timestamp
 from panqueue.cli._common import (
     EXIT_ERROR,
     POSITIVE_INT,
@@ -93,19 +93,70 @@ def stats(queue: str | None, url: str, as_json: bool) -> None:
 @click.argument("queue")
 @click.argument("job_id", metavar="ID")
 @url_option
-def job(queue: str, job_id: str, url: str) -> None:
-    """Print one job as JSON.
+@_JSON
+def job(queue: str, job_id: str, url: str, as_json: bool) -> None:
+    """Print one job: its state, times, data, result, error with its traceback as Python
+    prints it, attempt history and log lines (each with its time and attempt).
 
-    The fields: id, queue, state, data, attempts, priority, progress, logs (the newest 1000
-    lines), result, error (type, message, traceback), failure_reason, history, options,
-    enqueued_at, started_at, finished_at, expires_at and run_at (when a delayed job is due;
-    ISO 8601, UTC), worker (the worker running an active job), and for a job waiting to run
-    again after a failed attempt retry_of (that attempt) and max_attempts. An unknown ID
-    exits 1.
+    --json prints the fields instead: id, queue, state, data, attempts, priority, progress,
+    logs (the newest 1000 lines), result, error (type, message, traceback), failure_reason,
+    history, options, enqueued_at, started_at, finished_at, expires_at and run_at (when a
+    delayed job is due; ISO 8601, UTC), worker (the worker running an active job), for a job
+    waiting to run again after a failed attempt retry_of (that attempt) and max_attempts, and
+    log_lines (each line's at, attempt and message). An unknown ID exits 1.
     """
     with client_for(url) as client:
         info = client.get_job(queue, job_id)
-    print_json(info.to_dict())
+    if as_json:
+        print_json(info.to_dict())
+    else:
+        click.echo(_human(info))
+
+
+def _value(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _human(info: JobInfo) -> str:
+    """``panqueue job``'s text: one field a line, then the error with its traceback as
+    written (not a JSON string), the history and the log lines."""
+    state = info.state.value + (f" ({info.failure_reason})" if info.failure_reason else "")
+    rows = [("job", f"{info.id} in {info.queue}"), ("state", state),
+            ("attempts", str(info.attempts)), ("priority", str(info.priority)),
+            ("enqueued", timestamp(info.enqueued_at)), ("started", timestamp(info.started_at)),
+            ("finished", timestamp(info.finished_at))]
+    if info.expires_at is not None:
+        rows.append(("expires", timestamp(info.expires_at)))
+    if info.run_at is not None:
+        rows.append(("due", timestamp(info.run_at)))
+    if info.retry_of is not None:
+        rows.append(("retry", delayed_because(info)))
+    if info.worker is not None:
+        rows.append(("worker", info.worker))
+    rows.append(("data", _value(info.data)))
+    if info.progress is not None:
+        rows.append(("progress", _value(info.progress)))
+    if info.result is not None or info.state == JobState.COMPLETED:
+        rows.append(("result", _value(info.result)))
+    out = [f"{name + ':':<10} {text}" for name, text in rows]
+    if info.error is not None:
+        out += ["", f"error: {info.error.type}: {info.error.message}"]
+        if info.error.traceback:
+            out.append(info.error.traceback.rstrip())
+    if info.history:
+        out += ["", "history:"]
+        for entry in info.history:
+            text = f"{entry.get('type', '')}: {entry.get('message', '')}".strip(": ")
+            took = entry.get("duration_ms")
+            out.append(f"  attempt {entry.get('attempt', '?')}  {text}"
+                       + (f"  ({took / 1000:g} s)" if isinstance(took, int | float) else ""))
+    if info.log_lines:
+        out += ["", "logs:"]
+        for line in info.log_lines:
+            attempt = "" if line.attempt is None else f"attempt {line.attempt}  "
+            at = "" if line.at is None else timestamp(line.at) + "  "
+            out.append(f"  {at}{attempt}{line.message}")
+    return "\n".join(out)
 
 
 def _table(state: JobState, found: list[JobInfo]) -> list[str]:
@@ -135,8 +186,8 @@ def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
     the state: delayed, when it is due and why (retry n of m after which error, snoozed by its
     handler, delayed by the producer); active, when it started, for how long it has run and
     on which worker; failed, its failure reason, error type and message; completed, how long
-    it took; waiting, for how long it has waited. --json prints the jobs as `panqueue job`
-    does.
+    it took; waiting, for how long it has waited. --json prints the jobs as
+    `panqueue job --json` does.
     """
     with client_for(url) as client:
         require_queue(client, queue)

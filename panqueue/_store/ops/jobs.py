@@ -17,7 +17,7 @@ import msgpack
 
 from panqueue._check import check_int
 from panqueue._codec import decode
-from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
+from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms, parse_log_line
 from panqueue._keys import QueueKeys
 from panqueue._store.ops.events import stream_entries
 from panqueue._store.ops.workers import WorkerInfo, workers
@@ -68,6 +68,7 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
     retry = (job_state in (JobState.WAITING, JobState.DELAYED) and failed_attempt(last)
              and b"e" in fields)
     allowed = last.get("max_attempts") if retry else None
+    lines = [parse_log_line(line.decode(errors="replace")) for line in logs]
     return JobInfo(
         id=job_id,
         queue=queue,
@@ -75,7 +76,7 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         data=decode(fields.get(b"d")),
         attempts=int(fields.get(b"a") or 0),
         progress=decode(fields.get(b"pg")),
-        logs=[line.decode(errors="replace") for line in logs],
+        logs=[line.message for line in lines],
         result=decode(fields.get(b"r")),
         error=ErrorInfo.from_wire(decode(fields.get(b"e"))),
         enqueued_at=from_ms(fields.get(b"et")),
@@ -91,6 +92,7 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         worker=None if holder is None else holder.worker,
         retry_of=int(last.get("attempt") or 0) if retry else None,
         max_attempts=int(allowed) if isinstance(allowed, int) else None,
+        log_lines=lines,
     )
 
 
