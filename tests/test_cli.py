@@ -371,6 +371,15 @@ def test_demo_against_a_given_server_prints_a_summary_and_removes_its_jobs(
     assert f"using the server at {redis_url}" in proc.stdout
     assert "removed the demo's 50 jobs" in proc.stdout
     assert sum(counts(redis_url, "demo").values()) == 0
+    # The workers' start is reported as such, before the jobs are added; the latency the
+    # summary shows is the queue's, with every worker serving: far below a process start.
+    ready = re.search(r"started 1 worker processes \(concurrency 20 each\), ready in "
+                      r"([\d.]+) s\n", proc.stdout)
+    assert ready is not None, proc.stdout
+    assert proc.stdout.index("ready in") < proc.stdout.index("enqueued 50 jobs")
+    latency = re.search(r"queue latency\s+p50 (\d+) ms, max (\d+) ms", proc.stdout)
+    assert latency is not None, proc.stdout
+    assert int(latency.group(1)) < float(ready.group(1)) * 1000, proc.stdout
 
 
 def test_python_dash_m_panqueue_help_lists_every_command() -> None:

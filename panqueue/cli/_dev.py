@@ -98,10 +98,12 @@ def _demo_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 def demo(url: str | None, jobs: int, workers: int) -> int:
     """Run jobs through worker processes and print a summary.
 
-    Adds --jobs jobs to the queue `demo`, starts --workers worker processes, shows live
-    progress (about one job in ten fails its first attempt and is retried), stops the workers
-    with SIGTERM and prints jobs completed, failed and retried, throughput, wait before start
-    and the workers' exit codes. It always says which server it uses: without --url or
+    Starts --workers worker processes and says how long they took to serve the queue
+    `demo`, then adds --jobs jobs, shows live progress (about one job in ten fails its first
+    attempt and is retried), stops the workers with SIGTERM and prints jobs completed, failed
+    and retried, the time from the first add to the last finish and the throughput, the
+    queue latency (add to start of first attempts, the workers already running) and the
+    workers' exit codes. It always says which server it uses: without --url or
     $PANQUEUE_URL it starts a private one in .panqueue/demo-redis and stops it at the end; on
     a given server it removes the jobs it added. Exit 0 when every job completed and every
     worker exited 0, else 1.
