@@ -54,6 +54,25 @@ def test_each_failed_attempt_reaches_every_callback_and_one_that_raises_is_only_
     assert all(e["level"] == "error" for e in raised), raised
 
 
+def test_a_chunk_handlers_failed_item_reaches_the_callbacks_with_its_own_job(
+        redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    worker = WorkerProcess(tmp_path, "--url", redis_url, "-q", "hooks-chunk",
+                           "--poll-interval", "0.1", app="failure_hooks_app:queues",
+                           env={"PANQUEUE_URL": redis_url})
+    try:
+        with SyncQueueClient(redis_url) as client:
+            handles = client.queue("hooks-chunk").add_bulk([1, -2, 3])
+            assert handles[0].result(timeout=20) == 1
+            with pytest.raises(JobFailed):
+                handles[1].result(timeout=20)
+            assert handles[2].result(timeout=20) == 3
+            wait_until(lambda: _calls(redis_client, "hooks:async"), 10, "the async callback")
+    finally:
+        worker.kill()
+    assert _calls(redis_client, "hooks:sync") == [
+        ["hooks-chunk", handles[1].id, 1, "ValueError", "negative: -2", True]]
+
+
 def test_on_failure_refuses_what_it_cannot_call() -> None:
     with pytest.raises(ConfigError, match="on_failure needs a callable"):
         Registry().on_failure("sentry")  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ import os
 import anyio
 import redis
 
-from panqueue import Backoff, Job, Registry
+from panqueue import Backoff, Chunk, ChunkFailure, Job, Registry
 
 queues = Registry()
 _redis = redis.Redis.from_url(os.environ["PANQUEUE_URL"])
@@ -23,6 +23,13 @@ async def flaky(job: Job) -> None:
 @queues.handler("hooks-thread", executor="thread", attempts=1)
 def in_thread(job: Job) -> None:
     raise KeyError(job.data)
+
+
+@queues.handler("hooks-chunk", chunk=Chunk(size=10, wait=0.2), attempts=1)
+async def rows(jobs: list[Job]) -> list[object]:
+    """Fails the jobs whose data is negative, each alone (a ChunkFailure in its slot)."""
+    return [ChunkFailure(i, ValueError(f"negative: {job.data}")) if job.data < 0 else job.data
+            for i, job in enumerate(jobs)]
 
 
 @queues.on_failure
