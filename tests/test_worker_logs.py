@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from panqueue import JobFailed, SyncQueueClient
+from panqueue._runtime.trouble import Episode, Trouble
 from panqueue.embedded import RedisServer, free_port
 from tests.apps.outage_app import PARTITIONED, QUEUES
 from tests.helpers import APPS, ROOT, WorkerProcess, subprocess_env, wait_until
@@ -112,3 +113,41 @@ def test_a_redis_outage_is_one_line_per_process_and_one_when_it_ends(tmp_path: P
     # Nothing else from the outage above info: no line per queue, per activity, per channel.
     loud = [r for r in records if r["level"] in ("warning", "error")]
     assert loud == began, [r["event"] for r in loud]
+
+
+class _Lines:
+    """A logger that keeps (level, event) pairs."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **fields: self.lines.append((level, event))
+
+
+def test_an_activity_that_is_not_retried_neither_holds_an_episode_open_nor_hides_the_next(
+        ) -> None:
+    """A dropped progress report fails once and is never retried: it must not keep the
+    episode open after the retried activities work again, nor keep the next outage from
+    being logged."""
+    log = _Lines()
+    episode = Episode(stale=0.2)
+    claims = Trouble(log, "claiming jobs", episode)
+    reports = Trouble(log, "progress reporting", episode)
+    claims.failed(OSError("down"))
+    reports.failed(OSError("down"))
+    claims.failed(OSError("down"))
+    assert [level for level, _ in log.lines] == ["warning", "debug"]
+    # The report is not retried; the claims are, more often than the stale time, and then
+    # work again.
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        claims.failed(OSError("down"))
+        time.sleep(0.05)
+    claims.ok()
+    assert [level for level, _ in log.lines] == ["warning", "debug", "info"], log.lines
+    assert log.lines[-1][1].startswith("every Redis call works again after"), log.lines
+    # The next outage is logged, whatever the report's Trouble still counts.
+    del log.lines[:]
+    claims.failed(OSError("down again"))
+    assert log.lines == [("warning", "claiming jobs failed; retrying until Redis answers")]

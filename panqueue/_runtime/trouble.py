@@ -16,36 +16,55 @@ import time
 import weakref
 from typing import Any
 
-__all__ = ["RETRY_CAP", "Episode", "Trouble", "episode_of"]
+__all__ = ["RETRY_CAP", "STALE", "Episode", "Trouble", "episode_of"]
 
 # The longest wait between two tries of a failing call: however long Redis was away, a worker
 # works again within about this long of its return (plus the call itself).
 RETRY_CAP = 1.0
+# Seconds after its last failure that an activity no longer counts in an episode (see Episode).
+STALE = 30.0
 
 
 class Episode:
-    """The activities failing now, of every worker that shares one connection."""
+    """The activities failing now, of every worker that shares one connection.
 
-    __slots__ = ("__weakref__", "calls", "failing", "since")
+    An activity counts as failing from a failure until it works again, or until it has not
+    failed for :data:`STALE` seconds: one that is not retried (a progress report dropped, a
+    worker that stopped meanwhile) must neither hold the episode open for good nor keep the
+    next one from being logged. The activities that are retried while Redis is away (claims,
+    heartbeats: at least every :data:`RETRY_CAP`; renewal and upkeep on their interval) keep
+    theirs alive."""
 
-    def __init__(self) -> None:
-        self.failing: set[Trouble] = set()
+    __slots__ = ("__weakref__", "_stale", "calls", "failing", "since")
+
+    def __init__(self, stale: float = STALE) -> None:
+        self._stale = stale
+        self.failing: dict[Trouble, float] = {}  # activity -> time of its last failure
         self.since = 0.0  # time.monotonic() of the episode's first failure
         self.calls = 0  # failed calls in the episode, over every activity
 
-    def begin(self, trouble: Trouble) -> bool:
-        """``trouble`` starts failing; True if it is the first of a new episode."""
-        first = not self.failing
+    def _live(self, now: float) -> bool:
+        for trouble, last in list(self.failing.items()):
+            if now - last > self._stale:
+                del self.failing[trouble]
+        return bool(self.failing)
+
+    def failed(self, trouble: Trouble) -> bool:
+        """``trouble`` failed a call; True if that begins a new episode."""
+        now = time.monotonic()
+        first = not self._live(now)
         if first:
-            self.since = time.monotonic()
+            self.since = now
             self.calls = 0
-        self.failing.add(trouble)
+        self.calls += 1
+        self.failing[trouble] = now
         return first
 
-    def end(self, trouble: Trouble) -> bool:
+    def works(self, trouble: Trouble) -> bool:
         """``trouble`` works again; True if it was the last failing one (the episode ends)."""
-        self.failing.discard(trouble)
-        return not self.failing
+        if self.failing.pop(trouble, None) is None:
+            return False  # not part of the episode (any more)
+        return not self._live(time.monotonic())
 
 
 _EPISODES: weakref.WeakKeyDictionary[Any, Episode] = weakref.WeakKeyDictionary()
@@ -77,11 +96,11 @@ class Trouble:
     def failed(self, exc: BaseException) -> None:
         self.count += 1
         self.error = exc
-        self._episode.calls += 1
+        began = self._episode.failed(self)
         if self.count == 1:
             self.since = time.monotonic()
-            first = self._episode.begin(self)
-            (self._log.warning if first else self._log.debug)(
+        if began or self.count == 1:
+            (self._log.warning if began else self._log.debug)(
                 f"{self._what} failed; retrying until Redis answers", error=str(exc))
 
     def ok(self) -> None:
@@ -92,7 +111,7 @@ class Trouble:
                         outage_s=round(now - self.since, 3))
         self.count = 0
         episode = self._episode
-        if episode.end(self):
+        if episode.works(self):
             self._log.info(f"every Redis call works again after {now - episode.since:.1f} s",
                            failed_calls=episode.calls, outage_s=round(now - episode.since, 3))
 
