@@ -145,7 +145,7 @@ def test_an_activity_that_is_not_retried_neither_holds_an_episode_open_nor_hides
         claims.failed(OSError("down"))
         time.sleep(0.05)
     claims.ok()
-    assert [level for level, _ in log.lines] == ["warning", "debug", "info"], log.lines
+    assert [level for level, _ in log.lines] == ["warning", "debug", "debug", "info"], log.lines
     assert log.lines[-1][1].startswith("every Redis call works again after"), log.lines
     # The next outage is logged, whatever the report's Trouble still counts.
     del log.lines[:]
