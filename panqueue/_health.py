@@ -49,14 +49,16 @@ class HealthState:
 
     ``blocked_by``: called from the HTTP thread while the loop is blocked, the handler whose
     code the loop is executing (``module:function at file:line``), or None if no handler is
-    (see :meth:`panqueue._runtime.watchdog.LoopWatchdog.blocking`)."""
+    (see :meth:`panqueue._runtime.watchdog.LoopWatchdog.blocking`). ``prefix``: the key
+    prefix of the worker's queues, under which :meth:`keep_pinging` reads which are paused."""
 
     def __init__(self, queues: Sequence[str], counts: Callable[[], tuple[int, int]],
                  stale_after: float = STALE_AFTER,
                  claims_failing: Callable[[], BaseException | None] = lambda: None,
                  blocked_by: Callable[[], str | None] = lambda: None,
-                 loop_stale: float = LOOP_STALE) -> None:
+                 loop_stale: float = LOOP_STALE, prefix: str | None = None) -> None:
         self.queues = list(queues)
+        self.prefix = prefix
         # After an outage the PING may answer before the claim loop's next try (up to a second
         # later): ready means the claims work again, not only that Redis answers.
         self._claims_failing = claims_failing
@@ -127,7 +129,9 @@ class HealthState:
         if claims is not None:
             return _redis_failure(claims) + " (claiming jobs fails; retrying)"
         if self.paused and set(self.paused) >= set(self.queues):
-            hint = "; ".join(f"panqueue resume {queue}" for queue in self.paused)
+            resume = ("panqueue resume" if self.prefix is None
+                      else f"panqueue resume --prefix {self.prefix}")
+            hint = "; ".join(f"{resume} {queue}" for queue in self.paused)
             return f"every queue it serves is paused: {', '.join(self.paused)} ({hint})"
         return None
 
@@ -140,8 +144,8 @@ class HealthState:
     async def keep_pinging(self, url: str, interval: float = PING_INTERVAL,
                            timeout: float = PING_TIMEOUT) -> None:
         """PING Redis every ``interval`` seconds from the event loop, and read which served
-        queues are paused, until cancelled."""
-        async with QueueClient(url) as client:
+        queues are paused (under :attr:`prefix`), until cancelled."""
+        async with QueueClient(url, prefix=self.prefix) as client:
             while True:
                 try:
                     with anyio.fail_after(timeout):

@@ -226,3 +226,27 @@ def test_readyz_says_every_served_queue_is_paused_with_the_command_that_resumes_
         assert get(port, "/livez")[0] == 200
         client.resume(ECHO)
     wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "/readyz to answer 200 again")
+
+
+def test_readyz_reads_the_paused_queues_under_the_workers_prefix(
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
+    """Under --prefix, /readyz reads that application's queues: its own paused queue makes it
+    503 (the hint names the prefix), the same name paused outside the prefix does not."""
+    port = free_port()
+    start_worker("--url", redis_url, "--prefix", "healthapp", "-q", ECHO,
+                 "--health-port", str(port))
+    wait_until(lambda: get(port, "/readyz")[0] == 200, 20, "/readyz to answer 200")
+    with SyncQueueClient(redis_url, prefix="healthapp") as mine, \
+            SyncQueueClient(redis_url) as bare:
+        bare.pause(ECHO)
+        mine.pause(ECHO)
+        wait_until(lambda: get(port, "/readyz")[0] == 503, 10, "/readyz to answer 503")
+        body = get(port, "/readyz")[1]
+        assert body["reason"] == (f"every queue it serves is paused: {ECHO} "
+                                  f"(panqueue resume --prefix healthapp {ECHO})"), body
+        assert body["paused"] == [ECHO]
+        mine.resume(ECHO)
+        # The bare queue of the same name stays paused: not the worker's.
+        wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "/readyz to answer 200 again")
+        assert "paused" not in get(port, "/readyz")[1]
+        bare.resume(ECHO)

@@ -161,7 +161,8 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         state = HealthState(served, lambda: (sum(w.processed for w in pool.workers),
                                              sum(w.failed for w in pool.workers)),
                             claims_failing=lambda: _first(w.claims_failing for w in pool.workers),
-                            blocked_by=lambda: _first(w.blocking() for w in pool.workers))
+                            blocked_by=lambda: _first(w.blocking() for w in pool.workers),
+                            prefix=pool.prefix)
         try:
             health = HealthServer(health_host, health_port, state)
         except OSError as exc:
