@@ -87,6 +87,9 @@ def test_a_redis_outage_is_one_line_per_process_and_one_when_it_ends(tmp_path: P
         server.stop()
         wait_until(lambda: "retrying until Redis answers" in worker.stderr, 10,
                    "the outage to be logged")
+        # The first activity that fails may log before /readyz hears of it (its next PING,
+        # up to a second away, or the claim loop's next failed call).
+        wait_until(lambda: get(port, "/readyz")[0] == 503, 10, "/readyz to answer 503")
         # Every activity of every queue meets the outage (each retries at least once a
         # second): 3 s of it.
         deadline = time.monotonic() + 3
