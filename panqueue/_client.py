@@ -130,7 +130,8 @@ class QueueClient:
     async def get_job(self, queue: str, job_id: str) -> JobInfo:
         return await self._run(self.producer.on_job(queue, job_id, ops.get_job))
 
-    async def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100,
+    async def list_jobs(self, queue: str, state: JobState | str, *, tag: str | None = None,
+                        error_type: str | None = None, limit: int = 100,
                         offset: int = 0) -> list[JobInfo]:
         """Up to ``limit`` jobs of ``queue`` in ``state``, after the first ``offset`` of them.
 
@@ -143,9 +144,14 @@ class QueueClient:
 
         ``offset`` pages through that order: a page costs O(log N + limit) in Redis at any
         depth (a keyed queue's waiting jobs: one LLEN per waiting key besides).
+
+        ``tag``: only jobs added with that tag, read from the tag's index in the order they
+        were added (finished states newest first). ``error_type``: only jobs whose last error
+        is of that type (``"TimeoutError"``). Both filter on the server, which sends back only
+        the page.
         """
         return await self._run(self.producer.on_all(queue, parted.all_list_jobs, state, limit,
-                                                  offset))
+                                                  offset, tag, error_type))
 
     async def counts(self, queue: str) -> dict[JobState, int]:
         return await self._run(self.producer.on_all(queue, parted.all_counts))
@@ -159,11 +165,32 @@ class QueueClient:
     async def cancel(self, queue: str, job_id: str) -> JobState:
         return await self._run(self.producer.on_job(queue, job_id, ops.cancel))
 
-    async def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        return await self._run(self.producer.on_all(queue, parted.all_retry_failed, ids))
+    async def retry_failed(self, queue: str, ids: Sequence[str] | None = None, *,
+                           tag: str | None = None, error_type: str | None = None) -> int:
+        """Move failed jobs back to waiting; returns how many moved. ``ids``: those jobs;
+        ``tag`` / ``error_type``: every failed job that carries the tag and whose last error
+        is of that type; neither: the oldest 10,000 failed jobs. Safe to run again: a job
+        that is no longer failed is left as it is."""
+        return await self._run(self.producer.on_all(queue, parted.all_retry_matching, ids, tag,
+                                                  error_type))
 
     async def remove(self, queue: str, job_id: str) -> bool:
         return await self._run(self.producer.on_job(queue, job_id, ops.remove))
+
+    async def cancel_jobs(self, queue: str, *, tag: str | None = None,
+                          state: JobState | str | None = None) -> int:
+        """Cancel every job of ``queue`` that carries ``tag`` and is in ``state`` (at least one
+        of them; no state: every job not finished); returns how many were cancelled. An active
+        job counts once its worker is told to stop it. Picked on the server a page at a time;
+        safe to run again (finished jobs are left as they are)."""
+        return await self._run(self.producer.on_all(queue, parted.all_cancel_jobs, tag, state))
+
+    async def remove_jobs(self, queue: str, *, tag: str | None = None,
+                          state: JobState | str | None = None) -> int:
+        """Delete every job of ``queue`` that carries ``tag`` and is in ``state`` (at least one
+        of them; no state: every job but the active ones, which are never removed); returns how
+        many were deleted. Safe to run again."""
+        return await self._run(self.producer.on_all(queue, parted.all_remove_jobs, tag, state))
 
     async def workers(self, queue: str | None = None) -> list[WorkerInfo]:
         """The live workers of ``queue`` (``None``: of every queue, one entry per worker name),
@@ -310,10 +337,12 @@ class SyncQueueClient:
     def get_job(self, queue: str, job_id: str) -> JobInfo:
         return self._run(self.producer.on_job(queue, job_id, ops.get_job))
 
-    def list_jobs(self, queue: str, state: JobState | str, *, limit: int = 100,
+    def list_jobs(self, queue: str, state: JobState | str, *, tag: str | None = None,
+                  error_type: str | None = None, limit: int = 100,
                   offset: int = 0) -> list[JobInfo]:
         """Blocking :meth:`QueueClient.list_jobs`."""
-        return self._run(self.producer.on_all(queue, parted.all_list_jobs, state, limit, offset))
+        return self._run(self.producer.on_all(queue, parted.all_list_jobs, state, limit, offset,
+                                              tag, error_type))
 
     def counts(self, queue: str) -> dict[JobState, int]:
         return self._run(self.producer.on_all(queue, parted.all_counts))
@@ -327,11 +356,24 @@ class SyncQueueClient:
     def cancel(self, queue: str, job_id: str) -> JobState:
         return self._run(self.producer.on_job(queue, job_id, ops.cancel))
 
-    def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        return self._run(self.producer.on_all(queue, parted.all_retry_failed, ids))
+    def retry_failed(self, queue: str, ids: Sequence[str] | None = None, *,
+                     tag: str | None = None, error_type: str | None = None) -> int:
+        """Blocking :meth:`QueueClient.retry_failed`."""
+        return self._run(self.producer.on_all(queue, parted.all_retry_matching, ids, tag,
+                                              error_type))
 
     def remove(self, queue: str, job_id: str) -> bool:
         return self._run(self.producer.on_job(queue, job_id, ops.remove))
+
+    def cancel_jobs(self, queue: str, *, tag: str | None = None,
+                    state: JobState | str | None = None) -> int:
+        """Blocking :meth:`QueueClient.cancel_jobs`."""
+        return self._run(self.producer.on_all(queue, parted.all_cancel_jobs, tag, state))
+
+    def remove_jobs(self, queue: str, *, tag: str | None = None,
+                    state: JobState | str | None = None) -> int:
+        """Blocking :meth:`QueueClient.remove_jobs`."""
+        return self._run(self.producer.on_all(queue, parted.all_remove_jobs, tag, state))
 
     def workers(self, queue: str | None = None) -> list[WorkerInfo]:
         """Blocking :meth:`QueueClient.workers`."""

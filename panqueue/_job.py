@@ -115,6 +115,8 @@ class JobInfo:
     max_attempts: int | None = None
     #: The lines of :attr:`logs` with when each was written and by which attempt.
     log_lines: list[LogLine] = field(default_factory=list)
+    #: The job's tags (``add(..., tags=[...])``), in the order they were given.
+    tags: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the CLI's ``panqueue job`` prints this)."""
@@ -145,6 +147,7 @@ class JobInfo:
             "max_attempts": self.max_attempts,
             "log_lines": [{"at": iso(line.at), "attempt": line.attempt,
                            "message": line.message} for line in self.log_lines],
+            "tags": self.tags,
         }
 
 

@@ -349,6 +349,10 @@ class QueueKeys:
         """Keyed mode: the list of the waiting jobs of concurrency key ``key``."""
         return f"{self.prefix}k:wait:{key}"
 
+    def tag(self, tag: str) -> str:
+        """The jobs that carry ``tag``, in the order they were added (a ZSET, lua/select.lua)."""
+        return f"{self.prefix}tag:{tag}"
+
     def id_pointer(self, job_id: str) -> str:
         """In a custom id's home partition: where its job went when that is another partition
         (STRING, lua/lib/identity.lua)."""

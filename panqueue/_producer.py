@@ -49,7 +49,8 @@ T = TypeVar("T")
 # What ``depends_on`` takes: a job id, or the handle of a job of the same queue.
 Dependency: TypeAlias = "str | JobHandle | SyncJobHandle"
 
-QUEUE_DEFAULTS = frozenset({"delay", "priority", "attempts", "backoff", "timeout", "expires"})
+QUEUE_DEFAULTS = frozenset({"delay", "priority", "attempts", "backoff", "timeout", "expires",
+                            "tags"})
 # How long ``add(..., durable=True)`` waits for the server's fsync.
 DURABLE_TIMEOUT_MS = 10_000
 # How long one read of ``client.events`` blocks, and its waits after a failed read.

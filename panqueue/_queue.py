@@ -67,7 +67,8 @@ class Queue(_Handle, Generic[PayloadT]):
                   key: str | None = None, dedup: Dedup | None = None,
                   depends_on: Sequence[Dependency] | None = None,
                   durable: bool = False,
-                  expires: float | datetime | None = None) -> JobHandle:
+                  expires: float | datetime | None = None,
+                  tags: Sequence[str] | None = None) -> JobHandle:
         """Add one job. With ``job_id``, adding an existing id returns that job unchanged.
 
         ``key``: the concurrency key (keyed queues). ``dedup``: see :class:`Dedup`.
@@ -75,11 +76,13 @@ class Queue(_Handle, Generic[PayloadT]):
         job is BLOCKED until then). ``durable``: return only once the server has fsynced the
         write. ``expires``: seconds from now (on the server's clock) or an aware datetime: a job
         not started by then ends CANCELLED with failure reason ``expired`` and never runs.
+        ``tags``: up to 16 labels (``"tenant:42"``) to find the job by (``client.list_jobs``,
+        ``cancel_jobs``, ``retry_failed``, ``remove_jobs``).
         """
         job = self._job(data, dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on,
-            expires=expires))
+            expires=expires, tags=tags))
         [(job_id_, created)] = await self._producer.run(self._producer.add(
             self._target, [job], DURABLE_TIMEOUT_MS if durable else None))
         return JobHandle(self._producer, self.name, job_id_, created)
@@ -120,11 +123,12 @@ class SyncQueue(_Handle, Generic[PayloadT]):
             timeout: float | None = None, key: str | None = None, dedup: Dedup | None = None,
             depends_on: Sequence[Dependency] | None = None,
             durable: bool = False,
-            expires: float | datetime | None = None) -> SyncJobHandle:
+            expires: float | datetime | None = None,
+            tags: Sequence[str] | None = None) -> SyncJobHandle:
         job = self._job(data, dict(
             job_id=job_id, delay=delay, run_at=run_at, priority=priority, attempts=attempts,
             backoff=backoff, timeout=timeout, key=key, dedup=dedup, depends_on=depends_on,
-            expires=expires))
+            expires=expires, tags=tags))
         [(job_id_, created)] = self._producer.run(self._producer.add(
             self._target, [job], DURABLE_TIMEOUT_MS if durable else None))
         return SyncJobHandle(self._producer, self.name, job_id_, created)

@@ -30,13 +30,13 @@ from typing import Any
 import pytest
 
 from panqueue._codec import encode
-from panqueue._job import ErrorInfo
+from panqueue._job import ErrorInfo, JobState
 from panqueue._keys import QueueKeys
 from panqueue._options import MAX_PRIORITY, MAX_SECONDS, Retention
 from panqueue._registry import HandlerOptions
 from panqueue._store import transitions as tr
 from panqueue._store.loader import SCRIPTS, Script
-from panqueue._store.ops import batches, identity, layout, queue, schedules
+from panqueue._store.ops import batches, identity, layout, queue, schedules, select
 from panqueue._store.ops.add import NewJob, add_jobs
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_COMPLETED,
@@ -209,6 +209,7 @@ CASES = [
     Case("retry", "ids", lambda: queue.retry_failed(K, ["a", "b"]), units=2),
     Case("retry", "oldest", lambda: queue.retry_failed(K, None)),
     Case("remove", "job", lambda: queue.remove(K, "j")),
+    Case("select", "tag", lambda: select.select_ids(K, (JobState.FAILED,), "t", "E", 5)),
     Case("clean", "ages", lambda: queue.clean(K, 1, 1)),
     Case("purge", "all", lambda: queue.purge(K, None), units=1),
     Case("purge", "states", lambda: queue.purge(K, ["waiting", "failed"]), units=2),

@@ -111,6 +111,7 @@ class _Scripts:
         self.cancel = _load("cancel")
         self.retry = _load("retry")
         self.remove = _load("remove")
+        self.select = _load("select")
         self.progress = _load("progress")
         self.schedule_set = _load("schedule_set")
         self.schedule_tick = _load("schedule_tick")

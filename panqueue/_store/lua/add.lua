@@ -5,14 +5,15 @@
 -- ARGV[1]  number of jobs n   ARGV[2] the producer's declared mode ('' | global | keyed)
 -- ARGV[3]  the producer's declared partition ("<count>:<index>:<version>", '' = as stored;
 --          lib/layout.lua partition_problem)
--- ARGV[4..] n groups of 14: id ('' = generate), data (msgpack), priority, delay ms,
+-- ARGV[4..] n groups of 15: id ('' = generate), data (msgpack), priority, delay ms,
 --          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
 --          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy,
 --          expires in ms (0 = none; from the server's clock), expires at ms (0 = none): the
 --          deadline to start by (lib/expiry.lua; an add past it ends the job CANCELLED),
 --          batch id ('' = none; registered in the batch beforehand, panqueue/_batch.py;
 --          after a tab: the id's ending is recorded in the batch already, batch_register.lua,
---          so the add may return the job it names but not create it: refused otherwise)
+--          so the add may return the job it names but not create it: refused otherwise),
+--          tags ('' = none; separated by newlines, each indexed in "tag:<tag>")
 --          then (absent when no item has one) n tokens: item i's identity token ('' = none),
 --          when a pointer in another partition names the job (lib/identity.lua), followed by
 --          "\t<partition>" when that partition holds its custom id's pointer (the job keeps it,
@@ -56,13 +57,13 @@ end
 local jobs = {}
 local batch_ids = {}
 for i = 0, n - 1 do
-  local b = 4 + i * 14
+  local b = 4 + i * 15
   local f = {id = ARGV[b], data = ARGV[b + 1], priority = tonumber(ARGV[b + 2]),
              delay = tonumber(ARGV[b + 3]), run_at = tonumber(ARGV[b + 4]),
              options = ARGV[b + 5], key = ARGV[b + 6], deps = {}, dedup = ARGV[b + 8],
              ttl = tonumber(ARGV[b + 9]), strategy = ARGV[b + 10],
              expires_in = tonumber(ARGV[b + 11]), expires_at = tonumber(ARGV[b + 12]),
-             batch = ARGV[b + 13]}
+             batch = ARGV[b + 13], tags = ARGV[b + 14]}
   local ended_in_batch = f.batch:sub(1, 1) == '\t'
   if ended_in_batch then
     f.batch = f.batch:sub(2)
@@ -83,7 +84,7 @@ for i = 0, n - 1 do
   elseif mode == 'global' and f.key ~= '' then
     return {'!', 'item ' .. i .. ": key= needs a keyed queue (mode='keyed'); this queue is global"}
   end
-  local token, id_home = string.match(ARGV[4 + n * 14 + i] or '', '^([^\t]*)\t?(.*)$')
+  local token, id_home = string.match(ARGV[4 + n * 15 + i] or '', '^([^\t]*)\t?(.*)$')
   if id_home ~= '' then
     f.pointed = id_home .. '\t' .. token
   end

@@ -19,12 +19,15 @@ from panqueue._store.transport import Batch, Command, Op, ScriptCall
 from panqueue._tracing import current_carrier
 from panqueue.errors import ConfigError, PanqueueError
 
-__all__ = ["ADD_OPTIONS", "TRACE_OPTION", "IdentityElsewhere", "IdentityFenced", "NewJob",
-           "add_call", "add_jobs", "new_job", "parse_added"]
+__all__ = ["ADD_OPTIONS", "MAX_TAGS", "TRACE_OPTION", "IdentityElsewhere", "IdentityFenced",
+           "NewJob", "add_call", "add_jobs", "check_tag", "check_tags", "new_job", "parse_added"]
 
 # The keyword arguments of ``add()`` (and of the options of a flow's job).
 ADD_OPTIONS = frozenset({"job_id", "delay", "run_at", "priority", "attempts", "backoff",
-                         "timeout", "key", "dedup", "depends_on", "expires"})
+                         "timeout", "key", "dedup", "depends_on", "expires", "tags"})
+# At most this many tags per job, each at most MAX_TAG_LENGTH characters.
+MAX_TAGS = 16
+MAX_TAG_LENGTH = 200
 # The stored option that carries the producer's W3C trace context (traceparent, tracestate).
 TRACE_OPTION = "trace"
 
@@ -50,6 +53,7 @@ class NewJob:
     # The client made job_id unique itself (a flow's job without one): no other add can name it,
     # so a partitioned queue need not decide it in its home (_store/ops/identity.py).
     unique_id: bool = False
+    tags: tuple[str, ...] = ()  # indexed per tag in the queue's slot (lua/lib/new_job.lua)
 
 
 def _expiry(expires: object) -> tuple[int, int]:
@@ -68,6 +72,30 @@ def _expiry(expires: object) -> tuple[int, int]:
         return 0, int(expires.timestamp() * 1000) or -1  # 0 means none: the epoch is past
     check_number(expires, "expires", expected="a number of seconds or a timezone-aware datetime")
     return max(1, int(check_positive(expires, "expires") * 1000)), 0
+
+
+def check_tag(tag: object, what: str = "tag") -> str:
+    """Return ``tag`` if it is a valid tag (a non-empty printable str of at most
+    :data:`MAX_TAG_LENGTH` characters), else raise :class:`ConfigError`."""
+    if not isinstance(tag, str) or not tag:
+        raise ConfigError(f"{what} must be a non-empty str, got {tag!r}")
+    if len(tag) > MAX_TAG_LENGTH:
+        raise ConfigError(f"{what} {tag[:40]!r}... is longer than {MAX_TAG_LENGTH} characters")
+    if not tag.isprintable():
+        raise ConfigError(f"{what} {tag!r} contains control characters")
+    return tag
+
+
+def check_tags(tags: object) -> tuple[str, ...]:
+    """``add(..., tags=)`` as a tuple of distinct valid tags, in the order given."""
+    if tags is None:
+        return ()
+    if isinstance(tags, str | bytes) or not isinstance(tags, list | tuple | set | frozenset):
+        raise ConfigError(f"tags must be a list of str, got {tags!r}")
+    unique = tuple(dict.fromkeys(check_tag(tag) for tag in tags))
+    if len(unique) > MAX_TAGS:
+        raise ConfigError(f"a job has at most {MAX_TAGS} tags, got {len(unique)}")
+    return unique
 
 
 def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> NewJob:
@@ -122,6 +150,7 @@ def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> New
         dedup_strategy="" if dedup is None else dedup.strategy,
         expires_in_ms=expires_in_ms,
         expires_at_ms=expires_at_ms,
+        tags=check_tags(o.get("tags")),
     )
 
 
@@ -159,7 +188,7 @@ def add_call(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
         args += [job.job_id or "", job.data, job.priority, job.delay_ms, job.run_at_ms,
                  job.options, job.key, encode(list(job.depends_on)) if job.depends_on else "",
                  job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy, job.expires_in_ms,
-                 job.expires_at_ms, job.batch]
+                 job.expires_at_ms, job.batch, "\n".join(job.tags)]
     if any(tokens):
         args += tokens
     return ScriptCall(SCRIPTS.add, (keys.prefix,), tuple(args))

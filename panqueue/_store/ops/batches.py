@@ -153,9 +153,8 @@ def batch_member(job: NewJob, batch_id: str, job_id: str, plain_options: bytes) 
     """``job`` as a job of the batch, under ``job_id``. ``plain_options``: the stored options
     of a job that has none of its own (``batch_options(batch_id)``, encoded once per batch)."""
     options = batch_options(batch_id, job.options) if job.options else plain_options
-    return NewJob(job_id, job.data, job.priority, job.delay_ms, job.run_at_ms, options, job.key,
-                  job.depends_on, job.dedup_key, job.dedup_ttl_ms, job.dedup_strategy,
-                  job.expires_in_ms, job.expires_at_ms, batch_id)
+    return dataclasses.replace(job, job_id=job_id, options=options, batch=batch_id,
+                               unique_id=False)
 
 
 def open_batch(batch_id: str, on_complete: tuple[str, Any],

@@ -93,6 +93,7 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         retry_of=int(last.get("attempt") or 0) if retry else None,
         max_attempts=int(allowed) if isinstance(allowed, int) else None,
         log_lines=lines,
+        tags=fields[b"tg"].decode().split("\n") if fields.get(b"tg") else [],
     )
 
 

@@ -23,6 +23,7 @@ from panqueue._store.ops import batches as _batches
 from panqueue._store.ops import events as _events
 from panqueue._store.ops import jobs as _jobs
 from panqueue._store.ops import queue as _queue
+from panqueue._store.ops import select as _select
 from panqueue._store.ops.add import NewJob
 from panqueue._store.ops.base import LayoutChanged
 from panqueue._store.ops.events import Event
@@ -31,8 +32,9 @@ from panqueue._store.ops.routing import PartlyAdded, add_routed, home_partition,
 from panqueue._store.transport import Op
 from panqueue.errors import ConfigError, JobNotFound
 
-__all__ = ["PartitionCounts", "add_to_batch", "all_counts", "all_events", "all_list_jobs",
-           "all_pause", "all_purge", "all_retry_failed", "event_positions", "next_events"]
+__all__ = ["PartitionCounts", "add_to_batch", "all_cancel_jobs", "all_counts", "all_events",
+           "all_list_jobs", "all_pause", "all_purge", "all_remove_jobs", "all_retry_failed",
+           "all_retry_matching", "event_positions", "next_events"]
 
 T = TypeVar("T")
 
@@ -162,19 +164,28 @@ def _order(state: JobState) -> Any:
     return lambda job: (job.enqueued_at or _EPOCH).timestamp()
 
 
-def all_list_jobs(parts: Sequence[QueueKeys], state: JobState | str, limit: int, offset: int
+def all_list_jobs(parts: Sequence[QueueKeys], state: JobState | str, limit: int, offset: int,
+                  tag: str | None = None, error_type: str | None = None
                   ) -> Op[list[JobInfo]]:
     """One page of the merged list: each partition's first ``offset + limit`` jobs, merged.
-    Exact for the order :func:`_order` names; O(partitions x (offset + limit))."""
+    Exact for the order :func:`_order` names; O(partitions x (offset + limit)). With ``tag``
+    or ``error_type``, each partition filters on the server (its own index of each tag)."""
+
+    def one(part: QueueKeys, wanted: JobState | str, limit: int, offset: int
+            ) -> Op[list[JobInfo]]:
+        if tag is None and error_type is None:
+            return (yield from _jobs.list_jobs(part, wanted, limit, offset))
+        return (yield from _select.filtered_list(part, wanted, tag, error_type, limit, offset))
+
     if len(parts) == 1:
-        return (yield from _jobs.list_jobs(parts[0], state, limit, offset))
+        return (yield from one(parts[0], state, limit, offset))
     try:
         wanted = JobState(state)
     except ValueError:
         raise ConfigError(f"unknown job state {state!r}") from None
     lists = []
     for part in parts:
-        lists.append((yield from _jobs.list_jobs(part, wanted, offset + limit, 0)))
+        lists.append((yield from one(part, wanted, offset + limit, 0)))
     merged = list(heapq.merge(*lists, key=_order(wanted)))
     return merged[offset:offset + limit]
 
@@ -198,6 +209,35 @@ def all_retry_failed(parts: Sequence[QueueKeys], ids: Sequence[str] | None) -> O
     for index, chosen in by_part.items():
         done += yield from _queue.retry_failed(parts[index], chosen)
     return done
+
+
+def all_cancel_jobs(parts: Sequence[QueueKeys], tag: str | None,
+                    state: JobState | str | None) -> Op[int]:
+    changed = 0
+    for part in parts:
+        changed += yield from _select.cancel_jobs(part, tag, state)
+    return changed
+
+
+def all_remove_jobs(parts: Sequence[QueueKeys], tag: str | None,
+                    state: JobState | str | None) -> Op[int]:
+    removed = 0
+    for part in parts:
+        removed += yield from _select.remove_jobs(part, tag, state)
+    return removed
+
+
+def all_retry_matching(parts: Sequence[QueueKeys], ids: Sequence[str] | None, tag: str | None,
+                       error_type: str | None) -> Op[int]:
+    """``retry_failed`` by ids (:func:`all_retry_failed`) or by a filter, never both."""
+    if tag is None and error_type is None:
+        return (yield from all_retry_failed(parts, ids))
+    if ids is not None:
+        raise ConfigError("retry_failed takes ids or a filter (tag=, error_type=), not both")
+    moved = 0
+    for part in parts:
+        moved += yield from _select.retry_jobs(part, tag, error_type)
+    return moved
 
 
 def all_purge(parts: Sequence[QueueKeys], states: Collection[JobState | str] | None) -> Op[int]:

@@ -20,7 +20,10 @@
 --   b  the batch the job belongs to (batch_*.lua; its ending goes to "batch_outbox")
 --   ih partitioned queues: "<home partition>\t<token>" of the pointer in its custom id's home
 --      partition (lib/identity.lua); deleting the job queues its removal ("id_outbox")
+--   tg the job's tags, separated by newlines (add's tags=; each is indexed in "tag:<tag>")
 -- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua).
+-- Tags: ZSET "tag:<tag>" (job id -> its rank among tagged adds, meta "tgn"): add_job writes
+-- it, delete_job takes the job out, so it holds exactly the stored jobs with that tag.
 --
 -- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
 -- read by exports (panqueue.spark.export_history) through their consumer group.
@@ -71,6 +74,10 @@ end
 
 local function logs_key(id)
   return P .. 'job:' .. id .. ':logs'
+end
+
+local function tag_key(tag)
+  return P .. 'tag:' .. tag
 end
 
 -- Keyed mode: the waiting jobs of one key (lib/waiting.lua).

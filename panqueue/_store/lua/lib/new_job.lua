@@ -52,6 +52,14 @@ local function add_job(now, f)
   if f.batch and f.batch ~= '' then
     redis.call('HSET', jkey, 'b', f.batch)  -- before any ending below: end_job reports it
   end
+  if f.tags and f.tags ~= '' then
+    redis.call('HSET', jkey, 'tg', f.tags)
+    -- Scored by the partition's count of tagged adds: a tag's index is in the order of adds.
+    local order = redis.call('HINCRBY', K_META, 'tgn', 1)
+    for tag in string.gmatch(f.tags, '[^\n]+') do
+      redis.call('ZADD', tag_key(tag), order, id)
+    end
+  end
   if f.pointed then
     redis.call('HSET', jkey, 'ih', f.pointed)  -- its id's pointer (lib/identity.lua)
   end

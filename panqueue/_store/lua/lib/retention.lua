@@ -36,7 +36,7 @@ local function trim_finished(set, keep, now)
   end
 end
 
--- Delete a job: its hash, its log list and its dependency edges on both sides; the jobs still
+-- Delete a job: its hash, its log list, its entries in its tags' indexes and its dependency edges on both sides; the jobs still
 -- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
 -- retention takes at every finish; `edgeless`: the caller knows there is none, see
 -- trim_finished.)
@@ -56,6 +56,12 @@ delete_job = function(id, now, edgeless, finished)
   local pointed = redis.call('HGET', jkey, 'ih')
   if pointed then
     redis.call('ZADD', K_ID_OUTBOX, now or now_ms(), id .. '\t' .. pointed)
+  end
+  local tags = redis.call('HGET', jkey, 'tg')
+  if tags then  -- a tag's index holds only stored jobs
+    for tag in string.gmatch(tags, '[^\n]+') do
+      redis.call('ZREM', tag_key(tag), id)
+    end
   end
   redis.call('DEL', jkey, logs_key(id))
 end
