@@ -4,6 +4,9 @@ with each tag's index kept to exactly the jobs stored, on plain and partitioned 
 
 from __future__ import annotations
 
+import json
+import uuid
+
 import anyio
 import pytest
 import redis
@@ -18,7 +21,12 @@ from panqueue import (
     Retention,
     SyncQueueClient,
 )
+from panqueue._job import ErrorInfo
+from panqueue._store.ops import encode_error
 from panqueue.testing import drain, run_worker
+from tests.helpers import run_cli
+from tests.store_fixtures import ScriptStore
+from tests.test_cli import assert_user_error
 
 pytestmark = pytest.mark.anyio
 
@@ -250,3 +258,59 @@ async def test_retry_failed_by_tag_on_the_sync_client(redis_url: str, queue_name
             assert moved == 3
             counts = await drain(redis_url, queue_name)
         assert counts[JobState.COMPLETED] == 3 and counts[JobState.FAILED] == 1
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def _failed_with(store: ScriptStore, error_type: str, tags: list[str]) -> str:
+    """A job of the store's queue, added with ``tags``, that failed with ``error_type``."""
+    with SyncQueueClient(store.t.url) as client:
+        job_id = client.queue(store.keys.name).add({}, tags=tags).id
+    token = uuid.uuid4().hex
+    assert store.claim(token) == [job_id]
+    store.fail(job_id, token, error=encode_error(ErrorInfo(error_type, "it broke")))
+    return job_id
+
+
+def test_cli_lists_cancels_and_retries_by_tag_and_error_type(store: ScriptStore) -> None:
+    queue, url = store.keys.name, store.t.url
+    timeouts = [_failed_with(store, "TimeoutError", ["tenant:1"]) for _ in range(3)]
+    _failed_with(store, "ValueError", ["tenant:1"])
+    added = run_cli("enqueue", queue, "{}", "--tag", "tenant:2", "--tag", "import", "--url", url)
+    assert added.returncode == 0, added.stderr
+    waiting_id = added.stdout.strip()
+    listed = run_cli("jobs", queue, "--tag", "tenant:2", "--url", url)
+    heading, *rows = listed.stdout.splitlines()
+    assert listed.returncode == 0 and heading.startswith("id\t"), listed
+    assert [row.split("\t")[0] for row in rows] == [waiting_id], listed
+    dead = run_cli("dlq", queue, "--error-type", "TimeoutError", "--json", "--url", url)
+    assert sorted(e["id"] for e in json.loads(dead.stdout)) == sorted(timeouts)
+    retried = run_cli("dlq", queue, "--retry", "--error-type", "TimeoutError", "--url", url)
+    assert retried.returncode == 0 and retried.stdout == "3 job(s) moved back to waiting\n"
+    again = run_cli("dlq", queue, "--retry", "--error-type", "TimeoutError", "--url", url)
+    assert again.stdout == "0 job(s) moved back to waiting\n"
+    cancelled = run_cli("cancel", queue, "--tag", "tenant:1", "--url", url)
+    assert cancelled.returncode == 0 and cancelled.stdout == f"3 job(s) cancelled in {queue!r}\n"
+    assert run_cli("cancel", queue, "--tag", "tenant:1", "--url", url).stdout.startswith("0 job")
+    with SyncQueueClient(url) as client:
+        counts = client.counts(queue)
+    assert counts[JobState.CANCELLED] == 3 and counts[JobState.FAILED] == 1
+    assert counts[JobState.WAITING] == 1
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("cancel", "Q"), "give a job ID, or --tag"),
+    (("cancel", "Q", "7", "--tag", "t"), "not both"),
+    (("dlq", "Q", "--retry", "7", "--error-type", "E"), "not both"),
+    (("enqueue", "Q", "{}", "--tag", "bad\ttag"), "control characters"),
+])
+def test_cli_bulk_misuse_is_one_line_exit_2(store: ScriptStore, args: tuple[str, ...],
+                                            fragment: str) -> None:
+    store.add_one()
+    queue = store.keys.name
+    proc = run_cli(*(queue if a == "Q" else a for a in args), "--url", store.t.url)
+    assert_user_error(proc, fragment)
+    assert proc.returncode == 2
+    with SyncQueueClient(store.t.url) as client:
+        assert client.counts(queue)[JobState.WAITING] == 1

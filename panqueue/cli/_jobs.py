@@ -32,6 +32,7 @@ _STATES = [s.value for s in JobState]
 _TABLE_STATES = [JobState.WAITING, JobState.DELAYED, JobState.BLOCKED, JobState.ACTIVE,
                  JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED]
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+_TAG = click.option("--tag", default=None, metavar="TAG", help="Only the jobs added with TAG.")
 
 
 @click.command()
@@ -44,8 +45,10 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead
               help="Higher runs first (-1,000,000 to 1,000,000; default 0).")
 @click.option("--job-id", default=None, metavar="ID",
               help="A custom id, not all digits (adding it twice is a no-op).")
+@click.option("--tag", "tags", multiple=True, metavar="TAG",
+              help="A tag to find the job by (repeat for more, up to 16).")
 def enqueue(queue: str, data: str, url: str, delay: float | None, priority: int | None,
-            job_id: str | None) -> None:
+            job_id: str | None, tags: tuple[str, ...]) -> None:
     """Add one job whose data is the JSON value JSON, and print its id.
 
     \b
@@ -57,7 +60,8 @@ def enqueue(queue: str, data: str, url: str, delay: float | None, priority: int 
     except json.JSONDecodeError as exc:
         raise UsageFailure(f"invalid JSON for the job data: {exc}") from None
     with client_for(url) as client:
-        handle = client.queue(queue).add(value, delay=delay, priority=priority, job_id=job_id)
+        handle = client.queue(queue).add(value, delay=delay, priority=priority, job_id=job_id,
+                                         tags=list(tags) or None)
     click.echo(handle.id)
 
 
@@ -102,8 +106,9 @@ def job(queue: str, job_id: str, url: str, as_json: bool) -> None:
     logs (the newest 1000 lines), result, error (type, message, traceback), failure_reason,
     history, options, enqueued_at, started_at, finished_at, expires_at and run_at (when a
     delayed job is due; ISO 8601, UTC), worker (the worker running an active job), for a job
-    waiting to run again after a failed attempt retry_of (that attempt) and max_attempts, and
-    log_lines (each line's at, attempt and message). An unknown ID exits 1.
+    waiting to run again after a failed attempt retry_of (that attempt) and max_attempts,
+    log_lines (each line's at, attempt and message), and tags (those it was added with). An
+    unknown ID exits 1.
     """
     with client_for(url) as client:
         info = client.get_job(queue, job_id)
@@ -176,9 +181,13 @@ def _table(state: JobState, found: list[JobInfo]) -> list[str]:
               show_default=True, help="List the jobs in this state.")
 @click.option("--limit", type=POSITIVE_INT, default=100, show_default=True,
               help="List at most N jobs.", metavar="N")
+@_TAG
+@click.option("--error-type", default=None, metavar="TYPE",
+              help="Only the jobs whose last error is of type TYPE (TimeoutError).")
 @url_option
 @_JSON
-def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
+def jobs(queue: str, state: str, limit: int, tag: str | None, error_type: str | None, url: str,
+         as_json: bool) -> None:
     """List the jobs of QUEUE in one state (client.list_jobs): claim order for waiting, due
     time for delayed, newest first for the finished states.
 
@@ -187,11 +196,12 @@ def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
     handler, delayed by the producer); active, when it started, for how long it has run and
     on which worker; failed, its failure reason, error type and message; completed, how long
     it took; waiting, for how long it has waited. --json prints the jobs as
-    `panqueue job --json` does.
+    `panqueue job --json` does. --tag and --error-type filter on the server; with --tag the
+    jobs come in the order they were added (finished states newest first).
     """
     with client_for(url) as client:
         require_queue(client, queue)
-        found = client.list_jobs(queue, state, limit=limit)
+        found = client.list_jobs(queue, state, tag=tag, error_type=error_type, limit=limit)
     if as_json:
         print_json([info.to_dict() for info in found])
     elif not found:
@@ -201,16 +211,37 @@ def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
             click.echo(line)
 
 
+_UNFINISHED = [JobState.WAITING.value, JobState.DELAYED.value, JobState.BLOCKED.value,
+               JobState.ACTIVE.value]
+
+
 @click.command()
 @click.argument("queue")
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="[ID]", required=False)
+@_TAG
+@click.option("--state", type=click.Choice(_UNFINISHED), default=None,
+              help="With --tag, or alone: cancel every job in this state.")
 @url_option
-def cancel(queue: str, job_id: str, url: str) -> None:
-    """Cancel job ID of QUEUE: it will not run; a running job is stopped by its worker.
+def cancel(queue: str, job_id: str | None, tag: str | None, state: str | None,
+           url: str) -> None:
+    """Cancel job ID of QUEUE, or every job that --tag and --state pick: it will not run; a
+    running job is stopped by its worker.
 
     Prints `ID: cancelled (was STATE)`. A job that already finished (completed, failed or
-    cancelled) is left as it is and exits 1, saying so; an unknown ID exits 1.
+    cancelled) is left as it is and exits 1, saying so; an unknown ID exits 1. With --tag or
+    --state, prints how many jobs were cancelled (finished ones are left as they are, so
+    running it again cancels only what is left).
     """
+    if job_id is not None and (tag is not None or state is not None):
+        raise UsageFailure("give a job ID or --tag / --state, not both")
+    if job_id is None:
+        if tag is None and state is None:
+            raise UsageFailure("give a job ID, or --tag / --state to cancel every job they pick")
+        with client_for(url) as client:
+            require_queue(client, queue)
+            n = client.cancel_jobs(queue, tag=tag, state=state)
+        click.echo(f"{n} job(s) cancelled in {queue!r}")
+        return
     with client_for(url) as client:
         was = client.cancel(queue, job_id)
     if was.is_final:
@@ -226,13 +257,28 @@ def cancel(queue: str, job_id: str, url: str) -> None:
 
 @click.command()
 @click.argument("queue")
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="[ID]", required=False)
+@_TAG
+@click.option("--state", type=click.Choice([s for s in _STATES if s != "active"]),
+              default=None, help="With --tag, or alone: remove every job in this state.")
 @url_option
-def remove(queue: str, job_id: str, url: str) -> None:
-    """Delete job ID of QUEUE and its record from Redis.
+def remove(queue: str, job_id: str | None, tag: str | None, state: str | None,
+           url: str) -> None:
+    """Delete job ID of QUEUE and its record from Redis, or every job that --tag and --state
+    pick (and prints how many).
 
     A running job is refused (cancel it first); an unknown ID exits 1.
     """
+    if job_id is not None and (tag is not None or state is not None):
+        raise UsageFailure("give a job ID or --tag / --state, not both")
+    if job_id is None:
+        if tag is None and state is None:
+            raise UsageFailure("give a job ID, or --tag / --state to remove every job they pick")
+        with client_for(url) as client:
+            require_queue(client, queue)
+            n = client.remove_jobs(queue, tag=tag, state=state)
+        click.echo(f"{n} job(s) removed from {queue!r}")
+        return
     with client_for(url) as client:
         if not client.remove(queue, job_id):
             raise RuntimeFailure(f"job {job_id!r} not found in queue {queue!r}")
@@ -246,26 +292,39 @@ def remove(queue: str, job_id: str, url: str) -> None:
 @click.argument("ids", metavar="[ID]...", nargs=-1)
 @click.option("--limit", type=POSITIVE_INT, default=100, show_default=True, metavar="N",
               help="List at most N jobs.")
+@_TAG
+@click.option("--error-type", default=None, metavar="TYPE",
+              help="Only the failed jobs whose last error is of type TYPE (TimeoutError).")
 @url_option
 @_JSON
-def dlq(queue: str, retry: bool, ids: tuple[str, ...], limit: int, url: str,
-        as_json: bool) -> None:
+def dlq(queue: str, retry: bool, ids: tuple[str, ...], limit: int, tag: str | None,
+        error_type: str | None, url: str, as_json: bool) -> None:
     """The dead-letter set (FAILED jobs) of QUEUE: the newest --limit, printed oldest first.
 
     Each line shows id, failure reason, attempts and last error. --json prints a list of
     {id, reason, error, attempts, finished_at}. --retry moves the failed jobs given by ID
     (all of them without IDs) back to waiting with a fresh set of attempts, and prints how
     many moved. A given ID that is unknown or not failed is named with its state on stderr and
-    the command exits 1 (the failed ones among the IDs still move).
+    the command exits 1 (the failed ones among the IDs still move). --tag and --error-type
+    pick the failed jobs to list, or with --retry to move back (every one they pick; running
+    it again moves only those that failed since).
     """
     if ids and not retry:
         raise UsageFailure("job IDs are only taken with --retry")
+    filtered = tag is not None or error_type is not None
+    if ids and filtered:
+        raise UsageFailure("give job IDs or --tag / --error-type, not both")
     with client_for(url) as client:
         require_queue(client, queue)
+        if retry and filtered:
+            moved = client.retry_failed(queue, tag=tag, error_type=error_type)
+            click.echo(f"{moved} job(s) moved back to waiting")
+            return
         if retry:
             _retry(client, queue, ids)
             return
-        failed = client.list_jobs(queue, JobState.FAILED, limit=limit)
+        failed = client.list_jobs(queue, JobState.FAILED, tag=tag, error_type=error_type,
+                                  limit=limit)
     entries: list[dict[str, Any]] = [{
         "id": info.id,
         "reason": info.failure_reason,
