@@ -41,7 +41,7 @@ from panqueue._store.ops import partitions as parted
 from panqueue._store.ops.explain import Tool
 from panqueue._store.ops.timings import Timings
 from panqueue._url import resolve_url
-from panqueue.errors import ConnectionError
+from panqueue.errors import ConnectionError, PanqueueError
 
 __all__ = ["QueueClient", "SyncQueueClient"]
 
@@ -212,6 +212,24 @@ class QueueClient:
         for name in names:
             found += await self._run(ops.workers(QueueKeys(name)))
         return ops.worker_processes(found)
+
+    async def control(self, worker_name: str, command: str | None = None, *,
+                      concurrency: int | None = None) -> None:
+        """Tell a live worker to ``"stop"`` (as on SIGTERM: it claims nothing more and lets its
+        running jobs finish within its grace period), ``"pause"`` (it claims nothing until
+        ``"resume"``; running jobs go on) or ``"resume"``, or to run up to ``concurrency`` jobs
+        at once from now on. The worker applies it at its next heartbeat. ``worker_name`` is
+        the name :meth:`workers` lists; a worker serving several queues gets the command in
+        each. A process's name as :meth:`worker_processes` lists it (``host:pid`` for one whose
+        workers have names of their own, ``WorkerPool`` without ``name=``) tells every worker
+        of that process (``concurrency`` is then each one's). Raises :class:`PanqueueError`
+        when no live worker has that name."""
+        wire = ops.control_command(command, concurrency)
+        queues = await self.queues()
+        targets = ops.control_targets(worker_name, await self.worker_processes(), queues)
+        told = await self._run(ops.control(targets, wire))
+        if not told:
+            raise PanqueueError(_no_worker(worker_name))
 
     async def explain(self, queue: str, job_id: str, *, tool: Tool = "python") -> Explanation:
         """Why the job is in its state, from Redis alone: paused, delayed until when (a retry:
@@ -392,6 +410,14 @@ class SyncQueueClient:
             found += self._run(ops.workers(QueueKeys(name)))
         return ops.worker_processes(found)
 
+    def control(self, worker_name: str, command: str | None = None, *,
+                concurrency: int | None = None) -> None:
+        """Blocking :meth:`QueueClient.control`."""
+        wire = ops.control_command(command, concurrency)
+        targets = ops.control_targets(worker_name, self.worker_processes(), self.queues())
+        if not self._run(ops.control(targets, wire)):
+            raise PanqueueError(_no_worker(worker_name))
+
     def explain(self, queue: str, job_id: str, *, tool: Tool = "python") -> Explanation:
         """Blocking :meth:`QueueClient.explain`."""
         return self._run(self.producer.on_job(queue, job_id, ops.explain, tool))
@@ -425,6 +451,11 @@ class SyncQueueClient:
                 time.sleep(tail.backoff())
                 continue
             yield from batch
+
+
+def _no_worker(name: str) -> str:
+    return (f"no live worker named {name!r} (`panqueue workers` lists them; a worker that "
+            "stopped or died is gone within three heartbeats)")
 
 
 def _states(states: Iterable[JobState | str] | None) -> list[JobState | str] | None:

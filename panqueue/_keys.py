@@ -349,6 +349,10 @@ class QueueKeys:
         """Keyed mode: the list of the waiting jobs of concurrency key ``key``."""
         return f"{self.prefix}k:wait:{key}"
 
+    def control(self, name: str) -> str:
+        """The commands waiting for worker ``name`` (a LIST, lua/control.lua)."""
+        return f"{self.prefix}control:{name}"
+
     def tag(self, tag: str) -> str:
         """The jobs that carry ``tag``, in the order they were added (a ZSET, lua/select.lua)."""
         return f"{self.prefix}tag:{tag}"

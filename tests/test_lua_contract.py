@@ -44,6 +44,7 @@ from panqueue._store.ops.base import (
     DEFAULT_KEEP_HISTORY,
 )
 from panqueue._store.ops.explain import explain
+from panqueue._store.ops.workers import control as control_worker
 from panqueue._store.ops.workers import workers
 from panqueue._store.transport import Batch, Command, ScriptCall
 
@@ -202,6 +203,7 @@ CASES = [
     Case("promote", "due", lambda: tr.promote(K)),
     Case("heartbeat", "beat", lambda: tr.heartbeat(K, "w", 1000, host="h", pid=1, queues=["q"],
                                                    concurrency=1, running=[])),
+    Case("control", "stop", lambda: control_worker([("w", ["q"])], "stop")),
     Case("heartbeat", "leave", lambda: tr.leave_registry(K, "w")),
     Case("setup", "worker", lambda: queue.setup_queue(K, "global", 1, 0, 0, False)),
     Case("pause", "pause", lambda: queue.pause(K, True)),

@@ -69,10 +69,10 @@ class ChunkClaimer(ClaimLoop):
             try:
                 chunk = await self._gather()
             except BaseException:
-                self._slots.release()
+                self._free_slot()
                 raise
             if not chunk:  # stopping
-                self._slots.release()
+                self._free_slot()
                 break
             self._slot_started()
             tg.start_soon(self._run_slot, chunk)

@@ -74,6 +74,12 @@ class ClaimLoop:
         self._poll_interval = poll_interval
         self._trouble = Trouble(log, "claiming jobs", episode_of(transport))
         self._slots = anyio.Semaphore(concurrency)
+        # Slots to take back as they come free, after a command lowered the concurrency (or
+        # paused the worker: no slot at all); the concurrency to return to on resume.
+        self.concurrency = concurrency
+        self._owed = 0
+        self.paused = False
+        self._resume_to = concurrency
         # How long an idle registration lasts: the loop claims again within the poll interval.
         self._idle_ms = max(1, int(poll_interval * 1000))
         # Tokens of idle registrations still to withdraw, and jobs handed over, not yet started.
@@ -110,6 +116,60 @@ class ClaimLoop:
         self._stop_by = min(self._stop_by, by)
         if self._call_scope is not None:
             self._call_scope.deadline = min(self._call_scope.deadline, self._stop_by)
+
+    @property
+    def holding_back(self) -> bool:
+        """Paused, or owed slots after the concurrency was lowered: a finished job frees its
+        slot instead of claiming the next one with its recording."""
+        return self.paused or self._owed > 0
+
+    @property
+    def declared(self) -> tuple[int, bool]:
+        """The concurrency to report in the worker's entry, and whether it is paused."""
+        return (self._resume_to if self.paused else self.concurrency), self.paused
+
+    def set_concurrency(self, n: int) -> None:
+        """Run up to ``n`` jobs at once from now on (a paused loop keeps it for its resume).
+        Running jobs are never stopped: above ``n``, slots are taken back as they free."""
+        if self.paused:
+            self._resume_to = n
+        else:
+            self._resize(n)
+
+    def pause(self) -> None:
+        """Claim nothing (the running jobs go on) until :meth:`resume`."""
+        if not self.paused:
+            self._resume_to = self.concurrency
+            self._resize(0)
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self._resize(self._resume_to)
+            self._wakeups.wake()
+
+    def _resize(self, n: int) -> None:
+        change, self.concurrency = n - self.concurrency, n
+        if change >= 0:
+            repaid = min(self._owed, change)
+            self._owed -= repaid
+            for _ in range(change - repaid):
+                self._slots.release()
+            return
+        self._owed -= change
+        while self._owed:
+            try:
+                self._slots.acquire_nowait()
+            except anyio.WouldBlock:
+                break
+            self._owed -= 1
+
+    def _free_slot(self) -> None:
+        if self._owed:
+            self._owed -= 1
+        else:
+            self._slots.release()
 
     def _start_handed(self) -> None:
         """Jobs were just handed over (they are in ``_handed``). Default: the loop takes
@@ -291,7 +351,7 @@ class ClaimLoop:
 
     def _release_slots(self, n: int) -> None:
         for _ in range(n):
-            self._slots.release()
+            self._free_slot()
 
     def _slot_started(self) -> None:
         self.busy += 1
@@ -302,7 +362,7 @@ class ClaimLoop:
         self.busy -= 1
         if self.busy == 0:
             self.idle.set()
-        self._slots.release()
+        self._free_slot()
 
 
 class Claimer(ClaimLoop):

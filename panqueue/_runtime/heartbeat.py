@@ -3,13 +3,17 @@ jobs it runs, live for three beats, removed at a clean stop (``client.workers()`
 
 While a handler blocks the event loop, the beats stop with everything else on it; the
 watchdog thread (``watchdog.py``) then writes the same entry (:meth:`Heartbeat.writes`) with
-how long the loop has been blocked, so a live worker stays listed, marked as blocked."""
+how long the loop has been blocked, so a live worker stays listed, marked as blocked.
+
+The loop's own beat also takes the commands an operator queued for the worker
+(``client.control``: stop, pause, resume, a new concurrency) and hands them to the worker, so
+a command is applied within one heartbeat interval."""
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -31,12 +35,14 @@ class Heartbeat:
     """Beats for one worker on one queue. ``running`` returns the ids of the jobs it runs now."""
 
     def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *, name: str,
-                 concurrency: int, running: Callable[[], list[str]], interval: float,
-                 log: Any) -> None:
+                 concurrency: Callable[[], tuple[int, bool]], running: Callable[[], list[str]],
+                 interval: float, log: Any,
+                 on_commands: Callable[[list[str]], Awaitable[None]] | None = None) -> None:
         self._transport = transport
         self._parts = parts  # every partition has the entry: explain reads its own
         self._name = name
-        self._concurrency = concurrency
+        self._concurrency = concurrency  # (concurrency now, paused by a command)
+        self._on_commands = on_commands
         self._running = running
         self.interval = interval
         self._ttl_ms = max(1, int(interval * BEATS_PER_TTL * 1000))
@@ -44,18 +50,27 @@ class Heartbeat:
         self._pid = os.getpid()
         self._trouble = Trouble(log, "worker heartbeat", episode_of(transport))
 
-    def writes(self, loop_blocked_ms: int = 0) -> list[Op[int]]:
+    def writes(self, loop_blocked_ms: int = 0, take_commands: bool = False
+               ) -> list[Op[tuple[int, list[str]]]]:
         """The writes of one beat, one per partition (also run from the watchdog's thread,
-        with ``loop_blocked_ms`` > 0, while the loop is blocked)."""
+        with ``loop_blocked_ms`` > 0, while the loop is blocked). ``take_commands``: the home
+        partition's write takes the commands queued for the worker."""
         running = self._running()
+        concurrency, paused = self._concurrency()
         return [transitions.heartbeat(
             keys, self._name, self._ttl_ms, host=self._host, pid=self._pid,
-            queues=[keys.name], concurrency=self._concurrency, running=running,
-            loop_blocked_ms=loop_blocked_ms) for keys in self._parts]
+            queues=[keys.name], concurrency=concurrency, running=running,
+            loop_blocked_ms=loop_blocked_ms, paused=paused,
+            take_commands=take_commands and index == 0)
+            for index, keys in enumerate(self._parts)]
 
     async def beat(self) -> None:
-        for write in self.writes():
-            await self._transport.run(write)
+        commands: list[str] = []
+        for write in self.writes(take_commands=self._on_commands is not None):
+            _, taken = await self._transport.run(write)
+            commands += taken
+        if commands and self._on_commands is not None:
+            await self._on_commands(commands)
 
     async def run(self) -> None:
         """Beat until cancelled. A failed beat is retried sooner; the entry lives on meanwhile

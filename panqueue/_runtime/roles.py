@@ -124,10 +124,12 @@ class Roles:
                  parts: list[QueueKeys], *, tokens: Tokens, attempts: Attempts, log: Any,
                  process: Process, counted: Count, stopping: Callable[[], bool],
                  forced: Callable[[], bool],
-                 on_failure: Callable[[], Sequence[FailureCallback]] = tuple) -> None:
+                 on_failure: Callable[[], Sequence[FailureCallback]] = tuple,
+                 stop: Callable[[], None] | None = None) -> None:
         options, queue = shape.options, parts[0].name
         self._worker, self._shape, self._transport, self._parts = worker, shape, transport, parts
         self._attempts, self._log = attempts, log
+        self._stop = stop  # the worker's stop, for a "stop" command (client.control)
         self._joined = False  # the first beat was sent: the entry is removed at the end
         self._closed = False  # the last steps (close) have run
         self.executor = executor = create_executor(worker.handler)
@@ -136,7 +138,9 @@ class Roles:
             keep_completed=options.retention.completed, keep_failed=options.retention.failed,
             concurrency=worker.concurrency,
             # With a shared rate window, recordings claim nothing (see Shape.shared_rate).
-            stopping=stopping if shape.shared_rate is None else lambda: True, log=log,
+            # A paused worker, or one whose concurrency was lowered, frees the slot instead.
+            stopping=(lambda: stopping() or self.claimer.holding_back)
+            if shape.shared_rate is None else lambda: True, log=log,
             max_snoozes=options.max_snoozes) for keys in parts]
         self.runner = AttemptRunner(executor, queue, options.job, attempts, self._report,
                                     self._release, max_payload_bytes=worker.max_payload_bytes)
@@ -164,9 +168,9 @@ class Roles:
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
             retention=options.retention, schedules=worker.schedules, log=log)
         self.beats = Heartbeat(
-            transport, parts, name=worker.name, concurrency=worker.concurrency,
+            transport, parts, name=worker.name, concurrency=lambda: self.claimer.declared,
             running=lambda: [job_id for job_id, _ in attempts.locks()],
-            interval=worker.heartbeat_interval, log=log)
+            interval=worker.heartbeat_interval, log=log, on_commands=self.apply_commands)
         # The watchdog keeps the locks and the registry entry while the loop is blocked.
         self.watchdog = LoopWatchdog(
             url=worker.url, prefix=worker.prefix, parts=parts, handler=worker.handler,
@@ -211,6 +215,25 @@ class Roles:
             loops.append(partial(log_summary, self._worker, self._worker.summary_interval,
                                  self._log))
         return loops
+
+    async def apply_commands(self, commands: list[str]) -> None:
+        """Apply the commands an operator queued for this worker (``client.control``), in
+        order: stop (as on SIGTERM), pause (withdraw the idle registration, claim nothing),
+        resume, or ``concurrency:<n>``. An unknown one is logged and skipped."""
+        for command in commands:
+            name, _, value = command.partition(":")
+            self._log.info("control command received", command=command)
+            if name == "stop" and self._stop is not None:
+                self._stop()
+            elif name == "pause":
+                self.claimer.pause()
+                await self.withdraw()  # jobs handed to it meanwhile go back to waiting
+            elif name == "resume":
+                self.claimer.resume()
+            elif name == "concurrency" and value.isdigit() and int(value) > 0:
+                self.claimer.set_concurrency(int(value))
+            else:
+                self._log.warning("unknown control command ignored", command=command)
 
     async def withdraw(self) -> None:
         """End the claim loop's idle registration and release the jobs handed to it that did

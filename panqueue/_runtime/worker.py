@@ -230,7 +230,7 @@ class Worker:
             self, self._shape, transport, parts, tokens=self._tokens, attempts=self._attempts,
             log=self._log, process=self._process, counted=self._counted,
             on_failure=lambda: self._registry.failure_callbacks,
-            stopping=lambda: self._stopping, forced=self._force.is_set)
+            stopping=lambda: self._stopping, forced=self._force.is_set, stop=self._begin_stop)
         if self._stopping:  # since before the roles were built
             roles.claimer.stop(by=self._drain_until)
         return roles, await roles.start(self._when_served, starting)

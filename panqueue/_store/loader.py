@@ -121,6 +121,7 @@ class _Scripts:
         self.relayout = _load("relayout")
         self.declare = _load("declare")
         self.heartbeat = _load("heartbeat")
+        self.control = _load("control")
         self.workers = _load("workers")
         self.purge = _load("purge")
         self.batch_open = _load("batch_open")

@@ -328,23 +328,30 @@ def promote(keys: QueueKeys) -> Op[int]:
 
 def heartbeat(keys: QueueKeys, name: str, ttl_ms: int, *, host: str, pid: int,
               queues: Sequence[str], concurrency: int, running: Sequence[str],
-              loop_blocked_ms: int = 0) -> Op[int]:
+              loop_blocked_ms: int = 0, paused: bool = False, take_commands: bool = False
+              ) -> Op[tuple[int, list[str]]]:
     """Write this worker's entry in the queue's registry, live for ``ttl_ms`` (the server
     stamps the beat and keeps the first beat's time as the start). ``loop_blocked_ms``: the
     worker's event loop has not run for that long (the watchdog thread writes the entry
-    then); the server turns it into the time the blockage began. Returns the server time."""
+    then); the server turns it into the time the blockage began. ``paused``: the worker was
+    paused by a command. Returns the server time and, with ``take_commands``, the commands
+    queued for the worker (``client.control``, lua/control.lua), oldest first."""
     fields: dict[str, Any] = {"host": host, "pid": pid, "queues": list(queues),
                               "concurrency": concurrency, "running": list(running)}
     if loop_blocked_ms > 0:
         fields["loop_blocked_ms"] = loop_blocked_ms
+    if paused:
+        fields["paused"] = True
     record = encode(fields)
-    now = yield _call(SCRIPTS.heartbeat, keys, (name, ttl_ms, record))
-    return int(now)
+    reply = yield _call(SCRIPTS.heartbeat, keys,
+                        (name, ttl_ms, record, "1" if take_commands else ""))
+    return int(reply[0]), [command.decode() for command in reply[1:]]
+
 
 
 def leave_registry(keys: QueueKeys, name: str) -> Op[None]:
     """Remove this worker's entry from the queue's registry (a clean stop)."""
-    yield _call(SCRIPTS.heartbeat, keys, (name, 0, b""))
+    yield _call(SCRIPTS.heartbeat, keys, (name, 0, b"", ""))
 
 
 def take_starts(keys: QueueKeys, wanted: int, limit: int, per_ms: int, name: str

@@ -46,6 +46,7 @@ def _process_line(p: WorkerProcess) -> str:
     return (f"{p.name}\t{p.host}:{p.pid}\t{','.join(p.queues)}\t"
             f"running {len(p.running)}/{p.concurrency}" + (f" ({shown})" if shown else "")
             + f"\tbeat {p.heartbeat_at.isoformat()}"
+            + ("\tpaused" if p.paused else "")
             + ("" if p.loop_blocked_since is None else
                f"\tevent loop blocked since {p.loop_blocked_since.isoformat()}"))
 
@@ -113,15 +114,46 @@ def info(interval: float | None, url: str, as_json: bool) -> None:
 @click.argument("queue", required=False)
 @url_option
 @_JSON
-def workers(queue: str | None, url: str, as_json: bool) -> None:
+@click.option("--stop", "stop_name", metavar="NAME", default=None,
+              help="Tell worker NAME to stop (as on SIGTERM: running jobs finish first).")
+@click.option("--pause", "pause_name", metavar="NAME", default=None,
+              help="Tell worker NAME to claim nothing until --resume (running jobs go on).")
+@click.option("--resume", "resume_name", metavar="NAME", default=None,
+              help="Tell a paused worker NAME to claim again.")
+@click.option("--concurrency", "concurrency", metavar="NAME=N", default=None,
+              help="Tell worker NAME to run up to N jobs at once.")
+def workers(queue: str | None, url: str, as_json: bool, stop_name: str | None,
+            pause_name: str | None, resume_name: str | None, concurrency: str | None) -> None:
     """The live worker processes (of QUEUE, or of every queue), from their heartbeats and
-    the locks of the jobs they run.
+    the locks of the jobs they run; or a command for one of them (client.control), which it
+    applies at its next heartbeat.
 
     One line per process, whatever number of queues it serves: name, host:pid, its queues,
-    the jobs it runs over its slots (on all its queues) and its last beat. A worker that was
-    killed is shown with the jobs it held until its entry expires (three heartbeats). --json
-    prints one object per process, with its per-queue entries under "workers".
+    the jobs it runs over its slots (on all its queues), its last beat and "paused" when it
+    is. A worker that was killed is shown with the jobs it held until its entry expires
+    (three heartbeats). --json prints one object per process, with its per-queue entries
+    under "workers". A command names a process as its line does (every queue it serves gets
+    it); a name with no live worker exits 1.
     """
+    commands = [(name, command) for name, command in (
+        (stop_name, "stop"), (pause_name, "pause"), (resume_name, "resume")) if name]
+    if concurrency is not None:
+        name, _, value = concurrency.rpartition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise UsageFailure(f"--concurrency takes NAME=N with N a whole number >= 1, got "
+                               f"{concurrency!r}")
+        commands.append((name, f"concurrency={value}"))
+    if len(commands) > 1:
+        raise UsageFailure("give one of --stop, --pause, --resume, --concurrency at a time")
+    if commands:
+        [(name, command)] = commands
+        with client_for(url) as client:
+            if command.startswith("concurrency="):
+                client.control(name, concurrency=int(command.partition("=")[2]))
+            else:
+                client.control(name, command)
+        click.echo(f"{name}: {command.replace('=', ' ')} sent (applied at its next heartbeat)")
+        return
     with client_for(url) as client:
         if queue:
             require_queue(client, queue)

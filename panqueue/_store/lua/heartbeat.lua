@@ -6,13 +6,16 @@
 -- ARGV[3]  the worker's record (msgpack map: host, pid, queues, concurrency, running, and
 --          loop_blocked_ms when the worker's watchdog thread writes it while the event loop is
 --          blocked: how long it has been)
--- Returns  the server time (ms) of the beat
+-- ARGV[4]  '1': take the commands queued for the worker (control.lua); absent or '': leave them
+--          (a beat of the watchdog's thread, which cannot apply them)
+-- Returns  {the server time (ms) of the beat, command...}: the commands taken, oldest first
 --
 -- Invariants: a name is in "workers" exactly when it has a record in "worker_info"; the score
 -- is when the entry expires (beat time + TTL). The script adds the server times to the record:
 -- "beat" (this beat), "started" (the first beat of the entry, kept by later beats) and, for a
 -- blocked loop, "loop_blocked_since" (now - loop_blocked_ms); a beat of the loop itself has
 -- none, so the mark goes as soon as the loop beats again.
+--          Commands are taken by the loop's own beat only, each once, in order.
 --!include layout.lua
 
 local name = ARGV[1]
@@ -21,7 +24,7 @@ local now = now_ms()
 if ttl <= 0 then
   redis.call('ZREM', K_WORKERS, name)
   redis.call('HDEL', K_WORKER_INFO, name)
-  return now
+  return {now}
 end
 local record = cmsgpack.unpack(ARGV[3])
 local started = now
@@ -37,4 +40,14 @@ if record.loop_blocked_ms then
 end
 redis.call('ZADD', K_WORKERS, now + ttl, name)
 redis.call('HSET', K_WORKER_INFO, name, cmsgpack.pack(record))
-return now
+local reply = {now}
+if ARGV[4] == '1' then
+  local key = control_key(name)
+  for _, command in ipairs(redis.call('LRANGE', key, 0, -1)) do
+    reply[#reply + 1] = command
+  end
+  if #reply > 1 then
+    redis.call('DEL', key)
+  end
+end
+return reply

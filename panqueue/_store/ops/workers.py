@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from panqueue._check import check_int
 from panqueue._codec import decode
 from panqueue._job import from_ms
 from panqueue._keys import QueueKeys
@@ -28,13 +29,18 @@ from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import script_call
 from panqueue._store.tokens import parse_lock_token
 from panqueue._store.transport import Batch, Command, Op
+from panqueue.errors import ConfigError
 
-__all__ = ["WorkerInfo", "WorkerProcess", "holders", "merge_workers", "worker_processes",
-           "workers"]
+__all__ = ["CONTROL_COMMANDS", "WorkerInfo", "WorkerProcess", "control", "control_command",
+           "control_targets", "holders", "merge_workers", "worker_processes", "workers"]
 
 # How many running jobs of a queue are read for the worker that holds each (their lock
 # tokens). Past this, a worker's running jobs are those of its last beat.
 ACTIVE_SCAN = 1000
+# What ``client.control`` can ask of a worker (besides ``concurrency=N``).
+CONTROL_COMMANDS = ("stop", "pause", "resume")
+# The most a command may set a worker's concurrency to.
+MAX_CONCURRENCY = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,46 @@ class WorkerInfo:
     started_at: datetime
     heartbeat_at: datetime
     loop_blocked_since: datetime | None = None
+    #: Paused by ``client.control(name, "pause")``: it runs what it holds and claims nothing.
+    paused: bool = False
+
+
+def control_command(command: str | None, concurrency: int | None) -> str:
+    """``client.control``'s arguments as the command a worker reads (lua/control.lua), or
+    :class:`ConfigError` naming what is wrong."""
+    if (command is None) == (concurrency is None):
+        raise ConfigError("control takes one command: \"stop\", \"pause\", \"resume\", or "
+                          "concurrency=N")
+    if concurrency is not None:
+        check_int(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
+        return f"concurrency:{concurrency}"
+    if command not in CONTROL_COMMANDS:
+        raise ConfigError(f"unknown control command {command!r} (one of: "
+                          f"{', '.join(CONTROL_COMMANDS)}, or concurrency=N)")
+    return command
+
+
+def control_targets(name: str, processes: Sequence[WorkerProcess], queues: Sequence[str]
+                    ) -> list[tuple[str, list[str]]]:
+    """Whom ``client.control(name, ...)`` tells, as (worker name, its queues): every worker of
+    the process whose row is named ``name`` (``host:pid`` for a process whose workers have
+    names of their own), else the worker ``name`` in each of ``queues``."""
+    for process in processes:
+        if process.name == name:
+            return [(w.name, list(w.queues)) for w in process.workers]
+    return [(name, list(queues))]
+
+
+def control(targets: Sequence[tuple[str, Sequence[str]]], command: str) -> Op[list[str]]:
+    """Queue ``command`` for each worker of ``targets`` (name, queues) in each of its queues
+    where it has a live entry (in the queue's home partition, whose beat takes it); returns
+    the queues told."""
+    told = []
+    for name, queues in targets:
+        for queue in queues:
+            if (yield script_call(SCRIPTS.control, QueueKeys(queue), name, command)):
+                told.append(queue)
+    return told
 
 
 def holders(keys: QueueKeys) -> Op[dict[str, str | None]]:
@@ -98,6 +144,7 @@ def workers(keys: QueueKeys) -> Op[list[WorkerInfo]]:
             started_at=started,
             heartbeat_at=beat,
             loop_blocked_since=from_ms(record.get("loop_blocked_since")),
+            paused=bool(record.get("paused")),
         ))
     return sorted(found, key=lambda w: w.name)
 
@@ -131,6 +178,7 @@ def merge_workers(found: list[WorkerInfo]) -> list[WorkerInfo]:
             loop_blocked_since=min((s for s in (seen.loop_blocked_since,
                                                 info.loop_blocked_since) if s is not None),
                                    default=None),
+            paused=seen.paused or info.paused,
         )
     return sorted(merged.values(), key=lambda w: w.name)
 
@@ -156,6 +204,8 @@ class WorkerProcess:
     heartbeat_at: datetime
     loop_blocked_since: datetime | None = None
     workers: list[WorkerInfo] = field(default_factory=list)
+    #: Paused by ``client.control(name, "pause")`` (any of its workers is).
+    paused: bool = False
 
 
 def worker_processes(found: list[WorkerInfo]) -> list[WorkerProcess]:
@@ -183,5 +233,6 @@ def worker_processes(found: list[WorkerInfo]) -> list[WorkerProcess]:
             loop_blocked_since=min((w.loop_blocked_since for w in members
                                     if w.loop_blocked_since is not None), default=None),
             workers=members,
+            paused=any(w.paused for w in members),
         ))
     return sorted(rows, key=lambda p: (p.name, p.host, p.pid))

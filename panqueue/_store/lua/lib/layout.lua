@@ -20,16 +20,14 @@
 --   b  the batch the job belongs to (batch_*.lua; its ending goes to "batch_outbox")
 --   ih partitioned queues: "<home partition>\t<token>" of the pointer in its custom id's home
 --      partition (lib/identity.lua); deleting the job queues its removal ("id_outbox")
---   tg the job's tags, separated by newlines (add's tags=; each is indexed in "tag:<tag>")
+--   tg its tags, newline-separated, each indexed in ZSET "tag:<tag>" (job -> meta "tgn" rank)
 -- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua).
--- Tags: ZSET "tag:<tag>" (job id -> its rank among tagged adds, meta "tgn"): add_job writes
--- it, delete_job takes the job out, so it holds exactly the stored jobs with that tag.
 --
 -- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
 -- read by exports (panqueue.spark.export_history) through their consumer group.
 -- Worker registry: ZSET "workers" (worker name -> when its entry expires, ms) and HASH
 -- "worker_info" (worker name -> its record, msgpack); heartbeat.lua writes both, workers.lua
--- reads them and prunes the expired.
+-- reads them and prunes the expired. LIST "control:<name>": commands for it (control.lua).
 -- Idle workers (ZSET "idle", lib/handoff.lua): "<lock ttl ms>:<claim token>" -> when the
 -- registration expires (ms); an add hands a job straight to one of them.
 -- Batches: ZSET "batch_outbox" ("<batch>\t<job>\t<state>" -> when the job ended; lib/finish.lua
@@ -75,7 +73,9 @@ end
 local function logs_key(id)
   return P .. 'job:' .. id .. ':logs'
 end
-
+local function control_key(name)
+  return P .. 'control:' .. name
+end
 local function tag_key(tag)
   return P .. 'tag:' .. tag
 end

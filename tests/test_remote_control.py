@@ -1,0 +1,156 @@
+"""Remote control (``client.control``, ``panqueue workers --stop/--pause/--resume/
+--concurrency``): a real worker process applies a command at its next heartbeat: it changes
+how many jobs it runs at once, stops claiming and claims again, and stops as on SIGTERM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from panqueue import ConfigError, JobState, PanqueueError, SyncQueueClient
+from tests.helpers import ROOT, run_cli, subprocess_env, wait_until
+from tests.test_cli import assert_user_error
+
+BEAT = 0.5  # the worker's heartbeat interval in these tests
+JOB_SECONDS = 0.4
+# A command is applied at the worker's next beat: within one interval, plus the time to claim.
+WITHIN = BEAT + 1.0
+
+WORKER = textwrap.dedent("""
+    import sys
+
+    import anyio
+
+    from panqueue import Job, Registry, Worker
+
+    url, queue, name = sys.argv[1:4]
+    registry = Registry()
+
+
+    @registry.handler(queue)
+    async def slow(job: Job[float]) -> None:
+        await anyio.sleep(job.data)
+
+
+    async def main() -> None:
+        worker = Worker(registry, queue, url=url, name=name, concurrency=1,
+                        heartbeat_interval={beat})
+        await worker.run()
+        print("worker returned", flush=True)
+
+
+    anyio.run(main)
+""").format(beat=BEAT)
+
+
+@pytest.fixture
+def worker_process(tmp_path: Path, redis_url: str, queue_name: str
+                   ) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    script = tmp_path / "control_worker.py"
+    script.write_text(WORKER)
+    name = f"ctl-{queue_name}"
+    process = subprocess.Popen([sys.executable, str(script), redis_url, queue_name, name],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=subprocess_env(), cwd=ROOT)
+    try:
+        with SyncQueueClient(redis_url) as client:
+            wait_until(lambda: any(w.name == name for w in client.workers(queue_name)),
+                       timeout=20, what="the worker's first heartbeat")
+        yield process, name
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()
+        process.stderr.close()
+
+
+def _active(client: SyncQueueClient, queue: str) -> int:
+    return client.counts(queue)[JobState.ACTIVE]
+
+
+def _within(predicate: object, seconds: float, what: str) -> None:
+    assert callable(predicate)
+    wait_until(predicate, timeout=seconds, what=what)
+
+
+def test_a_worker_applies_concurrency_pause_resume_and_stop_within_a_heartbeat(
+        redis_url: str, queue_name: str,
+        worker_process: tuple[subprocess.Popen[str], str]) -> None:
+    process, name = worker_process
+    with SyncQueueClient(redis_url) as client:
+        client.queue(queue_name).add_bulk([JOB_SECONDS] * 200)
+        _within(lambda: _active(client, queue_name) == 1, 5, "one job running")
+        peak = 0
+        deadline = time.monotonic() + 3 * JOB_SECONDS
+        while time.monotonic() < deadline:  # concurrency 1: never more than one at a time
+            peak = max(peak, _active(client, queue_name))
+        assert peak == 1
+
+        client.control(name, concurrency=4)
+        _within(lambda: _active(client, queue_name) == 4, WITHIN, "four jobs running")
+        _within(lambda: [w.concurrency for w in client.workers(queue_name)] == [4], WITHIN,
+                "the entry to report concurrency 4")
+
+        client.control(name, "pause")
+        # The jobs it holds finish; it claims nothing more.
+        _within(lambda: _active(client, queue_name) == 0, WITHIN + JOB_SECONDS,
+                "the paused worker to run nothing")
+        waiting = client.counts(queue_name)[JobState.WAITING]
+        time.sleep(3 * BEAT)  # a paused worker must stay idle for a while: nothing to await
+        assert _active(client, queue_name) == 0
+        assert client.counts(queue_name)[JobState.WAITING] == waiting
+        [entry] = client.workers(queue_name)
+        assert entry.paused and entry.concurrency == 4
+
+        client.control(name, concurrency=2)  # kept for the resume
+        client.control(name, "resume")
+        _within(lambda: _active(client, queue_name) == 2, WITHIN, "two jobs running again")
+
+        client.control(name, "stop")
+        process.wait(timeout=WITHIN + JOB_SECONDS + 10)
+        assert process.returncode == 0
+        assert process.stdout is not None and "worker returned" in process.stdout.read()
+        assert client.workers(queue_name) == []
+        assert _active(client, queue_name) == 0  # the running jobs finished first
+        with pytest.raises(PanqueueError, match=f"no live worker named '{name}'"):
+            client.control(name, "resume")
+
+
+def test_control_refuses_bad_commands_before_writing(redis_url: str) -> None:
+    with SyncQueueClient(redis_url) as client:
+        with pytest.raises(ConfigError, match="unknown control command 'halt'"):
+            client.control("w", "halt")
+        with pytest.raises(ConfigError, match="one command"):
+            client.control("w", "stop", concurrency=2)
+        with pytest.raises(ConfigError, match="concurrency"):
+            client.control("w", concurrency=0)
+
+
+def test_cli_workers_stop_and_concurrency(
+        redis_url: str, queue_name: str,
+        worker_process: tuple[subprocess.Popen[str], str]) -> None:
+    process, name = worker_process
+    with SyncQueueClient(redis_url) as client:
+        client.queue(queue_name).add_bulk([JOB_SECONDS] * 100)
+        sent = run_cli("workers", "--concurrency", f"{name}=3", "--url", redis_url)
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stdout == f"{name}: concurrency 3 sent (applied at its next heartbeat)\n"
+        _within(lambda: _active(client, queue_name) == 3, WITHIN, "three jobs running")
+        stopped = run_cli("workers", "--stop", name, "--url", redis_url)
+        assert stopped.returncode == 0, stopped.stderr
+        process.wait(timeout=WITHIN + JOB_SECONDS + 10)
+        assert process.returncode == 0
+    unknown = run_cli("workers", "--stop", "nobody", "--url", redis_url)
+    assert_user_error(unknown, "no live worker named 'nobody'")
+    assert unknown.returncode == 1
+    bad = run_cli("workers", "--concurrency", "w=zero", "--url", redis_url)
+    assert_user_error(bad, "--concurrency takes NAME=N")
+    assert bad.returncode == 2
