@@ -9,7 +9,9 @@ Two sources, two scrape targets:
   :meth:`~WorkerMetrics.executor_restarted`); a worker without a
   metrics object skips them at the cost of one ``is None`` check.
 - :class:`QueueCollector`: gauges read from Redis at scrape time (``panqueue metrics``): jobs
-  by state, lag, paused, live workers. One such exporter per Redis deployment is enough.
+  by state, lag, paused, live workers, and for autoscaling each queue's backlog (waiting plus
+  due delayed jobs) and the age of its oldest ready job. One such exporter per Redis
+  deployment is enough.
 
 Only this module imports ``prometheus_client``; the rest of panqueue does not need it.
 """
@@ -31,6 +33,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobState
 from panqueue._lag import lag_seconds
+from panqueue._store.ops.partitions import all_due_delayed
 
 __all__ = ["OUTCOMES", "QueueCollector", "WorkerMetrics", "serve"]
 
@@ -128,6 +131,14 @@ class QueueCollector(Collector):
                                    labels=["queue"])
         workers = GaugeMetricFamily("panqueue_workers", "Live workers serving the queue.",
                                     labels=["queue"])
+        backlog = GaugeMetricFamily(
+            "panqueue_queue_backlog",
+            "Jobs ready to run and not started: waiting, plus delayed ones already due (the "
+            "figure to autoscale workers on).", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "panqueue_queue_oldest_waiting_seconds",
+            "How long the job that has been ready longest has waited (since it was added, or "
+            "since it came due; 0 when none is ready).", labels=["queue"])
         up = GaugeMetricFamily("panqueue_up", "1 if Redis answered this scrape, else 0.")
         try:
             with self._lock:
@@ -136,16 +147,19 @@ class QueueCollector(Collector):
             up.add_metric([], 0)
             yield up
             return
-        for queue, counts, age, is_paused, live in rows:
+        for queue, counts, age, is_paused, live, (due, due_for) in rows:
             for state, n in counts.items():
                 jobs.add_metric([queue, state.value], n)
             lag.add_metric([queue], age)
             paused.add_metric([queue], 1 if is_paused else 0)
             workers.add_metric([queue], live)
+            backlog.add_metric([queue], counts[JobState.WAITING] + due)
+            oldest.add_metric([queue], max(age, due_for))
         up.add_metric([], 1)
-        yield from (jobs, lag, paused, workers, up)
+        yield from (jobs, lag, paused, workers, backlog, oldest, up)
 
-    def _read(self) -> list[tuple[str, dict[JobState, int], float, bool, int]]:
+    def _read(self) -> list[tuple[str, dict[JobState, int], float, bool, int,
+                                  tuple[int, float]]]:
         client = self._client
         live: dict[str, int] = {}
         for worker in client.workers():
@@ -154,8 +168,9 @@ class QueueCollector(Collector):
         rows = []
         for queue in client.queues():
             age = lag_seconds(client, queue) or 0.0
+            due = client.producer.run(client.producer.on_all(queue, all_due_delayed))
             rows.append((queue, client.counts(queue), age, client.is_paused(queue),
-                         live.get(queue, 0)))
+                         live.get(queue, 0), due))
         return rows
 
 

@@ -318,6 +318,10 @@ def test_exporter_reports_queue_gauges(private_redis: RedisServer,
         assert value(samples, "panqueue_queue_lag_seconds", queue=ECHO) == 0
         lag = value(samples, "panqueue_queue_lag_seconds", queue=FAIL)
         assert lag is not None and 0 <= lag < 60
+        assert value(samples, "panqueue_queue_backlog", queue=FAIL) == 3
+        assert value(samples, "panqueue_queue_backlog", queue=ECHO) == 0
+        oldest = value(samples, "panqueue_queue_oldest_waiting_seconds", queue=FAIL)
+        assert oldest is not None and oldest >= lag
         # Read at scrape time: a stopped worker and more jobs show on the next scrape.
         assert worker.stop() == 0
         with SyncQueueClient(url) as client:
@@ -366,3 +370,47 @@ def test_grafana_dashboard_is_json_on_the_documented_names() -> None:
 
     for outcome in OUTCOMES:
         assert f"panqueue_jobs_{outcome}_total" in documented
+
+
+def test_backlog_counts_waiting_and_due_delayed_jobs_on_every_partition(
+        redis_url: str, queue_name: str) -> None:
+    """What an autoscaler reads: jobs ready to run (waiting, and delayed ones already due that
+    no worker has promoted yet), and how long the longest-ready one has waited."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from panqueue import Registry
+    from panqueue.metrics import QueueCollector
+
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=3)
+    async def work(job: object) -> None: ...
+
+    with SyncQueueClient(redis_url) as client:
+        queue = client.queue(work)
+        queue.add_bulk([1, 2, 3, 4])
+        for n in range(5):
+            queue.add(n, delay=0.05)
+        queue.add("later", delay=3600)
+    collector = QueueCollector(redis_url)
+    metrics = CollectorRegistry()
+    metrics.register(collector)
+
+    def read() -> dict[str, float]:
+        found = {}
+        for family in text_string_to_metric_families(generate_latest(metrics).decode()):
+            for sample in family.samples:
+                if sample.labels.get("queue") == queue_name:
+                    found[sample.name] = sample.value
+        return found
+
+    try:
+        wait_until(lambda: read()["panqueue_queue_backlog"] == 9, 10,
+                   "the delayed jobs to come due")
+        samples = read()
+        assert samples["panqueue_queue_oldest_waiting_seconds"] >= samples[
+            "panqueue_queue_lag_seconds"]
+        assert samples["panqueue_queue_oldest_waiting_seconds"] < 60
+    finally:
+        collector.close()

@@ -25,8 +25,8 @@ from panqueue._store.tokens import parse_lock_token
 from panqueue._store.transport import Batch, Command, Op, redact_url
 from panqueue.errors import ConfigError, JobFailed, JobNotFound, TimeoutError
 
-__all__ = ["STATE_SETS", "counts", "get_job", "list_ids", "list_jobs", "parse_job", "read_jobs",
-           "state_set", "wait_result"]
+__all__ = ["STATE_SETS", "counts", "due_delayed", "get_job", "list_ids", "list_jobs",
+           "parse_job", "read_jobs", "state_set", "wait_result"]
 
 # How long one blocking read of the event stream may take before re-checking.
 _RESULT_POLL_CHUNK = 1.0
@@ -162,6 +162,22 @@ def counts(keys: QueueKeys) -> Op[dict[JobState, int]]:
     result = {state: int(n) for state, n in zip(STATE_SETS, replies, strict=False)}
     result[JobState.WAITING] += int(replies[-1] or 0)  # waiting in keyed mode's per-key lists
     return result
+
+
+def due_delayed(keys: QueueKeys) -> Op[tuple[int, float]]:
+    """The delayed jobs already due (a worker's promotion moves them to waiting at its next
+    tick: until then they are backlog too), and how long ago the first of them came due, in
+    seconds (0 when none is due); on the server's clock."""
+    seconds, micros = yield Command(("TIME",))
+    now = int(seconds) * 1000 + int(micros) // 1000
+    due, first = yield Batch((Command(("ZCOUNT", keys.delayed, "-inf", now)),
+                              Command(("ZRANGE", keys.delayed, 0, 0, "WITHSCORES"))),
+                             route=keys.prefix)
+    if not int(due) or not first:
+        return 0, 0.0
+    # [member, score] (RESP2) or [[member, score]] (RESP3)
+    score = first[0][1] if isinstance(first[0], list | tuple) else first[1]
+    return int(due), max(0.0, (now - float(score)) / 1000)
 
 
 def list_ids(keys: QueueKeys, state: JobState, limit: int | None = 100, offset: int = 0

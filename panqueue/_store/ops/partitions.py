@@ -32,9 +32,9 @@ from panqueue._store.ops.routing import PartlyAdded, add_routed, home_partition,
 from panqueue._store.transport import Op
 from panqueue.errors import ConfigError, JobNotFound
 
-__all__ = ["PartitionCounts", "add_to_batch", "all_cancel_jobs", "all_counts", "all_events",
-           "all_list_jobs", "all_pause", "all_purge", "all_remove_jobs", "all_retry_failed",
-           "all_retry_matching", "event_positions", "next_events"]
+__all__ = ["PartitionCounts", "add_to_batch", "all_cancel_jobs", "all_counts", "all_due_delayed",
+           "all_events", "all_list_jobs", "all_pause", "all_purge", "all_remove_jobs",
+           "all_retry_failed", "all_retry_matching", "event_positions", "next_events"]
 
 T = TypeVar("T")
 
@@ -188,6 +188,16 @@ def all_list_jobs(parts: Sequence[QueueKeys], state: JobState | str, limit: int,
         lists.append((yield from one(part, wanted, offset + limit, 0)))
     merged = list(heapq.merge(*lists, key=_order(wanted)))
     return merged[offset:offset + limit]
+
+
+def all_due_delayed(parts: Sequence[QueueKeys]) -> Op[tuple[int, float]]:
+    """:func:`~panqueue._store.ops.jobs.due_delayed` over every partition: the count added up,
+    the longest time due."""
+    due, age = 0, 0.0
+    for part in parts:
+        n, seconds = yield from _jobs.due_delayed(part)
+        due, age = due + n, max(age, seconds)
+    return due, age
 
 
 def all_pause(parts: Sequence[QueueKeys], paused: bool) -> Op[None]:
