@@ -41,6 +41,7 @@ from panqueue import (
     SyncQueueClient,
 )
 from panqueue._listing import columns
+from panqueue._store.ops import partitions as parted
 from panqueue._store.transport import redact_url
 from panqueue.dashboard._reads import (
     QueueNames,
@@ -81,9 +82,22 @@ _DONE = {
     "cancel": "Job cancelled (it was {was}).",
     "remove": "Job removed.",
     "purge": "{n} job(s) deleted.",
+    "bulk_cancel": "{n} job(s) cancelled.",
+    "bulk_retry": "{n} job(s) moved back to waiting.",
+    "bulk_remove": "{n} job(s) removed.",
+    "control": "Command sent: the worker applies it at its next heartbeat.",
 }
 _NOTICE_PARAMS = frozenset({"done", "n", "was"})
-ACTIONS = ("pause", "resume", "retry", "retry_all", "cancel", "remove", "purge")
+ACTIONS = ("pause", "resume", "retry", "retry_all", "cancel", "remove", "purge", "bulk",
+           "control")
+# What a bulk action over a list does, the states it can change, and its button's verb.
+_BULK = {
+    "cancel": ((JobState.WAITING, JobState.DELAYED, JobState.BLOCKED, JobState.ACTIVE),
+               "Cancel"),
+    "retry": ((JobState.FAILED,), "Retry"),
+    "remove": (tuple(s for s in JobState if s is not JobState.ACTIVE), "Remove"),
+}
+_CONTROL = ("stop", "pause", "resume")
 
 
 class BadRequest(Exception):
@@ -156,14 +170,24 @@ class Dashboard:
         state = _state(params.get("state", JobState.WAITING.value))
         offset = _int(params, "offset", 0, 0, MAX_OFFSET)
         limit = _int(params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE)
+        tag = params.get("tag") or None
+        error_type = params.get("error_type") or None
         counts = self.client.counts(name)
-        jobs = self.client.list_jobs(name, state, limit=limit, offset=offset)
-        total = counts[state]
+        jobs = self.client.list_jobs(name, state, tag=tag, error_type=error_type, limit=limit,
+                                     offset=offset)
+        filtered = tag is not None or error_type is not None
+        # A filtered list's size is not known without reading it all: it pages on as long as
+        # a page comes back full.
+        total = counts[state] if not filtered else offset + len(jobs) + (
+            1 if len(jobs) == limit else 0)
         last = max(0, (total - 1) // limit * limit)
+        bulk = [(do, verb) for do, (states, verb) in _BULK.items() if state in states
+                and (error_type is None or do == "retry")]
         return self.render(
             request, "queue.html", queue=name, state=state, counts=counts, jobs=jobs,
             offset=offset, limit=limit, total=total, last_offset=last,
-            paused=self.client.is_paused(name), columns=columns(state), now=datetime.now(UTC))
+            paused=self.client.is_paused(name), columns=columns(state), now=datetime.now(UTC),
+            tag=tag, error_type=error_type, filtered=filtered, bulk=bulk)
 
     def job(self, request: Request) -> Response:
         name = _required(request.query_params, "q")
@@ -199,6 +223,40 @@ class Dashboard:
         events, position = recent_events(self.client, name, None)
         return self.render(request, "events.html", queue=name, events=list(reversed(events)),
                            position=position)
+
+    def bulk_form(self, request: Request) -> Response:
+        """The confirmation of a bulk action over a list: how many jobs it will touch, read
+        now, and the form that does it (the selected jobs, or every job the filter picks)."""
+        params = request.query_params
+        name = _required(params, "q")
+        state = _state(_required(params, "state"))
+        do, scope = _bulk_choice(_required(params, "do"))
+        tag = params.get("tag") or None
+        error_type = params.get("error_type") or None
+        states, verb = _BULK[do]
+        if state not in states:
+            raise BadRequest(f"{do} does not apply to {state.value} jobs")
+        ids = [i for i in params.getlist("id") if i][:MAX_PAGE_SIZE]
+        if scope == "selected":
+            if not ids:
+                raise BadRequest("no job is selected: tick the jobs first")
+            ids = self._still_in(name, ids, state)
+            n = len(ids)
+        else:
+            ids = []
+            if error_type is not None and do != "retry":
+                raise BadRequest("only retry takes an error type filter")
+            n = self.client.producer.run(self.client.producer.on_all(
+                name, parted.all_count_matching, [state], tag, error_type))
+        return self.render(request, "bulk.html", queue=name, state=state, do=do, verb=verb,
+                           scope=scope, tag=tag, error_type=error_type, ids=ids, n=n)
+
+    def _still_in(self, queue: str, ids: list[str], state: JobState) -> list[str]:
+        """The jobs of ``ids`` still in ``state``, the list's tab (a selected job that has
+        moved on since the page was drawn is left alone)."""
+        jobs = self.client.producer.run(self.client.producer.on_all(
+            queue, parted.all_read_jobs, ids))
+        return [job.id for job in jobs if job.state is state]
 
     def purge_form(self, request: Request) -> Response:
         name = _required(request.query_params, "q")
@@ -289,6 +347,8 @@ class Dashboard:
         if action not in ACTIONS:
             raise BadRequest(f"unknown action {action!r} (one of: {', '.join(ACTIONS)})")
         name = _field(form, "queue")
+        if action == "control":
+            return await run_in_threadpool(lambda: self._control(request, form))
         if not name:
             raise BadRequest("the form names no queue")
         job_id = _field(form, "job_id")
@@ -313,6 +373,8 @@ class Dashboard:
         if action == "retry_all":
             return _done(self.link(request, "/queue", q=name, state="failed"), action,
                          n=client.retry_failed(name))
+        if action == "bulk":
+            return self._bulk(request, form, name)
         if action == "purge":
             if _field(form, "confirm") != name:
                 raise BadRequest(f"type the queue's name ({name!r}) to confirm the purge")
@@ -329,6 +391,66 @@ class Dashboard:
         if not client.remove(name, job_id):
             raise JobNotFound(name, job_id)
         return _done(back_to_queue, action)
+
+    def _bulk(self, request: Request, form: FormData, name: str) -> Response:
+        """A confirmed bulk action: on the jobs selected, or on every job the filter picks
+        (counted again as it runs: the notice says how many changed)."""
+        client = self.client
+        state = _state(_field(form, "state") or "")
+        do, scope = _bulk_choice(_field(form, "do") or "")
+        tag = _field(form, "tag") or None
+        error_type = _field(form, "error_type") or None
+        ids = [str(i) for i in form.getlist("id") if i][:MAX_PAGE_SIZE]
+        if scope == "selected":
+            ids = self._still_in(name, ids, state)
+            if do == "retry":
+                n = client.retry_failed(name, ids) if ids else 0
+            elif do == "cancel":
+                n = sum(1 for i in ids if self._cancelled(name, i))
+            else:
+                n = sum(1 for i in ids if self._removed(name, i))
+        elif do == "retry":
+            n = (client.retry_failed(name, tag=tag, error_type=error_type)
+                 if tag is not None or error_type is not None else client.retry_failed(name))
+        elif error_type is not None:
+            raise BadRequest("only retry takes an error type filter")
+        elif do == "cancel":
+            n = client.cancel_jobs(name, tag=tag, state=state)
+        else:
+            n = client.remove_jobs(name, tag=tag, state=state)
+        back = self.link(request, "/queue", q=name, state=state.value, tag=tag,
+                         error_type=error_type)
+        return _done(back, f"bulk_{do}", n=n)
+
+    def _cancelled(self, queue: str, job_id: str) -> bool:
+        try:
+            return not self.client.cancel(queue, job_id).is_final
+        except JobNotFound:
+            return False
+
+    def _removed(self, queue: str, job_id: str) -> bool:
+        try:
+            return self.client.remove(queue, job_id)
+        except PanqueueError:  # active (cancel it first) or gone
+            return False
+
+    def _control(self, request: Request, form: FormData) -> Response:
+        """A command for a live worker (``client.control``), from the workers page."""
+        worker = _field(form, "worker")
+        if not worker:
+            raise BadRequest("the form names no worker")
+        command = _field(form, "command")
+        if command == "concurrency":
+            raw = _field(form, "concurrency") or ""
+            if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+                raise BadRequest(f"concurrency must be a whole number >= 1, got {raw!r}")
+            self.client.control(worker, concurrency=int(raw))
+        elif command in _CONTROL:
+            self.client.control(worker, command)
+        else:
+            raise BadRequest(f"unknown worker command {command!r} (one of: "
+                             f"{', '.join(_CONTROL)}, concurrency)")
+        return _done(self.link(request, "/workers"), "control")
 
     # ------------------------------------------------------------------ errors
 
@@ -388,6 +510,15 @@ def _state(value: str) -> JobState:
                          f"{', '.join(s.value for s in JobState)})") from None
 
 
+def _bulk_choice(value: str) -> tuple[str, str]:
+    """A bulk button's value, ``<action>:<scope>`` (cancel, retry, remove; selected, all)."""
+    do, _, scope = value.partition(":")
+    if do not in _BULK or scope not in ("selected", "all"):
+        raise BadRequest(f"unknown bulk action {value!r} (cancel, retry or remove, on the "
+                         "selected jobs or all that match)")
+    return do, scope
+
+
 def _int(params: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
     raw = params.get(name)
     if raw is None or raw == "":
@@ -417,6 +548,7 @@ def build_app(url: str | None, read_only: bool, token: str | None,
         Route("/schedules", board.schedules),
         Route("/events", board.events),
         Route("/purge", board.purge_form),
+        Route("/bulk", board.bulk_form),
         Route("/api/overview", board.api_overview),
         Route("/api/events", board.api_events),
         Route("/api/job", board.api_job),

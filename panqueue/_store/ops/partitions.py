@@ -32,9 +32,10 @@ from panqueue._store.ops.routing import PartlyAdded, add_routed, home_partition,
 from panqueue._store.transport import Op
 from panqueue.errors import ConfigError, JobNotFound
 
-__all__ = ["PartitionCounts", "add_to_batch", "all_cancel_jobs", "all_counts", "all_due_delayed",
-           "all_events", "all_list_jobs", "all_pause", "all_purge", "all_remove_jobs",
-           "all_retry_failed", "all_retry_matching", "event_positions", "next_events"]
+__all__ = ["PartitionCounts", "add_to_batch", "all_cancel_jobs", "all_count_matching",
+           "all_counts", "all_due_delayed", "all_events", "all_list_jobs", "all_pause",
+           "all_purge", "all_read_jobs", "all_remove_jobs", "all_retry_failed",
+           "all_retry_matching", "event_positions", "next_events"]
 
 T = TypeVar("T")
 
@@ -248,6 +249,26 @@ def all_retry_matching(parts: Sequence[QueueKeys], ids: Sequence[str] | None, ta
     for part in parts:
         moved += yield from _select.retry_jobs(part, tag, error_type)
     return moved
+
+
+def all_read_jobs(parts: Sequence[QueueKeys], ids: Sequence[str]) -> Op[list[JobInfo]]:
+    """The jobs ``ids`` (those that exist), each read in the partition that holds it."""
+    by_part: dict[int, list[str]] = {}
+    for job_id in ids:
+        part = yield from job_partition(parts, job_id)
+        by_part.setdefault(part.partition, []).append(job_id)
+    found: list[JobInfo] = []
+    for index, chosen in by_part.items():
+        found += yield from _jobs.read_jobs(parts[index], chosen, logs=False)
+    return found
+
+
+def all_count_matching(parts: Sequence[QueueKeys], states: Sequence[JobState | str],
+                       tag: str | None, error_type: str | None) -> Op[int]:
+    found = 0
+    for part in parts:
+        found += yield from _select.count_matching(part, states, tag, error_type)
+    return found
 
 
 def all_purge(parts: Sequence[QueueKeys], states: Collection[JobState | str] | None) -> Op[int]:

@@ -24,8 +24,8 @@ from panqueue._store.ops.jobs import STATE_SETS, list_ids, read_jobs
 from panqueue._store.transport import Batch, Op
 from panqueue.errors import ConfigError
 
-__all__ = ["BULK_BATCH", "cancel_jobs", "filtered_list", "remove_jobs", "retry_jobs",
-           "select_ids"]
+__all__ = ["BULK_BATCH", "cancel_jobs", "count_matching", "filtered_list", "remove_jobs",
+           "retry_jobs", "select_ids"]
 
 # How many set members one call of select.lua reads at most (it holds the server that long).
 SELECT_BUDGET = 2000
@@ -110,6 +110,18 @@ def _pick(keys: QueueKeys, states: Sequence[JobState], tag: str | None,
             if len(page) < BULK_BATCH:
                 break
     return ids
+
+
+def count_matching(keys: QueueKeys, states: Sequence[JobState | str], tag: str | None,
+                   error_type: str | None) -> Op[int]:
+    """How many jobs a bulk operation over ``states`` with this filter would pick now (what a
+    confirmation shows before it runs)."""
+    if tag is not None:
+        check_tag(tag)
+    if error_type is not None:
+        check_error_type(error_type)
+    ids = yield from _pick(keys, [check_state(s) for s in states], tag, error_type)
+    return len(ids)
 
 
 def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:

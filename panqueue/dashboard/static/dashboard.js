@@ -144,7 +144,20 @@
     });
   }
 
-  const pages = { overview: overview, job: job, events: events };
+  // Queue list: the header's box selects or clears every job of the page.
+  function queue() {
+    const all = document.getElementById("select-all");
+    if (!all) {
+      return;
+    }
+    all.addEventListener("change", function () {
+      document.querySelectorAll('input[type="checkbox"][name="id"]').forEach(function (box) {
+        box.checked = all.checked;
+      });
+    });
+  }
+
+  const pages = { overview: overview, job: job, events: events, queue: queue };
   const start = pages[body.dataset.page];
   if (start) {
     start();
