@@ -88,6 +88,17 @@ EXPECTED: dict[str, list[str]] = {
         "outage: retry_failed moved 1 job back to waiting",
         "outage: completed: charged on attempt 1",
     ],
+    "bulk_operations.py": [
+        "tenant:7 has 4 waiting jobs, tags ['tenant:7']",
+        "cancelled for tenant:7: 5",
+        "running it again cancels 0",
+        "failed with TimeoutError: rows [0, 3, 6]",
+        "retried 3 timed-out jobs",
+        "now completed=7, failed=1",
+        "importer-1 now runs up to 4 jobs at once",
+        "importer-1 stopped on request",
+        "removed tenant:7's cancelled jobs: 5",
+    ],
     "queue_admin.py": [
         "while paused: waiting=6",
         "(it was waiting)",

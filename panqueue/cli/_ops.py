@@ -124,16 +124,18 @@ def info(interval: float | None, url: str, as_json: bool) -> None:
               help="Tell worker NAME to run up to N jobs at once.")
 def workers(queue: str | None, url: str, as_json: bool, stop_name: str | None,
             pause_name: str | None, resume_name: str | None, concurrency: str | None) -> None:
-    """The live worker processes (of QUEUE, or of every queue), from their heartbeats and
-    the locks of the jobs they run; or a command for one of them (client.control), which it
-    applies at its next heartbeat.
+    """The live worker processes (of QUEUE, or of every queue), or a command for one of them.
 
-    One line per process, whatever number of queues it serves: name, host:pid, its queues,
-    the jobs it runs over its slots (on all its queues), its last beat and "paused" when it
-    is. A worker that was killed is shown with the jobs it held until its entry expires
-    (three heartbeats). --json prints one object per process, with its per-queue entries
-    under "workers". A command names a process as its line does (every queue it serves gets
-    it); a name with no live worker exits 1.
+    From their heartbeats and the locks of the jobs they run, one line per process, whatever
+    number of queues it serves: name, host:pid, its queues, the jobs it runs over its slots
+    (on all its queues), its last beat and "paused" when it is. A worker that was killed is
+    shown with the jobs it held until its entry expires (three heartbeats). --json prints one
+    object per process, with its per-queue entries under "workers".
+
+    --stop, --pause, --resume and --concurrency send a command (client.control) that the
+    worker applies at its next heartbeat. NAME is a process's name as its line shows it: each
+    queue it serves gets the command (--concurrency sets each one's). A NAME with no live
+    worker exits 1.
     """
     commands = [(name, command) for name, command in (
         (stop_name, "stop"), (pause_name, "pause"), (resume_name, "resume")) if name]
