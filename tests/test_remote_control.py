@@ -8,14 +8,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from panqueue import ConfigError, JobState, PanqueueError, SyncQueueClient
-from tests.helpers import ROOT, run_cli, subprocess_env, wait_until
-from tests.test_cli import assert_user_error
+from tests.helpers import ROOT, WorkerProcess, run_cli, subprocess_env, wait_until
+from tests.test_cli import ECHO, FAIL, assert_user_error
 
 BEAT = 0.5  # the worker's heartbeat interval in these tests
 JOB_SECONDS = 0.4
@@ -154,3 +155,19 @@ def test_cli_workers_stop_and_concurrency(
     bad = run_cli("workers", "--concurrency", "w=zero", "--url", redis_url)
     assert_user_error(bad, "--concurrency takes NAME=N")
     assert bad.returncode == 2
+
+
+def test_a_panqueue_worker_process_serving_two_queues_stops_on_workers_stop(
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
+    """`panqueue worker` with --name serves each queue under that name: one command reaches
+    every queue it serves, and the process exits 0 as after SIGTERM."""
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    worker = start_worker("--url", redis_url, "--name", name)
+    with SyncQueueClient(redis_url) as client:
+        wait_until(lambda: [w.queues for w in client.workers() if w.name == name]
+                   == [sorted([ECHO, FAIL])], 20, "the worker to serve both queues")
+    stopped = run_cli("workers", "--stop", name, "--url", redis_url)
+    assert stopped.returncode == 0, stopped.stderr
+    # The default heartbeat is 5 s: the command is applied within one.
+    assert worker.process.wait(timeout=5 + 10) == 0
+    assert "worker stopped" in worker.stderr
