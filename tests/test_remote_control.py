@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from panqueue import ConfigError, JobState, PanqueueError, SyncQueueClient
+from panqueue._store import transitions
 from tests.helpers import ROOT, WorkerProcess, run_cli, subprocess_env, wait_until
+from tests.store_fixtures import ScriptStore
 from tests.test_cli import ECHO, FAIL, assert_user_error
 
 BEAT = 0.5  # the worker's heartbeat interval in these tests
@@ -171,3 +173,23 @@ def test_a_panqueue_worker_process_serving_two_queues_stops_on_workers_stop(
     # The default heartbeat is 5 s: the command is applied within one.
     assert worker.process.wait(timeout=5 + 10) == 0
     assert "worker stopped" in worker.stderr
+
+
+def test_a_command_goes_only_to_the_process_it_was_queued_for(store: ScriptStore) -> None:
+    """A process that starts under the name of one that died (its entry still live) drops
+    the commands queued for that one; later commands reach it."""
+    def beat(pid: int) -> list[str]:
+        _, commands = store.t.run(transitions.heartbeat(
+            store.keys, "reused-name", 30_000, host="h", pid=pid, queues=[store.keys.name],
+            concurrency=1, running=[], take_commands=True))
+        return commands
+
+    store.add_one()  # the queue exists (a worker's setup makes it so)
+    assert beat(pid=1) == []
+    with SyncQueueClient(store.t.url) as client:
+        client.control("reused-name", "stop")
+        assert beat(pid=2) == []  # a new process: the stop was for pid 1
+        client.control("reused-name", concurrency=3)
+        client.control("reused-name", "pause")
+        assert beat(pid=2) == ["concurrency:3", "pause"]
+        assert beat(pid=2) == []  # each once

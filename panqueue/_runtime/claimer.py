@@ -124,6 +124,11 @@ class ClaimLoop:
         return self.paused or self._owed > 0
 
     @property
+    def registered(self) -> bool:
+        """An idle registration is live, or jobs handed to one wait for a slot."""
+        return bool(self._registered or self._handed)
+
+    @property
     def declared(self) -> tuple[int, bool]:
         """The concurrency to report in the worker's entry, and whether it is paused."""
         return (self._resume_to if self.paused else self.concurrency), self.paused

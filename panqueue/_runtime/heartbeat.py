@@ -69,8 +69,8 @@ class Heartbeat:
         for write in self.writes(take_commands=self._on_commands is not None):
             _, taken = await self._transport.run(write)
             commands += taken
-        if commands and self._on_commands is not None:
-            await self._on_commands(commands)
+        if self._on_commands is not None:
+            await self._on_commands(commands)  # every beat: none is a beat's check too
 
     async def run(self) -> None:
         """Beat until cancelled. A failed beat is retried sooner; the entry lives on meanwhile

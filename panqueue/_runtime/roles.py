@@ -219,7 +219,9 @@ class Roles:
     async def apply_commands(self, commands: list[str]) -> None:
         """Apply the commands an operator queued for this worker (``client.control``), in
         order: stop (as on SIGTERM), pause (withdraw the idle registration, claim nothing),
-        resume, or ``concurrency:<n>``. An unknown one is logged and skipped."""
+        resume, or ``concurrency:<n>``. An unknown one is logged and skipped. Called at every
+        beat: a paused worker withdraws a registration that a claim in flight when it paused
+        made, and gives back what was handed to it, well before those jobs' locks expire."""
         for command in commands:
             name, _, value = command.partition(":")
             self._log.info("control command received", command=command)
@@ -234,6 +236,8 @@ class Roles:
                 self.claimer.set_concurrency(int(value))
             else:
                 self._log.warning("unknown control command ignored", command=command)
+        if not commands and self.claimer.paused and self.claimer.registered:
+            await self.withdraw()
 
     async def withdraw(self) -> None:
         """End the claim loop's idle registration and release the jobs handed to it that did

@@ -15,7 +15,9 @@
 -- "beat" (this beat), "started" (the first beat of the entry, kept by later beats) and, for a
 -- blocked loop, "loop_blocked_since" (now - loop_blocked_ms); a beat of the loop itself has
 -- none, so the mark goes as soon as the loop beats again.
---          Commands are taken by the loop's own beat only, each once, in order.
+--          Commands are taken by the loop's own beat only, each once, in order, and only by
+--          the process the live entry describes (same host and pid): a process that starts
+--          under the name of one that is gone drops what was queued for that one.
 --!include layout.lua
 
 local name = ARGV[1]
@@ -29,8 +31,11 @@ end
 local record = cmsgpack.unpack(ARGV[3])
 local started = now
 local previous = redis.call('HGET', K_WORKER_INFO, name)
+local same = false  -- the same process as the live entry's (not a new one under its name)
 if previous and redis.call('ZSCORE', K_WORKERS, name) then
-  started = cmsgpack.unpack(previous).started or now
+  local before = cmsgpack.unpack(previous)
+  started = before.started or now
+  same = before.pid == record.pid and before.host == record.host
 end
 record.started = started
 record.beat = now
@@ -43,11 +48,11 @@ redis.call('HSET', K_WORKER_INFO, name, cmsgpack.pack(record))
 local reply = {now}
 if ARGV[4] == '1' then
   local key = control_key(name)
-  for _, command in ipairs(redis.call('LRANGE', key, 0, -1)) do
-    reply[#reply + 1] = command
+  if same then
+    for _, command in ipairs(redis.call('LRANGE', key, 0, -1)) do
+      reply[#reply + 1] = command
+    end
   end
-  if #reply > 1 then
-    redis.call('DEL', key)
-  end
+  redis.call('DEL', key)  -- commands for an earlier process under this name are dropped
 end
 return reply
