@@ -210,7 +210,7 @@ class QueueClient:
         names = [queue] if queue is not None else await self.queues()
         found = []
         for name in names:
-            found += await self._run(ops.workers(QueueKeys(name)))
+            found += await self._run(ops.workers(self._keys(name)))
         return ops.worker_processes(found)
 
     async def control(self, worker_name: str, command: str | None = None, *,
@@ -407,7 +407,7 @@ class SyncQueueClient:
         names = [queue] if queue is not None else self.queues()
         found = []
         for name in names:
-            found += self._run(ops.workers(QueueKeys(name)))
+            found += self._run(ops.workers(self._keys(name)))
         return ops.worker_processes(found)
 
     def control(self, worker_name: str, command: str | None = None, *,
