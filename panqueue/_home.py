@@ -54,8 +54,8 @@ class Handler(HandlerBase[P, R, PayloadT]):
                 attempts: int | None = None, backoff: Backoff | None = None,
                 timeout: float | None = None, key: str | None = None,
                 dedup: Dedup | None = None, depends_on: Sequence[Dependency] | None = None,
-                durable: bool = False,
-                expires: float | datetime | None = None) -> SyncJobHandle:
+                durable: bool = False, expires: float | datetime | None = None,
+                tags: Sequence[str] | None = None) -> SyncJobHandle:
         """Add a job to this handler's queue, blocking, through the registry's client (opened
         on first use from ``Registry(url=...)``, else ``PANQUEUE_URL``; one for the process,
         safe from any thread). The options are those of :meth:`panqueue.SyncQueue.add`, over
@@ -64,7 +64,8 @@ class Handler(HandlerBase[P, R, PayloadT]):
         queue: SyncQueue[PayloadT] = SyncQueue(clients.sync(), target(self, {}, clients.prefix))
         return queue.add(data, job_id=job_id, delay=delay, run_at=run_at, priority=priority,
                          attempts=attempts, backoff=backoff, timeout=timeout, key=key,
-                         dedup=dedup, depends_on=depends_on, durable=durable, expires=expires)
+                         dedup=dedup, depends_on=depends_on, durable=durable, expires=expires,
+                         tags=tags)
 
     async def aenqueue(self, data: PayloadT = None, *,  # type: ignore[assignment]
                        job_id: str | None = None, delay: float | None = None,
@@ -73,7 +74,8 @@ class Handler(HandlerBase[P, R, PayloadT]):
                        timeout: float | None = None, key: str | None = None,
                        dedup: Dedup | None = None,
                        depends_on: Sequence[Dependency] | None = None, durable: bool = False,
-                       expires: float | datetime | None = None) -> JobHandle:
+                       expires: float | datetime | None = None,
+                       tags: Sequence[str] | None = None) -> JobHandle:
         """:meth:`enqueue` for async code, through the registry's client for the running
         event loop (asyncio or trio; one per loop, opened on first use)."""
         clients = self._clients
@@ -81,7 +83,7 @@ class Handler(HandlerBase[P, R, PayloadT]):
         return await queue.add(data, job_id=job_id, delay=delay, run_at=run_at,
                                priority=priority, attempts=attempts, backoff=backoff,
                                timeout=timeout, key=key, dedup=dedup, depends_on=depends_on,
-                               durable=durable, expires=expires)
+                               durable=durable, expires=expires, tags=tags)
 
 
 def check_registry_url(url: str | None) -> str | None:
