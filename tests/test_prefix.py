@@ -10,6 +10,9 @@ line.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,14 @@ from panqueue import (
     WorkerPool,
 )
 from panqueue.embedded import RedisServer
-from tests.helpers import WorkerProcess, async_wait_until, run_cli, wait_until
+from tests.helpers import (
+    ROOT,
+    WorkerProcess,
+    async_wait_until,
+    run_cli,
+    subprocess_env,
+    wait_until,
+)
 
 SHARED = "shared"
 
@@ -194,6 +204,100 @@ def test_a_worker_confined_to_its_prefix_runs_every_kind_of_job(
     # No command, key or channel was refused, and every key is the prefix's.
     assert admin.execute_command("ACL", "LOG") == [], worker.stderr
     assert "NOPERM" not in worker.stderr and "permission" not in worker.stderr.lower()
+    keys = [key.decode() for key in admin.keys("*")]
+    assert keys and all(key.startswith("{" + PREFIX + ":") for key in keys), keys
+
+
+# A WorkerPool without a name= serving two queues: one process, one worker (and one name) per
+# queue, so its row in client.worker_processes() is named "host:pid". Beats every 0.3 s.
+CONTROLLED = textwrap.dedent("""
+    import sys
+
+    import anyio
+
+    from panqueue import Job, Registry, WorkerPool
+
+    url, prefix = sys.argv[1:3]
+    registry = Registry(prefix=prefix)
+
+
+    @registry.handler("tagged", partitions=2)
+    async def tagged(job: Job) -> None:
+        pass
+
+
+    @registry.handler("beside")
+    async def beside(job: Job) -> None:
+        pass
+
+
+    anyio.run(WorkerPool(registry, url=url, heartbeat_interval=0.3).run)
+    print("pool returned", flush=True)
+""")
+
+
+def test_tags_bulk_cancel_and_remote_control_touch_only_the_prefixs_keys(
+        confined: tuple[str, redis.Redis], tmp_path: Path) -> None:
+    """Run as the ACL user that may touch only prefix ``app``'s keys: tags (their indexes, in
+    both partitions of a partitioned queue), a bulk cancel by tag (the client's and the CLI's)
+    and remote control of a worker process by its row's name (the client's and the CLI's)
+    meet no refusal and leave no key outside the prefix."""
+    url, admin = confined
+    registry = Registry(url, prefix=PREFIX)
+
+    @registry.handler("tagged", partitions=2)
+    async def tagged(job: Job) -> None:
+        pass
+
+    try:
+        for n in range(6):  # delayed: the worker started below leaves them alone
+            tagged.enqueue({"n": n}, delay=600, tags=["import", f"tenant:{n % 2}"])
+    finally:
+        registry.close()
+    indexes = sorted(key.decode() for key in admin.scan_iter(match="*:tag:*"))
+    assert all(key.startswith("{" + PREFIX + ":q:tagged") for key in indexes), indexes
+    # Each partition indexes its own jobs' tags, under the prefix's hash tags.
+    assert len({key.partition("}")[0] for key in indexes if key.endswith(":tag:import")}) == 2
+
+    script = tmp_path / "controlled_pool.py"
+    script.write_text(CONTROLLED)
+    pool = subprocess.Popen([sys.executable, str(script), url, PREFIX], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=subprocess_env(), cwd=ROOT)
+    try:
+        with SyncQueueClient(url, prefix=PREFIX) as client:
+            listed = client.list_jobs("tagged", JobState.DELAYED, tag="tenant:0")
+            assert sorted(job.data["n"] for job in listed) == [0, 2, 4]
+            assert all(job.tags == ["import", "tenant:0"] for job in listed)
+            assert client.cancel_jobs("tagged", tag="tenant:0") == 3
+            assert client.cancel_jobs("tagged", tag="tenant:0") == 0
+            cancelled = run_cli("cancel", "tagged", "--tag", "tenant:1", "--url", url,
+                                "--prefix", PREFIX)
+            assert cancelled.returncode == 0, cancelled.stderr
+            assert cancelled.stdout == "3 job(s) cancelled in 'tagged'\n"
+            assert client.counts("tagged")[JobState.CANCELLED] == 6
+
+            wait_until(lambda: [p.queues for p in client.worker_processes()]
+                       == [["beside", "tagged"]], timeout=20, what="the pool's first beats")
+            [row] = client.worker_processes()
+            assert row.name == f"{row.host}:{row.pid}" == f"{row.host}:{pool.pid}"
+            client.control(row.name, "pause")  # every worker of the process
+            wait_until(lambda: [(p.paused, [w.paused for w in p.workers])
+                                for p in client.worker_processes()] == [(True, [True, True])],
+                       timeout=10, what="both of the pool's workers to pause")
+            listed_rows = run_cli("workers", "--url", url, "--prefix", PREFIX)
+            assert listed_rows.stdout.startswith(row.name + "\t"), listed_rows
+            assert listed_rows.stdout.rstrip("\n").endswith("\tpaused"), listed_rows
+            stopped = run_cli("workers", "--stop", row.name, "--url", url, "--prefix", PREFIX)
+            assert stopped.returncode == 0, stopped.stderr
+            assert pool.wait(timeout=15) == 0
+            assert client.worker_processes() == []
+    finally:
+        if pool.poll() is None:
+            pool.kill()
+        out, err = pool.communicate()
+    assert "pool returned" in out, err
+    # No command, key or channel was refused, and every key is the prefix's.
+    assert admin.execute_command("ACL", "LOG") == [], err
     keys = [key.decode() for key in admin.keys("*")]
     assert keys and all(key.startswith("{" + PREFIX + ":") for key in keys), keys
 
