@@ -19,6 +19,7 @@ import redis
 
 from panqueue import JobState, SyncQueueClient
 from panqueue.embedded import free_port
+from panqueue.testing import FaultProxy
 from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
 from tests.test_cli import ECHO, FAIL, assert_user_error, counts
 
@@ -125,6 +126,34 @@ def test_a_server_that_does_not_speak_redis_is_one_line_exit_2(
         listener.close()
         thread.join(5)
     assert_usage_error(proc, f"{url} does not answer as a Redis server", "check the host and port")
+
+
+@pytest.mark.parametrize("command", [("stats",), ("worker", "cli_app:queues", "--burst")])
+def test_a_redis_that_hangs_up_for_a_moment_is_waited_for_not_called_a_wrong_url(
+        redis_url: str, command: tuple[str, ...]) -> None:
+    """A Redis that closes every new connection for a moment (a restart, a CLIENT KILL, a
+    proxy in between dropping its links) looks, for that moment, like a server that does not
+    speak Redis. A command started then waits for it (as a worker's start does, up to 5 s),
+    and runs once it answers: exit 0, not "does not answer as a Redis server"."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultProxy(port) as proxy:
+        proxy.cut()
+        proc = subprocess.Popen(panqueue_command(*command, "--url", proxy.url_for(redis_url)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=subprocess_env(), cwd=ROOT)
+        try:
+            # Its first PING met the cut (the proxy took and closed a connection), and so did
+            # the probe after it: then the cut ends.
+            wait_until(lambda: proxy.connections_refused >= 2 or proc.poll() is not None, 20,
+                       "the command to meet the cut")
+            proxy.restore()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, (out, err)
+    assert "does not answer as a Redis server" not in err
 
 
 @pytest.mark.parametrize(("source", "line", "fragment"), [

@@ -9,6 +9,7 @@ import math
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ import click
 from panqueue._client import SyncQueueClient
 from panqueue._keys import check_prefix
 from panqueue._registry import Registry
+from panqueue._runtime.worker import START_GRACE
 from panqueue._store.transport import URL_SCHEMES, redact_url
 from panqueue._store.transport import check_url as transport_check_url
 from panqueue._url import resolve_url
@@ -272,6 +274,19 @@ def _closes_without_answering(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def _answers_within(client: SyncQueueClient, seconds: float) -> bool:
+    """Whether ``client`` gets an answer to a PING within ``seconds`` (asked every 0.2 s)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            client.ping()
+        except PanqueueConnectionError:
+            continue
+        return True
+    return False
+
+
 def client_for(url: str) -> SyncQueueClient:
     """A client (under the command's ``--prefix``) that has answered a PING (fail fast and
     clearly)."""
@@ -279,14 +294,20 @@ def client_for(url: str) -> SyncQueueClient:
     try:
         client.ping()
     except PanqueueConnectionError as exc:
-        client.close()
         if not isinstance(exc, ServerUnavailable) and _closes_without_answering(url):
             # Something listens there and hangs up on a PING: not a Redis server (or one
-            # that speaks TLS only). The URL is the user's to fix: a usage error.
+            # that speaks TLS only), or a Redis that closes every new connection for a
+            # moment (a restart, CLIENT KILL, a proxy dropping its links). It is asked again
+            # for as long as a worker's start waits for a server; then the URL is the user's
+            # to fix: a usage error.
+            if _answers_within(client, START_GRACE):
+                return client
+            client.close()
             raise UsageFailure(
                 f"{redact_url(url)} does not answer as a Redis server (it closed the "
                 f"connection without answering a PING; a TLS-only server wants rediss://); "
                 f"check the host and port") from None
+        client.close()
         raise
     except ConfigError:
         client.close()
