@@ -12,12 +12,15 @@ parallel, in pipelined batches, into a DataFrame with a fixed schema (``JOB_SCHE
 no export has written yet to a Parquet dataset partitioned by date (``HISTORY_SCHEMA``), and
 acknowledges them only once the write has committed.
 
-Needs the ``spark`` extra (``pip install 'panqueue[spark]'``). The three entry points share
-their Spark plumbing (schemas, the driver's and executors' connections), hence one module past
-our usual 400 lines.
+``register(spark)`` registers the Spark data sources ``panqueue`` and ``panqueue-history``
+(``spark.read/write.format("panqueue")``, ``spark.readStream.format("panqueue-history")``).
+Their classes are in :mod:`panqueue.spark_sources`; they reuse this module's schemas, its row
+conversions and :class:`EnqueuePlan` (the per-partition enqueueing of ``enqueue_dataframe``).
+The split: here the functions and what they share, there only the Data Source API's classes.
 
-Longer than our usual 400 lines: one module per entry point would repeat the schemas and the
-connection handling the three share; issue 29's data source is the time to make it a package.
+Needs the ``spark`` extra (``pip install 'panqueue[spark]'``). Longer than our usual 400 lines:
+the three functions share their Spark plumbing (schemas, conversions, the driver's and
+executors' connections), which the data sources use too.
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ from panqueue._check import check_int
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, check_queue_name
 from panqueue._options import Backoff
-from panqueue._producer import SyncProducer, target
+from panqueue._producer import SyncProducer, Target, target
 from panqueue._store import check_url, ops
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
 
-__all__ = ["HISTORY_SCHEMA", "JOB_SCHEMA", "EnqueueStats", "HistoryExport", "converter",
-           "enqueue_dataframe", "export_history", "read_jobs"]
+__all__ = ["HISTORY_SCHEMA", "JOB_SCHEMA", "EnqueuePlan", "EnqueueStats", "HistoryExport",
+           "converter", "enqueue_dataframe", "export_history", "plan_enqueue", "read_jobs",
+           "register"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,28 +157,11 @@ def enqueue_dataframe(
     row. ``mode`` ('global' or 'keyed') refuses a queue stored with the other mode. Raises
     ConfigError before writing anything if a column has no JSON form.
     """
-    defaults = {k: v for k, v in dict(priority=priority, delay=delay, attempts=attempts,
-                                      backoff=backoff, timeout=timeout).items() if v is not None}
-    to = target(queue, {**defaults, "mode": mode})  # checks the mode and the queue's name
-    url = check_url(resolve_url(url))
-    check_int(batch_size, "batch_size", low=1)
-    columns = set(df.columns)
-    for name, column in (("id_column", id_column), ("data_column", data_column),
-                         ("key_column", key_column), ("priority_column", priority_column),
-                         ("delay_column", delay_column)):
-        if column is not None and column not in columns:
-            raise ConfigError(f"{name} {column!r} is not a column of the DataFrame "
-                              f"(columns: {', '.join(df.columns)})")
-    for struct_field in df.schema.fields:
-        if data_column is None or struct_field.name == data_column:
-            _check_type(struct_field.dataType, struct_field.name)
-        if struct_field.name == id_column and not isinstance(struct_field.dataType, _ID_TYPES):
-            raise ConfigError(f"id_column {id_column!r} has type "
-                              f"{struct_field.dataType.simpleString()}; ids come from strings, "
-                              "integers, decimals or dates")
-    schema = df.schema if data_column is None else df.schema[data_column].dataType
-    to_data = converter(schema)
-    ops.new_job(to.defaults, None, {})  # validates the options on the driver
+    plan = plan_enqueue(df.schema, queue, url=url, id_column=id_column,
+                        data_column=data_column, batch_size=batch_size, priority=priority,
+                        delay=delay, attempts=attempts, backoff=backoff, timeout=timeout,
+                        key_column=key_column, priority_column=priority_column,
+                        delay_column=delay_column, mode=mode)
     if id_column is None:
         warnings.warn(
             "enqueue_dataframe without id_column: a Spark task that is retried (or run "
@@ -182,44 +169,100 @@ def enqueue_dataframe(
             stacklevel=2)
 
     def add_partition(rows: Iterable[Row]) -> Iterator[tuple[int, int]]:
+        yield plan.add_rows(rows)
+
+    totals = df.rdd.mapPartitions(add_partition).fold((0, 0), lambda a, b: (a[0] + b[0],
+                                                                            a[1] + b[1]))
+    return EnqueueStats(added=totals[0], existing=totals[1])
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuePlan:
+    """How rows of one schema become jobs of one queue, checked on the driver
+    (:func:`plan_enqueue`); :meth:`add_rows` runs in the executors. Shared by
+    ``enqueue_dataframe`` and the ``panqueue`` data source's writer."""
+
+    url: str
+    to: Target
+    to_data: Converter
+    batch_size: int
+    id_column: str | None
+    data_column: str | None
+    key_column: str | None
+    priority_column: str | None
+    delay_column: str | None
+
+    def add_rows(self, rows: Iterable[Row]) -> tuple[int, int]:
+        """Enqueue ``rows`` in batches of ``batch_size``: (jobs added, rows whose job existed)."""
+        id_column, data_column = self.id_column, self.data_column
         added = existing = 0
         batch = []
         # Where this task's rows without id or key start: tasks spread over the partitions.
-        with SyncProducer(url, spread=random.randrange(1 << 16)) as producer:
+        with SyncProducer(self.url, spread=random.randrange(1 << 16)) as producer:
             # A partitioned queue: each batch goes out as one script call per partition,
             # pipelined (one round trip per node of a cluster), routed by the queue's layout
             # (read again if it changes meanwhile).
             def add(jobs: list[ops.NewJob]) -> int:
-                return sum(c for _, c in producer.run(producer.add(to, jobs)))
+                return sum(c for _, c in producer.run(producer.add(self.to, jobs)))
 
             for row in rows:
                 values = row.asDict(recursive=False)
-                data = to_data(values[data_column] if data_column else row)
+                data = self.to_data(values[data_column] if data_column else row)
                 options: dict[str, Any] = {}
                 if id_column is not None:
                     if values[id_column] is None:
                         raise ConfigError(f"a row has a null {id_column!r} (id_column): every "
                                           "row needs an id; rows before it were enqueued")
                     options["job_id"] = _job_id(id_column, values[id_column])
-                if key_column is not None and values[key_column] is not None:
-                    options["key"] = str(values[key_column])
-                if priority_column is not None and values[priority_column] is not None:
-                    options["priority"] = int(values[priority_column])
-                if delay_column is not None and values[delay_column] is not None:
-                    options["delay"] = float(values[delay_column])
-                batch.append(ops.new_job(to.defaults, data, options))
-                if len(batch) >= batch_size:
+                if self.key_column is not None and values[self.key_column] is not None:
+                    options["key"] = str(values[self.key_column])
+                if self.priority_column is not None and values[self.priority_column] is not None:
+                    options["priority"] = int(values[self.priority_column])
+                if self.delay_column is not None and values[self.delay_column] is not None:
+                    options["delay"] = float(values[self.delay_column])
+                batch.append(ops.new_job(self.to.defaults, data, options))
+                if len(batch) >= self.batch_size:
                     created = add(batch)
                     added, existing = added + created, existing + len(batch) - created
                     batch = []
             if batch:
                 created = add(batch)
                 added, existing = added + created, existing + len(batch) - created
-        yield added, existing
+        return added, existing
 
-    totals = df.rdd.mapPartitions(add_partition).fold((0, 0), lambda a, b: (a[0] + b[0],
-                                                                            a[1] + b[1]))
-    return EnqueueStats(added=totals[0], existing=totals[1])
+
+def plan_enqueue(schema: T.StructType, queue: str, *, url: str | None = None,
+                 id_column: str | None = None, data_column: str | None = None,
+                 batch_size: int = 1000, priority: int | None = None,
+                 delay: float | None = None, attempts: int | None = None,
+                 backoff: Backoff | None = None, timeout: float | None = None,
+                 key_column: str | None = None, priority_column: str | None = None,
+                 delay_column: str | None = None, mode: str = "") -> EnqueuePlan:
+    """Check the arguments of :func:`enqueue_dataframe` against the rows' ``schema``: a
+    ConfigError here means nothing was written."""
+    defaults = {k: v for k, v in dict(priority=priority, delay=delay, attempts=attempts,
+                                      backoff=backoff, timeout=timeout).items() if v is not None}
+    to = target(queue, {**defaults, "mode": mode})  # checks the mode and the queue's name
+    url = check_url(resolve_url(url))
+    check_int(batch_size, "batch_size", low=1)
+    columns = schema.fieldNames()
+    for name, column in (("id_column", id_column), ("data_column", data_column),
+                         ("key_column", key_column), ("priority_column", priority_column),
+                         ("delay_column", delay_column)):
+        if column is not None and column not in columns:
+            raise ConfigError(f"{name} {column!r} is not a column of the DataFrame "
+                              f"(columns: {', '.join(columns)})")
+    for struct_field in schema.fields:
+        if data_column is None or struct_field.name == data_column:
+            _check_type(struct_field.dataType, struct_field.name)
+        if struct_field.name == id_column and not isinstance(struct_field.dataType, _ID_TYPES):
+            raise ConfigError(f"id_column {id_column!r} has type "
+                              f"{struct_field.dataType.simpleString()}; ids come from strings, "
+                              "integers, decimals or dates")
+    data_type = schema if data_column is None else schema[data_column].dataType
+    ops.new_job(to.defaults, None, {})  # validates the options on the driver
+    return EnqueuePlan(url, to, converter(data_type), batch_size, id_column, data_column,
+                       key_column, priority_column, delay_column)
 
 
 # --------------------------------------------------------------------------- read
@@ -426,3 +469,22 @@ def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
                 exported += len(batch.records)
                 batches += 1
     return HistoryExport(exported=exported, batches=batches, lost=lost)
+
+
+# --------------------------------------------------------------------------- data sources
+
+
+def register(spark: SparkSession) -> None:
+    """Register the data sources ``panqueue`` (read job records, enqueue rows) and
+    ``panqueue-history`` (stream the job history) with ``spark``, and turn on
+    ``spark.sql.python.filterPushdown.enabled`` in its session: the ``panqueue`` reader takes
+    its ``state`` and ``finished_at`` filters from Spark (``pushFilters``), which PySpark
+    refuses to plan with that setting off. (``.option("pushdown", "false")`` reads without.)
+    The classes are in :mod:`panqueue.spark_sources`."""
+    if not isinstance(spark, SparkSession):
+        raise ConfigError(f"spark must be a SparkSession, got {spark!r}")
+    from panqueue.spark_sources import HistoryDataSource, JobsDataSource
+
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    spark.dataSource.register(JobsDataSource)
+    spark.dataSource.register(HistoryDataSource)
