@@ -73,6 +73,7 @@ KNOWN_SLOW = {
     "tests/test_integrity.py::test_dependency_graph_invariants_under_any_interleaving": 20.0,
     "tests/test_history.py": 20.0,
     "tests/test_spark.py": 20.0,
+    "tests/test_spark_datasource.py": 40.0,
     "tests/test_examples.py::test_example_runs_against_the_url_in_panqueue_url[spark": 60.0,
     "tests/test_examples.py::test_example_runs_against_the_url_in_panqueue_url[history": 60.0,
     "tests/test_metrics.py::test_worker_and_exporter_count_every_outcome": 40.0,
@@ -87,10 +88,10 @@ def _seconds(nodeid: str, seconds: dict[str, float]) -> float:
 
 
 # Tests that start a JVM (PySpark) run in two groups, each on one worker: the modules that use
-# PySpark (one Spark session for both, tests/spark_fixtures.py) and the two JVM examples (a JVM
+# PySpark (one Spark session for all, tests/spark_fixtures.py) and the JVM examples (a JVM
 # each). Two JVMs at once at most: four starting at once on two cores took minutes each. Found by
 # what the module imports, and the examples' names.
-JVM_EXAMPLES = ("[spark_enqueue.py]", "[history_export.py]")
+JVM_EXAMPLES = ("[spark_enqueue.py]", "[history_export.py]", "[spark_datasource.py]")
 _SHARED = re.compile(r"""scope=["'](module|class)["']""")
 
 

@@ -1,4 +1,5 @@
-"""The Spark session of the tests that use PySpark (test_spark, test_history): one JVM for both,
+"""The Spark session of the tests that use PySpark (test_spark, test_history,
+test_spark_datasource): one JVM for all,
 made on first use. tests/conftest.py keeps every test that uses PySpark on one xdist worker, so
 the session is started once per run.
 

@@ -246,6 +246,15 @@ EXPECTED: dict[str, list[str]] = {
         "group: ['beach-128.jpg', 'tower-128.jpg', 'garden-128.jpg']",
         "emails: completed=1 cancelled=1; outbox ['ada']",
     ],
+    "spark_datasource.py": [
+        "written twice, enqueued once: 100 jobs",
+        "without mode('append'): refused (Append)",
+        "history streamed: 100 records",
+        "streamed again: 100 records",
+        "failed: 14 jobs",
+        "  ValueError: 14",
+        "finished in the last hour: 100 jobs",
+    ],
     "spark_enqueue.py": [
         "first run: added=200, existing=0",
         "second run: added=0, existing=200",
@@ -261,7 +270,7 @@ EXPECTED: dict[str, list[str]] = {
 
 # The examples that start a JVM (PySpark) take about 16 s alone, and over 90 s while the
 # suite's other workers hold both cores: their guard against a hang is longer.
-JVM_EXAMPLES = {"spark_enqueue.py", "history_export.py"}
+JVM_EXAMPLES = {"spark_enqueue.py", "history_export.py", "spark_datasource.py"}
 
 
 def run_example(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
