@@ -1,4 +1,4 @@
-"""Job analytics with PySpark over ``panqueue.spark.read_jobs`` or the exported job history.
+"""Job analytics with PySpark over the ``panqueue`` data source or the exported job history.
 
     .venv/bin/python scripts/job_analytics.py --url redis://HOST:6379/0 --queue emails \\
         [--queue reports ...] --out analytics/
@@ -19,7 +19,8 @@ Per queue it computes:
 
 It writes, under ``--out``:
 
-* ``jobs.parquet``: the raw ``read_jobs`` output (schema ``panqueue.spark.JOB_SCHEMA``),
+* ``jobs.parquet``: the job records as ``spark.read.format("panqueue")`` reads them (those of
+  ``read_jobs``, schema ``panqueue.spark.JOB_SCHEMA``),
   partitioned by ``queue`` (not written again with ``--parquet-in``);
 * ``per_minute.parquet``, ``latency.parquet``, ``failures.parquet``: the three aggregates;
 * ``job_analytics.png``: completed/failed per minute per queue, and the latency percentiles
@@ -82,8 +83,8 @@ def spark_session(master: str) -> Any:
 
 
 def load_jobs(spark: Any, args: argparse.Namespace, out: Path) -> Any:
-    """The job records: from Redis (read_jobs, written to out/jobs.parquet), --parquet-in, or
-    --history (export_history's dataset, one record per finished job)."""
+    """The job records: from Redis (the panqueue data source, written to out/jobs.parquet),
+    --parquet-in, or --history (export_history's dataset, one record per finished job)."""
     from pyspark.sql import functions as F
 
     if args.parquet_in or args.history:
@@ -92,9 +93,11 @@ def load_jobs(spark: Any, args: argparse.Namespace, out: Path) -> Any:
         if args.queue:
             jobs = jobs.where(F.col("queue").isin(args.queue))
         return jobs
-    from panqueue.spark import read_jobs
+    from panqueue.spark import register
 
-    frames = [read_jobs(spark, queue, url=args.url) for queue in args.queue]
+    register(spark)  # the data source format("panqueue"): read_jobs's records
+    frames = [spark.read.format("panqueue").option("url", args.url).option("queue", queue).load()
+              for queue in args.queue]
     raw = frames[0]
     for frame in frames[1:]:
         raw = raw.unionByName(frame)
