@@ -294,7 +294,7 @@ class HistoryDataSource(DataSource):
     """``readStream.format("panqueue-history")``: the history stream's records
     (``HISTORY_SCHEMA``). Options: ``url``, ``queue`` (required), ``startingOffsets``
     (``earliest``, the default: every record the stream still holds; ``latest``: only
-    records added after the query first starts)."""
+    records added after the query starts)."""
 
     @classmethod
     def name(cls) -> str:

@@ -187,13 +187,57 @@ def test_history_stream_delivers_each_record_once_per_checkpoint(
     assert sorted(failed) == sorted(f"n{n}" for n in range(0, 20, 5))
     assert failed["n5"].error_type == "ValueError" and failed["n5"].run_ms is not None
 
-    # Any sink: foreachBatch, a fresh checkpoint, "latest" skips what the stream holds now.
+    # Any sink: foreachBatch. A fresh checkpoint with "latest" skips what the stream holds when
+    # the query starts, and delivers what ends after that.
     seen: list[str] = []
+
+    def run_latest() -> None:
+        stream = (sources.readStream.format("panqueue-history").option("url", redis_url)
+                  .option("queue", queue_name).option("startingOffsets", "latest").load())
+        query = (stream.writeStream.foreachBatch(
+            lambda batch, _: seen.extend(r.id for r in batch.collect()))
+            .option("checkpointLocation", str(tmp_path / "latest"))
+            .start())
+        try:
+            query.processAllAvailable()
+            finish(redis_url, queue_name, range(20, 23))
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    run_latest()
+    assert sorted(seen) == ["n20", "n21", "n22"]
+
+
+def test_a_partitioned_queue_is_read_and_streamed_partition_by_partition(
+        sources: SparkSession, redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=3)
+    async def work(job: Job) -> None: ...
+
+    with SyncQueueClient(redis_url) as client:
+        client.queue(work).add(None, job_id="declares-3-partitions")
+    rows = sources.createDataFrame([(f"row-{i}",) for i in range(60)], ["name"])
+    (rows.write.format("panqueue").mode("append").option("url", redis_url)
+     .option("queue", queue_name).option("id_column", "name").save())
+    jobs = (sources.read.format("panqueue").option("url", redis_url)
+            .option("queue", queue_name).load())
+    assert jobs.rdd.getNumPartitions() == 3 * len(JobState)
+    ids = sorted(["declares-3-partitions", *(f"name:row-{i}" for i in range(60))])
+    assert sorted(r.id for r in jobs.where(F.col("state") == "waiting").collect()) == ids
+
+    async def main() -> None:
+        async with run_worker(registry, queue_name, redis_url, concurrency=8):
+            await drain(redis_url, queue_name)
+
+    anyio.run(main)
+    seen: list[tuple[str, str]] = []
     stream = (sources.readStream.format("panqueue-history").option("url", redis_url)
-              .option("queue", queue_name).option("startingOffsets", "latest").load())
+              .option("queue", queue_name).load())
     query = (stream.writeStream.foreachBatch(
-        lambda batch, _: seen.extend(r.id for r in batch.collect()))
-        .option("checkpointLocation", str(tmp_path / "latest")).trigger(availableNow=True)
+        lambda batch, _: seen.extend((r.id, r.state) for r in batch.collect()))
+        .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True)
         .start())
     query.awaitTermination(120)
-    assert seen == []
+    assert sorted(seen) == [(job_id, "completed") for job_id in ids]
