@@ -291,7 +291,8 @@ def _ms_between(start: dt.datetime | None, end: dt.datetime | None) -> float | N
     return None if start is None or end is None else (end - start).total_seconds() * 1000
 
 
-def _record(info: JobInfo) -> tuple[Any, ...]:
+def job_record(info: JobInfo) -> tuple[Any, ...]:
+    """A job as a row of ``JOB_SCHEMA`` (read_jobs and the ``panqueue`` data source)."""
     return (info.id, info.queue, info.state.value, info.attempts, info.priority,
             info.enqueued_at, info.started_at, info.finished_at,
             _ms_between(info.enqueued_at, info.started_at),
@@ -342,7 +343,7 @@ def _read_chunk(producer: SyncProducer, keys: QueueKeys, ids: list[str],
                 states: frozenset[JobState]) -> Iterator[tuple[Any, ...]]:
     # Skips jobs removed since the listing, and jobs that moved to a state not asked for.
     for info in producer.run(ops.read_jobs(keys, ids, states=states, logs=False)):
-        yield _record(info)
+        yield job_record(info)
 
 
 # --------------------------------------------------------------------------- history export

@@ -44,7 +44,7 @@ from panqueue._store.ops.jobs import state_set
 from panqueue._store.transport import Command, Op
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
-from panqueue.spark import HISTORY_SCHEMA, JOB_SCHEMA, EnqueuePlan, _record, plan_enqueue
+from panqueue.spark import HISTORY_SCHEMA, JOB_SCHEMA, EnqueuePlan, job_record, plan_enqueue
 
 __all__ = ["HistoryDataSource", "JobsDataSource"]
 
@@ -187,7 +187,7 @@ class _JobsReader(DataSourceReader):
                 # state (the task of that state's set reads them, if it lists them).
                 for info in producer.run(ops.read_jobs(keys, chunk, states={state},
                                                        logs=False)):
-                    yield _record(info)
+                    yield job_record(info)
 
 
 def _ids_by_score(keys: QueueKeys, state: JobState, low: Any, high: Any) -> Op[list[str]]:
