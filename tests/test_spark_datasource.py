@@ -123,14 +123,17 @@ def test_read_format_refuses_bad_options_with_one_clear_line(
 
 
 def test_write_format_enqueues_like_enqueue_dataframe_exactly_once(
-        sources: SparkSession, redis_url: str, redis_client: redis.Redis,
-        queue_name: str) -> None:
+        sources: SparkSession, redis_url: str, redis_client: redis.Redis, queue_name: str,
+        tmp_path: Path) -> None:
+    failures = str(tmp_path)
+
     @F.udf(T.LongType(), useArrow=False)
     def fail_first_attempt(n):  # type: ignore[no-untyped-def]  # hints would make Spark guess a UDF kind
         # The first attempt of each task dies late in its partition, after it had enqueued
         # most of its rows: the retry finds them and adds only the rest.
         context = TaskContext.get()
         if context is not None and context.attemptNumber() == 0 and n % 2000 == 1900:
+            Path(failures, f"failed-{n}").touch()
             raise RuntimeError("simulated executor failure")
         return n
 
@@ -140,6 +143,7 @@ def test_write_format_enqueues_like_enqueue_dataframe_exactly_once(
     writer = (df.write.format("panqueue").option("url", redis_url).option("queue", queue_name)
               .option("id_column", "n").option("batch_size", "100").option("priority", "3"))
     writer.mode("append").save()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failed-1900", "failed-3900"]
     writer.mode("append").save()  # a re-run adds nothing
     with SyncQueueClient(redis_url) as client:
         assert client.counts(queue_name)[JobState.WAITING] == 4000
