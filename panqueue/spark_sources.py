@@ -38,13 +38,13 @@ from pyspark.sql.datasource import (
 from panqueue._job import JobState
 from panqueue._keys import QueueKeys, check_queue_name
 from panqueue._producer import SyncProducer
+from panqueue._spark_rows import HISTORY_SCHEMA, JOB_SCHEMA, EnqueuePlan, job_record, plan_enqueue
 from panqueue._store import check_url, ops
 from panqueue._store.ops.history import parse_record
 from panqueue._store.ops.jobs import state_set
 from panqueue._store.transport import Command, Op
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
-from panqueue.spark import HISTORY_SCHEMA, JOB_SCHEMA, EnqueuePlan, job_record, plan_enqueue
 
 __all__ = ["HistoryDataSource", "JobsDataSource"]
 
