@@ -21,7 +21,7 @@ from typing import Any, TypeVar, overload
 import anyio
 
 from panqueue._batch import Batch, SyncBatch, new_batch, new_sync_batch
-from panqueue._codec import DEFAULT_MAX_PAYLOAD
+from panqueue._codec import DEFAULT_MAX_PAYLOAD, encode_checked
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, prefixed
 from panqueue._producer import EventTail, Producer, SyncProducer, target
@@ -41,12 +41,20 @@ from panqueue._store.ops import partitions as parted
 from panqueue._store.ops.explain import Tool
 from panqueue._store.ops.timings import Timings
 from panqueue._url import resolve_url
-from panqueue.errors import ConnectionError
+from panqueue.errors import ConfigError, ConnectionError
 
 __all__ = ["QueueClient", "SyncQueueClient"]
 
 T = TypeVar("T")
 D = TypeVar("D")
+
+
+def signal_args(name: object, payload: Any) -> tuple[str, bytes]:
+    """A signal's name and its payload in stored form, checked before anything is sent."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ConfigError(f"a signal's name must be a non-empty string of at most 200 "
+                          f"characters, got {name!r}")
+    return name, encode_checked(payload, "payload")
 
 
 # --------------------------------------------------------------------------- async
@@ -158,6 +166,14 @@ class QueueClient:
 
     async def cancel(self, queue: str, job_id: str) -> JobState:
         return await self._run(self.producer.on_job(queue, job_id, ops.cancel))
+
+    async def signal(self, queue: str, job_id: str, name: str, payload: Any = None) -> bool:
+        """Send the durable job ``job_id`` the signal ``name`` with a JSON-compatible
+        ``payload``: ``job.wait_for(name)`` returns it. Kept until a wait takes it (several of
+        one name are taken oldest first, one per wait); a job that waits for it now is woken.
+        Returns False when the job is already final (nothing kept)."""
+        return await self._run(self.producer.on_job(queue, job_id, ops.signal,
+                                                    *signal_args(name, payload)))
 
     async def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
         return await self._run(self.producer.on_all(queue, parted.all_retry_failed, ids))
@@ -326,6 +342,11 @@ class SyncQueueClient:
 
     def cancel(self, queue: str, job_id: str) -> JobState:
         return self._run(self.producer.on_job(queue, job_id, ops.cancel))
+
+    def signal(self, queue: str, job_id: str, name: str, payload: Any = None) -> bool:
+        """:meth:`QueueClient.signal`."""
+        return self._run(self.producer.on_job(queue, job_id, ops.signal,
+                                              *signal_args(name, payload)))
 
     def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
         return self._run(self.producer.on_all(queue, parted.all_retry_failed, ids))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal
 
+from panqueue._durable import DurableRun, sleep_spec, wait_timeout
 from panqueue._options import JobOptions
-from panqueue.errors import ErrorInfo, Fail, Retry  # defined there (below this), kept here
+from panqueue.errors import ConfigError, ErrorInfo, Fail, Retry  # the last three: kept here
 
-__all__ = ["DONE", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "PayloadT",
-           "ReportKind", "Retry", "Sink", "from_ms"]
+__all__ = ["DONE", "Bridge", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState",
+           "PayloadT", "ReportKind", "Retry", "Sink", "from_ms"]
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -83,6 +84,14 @@ class JobInfo:
     #: How many attempts the job has in all, as its last failed attempt was told (with
     #: ``retry_of``: "retry ``retry_of + 1`` of ``max_attempts``"), or None.
     max_attempts: int | None = None
+    #: A durable job's completed steps and their results (``job.step``), in the order they
+    #: completed; and when each was stored.
+    steps: dict[str, Any] = field(default_factory=dict)
+    steps_at: dict[str, datetime | None] = field(default_factory=dict)
+    #: The signal a DELAYED durable job waits for (``job.wait_for``), or None.
+    waiting_for: str | None = None
+    #: When a DELAYED durable job's sleep (``job.sleep``) ends, or None.
+    sleeping_until: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the CLI's ``panqueue job`` prints this)."""
@@ -111,6 +120,10 @@ class JobInfo:
             "worker": self.worker,
             "retry_of": self.retry_of,
             "max_attempts": self.max_attempts,
+            "steps": [{"name": name, "result": result, "at": iso(self.steps_at.get(name))}
+                      for name, result in self.steps.items()],
+            "waiting_for": self.waiting_for,
+            "sleeping_until": iso(self.sleeping_until),
         }
 
 
@@ -137,6 +150,10 @@ ReportKind = Literal["p", "l"]
 #: a :class:`Job` when it is made, or by an executor to a view of it with :meth:`Job.rebind`.
 Sink = Callable[[ReportKind, Any], Awaitable[None]]
 
+#: How a view of a job made for another thread runs its durable calls: ``bridge(fn, *args)``
+#: awaits ``fn(*args)`` on the event loop that owns the job and returns its result (or raises).
+Bridge = Callable[..., Any]
+
 
 def _never() -> bool:
     return False
@@ -153,12 +170,13 @@ class Job(Generic[PayloadT]):
     that is already done.
     """
 
-    __slots__ = ("_enqueued_at", "_enqueued_ms", "_sink", "_stop", "attempt", "data", "id",
-                 "options", "queue")
+    __slots__ = ("_bridge", "_durable", "_enqueued_at", "_enqueued_ms", "_sink", "_stop",
+                 "attempt", "data", "id", "options", "queue")
 
     def __init__(self, *, id: str, queue: str, data: PayloadT, attempt: int, options: JobOptions,
                  sink: Sink, should_stop: Callable[[], bool] = _never,
-                 enqueued_at: datetime | None = None, enqueued_at_ms: int | None = None) -> None:
+                 enqueued_at: datetime | None = None, enqueued_at_ms: int | None = None,
+                 durable: DurableRun | None = None, bridge: Bridge | None = None) -> None:
         self.id = id
         self.queue = queue
         self.data = data
@@ -168,6 +186,8 @@ class Job(Generic[PayloadT]):
         self._enqueued_ms = enqueued_at_ms
         self._sink = sink
         self._stop = should_stop
+        self._durable = durable
+        self._bridge = bridge
 
     @property
     def enqueued_at(self) -> datetime | None:
@@ -197,15 +217,67 @@ class Job(Generic[PayloadT]):
         handler should return (or raise) soon. Always cheap; no I/O."""
         return self._stop()
 
-    def rebind(self, sink: Sink, should_stop: Callable[[], bool]) -> Job[PayloadT]:
+    # ------------------------------------------------------------------ durable jobs
+
+    def _run(self, what: str) -> DurableRun:
+        if self._durable is None:
+            raise ConfigError(f"job.{what}() is for handlers of single jobs on the inline, "
+                              "thread and subprocess executors (not chunk handlers)")
+        return self._durable
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` (sync or async) once for this job: its JSON-compatible result is
+        stored with the job, and every later run of the job (a retry, a resume after a sleep
+        or a signal, a recovery after a crash) returns it without calling ``fn``. A step that
+        raises stores nothing. Names are unique within a job. Async handlers ``await`` it;
+        thread and subprocess handlers call it plainly (it returns the result)."""
+        run = self._run("step")
+        if self._bridge is None:
+            return run.step(name, fn, args)
+        found, value = self._bridge(run.begin_step, name)
+        if found:
+            return value
+        value = fn(*args)
+        self._bridge(run.end_step, name, value)
+        return value
+
+    def sleep(self, seconds: float | timedelta | None = None, *,
+              until: datetime | None = None) -> Any:
+        """End this run and resume the job after ``seconds`` (a number or a timedelta) or at
+        ``until`` (an aware datetime): the job is DELAYED meanwhile, its slot free and no
+        attempt used; the handler then runs from the top, its steps replayed, and this sleep
+        returns at once. Awaited in async handlers, a plain call in thread and subprocess
+        ones."""
+        at_ms, delay_ms = sleep_spec(seconds, until)
+        run = self._run("sleep")
+        if self._bridge is None:
+            return run.sleep(at_ms, delay_ms)
+        return self._bridge(run.sleep, at_ms, delay_ms)
+
+    def wait_for(self, name: str, timeout: float | timedelta | None = None) -> Any:
+        """The payload of the signal ``name`` (``client.signal(queue, id, name, payload)``).
+        A signal sent earlier is kept and returned at once; otherwise the run ends and the job
+        is DELAYED, holding no slot, until the signal comes (then it runs again from the top)
+        or ``timeout`` passes (then this raises :class:`~panqueue.SignalTimeout`). Awaited in
+        async handlers, a plain call in thread and subprocess ones."""
+        timeout_ms = wait_timeout(timeout)
+        run = self._run("wait_for")
+        if self._bridge is None:
+            return run.wait_for(name, timeout_ms)
+        return self._bridge(run.wait_for, name, timeout_ms)
+
+    def rebind(self, sink: Sink, should_stop: Callable[[], bool],
+               bridge: Bridge | None = None) -> Job[PayloadT]:
         """The same job with another way to report and to be told to stop: what an executor
         gives a handler that runs elsewhere (a thread). The view's ``progress()`` and ``log()``
         call ``sink``, which carries each report back and makes it through this job's own
-        ``progress()`` / ``log()``; its ``should_stop()`` calls ``should_stop``."""
+        ``progress()`` / ``log()``; its ``should_stop()`` calls ``should_stop``. ``bridge``
+        (:data:`Bridge`) makes the view's durable calls plain ones: it runs each on the loop
+        that owns the job and returns its result."""
         return Job(id=self.id, queue=self.queue, data=self.data, attempt=self.attempt,
                    options=self.options, enqueued_at=self._enqueued_at,
                    enqueued_at_ms=self._enqueued_ms, sink=sink,
-                   should_stop=should_stop)
+                   should_stop=should_stop, durable=self._durable, bridge=bridge)
 
     def __repr__(self) -> str:
         return f"<Job {self.queue}/{self.id} attempt={self.attempt}>"

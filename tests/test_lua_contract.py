@@ -192,6 +192,17 @@ CASES = [
     Case("rate_limited", "attempt", lambda: tr.end_attempt(
         K, tr.Throttled("j", "t", 1, 5, 10), max_snoozes=None, claim_next=True, keep=1,
         token="n", ttl_ms=1)),
+    Case("suspend", "sleep", lambda: tr.end_attempt(
+        K, tr.Suspended("j", "t", 1, 5, 10, "sleep", 0), max_snoozes=None, claim_next=True,
+        keep=1, token="n", ttl_ms=1)),
+    Case("suspend", "signal", lambda: tr.end_attempt(
+        K, tr.Suspended("j", "t", 1, 5, 0, "signal", 1, timeout_ms=9, name="go"),
+        max_snoozes=None, claim_next=True, keep=1, token="n", ttl_ms=1)),
+    Case("step", "result", lambda: tr.step_done(K, "j", "t", "a", b"\x01")),
+    Case("signal_take", "take", lambda: tr.take_signal(K, "j", "t", 0, "go"),
+         answer=answering({"signal_take": [0]})),
+    Case("signal", "send", lambda: queue.signal(K, "j", "go", b"\xc0"),
+         answer=answering({"signal": 1})),
     Case("rate_take", "starts", lambda: tr.take_starts(K, 1, 10, 1000, "s")),
     Case("pause_for", "ms", lambda: tr.pause_for(K, 5)),
     Case("extend", "one lock", lambda: tr.extend(K, 1000, [("j", "t")]), units=1),

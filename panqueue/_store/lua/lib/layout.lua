@@ -20,8 +20,9 @@
 --   b  the batch the job belongs to (batch_*.lua; its ending goes to "batch_outbox")
 --   ih partitioned queues: "<home partition>\t<token>" of the pointer in its custom id's home
 --      partition (lib/identity.lua); deleting the job queues its removal ("id_outbox")
--- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua).
---
+-- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua);
+-- "job:<id>:durable" (HASH): a durable job's steps, sleeps, waits and kept signals (its fields:
+-- step.lua's header).
 -- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
 -- read by exports (panqueue.spark.export_history) through their consumer group.
 -- Worker registry: ZSET "workers" (worker name -> when its entry expires, ms) and HASH
@@ -71,6 +72,10 @@ end
 
 local function logs_key(id)
   return P .. 'job:' .. id .. ':logs'
+end
+
+local function durable_key(id)
+  return P .. 'job:' .. id .. ':durable'
 end
 
 -- Keyed mode: the waiting jobs of one key (lib/waiting.lua).

@@ -36,7 +36,7 @@ local function trim_finished(set, keep, now)
   end
 end
 
--- Delete a job: its hash, its log list and its dependency edges on both sides; the jobs still
+-- Delete a job: its hash, its log list, its durable record and its dependency edges on both sides; the jobs still
 -- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
 -- retention takes at every finish; `edgeless`: the caller knows there is none, see
 -- trim_finished.)
@@ -57,5 +57,5 @@ delete_job = function(id, now, edgeless, finished)
   if pointed then
     redis.call('ZADD', K_ID_OUTBOX, now or now_ms(), id .. '\t' .. pointed)
   end
-  redis.call('DEL', jkey, logs_key(id))
+  redis.call('DEL', jkey, logs_key(id), durable_key(id))
 end

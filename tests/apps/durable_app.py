@@ -1,0 +1,119 @@
+"""Handlers for the durable-job tests (steps, sleeps, signals), on each executor. Module-level,
+so a subprocess child imports them. Side effects are counted in Redis at ``job.data["url"]``
+(``runs:<job>:<what>``), so that a test counts them whichever process ran the step."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis
+
+from panqueue import Backoff, Job, Registry, SignalTimeout
+
+queues = Registry()
+FAST = Backoff("fixed", 0.01)
+
+
+def count(job: Job, what: str) -> int:
+    """The side effect of a step: counted once per call."""
+    return int(redis.Redis.from_url(job.data["url"]).incr(f"runs:{job.id}:{what}"))
+
+
+def _fails(job: Job) -> bool:
+    """The first ``fail_runs`` runs of the handler fail after step "b"."""
+    runs = count(job, "handler")
+    return runs <= job.data.get("fail_runs", 0)
+
+
+async def _steps(job: Job) -> dict[str, Any]:
+    a = await job.step("a", count, job, "a")
+    b = await job.step("b", _async_count, job, "b")
+    if _fails(job):
+        raise RuntimeError("after b")
+    return {"a": a, "b": b, "attempt": job.attempt}
+
+
+async def _async_count(job: Job, what: str) -> int:
+    return count(job, what)
+
+
+@queues.handler("dur-steps", attempts=3, backoff=FAST)
+async def steps_inline(job: Job) -> dict[str, Any]:
+    return await _steps(job)
+
+
+@queues.handler("dur-steps-thread", attempts=3, backoff=FAST, executor="thread")
+def steps_thread(job: Job) -> dict[str, Any]:
+    a = job.step("a", count, job, "a")
+    b = job.step("b", count, job, "b")
+    if _fails(job):
+        raise RuntimeError("after b")
+    return {"a": a, "b": b, "attempt": job.attempt}
+
+
+@queues.handler("dur-misuse", attempts=1)
+async def misuse(job: Job) -> None:
+    if job.data["how"] == "twice":
+        await job.step("x", count, job, "x")
+        await job.step("x", count, job, "x")
+    elif job.data["how"] == "not-json":
+        await job.step("bad", lambda: {"when": datetime.now(UTC)})
+    elif job.data["how"] == "raises":
+        await job.step("boom", _boom, job)
+
+
+def _boom(job: Job) -> None:
+    count(job, "boom")
+    raise ValueError("boom")
+
+
+@queues.handler("dur-sleep", attempts=1)
+async def sleeper(job: Job) -> dict[str, Any]:
+    a = await job.step("a", count, job, "a")
+    if "until_s" in job.data:
+        await job.sleep(until=datetime.now(UTC) + timedelta(seconds=job.data["until_s"]))
+    else:
+        await job.sleep(timedelta(seconds=job.data["sleep"]))
+    b = await job.step("b", count, job, "b")
+    return {"a": a, "b": b, "runs": count(job, "handler")}
+
+
+@queues.handler("dur-sleep-thread", attempts=1, executor="thread")
+def sleeper_thread(job: Job) -> dict[str, Any]:
+    a = job.step("a", count, job, "a")
+    job.sleep(job.data["sleep"])
+    b = job.step("b", count, job, "b")
+    return {"a": a, "b": b, "runs": count(job, "handler")}
+
+
+@queues.handler("dur-signal", attempts=2, backoff=FAST)
+async def waiter(job: Job) -> dict[str, Any]:
+    a = await job.step("a", count, job, "a")
+    timeout = job.data.get("timeout")
+    try:
+        first = await job.wait_for("approved", timeout=timeout)
+    except SignalTimeout:
+        if not job.data.get("catch"):
+            raise
+        first = "timed out"
+    second = await job.wait_for("approved", timeout=timeout) if job.data.get("two") else None
+    b = await job.step("b", count, job, "b")
+    return {"a": a, "b": b, "first": first, "second": second}
+
+
+@queues.handler("dur-signal-thread", attempts=1, executor="thread")
+def waiter_thread(job: Job) -> dict[str, Any]:
+    a = job.step("a", count, job, "a")
+    got = job.wait_for("approved", timeout=job.data.get("timeout"))
+    b = job.step("b", count, job, "b")
+    return {"a": a, "b": b, "first": got}
+
+
+@queues.handler("dur-mixed", concurrency=2)
+async def mixed(job: Job) -> str:
+    """Sleeps ``sleep`` seconds when asked, else returns at once."""
+    if job.data.get("sleep"):
+        await job.sleep(job.data["sleep"])
+        return "slept"
+    return "done"
