@@ -29,11 +29,15 @@ from panqueue._check import is_number
 from panqueue._codec import check_json_compatible, decode, encode
 from panqueue.errors import ConfigError, SignalTimeout
 
-__all__ = ["DurableRun", "DurableStore", "Suspend", "Suspension", "sleep_spec", "steps_of",
-           "wait_timeout"]
+__all__ = ["FOREVER_MS", "DurableRun", "DurableStore", "Suspend", "Suspension", "sleep_spec",
+           "steps_of", "wait_timeout"]
 
 # The longest a durable sleep or a wait's timeout may be (ten years).
 MAX_WAIT_S = 10 * 365 * 24 * 3600.0
+# The delayed set's score of a job that waits for a signal with no timeout (suspend.lua's
+# FOREVER_MS): far beyond any real time, and beyond what a datetime can hold, so it is never
+# shown as a time (JobInfo.run_at, Explanation.due_at: None).
+FOREVER_MS = 1125899906842624
 
 
 class Suspend(Exception):

@@ -6,6 +6,7 @@ and after a step) are in tests/test_durable_processes.py."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -135,3 +136,187 @@ def test_a_take_from_a_run_that_lost_its_lock_takes_nothing(
     assert store.t.run(take_signal(store.keys, job_id, "stale", 0, "go")) == (-1, b"")
     assert store.t.run(take_signal(store.keys, job_id, "w:1", 0, "go")) == (1, encode({"n": 1}))
     assert store.t.run(take_signal(store.keys, job_id, "w:1", 1, "go")) == (0, b"")
+
+
+# ----------------------------------------------------------------------------- sleeps
+
+
+def suspended(info: Any) -> list[dict[str, Any]]:
+    return [entry for entry in info.history if entry.get("type") == "Suspended"]
+
+
+@pytest.mark.parametrize("queue", ["dur-sleep", "dur-sleep-thread"])
+async def test_a_sleep_frees_the_slot_uses_no_attempt_and_resumes_with_steps_replayed(
+        redis_url: str, queue: str) -> None:
+    async with run_worker(durable_app.queues, queue, redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue(queue).add({"url": redis_url, "sleep": 1.0})
+        await state_is(client, queue, job.id, JobState.DELAYED)
+        sleeping = await job.info()
+        explanation = await client.explain(queue, job.id)
+        assert not await client.list_jobs(queue, JobState.ACTIVE)  # no slot held
+        result = await job.result(timeout=20)
+        info = await job.info()
+    assert sleeping.sleeping_until is not None and sleeping.waiting_for is None
+    assert sleeping.steps == {"a": 1}
+    assert explanation.reason == "delayed" and "sleeping (job.sleep) until" in explanation.detail
+    # The handler ran twice (the sleep ended the first run); step "a" ran once.
+    assert result == {"a": 1, "b": 1, "runs": 1}
+    assert runs(redis_url, job.id, "a") == 1
+    assert info.attempts == 1 and len(suspended(info)) == 1 and info.sleeping_until is None
+
+
+async def test_a_sleep_until_a_time_resumes_then(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-sleep", redis_url), \
+            QueueClient(redis_url) as client:
+        started = time.monotonic()
+        job = await client.queue("dur-sleep").add({"url": redis_url, "until_s": 0.8})
+        result = await job.result(timeout=20)
+    assert time.monotonic() - started >= 0.7
+    assert result["a"] == 1 and result["b"] == 1
+
+
+async def test_a_zero_sleep_returns_at_once_without_ending_the_run(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-sleep", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-sleep").add({"url": redis_url, "sleep": 0})
+        await job.result(timeout=20)
+        info = await job.info()
+    assert not suspended(info)
+
+
+async def test_a_thousand_sleeping_jobs_hold_no_slot_of_a_concurrency_2_queue(
+        redis_url: str) -> None:
+    queue = "dur-mixed"
+    async with run_worker(durable_app.queues, queue, redis_url), \
+            QueueClient(redis_url) as client:
+        sleepers = await client.queue(queue).add_bulk([{"sleep": 3600}] * 1000)
+
+        async def all_asleep() -> bool:
+            return (await client.counts(queue))[JobState.DELAYED] == 1000
+
+        await async_wait_until(all_asleep, timeout=60, what="1,000 jobs asleep")
+        others = [await client.queue(queue).add({}) for _ in range(5)]
+        results = [await other.result(timeout=20) for other in others]
+        counts = await client.counts(queue)
+        info = await sleepers[0].info()
+        assert await client.purge(queue) >= 1000
+    assert results == ["done"] * 5
+    assert counts[JobState.DELAYED] == 1000 and counts[JobState.ACTIVE] == 0
+    assert info.attempts == 0  # a sleep gives its attempt back
+
+
+async def test_a_sleeping_job_can_be_cancelled(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-sleep", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-sleep").add({"url": redis_url, "sleep": 3600})
+        await state_is(client, "dur-sleep", job.id, JobState.DELAYED)
+        assert await client.cancel("dur-sleep", job.id) is JobState.DELAYED
+        info = await job.info()
+    assert info.state is JobState.CANCELLED and info.steps == {"a": 1}
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+@pytest.mark.parametrize("queue", ["dur-signal", "dur-signal-thread"])
+async def test_a_wait_for_a_signal_frees_the_slot_until_the_signal_comes(
+        redis_url: str, queue: str) -> None:
+    async with run_worker(durable_app.queues, queue, redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue(queue).add({"url": redis_url})
+        await state_is(client, queue, job.id, JobState.DELAYED)
+        waiting = await job.info()
+        explanation = await client.explain(queue, job.id)
+        assert await client.signal(queue, job.id, "approved", {"by": "ann"}) is True
+        result = await job.result(timeout=20)
+        info = await job.info()
+    assert waiting.waiting_for == "approved" and waiting.sleeping_until is None
+    assert explanation.reason == "signal" and "'approved'" in explanation.detail
+    assert "no timeout" in explanation.detail
+    assert result["first"] == {"by": "ann"} and result["a"] == 1 and result["b"] == 1
+    assert runs(redis_url, job.id, "a") == 1
+    assert info.attempts == 1 and info.waiting_for is None
+
+
+async def test_a_signal_sent_before_the_wait_with_no_worker_up_is_kept_and_returned_at_once(
+        redis_url: str) -> None:
+    async with QueueClient(redis_url) as client:
+        job = await client.queue("dur-signal").add({"url": redis_url})
+        assert await client.signal("dur-signal", job.id, "approved", [1, 2]) is True
+        async with run_worker(durable_app.queues, "dur-signal", redis_url):
+            result = await job.result(timeout=20)
+        info = await job.info()
+    assert result["first"] == [1, 2]
+    assert not suspended(info)  # it never had to wait
+
+
+async def test_two_signals_of_one_name_are_taken_oldest_first_by_two_waits(
+        redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-signal", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-signal").add({"url": redis_url, "two": True})
+        await state_is(client, "dur-signal", job.id, JobState.DELAYED)
+        assert await client.signal("dur-signal", job.id, "approved", "first") is True
+        assert await client.signal("dur-signal", job.id, "approved", "second") is True
+        result = await job.result(timeout=20)
+    assert (result["first"], result["second"]) == ("first", "second")
+
+
+async def test_a_retry_after_the_wait_replays_the_payload_it_got(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-signal", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-signal").add({"url": redis_url, "fail_once": True})
+        await state_is(client, "dur-signal", job.id, JobState.DELAYED)
+        await client.signal("dur-signal", job.id, "approved", "yes")
+        result = await job.result(timeout=20)
+        info = await job.info()
+    assert result["first"] == "yes" and info.attempts == 2
+    assert runs(redis_url, job.id, "b") == 1  # step "b" ran before the failure, once
+
+
+async def test_a_wait_that_times_out_raises_signal_timeout_and_the_retry_policy_applies(
+        redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-signal", redis_url), \
+            QueueClient(redis_url) as client:
+        failing = await client.queue("dur-signal").add({"url": redis_url, "timeout": 0.3})
+        caught = await client.queue("dur-signal").add(
+            {"url": redis_url, "timeout": 0.3, "catch": True})
+        with pytest.raises(JobFailed) as failed:
+            await failing.result(timeout=20)
+        result = await caught.result(timeout=20)
+        info = await failing.info()
+    error = failed.value.error
+    assert error is not None and error.type == "SignalTimeout" and "'approved'" in error.message
+    assert info.attempts == 2  # both attempts used: the second replays the timeout
+    assert result["first"] == "timed out"
+    assert await_late_signal_is_refused(redis_url, failing.id)
+
+
+def await_late_signal_is_refused(url: str, job_id: str) -> bool:
+    """A signal to a final job: False, and nothing kept."""
+    with SyncQueueClient(url) as client:
+        refused = client.signal("dur-signal", job_id, "approved", "late") is False
+    record = redis.Redis.from_url(url).hgetall("{q:dur-signal}:job:" + job_id + ":durable")
+    return refused and b"q:approved" not in record
+
+
+async def test_a_job_waiting_for_a_signal_can_be_cancelled(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-signal", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-signal").add({"url": redis_url})
+        await state_is(client, "dur-signal", job.id, JobState.DELAYED)
+        assert await client.cancel("dur-signal", job.id) is JobState.DELAYED
+        assert await client.signal("dur-signal", job.id, "approved") is False
+
+
+def test_a_bad_signal_is_refused_before_anything_is_sent(redis_url: str) -> None:
+    from panqueue import JobNotFound, PayloadError
+
+    with SyncQueueClient(redis_url) as client:
+        with pytest.raises(ConfigError, match="signal's name"):
+            client.signal("dur-signal", "1", "")
+        with pytest.raises(PayloadError, match="payload"):
+            client.signal("dur-signal", "1", "go", {1, 2})
+        with pytest.raises(JobNotFound):
+            client.signal("dur-signal", "no-such-job", "go")

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from panqueue._codec import encode
+from panqueue._durable import FOREVER_MS
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._options import MAX_PRIORITY, MAX_SECONDS, Retention
@@ -364,6 +365,7 @@ SHARED = {
     ("lib/settings.lua", "KEY_CONCURRENCY"): next(
         f.default for f in fields(HandlerOptions) if f.name == "key_concurrency"),
     ("lib/wait_order.lua", "MAX_PRIORITY"): MAX_PRIORITY,
+    ("suspend.lua", "FOREVER_MS"): FOREVER_MS,
 }
 # The Lua constants Python does not know, and why: a new constant is sorted into one or the
 # other here, so a default that Python also has cannot be added on one side unnoticed.
@@ -379,7 +381,7 @@ LUA_ONLY = {
     ("rate_take.lua", "GRACE_MIN_MS"): "the rate grace (docs/scaling.md, checked below)",
 }
 # lib/status.lua's constants are Status (tests/test_lua_layout.py).
-_SOURCES = [*sorted((LUA / "lib").glob("*.lua")), LUA / "rate_take.lua"]
+_SOURCES = [*sorted((LUA / "lib").glob("*.lua")), LUA / "rate_take.lua", LUA / "suspend.lua"]
 
 
 def test_every_lua_constant_is_held_to_python_or_known_to_be_the_scripts_own() -> None:

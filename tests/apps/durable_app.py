@@ -99,6 +99,8 @@ async def waiter(job: Job) -> dict[str, Any]:
         first = "timed out"
     second = await job.wait_for("approved", timeout=timeout) if job.data.get("two") else None
     b = await job.step("b", count, job, "b")
+    if job.data.get("fail_once") and count(job, "failed") == 1:
+        raise RuntimeError("after b, once")  # the retry replays the waits
     return {"a": a, "b": b, "first": first, "second": second}
 
 

@@ -17,7 +17,7 @@ import msgpack
 
 from panqueue._check import check_int
 from panqueue._codec import decode
-from panqueue._durable import steps_of
+from panqueue._durable import FOREVER_MS, steps_of
 from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.ops.events import stream_entries
@@ -36,9 +36,9 @@ _FINAL_EVENTS = frozenset({b"completed", b"failed", b"cancelled"})
 
 
 def failed_attempt(entry: dict[Any, Any]) -> bool:
-    """Whether a history entry is a failed attempt's (a snooze or a handler's RateLimited used
-    none, and a stalled attempt's entry has no error type)."""
-    return bool(entry) and entry.get("type") not in (None, "Snoozed", "RateLimited")
+    """Whether a history entry is a failed attempt's (a snooze, a handler's RateLimited and a
+    durable job's suspension used none, and a stalled attempt's entry has no error type)."""
+    return bool(entry) and entry.get("type") not in (None, "Snoozed", "RateLimited", "Suspended")
 
 
 def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[bytes],
@@ -89,7 +89,7 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         history=history,
         options=decode(fields.get(b"o")) or {},
         expires_at=from_ms(fields.get(b"x")),
-        run_at=(from_ms(int(float(due))) if due is not None
+        run_at=(from_ms(int(float(due))) if due is not None and float(due) < FOREVER_MS
                 and job_state is JobState.DELAYED else None),
         worker=None if holder is None else holder.worker,
         retry_of=int(last.get("attempt") or 0) if retry else None,
