@@ -150,9 +150,12 @@ ReportKind = Literal["p", "l"]
 #: a :class:`Job` when it is made, or by an executor to a view of it with :meth:`Job.rebind`.
 Sink = Callable[[ReportKind, Any], Awaitable[None]]
 
-#: How a view of a job made for another thread runs its durable calls: ``bridge(fn, *args)``
-#: awaits ``fn(*args)`` on the event loop that owns the job and returns its result (or raises).
+#: How a view of a job that runs elsewhere (a thread, a child process) makes its durable calls:
+#: ``bridge(op, *args)`` has :meth:`Job.relay_durable` run them on the job the worker holds and
+#: returns the result (or raises).
 Bridge = Callable[..., Any]
+
+_DURABLE_OPS = frozenset({"begin_step", "end_step", "sleep", "wait_for"})
 
 
 def _never() -> bool:
@@ -231,14 +234,13 @@ class Job(Generic[PayloadT]):
         or a signal, a recovery after a crash) returns it without calling ``fn``. A step that
         raises stores nothing. Names are unique within a job. Async handlers ``await`` it;
         thread and subprocess handlers call it plainly (it returns the result)."""
-        run = self._run("step")
         if self._bridge is None:
-            return run.step(name, fn, args)
-        found, value = self._bridge(run.begin_step, name)
+            return self._run("step").step(name, fn, args)
+        found, value = self._bridge("begin_step", name)
         if found:
             return value
         value = fn(*args)
-        self._bridge(run.end_step, name, value)
+        self._bridge("end_step", name, value)
         return value
 
     def sleep(self, seconds: float | timedelta | None = None, *,
@@ -249,10 +251,9 @@ class Job(Generic[PayloadT]):
         returns at once. Awaited in async handlers, a plain call in thread and subprocess
         ones."""
         at_ms, delay_ms = sleep_spec(seconds, until)
-        run = self._run("sleep")
         if self._bridge is None:
-            return run.sleep(at_ms, delay_ms)
-        return self._bridge(run.sleep, at_ms, delay_ms)
+            return self._run("sleep").sleep(at_ms, delay_ms)
+        return self._bridge("sleep", at_ms, delay_ms)
 
     def wait_for(self, name: str, timeout: float | timedelta | None = None) -> Any:
         """The payload of the signal ``name`` (``client.signal(queue, id, name, payload)``).
@@ -261,10 +262,17 @@ class Job(Generic[PayloadT]):
         or ``timeout`` passes (then this raises :class:`~panqueue.SignalTimeout`). Awaited in
         async handlers, a plain call in thread and subprocess ones."""
         timeout_ms = wait_timeout(timeout)
-        run = self._run("wait_for")
         if self._bridge is None:
-            return run.wait_for(name, timeout_ms)
-        return self._bridge(run.wait_for, name, timeout_ms)
+            return self._run("wait_for").wait_for(name, timeout_ms)
+        return self._bridge("wait_for", name, timeout_ms)
+
+    async def relay_durable(self, op: str, *args: Any) -> Any:
+        """For executors whose handler runs elsewhere (a thread, a child process): run the
+        durable operation ``op`` (``begin_step``, ``end_step``, ``sleep``, ``wait_for``) that
+        the handler's view asked for, on this job, and return its result."""
+        if op not in _DURABLE_OPS:
+            raise ConfigError(f"no durable operation {op!r}")
+        return await getattr(self._run(op), op)(*args)
 
     def rebind(self, sink: Sink, should_stop: Callable[[], bool],
                bridge: Bridge | None = None) -> Job[PayloadT]:

@@ -39,7 +39,7 @@ async def state_is(client: QueueClient, queue: str, job_id: str, state: JobState
 # ----------------------------------------------------------------------------- steps
 
 
-@pytest.mark.parametrize("queue", ["dur-steps", "dur-steps-thread"])
+@pytest.mark.parametrize("queue", ["dur-steps", "dur-steps-thread", "dur-steps-subprocess"])
 async def test_steps_run_once_across_retries_and_their_results_are_replayed(
         redis_url: str, queue: str) -> None:
     async with run_worker(durable_app.queues, queue, redis_url), \
@@ -145,7 +145,7 @@ def suspended(info: Any) -> list[dict[str, Any]]:
     return [entry for entry in info.history if entry.get("type") == "Suspended"]
 
 
-@pytest.mark.parametrize("queue", ["dur-sleep", "dur-sleep-thread"])
+@pytest.mark.parametrize("queue", ["dur-sleep", "dur-sleep-thread", "dur-sleep-subprocess"])
 async def test_a_sleep_frees_the_slot_uses_no_attempt_and_resumes_with_steps_replayed(
         redis_url: str, queue: str) -> None:
     async with run_worker(durable_app.queues, queue, redis_url), \
@@ -219,7 +219,8 @@ async def test_a_sleeping_job_can_be_cancelled(redis_url: str) -> None:
 # ----------------------------------------------------------------------------- signals
 
 
-@pytest.mark.parametrize("queue", ["dur-signal", "dur-signal-thread"])
+@pytest.mark.parametrize("queue", ["dur-signal", "dur-signal-thread",
+                                   "dur-signal-subprocess"])
 async def test_a_wait_for_a_signal_frees_the_slot_until_the_signal_comes(
         redis_url: str, queue: str) -> None:
     async with run_worker(durable_app.queues, queue, redis_url), \
@@ -237,6 +238,22 @@ async def test_a_wait_for_a_signal_frees_the_slot_until_the_signal_comes(
     assert result["first"] == {"by": "ann"} and result["a"] == 1 and result["b"] == 1
     assert runs(redis_url, job.id, "a") == 1
     assert info.attempts == 1 and info.waiting_for is None
+
+
+async def test_a_sandboxed_child_steps_sleeps_and_waits_with_no_grant(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-sandboxed", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-sandboxed").add({"n": 21})
+
+        async def waits() -> bool:
+            return (await job.info()).waiting_for == "approved"
+
+        await async_wait_until(waits, what="the job to wait for its signal")
+        assert await client.signal("dur-sandboxed", job.id, "approved", "ok")
+        result = await job.result(timeout=30)
+        info = await job.info()
+    assert result == {"doubled": 42, "got": "ok"}
+    assert info.steps == {"double": 42} and len(suspended(info)) == 2
 
 
 async def test_a_signal_sent_before_the_wait_with_no_worker_up_is_kept_and_returned_at_once(

@@ -14,7 +14,7 @@ and :mod:`._loops`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -82,12 +82,12 @@ class _Call(Task):
     def should_stop(self) -> bool:
         return self.abandoned or self.job is None or self.job.should_stop()
 
-    def bridge(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
+    def bridge(self, op: str, *args: Any) -> Any:
         """The single job's durable calls (job.step, job.sleep, job.wait_for) from the
         handler's thread: run on the event loop, their result (or exception) brought back."""
-        if self.abandoned:
+        if self.abandoned or self.job is None:
             raise HandlerAborted(SystemExit("the attempt gave up on this thread"))
-        return anyio.from_thread.run(fn, *args, token=self.loop.token)
+        return anyio.from_thread.run(self.job.relay_durable, op, *args, token=self.loop.token)
 
 
 class _Reports:

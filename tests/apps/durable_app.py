@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from panqueue import Backoff, Job, Registry, SignalTimeout
+from panqueue import Backoff, Job, Permissions, Registry, SignalTimeout
 
 queues = Registry()
 FAST = Backoff("fixed", 0.01)
@@ -50,6 +50,34 @@ def steps_thread(job: Job) -> dict[str, Any]:
     if _fails(job):
         raise RuntimeError("after b")
     return {"a": a, "b": b, "attempt": job.attempt}
+
+
+@queues.handler("dur-steps-subprocess", attempts=3, backoff=FAST, executor="subprocess")
+def steps_subprocess(job: Job) -> dict[str, Any]:
+    return steps_thread.fn(job)
+
+
+@queues.handler("dur-sleep-subprocess", attempts=1, executor="subprocess")
+def sleeper_subprocess(job: Job) -> dict[str, Any]:
+    return sleeper_thread.fn(job)
+
+
+@queues.handler("dur-signal-subprocess", attempts=1, executor="subprocess")
+def waiter_subprocess(job: Job) -> dict[str, Any]:
+    return waiter_thread.fn(job)
+
+
+def _double(n: int) -> int:
+    return 2 * n
+
+
+@queues.handler("dur-sandboxed", attempts=1, executor="subprocess",
+                permissions=Permissions(on_unsupported="warn"))
+def sandboxed(job: Job) -> dict[str, Any]:
+    """Confined with no grant at all: its durable calls go over the child's pipe."""
+    doubled = job.step("double", _double, job.data["n"])
+    job.sleep(0.2)
+    return {"doubled": doubled, "got": job.wait_for("approved")}
 
 
 @queues.handler("dur-misuse", attempts=1)
