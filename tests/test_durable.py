@@ -337,3 +337,77 @@ def test_a_bad_signal_is_refused_before_anything_is_sent(redis_url: str) -> None
             client.signal("dur-signal", "1", "go", {1, 2})
         with pytest.raises(JobNotFound):
             client.signal("dur-signal", "no-such-job", "go")
+
+
+# ----------------------------------------------------------------------------- the rest holds
+
+
+async def test_a_signal_goes_to_the_partition_that_holds_the_job(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-parted", redis_url), \
+            QueueClient(redis_url) as client:
+        jobs = [await client.queue("dur-parted").add({"i": i}) for i in range(6)]
+        for job in jobs:
+            await state_is(client, "dur-parted", job.id, JobState.DELAYED)
+            assert (await job.info()).waiting_for == "go"
+        for job in jobs:
+            assert await client.signal("dur-parted", job.id, "go", job.id) is True
+        results = [await job.result(timeout=20) for job in jobs]
+    assert results == [job.id for job in jobs]
+
+
+async def test_a_sleeping_job_does_not_hold_its_concurrency_key(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-keyed", redis_url), \
+            QueueClient(redis_url) as client:
+        sleeper = await client.queue("dur-keyed").add({"sleep": 3600}, key="tenant")
+        await state_is(client, "dur-keyed", sleeper.id, JobState.DELAYED)
+        other = await client.queue("dur-keyed").add({}, key="tenant")
+        assert await other.result(timeout=20) == "done"
+        await client.cancel("dur-keyed", sleeper.id)
+
+
+async def test_a_durable_job_leaves_one_history_record_when_it_ends(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-sleep", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-sleep").add({"url": redis_url, "sleep": 0.2})
+        await job.result(timeout=20)
+    entries = redis.Redis.from_url(redis_url).xrange("{q:dur-sleep}:history")
+    mine = [fields for _, fields in entries if fields[b"id"] == job.id.encode()]
+    assert len(mine) == 1 and mine[0][b"state"] == b"completed"
+
+
+async def test_a_batch_counts_a_sleeping_job_as_pending(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-mixed", redis_url), \
+            QueueClient(redis_url) as client:
+        batch = await client.batch(on_complete=("dur-mixed", {}))
+        [job] = await batch.add_bulk("dur-mixed", [{"sleep": 3600}])
+        await batch.close()
+        await state_is(client, "dur-mixed", job.id, JobState.DELAYED)
+        info = await batch.info()
+        await client.cancel("dur-mixed", job.id)
+    assert info.total == 1 and info.pending == 1
+
+
+async def test_removing_a_durable_job_removes_its_record(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-sleep", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-sleep").add({"url": redis_url, "sleep": 0.1})
+        await job.result(timeout=20)
+        record = "{q:dur-sleep}:job:" + job.id + ":durable"
+        assert redis.Redis.from_url(redis_url).exists(record)
+        assert await client.remove("dur-sleep", job.id) is True
+    assert not redis.Redis.from_url(redis_url).exists(record)
+
+
+async def test_a_deadline_to_start_applies_again_while_a_durable_job_sleeps(
+        redis_url: str) -> None:
+    """expires= is a deadline to start by: as after a snooze, a job that waits again (asleep,
+    or for a signal) and is not running by its deadline ends CANCELLED "expired"."""
+    async with run_worker(durable_app.queues, "dur-sleep", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-sleep").add({"url": redis_url, "sleep": 1.0},
+                                                  expires=0.5)
+        with pytest.raises(JobFailed):
+            await job.result(timeout=20)
+        info = await job.info()
+    assert info.state is JobState.CANCELLED and info.failure_reason == "expired"
+    assert info.steps == {"a": 1}

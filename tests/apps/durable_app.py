@@ -147,3 +147,16 @@ async def mixed(job: Job) -> str:
         await job.sleep(job.data["sleep"])
         return "slept"
     return "done"
+
+
+@queues.handler("dur-parted", partitions=2, concurrency=4)
+async def parted(job: Job) -> Any:
+    return await job.wait_for("go")
+
+
+@queues.handler("dur-keyed", mode="keyed", key_concurrency=1, concurrency=4)
+async def keyed(job: Job) -> str:
+    """Sleeps ``sleep`` seconds when asked: the sleep does not hold its key."""
+    if job.data.get("sleep"):
+        await job.sleep(job.data["sleep"])
+    return "done"

@@ -5,7 +5,8 @@
 -- runs again from the top, its steps replayed from their stored results. A sleep's wake time
 -- and a wait's deadline are stored on the first call, by the wait's order in the run (k), so
 -- that a run after them finds them passed. A job whose cancellation was requested ends
--- CANCELLED. Then claim the next jobs for the slot. The steps are those of every ending of
+-- CANCELLED. Its deadline to start by (add's expires=) applies again while it waits, as after a
+-- snooze. Then claim the next jobs for the slot. The steps are those of every ending of
 -- an attempt (lib/ending.lua).
 --
 -- KEYS[1]  queue prefix
@@ -68,5 +69,6 @@ else
     end
   end
 end
-run_again(at, 'suspended', attempts, nil, math.max(0, wake - at.now))
+run_again(at, 'suspended', attempts, redis.call('HGET', at.jkey, 'x'),
+  math.max(0, wake - at.now))
 return ending_reply(at, SUSPENDED)
