@@ -5,10 +5,13 @@ and after a step) are in tests/test_durable_processes.py."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 import redis
 
@@ -16,7 +19,7 @@ from panqueue import ConfigError, JobFailed, JobState, QueueClient, SyncQueueCli
 from panqueue._codec import encode
 from panqueue._store.transitions import step_done, take_signal
 from panqueue.testing import run_worker
-from tests.helpers import APPS, async_wait_until
+from tests.helpers import APPS, async_wait_until, run_cli
 from tests.store_fixtures import ScriptStore
 
 sys.path.insert(0, str(APPS))
@@ -411,3 +414,31 @@ async def test_a_deadline_to_start_applies_again_while_a_durable_job_sleeps(
         info = await job.info()
     assert info.state is JobState.CANCELLED and info.failure_reason == "expired"
     assert info.steps == {"a": 1}
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+async def test_the_cli_shows_steps_and_the_wait_and_sends_a_signal(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-signal", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-signal").add({"url": redis_url})
+        await state_is(client, "dur-signal", job.id, JobState.DELAYED)
+        shown = await anyio.to_thread.run_sync(
+            run_cli, "job", "dur-signal", job.id, "--url", redis_url)
+        bad = await anyio.to_thread.run_sync(
+            run_cli, "signal", "dur-signal", job.id, "approved", "{nope", "--url", redis_url)
+        sent = await anyio.to_thread.run_sync(
+            run_cli, "signal", "dur-signal", job.id, "approved", '{"by": "cli"}', "--url",
+            redis_url)
+        result = await job.result(timeout=20)
+        late = await anyio.to_thread.run_sync(
+            run_cli, "signal", "dur-signal", job.id, "approved", "--url", redis_url)
+    printed = json.loads(shown.stdout)
+    assert printed["waiting_for"] == "approved" and printed["sleeping_until"] is None
+    assert [(s["name"], s["result"]) for s in printed["steps"]] == [("a", 1)]
+    assert printed["steps"][0]["at"] is not None
+    assert bad.returncode == 2 and "invalid JSON" in bad.stderr and bad.stderr.count("\n") == 1
+    assert sent.returncode == 0 and sent.stdout == f"{job.id}: signal approved sent\n"
+    assert result["first"] == {"by": "cli"}
+    assert late.returncode == 1 and "already finished" in late.stderr

@@ -26,7 +26,7 @@ from panqueue.cli._common import (
 from panqueue.errors import JobNotFound
 
 __all__ = ["cancel", "dlq", "enqueue", "job", "jobs", "pause", "remove", "resume",
-           "schedules", "stats"]
+           "schedules", "signal", "stats"]
 
 _STATES = [s.value for s in JobState]
 _TABLE_STATES = [JobState.WAITING, JobState.DELAYED, JobState.BLOCKED, JobState.ACTIVE,
@@ -100,8 +100,9 @@ def job(queue: str, job_id: str, url: str) -> None:
     lines), result, error (type, message, traceback), failure_reason, history, options,
     enqueued_at, started_at, finished_at, expires_at and run_at (when a delayed job is due;
     ISO 8601, UTC), worker (the worker running an active job), and for a job waiting to run
-    again after a failed attempt retry_of (that attempt) and max_attempts. An unknown ID
-    exits 1.
+    again after a failed attempt retry_of (that attempt) and max_attempts; for a durable job,
+    steps (name, result, at), and while it is delayed waiting_for (the signal it waits for) or
+    sleeping_until. An unknown ID exits 1.
     """
     with client_for(url) as client:
         info = client.get_job(queue, job_id)
@@ -171,6 +172,37 @@ def cancel(queue: str, job_id: str, url: str) -> None:
         click.echo(f"{job_id}: cancel requested (running; its worker stops it)")
     else:
         click.echo(f"{job_id}: cancelled (was {was.value})")
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("job_id", metavar="ID")
+@click.argument("name")
+@click.argument("payload", metavar="[JSON]", required=False)
+@url_option
+def signal(queue: str, job_id: str, name: str, payload: str | None, url: str) -> None:
+    """Send durable job ID of QUEUE the signal NAME, with the JSON value JSON (default null):
+    its `job.wait_for(NAME)` returns it (client.signal).
+
+    Prints `ID: signal NAME sent`. The signal is kept until the job waits for it, and a job
+    waiting for it now is woken. A job that already finished exits 1 (nothing is kept); an
+    unknown ID exits 1; invalid JSON exits 2.
+
+    \b
+    $ panqueue signal onboarding 42 verified '{"by": "ann"}'
+    42: signal verified sent
+    """
+    value: Any = None
+    if payload is not None:
+        try:
+            value = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise UsageFailure(f"invalid JSON for the signal's payload: {exc}") from None
+    with client_for(url) as client:
+        if not client.signal(queue, job_id, name, value):
+            raise RuntimeFailure(f"job {job_id!r} in queue {queue!r} already finished: the "
+                                 "signal was not kept")
+    click.echo(f"{job_id}: signal {name} sent")
 
 
 @click.command()

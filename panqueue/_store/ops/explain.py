@@ -56,7 +56,8 @@ _HINTS: dict[str, dict[Tool, str]] = {
                      "dashboard": "panqueue worker"},
     "batch": {"python": ": client.batch", "cli": "", "dashboard": ""},
     "signal": {"python": "client.signal({queue!r}, {job!r}, {name!r}, ...)",
-               "cli": "client.signal", "dashboard": "client.signal"},
+               "cli": "panqueue signal {queue} {job} {name} [JSON]",
+               "dashboard": "panqueue signal {queue} {job} {name} [JSON]"},
 }
 
 
