@@ -442,3 +442,27 @@ async def test_the_cli_shows_steps_and_the_wait_and_sends_a_signal(redis_url: st
     assert sent.returncode == 0 and sent.stdout == f"{job.id}: signal approved sent\n"
     assert result["first"] == {"by": "cli"}
     assert late.returncode == 1 and "already finished" in late.stderr
+
+
+# ----------------------------------------------------------------------------- the dashboard
+
+
+async def test_the_dashboard_job_page_shows_steps_and_the_wait_escaped(redis_url: str) -> None:
+    from panqueue.dashboard import create_app
+    from tests.test_dashboard import browser
+
+    async with run_worker(durable_app.queues, "dur-markup", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-markup").add({})
+        await state_is(client, "dur-markup", job.id, JobState.DELAYED)
+
+        def page() -> str:
+            with browser(create_app(redis_url)) as web:
+                return str(web.get("/job", params={"q": "dur-markup", "id": job.id}).text)
+
+        text = await anyio.to_thread.run_sync(page)
+        await client.cancel("dur-markup", job.id)
+    assert "<script>window" not in text
+    escaped = "&lt;script&gt;window.__pwned = 1&lt;/script&gt;"
+    assert 'id="job-steps"' in text and text.count(escaped) >= 2  # the step's name and result
+    assert f'id="job-waiting-for">{escaped}</dd>' in text

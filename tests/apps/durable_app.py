@@ -160,3 +160,13 @@ async def keyed(job: Job) -> str:
     if job.data.get("sleep"):
         await job.sleep(job.data["sleep"])
     return "done"
+
+
+MARKUP = "<script>window.__pwned = 1</script>"
+
+
+@queues.handler("dur-markup")
+async def markup(job: Job) -> Any:
+    """A step and a signal named with markup, and a step result holding it."""
+    await job.step(MARKUP, lambda: {"html": MARKUP})
+    return await job.wait_for(MARKUP)
