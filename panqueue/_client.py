@@ -21,7 +21,7 @@ from typing import Any, TypeVar, overload
 import anyio
 
 from panqueue._batch import Batch, SyncBatch, new_batch, new_sync_batch
-from panqueue._codec import DEFAULT_MAX_PAYLOAD, encode_checked
+from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_size, encode_checked
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, prefixed
 from panqueue._producer import EventTail, Producer, SyncProducer, target
@@ -49,12 +49,15 @@ T = TypeVar("T")
 D = TypeVar("D")
 
 
-def signal_args(name: object, payload: Any) -> tuple[str, bytes]:
-    """A signal's name and its payload in stored form, checked before anything is sent."""
+def signal_args(name: object, payload: Any, limit: int | None) -> tuple[str, bytes]:
+    """A signal's name and its payload in stored form, checked before anything is sent (the
+    payload bounded by the client's ``max_payload_bytes``, like a job's data)."""
     if not isinstance(name, str) or not name or len(name) > 200:
         raise ConfigError(f"a signal's name must be a non-empty string of at most 200 "
                           f"characters, got {name!r}")
-    return name, encode_checked(payload, "payload")
+    blob = encode_checked(payload, "payload")
+    check_size(len(blob), limit, "the signal's payload")
+    return name, blob
 
 
 # --------------------------------------------------------------------------- async
@@ -172,8 +175,8 @@ class QueueClient:
         ``payload``: ``job.wait_for(name)`` returns it. Kept until a wait takes it (several of
         one name are taken oldest first, one per wait); a job that waits for it now is woken.
         Returns False when the job is already final (nothing kept)."""
-        return await self._run(self.producer.on_job(queue, job_id, ops.signal,
-                                                    *signal_args(name, payload)))
+        name, blob = signal_args(name, payload, self.producer.max_payload_bytes)
+        return await self._run(self.producer.on_job(queue, job_id, ops.signal, name, blob))
 
     async def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
         return await self._run(self.producer.on_all(queue, parted.all_retry_failed, ids))
@@ -345,8 +348,8 @@ class SyncQueueClient:
 
     def signal(self, queue: str, job_id: str, name: str, payload: Any = None) -> bool:
         """:meth:`QueueClient.signal`."""
-        return self._run(self.producer.on_job(queue, job_id, ops.signal,
-                                              *signal_args(name, payload)))
+        name, blob = signal_args(name, payload, self.producer.max_payload_bytes)
+        return self._run(self.producer.on_job(queue, job_id, ops.signal, name, blob))
 
     def retry_failed(self, queue: str, ids: Sequence[str] | None = None) -> int:
         return self._run(self.producer.on_all(queue, parted.all_retry_failed, ids))

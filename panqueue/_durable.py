@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from panqueue._check import is_number
-from panqueue._codec import check_json_compatible, decode, encode
+from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_json_compatible, check_size, decode, encode
 from panqueue.errors import ConfigError, SignalTimeout
 
 __all__ = ["FOREVER_MS", "DurableRun", "DurableStore", "Suspend", "Suspension", "sleep_spec",
@@ -114,11 +114,16 @@ def _check_name(what: str, name: object) -> str:
 class DurableRun:
     """One attempt's durable state: the record read back, the names and orders seen so far."""
 
-    __slots__ = ("_attempt", "_record", "_sleeps", "_steps", "_store", "_waits", "suspension")
+    __slots__ = ("_attempt", "_max_payload_bytes", "_record", "_sleeps", "_steps", "_store",
+                 "_waits", "suspension")
 
-    def __init__(self, store: DurableStore, attempt: Any) -> None:
+    def __init__(self, store: DurableStore, attempt: Any,
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
         self._store = store
         self._attempt = attempt
+        # A stored step result is bounded like a handler's result (the worker's
+        # max_payload_bytes): the record is read whole by the first durable call of every run.
+        self._max_payload_bytes = max_payload_bytes
         self._record: dict[bytes, bytes] | None = None
         self._steps: set[str] = set()
         self._sleeps = 0
@@ -149,8 +154,10 @@ class DurableRun:
 
     async def end_step(self, name: str, value: Any) -> None:
         """Store a step's result (checked JSON-compatible: a bad one fails the attempt)."""
-        check_json_compatible(value, f"step {name!r} result")
+        what = f"step {name!r} result"
+        check_json_compatible(value, what)
         payload = encode(value)
+        check_size(len(payload), self._max_payload_bytes, what)
         await self._store.durable_step(self._attempt, name, payload)
         assert self._record is not None
         self._record[b"s:" + name.encode()] = payload

@@ -96,6 +96,19 @@ async def test_a_step_result_that_is_not_json_fails_the_attempt_naming_the_path(
     assert info.steps == {}
 
 
+async def test_a_step_result_over_the_size_cap_fails_the_attempt(redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-misuse", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-misuse").add({"url": redis_url, "how": "big"})
+        with pytest.raises(JobFailed) as failed:
+            await job.result(timeout=20)
+        info = await job.info()
+    error = failed.value.error
+    assert error is not None and error.type == "PayloadError"
+    assert ("step 'big' result is 2,097,157 bytes encoded, over the limit of 1,048,576 bytes"
+            in error.message and info.steps == {})
+
+
 async def test_a_handler_that_uses_no_durable_call_reads_no_durable_record(
         redis_url: str) -> None:
     """The no-op path: a plain job makes no durable read or write (nothing is stored)."""
@@ -338,6 +351,9 @@ def test_a_bad_signal_is_refused_before_anything_is_sent(redis_url: str) -> None
             client.signal("dur-signal", "1", "")
         with pytest.raises(PayloadError, match="payload"):
             client.signal("dur-signal", "1", "go", {1, 2})
+        with pytest.raises(PayloadError,
+                           match=r"the signal's payload is .* over the limit of 1,048,576"):
+            client.signal("dur-signal", "1", "go", "x" * (2 * 1024 * 1024))
         with pytest.raises(JobNotFound):
             client.signal("dur-signal", "no-such-job", "go")
 

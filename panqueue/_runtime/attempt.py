@@ -127,7 +127,8 @@ class AttemptRunner:
         started = time.monotonic()
         outcome: Any = None
         error: BaseException | None = None
-        run = None if self._durable is None else DurableRun(self._durable, attempt)
+        run = None if self._durable is None else DurableRun(
+            self._durable, attempt, self._max_payload_bytes)
         try:
             options = claimed.job_options(options)
 

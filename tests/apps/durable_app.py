@@ -87,6 +87,8 @@ async def misuse(job: Job) -> None:
         await job.step("x", count, job, "x")
     elif job.data["how"] == "not-json":
         await job.step("bad", lambda: {"when": datetime.now(UTC)})
+    elif job.data["how"] == "big":
+        await job.step("big", lambda: "x" * (2 * 1024 * 1024))
     elif job.data["how"] == "raises":
         await job.step("boom", _boom, job)
 
