@@ -284,6 +284,23 @@ async def test_a_signal_sent_before_the_wait_with_no_worker_up_is_kept_and_retur
     assert not suspended(info)  # it never had to wait
 
 
+async def test_a_signal_sent_while_the_job_runs_another_step_is_returned_at_once(
+        redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-signal-mid", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-signal-mid").add({"url": redis_url})
+
+        async def in_step() -> bool:
+            return runs(redis_url, job.id, "a") == 1
+
+        await async_wait_until(in_step, what="the job to be inside its step")
+        assert await client.signal("dur-signal-mid", job.id, "approved", "meanwhile") is True
+        redis.Redis.from_url(redis_url).rpush(f"go:{job.id}", 1)
+        result = await job.result(timeout=20)
+        info = await job.info()
+    assert result == "meanwhile" and not suspended(info)
+
+
 async def test_two_signals_of_one_name_are_taken_oldest_first_by_two_waits(
         redis_url: str) -> None:
     async with run_worker(durable_app.queues, "dur-signal", redis_url), \

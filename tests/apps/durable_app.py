@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio.to_thread
 import redis
 
 from panqueue import Backoff, Job, Permissions, Registry, SignalTimeout
@@ -172,3 +173,17 @@ async def markup(job: Job) -> Any:
     """A step and a signal named with markup, and a step result holding it."""
     await job.step(MARKUP, lambda: {"html": MARKUP})
     return await job.wait_for(MARKUP)
+
+
+def _blocked_until_go(job: Job) -> int:
+    """A step that runs until the test lets it go (a blocking pop, in a thread)."""
+    client = redis.Redis.from_url(job.data["url"])
+    client.incr(f"runs:{job.id}:a")
+    client.blpop([f"go:{job.id}"], timeout=30)
+    return 1
+
+
+@queues.handler("dur-signal-mid")
+async def waiter_mid(job: Job) -> Any:
+    await job.step("a", anyio.to_thread.run_sync, _blocked_until_go, job)
+    return await job.wait_for("approved")
