@@ -499,3 +499,19 @@ async def test_the_dashboard_job_page_shows_steps_and_the_wait_escaped(redis_url
     escaped = "&lt;script&gt;window.__pwned = 1&lt;/script&gt;"
     assert 'id="job-steps"' in text and text.count(escaped) >= 2  # the step's name and result
     assert f'id="job-waiting-for">{escaped}</dd>' in text
+
+
+def test_a_woken_job_waits_again_at_its_own_priority(store: ScriptStore, redis_url: str) -> None:
+    from panqueue._store.transitions import Suspended, end_attempt
+
+    urgent = store.add_one(priority=9)
+    assert store.claim("w:1") == [urgent]
+    store.t.run(end_attempt(store.keys, Suspended(urgent, "w:1", 1, 5, 0, "signal", 0, name="go"),
+                            max_snoozes=None, claim_next=False, keep=-1, token="w:2",
+                            ttl_ms=30_000))
+    later = store.add_one()  # priority 0, waiting before the urgent job is woken
+    with SyncQueueClient(redis_url) as client:
+        assert client.get_job(store.keys.name, urgent).waiting_for == "go"
+        assert client.signal(store.keys.name, urgent, "go") is True
+    assert store.claim("w:3") == [urgent]
+    assert store.claim("w:4") == [later]
