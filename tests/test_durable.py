@@ -17,6 +17,8 @@ import redis
 
 from panqueue import ConfigError, JobFailed, JobState, QueueClient, SyncQueueClient
 from panqueue._codec import encode
+from panqueue._listing import columns, timestamp
+from panqueue._store.ops.jobs import parse_job
 from panqueue._store.transitions import step_done, take_signal
 from panqueue.testing import run_worker
 from tests.helpers import APPS, async_wait_until, run_cli
@@ -475,6 +477,82 @@ async def test_the_cli_shows_steps_and_the_wait_and_sends_a_signal(redis_url: st
     assert sent.returncode == 0 and sent.stdout == f"{job.id}: signal approved sent\n"
     assert result["first"] == {"by": "cli"}
     assert late.returncode == 1 and "already finished" in late.stderr
+
+
+# ----------------------------------------------------------------------------- lists, explain
+
+
+def why_column(info: Any) -> str:
+    """The "why" cell of a delayed job in every list (``panqueue jobs``, the dashboard)."""
+    [column] = [c for c in columns(info.state) if c.heading == "why"]
+    return column.cell(info, info.enqueued_at)
+
+
+async def test_lists_and_explain_say_what_a_durable_job_waits_for_and_until_when(
+        redis_url: str) -> None:
+    async with run_worker(durable_app.queues, "dur-sleep", redis_url), \
+            run_worker(durable_app.queues, "dur-signal", redis_url), \
+            QueueClient(redis_url) as client:
+        sleeper = await client.queue("dur-sleep").add({"url": redis_url, "sleep": 3600},
+                                                      job_id="sleeper")
+        forever = await client.queue("dur-signal").add({"url": redis_url}, job_id="forever")
+        bounded = await client.queue("dur-signal").add({"url": redis_url, "timeout": 3600},
+                                                       job_id="bounded")
+        for queue, job in (("dur-sleep", sleeper), ("dur-signal", forever),
+                           ("dur-signal", bounded)):
+            await state_is(client, queue, job.id, JobState.DELAYED)
+        listed = {info.id: info for queue in ("dur-sleep", "dur-signal")
+                  for info in await client.list_jobs(queue, JobState.DELAYED)}
+        got = {job.id: await job.info() for job in (sleeper, forever, bounded)}
+        said = {job.id: await client.explain(queue, job.id) for queue, job in (
+            ("dur-sleep", sleeper), ("dur-signal", forever), ("dur-signal", bounded))}
+        cli = await client.explain("dur-signal", forever.id, tool="cli")
+        table = await anyio.to_thread.run_sync(
+            run_cli, "jobs", "dur-signal", "--state", "delayed", "--url", redis_url)
+        await client.signal("dur-signal", forever.id, "approved", 1)
+        await state_is(client, "dur-signal", forever.id, JobState.COMPLETED)
+        for queue, job in (("dur-sleep", sleeper), ("dur-signal", bounded)):
+            await client.cancel(queue, job.id)
+
+    # A wait with no timeout is due at no time: no run_at and no due_at (not a time past a
+    # datetime's range); the others are due when their sleep or their timeout ends.
+    assert got[forever.id].run_at is None and listed[forever.id].run_at is None
+    assert said[forever.id].due_at is None
+    for job in (sleeper, bounded):
+        assert got[job.id].run_at is not None
+        assert said[job.id].due_at == got[job.id].run_at == listed[job.id].run_at
+    # A suspension is no failed attempt: no retry is shown.
+    assert all(info.retry_of is None for info in [*got.values(), *listed.values()])
+    assert said[sleeper.id].reason == "delayed" and said[forever.id].reason == "signal"
+    assert said[bounded.id].reason == "signal"
+    when = timestamp(got[sleeper.id].run_at)
+    assert why_column(listed[sleeper.id]) == f"sleeping until {when}"
+    assert why_column(listed[forever.id]) == "waiting for signal 'approved' (no timeout)"
+    assert why_column(listed[bounded.id]) == (
+        f"waiting for signal 'approved' (timeout at {timestamp(got[bounded.id].run_at)})")
+    # Each tool's hint names its own way to send the signal.
+    assert f"client.signal('dur-signal', '{forever.id}', 'approved', ...)" in (
+        said[forever.id].detail)
+    assert f"panqueue signal dur-signal {forever.id} approved [JSON]" in cli.detail
+    heading, *lines = table.stdout.rstrip("\n").split("\n")
+    rows = {row["id"]: row for row in (dict(zip(heading.split("\t"), line.split("\t"),
+                                                 strict=True)) for line in lines)}
+    assert rows[forever.id]["why"] == "waiting for signal 'approved' (no timeout)"
+    assert rows[forever.id]["due"] == "-"
+
+
+def test_a_suspension_after_a_failed_attempt_is_not_shown_as_a_retry() -> None:
+    """The last entry of the history says why the job waits: a Suspended one after a failed
+    attempt's (whose error the job keeps) is no retry."""
+    failed = {"attempt": 1, "type": "ValueError", "message": "boom", "max_attempts": 3}
+    asleep = {"attempt": 2, "type": "Suspended", "message": "waiting for 'go'", "signal": "go"}
+    fields = {b"s": b"delayed", b"a": b"1", b"e": encode({"type": "ValueError",
+                                                          "message": "boom"}),
+              b"h": encode(failed) + encode(asleep)}
+    info = parse_job("q", "j", fields, [], None, {b"ws": b"go"})
+    assert info.retry_of is None and info.max_attempts is None and info.run_at is None
+    assert info.waiting_for == "go"
+    assert why_column(info) == "waiting for signal 'go' (no timeout)"
 
 
 # ----------------------------------------------------------------------------- the dashboard

@@ -295,6 +295,8 @@ def end_attempt(keys: QueueKeys, ending: Unfinished, *, max_snoozes: int | None,
     elif isinstance(ending, Suspended):
         message = "sleeping" if ending.kind == "sleep" else f"waiting for {ending.name!r}"
         entry |= {"type": "Suspended", "message": message, "duration_ms": ending.duration_ms}
+        if ending.kind == "signal":
+            entry["signal"] = ending.name  # what a listing says it waits for (_listing.py)
         call = _call(SCRIPTS.suspend, keys, (
             *head, encode(entry), keep, *tail, ending.kind, ending.index, ending.at_ms,
             ending.timeout_ms if ending.kind == "signal" else ending.delay_ms, ending.name))

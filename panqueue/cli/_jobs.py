@@ -134,10 +134,10 @@ def jobs(queue: str, state: str, limit: int, url: str, as_json: bool) -> None:
 
     A heading line, then one line per job (tab-separated) with its id and what matters for
     the state: delayed, when it is due and why (retry n of m after which error, snoozed by its
-    handler, delayed by the producer); active, when it started, for how long it has run and
-    on which worker; failed, its failure reason, error type and message; completed, how long
-    it took; waiting, for how long it has waited. --json prints the jobs as `panqueue job`
-    does.
+    handler, sleeping until when or waiting for which signal, delayed by the producer);
+    active, when it started, for how long it has run and on which worker; failed, its failure
+    reason, error type and message; completed, how long it took; waiting, for how long it has
+    waited. --json prints the jobs as `panqueue job` does.
     """
     with client_for(url) as client:
         require_queue(client, queue)
