@@ -579,6 +579,31 @@ async def test_the_dashboard_job_page_shows_steps_and_the_wait_escaped(redis_url
     assert f'id="job-waiting-for">{escaped}</dd>' in text
 
 
+async def test_the_dashboard_job_page_bounds_large_steps_and_links_them_whole(
+        redis_url: str) -> None:
+    from panqueue.dashboard import create_app
+    from tests.test_dashboard import browser
+
+    async with run_worker(durable_app.queues, "dur-big-steps", redis_url), \
+            QueueClient(redis_url) as client:
+        job = await client.queue("dur-big-steps").add({"steps": 3, "size": 900_000})
+        await state_is(client, "dur-big-steps", job.id, JobState.DELAYED)
+
+        def read() -> tuple[str, Any]:
+            with browser(create_app(redis_url)) as web:
+                page = web.get("/job", params={"q": "dur-big-steps", "id": job.id})
+                raw = web.get("/api/job/raw", params={"q": "dur-big-steps", "id": job.id,
+                                                      "part": "steps"})
+                return str(page.text), raw.json()
+
+        text, whole = await anyio.to_thread.run_sync(read)
+        await client.cancel("dur-big-steps", job.id)
+    assert len(text.encode()) < 200_000, len(text.encode())  # not 2.7 MB
+    assert 'id="job-steps"' in text and 'id="job-steps-cut"' in text
+    assert [(s["name"], s["result"]) for s in whole] == [
+        (f"big-{n}", "s" * 900_000) for n in range(3)]
+
+
 def test_a_woken_job_waits_again_at_its_own_priority(store: ScriptStore, redis_url: str) -> None:
     from panqueue._store.transitions import Suspended, end_attempt
 

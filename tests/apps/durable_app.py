@@ -165,6 +165,14 @@ async def keyed(job: Job) -> str:
     return "done"
 
 
+@queues.handler("dur-big-steps")
+async def big_steps(job: Job) -> Any:
+    """Steps whose results are large (within max_payload_bytes), then a wait."""
+    for n in range(job.data["steps"]):
+        await job.step(f"big-{n}", lambda: "s" * job.data["size"])
+    return await job.wait_for("never")
+
+
 MARKUP = "<script>window.__pwned = 1</script>"
 
 
