@@ -49,6 +49,7 @@ from panqueue.dashboard._reads import (
     age,
     bounded,
     bounded_json,
+    bounded_steps,
     live_workers,
     overview,
     pretty_json,
@@ -207,8 +208,10 @@ class Dashboard:
                  "error": bounded(job.error.message if job.error is not None else "")}
         history = [{column: bounded(str(value)).text for column, value in entry.items()}
                    for entry in job.history]
+        steps = bounded_steps(job.steps)
         return self.render(request, "job.html", queue=name, job=job, explanation=why,
-                           history_columns=columns, history=history, shown=shown)
+                           history_columns=columns, history=history, shown=shown, steps=steps,
+                           steps_cut=any(result.cut for _, result in steps))
 
     def workers(self, request: Request) -> Response:
         return self.render(request, "workers.html",
@@ -289,7 +292,8 @@ class Dashboard:
         values: dict[str, Any] = {
             "data": job.data, "result": job.result, "progress": job.progress,
             "options": job.options, "logs": job.logs,
-            "error": job.error.to_wire() if job.error is not None else None}
+            "error": job.error.to_wire() if job.error is not None else None,
+            "steps": job.to_dict()["steps"]}
         if part not in values:
             raise BadRequest(f"part must be one of {', '.join(values)}, got {part!r}")
         return JSONResponse(values[part])

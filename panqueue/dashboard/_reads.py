@@ -31,8 +31,8 @@ from panqueue._listing import age, timestamp
 from panqueue._store.ops import worker_processes
 
 __all__ = ["PREVIEW_CHARS", "QUEUE_LIST_TTL", "RATE_WINDOW", "Bounded", "Overview", "QueueNames",
-           "QueueRow", "Rates", "age", "bounded", "bounded_json", "event_dict", "live_workers",
-           "overview", "pretty_json", "preview", "recent_events", "timestamp"]
+           "QueueRow", "Rates", "age", "bounded", "bounded_json", "bounded_steps", "event_dict",
+           "live_workers", "overview", "pretty_json", "preview", "recent_events", "timestamp"]
 
 QUEUE_LIST_TTL = 10.0
 RATE_WINDOW = 10.0
@@ -77,6 +77,13 @@ def bounded(text: str, limit: int = PREVIEW_CHARS) -> Bounded:
 def bounded_json(value: Any, limit: int = PREVIEW_CHARS) -> Bounded:
     """``value`` as indented JSON (:func:`pretty_json`), bounded."""
     return bounded(pretty_json(value), limit)
+
+
+def bounded_steps(steps: dict[str, Any]) -> list[tuple[str, Bounded]]:
+    """A durable job's step results (name -> result), each as bounded JSON: the page shows
+    about ``PREVIEW_CHARS`` of them in all (at least 200 of each), the whole a link away."""
+    limit = max(200, PREVIEW_CHARS // max(1, len(steps)))
+    return [(name, bounded_json(result, limit)) for name, result in steps.items()]
 
 
 def preview(value: Any, width: int = 80) -> str:
