@@ -108,25 +108,31 @@ def test_every_time_is_in_one_format_and_in_utc(
 def test_retry_on_a_list_row_returns_to_that_list_as_it_was(
         page: Page, dashboard: Callable[..., str], worker: Callable[[str], None],
         client: SyncQueueClient) -> None:
+    """A filtered list (a tag and an error type) at its second page: the row's Retry returns
+    to the page's whole address, filters included."""
     worker("dash-fail")
-    ids = [client.queue("dash-fail").add({"n": n}).id for n in range(3)]
+    ids = [client.queue("dash-fail").add({"n": n}, tags=["import"]).id for n in range(3)]
+    other = client.queue("dash-fail").add({"n": 3}).id  # not tagged: not on the list
     wait_until(lambda: all(client.get_job("dash-fail", i).state is JobState.FAILED
-                           for i in ids), 30, "the jobs to fail")
+                           for i in [*ids, other]), 30, "the jobs to fail")
     base = dashboard()
-    listing = base + "/queue?q=dash-fail&state=failed&offset=1&limit=1"
+    listing = (base + "/queue?q=dash-fail&state=failed&tag=import&error_type=ValueError"
+               "&offset=1&limit=1")
     page.goto(listing)
     row = page.locator("#jobs tbody tr")
     expect(row).to_have_count(1)
     job_id = row.get_attribute("data-job")
     assert job_id in ids
     row.locator('button[data-action="retry"]').click()
-    # Back on the same list: the same state, the same page, with the notice.
+    # Back on the same list: the same state, filters and page, with the notice.
     expect(page).to_have_url(listing + "&done=retry&n=1")
+    expect(page.locator('input[type="search"][name="tag"]')).to_have_value("import")
     expect(page.locator(".notice")).to_have_text("1 job(s) moved back to waiting.")
     expect(page.locator(".tabs a.current")).to_contain_text("failed")
     # It did run again (and failed again: its history holds both attempts).
     wait_until(lambda: len(client.get_job("dash-fail", job_id).history) == 2, 30,
                "the retried job to run again")
+    assert len(client.get_job("dash-fail", other).history) == 1
 
 
 def test_progress_is_a_bar_with_its_number_and_other_values_are_text(
