@@ -38,6 +38,7 @@ from panqueue.errors import (
     RateLimited,
     Retry,
     ServerUnavailable,
+    SignalTimeout,
     Snooze,
     TimeoutError,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "Schedule",
     "ScheduleInfo",
     "ServerUnavailable",
+    "SignalTimeout",
     "Snooze",
     "SyncBatch",
     "SyncJobHandle",

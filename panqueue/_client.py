@@ -21,7 +21,7 @@ from typing import Any, TypeVar, overload
 import anyio
 
 from panqueue._batch import Batch, SyncBatch, new_batch, new_sync_batch
-from panqueue._codec import DEFAULT_MAX_PAYLOAD
+from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_size, encode_checked
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, prefixed
 from panqueue._producer import EventTail, Producer, SyncProducer, target
@@ -41,12 +41,23 @@ from panqueue._store.ops import partitions as parted
 from panqueue._store.ops.explain import Tool
 from panqueue._store.ops.timings import Timings
 from panqueue._url import resolve_url
-from panqueue.errors import ConnectionError, PanqueueError
+from panqueue.errors import ConfigError, ConnectionError, PanqueueError
 
 __all__ = ["QueueClient", "SyncQueueClient"]
 
 T = TypeVar("T")
 D = TypeVar("D")
+
+
+def signal_args(name: object, payload: Any, limit: int | None) -> tuple[str, bytes]:
+    """A signal's name and its payload in stored form, checked before anything is sent (the
+    payload bounded by the client's ``max_payload_bytes``, like a job's data)."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ConfigError(f"a signal's name must be a non-empty string of at most 200 "
+                          f"characters, got {name!r}")
+    blob = encode_checked(payload, "payload")
+    check_size(len(blob), limit, "the signal's payload")
+    return name, blob
 
 
 # --------------------------------------------------------------------------- async
@@ -164,6 +175,14 @@ class QueueClient:
 
     async def cancel(self, queue: str, job_id: str) -> JobState:
         return await self._run(self.producer.on_job(queue, job_id, ops.cancel))
+
+    async def signal(self, queue: str, job_id: str, name: str, payload: Any = None) -> bool:
+        """Send the durable job ``job_id`` the signal ``name`` with a JSON-compatible
+        ``payload``: ``job.wait_for(name)`` returns it. Kept until a wait takes it (several of
+        one name are taken oldest first, one per wait); a job that waits for it now is woken.
+        Returns False when the job is already final (nothing kept)."""
+        name, blob = signal_args(name, payload, self.producer.max_payload_bytes)
+        return await self._run(self.producer.on_job(queue, job_id, ops.signal, name, blob))
 
     async def retry_failed(self, queue: str, ids: Sequence[str] | None = None, *,
                            tag: str | None = None, error_type: str | None = None) -> int:
@@ -373,6 +392,11 @@ class SyncQueueClient:
 
     def cancel(self, queue: str, job_id: str) -> JobState:
         return self._run(self.producer.on_job(queue, job_id, ops.cancel))
+
+    def signal(self, queue: str, job_id: str, name: str, payload: Any = None) -> bool:
+        """:meth:`QueueClient.signal`."""
+        name, blob = signal_args(name, payload, self.producer.max_payload_bytes)
+        return self._run(self.producer.on_job(queue, job_id, ops.signal, name, blob))
 
     def retry_failed(self, queue: str, ids: Sequence[str] | None = None, *,
                      tag: str | None = None, error_type: str | None = None) -> int:

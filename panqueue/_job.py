@@ -5,14 +5,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple
 
+from panqueue._durable import DurableRun, sleep_spec, wait_timeout
 from panqueue._options import JobOptions
-from panqueue.errors import ErrorInfo, Fail, Retry  # defined there (below this), kept here
+from panqueue.errors import ConfigError, ErrorInfo, Fail, Retry  # the last three: kept here
 
-__all__ = ["DONE", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState", "LogLine",
-           "PayloadT", "ReportKind", "Retry", "Sink", "from_ms", "log_line", "parse_log_line"]
+__all__ = ["DONE", "Bridge", "ChunkFailure", "ErrorInfo", "Fail", "Job", "JobInfo", "JobState",
+           "LogLine", "PayloadT", "ReportKind", "Retry", "Sink", "from_ms", "log_line",
+           "parse_log_line"]
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -117,6 +119,14 @@ class JobInfo:
     log_lines: list[LogLine] = field(default_factory=list)
     #: The job's tags (``add(..., tags=[...])``), in the order they were given.
     tags: list[str] = field(default_factory=list)
+    #: A durable job's completed steps and their results (``job.step``), in the order they
+    #: completed; and when each was stored.
+    steps: dict[str, Any] = field(default_factory=dict)
+    steps_at: dict[str, datetime | None] = field(default_factory=dict)
+    #: The signal a DELAYED durable job waits for (``job.wait_for``), or None.
+    waiting_for: str | None = None
+    #: When a DELAYED durable job's sleep (``job.sleep``) ends, or None.
+    sleeping_until: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the CLI's ``panqueue job`` prints this)."""
@@ -148,6 +158,10 @@ class JobInfo:
             "log_lines": [{"at": iso(line.at), "attempt": line.attempt,
                            "message": line.message} for line in self.log_lines],
             "tags": self.tags,
+            "steps": [{"name": name, "result": result, "at": iso(self.steps_at.get(name))}
+                      for name, result in self.steps.items()],
+            "waiting_for": self.waiting_for,
+            "sleeping_until": iso(self.sleeping_until),
         }
 
 
@@ -174,6 +188,13 @@ ReportKind = Literal["p", "l"]
 #: a :class:`Job` when it is made, or by an executor to a view of it with :meth:`Job.rebind`.
 Sink = Callable[[ReportKind, Any], Awaitable[None]]
 
+#: How a view of a job that runs elsewhere (a thread, a child process) makes its durable calls:
+#: ``bridge(op, *args)`` has :meth:`Job.relay_durable` run them on the job the worker holds and
+#: returns the result (or raises).
+Bridge = Callable[..., Any]
+
+_DURABLE_OPS = frozenset({"begin_step", "end_step", "sleep", "wait_for"})
+
 
 def _never() -> bool:
     return False
@@ -190,12 +211,13 @@ class Job(Generic[PayloadT]):
     that is already done.
     """
 
-    __slots__ = ("_enqueued_at", "_enqueued_ms", "_sink", "_stop", "attempt", "data", "id",
-                 "options", "queue")
+    __slots__ = ("_bridge", "_durable", "_enqueued_at", "_enqueued_ms", "_sink", "_stop",
+                 "attempt", "data", "id", "options", "queue")
 
     def __init__(self, *, id: str, queue: str, data: PayloadT, attempt: int, options: JobOptions,
                  sink: Sink, should_stop: Callable[[], bool] = _never,
-                 enqueued_at: datetime | None = None, enqueued_at_ms: int | None = None) -> None:
+                 enqueued_at: datetime | None = None, enqueued_at_ms: int | None = None,
+                 durable: DurableRun | None = None, bridge: Bridge | None = None) -> None:
         self.id = id
         self.queue = queue
         self.data = data
@@ -205,6 +227,8 @@ class Job(Generic[PayloadT]):
         self._enqueued_ms = enqueued_at_ms
         self._sink = sink
         self._stop = should_stop
+        self._durable = durable
+        self._bridge = bridge
 
     @property
     def enqueued_at(self) -> datetime | None:
@@ -234,15 +258,72 @@ class Job(Generic[PayloadT]):
         handler should return (or raise) soon. Always cheap; no I/O."""
         return self._stop()
 
-    def rebind(self, sink: Sink, should_stop: Callable[[], bool]) -> Job[PayloadT]:
+    # ------------------------------------------------------------------ durable jobs
+
+    def _run(self, what: str) -> DurableRun:
+        if self._durable is None:
+            raise ConfigError(f"job.{what}() is for handlers of single jobs on the inline, "
+                              "thread and subprocess executors (not chunk handlers)")
+        return self._durable
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` (sync or async) once for this job: its JSON-compatible result is
+        stored with the job, and every later run of the job (a retry, a resume after a sleep
+        or a signal, a recovery after a crash) returns it without calling ``fn``. A step that
+        raises stores nothing. Names are unique within a job. Async handlers ``await`` it;
+        thread and subprocess handlers call it plainly (it returns the result)."""
+        if self._bridge is None:
+            return self._run("step").step(name, fn, args)
+        found, value = self._bridge("begin_step", name)
+        if found:
+            return value
+        value = fn(*args)
+        self._bridge("end_step", name, value)
+        return value
+
+    def sleep(self, seconds: float | timedelta | None = None, *,
+              until: datetime | None = None) -> Any:
+        """End this run and resume the job after ``seconds`` (a number or a timedelta) or at
+        ``until`` (an aware datetime): the job is DELAYED meanwhile, its slot free and no
+        attempt used; the handler then runs from the top, its steps replayed, and this sleep
+        returns at once. Awaited in async handlers, a plain call in thread and subprocess
+        ones."""
+        at_ms, delay_ms = sleep_spec(seconds, until)
+        if self._bridge is None:
+            return self._run("sleep").sleep(at_ms, delay_ms)
+        return self._bridge("sleep", at_ms, delay_ms)
+
+    def wait_for(self, name: str, timeout: float | timedelta | None = None) -> Any:
+        """The payload of the signal ``name`` (``client.signal(queue, id, name, payload)``).
+        A signal sent earlier is kept and returned at once; otherwise the run ends and the job
+        is DELAYED, holding no slot, until the signal comes (then it runs again from the top)
+        or ``timeout`` passes (then this raises :class:`~panqueue.SignalTimeout`). Awaited in
+        async handlers, a plain call in thread and subprocess ones."""
+        timeout_ms = wait_timeout(timeout)
+        if self._bridge is None:
+            return self._run("wait_for").wait_for(name, timeout_ms)
+        return self._bridge("wait_for", name, timeout_ms)
+
+    async def relay_durable(self, op: str, *args: Any) -> Any:
+        """For executors whose handler runs elsewhere (a thread, a child process): run the
+        durable operation ``op`` (``begin_step``, ``end_step``, ``sleep``, ``wait_for``) that
+        the handler's view asked for, on this job, and return its result."""
+        if op not in _DURABLE_OPS:
+            raise ConfigError(f"no durable operation {op!r}")
+        return await getattr(self._run(op), op)(*args)
+
+    def rebind(self, sink: Sink, should_stop: Callable[[], bool],
+               bridge: Bridge | None = None) -> Job[PayloadT]:
         """The same job with another way to report and to be told to stop: what an executor
         gives a handler that runs elsewhere (a thread). The view's ``progress()`` and ``log()``
         call ``sink``, which carries each report back and makes it through this job's own
-        ``progress()`` / ``log()``; its ``should_stop()`` calls ``should_stop``."""
+        ``progress()`` / ``log()``; its ``should_stop()`` calls ``should_stop``. ``bridge``
+        (:data:`Bridge`) makes the view's durable calls plain ones: it runs each on the loop
+        that owns the job and returns its result."""
         return Job(id=self.id, queue=self.queue, data=self.data, attempt=self.attempt,
                    options=self.options, enqueued_at=self._enqueued_at,
                    enqueued_at_ms=self._enqueued_ms, sink=sink,
-                   should_stop=should_stop)
+                   should_stop=should_stop, durable=self._durable, bridge=bridge)
 
     def __repr__(self) -> str:
         return f"<Job {self.queue}/{self.id} attempt={self.attempt}>"

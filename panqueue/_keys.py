@@ -341,6 +341,10 @@ class QueueKeys:
     def schedule(self, name: str) -> str:
         return f"{self.prefix}sched:{name}"
 
+    def durable(self, job_id: str) -> str:
+        """A durable job's steps, sleeps and signals (a HASH, lua/lib/job_keys.lua)."""
+        return f"{self.prefix}job:{job_id}:durable"
+
     def needs(self, job_id: str) -> str:
         """The dependencies of ``job_id`` that have not completed yet (a SET)."""
         return f"{self.prefix}needs:{job_id}"

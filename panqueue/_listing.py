@@ -2,7 +2,8 @@
 for every view that lists jobs (``panqueue jobs``, the dashboard's queue page).
 
 Delayed jobs show when they are due and why they wait (a retry, attempt n of m, after which
-error; a snooze of their handler; a delay the producer asked for); active ones when they
+error; a snooze of their handler; a durable handler's sleep or wait for a signal; a delay the
+producer asked for); active ones when they
 started, for how long they have run and on which worker; failed ones why they failed and their
 error's type. Times are UTC, in one format (:func:`timestamp`)."""
 
@@ -47,7 +48,8 @@ def _took(info: JobInfo) -> str:
 
 def delayed_because(info: JobInfo) -> str:
     """Why a delayed (or waiting) job waits: a retry (attempt n of m after which error), a
-    snooze of its handler, or the delay its producer asked for."""
+    snooze of its handler, a durable handler's sleep or wait for a signal (its last attempt
+    suspended: the history entry names the signal), or the delay its producer asked for."""
     if info.retry_of is not None:
         of = "" if info.max_attempts is None else f" of {info.max_attempts}"
         error = "" if info.error is None else f" after {info.error.type}"
@@ -55,9 +57,23 @@ def delayed_because(info: JobInfo) -> str:
     last = info.history[-1] if info.history else {}
     if info.state is JobState.DELAYED and last.get("type") == "Snoozed":
         return f"snoozed by its handler (attempt {last.get('attempt')})"
+    if last.get("type") == "Suspended":
+        return _suspended(info, last)
     if info.state is JobState.DELAYED:
         return "delayed by the producer"
     return ""
+
+
+def _suspended(info: JobInfo, last: dict[str, object]) -> str:
+    """A durable job's wait (job.sleep, job.wait_for) or, once waiting, what it resumes from."""
+    signal = last.get("signal")
+    if info.state is not JobState.DELAYED:
+        return ("resuming after its sleep" if signal is None
+                else f"resuming after its wait for signal {signal!r}")
+    if signal is None:
+        return f"sleeping until {timestamp(info.run_at)}"
+    timeout = "no timeout" if info.run_at is None else f"timeout at {timestamp(info.run_at)}"
+    return f"waiting for signal {signal!r} ({timeout})"
 
 
 def _error(info: JobInfo) -> str:

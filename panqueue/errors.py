@@ -13,7 +13,8 @@ Errors of redis-py and of the network are translated in one place
     │   ├── JobNotFound           no such job (also a LookupError)
     │   ├── JobFailed             the job ended failed or cancelled
     │   ├── LockLost              a worker no longer holds the job's lock
-    │   └── TimeoutError          waiting took too long (also builtins')
+    │   ├── TimeoutError          waiting took too long (also builtins')
+    │   └── SignalTimeout         a durable job's wait_for() passed its timeout
     │
     │   signals a handler raises (not errors: they say what to do with the job)
     ├── Retry                     retry the job, after a delay or the backoff
@@ -61,6 +62,7 @@ __all__ = [
     "RemoteError",
     "Retry",
     "ServerUnavailable",
+    "SignalTimeout",
     "Snooze",
     "TimeoutError",
 ]
@@ -192,6 +194,16 @@ class Fail(Exception):
     def __init__(self, reason: str = "failed by handler") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class SignalTimeout(PanqueueError):
+    """``job.wait_for(name, timeout=...)`` in a durable handler: the signal did not come in
+    time. Raised in the handler; the retry policy applies unless it catches it. A later run of
+    the job raises it again at the same wait (the timeout is recorded, like a step)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no signal {name!r} came before the wait's timeout")
+        self.name = name
 
 
 class Snooze(Exception):

@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/bench.py [--quick] [--executors | --keyed | --spark | --dashboard
                                       | --memory | --scale | --history | --chunk | --batch
-                                      | --partitions | --permissions] [--backend asyncio|trio]
+                                      | --partitions | --permissions | --durable]
+                                      [--backend asyncio|trio]
                                       [--json FILE]
 
 Starts a private redis-server on a free loopback port (append-only persistence OFF, RDB
@@ -30,6 +31,8 @@ measured, in the docstring of its module under ``scripts/benchmarks/``:
   ratio of their process rates (only on request).
 * ``--batch``: ``batch``, 100,000 jobs added through ``batch.add_bulk`` against plain
   ``add_bulk`` (only on request).
+* ``--durable``: ``durable``, what a durable step costs a job (0, 1 and 10 steps, concurrency 1
+  and 16) and the Redis memory of a stored step (only on request).
 * ``--partitions``: ``partitions``, one queue of 1 and of 4 partitions on one server, 1 and 2
   worker processes: jobs/s and Redis µs/job, for docs/scaling.md (only on request).
 * ``--permissions``: ``permissions``, subprocess handlers without and with ``Permissions``:
@@ -58,6 +61,7 @@ from benchmarks import (
     batch,
     chunk,
     dashboard_paging,
+    durable,
     executors,
     history,
     keyed,
@@ -107,6 +111,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="only the batch figures: 100,000 jobs through batch.add_bulk "
                              "against client add_bulk, jobs/s and their ratio (not part of "
                              "the full run)")
+    parser.add_argument("--durable", action="store_true",
+                        help="only the durable-step figures: per-step overhead and Redis "
+                             "memory per stored step (not part of the full run)")
     parser.add_argument("--chunk", action="store_true",
                         help="only the chunk handler figures: a no-op plain handler against a "
                              "no-op chunk handler of 100, jobs/s and their ratio (not part of "
@@ -129,7 +136,7 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
     ``--keyed`` and ``--spark`` each select their section; together they run together."""
     only = (args.executors or args.keyed or args.spark or args.dashboard or args.memory
             or args.scale or args.history or args.chunk or args.batch or args.partitions
-            or args.permissions)
+            or args.permissions or args.durable)
     todo = [name for name, wanted in (
         ("baseline", not only),
         ("executors", args.executors or (not args.quick and not only)),
@@ -141,6 +148,7 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
         ("history", args.history),
         ("chunk", args.chunk),
         ("batch", args.batch),
+        ("durable", args.durable),
         ("partitions", args.partitions),
         ("permissions", args.permissions),
     ) if wanted]
@@ -153,6 +161,8 @@ def sections(args: argparse.Namespace) -> tuple[list[str], str]:
         mode += ", chunk handlers only"
     elif args.batch:
         mode += ", batches only"
+    elif args.durable:
+        mode += ", durable steps only"
     elif args.history:
         mode += ", history only"
     elif args.scale:
@@ -205,6 +215,8 @@ def measure(bench: Bench, todo: list[str], quick: bool) -> dict[str, Any]:
         figures["chunk"] = chunk.run(bench, quick)
     if "batch" in todo:
         figures["batch"] = batch.run(bench, quick)
+    if "durable" in todo:
+        figures["durable"] = durable.run(bench, quick)
     if "partitions" in todo:
         figures["partitions"] = partitions.run(bench, quick)
     if "permissions" in todo:
@@ -235,6 +247,8 @@ def report(figures: dict[str, Any], quick: bool, backend: str, worker_log: str) 
         chunk.report(figures["chunk"])
     if "batch" in figures:
         batch.report(figures["batch"])
+    if "durable" in figures:
+        durable.report(figures["durable"])
     if "partitions" in figures:
         partitions.report(figures["partitions"])
     if "permissions" in figures:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import html
+import json
 import re
 import socket
 import subprocess
@@ -21,9 +22,9 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from panqueue import ConfigError, JobNotFound, JobState, SyncQueueClient
+from panqueue import ConfigError, Event, JobNotFound, JobState, SyncQueueClient
 from panqueue.dashboard import create_app
-from panqueue.dashboard._reads import QueueNames
+from panqueue.dashboard._reads import QueueNames, event_dict, progress
 from panqueue.embedded import RedisServer
 from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
 
@@ -298,8 +299,17 @@ def test_actions_cancel_remove_pause_resume_and_purge(redis_url: str, client: Sy
         # A redirect target outside the app is ignored.
         assert act("resume", next="//evil.example/").headers["location"].startswith("/?")
         assert not client.is_paused(queue_name)
-        refused = act("purge", confirm="not the name")
+        refused = act("purge", confirm="<b>not</b> the name", state="waiting")
         assert refused.status_code == 400
+        # The form again, as it was filled (escaped), with one line saying why.
+        assert 'id="purge-form"' in refused.text
+        assert 'value="&lt;b&gt;not&lt;/b&gt; the name"' in refused.text
+        assert 'value="waiting" checked' in refused.text
+        assert refused.text.count('role="alert"') == 1
+        assert "<b>not</b>" not in refused.text
+        unconfirmed = act("purge")
+        assert unconfirmed.status_code == 400
+        assert "The queue&#39;s name is missing" in unconfirmed.text
         assert client.counts(queue_name)[JobState.WAITING] == 1
         purged = act("purge", confirm=queue_name, state="waiting")
         assert purged.status_code == 303 and "n=1" in purged.headers["location"]
@@ -402,6 +412,23 @@ def test_events_page_and_its_live_endpoint(redis_url: str, client: SyncQueueClie
         assert [e["type"] for e in live.json()["events"]] == ["cancelled"]
         bad = web.get("/api/events", params={"q": queue_name, "after": "x; DROP"})
         assert bad.status_code == 400 and "stream id" in bad.json()["error"]
+
+
+def test_times_and_progress_are_written_as_the_pages_show_them() -> None:
+    # A rate_limited event's end (ms in the stream) in the one format, as its time is.
+    event = event_dict(Event("1764243000000-0", "rate_limited", "q", "7",
+                             {"attempt": 1, "until": "1764243060250"}))
+    assert event["time"] == "2025-11-27 11:30:00.000 UTC"
+    assert json.loads(event["fields"]) == {"attempt": 1, "until": "2025-11-27 11:31:00.250 UTC"}
+    # A percentage (0 to 100) is a bar with its number; anything else is its value as text.
+    shown = {repr(value): (found.percent, found.text.text) for value in
+             (0, 50, 72.5, 33.333, 100, 0.5, 150, -1, True, "50", {"of": 9}, None)
+             for found in [progress(value)]}
+    assert shown == {"0": (0.0, "0%"), "50": (50.0, "50%"), "72.5": (72.5, "72.5%"),
+                     "33.333": (33.333, "33.3%"), "100": (100.0, "100%"),
+                     "0.5": (0.5, "0.5%"), "150": (None, "150"), "-1": (None, "-1"),
+                     "True": (None, "true"), "'50'": (None, '"50"'),
+                     "{'of': 9}": (None, '{\n  "of": 9\n}'), "None": (None, "-")}
 
 
 def test_rates_workers_and_schedules_come_from_a_real_worker(

@@ -19,6 +19,14 @@ from tests.helpers import ROOT, subprocess_env
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 
 EXPECTED: dict[str, list[str]] = {
+    "durable_signup.py": [
+        "state delayed, waiting for 'verified', steps ['create-account']",
+        "explain: signal",
+        "welcome sent to ada@example.com (verified at 2026-11-27T10:00Z)",
+        "steps ['create-account', 'welcome']; attempts used: 1",
+        "accounts created: 1, mails sent: 1",
+        "signal to a finished job kept: False",
+    ],
     "batches.py": [
         "album holiday: 3 photos in the batch, closed=True",
         "album holiday publish: 3 of 3 photos resized, 0 failed",

@@ -73,6 +73,29 @@ def test_a_chunk_handlers_failed_item_reaches_the_callbacks_with_its_own_job(
         ["hooks-chunk", handles[1].id, 1, "ValueError", "negative: -2", True]]
 
 
+def test_a_durable_jobs_sleep_and_wait_are_no_failure_and_reach_no_callback(
+        redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    """job.sleep and job.wait_for end an attempt (Suspended) without failing it: on_failure
+    hears of neither, and a job with attempts=1 still completes."""
+    worker = WorkerProcess(tmp_path, "--url", redis_url, "-q", "hooks-durable",
+                           "--poll-interval", "0.1", app="failure_hooks_app:queues",
+                           env={"PANQUEUE_URL": redis_url})
+    try:
+        with SyncQueueClient(redis_url) as client:
+            handle = client.queue("hooks-durable").add(None)
+            wait_until(lambda: client.get_job("hooks-durable", handle.id).waiting_for == "go",
+                       20, "the job to wait for its signal")
+            assert client.signal("hooks-durable", handle.id, "go", "now") is True
+            assert handle.result(timeout=20) == {"first": 1, "go": "now"}
+            history = client.get_job("hooks-durable", handle.id).history
+        assert worker.alive(), worker.stderr
+    finally:
+        worker.kill()
+    assert [entry.get("type") for entry in history].count("Suspended") == 2, history
+    assert _calls(redis_client, "hooks:sync") == [] and _calls(redis_client, "hooks:async") == []
+    assert "on_failure" not in worker.stderr
+
+
 def test_on_failure_refuses_what_it_cannot_call() -> None:
     with pytest.raises(ConfigError, match="on_failure needs a callable"):
         Registry().on_failure("sentry")  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from panqueue._codec import encode
+from panqueue._durable import FOREVER_MS
 from panqueue._job import ErrorInfo, JobState
 from panqueue._keys import QueueKeys
 from panqueue._options import MAX_PRIORITY, MAX_SECONDS, Retention
@@ -193,6 +194,17 @@ CASES = [
     Case("rate_limited", "attempt", lambda: tr.end_attempt(
         K, tr.Throttled("j", "t", 1, 5, 10), max_snoozes=None, claim_next=True, keep=1,
         token="n", ttl_ms=1)),
+    Case("suspend", "sleep", lambda: tr.end_attempt(
+        K, tr.Suspended("j", "t", 1, 5, 10, "sleep", 0), max_snoozes=None, claim_next=True,
+        keep=1, token="n", ttl_ms=1)),
+    Case("suspend", "signal", lambda: tr.end_attempt(
+        K, tr.Suspended("j", "t", 1, 5, 0, "signal", 1, timeout_ms=9, name="go"),
+        max_snoozes=None, claim_next=True, keep=1, token="n", ttl_ms=1)),
+    Case("step", "result", lambda: tr.step_done(K, "j", "t", "a", b"\x01")),
+    Case("signal_take", "take", lambda: tr.take_signal(K, "j", "t", 0, "go"),
+         answer=answering({"signal_take": [0]})),
+    Case("signal", "send", lambda: queue.signal(K, "j", "go", b"\xc0"),
+         answer=answering({"signal": 1})),
     Case("rate_take", "starts", lambda: tr.take_starts(K, 1, 10, 1000, "s")),
     Case("pause_for", "ms", lambda: tr.pause_for(K, 5)),
     Case("extend", "one lock", lambda: tr.extend(K, 1000, [("j", "t")]), units=1),
@@ -356,6 +368,7 @@ SHARED = {
     ("lib/settings.lua", "KEY_CONCURRENCY"): next(
         f.default for f in fields(HandlerOptions) if f.name == "key_concurrency"),
     ("lib/wait_order.lua", "MAX_PRIORITY"): MAX_PRIORITY,
+    ("suspend.lua", "FOREVER_MS"): FOREVER_MS,
 }
 # The Lua constants Python does not know, and why: a new constant is sorted into one or the
 # other here, so a default that Python also has cannot be added on one side unnoticed.
@@ -371,7 +384,7 @@ LUA_ONLY = {
     ("rate_take.lua", "GRACE_MIN_MS"): "the rate grace (docs/scaling.md, checked below)",
 }
 # lib/status.lua's constants are Status (tests/test_lua_layout.py).
-_SOURCES = [*sorted((LUA / "lib").glob("*.lua")), LUA / "rate_take.lua"]
+_SOURCES = [*sorted((LUA / "lib").glob("*.lua")), LUA / "rate_take.lua", LUA / "suspend.lua"]
 
 
 def test_every_lua_constant_is_held_to_python_or_known_to_be_the_scripts_own() -> None:

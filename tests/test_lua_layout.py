@@ -26,6 +26,11 @@ LUA_ONLY_KEYS = {"k:ready", "k:active", "k:limited"}
 LUA_ONLY_KEY_FUNCTIONS = {"logs_key", "key_list", "deps_key", "dedup_key", "fence_key"}
 
 
+def layout_text() -> str:
+    """lib/layout.lua and the include it pastes with a job's keys (lib/job_keys.lua)."""
+    return (LIB / "layout.lua").read_text() + (LIB / "job_keys.lua").read_text()
+
+
 def lua_constants(text: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^local (\w+) = (-?\d+)\b", text, re.M)}
 
@@ -84,13 +89,13 @@ def test_per_job_and_per_name_keys_match() -> None:
     """Each QueueKeys method (job, schedule, ...) has a Lua function that builds the same key:
     ``job`` -> ``job_key(id)``, ``key_list`` -> ``key_list(key)``."""
     keys = QueueKeys("x")
-    lua = lua_key_functions((LIB / "layout.lua").read_text())
+    lua = lua_key_functions(layout_text())
     methods = [m for m in dir(QueueKeys) if not m.startswith("_") and callable(getattr(keys, m))]
     assert {"job", "schedule"} <= set(methods)
     matched = set()
     for method in methods:
         name = method if method in lua else f"{method}_key"
-        assert name in lua, f"QueueKeys.{method} has no Lua counterpart in layout.lua"
+        assert name in lua, f"QueueKeys.{method} has no Lua counterpart in lib/layout.lua"
         before, after = lua[name]
         assert keys.prefix + before + "ID" + after == getattr(keys, method)("ID"), method
         matched.add(name)
@@ -98,10 +103,11 @@ def test_per_job_and_per_name_keys_match() -> None:
 
 
 def test_keys_are_derived_only_in_layout_lua() -> None:
-    """No other Lua file spells a key: they use layout.lua's names (memo.lua's request key is
-    its own)."""
+    """No other Lua file spells a key: they use layout.lua's names, a job's keys in
+    job_keys.lua, which layout.lua pastes (memo.lua's request key is its own)."""
+    assert "job_keys.lua" in includes((LIB / "layout.lua").read_text())
     for path in [*LUA.glob("*.lua"), *LIB.glob("*.lua")]:
-        if path.name in ("layout.lua", "memo.lua"):
+        if path.name in ("layout.lua", "job_keys.lua", "memo.lua"):
             continue
         assert not re.search(r"\bP \.\.", path.read_text()), f"{path.name} builds a key"
 

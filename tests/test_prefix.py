@@ -33,6 +33,7 @@ from panqueue import (
     WorkerPool,
 )
 from panqueue.embedded import RedisServer
+from panqueue.testing import run_worker
 from tests.helpers import (
     ROOT,
     WorkerProcess,
@@ -298,6 +299,48 @@ def test_tags_bulk_cancel_and_remote_control_touch_only_the_prefixs_keys(
     assert "pool returned" in out, err
     # No command, key or channel was refused, and every key is the prefix's.
     assert admin.execute_command("ACL", "LOG") == [], err
+    keys = [key.decode() for key in admin.keys("*")]
+    assert keys and all(key.startswith("{" + PREFIX + ":") for key in keys), keys
+
+
+@pytest.mark.anyio
+async def test_a_durable_job_under_a_prefix_keeps_every_key_inside_it(
+        confined: tuple[str, redis.Redis]) -> None:
+    """A step, a sleep and two waits (a signal kept before the job waits, one that wakes it),
+    by a worker and a client confined by ACL to prefix ``app``: no refusal, and the durable
+    record and every other key are the prefix's."""
+    url, admin = confined
+    registry = Registry()
+
+    @registry.handler("acl-durable")
+    async def signup(job: Job) -> Any:
+        account = await job.step("create", lambda: {"account": job.data["n"]})
+        await job.sleep(0.2)
+        first = await job.wait_for("verified")  # kept before the job waits
+        second = await job.wait_for("approved")  # wakes the waiting job
+        return {"account": account, "first": first, "second": second}
+
+    async with run_worker(registry, "acl-durable", url, prefix=PREFIX, poll_interval=0.1), \
+            QueueClient(url, prefix=PREFIX) as client:
+        job = await client.queue("acl-durable").add({"n": 7})
+        assert await client.signal("acl-durable", job.id, "verified", {"by": "mail"}) is True
+
+        async def waits() -> bool:
+            return (await job.info()).waiting_for == "approved"
+
+        await async_wait_until(waits, timeout=20, what="the job to wait for 'approved'")
+        waiting = await job.info()
+        explanation = await client.explain("acl-durable", job.id)
+        listed = await client.list_jobs("acl-durable", JobState.DELAYED)
+        record = admin.hgetall("{" + PREFIX + ":q:acl-durable}:job:" + job.id + ":durable")
+        assert await client.signal("acl-durable", job.id, "approved", True) is True
+        result = await job.result(timeout=20)
+    assert result == {"account": {"account": 7}, "first": {"by": "mail"}, "second": True}
+    assert waiting.steps == {"create": {"account": 7}} and waiting.state is JobState.DELAYED
+    assert explanation.reason == "signal" and [j.id for j in listed] == [job.id]
+    assert record[b"ws"] == b"approved" and b"s:create" in record
+    # No command, key or channel was refused, and every key is the prefix's.
+    assert admin.execute_command("ACL", "LOG") == []
     keys = [key.decode() for key in admin.keys("*")]
     assert keys and all(key.startswith("{" + PREFIX + ":") for key in keys), keys
 

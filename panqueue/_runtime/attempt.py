@@ -19,11 +19,19 @@ import anyio
 from panqueue import _tracing
 from panqueue._check import is_number
 from panqueue._codec import check_json_compatible, check_size, decode, encode
+from panqueue._durable import DurableRun, DurableStore
 from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._options import JobOptions
 from panqueue._runtime.locks import Attempt, Attempts
 from panqueue._store.ops.add import TRACE_OPTION
-from panqueue._store.transitions import ClaimedJob, Failure, Snoozing, Throttled, Unfinished
+from panqueue._store.transitions import (
+    ClaimedJob,
+    Failure,
+    Snoozing,
+    Suspended,
+    Throttled,
+    Unfinished,
+)
 from panqueue.errors import PayloadError, RateLimited, Snooze
 from panqueue.executors.base import (
     ChildCrashed,
@@ -47,6 +55,7 @@ class Ending(enum.Enum):
     RELEASE = "release"  # forced shutdown: give the job back to waiting
     SNOOZED = "snoozed"  # the handler raised Snooze: run it again later, no attempt used
     RATE_LIMITED = "rate_limited"  # the handler raised RateLimited: pause, run it again
+    SUSPENDED = "suspended"  # a durable sleep or wait for a signal: delayed, no attempt used
 
 
 @dataclass(slots=True)
@@ -85,7 +94,7 @@ class AttemptRunner:
     """Runs attempts of one handler's jobs on its executor."""
 
     def __init__(self, executor: Executor, queue: str, options: JobOptions, attempts: Attempts,
-                 report: Report, release: Release, *,
+                 report: Report, release: Release, durable: DurableStore | None = None, *,
                  max_payload_bytes: int | None = None) -> None:
         self._executor = executor
         self._max_payload_bytes = max_payload_bytes
@@ -94,6 +103,7 @@ class AttemptRunner:
         self._attempts = attempts
         self._report = report
         self._release = release
+        self._durable = durable
 
     async def run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
         if not _tracing.enabled():
@@ -121,6 +131,8 @@ class AttemptRunner:
         outcome: Any = None
         error: BaseException | None = None
         job: Job[Any] | None = None
+        run = None if self._durable is None else DurableRun(
+            self._durable, attempt, self._max_payload_bytes)
         try:
             options = claimed.job_options(options)
 
@@ -130,7 +142,7 @@ class AttemptRunner:
             job = Job(id=claimed.id, queue=self._queue, data=decode(claimed.data),
                       attempt=claimed.attempt, options=options,
                       enqueued_at_ms=claimed.enqueued_at_ms, sink=sink,
-                      should_stop=attempt.should_stop)
+                      should_stop=attempt.should_stop, durable=run)
             if attempt.cancel_requested:  # heard before the attempt started: do not run it
                 raise CancelRequested()
             with attempt.scope:
@@ -150,6 +162,13 @@ class AttemptRunner:
         duration = time.monotonic() - started
         if attempt.lost:
             return Outcome(Ending.LOST, duration)
+        if run is not None and run.suspension is not None:
+            # Whatever the handler did after (it caught the Suspend, or was cancelled), the run
+            # ends where it asked to wait.
+            wait = run.suspension
+            return Outcome(Ending.SUSPENDED, duration, unfinished=Suspended(
+                claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
+                wait.delay_ms, wait.kind, wait.index, wait.at_ms, wait.timeout_ms, wait.name))
         if attempt.forced and not attempt.cancel_requested:
             return Outcome(Ending.RELEASE, duration)
         if attempt.cancel_requested and attempt.scope.cancelled_caught:

@@ -32,6 +32,7 @@ from panqueue._store.transitions import (
     Failure,
     Finished,
     Snoozing,
+    Suspended,
     Throttled,
     Unfinished,
 )
@@ -64,7 +65,8 @@ class _Batch:
 # What the log says when an ending finds its lock lost (the outcome is discarded).
 _LOCK_LOST = {Failure: "lock lost before failure was recorded",
               Snoozing: "lock lost before the snooze was recorded",
-              Throttled: "lock lost before the rate limit was recorded"}
+              Throttled: "lock lost before the rate limit was recorded",
+              Suspended: "lock lost before the sleep or wait was recorded"}
 
 
 def _headline(error: ErrorInfo, limit: int = 200) -> str:
@@ -223,6 +225,8 @@ class Recorder:
                       max_snoozes=self._max_snoozes)
         elif status == Status.SNOOZED:
             log.debug("job snoozed", snooze_s=ending.delay_ms / 1000)
+        elif status == Status.SUSPENDED:
+            log.debug("job suspended")
         elif status == Status.RATE_LIMITED:
             log.info("handler rate limited; its key or queue pauses",
                      retry_after_s=ending.delay_ms / 1000)

@@ -43,7 +43,7 @@ from panqueue._store.notify import Handoff
 from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncSubscriber, AsyncTransport, Op
-from panqueue.errors import PanqueueError
+from panqueue.errors import LockLost, PanqueueError
 from panqueue.executors import create_executor
 
 __all__ = ["CLOSE_WAIT", "FORCE_WAIT", "Roles", "Settings", "Shape"]
@@ -143,7 +143,8 @@ class Roles:
             if shape.shared_rate is None else lambda: True, log=log,
             max_snoozes=options.max_snoozes) for keys in parts]
         self.runner = AttemptRunner(executor, queue, options.job, attempts, self._report,
-                                    self._release, max_payload_bytes=worker.max_payload_bytes)
+                                    self._release, durable=self,
+                                    max_payload_bytes=worker.max_payload_bytes)
         self.wakeups = WakeUps(transport, parts, health_interval=worker.health_interval,
                                on_cancel=attempts.request_cancel, on_handoff=self._handed_over,
                                log=log)
@@ -332,6 +333,31 @@ class Roles:
 
     async def _report(self, attempt: Attempt, kind: str, value: Any) -> None:
         await self.recorders[attempt.partition].report(attempt, kind, value)
+
+    # A durable job's record (panqueue/_durable.py, DurableStore): read and written on the
+    # partition of its attempt; a write whose lock is lost stops the attempt.
+
+    async def durable_load(self, attempt: Attempt) -> dict[bytes, bytes]:
+        keys = self._parts[attempt.partition]
+        if attempt.lost:
+            raise LockLost(keys.name, attempt.job_id)
+        return await self._transport.run(transitions.durable_record(keys, attempt.job_id))
+
+    async def durable_step(self, attempt: Attempt, name: str, result: bytes) -> None:
+        keys = self._parts[attempt.partition]
+        if attempt.lost or not await self._transport.run(transitions.step_done(
+                keys, attempt.job_id, attempt.token, name, result)):
+            self._attempts.lose(attempt, f"step {name!r} found the lock lost")
+            raise LockLost(keys.name, attempt.job_id)
+
+    async def durable_take(self, attempt: Attempt, index: int, name: str) -> tuple[int, bytes]:
+        keys = self._parts[attempt.partition]
+        code, payload = (-1, b"") if attempt.lost else await self._transport.run(
+            transitions.take_signal(keys, attempt.job_id, attempt.token, index, name))
+        if code < 0:
+            self._attempts.lose(attempt, f"wait_for({name!r}) found the lock lost")
+            raise LockLost(keys.name, attempt.job_id)
+        return code, payload
 
     async def _release(self, locks: list[tuple[str, str]], partition: int) -> None:
         await self.recorders[partition].release(locks)

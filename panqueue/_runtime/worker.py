@@ -65,7 +65,8 @@ class _StoppedWhileStarting(Exception):
 _OUTCOME_NAMES = {Status.LOCK_LOST: "lock_lost", Status.RETRY_NOW: "retried",
                   Status.RETRY_DELAYED: "retried", Status.FAILED: "failed",
                   Status.CANCELLED: "cancelled", Status.COMPLETED: "completed",
-                  Status.SNOOZED: "snoozed", Status.RATE_LIMITED: "rate_limited"}
+                  Status.SNOOZED: "snoozed", Status.RATE_LIMITED: "rate_limited",
+                  Status.SUSPENDED: "suspended"}
 
 
 class Worker:

@@ -21,6 +21,7 @@ class Status(enum.IntEnum):
     COMPLETED = 5  # completed
     SNOOZED = 6  # the handler snoozed it: delayed (or waiting), no attempt used
     RATE_LIMITED = 7  # the handler raised RateLimited: waiting, key or queue paused
+    SUSPENDED = 8  # a durable sleep or wait for a signal: delayed, no attempt used
 
     @property
     def retried(self) -> bool:

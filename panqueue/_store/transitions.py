@@ -35,11 +35,13 @@ __all__ = [
     "Failure",
     "Finished",
     "Snoozing",
+    "Suspended",
     "Throttled",
     "Unfinished",
     "cancels_requested",
     "claim",
     "complete_batch",
+    "durable_record",
     "end_attempt",
     "expire_due",
     "extend",
@@ -51,7 +53,9 @@ __all__ = [
     "progress",
     "promote",
     "release",
+    "step_done",
     "sweep_stalled",
+    "take_signal",
     "take_starts",
 ]
 
@@ -146,6 +150,21 @@ class Snoozing(Unfinished):
 class Throttled(Unfinished):
     """An attempt whose handler raised ``RateLimited``: its key or queue pauses for
     ``delay_ms`` and the job goes back, no attempt used."""
+
+
+@dataclass(slots=True)
+class Suspended(Unfinished):
+    """An attempt whose durable handler sleeps (``kind`` "sleep") or waits for a signal
+    ("signal", ``name``): the job is DELAYED until then, no attempt used. ``index``: the
+    sleep's or the wait's order in the run, by which its wake time or deadline is stored.
+    A sleep wakes at ``at_ms`` (ms since the epoch) or, when that is 0, ``delay_ms`` from now;
+    a wait times out ``timeout_ms`` after it first began (-1: never)."""
+
+    kind: str
+    index: int
+    at_ms: int = 0
+    timeout_ms: int = -1
+    name: str = ""
 
 
 @dataclass(slots=True)
@@ -273,6 +292,14 @@ def end_attempt(keys: QueueKeys, ending: Unfinished, *, max_snoozes: int | None,
                   "duration_ms": ending.duration_ms, "retry_after_ms": ending.delay_ms}
         call = _call(SCRIPTS.rate_limited, keys, (
             *head, ending.delay_ms, encode(entry), keep, *tail))
+    elif isinstance(ending, Suspended):
+        message = "sleeping" if ending.kind == "sleep" else f"waiting for {ending.name!r}"
+        entry |= {"type": "Suspended", "message": message, "duration_ms": ending.duration_ms}
+        if ending.kind == "signal":
+            entry["signal"] = ending.name  # what a listing says it waits for (_listing.py)
+        call = _call(SCRIPTS.suspend, keys, (
+            *head, encode(entry), keep, *tail, ending.kind, ending.index, ending.at_ms,
+            ending.timeout_ms if ending.kind == "signal" else ending.delay_ms, ending.name))
     else:
         raise TypeError(f"no transition records {type(ending).__name__}")
     reply = yield call
@@ -280,6 +307,29 @@ def end_attempt(keys: QueueKeys, ending: Unfinished, *, max_snoozes: int | None,
     if status == Status.LOCK_LOST:
         return Finished([status], Claimed([], -1))
     return Finished([status], _claimed(reply, 1, token, keys))
+
+
+def durable_record(keys: QueueKeys, job_id: str) -> Op[dict[bytes, bytes]]:
+    """A durable job's record (its steps, sleeps and waits: lua/lib/layout.lua), read once by
+    the first durable call of a run."""
+    reply = yield Command(("HGETALL", keys.durable(job_id)))
+    return dict(reply or {})
+
+
+def step_done(keys: QueueKeys, job_id: str, token: str, name: str, result: bytes) -> Op[bool]:
+    """Store a finished step's result (msgpack); False when the lock is lost (nothing
+    written)."""
+    reply = yield _call(SCRIPTS.step, keys, (job_id, token, name, result))
+    return bool(reply)
+
+
+def take_signal(keys: QueueKeys, job_id: str, token: str, index: int, name: str
+                ) -> Op[tuple[int, bytes]]:
+    """The run's ``index``-th wait, for signal ``name``: (1, payload) a kept signal taken,
+    (2, b'') timed out, (0, b'') nothing yet, (-1, b'') the lock is lost."""
+    reply = yield _call(SCRIPTS.signal_take, keys, (job_id, token, index, name))
+    code = int(reply[0])
+    return code, (reply[1] if code == 1 else b"")
 
 
 def extend(keys: QueueKeys, ttl_ms: int, locks: Sequence[tuple[str, str]]

@@ -42,6 +42,7 @@ from panqueue.cli._jobs import (
     remove,
     resume,
     schedules,
+    signal,
     stats,
 )
 from panqueue.cli._metrics import metrics
@@ -66,7 +67,7 @@ def cli() -> None:
     """
 
 
-for _command in (worker, enqueue, stats, job, jobs, cancel, remove, dlq, pause, resume,
+for _command in (worker, enqueue, stats, job, jobs, cancel, signal, remove, dlq, pause, resume,
                  schedules, server, demo, info, workers, explain, purge, check, top,
                  metrics, dashboard, check_permissions):
     cli.add_command(_command)

@@ -26,7 +26,7 @@ from panqueue.cli._common import (
 from panqueue.errors import JobNotFound
 
 __all__ = ["cancel", "dlq", "enqueue", "job", "jobs", "pause", "remove", "resume",
-           "schedules", "stats"]
+           "schedules", "signal", "stats"]
 
 _STATES = [s.value for s in JobState]
 _TABLE_STATES = [JobState.WAITING, JobState.DELAYED, JobState.BLOCKED, JobState.ACTIVE,
@@ -100,15 +100,18 @@ def stats(queue: str | None, url: str, as_json: bool) -> None:
 @_JSON
 def job(queue: str, job_id: str, url: str, as_json: bool) -> None:
     """Print one job: its state, times, data, result, error with its traceback as Python
-    prints it, attempt history and log lines (each with its time and attempt).
+    prints it, a durable job's steps (each with when it was stored) and the signal it waits
+    for or the time it sleeps until, attempt history and log lines (each with its time and
+    attempt).
 
     --json prints the fields instead: id, queue, state, data, attempts, priority, progress,
     logs (the newest 1000 lines), result, error (type, message, traceback), failure_reason,
     history, options, enqueued_at, started_at, finished_at, expires_at and run_at (when a
     delayed job is due; ISO 8601, UTC), worker (the worker running an active job), for a job
     waiting to run again after a failed attempt retry_of (that attempt) and max_attempts,
-    log_lines (each line's at, attempt and message), and tags (those it was added with). An
-    unknown ID exits 1.
+    log_lines (each line's at, attempt and message), tags (those it was added with), and for a
+    durable job steps (name, result, at) and, while it is delayed, waiting_for (the signal it
+    waits for) or sleeping_until. An unknown ID exits 1.
     """
     with client_for(url) as client:
         info = client.get_job(queue, job_id)
@@ -138,6 +141,10 @@ def _human(info: JobInfo) -> str:
         rows.append(("retry", delayed_because(info)))
     if info.worker is not None:
         rows.append(("worker", info.worker))
+    if info.waiting_for is not None:
+        rows.append(("waits for", f"signal {info.waiting_for}"))
+    if info.sleeping_until is not None:
+        rows.append(("sleeps", f"until {timestamp(info.sleeping_until)}"))
     rows.append(("data", _value(info.data)))
     if info.progress is not None:
         rows.append(("progress", _value(info.progress)))
@@ -148,6 +155,10 @@ def _human(info: JobInfo) -> str:
         out += ["", f"error: {info.error.type}: {info.error.message}"]
         if info.error.traceback:
             out.append(info.error.traceback.rstrip())
+    if info.steps:
+        out += ["", "steps:"]
+        for name, result in info.steps.items():
+            out.append(f"  {timestamp(info.steps_at.get(name))}  {name}  {_value(result)}")
     if info.history:
         out += ["", "history:"]
         for entry in info.history:
@@ -193,11 +204,12 @@ def jobs(queue: str, state: str, limit: int, tag: str | None, error_type: str | 
 
     A heading line, then one line per job (tab-separated) with its id and what matters for
     the state: delayed, when it is due and why (retry n of m after which error, snoozed by its
-    handler, delayed by the producer); active, when it started, for how long it has run and
-    on which worker; failed, its failure reason, error type and message; completed, how long
-    it took; waiting, for how long it has waited. --json prints the jobs as
-    `panqueue job --json` does. --tag and --error-type filter on the server; with --tag the
-    jobs come in the order they were added (finished states newest first).
+    handler, sleeping until when or waiting for which signal, delayed by the producer);
+    active, when it started, for how long it has run and on which worker; failed, its failure
+    reason, error type and message; completed, how long it took; waiting, for how long it has
+    waited. --json prints the jobs as `panqueue job --json` does. --tag and --error-type
+    filter on the server; with --tag the jobs come in the order they were added (finished
+    states newest first).
     """
     with client_for(url) as client:
         require_queue(client, queue)
@@ -253,6 +265,37 @@ def cancel(queue: str, job_id: str | None, tag: str | None, state: str | None,
         click.echo(f"{job_id}: cancel requested (running; its worker stops it)")
     else:
         click.echo(f"{job_id}: cancelled (was {was.value})")
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("job_id", metavar="ID")
+@click.argument("name")
+@click.argument("payload", metavar="[JSON]", required=False)
+@url_option
+def signal(queue: str, job_id: str, name: str, payload: str | None, url: str) -> None:
+    """Send durable job ID of QUEUE the signal NAME, with the JSON value JSON (default null):
+    its `job.wait_for(NAME)` returns it (client.signal).
+
+    Prints `ID: signal NAME sent`. The signal is kept until the job waits for it, and a job
+    waiting for it now is woken. A job that already finished exits 1 (nothing is kept); an
+    unknown ID exits 1; invalid JSON exits 2.
+
+    \b
+    $ panqueue signal onboarding 42 verified '{"by": "ann"}'
+    42: signal verified sent
+    """
+    value: Any = None
+    if payload is not None:
+        try:
+            value = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise UsageFailure(f"invalid JSON for the signal's payload: {exc}") from None
+    with client_for(url) as client:
+        if not client.signal(queue, job_id, name, value):
+            raise RuntimeFailure(f"job {job_id!r} in queue {queue!r} already finished: the "
+                                 "signal was not kept")
+    click.echo(f"{job_id}: signal {name} sent")
 
 
 @click.command()

@@ -49,10 +49,12 @@ from panqueue.dashboard._reads import (
     age,
     bounded,
     bounded_json,
+    bounded_steps,
     live_workers,
     overview,
     pretty_json,
     preview,
+    progress,
     recent_events,
     timestamp,
 )
@@ -118,7 +120,7 @@ class Dashboard:
             loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
             undefined=jinja2.StrictUndefined)
         self.templates.filters.update(age=age, timestamp=timestamp, pretty=pretty_json,
-                                      preview=preview)
+                                      preview=preview, progress=progress)
 
     # ------------------------------------------------------------------ rendering
 
@@ -200,15 +202,17 @@ class Dashboard:
         columns = list(dict.fromkeys(key for entry in job.history for key in entry))
         # Each value bounded (_reads.PREVIEW_CHARS), the whole one a link away (api_job_raw).
         shown = {"data": bounded_json(job.data), "result": bounded_json(job.result),
-                 "progress": bounded_json(job.progress), "options": bounded_json(job.options),
+                 "progress": progress(job.progress), "options": bounded_json(job.options),
                  "logs": bounded("\n".join(job.logs)),
                  "traceback": bounded(job.error.traceback if job.error is not None
                                       and job.error.traceback else ""),
                  "error": bounded(job.error.message if job.error is not None else "")}
         history = [{column: bounded(str(value)).text for column, value in entry.items()}
                    for entry in job.history]
+        steps = bounded_steps(job.steps)
         return self.render(request, "job.html", queue=name, job=job, explanation=why,
-                           history_columns=columns, history=history, shown=shown)
+                           history_columns=columns, history=history, shown=shown, steps=steps,
+                           steps_cut=any(result.cut for _, result in steps))
 
     def workers(self, request: Request) -> Response:
         return self.render(request, "workers.html",
@@ -259,8 +263,13 @@ class Dashboard:
         return [job.id for job in jobs if job.state is state]
 
     def purge_form(self, request: Request) -> Response:
-        name = _required(request.query_params, "q")
-        return self.render(request, "purge.html", queue=name, counts=self.client.counts(name))
+        return self._purge_page(request, _required(request.query_params, "q"))
+
+    def _purge_page(self, request: Request, name: str, status: int = 200, typed: str = "",
+                    ticked: Iterable[str] = (), error: str | None = None) -> HTMLResponse:
+        return self.render(request, "purge.html", status=status, queue=name,
+                           counts=self.client.counts(name), typed=typed, ticked=set(ticked),
+                           error=error)
 
     # ------------------------------------------------------------------ live parts (JSON)
 
@@ -273,13 +282,15 @@ class Dashboard:
         if after is not None and not _STREAM_ID.fullmatch(after):
             raise BadRequest(f"after must be a stream id such as 1700000000000-0, got {after!r}")
         events, position = recent_events(self.client, name, after)
-        return JSONResponse({"events": events, "position": position})
+        return JSONResponse({"events": events, "position": position,
+                             "updated": timestamp(datetime.now(UTC))})
 
     def api_job(self, request: Request) -> Response:
         name = _required(request.query_params, "q")
         job = self.client.get_job(name, _required(request.query_params, "id"))
+        shown = progress(job.progress)
         return JSONResponse({"state": job.state.value, "attempts": job.attempts,
-                             "progress": bounded_json(job.progress).text})
+                             "progress": shown.text.text, "percent": shown.percent})
 
     def api_job_raw(self, request: Request) -> Response:
         """One part of a job, whole, as JSON: what its page shows only the start of."""
@@ -289,7 +300,8 @@ class Dashboard:
         values: dict[str, Any] = {
             "data": job.data, "result": job.result, "progress": job.progress,
             "options": job.options, "logs": job.logs,
-            "error": job.error.to_wire() if job.error is not None else None}
+            "error": job.error.to_wire() if job.error is not None else None,
+            "steps": job.to_dict()["steps"]}
         if part not in values:
             raise BadRequest(f"part must be one of {', '.join(values)}, got {part!r}")
         return JSONResponse(values[part])
@@ -362,35 +374,45 @@ class Dashboard:
     def _act(self, request: Request, form: FormData, action: str, name: str,
              job_id: str | None) -> Response:
         client = self.client
-        back_to_job = self.link(request, "/job", q=name, id=job_id)
-        back_to_queue = self.link(request, "/queue", q=name,
-                                  state=_field(form, "return_state") or None)
-        if action in ("pause", "resume"):
-            (client.pause if action == "pause" else client.resume)(name)
-            target = _local(_field(form, "next"))
-            where = self.link(request, target) if target else self.link(request, "/")
-            return _done(where, action)
-        if action == "retry_all":
-            return _done(self.link(request, "/queue", q=name, state="failed"), action,
-                         n=client.retry_failed(name))
+        states = [str(s) for s in form.getlist("state")]
+        if action == "purge" and (typed := _field(form, "confirm") or "") != name:
+            # A typo keeps the form, with what was typed and the states ticked: one line says
+            # why, and nothing is deleted.
+            said = f"{_quoted(typed)} is not the queue's name" if typed else \
+                "The queue's name is missing"
+            return self._purge_page(
+                request, name, status=400, typed=typed, ticked=states,
+                error=f"{said}: type {_quoted(name)} exactly to purge it. Nothing was deleted.")
         if action == "bulk":
             return self._bulk(request, form, name)
-        if action == "purge":
-            if _field(form, "confirm") != name:
-                raise BadRequest(f"type the queue's name ({name!r}) to confirm the purge")
-            states = form.getlist("state")
-            deleted = client.purge(name, [str(s) for s in states] or None)
-            return _done(self.link(request, "/queue", q=name), action, n=deleted)
-        assert job_id is not None
-        if action == "retry":
-            return _done(back_to_job, action, n=client.retry_failed(name, [job_id]))
-        if action == "cancel":
-            was = client.cancel(name, job_id)
-            return _done(back_to_job, action, was=was.value)
-        # remove: the job is gone, so back to its queue.
-        if not client.remove(name, job_id):
-            raise JobNotFound(name, job_id)
-        return _done(back_to_queue, action)
+        details: dict[str, Any] = {}
+        # Where the browser goes back to: the page the button was on when it says (``next``:
+        # a list's row keeps its state, filter and page), else the action's own page.
+        where = self.link(request, "/job", q=name, id=job_id)
+        if action in ("pause", "resume"):
+            (client.pause if action == "pause" else client.resume)(name)
+            where = self.link(request, "/")
+        elif action == "retry_all":
+            details["n"] = client.retry_failed(name)
+            where = self.link(request, "/queue", q=name, state="failed")
+        elif action == "purge":
+            details["n"] = client.purge(name, states or None)
+            where = self.link(request, "/queue", q=name)
+        elif action == "retry":
+            assert job_id is not None
+            details["n"] = client.retry_failed(name, [job_id])
+        elif action == "cancel":
+            assert job_id is not None
+            details["was"] = client.cancel(name, job_id).value
+        else:
+            assert job_id is not None
+            if not client.remove(name, job_id):
+                raise JobNotFound(name, job_id)
+            # The job is gone, so back to its queue.
+            where = self.link(request, "/queue", q=name,
+                              state=_field(form, "return_state") or None)
+        target = _local(_field(form, "next"))
+        return _done(self.link(request, target) if target else where, action, **details)
 
     def _bulk(self, request: Request, form: FormData, name: str) -> Response:
         """A confirmed bulk action: on the jobs selected, or on every job the filter picks
@@ -481,6 +503,10 @@ def _here(request: Request) -> str:
 def _done(where: str, action: str, **details: Any) -> Response:
     query = urlencode({"done": action, **{k: str(v) for k, v in details.items()}})
     return RedirectResponse(where + ("&" if "?" in where else "?") + query, status_code=303)
+
+
+def _quoted(text: str) -> str:
+    return f"\u201c{text}\u201d"
 
 
 def _field(form: FormData, name: str) -> str | None:

@@ -18,6 +18,7 @@ reads is undercounted).
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -30,9 +31,10 @@ from panqueue._lag import lag_seconds
 from panqueue._listing import age, timestamp
 from panqueue._store.ops import worker_processes
 
-__all__ = ["PREVIEW_CHARS", "QUEUE_LIST_TTL", "RATE_WINDOW", "Bounded", "Overview", "QueueNames",
-           "QueueRow", "Rates", "age", "bounded", "bounded_json", "event_dict", "live_workers",
-           "overview", "pretty_json", "preview", "recent_events", "timestamp"]
+__all__ = ["PREVIEW_CHARS", "QUEUE_LIST_TTL", "RATE_WINDOW", "Bounded", "Overview", "Progress",
+           "QueueNames", "QueueRow", "Rates", "age", "bounded", "bounded_json", "bounded_steps",
+           "event_dict", "live_workers", "overview", "pretty_json", "preview", "progress",
+           "recent_events", "timestamp"]
 
 QUEUE_LIST_TTL = 10.0
 RATE_WINDOW = 10.0
@@ -79,6 +81,34 @@ def bounded_json(value: Any, limit: int = PREVIEW_CHARS) -> Bounded:
     return bounded(pretty_json(value), limit)
 
 
+def bounded_steps(steps: dict[str, Any]) -> list[tuple[str, Bounded]]:
+    """A durable job's step results (name -> result), each as bounded JSON: the page shows
+    about ``PREVIEW_CHARS`` of them in all (at least 200 of each), the whole a link away."""
+    limit = max(200, PREVIEW_CHARS // max(1, len(steps)))
+    return [(name, bounded_json(result, limit)) for name, result in steps.items()]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A job's progress as its pages show it: ``percent`` to draw as a bar (None: no bar) and
+    the text beside it."""
+
+    percent: float | None
+    text: Bounded
+
+
+def progress(value: Any, limit: int = PREVIEW_CHARS) -> Progress:
+    """A progress that is a percentage, a number from 0 to 100 (``job.progress(50)``), is a bar
+    with its number ("50%"); anything else (a dict, a string, a number out of that range) is
+    its value as JSON, bounded; none reported yet is "-"."""
+    if value is None:
+        return Progress(None, bounded("-"))
+    if isinstance(value, int | float) and not isinstance(value, bool) and \
+            math.isfinite(value) and 0 <= value <= 100:
+        return Progress(float(value), bounded(f"{round(value, 1):g}%"))
+    return Progress(None, bounded_json(value, limit))
+
+
 def preview(value: Any, width: int = 80) -> str:
     """``value`` as compact JSON on one line, cut at ``width`` characters."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
@@ -117,7 +147,7 @@ class Overview:
 
     def to_dict(self) -> dict[str, Any]:
         return {"queues": [q.to_dict() for q in self.queues], "workers": self.workers,
-                "taken_at": self.taken_at.isoformat()}
+                "taken_at": self.taken_at.isoformat(), "updated": timestamp(self.taken_at)}
 
 
 @dataclass
@@ -231,10 +261,18 @@ def overview(client: SyncQueueClient, names: QueueNames, rates: Rates) -> Overvi
     return Overview(rows, len(live), datetime.now(UTC))
 
 
+def _field_value(key: str, value: Any) -> Any:
+    if isinstance(value, ErrorInfo):
+        return value.to_wire()
+    if key == "until" and isinstance(value, str) and value.isascii() and value.isdigit():
+        # A rate_limited event's end, stored in ms.
+        return timestamp(datetime.fromtimestamp(int(value) / 1000, tz=UTC))
+    return value
+
+
 def event_dict(event: Event) -> dict[str, Any]:
     """An event as JSON-ready values (its time is the stream id's milliseconds)."""
-    fields = {key: (value.to_wire() if isinstance(value, ErrorInfo) else value)
-              for key, value in event.fields.items()}
+    fields = {key: _field_value(key, value) for key, value in event.fields.items()}
     millis = int(event.id.split("-", 1)[0])
     return {"id": event.id, "type": event.type, "job_id": event.job_id,
             "time": timestamp(datetime.fromtimestamp(millis / 1000, tz=UTC)),

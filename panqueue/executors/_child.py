@@ -7,7 +7,8 @@ child; the child answers ``ready``. With permissions, the child confines itself 
 after) and, when its policy needs the worker's supervisor, sends
 ``listener`` (the seccomp listener's descriptor number) and waits for ``attached`` before
 closing it; a child that cannot confine itself sends ``refused`` and exits. Then, per job:
-parent ``run`` -> child ``p``/``l`` (progress, log) ... ``done``. SIGUSR1 at any time makes
+parent ``run`` -> child ``p``/``l`` (progress, log), ``d`` (a durable call: job.step, job.sleep,
+job.wait_for; the parent answers ``dr``) ... ``done``. SIGUSR1 at any time makes
 ``job.should_stop()`` true. The handler is imported by its module path from the parent's
 registry: no code ever travels through the frames or through Redis.
 """
@@ -114,6 +115,16 @@ def main() -> None:
             return
         cpu_seconds = None  # the worker sets each job's CPU budget (setrlimit is denied here)
     jobs: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+    answers: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+
+    def bridge(op: str, *args: Any) -> Any:
+        """A durable call (job.step, job.sleep, job.wait_for): made by the worker, which
+        holds the job's lock, over the pipe; its answer (or its error) comes back."""
+        if op == "end_step":
+            check_json_compatible(args[1], f"step {args[0]!r} result")
+        frames.write({"t": "d", "f": op, "a": list(args)})
+        value = _durable_result(answers.get())
+        return tuple(value) if op == "begin_step" else value  # (found, stored result)
     stop = threading.Event()
     # The worker's shutdown, phase one: SIGUSR1 makes job.should_stop() true.
     signal.signal(signal.SIGUSR1, lambda signum, frame: stop.set())
@@ -127,6 +138,8 @@ def main() -> None:
                 return
             if frame.get("t") == "run":
                 jobs.put(frame)
+            elif frame.get("t") == "dr":
+                answers.put(frame)
 
     threading.Thread(target=read_frames, daemon=True).start()
 
@@ -145,8 +158,25 @@ def main() -> None:
         job = Job(id=frame["id"], queue=frame["queue"], data=frame["data"],
                   attempt=frame["attempt"], options=JobOptions().merged(frame.get("options")),
                   enqueued_at_ms=frame.get("enqueued_at"), sink=sink,
-                  should_stop=stop.is_set)
+                  should_stop=stop.is_set, bridge=bridge)
         frames.write(_run_one(fn, job, check_json_compatible))
+
+
+def _durable_result(answer: dict[str, Any]) -> Any:
+    """A durable call's answer from the worker: its value, or its error raised again."""
+    if answer.get("ok"):
+        return answer.get("v")
+    from panqueue._durable import Suspend
+    from panqueue.errors import ConfigError, PanqueueError, PayloadError, SignalTimeout
+
+    kind, message = answer.get("type"), str(answer.get("m", ""))
+    if kind == "Suspend":
+        raise Suspend("in a child process")
+    if kind == "SignalTimeout":
+        raise SignalTimeout(str(answer.get("name")))
+    if kind in ("ConfigError", "PayloadError"):
+        raise (ConfigError if kind == "ConfigError" else PayloadError)(message)
+    raise PanqueueError(f"{kind}: {message}")
 
 
 def _keep_source(path: str) -> None:

@@ -279,6 +279,8 @@ class SubprocessExecutor(Executor):
                 await job.progress(frame.get("v"))
             elif kind == "l":
                 await job.log(str(frame.get("v")))
+            elif kind == "d":  # a durable call (job.step, job.sleep, job.wait_for)
+                await child.send(await _durable_answer(job, frame))
 
     def _outcome(self, frame: dict[str, Any], child: Child) -> Any:
         if frame.get("ok"):
@@ -312,6 +314,17 @@ class SubprocessExecutor(Executor):
         children, self._idle = self._idle, []
         for child in children:
             await child.terminate()
+
+
+async def _durable_answer(job: Job, frame: dict[str, Any]) -> dict[str, Any]:
+    """The answer to a child's durable call: its result, or the error it raised (type,
+    message, and a signal's name), which the child raises again in the handler."""
+    try:
+        value = await job.relay_durable(str(frame.get("f")), *(frame.get("a") or ()))
+    except Exception as exc:
+        return {"t": "dr", "ok": False, "type": type(exc).__name__, "m": str(exc),
+                "name": getattr(exc, "name", None)}
+    return {"t": "dr", "ok": True, "v": value}
 
 
 def _denied(denials: list[str]) -> str:

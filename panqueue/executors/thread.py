@@ -57,7 +57,7 @@ class _Call(Task):
         try:
             argument: Any
             if self.job is not None:
-                argument = self.job.rebind(self.sink, self.should_stop)
+                argument = self.job.rebind(self.sink, self.should_stop, self.bridge)
             else:
                 argument = [_Reports(self, job).view() for job in self.chunk or ()]
             self.value = self.fn(argument)
@@ -81,6 +81,13 @@ class _Call(Task):
 
     def should_stop(self) -> bool:
         return self.abandoned or self.job is None or self.job.should_stop()
+
+    def bridge(self, op: str, *args: Any) -> Any:
+        """The single job's durable calls (job.step, job.sleep, job.wait_for) from the
+        handler's thread: run on the event loop, their result (or exception) brought back."""
+        if self.abandoned or self.job is None:
+            raise HandlerAborted(SystemExit("the attempt gave up on this thread"))
+        return anyio.from_thread.run(self.job.relay_durable, op, *args, token=self.loop.token)
 
 
 class _Reports:

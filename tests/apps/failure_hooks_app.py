@@ -32,6 +32,14 @@ async def rows(jobs: list[Job]) -> list[object]:
             for i, job in enumerate(jobs)]
 
 
+@queues.handler("hooks-durable", attempts=1)
+async def durable(job: Job) -> object:
+    """Sleeps, then waits for a signal: two suspensions, neither of them a failure."""
+    first = await job.step("first", lambda: 1)
+    await job.sleep(0.1)
+    return {"first": first, "go": await job.wait_for("go")}
+
+
 @queues.on_failure
 def record(job: Job, exc: BaseException, final: bool) -> None:
     _redis.rpush("hooks:sync", json.dumps([job.queue, job.id, job.attempt,

@@ -9,6 +9,8 @@
 -- Returns  one of
 --   {'state', s}                     the job is not waiting or delayed: s its state ('' none)
 --   {'delayed', due}                 delayed until `due` (ms), still in the future
+--   {'signal', name, due}            a durable job waits for the signal `name` (suspend.lua)
+--                                    until its timeout `due` (ms; far in the future: none)
 --   {'paused'}                       the queue is paused
 --   {'paused_until', until}          a handler's RateLimited: no job starts until `until` (ms)
 --   {'rate', free_at, limit, per, max}  the queue's rate window (`limit` starts per `per` ms:
@@ -45,6 +47,10 @@ end
 if state == 'delayed' then
   local due = redis.call('ZSCORE', K_DELAYED, id)
   if due and tonumber(due) > now then
+    local waits = redis.call('HGET', durable_key(id), 'ws')
+    if waits then
+      return {'signal', waits, tonumber(due)}
+    end
     return {'delayed', tonumber(due)}
   end
 end

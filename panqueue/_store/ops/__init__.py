@@ -59,6 +59,7 @@ from panqueue._store.ops.queue import (
     remove,
     retry_failed,
     setup_queue,
+    signal,
 )
 from panqueue._store.ops.schedules import (
     ScheduleInfo,
@@ -140,6 +141,7 @@ __all__ = [
     "script_call",
     "server_time_ms",
     "setup_queue",
+    "signal",
     "state_set",
     "wait_result",
     "worker_processes",

@@ -17,9 +17,9 @@ __all__ = ["Event", "last_event_id", "read_events", "stream_entries"]
 class Event:
     """One lifecycle event from a queue's event stream.
 
-    ``type``: added, active, progress, completed, failed, retried, snoozed, rate_limited,
-    stalled, cancelled, waiting, blocked, removed, paused, resumed. ``id`` is the stream id:
-    pass it as ``after=`` to resume.
+    ``type``: added, active, progress, completed, failed, retried, snoozed, suspended,
+    rate_limited, stalled, cancelled, waiting, blocked, removed, paused, resumed. ``id`` is the
+    stream id: pass it as ``after=`` to resume.
     ``fields`` holds the rest (``result``, ``error``, ``progress``, ``attempt``, ``state``,
     ``reason``), decoded.
     """

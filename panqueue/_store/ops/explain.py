@@ -19,6 +19,7 @@ from typing import Any, Literal
 import msgpack
 
 from panqueue._codec import decode
+from panqueue._durable import FOREVER_MS
 from panqueue._job import ErrorInfo, JobState, from_ms
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
@@ -30,8 +31,8 @@ from panqueue.errors import ConfigError, JobNotFound
 
 __all__ = ["Action", "Explanation", "Reason", "SlotHolder", "Tool", "explain"]
 
-Reason = Literal["paused", "delayed", "snoozed", "blocked", "rate_limited", "key_busy", "queued",
-                 "no_worker", "running", "finished", "expired"]
+Reason = Literal["paused", "delayed", "signal", "snoozed", "blocked", "rate_limited", "key_busy",
+                 "queued", "no_worker", "running", "finished", "expired"]
 #: What a person can do about the job: resume its queue, retry it (a failed job), start a
 #: worker (none serves the queue).
 Action = Literal["resume", "retry", "start_worker"]
@@ -54,6 +55,9 @@ _HINTS: dict[str, dict[Tool, str]] = {
     "start_worker": {"python": "panqueue worker", "cli": "panqueue worker",
                      "dashboard": "panqueue worker"},
     "batch": {"python": ": client.batch", "cli": "", "dashboard": ""},
+    "signal": {"python": "client.signal({queue!r}, {job!r}, {name!r}, ...)",
+               "cli": "panqueue signal {queue} {job} {name} [JSON]",
+               "dashboard": "panqueue signal {queue} {job} {name} [JSON]"},
 }
 
 
@@ -99,11 +103,12 @@ class _Words:
         if tool not in ("python", "cli", "dashboard"):
             raise ConfigError(f"tool must be 'python', 'cli' or 'dashboard', got {tool!r}")
         self.tool = tool
-        quote = shlex.quote if tool == "cli" else str
-        self._fill = {"queue": quote(queue), "job": quote(job_id)}
+        self._quote = shlex.quote if tool == "cli" else str
+        self._fill = {"queue": self._quote(queue), "job": self._quote(job_id)}
 
     def __call__(self, action: str, **more: str) -> str:
-        return _HINTS[action][self.tool].format(**self._fill, **more)
+        return _HINTS[action][self.tool].format(
+            **self._fill, **{name: self._quote(value) for name, value in more.items()})
 
 
 def _at(ms: bytes | int | float | None) -> str:
@@ -167,7 +172,7 @@ def _why(keys: QueueKeys, job_id: str, words: _Words, again: bool = True
     kind = verdict[0].decode()
     if kind == "state":
         return (yield from _moved(keys, job_id, verdict[1].decode(), words, again))
-    if kind not in ("delayed", "paused", "paused_until"):
+    if kind not in ("delayed", "signal", "paused", "paused_until"):
         state = JobState.WAITING  # a due delayed job: the script moved it, as a claim would
     return (yield from _held(keys, job_id, state, kind, verdict[1:], live, words))
 
@@ -212,11 +217,22 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
                                f"{_at(args[0])} (attempt {last.get('attempt')} raised "
                                "Snooze; no attempt used); it moves to waiting then",
                                due_at=due)
+        if last.get("type") == "Suspended":
+            return Explanation(state, "delayed", f"sleeping (job.sleep) until {_at(args[0])}, "
+                               "holding no slot; it moves to waiting then and its handler "
+                               "runs again from the top, its steps replayed", due_at=due)
         failed = ErrorInfo.from_wire(decode(error)) if error else None
         if failed is not None and failed_attempt(last):
             return _retry(state, last, failed, args[0], due)
         return Explanation(state, "delayed", f"delayed until {_at(args[0])}; it moves to "
                            "waiting then (a worker's upkeep promotes it)", due_at=due)
+    if kind == "signal":
+        name, timeout = args[0].decode(errors="replace"), int(args[1])
+        forever = timeout >= FOREVER_MS
+        until = "with no timeout" if forever else f"until its timeout at {_at(timeout)}"
+        return Explanation(state, "signal", f"waits for signal {name!r} (job.wait_for) {until},"
+                           f" holding no slot; {words('signal', name=name)} makes it waiting",
+                           due_at=None if forever else from_ms(timeout))
     if kind == "paused":
         return Explanation(state, "paused", f"queue {keys.name!r} is paused; "
                            f"resume it ({words('resume')}) and workers will claim the job",

@@ -17,6 +17,7 @@ import msgpack
 
 from panqueue._check import check_int
 from panqueue._codec import decode
+from panqueue._durable import FOREVER_MS, steps_of
 from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms, parse_log_line
 from panqueue._keys import QueueKeys
 from panqueue._store.ops.events import stream_entries
@@ -35,16 +36,18 @@ _FINAL_EVENTS = frozenset({b"completed", b"failed", b"cancelled"})
 
 
 def failed_attempt(entry: dict[Any, Any]) -> bool:
-    """Whether a history entry is a failed attempt's (a snooze or a handler's RateLimited used
-    none, and a stalled attempt's entry has no error type)."""
-    return bool(entry) and entry.get("type") not in (None, "Snoozed", "RateLimited")
+    """Whether a history entry is a failed attempt's (a snooze, a handler's RateLimited and a
+    durable job's suspension used none, and a stalled attempt's entry has no error type)."""
+    return bool(entry) and entry.get("type") not in (None, "Snoozed", "RateLimited", "Suspended")
 
 
 def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[bytes],
-              due: bytes | float | None = None) -> JobInfo:
-    """The job stored in the hash ``fields`` (HGETALL of its key) with its ``logs`` and
-    ``due``, its score in the delayed set (ZSCORE);
-    :class:`JobNotFound` if the hash holds no job (it is empty, or has no state field)."""
+              due: bytes | float | None = None, durable: dict[bytes, bytes] | None = None
+              ) -> JobInfo:
+    """The job stored in the hash ``fields`` (HGETALL of its key) with its ``logs``,
+    ``due``, its score in the delayed set (ZSCORE), and its ``durable`` record (steps, sleeps,
+    waits); :class:`JobNotFound` if the hash holds no job (it is empty, or has no state
+    field)."""
 
     def text(name: bytes) -> str | None:
         raw = fields.get(name)
@@ -87,14 +90,34 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         history=history,
         options=decode(fields.get(b"o")) or {},
         expires_at=from_ms(fields.get(b"x")),
-        run_at=(from_ms(int(float(due))) if due is not None
+        run_at=(from_ms(int(float(due))) if due is not None and float(due) < FOREVER_MS
                 and job_state is JobState.DELAYED else None),
         worker=None if holder is None else holder.worker,
         retry_of=int(last.get("attempt") or 0) if retry else None,
         max_attempts=int(allowed) if isinstance(allowed, int) else None,
         log_lines=lines,
         tags=fields[b"tg"].decode().split("\n") if fields.get(b"tg") else [],
+        **_durable_fields(state, durable or {}),
     )
+
+
+def _durable_fields(state: str, record: dict[bytes, bytes]) -> dict[str, Any]:
+    """JobInfo's view of a durable record: the steps (in the order they were stored, and
+    when), the signal it waits for and the time it sleeps until (while it is DELAYED)."""
+    if not record:
+        return {}
+    steps, stored_at = steps_of(record)
+    waiting_for = sleeping_until = None
+    if state == JobState.DELAYED.value:
+        raw = record.get(b"ws")
+        waiting_for = None if raw is None else raw.decode(errors="replace")
+        if waiting_for is None:
+            sleeps = [(int(field[2:]), int(value)) for field, value in record.items()
+                      if field.startswith(b"z:")]
+            if sleeps:
+                sleeping_until = from_ms(max(sleeps)[1])
+    return {"steps": steps, "steps_at": {name: from_ms(at) for name, at in stored_at.items()},
+            "waiting_for": waiting_for, "sleeping_until": sleeping_until}
 
 
 def _no_ext(code: int, data: bytes) -> Any:
@@ -103,12 +126,13 @@ def _no_ext(code: int, data: bytes) -> Any:
 
 def get_job(keys: QueueKeys, job_id: str) -> Op[JobInfo]:
     jkey = keys.job(job_id)
-    h, logs, due = yield Batch((Command(("HGETALL", jkey)),
-                                Command(("LRANGE", jkey + ":logs", 0, -1)),
-                                Command(("ZSCORE", keys.delayed, job_id))))
+    h, logs, due, durable = yield Batch((Command(("HGETALL", jkey)),
+                                         Command(("LRANGE", jkey + ":logs", 0, -1)),
+                                         Command(("ZSCORE", keys.delayed, job_id)),
+                                         Command(("HGETALL", keys.durable(job_id)))))
     if not h:
         raise JobNotFound(keys.name, job_id)
-    return parse_job(keys.name, job_id, h, logs, due)
+    return parse_job(keys.name, job_id, h, logs, due, durable)
 
 
 def read_jobs(keys: QueueKeys, ids: Sequence[str], *, states: Collection[JobState] | None = None,

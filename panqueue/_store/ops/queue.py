@@ -91,6 +91,16 @@ def cancel(keys: QueueKeys, job_id: str) -> Op[JobState]:
     return JobState(reply.decode())
 
 
+def signal(keys: QueueKeys, job_id: str, name: str, payload: bytes) -> Op[bool]:
+    """Send a durable job the signal ``name`` with ``payload`` (msgpack): kept until a
+    ``wait_for(name)`` takes it, and a job waiting for it now is woken. False when the job is
+    final (nothing written)."""
+    reply = yield script_call(SCRIPTS.signal, keys, job_id, name, payload)
+    if reply is None:
+        raise JobNotFound(keys.name, job_id)
+    return bool(reply)
+
+
 def retry_failed(keys: QueueKeys, ids: Sequence[str] | None, limit: int = 10_000) -> Op[int]:
     if ids is not None and not ids:
         # The script reads "no ids" as "the oldest failed jobs": an empty selection moves none.

@@ -1,6 +1,7 @@
 // panqueue dashboard: the live parts of the pages. Plain JS, no build step, no inline script
 // (the Content-Security-Policy allows only this file). Everything from the server is put in
-// the page with textContent, never as HTML.
+// the page with textContent, never as HTML. Times too come written by the server (one format,
+// UTC): this script formats none of its own.
 "use strict";
 
 (function () {
@@ -71,7 +72,7 @@
         });
       }
       document.getElementById("worker-count").textContent = String(snap.workers);
-      setStatus("updated " + new Date().toLocaleTimeString());
+      setStatus("updated " + snap.updated);
     });
   }
 
@@ -94,6 +95,10 @@
         return;
       }
       document.getElementById("job-attempts").textContent = String(found.attempts);
+      // A percentage is a bar with its number; anything else its text alone.
+      const bar = document.getElementById("job-progress-bar");
+      bar.hidden = found.percent === null;
+      bar.value = found.percent === null ? 0 : found.percent;
       document.getElementById("job-progress").textContent = found.progress;
     });
   }
@@ -140,7 +145,7 @@
       while (tbody.rows.length > 200) {
         tbody.deleteRow(tbody.rows.length - 1);
       }
-      setStatus("updated " + new Date().toLocaleTimeString());
+      setStatus("updated " + found.updated);
     });
   }
 

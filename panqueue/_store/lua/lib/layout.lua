@@ -1,6 +1,6 @@
 -- lib/layout.lua: the key layout of one queue, the job hash's fields, the server clock and
 -- events. Every script starts from here (lib/settings.lua reads the queue's meta hash).
--- Needs: nothing.
+-- Needs: job_keys.lua (one job's keys, pasted below P).
 --
 -- KEYS[1] is always the queue prefix "{q:<queue>}:"; every other key of the queue is derived
 -- from it, so one script only ever touches one hash slot. panqueue/_keys.py names the same keys
@@ -21,7 +21,9 @@
 --   ih partitioned queues: "<home partition>\t<token>" of the pointer in its custom id's home
 --      partition (lib/identity.lua); deleting the job queues its removal ("id_outbox")
 --   tg its tags, newline-separated, each indexed in ZSET "tag:<tag>" (job -> meta "tgn" rank)
--- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua).
+-- Per job: "job:<id>:logs" (LIST, capped); its dependency edges (lib/dependencies.lua);
+-- "job:<id>:durable" (HASH): a durable job's steps, sleeps, waits and kept signals (its fields:
+-- step.lua's header).
 --
 -- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
 -- read by exports (panqueue.spark.export_history) through their consumer group.
@@ -66,16 +68,13 @@ local K_ID_OUTBOX = P .. 'id_outbox'
 local K_RELAYOUT = P .. 'relayout'
 local EVENTS_MAXLEN = 10000
 
-local function job_key(id)
-  return P .. 'job:' .. id
-end
+--!include job_keys.lua
 
-local function logs_key(id)
-  return P .. 'job:' .. id .. ':logs'
-end
+-- A worker's commands (control.lua) and a tag's index (lib/new_job.lua, select.lua).
 local function control_key(name)
   return P .. 'control:' .. name
 end
+
 local function tag_key(tag)
   return P .. 'tag:' .. tag
 end
@@ -83,15 +82,6 @@ end
 -- Keyed mode: the waiting jobs of one key (lib/waiting.lua).
 local function key_list(key)
   return P .. 'k:wait:' .. key
-end
-
--- Dependency edges (lib/dependencies.lua).
-local function deps_key(id)
-  return P .. 'deps:' .. id
-end
-
-local function needs_key(id)
-  return P .. 'needs:' .. id
 end
 
 -- The job a dedup key currently names (lib/new_job.lua), or a pointer to it in another

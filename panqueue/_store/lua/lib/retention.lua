@@ -36,7 +36,7 @@ local function trim_finished(set, keep, now)
   end
 end
 
--- Delete a job: its hash, its log list, its entries in its tags' indexes and its dependency edges on both sides; the jobs still
+-- Delete a job: its hash, its log list, its entries in its tags' indexes, its durable record and its dependency edges on both sides; the jobs still
 -- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
 -- retention takes at every finish; `edgeless`: the caller knows there is none, see
 -- trim_finished.)
@@ -63,5 +63,5 @@ delete_job = function(id, now, edgeless, finished)
       redis.call('ZREM', tag_key(tag), id)
     end
   end
-  redis.call('DEL', jkey, logs_key(id))
+  redis.call('DEL', jkey, logs_key(id), durable_key(id))
 end

@@ -11,3 +11,4 @@ local CANCELLED = 4       -- its cancellation was requested: ended cancelled
 local COMPLETED = 5       -- completed
 local SNOOZED = 6         -- the handler snoozed it: delayed (or waiting), no attempt used
 local RATE_LIMITED = 7    -- the handler raised RateLimited: waiting, key or queue paused
+local SUSPENDED = 8       -- a durable sleep or wait for a signal: delayed, no attempt used
