@@ -9,7 +9,6 @@ starts its own worker process with the same settings.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
@@ -22,9 +21,8 @@ import pytest
 
 from panqueue import JobNotFound, JobState, PayloadError, SyncQueueClient
 from panqueue.embedded import RedisServer
+from tests.django_setup import SETTINGS, configure_django
 from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
-
-SETTINGS = "tests.django_project.settings"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,36 +40,10 @@ def tasks_framework() -> None:
                 f"'.[django]'): {problem}", pytrace=False)
 
 
-@pytest.fixture(scope="module")
-def django_db(tmp_path_factory: pytest.TempPathFactory, panqueue_server: RedisServer
-              ) -> Iterator[Path]:
-    """Django configured in this process from the test project; yields the SQLite file."""
-    db = tmp_path_factory.mktemp("django") / "db.sqlite3"
-    from django.conf import settings
-
-    if settings.configured:
-        pytest.fail("Django was configured by another module before this one")
-    # The settings module reads these once, when setup_django() imports it; they are
-    # removed again so that they leak into no other test.
-    env = {"DJANGO_SETTINGS_MODULE": SETTINGS, "PQ_DJANGO_DB": str(db),
-           "PANQUEUE_URL": panqueue_server.url, "PQ_DJANGO_ANY_QUEUE": "1"}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        from panqueue.django import setup_django
-
-        setup_django()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE shop_order (id INTEGER PRIMARY KEY, item TEXT)")
-    yield db
+@pytest.fixture
+def django_db(tmp_path_factory: pytest.TempPathFactory, panqueue_server: RedisServer) -> Path:
+    """Django configured in this process from the test project; the SQLite file."""
+    return configure_django(tmp_path_factory, panqueue_server.url)
 
 
 @pytest.fixture

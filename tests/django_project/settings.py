@@ -43,3 +43,10 @@ if os.environ.get("PQ_DJANGO_ANY_QUEUE"):
         "QUEUES": [],
         "OPTIONS": {"url": os.environ["PANQUEUE_URL"]},
     }
+    # The backend the ported suites of tests/django_port run against: any queue name, and
+    # workers (tests.django_port.worker) serving the queue "port" only.
+    TASKS["port"] = {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": [],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "task_modules": ["tests.django_port"]},
+    }
