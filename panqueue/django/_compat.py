@@ -24,6 +24,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "normalize_json",
     "task_backends",
     "task_enqueued",
     "task_finished",
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.utils import normalize_json
 
 else:
     try:
@@ -59,6 +61,7 @@ else:
         )
         from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
         from django.tasks.signals import task_enqueued, task_finished, task_started
+        from django.utils.json import normalize_json
     else:
         try:
             from django_tasks import task_backends
@@ -79,3 +82,4 @@ else:
         from django_tasks.exceptions import InvalidTaskError as InvalidTask
         from django_tasks.exceptions import TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started
+        from django_tasks.utils import normalize_json

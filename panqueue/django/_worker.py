@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from panqueue._codec import check_json_compatible
 from panqueue._job import ErrorInfo, Job
 from panqueue._registry import Registry
 from panqueue._store.transport import redact_url
@@ -31,6 +32,7 @@ from panqueue.django._compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    normalize_json,
     task_backends,
     task_finished,
     task_started,
@@ -158,7 +160,11 @@ class _TaskRunner:
                                   **result.kwargs)
             else:
                 value = task.call(*result.args, **result.kwargs)
-            value = _plain(value)
+            # As Django's own backends do, inside the task's run: a return value that is not
+            # JSON fails the task with the framework's TypeError ("Unsupported type"), so
+            # task_finished and the stored result agree (FAILED).
+            value = normalize_json(value)
+            check_json_compatible(value, "result")
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
@@ -183,12 +189,3 @@ def _finish(result: TaskResult[Any], status: TaskResultStatus) -> None:
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
 
-
-def _plain(value: Any) -> Any:
-    """Tuples as lists and mappings as dicts, as Django normalises return values; anything
-    else is left for panqueue's result check to accept or name."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
