@@ -17,7 +17,8 @@
 #           beyond it (connections and errors, the cluster client). One leg proves both the
 #           floors and the Python: the newest dependencies run on 3.11 and 3.13.
 #   py3.13  Python 3.13 with the newest dependencies, in .venv-py313: what differs there, the
-#           Django tests on Django 6 and its built-in django.tasks (the main run has Django 5.2
+#           Django tests and the ported suites of tests/django_port on Django 6 and its built-in
+#           django.tasks (the main run has Django 5.2
 #           and the django-tasks package), and the lifecycle on both event loops of the newest
 #           interpreter.
 # The core subset is what depends on the interpreter, on asyncio and trio: the lifecycle, every
@@ -108,7 +109,7 @@ leg_python() {  # leg_python 3.13
   else
     echo "== pytest, the lifecycle and Django 6, on Python $minor ($python)"
     packages+=("django>=6,<7")
-    files=(tests/test_lifecycle.py tests/test_django.py)
+    files=(tests/test_lifecycle.py tests/test_django.py tests/django_port)
   fi
   if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from panqueue import JobState, SyncQueueClient
 from tests.django_port.conftest import finished
 
 pytestmark = pytest.mark.usefixtures("port_worker")
@@ -175,8 +176,11 @@ def test_complex_return_value() -> None:
 
     result = finished(tasks.complex_return_value.enqueue())
     assert result.status == TaskResultStatus.FAILED
-    assert len(result.errors) == 1
+    assert result.enqueued_at <= result.started_at <= result.finished_at
     assert result._return_value is None
+    [error] = result.errors
+    assert error.exception_class is TypeError
+    assert "Unsupported type" in error.traceback
 
 
 def test_takes_context() -> None:
@@ -201,3 +205,86 @@ def test_get_result_of_a_finished_task_from_scratch() -> None:
     back = task_backends["port"].get_result(result.id)
     assert back == result
     assert back.return_value == 42
+
+
+def test_enqueue_logs(caplog: pytest.LogCaptureFixture) -> None:
+    # test_dummy_backend.DummyBackendTestCase.test_enqueue_logs: one line, at enqueue, naming
+    # the result (the framework logs it on the task_enqueued signal the backend sends).
+    import logging
+
+    import django
+
+    from tests.django_port import tasks
+
+    logger = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    with caplog.at_level(logging.DEBUG, logger=logger):
+        result = tasks.noop_task.using(queue_name="port-idle").enqueue()
+    [line] = [r.getMessage() for r in caplog.records if r.name.startswith(logger)]
+    assert "enqueued" in line and result.id in line
+
+
+def test_wait_until_transaction_commit(port_client: SyncQueueClient) -> None:
+    # test_dummy_backend.DummyBackendTransactionTestCase.test_wait_until_transaction_commit:
+    # a backend with ENQUEUE_ON_COMMIT (the test project's "default") adds the task when the
+    # transaction commits; enqueued_at is set then.
+    from django.db import transaction
+
+    from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import task_backends
+
+    assert task_backends["default"].enqueue_on_commit is True
+    on_commit = add.using(queue_name="reports")  # the project's task, on "default"
+    with transaction.atomic():
+        result = on_commit.enqueue(1, 2)
+        assert result.enqueued_at is None
+        assert port_client.list_jobs("reports", JobState.WAITING) == []
+    assert [job.id for job in port_client.list_jobs("reports", JobState.WAITING)] == [result.id]
+    assert result.enqueued_at is not None
+    result.refresh()
+    assert result.enqueued_at is not None
+
+
+def test_doesnt_wait_until_transaction_commit_by_default(port_client: SyncQueueClient) -> None:
+    # test_immediate_backend.ImmediateBackendTransactionTestCase
+    # .test_doesnt_wait_until_transaction_commit_by_default (and the dummy backend's
+    # test_doesnt_wait_until_transaction_commit): ENQUEUE_ON_COMMIT is off unless asked for.
+    from django.db import transaction
+
+    from tests.django_port import tasks
+    from tests.django_project.tasks_compat import task_backends
+
+    assert task_backends["port"].enqueue_on_commit is False
+    with transaction.atomic():
+        result = tasks.noop_task.using(queue_name="port-idle-2").enqueue()
+        assert result.enqueued_at is not None
+        assert [job.id for job in port_client.list_jobs("port-idle-2", JobState.WAITING)] \
+            == [result.id]
+
+
+def test_validate_on_enqueue() -> None:
+    # test_immediate_backend.ImmediateBackendTestCase.test_validate_on_enqueue and
+    # test_validate_on_aenqueue: enqueue() validates the task against the backend again.
+    from tests.django_port import tasks
+    from tests.django_project.tasks_compat import InvalidTask
+
+    task = tasks.noop_task.using(queue_name="unknown_queue")  # valid for "port" (any queue)
+    moved = task.using()
+    object.__setattr__(moved, "backend", "default")  # as if TASKS had changed since
+    with pytest.raises(InvalidTask, match="Queue 'unknown_queue' is not valid for backend"):
+        moved.enqueue()
+    with pytest.raises(InvalidTask, match="Queue 'unknown_queue' is not valid for backend"):
+        asyncio.run(moved.aenqueue())
+
+
+def test_using_correct_backend() -> None:
+    # test_custom_backend.CustomBackendTestCase.test_using_correct_backend: alias and options
+    # as TASKS gives them.
+    from django.conf import settings
+
+    from panqueue.django import PanqueueBackend
+    from tests.django_project.tasks_compat import task_backends
+
+    backend = task_backends["port"]
+    assert isinstance(backend, PanqueueBackend)
+    assert backend.alias == "port"
+    assert backend.options == settings.TASKS["port"]["OPTIONS"]
