@@ -18,9 +18,8 @@
 #           floors and the Python: the newest dependencies run on 3.11 and 3.13.
 #   py3.13  Python 3.13 with the newest dependencies, in .venv-py313: what differs there, the
 #           Django tests and the ported suites of tests/django_port on Django 6 and its built-in
-#           django.tasks (the main run has Django 5.2
-#           and the django-tasks package), and the lifecycle on both event loops of the newest
-#           interpreter.
+#           django.tasks (the main run has Django 5.2 and the django-tasks package), and the
+#           lifecycle on both event loops of the newest interpreter.
 # The core subset is what depends on the interpreter, on asyncio and trio: the lifecycle, every
 # executor, faults and cancellation, results, the transports, and typed handlers (mypy on user
 # code). It runs on the oldest (3.11, main) and on 3.12 with the floors; the newest gets its
