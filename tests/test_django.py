@@ -176,6 +176,24 @@ def test_failing_task_reads_back_failed_with_its_exception_class_and_traceback(
         result.return_value  # noqa: B018
 
 
+def test_return_value_django_cannot_normalise_fails_the_task_and_task_finished_says_so(
+        django_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    from tests.django_project.shop.tasks import unstorable
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    signals = tmp_path / "signals.log"
+    django_worker(PQ_SIGNAL_LOG=str(signals))
+    result = unstorable.enqueue()
+    wait_until(_finished(result), what="unstorable to fail")
+    # As Django's own backends: the framework's TypeError, as the task's own failure.
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class is TypeError
+    assert "Unsupported type" in error.traceback
+    assert signals.read_text().splitlines() == [f"started {result.id} RUNNING",
+                                                f"finished {result.id} FAILED"]
+
+
 def test_task_added_inside_atomic_is_enqueued_on_commit_and_sees_the_committed_row(
         client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     from django.db import connection, transaction

@@ -52,3 +52,9 @@ async def double(x: int) -> int:
 def not_a_task(mark: str) -> None:
     """A plain function: a job naming it must be refused, so the mark never appears."""
     Path(mark).write_text("ran")
+
+
+@task
+def unstorable() -> Any:
+    """A return value Django's normalisation refuses (a set is not JSON)."""
+    return {1, 2}
