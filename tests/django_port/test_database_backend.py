@@ -188,3 +188,27 @@ def test_get_result_equals_enqueued_result() -> None:
 
     result = tasks.noop_task.using(queue_name="port-idle").enqueue()
     assert task_backends["port"].get_result(result.id) == result
+
+
+def test_worker_for_an_unknown_backend_is_refused() -> None:
+    # DatabaseBackendWorkerTestCase.test_unknown_backend: a worker asked to serve a backend
+    # TASKS does not have refuses to start, naming it.
+    from panqueue import ConfigError
+    from panqueue.django import registry_for
+
+    with pytest.raises(ConfigError, match=r"TASKS: .*'unknown'"):
+        registry_for("unknown")
+
+
+def test_worker_doesnt_process_different_backend(port_client: SyncQueueClient) -> None:
+    # DatabaseBackendWorkerTestCase.test_doesnt_process_different_backend: a task of another
+    # backend ("direct", its own queue) is left for that backend's workers.
+    from tests.django_port import tasks
+    from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    other = add.using(backend="direct", queue_name="direct").enqueue(1, 2)
+    finished(tasks.noop_task.enqueue())  # the port worker is running
+    other.refresh()
+    assert other.status == TaskResultStatus.READY
+    assert _waiting(port_client, "direct") == [other.id]
