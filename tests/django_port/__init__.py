@@ -4,8 +4,9 @@ a real Redis and a real ``panqueue worker``.
 
 Where each test came from (each test names its origin test in a comment):
 
-- ``test_django_tasks.py``: Django, ``tests/tasks/test_tasks.py`` and
-  ``tests/tasks/test_immediate_backend.py`` (https://github.com/django/django).
+- ``test_django_tasks.py``: Django, ``tests/tasks/test_tasks.py``,
+  ``test_immediate_backend.py``, ``test_dummy_backend.py`` and ``test_custom_backend.py``
+  (https://github.com/django/django; django-tasks carries the same tests for Django 5.2).
 - ``test_rq_backend.py``: django-tasks, ``tests/tests/test_rq_backend.py``
   (https://github.com/RealOrangeOne/django-tasks, before the RQ backend moved to a package of
   its own).

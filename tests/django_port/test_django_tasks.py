@@ -1,7 +1,7 @@
-"""Ported from Django: tests/tasks/test_tasks.py (TaskTestCase) and
-tests/tasks/test_immediate_backend.py (ImmediateBackendTestCase), against PanqueueBackend: the
-task runs in a real worker instead of inside enqueue(), so each test that reads a finished
-result first waits for the worker."""
+"""Ported from Django: tests/tasks/test_tasks.py (TaskTestCase), test_immediate_backend.py
+(ImmediateBackendTestCase and its transaction tests), test_dummy_backend.py and
+test_custom_backend.py, against PanqueueBackend: the task runs in a real worker instead of
+inside enqueue(), so each test that reads a finished result first waits for the worker."""
 
 from __future__ import annotations
 
