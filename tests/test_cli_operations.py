@@ -142,9 +142,10 @@ def test_a_redis_that_hangs_up_for_a_moment_is_waited_for_not_called_a_wrong_url
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=subprocess_env(), cwd=ROOT)
         try:
-            # Its first PING met the cut (the proxy took and closed a connection), and so did
-            # the probe after it: then the cut ends.
-            wait_until(lambda: proxy.connections_refused >= 2 or proc.poll() is not None, 20,
+            # Its first PING met the cut (the proxy took and closed its connection, and that of
+            # the PING's one resend), and so did the probe after it, and a PING of its wait:
+            # then the cut ends.
+            wait_until(lambda: proxy.connections_refused >= 4 or proc.poll() is not None, 20,
                        "the command to meet the cut")
             proxy.restore()
             out, err = proc.communicate(timeout=60)

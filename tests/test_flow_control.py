@@ -37,11 +37,18 @@ pytestmark = pytest.mark.anyio
 
 
 def start_workers(url: str, queue: str, n: int = 2) -> list[subprocess.Popen[bytes]]:
+    """``n`` worker processes of ``queue``, returned once every one is registered: a test's jobs
+    meet all of them, and a SIGTERM meets a worker that handles it (one still importing its
+    app would die of it)."""
     env = subprocess_env(PANQUEUE_URL=url)
-    return [subprocess.Popen(panqueue_command("worker", "proc_app:queues", "-q", queue, "--url",
-                                              url, "--log-level", "warning", "--backend",
-                                              backend), env=env)
-            for backend in ("asyncio", "trio")[:n]]
+    procs = [subprocess.Popen(panqueue_command("worker", "proc_app:queues", "-q", queue, "--url",
+                                               url, "--log-level", "warning", "--backend",
+                                               backend), env=env)
+             for backend in ("asyncio", "trio")[:n]]
+    with SyncQueueClient(url) as client:
+        wait_until(lambda: len(client.workers(queue)) >= n
+                   or any(p.poll() is not None for p in procs), 60, f"{n} workers of {queue}")
+    return procs
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> list[int]:

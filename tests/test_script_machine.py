@@ -65,10 +65,12 @@ nothing the first time.) For every other script a resend must only keep the inva
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -182,6 +184,11 @@ def claimed_ids(reply: list[Any], offset: int) -> list[str]:
     scripts' reply format: count, wake_in, then 5 fields per job, its id first."""
     count = int(reply[offset])
     return [reply[offset + 2 + 5 * n].decode() for n in range(count)]
+
+# add.lua's fields per job, as its header says ("n groups of N"; tests/test_lua_contract.py holds
+# the header to what Python sends).
+ADD_FIELDS = int(re.search(r"groups of (\d+)", (Path(__file__).parents[1] / "panqueue" / "_store" /
+                                                 "lua" / "add.lua").read_text())[1])
 
 
 class ScriptMachine(RuleBasedStateMachine):
@@ -971,7 +978,7 @@ class ScriptMachine(RuleBasedStateMachine):
         args = sent.args
         items = []
         for n in range(int(args[0])):
-            b = 3 + n * 14  # 14 fields per job after 3 leading ones (add.lua)
+            b = 3 + n * ADD_FIELDS  # the fields of each job, after 3 leading ones
             deps = tuple(decode(args[b + 7])) if args[b + 7] else ()
             items.append(NewJob(args[b] or None, args[b + 1], depends_on=deps,
                                 expires_in_ms=int(args[b + 11])))
