@@ -3,7 +3,9 @@ Python, with no Redis and no clock.
 
 It knows every job the test added (by queue and id), the state each must be in, which
 dependencies each still needs, the dedup keys and what they point to, and each batch's members
-and their first endings. Transitions are methods named after what happened (a job was added,
+and their first endings, each job's tags, the type of a failed job's last error, and a durable
+job's progress (its step stored, its brief sleep recorded, the signals kept for it, whether it
+waits for one). Transitions are methods named after what happened (a job was added,
 cancelled, removed, retried, started, ended); each returns what the real system must answer.
 The model knows nothing of partitions: everything it predicts must hold whatever partition a
 job lives in.
@@ -19,6 +21,9 @@ COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 STATES = (WAITING, DELAYED, BLOCKED, ACTIVE, COMPLETED, FAILED, CANCELLED)
 FINAL = frozenset({COMPLETED, FAILED, CANCELLED})
 NOT_STARTED = frozenset({WAITING, DELAYED, BLOCKED})
+UNFINISHED = frozenset({WAITING, DELAYED, BLOCKED, ACTIVE})
+HANDLER_ERROR = "ValueError"  # what a failing handler raises
+DEPENDENCY_FAILED = "DependencyFailed"
 
 JobKey = tuple[str, str]  # (queue, job id)
 
@@ -43,6 +48,22 @@ class ModelJob:
     tried: int = 0  # attempts started in this round
     seq: int = 0  # its turn among the waiting jobs of its priority (ties: released together)
     batch: str | None = None
+    tags: tuple[str, ...] = ()
+    born: int = 0  # the order of adds: a tag's jobs are listed (and picked in bulk) in it
+    error: str | None = None  # the type of a FAILED job's last error
+    # Durable jobs (data["durable"]: "nap" sleeps briefly, "sleep" for an hour, "wait" for the
+    # signal "go"): each run takes the step "effect" first, then sleeps or waits.
+    stepped: bool = False  # the step ran and was stored (a run started)
+    napped: bool = False  # its brief sleep was recorded: a later run passes it
+    waiting: bool = False  # DELAYED until its signal comes
+    signals: int = 0  # signals kept for it, not taken yet
+    got: bool = False  # its wait took a signal (a later run replays it)
+    will_suspend: bool = False  # the run started last must end by sleeping or waiting
+
+    @property
+    def durable(self) -> str | None:
+        kind = self.data.get("durable")
+        return None if kind is None else str(kind)
 
 
 @dataclass
@@ -80,6 +101,7 @@ class Model:
         self.batches: dict[str, ModelBatch] = {}
         self.gone: set[JobKey] = set()  # ids that existed and were deleted
         self._seq = itertools.count(1)
+        self._born = itertools.count(1)
 
     # ------------------------------------------------------------------ reading
 
@@ -126,9 +148,9 @@ class Model:
     def create(self, queue: str, job_id: str, data: dict[str, object], *, priority: int = 0,
                attempts: int = 1, fail_first: int = 0, delayed: bool = False,
                deps: tuple[str, ...] = (), dedup: str | None = None,
-               batch: str | None = None) -> ModelJob:
+               batch: str | None = None, tags: tuple[str, ...] = ()) -> ModelJob:
         job = ModelJob(queue, job_id, WAITING, data, priority, attempts, fail_first, delayed,
-                       deps, batch=batch)
+                       deps, batch=batch, tags=tags, born=next(self._born))
         self.jobs[(queue, job_id)] = job
         self.gone.discard((queue, job_id))
         if dedup is not None:
@@ -148,7 +170,7 @@ class Model:
                                                                                  CANCELLED)
         if failed_deps:
             job.dep_lost = lost
-            self._end(job, FAILED)
+            self._end(job, FAILED, DEPENDENCY_FAILED)
         elif job.needs:
             job.state = BLOCKED
         else:
@@ -196,6 +218,7 @@ class Model:
         for job_id in sorted(moving):
             job = self.jobs[(queue, job_id)]
             job.tried = 0
+            job.error = None
             if job.needs:
                 job.state = BLOCKED
             else:
@@ -203,11 +226,72 @@ class Model:
                 job.seq = seq
         return len(moving)
 
+    # ------------------------------------------------------------------ by filter
+
+    def tagged(self, queue: str, tag: str, states: frozenset[str] | tuple[str, ...]
+               ) -> list[ModelJob]:
+        """The jobs a bulk operation picks: those with the tag in one of ``states``, in the
+        order they were added."""
+        return sorted((j for j in self.in_queue(queue) if tag in j.tags and j.state in states),
+                      key=lambda j: j.born)
+
+    def cancel_jobs(self, queue: str, tag: str, state: str | None) -> int:
+        """Each picked job is cancelled if it has not finished by its turn (a dependency
+        cancelled before it may have failed it): an active one counts (its worker is told)."""
+        picked = self.tagged(queue, tag, UNFINISHED if state is None else (state,))
+        return sum(1 for job in picked if self.cancel(job) in UNFINISHED)
+
+    def remove_jobs(self, queue: str, tag: str, state: str) -> int:
+        """Each picked job is deleted if it is still in ``state`` by its turn."""
+        removed = 0
+        for job in self.tagged(queue, tag, (state,)):
+            if self.job(queue, job.id) is job and job.state == state:
+                self.delete(job, lost=True)
+                removed += 1
+        return removed
+
+    def retry_matching(self, queue: str, tag: str | None, error_type: str | None) -> int:
+        ids = [j.id for j in self.in_queue(queue) if j.state == FAILED
+               and (tag is None or tag in j.tags)
+               and (error_type is None or j.error == error_type)]
+        return self.retry_failed(queue, ids)
+
+    # ------------------------------------------------------------------ durable jobs
+
+    def signal(self, job: ModelJob) -> bool:
+        """client.signal(..., "go"): kept with an unfinished job, which wakes if it waits."""
+        if job.state in FINAL:
+            return False
+        job.signals += 1
+        if job.waiting:
+            job.waiting = False
+            job.state = WAITING
+            job.seq = next(self._seq)
+        return True
+
+    def suspend(self, job: ModelJob) -> None:
+        """The run ended by a sleep or a wait: DELAYED, and the attempt given back."""
+        job.tried -= 1
+        job.state = DELAYED
+        job.will_suspend = False
+        if job.durable == "nap":
+            job.napped = True
+        elif job.durable == "wait":
+            job.waiting = True
+
     # ------------------------------------------------------------------ a worker's run
 
     def start(self, job: ModelJob) -> None:
         job.state = ACTIVE
         job.tried += 1
+        if job.durable is not None:
+            job.stepped = True
+            if job.durable == "wait" and not job.got and job.signals:
+                job.got = True  # the wait takes the oldest kept signal, in this run
+                job.signals -= 1
+            job.will_suspend = (job.durable == "sleep" or (job.durable == "nap"
+                                                           and not job.napped)
+                                or (job.durable == "wait" and not job.got))
 
     def end(self, job: ModelJob, ok: bool) -> None:
         if ok:
@@ -222,7 +306,7 @@ class Model:
             job.state = WAITING
             job.seq = next(self._seq)
         else:
-            self._end(job, FAILED)
+            self._end(job, FAILED, HANDLER_ERROR)
             self._fail_dependents(job, lost=False)
 
     def stopped(self, job: ModelJob) -> None:
@@ -241,8 +325,10 @@ class Model:
         job.state = DELAYED if job.delayed else WAITING
         job.seq = seq
 
-    def _end(self, job: ModelJob, state: str) -> None:
+    def _end(self, job: ModelJob, state: str, error: str | None = None) -> None:
         job.state = state
+        job.error = error
+        job.waiting = False
         if job.batch is not None:
             self._record_ending(job, COMPLETED if state == COMPLETED else FAILED)
 
@@ -255,5 +341,5 @@ class Model:
         for other in self.in_queue(job.queue):
             if job.id in other.needs and other.state == BLOCKED:
                 other.dep_lost = other.dep_lost or lost
-                self._end(other, FAILED)
+                self._end(other, FAILED, DEPENDENCY_FAILED)
                 self._fail_dependents(other, lost=False)

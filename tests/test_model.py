@@ -10,6 +10,11 @@ every start and end, so the model replays the step in the order it happened and 
 start: the job was claimable (waiting, its dependencies completed), it was not running
 already, it was its turn (priority, then FIFO, on the one-partition queue served one job at a
 time). Handlers succeed or fail by a count in the job's data (fail the first N attempts).
+A durable job (``durable`` in its data) takes the step ``effect`` first (the step's function
+counts its calls in ``STEPS``, by the job's serial), then sleeps briefly (``nap``: it wakes
+within the step that ran it), sleeps for an hour (``sleep``), or waits for the signal ``go``
+(``wait``); a run that sleeps or waits logs ``suspend``, and the model checks that it had to,
+that the attempt was given back, and that each step ran exactly once per job.
 
 Queues: ``model-plain`` (one partition, one job at a time, keeps only 3 completed jobs, so
 retention trims under the model), ``model-parted`` (three partitions, two workers of two jobs
@@ -21,9 +26,15 @@ changes (the job waits, its dependents wait, it can be cancelled or removed) is 
 observe.
 
 Rules: add (custom ids from a small pool, priorities, delays, dedup keys with each strategy,
-dependencies, attempts, failing handlers), add_bulk, add_flow / add_chain (empty ones too),
-cancel, remove, retry_failed (by ids or all), work, a running job cancelled (and, on
-model-handoff, removed and added again under its id), batches (open, add, close), a restart of
+dependencies, attempts, failing handlers, tags from a small alphabet, durable handlers),
+add_bulk (tagged by the queue's defaults), add_flow / add_chain (empty ones too), cancel,
+remove, retry_failed (by ids or all), by_tag (cancel_jobs by tag and state, remove_jobs by tag
+and state, retry_failed by tag and / or error type, each predicted job by job in the order of
+adds with the count it returns, then run again to change nothing; list_jobs by tag in every
+state, page by page), signal (to a job waiting for it, kept by an unfinished one, refused by a
+finished one), work (its durable jobs that wait signalled first, or not), a running job
+cancelled (by cancel, or by cancel_jobs of a tag only it carries; and, on model-handoff,
+removed and added again under its id), batches (open, add, close, members tagged), a restart of
 the workers, and faults: an add or a cancel whose reply is lost (through a FaultProxy; the client
 sends it again, and the model accepts either answer of the first try but not two jobs), and a
 process SIGKILLed between the steps of a multi-step operation: an add, or a flow, with a custom
@@ -37,7 +48,8 @@ the batch, closed again by the user, firing each callback exactly once.
 
 After every step (invariants): counts() per queue equal the model's; list_jobs per state lists
 exactly the model's jobs in that state, each once (no job lost, hidden or doubled); get_job of
-each job shows its state and data; a deleted id is JobNotFound; each batch's info() equals the
+each job shows its state, data, tags and the signal it waits for; each durable job's step ran
+once if the job ever ran, else never; a deleted id is JobNotFound; each batch's info() equals the
 model's counts, and a batch that fired has its callbacks, each exactly once, with the final
 counts.
 
@@ -81,6 +93,7 @@ from panqueue import (
     SyncBatch,
     SyncQueueClient,
 )
+from panqueue._durable import Suspend
 from panqueue._keys import QueueKeys, route
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.batches import callback_id, open_batch, sweep_batches
@@ -88,7 +101,14 @@ from panqueue.testing import FaultProxy, run_worker
 from tests.helpers import APPS, ROOT, pausing_after_the_zadd, subprocess_env
 from tests.model import (
     ACTIVE,
+    BLOCKED,
+    CANCELLED,
     COMPLETED,
+    DELAYED,
+    DEPENDENCY_FAILED,
+    FAILED,
+    FINAL,
+    HANDLER_ERROR,
     STATES,
     WAITING,
     Model,
@@ -117,9 +137,24 @@ PARTED_COUNT = 3
 # its add left behind (identity.GRACE_MS: 1 s), with a margin for a loaded machine.
 HELD_UP_AT_MOST = 5.0
 
-# Every start and end of a handler, in order: (event, queue, job id, attempt, ok).
+TAGS = ("t1", "t2")  # the alphabet of the adds' tags
+HELD_TAG = "held"  # only the jobs of cancel_running carry it
+NAP = 0.05  # a durable "nap" job's sleep: it comes due within the step that ran it
+SIGNAL = "go"  # what a durable "wait" job waits for
+
+# Every start and end of a handler, in order: (event, queue, job id, attempt, ok); a durable
+# run that sleeps or waits ends with "suspend".
 RUNS: list[tuple[str, str, str, int, bool]] = []
 RUNNING: set[tuple[str, str]] = set()
+# How many times each durable job's step ran (by its data's serial): once per job, whatever
+# its runs (a later run replays the stored result).
+STEPS: dict[object, int] = {}
+NAPPING: set[tuple[str, str]] = set()  # durable jobs whose brief sleep is not over
+
+
+def effect(serial: object) -> str:
+    STEPS[serial] = STEPS.get(serial, 0) + 1
+    return f"done-{serial}"
 
 queues = Registry()
 
@@ -130,10 +165,27 @@ async def run_job(job: Job) -> None:
     if running in RUNNING:
         RUNS.append(("overlap", job.queue, job.id, job.attempt, False))
     RUNNING.add(running)
+    NAPPING.discard(running)
+    durable = job.data.get("durable")
     try:
         if job.data.get("hold"):
             await anyio.sleep_forever()  # until cancel() stops it
+        if durable is not None:
+            result = await job.step("effect", effect, job.data["n"])
+            if result != f"done-{job.data['n']}":
+                RUNS.append(("replayed", job.queue, job.id, job.attempt, False))
+            if durable == "nap":
+                await job.sleep(NAP)
+            elif durable == "sleep":
+                await job.sleep(FAR)
+            else:
+                await job.wait_for(SIGNAL)
         await anyio.sleep(0.001)  # lets model-parted's slots overlap
+    except Suspend:
+        if durable == "nap":
+            NAPPING.add(running)
+        RUNS.append(("suspend", job.queue, job.id, job.attempt, True))
+        raise
     except anyio.get_cancelled_exc_class():
         RUNS.append(("stopped", job.queue, job.id, job.attempt, False))
         raise
@@ -159,6 +211,8 @@ SETTINGS = dict(stateful_step_count=30, deadline=None,
                                        HealthCheck.too_slow])
 
 serving = st.sampled_from(SERVED)
+tags_of = st.sampled_from(((), ("t1",), ("t1",), ("t2",), ("t2", "t1")))
+durable_kind = st.sampled_from((None, None, "nap", "sleep", "wait", "wait"))
 custom_id = st.none() | st.sampled_from(IDS)
 fail_first = st.sampled_from((0, 0, 0, 1, 2))
 
@@ -211,6 +265,8 @@ class QueueMachine(RuleBasedStateMachine):
         flush.close()
         RUNS.clear()
         RUNNING.clear()
+        STEPS.clear()
+        NAPPING.clear()
         self.model = Model()
         self.serial = itertools.count()
         self.known: dict[str, list[str]] = {q: [] for q in SERVED}  # ids ever seen, in order
@@ -289,14 +345,18 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _add_one(self, queue: str, client: SyncQueueClient, *, job_id: str | None,
                  priority: int, delayed: bool, fail: int, attempts: int,
-                 dedup: tuple[str, str] | None, deps: tuple[str, ...], resend: bool = False
-                 ) -> None:
+                 dedup: tuple[str, str] | None, deps: tuple[str, ...], resend: bool = False,
+                 tags: tuple[str, ...] = (), durable: str | None = None) -> None:
         data = self._data(fail)
+        if durable is not None:
+            data["durable"] = durable
         problem = self.model.dependency_problem(queue, deps)
         options: dict[str, Any] = dict(
             job_id=job_id, priority=priority, delay=FAR if delayed else None, attempts=attempts,
             dedup=None if dedup is None else Dedup(dedup[0], ttl=DEDUP_TTL, strategy=dedup[1]),
             depends_on=list(deps) or None)
+        if tags:
+            options["tags"] = list(tags)
         target = client.queue(HANDLERS[queue])
         if problem is not None:
             with pytest.raises(ConfigError):
@@ -319,7 +379,7 @@ class QueueMachine(RuleBasedStateMachine):
             raise mismatch(f"resent add to {queue}: id", handle.id, job_id)
         self.model.create(queue, handle.id, data, priority=priority, attempts=attempts,
                           fail_first=fail, delayed=delayed, deps=deps,
-                          dedup=None if dedup is None else dedup[0])
+                          dedup=None if dedup is None else dedup[0], tags=tags)
         self._learn(queue, handle.id)
 
     # ------------------------------------------------------------------ producing
@@ -329,25 +389,31 @@ class QueueMachine(RuleBasedStateMachine):
           attempts=st.sampled_from((1, 2)),
           dedup=st.none() | st.tuples(st.sampled_from(DEDUP_KEYS),
                                       st.sampled_from(("keep", "extend", "replace"))),
-          deps=st.lists(st.integers(0, 40), max_size=2, unique=True))
+          deps=st.lists(st.integers(0, 40), max_size=2, unique=True), tags=tags_of,
+          durable=durable_kind)
     def add(self, queue: str, job_id: str | None, priority: int, delayed: bool, fail: int,
-            attempts: int, dedup: tuple[str, str] | None, deps: list[int]) -> None:
+            attempts: int, dedup: tuple[str, str] | None, deps: list[int],
+            tags: tuple[str, ...], durable: str | None) -> None:
         dep_ids = tuple(dict.fromkeys(self._pick(queue, i) for i in deps if self.known[queue]))
         if queue == PARTED:
             dep_ids = dep_ids[:1]  # a partitioned queue's job waits within one partition
         self._add_one(queue, self.client, job_id=job_id, priority=priority, delayed=delayed,
-                      fail=fail, attempts=attempts, dedup=dedup, deps=dep_ids)
+                      fail=fail, attempts=attempts, dedup=dedup, deps=dep_ids, tags=tags,
+                      durable=durable)
 
-    @rule(queue=serving, fails=st.lists(fail_first, max_size=3))
-    def add_bulk(self, queue: str, fails: list[int]) -> None:
+    @rule(queue=serving, fails=st.lists(fail_first, max_size=3), tags=tags_of)
+    def add_bulk(self, queue: str, fails: list[int], tags: tuple[str, ...]) -> None:
+        """The queue's default tags (``client.queue(..., tags=[...])``) tag every item."""
         items = [self._data(fail) for fail in fails]
-        handles = self.client.queue(HANDLERS[queue]).add_bulk(items)
+        defaults = {"tags": list(tags)} if tags else {}
+        handles = self.client.queue(HANDLERS[queue], **defaults).add_bulk(items)
         if len(handles) != len(items):
             raise mismatch(f"add_bulk of {len(items)} to {queue}: handles", len(handles),
                            len(items))
         for handle, item in zip(handles, items, strict=True):
             self._check_added(f"add_bulk to {queue}", handle, None, True)
-            self.model.create(queue, handle.id, item, fail_first=int(str(item["fail"])))
+            self.model.create(queue, handle.id, item, fail_first=int(str(item["fail"])),
+                              tags=tags)
             self._learn(queue, handle.id)
 
     @rule(queue=serving, chain=st.booleans(),
@@ -430,25 +496,142 @@ class QueueMachine(RuleBasedStateMachine):
         if moved != expected:
             raise mismatch(f"retry_failed({queue}, {ids})", moved, expected)
 
+    # ------------------------------------------------------------------ by tag
+
+    @rule(queue=serving, tag=st.sampled_from(TAGS),
+          op=st.sampled_from(("cancel", "remove", "retry", "list")),
+          state=st.sampled_from((None, WAITING, DELAYED, BLOCKED, COMPLETED, FAILED,
+                                 CANCELLED)),
+          error_type=st.sampled_from((None, HANDLER_ERROR, DEPENDENCY_FAILED)),
+          limit=st.sampled_from((1, 2)))
+    def by_tag(self, queue: str, tag: str, op: str, state: str | None,
+               error_type: str | None, limit: int) -> None:
+        """A bulk operation on the jobs with ``tag`` (and ``state``, or ``error_type`` for a
+        retry; the retry also without the tag), or their listing. One rule for all of them:
+        a run that draws it has tagged jobs to act on."""
+        if op == "cancel":
+            self._cancel_jobs(queue, tag, None if state in FINAL else state)
+        elif op == "remove":
+            self._remove_jobs(queue, tag, state or WAITING)
+        elif op == "retry":
+            self._retry_matching(queue, None if state == WAITING and error_type else tag,
+                                 error_type)
+        else:
+            self._list_by_tag(queue, tag, limit)
+
+    def _cancel_jobs(self, queue: str, tag: str, state: str | None) -> None:
+        """Between steps no job of a served queue is active: the model knows each job that
+        changes, and a second identical call changes none."""
+        expected = self.model.cancel_jobs(queue, tag, state)
+        n = self.client.cancel_jobs(queue, tag=tag, state=state)
+        if n != expected:
+            raise mismatch(f"cancel_jobs({queue}, tag={tag}, state={state})", n, expected)
+        again = self.client.cancel_jobs(queue, tag=tag, state=state)
+        if again:
+            raise mismatch(f"cancel_jobs({queue}, tag={tag}, state={state}) again", again, 0)
+
+    def _remove_jobs(self, queue: str, tag: str, state: str) -> None:
+        expected = self.model.remove_jobs(queue, tag, state)
+        n = self.client.remove_jobs(queue, tag=tag, state=state)
+        if n != expected:
+            raise mismatch(f"remove_jobs({queue}, tag={tag}, state={state})", n, expected)
+        again = self.client.remove_jobs(queue, tag=tag, state=state)
+        if again:
+            raise mismatch(f"remove_jobs({queue}, tag={tag}, state={state}) again", again, 0)
+
+    def _retry_matching(self, queue: str, tag: str | None, error_type: str | None) -> None:
+        expected = self.model.retry_matching(queue, tag, error_type)
+        n = self.client.retry_failed(queue, tag=tag, error_type=error_type)
+        if n != expected:
+            raise mismatch(f"retry_failed({queue}, tag={tag}, error_type={error_type})", n,
+                           expected)
+        # Those it left are failed still, and left again: what could move, moved.
+        again = self.client.retry_failed(queue, tag=tag, error_type=error_type)
+        if again:
+            raise mismatch(f"retry_failed({queue}, tag={tag}, error_type={error_type}) again",
+                           again, 0)
+
+    def _list_by_tag(self, queue: str, tag: str, limit: int) -> None:
+        """list_jobs with a tag, page by page (``limit`` a page), in every state: exactly the
+        model's jobs with the tag, each once, in the order they were added (finished states
+        newest first)."""
+        for state in STATES:
+            wanted = [j.id for j in self.model.tagged(queue, tag, (state,))]
+            if state in FINAL:
+                wanted.reverse()
+            listed: list[str] = []
+            while True:
+                page = self.client.list_jobs(queue, state, tag=tag, limit=limit,
+                                             offset=len(listed))
+                listed += [info.id for info in page]
+                if len(page) < limit or len(listed) > len(wanted):
+                    break
+            if queue == PARTED:
+                # Partitions' pages are merged by their own order: the ids, each once.
+                listed, wanted = sorted(listed), sorted(wanted)
+            if listed != wanted:
+                raise mismatch(f"list_jobs({queue}, {state}, tag={tag}) by pages of {limit}",
+                               listed, wanted)
+
+    # ------------------------------------------------------------------ durable jobs
+
+    @rule(queue=serving, index=st.integers(0, 40), to_waiting=st.booleans())
+    def signal(self, queue: str, index: int, to_waiting: bool) -> None:
+        """client.signal: kept with an unfinished job (one that waits for it wakes), refused
+        by a finished one, JobNotFound for an id that names no job (``to_waiting``: to a job
+        that waits for it, if there is one)."""
+        waiting = [j.id for j in self.model.in_queue(queue) if j.waiting]
+        job_id = (waiting[index % len(waiting)] if to_waiting and waiting
+                  else self._pick(queue, index))
+        job = self.model.job(queue, job_id)
+        if job is None:
+            with pytest.raises(JobNotFound):
+                self.client.signal(queue, job_id, SIGNAL, {"to": job_id})
+            return
+        if job.waiting:
+            hypothesis.event("a waiting durable job signalled")
+        expected = self.model.signal(job)
+        kept = self.client.signal(queue, job_id, SIGNAL, {"to": job_id})
+        if kept != expected:
+            raise mismatch(f"signal({queue}, {job_id})", kept, expected)
+
     # ------------------------------------------------------------------ workers
 
-    @rule(queue=serving)
-    def work(self, queue: str) -> None:
-        """Let the queue's workers run every job they can, then check each start and end."""
+    @rule(queue=serving, signal_first=st.sampled_from((False, False, True)))
+    def work(self, queue: str, signal_first: bool) -> None:
+        """Let the queue's workers run every job they can, then check each start and end
+        (``signal_first``: each durable job that waits for its signal gets it first, so it
+        runs again in this step)."""
+        if signal_first:
+            for job in [j for j in self.model.in_queue(queue) if j.waiting]:
+                hypothesis.event("a waiting durable job signalled")
+                self.model.signal(job)
+                if not self.client.signal(queue, job.id, SIGNAL, {"to": job.id}):
+                    raise mismatch(f"signal({queue}, {job.id}) of a waiting job", False, True)
         self._run_step(queue, None)
 
-    @rule(queue=serving, job_id=st.sampled_from(IDS))
-    def cancel_running(self, queue: str, job_id: str) -> None:
-        """A job whose handler runs until stopped is added and cancelled while it runs; the
-        step goes on until the queue has nothing left to do."""
+    @rule(queue=serving, job_id=st.sampled_from(IDS),
+          bulk=st.sampled_from((None, None, None, ACTIVE)) | st.just("any"))
+    def cancel_running(self, queue: str, job_id: str, bulk: str | None) -> None:
+        """A job whose handler runs until stopped is added and cancelled while it runs
+        (``bulk``: by ``cancel_jobs`` of its tag, which only jobs held this way carry, with
+        ``state="active"`` or none); the step goes on until the queue has nothing left to
+        do."""
         if self.model.job(queue, job_id) is not None:
             return  # the id is taken: the add would return that job
         data = {**self._data(0), "hold": True}
-        handle = self.client.queue(HANDLERS[queue]).add(data, job_id=job_id)
+        handle = self.client.queue(HANDLERS[queue]).add(data, job_id=job_id, tags=[HELD_TAG])
         self._check_added(f"add to {queue}", handle, job_id, True)
-        self.model.create(queue, job_id, data)
+        self.model.create(queue, job_id, data, tags=(HELD_TAG,))
         self._learn(queue, job_id)
-        self._run_step(queue, job_id)
+        self._run_step(queue, job_id, bulk=bulk)
+        if bulk is not None:
+            hypothesis.event("a running job cancelled by cancel_jobs")
+            again = self.client.cancel_jobs(queue, tag=HELD_TAG,
+                                            state=None if bulk == "any" else bulk)
+            if again:
+                raise mismatch(f"cancel_jobs({queue}, tag={HELD_TAG}) again, once its job "
+                               "stopped", again, 0)
 
     @rule(job_id=st.sampled_from(IDS))
     def cancel_then_add_again(self, job_id: str) -> None:
@@ -512,7 +695,7 @@ class QueueMachine(RuleBasedStateMachine):
                 raise mismatch(f"{HANDOFF}/{job_id}", str(info.state), "an end")
             time.sleep(0.005)
 
-    def _run_step(self, queue: str, cancel: str | None) -> None:
+    def _run_step(self, queue: str, cancel: str | None, bulk: str | None = None) -> None:
         """Resume the queue until nothing is waiting or active (cancelling ``cancel`` once it
         runs), pause it, and replay what the handlers logged against the model."""
         start = len(RUNS)
@@ -523,19 +706,34 @@ class QueueMachine(RuleBasedStateMachine):
             # documented to stop the attempt before the handler runs: another story).
             if cancel is not None and ("start", queue, cancel) in (
                     run[:3] for run in RUNS[start:]):
-                state = self.client.cancel(queue, cancel)
+                if bulk is not None:
+                    n = self.client.cancel_jobs(queue, tag=HELD_TAG,
+                                                state=None if bulk == "any" else bulk)
+                    if n != 1:
+                        raise mismatch(f"cancel_jobs({queue}, tag={HELD_TAG}, state={bulk}) "
+                                       f"of the running {cancel}", n, 1)
+                    state = JobState.ACTIVE
+                else:
+                    state = self.client.cancel(queue, cancel)
                 if state != ACTIVE:
                     raise mismatch(f"cancel({queue}, {cancel}) of a running job", str(state),
                                    ACTIVE)
                 cancel = None
+            # A durable job whose brief sleep ran is DELAYED until it wakes: not done yet. Its
+            # handler logs the sleep before the server has the job DELAYED, and its wake's
+            # start after the server has it ACTIVE: so nothing napping before the counts, and
+            # nothing logged meanwhile, means the counts saw no job between the two.
+            logged = len(RUNS)
+            napping = any(q == queue for q, _ in NAPPING)
             counts = self.client.counts(queue)
             if cancel is None and not counts.get(JobState.WAITING, 0) and not counts.get(
-                    JobState.ACTIVE, 0):
+                    JobState.ACTIVE, 0) and not napping and len(RUNS) == logged:
                 break
             if time.monotonic() > deadline:
                 self.client.pause(queue)
-                raise mismatch(f"{queue} after {STEP_TIMEOUT} s of work", dict(counts),
-                               "nothing waiting or active" + (
+                raise mismatch(f"{queue} after {STEP_TIMEOUT} s of work",
+                               (dict(counts), sorted(NAPPING)),
+                               "nothing waiting, active or napping" + (
                                    f", {cancel} run and cancelled" if cancel else ""))
             time.sleep(0.005)
         self.client.pause(queue)
@@ -556,16 +754,27 @@ class QueueMachine(RuleBasedStateMachine):
             job = self.model.job(queue, job_id)
             if event == "overlap":
                 raise mismatch(f"{queue}/{job_id}", "two runs at once", "one at a time")
+            if event == "replayed":
+                raise mismatch(f"{queue}/{job_id}: its step's stored result", "another",
+                               "the first run's")
             if job is None:
                 raise mismatch(f"{queue}: a job the model does not know ran", job_id, None)
             if event == "start":
-                if job.state != WAITING:
+                # A durable job's brief sleep ends within the step that ran it: it wakes (when
+                # is the server's) and is claimed again.
+                woke = job.state == DELAYED and job.napped and job.durable == "nap"
+                if job.state != WAITING and not woke:
                     raise mismatch(f"{queue}/{job_id} started in state", job.state, WAITING)
                 if attempt != job.tried + 1:
                     raise mismatch(f"{queue}/{job_id}: attempt", attempt, job.tried + 1)
-                if queue == PLAIN:
+                if queue == PLAIN and not woke:
                     self._check_turn(job)
                 self.model.start(job)
+            elif event == "suspend":
+                if job.state != ACTIVE or not job.will_suspend:
+                    raise mismatch(f"{queue}/{job_id}: a run that slept or waited",
+                                   f"{job.state} job suspended", "a run that must suspend")
+                self.model.suspend(job)
             elif event == "stopped":
                 if job.state != ACTIVE or not job.data.get("hold"):
                     raise mismatch(f"{queue}/{job_id} stopped", f"{job.state} job stopped",
@@ -574,6 +783,9 @@ class QueueMachine(RuleBasedStateMachine):
             else:
                 if job.state != ACTIVE:
                     raise mismatch(f"{queue}/{job_id} ended in state", job.state, ACTIVE)
+                if job.will_suspend:
+                    raise mismatch(f"{queue}/{job_id}: a durable run", "ended",
+                                   f"suspended by its {job.durable}")
                 if ok != (attempt > job.fail_first):
                     raise mismatch(f"{queue}/{job_id}: attempt {attempt} succeeded", ok,
                                    not ok)
@@ -640,8 +852,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.client._run(sweep_batches(keys))
 
     @precondition(lambda self: any(not b.closed for b in self.model.batches.values()))
-    @rule(pick=st.integers(0, 10), queue=serving, job_id=custom_id, fail=fail_first)
-    def add_to_batch(self, pick: int, queue: str, job_id: str | None, fail: int) -> None:
+    @rule(pick=st.integers(0, 10), queue=serving, job_id=custom_id, fail=fail_first,
+          tags=tags_of)
+    def add_to_batch(self, pick: int, queue: str, job_id: str | None, fail: int,
+                     tags: tuple[str, ...]) -> None:
         open_ids = [b.id for b in self.model.batches.values() if not b.closed]
         batch_id = open_ids[pick % len(open_ids)]
         data = self._data(fail)
@@ -651,12 +865,13 @@ class QueueMachine(RuleBasedStateMachine):
             with pytest.raises(ConfigError, match="already ended in batch"):
                 self.batches[batch_id].add(HANDLERS[queue], data, job_id=job_id)
             return
-        handle = self.batches[batch_id].add(HANDLERS[queue], data, job_id=job_id)
+        handle = self.batches[batch_id].add(HANDLERS[queue], data, job_id=job_id,
+                                            tags=list(tags))
         if existing is not None:
             self._check_added(f"batch add to {queue}", handle, existing.id, False)
             return
         self._check_added(f"batch add to {queue}", handle, job_id, True)
-        self.model.create(queue, handle.id, data, fail_first=fail, batch=batch_id)
+        self.model.create(queue, handle.id, data, fail_first=fail, batch=batch_id, tags=tags)
         self._learn(queue, handle.id)
 
     @precondition(lambda self: any(not b.closed for b in self.model.batches.values()))
@@ -879,6 +1094,20 @@ class QueueMachine(RuleBasedStateMachine):
         self._await_callbacks()
         for queue in (*SERVED, HANDOFF, CALLBACKS):
             self._check_queue(queue)
+        self._check_steps()
+
+    def _check_steps(self) -> None:
+        """Each durable job's step ran once if a run of it started, else never."""
+        for job in self.model.jobs.values():
+            if job.durable is not None:
+                ran = STEPS.get(job.data["n"], 0)
+                if ran != int(job.stepped):
+                    raise mismatch(f"{job.queue}/{job.id}: runs of its step", ran,
+                                   int(job.stepped))
+        twice = {n: ran for n, ran in STEPS.items() if ran > 1}
+        if twice:
+            raise mismatch("steps of durable jobs (by serial) that ran more than once", twice,
+                           {})
 
     def _check_queue(self, queue: str) -> None:
         expected = self.model.counts(queue)
@@ -900,10 +1129,12 @@ class QueueMachine(RuleBasedStateMachine):
             if self.checked.get((queue, job.id)) == seen:
                 continue
             info = self.client.get_job(queue, job.id)
-            if (info.id, str(info.state), info.data) != (job.id, job.state, job.data):
-                raise mismatch(f"get_job({queue}, {job.id})",
-                               (info.id, str(info.state), info.data),
-                               (job.id, job.state, job.data))
+            real_job = (info.id, str(info.state), info.data, tuple(info.tags),
+                        info.waiting_for)
+            model_job = (job.id, job.state, job.data, job.tags,
+                         SIGNAL if job.waiting else None)
+            if real_job != model_job:
+                raise mismatch(f"get_job({queue}, {job.id})", real_job, model_job)
             self.checked[(queue, job.id)] = seen
         for gone_queue, job_id in sorted(self.model.gone):
             if gone_queue == queue and self.checked.get((queue, job_id)) != GONE:
