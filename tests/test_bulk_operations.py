@@ -182,6 +182,24 @@ async def test_remove_jobs_by_tag_and_state_empties_the_tag_index(
             await client.remove_jobs(queue_name, tag="import", state="active")
 
 
+async def test_remove_jobs_by_state_leaves_a_job_that_left_the_state_during_the_call(
+        redis_url: str, queue_name: str) -> None:
+    """Found by the model: removing a blocked job fails its blocked dependent, picked in the
+    same call as blocked. The dependent is failed now, not blocked: it is left (failed, with
+    its error) and not counted, as a job finished meanwhile by a worker would be."""
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        first = await queue.add("first", delay=60, tags=["t"])
+        second = await queue.add("second", depends_on=[first.id], tags=["t"])
+        third = await queue.add("third", depends_on=[second.id], tags=["t"])
+        assert await client.remove_jobs(queue_name, tag="t", state="blocked") == 1
+        info = await client.get_job(queue_name, third.id)
+        assert info.state == JobState.FAILED and info.error is not None
+        assert info.error.type == "DependencyFailed"
+        assert await client.remove_jobs(queue_name, tag="t", state="blocked") == 0
+        assert (await client.get_job(queue_name, first.id)).state == JobState.DELAYED
+
+
 async def test_every_deletion_takes_the_job_out_of_its_tags_index(
         redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
     """Retention, purge and remove each delete jobs: none leaves an id in a tag's index."""

@@ -563,7 +563,7 @@ def test_dependency_graph_invariants_under_any_interleaving(
             elif kind == "cancel":
                 call(SCRIPTS.cancel, ID_POOL[op[1]], -1)
             elif kind == "remove":
-                call(SCRIPTS.remove, ID_POOL[op[1]])
+                call(SCRIPTS.remove, ID_POOL[op[1]], "")
             elif kind == "retry":
                 call(SCRIPTS.retry, 1000, *(ID_POOL[i] for i in op[1]))
             elif kind == "clean":

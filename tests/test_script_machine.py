@@ -857,7 +857,7 @@ class ScriptMachine(RuleBasedStateMachine):
         """Remove: refused for an active job, otherwise the job is gone."""
         before = self.last
         job_id = self.pick_job(data)
-        reply = int(self.call("remove", SCRIPTS.remove, job_id))
+        reply = int(self.call("remove", SCRIPTS.remove, job_id, ""))
         state = before.state(job_id)
         assert reply == (0 if state is None else -1 if state == "active" else 1)
         if reply == 1:

@@ -2,8 +2,10 @@
 -- its failed dependents can no longer be retried).
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  job id
--- Returns  1 removed, 0 no such job, -1 the job is active (cancel it first; nothing changed)
+-- ARGV[1]  job id   ARGV[2] the state it must be in ('': any state but active)
+-- Returns  1 removed, 0 no such job, or not in ARGV[2]'s state (a bulk remove_jobs picked it
+--          in that state and it moved on since: left as it is), -1 the job is active (cancel it
+--          first; nothing changed)
 -- Invariants: an ACTIVE job is never removed (its worker holds it: cancel it first); a removed job
 --          is in no state set, and its dependency edges go on both sides (delete_job), its blocked
 --          dependents failing, so no job waits for one that is gone.
@@ -19,6 +21,10 @@ if not state then
 end
 if state == 'active' then
   return -1
+end
+local wanted = ARGV[2]
+if wanted and wanted ~= '' and state ~= wanted then
+  return 0
 end
 detach(jkey, id, state)
 for _, set in ipairs({K_COMPLETED, K_FAILED, K_CANCELLED}) do

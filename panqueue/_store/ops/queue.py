@@ -110,7 +110,7 @@ def retry_failed(keys: QueueKeys, ids: Sequence[str] | None, limit: int = 10_000
 
 
 def remove(keys: QueueKeys, job_id: str) -> Op[bool]:
-    reply = yield script_call(SCRIPTS.remove, keys, job_id)
+    reply = yield script_call(SCRIPTS.remove, keys, job_id, "")
     if reply == -1:
         raise PanqueueError(f"job {job_id!r} in queue {keys.name!r} is active; cancel it first")
     return bool(reply)

@@ -170,8 +170,11 @@ def remove_jobs(keys: QueueKeys, tag: str | None, state: JobState | str | None) 
     ids = yield from _pick(keys, states, tag, None)
     removed = 0
     for chunk in _chunks(ids):
-        replies: Any = yield Batch(tuple(script_call(SCRIPTS.remove, keys, job_id)
-                                         for job_id in chunk))
+        # Each job must still be in the state it was picked in (a removal before it in this
+        # call may have failed it, as a blocked dependent; a worker may have finished it).
+        replies: Any = yield Batch(tuple(
+            script_call(SCRIPTS.remove, keys, job_id, "" if state is None else states[0].value)
+            for job_id in chunk))
         removed += sum(1 for reply in replies if int(reply) == 1)
     return removed
 
