@@ -255,23 +255,23 @@ def load_registry(spec: str, *, show_traceback: bool = False) -> Registry:
     return obj
 
 
-def _closes_without_answering(url: str, timeout: float = 2.0) -> bool:
-    """Whether the host and port of a plain ``redis://`` URL accept a connection and then
-    close it without a byte in answer to an inline PING (which every Redis answers, with
-    PONG or an error such as NOAUTH). False when nothing listens, when it answers, or when it
-    stays silent."""
+def _probe(url: str, timeout: float = 2.0) -> str:
+    """What listens at the host and port of a plain ``redis://`` URL, asked with an inline PING
+    (which every Redis answers, with PONG or an error such as NOAUTH): "closes" (it accepts a
+    connection and closes it without a byte of answer), "answers", or "" (nothing listens, it
+    is unreachable or silent, or the URL is not a plain redis:// one)."""
     parts = urlsplit(url)
     if parts.scheme != "redis" or not parts.hostname:
-        return False
+        return ""
     try:
         port = parts.port or 6379
         with socket.create_connection((parts.hostname, port), timeout=timeout) as probe:
             probe.sendall(b"PING\r\n")
-            return probe.recv(1) == b""
+            return "closes" if probe.recv(1) == b"" else "answers"
     except (ConnectionResetError, BrokenPipeError):
-        return True  # accepted, then reset: it hung up
+        return "closes"  # accepted, then reset: it hung up
     except (OSError, ValueError):  # refused, unreachable, silent (timeout), a bad port
-        return False
+        return ""
 
 
 def _answers_within(client: SyncQueueClient, seconds: float) -> bool:
@@ -283,6 +283,8 @@ def _answers_within(client: SyncQueueClient, seconds: float) -> bool:
             client.ping()
         except PanqueueConnectionError:
             continue
+        except PanqueueError:  # it answers, not as Redis does
+            return False
         return True
     return False
 
@@ -294,14 +296,15 @@ def client_for(url: str) -> SyncQueueClient:
     try:
         client.ping()
     except PanqueueConnectionError as exc:
-        if not isinstance(exc, ServerUnavailable) and _closes_without_answering(url):
-            # Something listens there and hangs up on a PING: not a Redis server (or one
-            # that speaks TLS only), or a Redis that closes every new connection for a
-            # moment (a restart, CLIENT KILL, a proxy dropping its links). It is asked again
-            # for as long as a worker's start waits for a server; then the URL is the user's
-            # to fix: a usage error.
-            if _answers_within(client, START_GRACE):
-                return client
+        found = "" if isinstance(exc, ServerUnavailable) else _probe(url)
+        # Something listens there. If it hangs up on a PING, it is not a Redis server (or one
+        # that speaks TLS only), or a Redis that closes every new connection for a moment (a
+        # restart, CLIENT KILL, a proxy dropping its links): it is asked again for as long as
+        # a worker's start waits for a server, and then the URL is the user's to fix (a usage
+        # error). If it answers now, that moment has just passed.
+        if found and _answers_within(client, START_GRACE if found == "closes" else 1.0):
+            return client
+        if found == "closes":
             client.close()
             raise UsageFailure(
                 f"{redact_url(url)} does not answer as a Redis server (it closed the "
