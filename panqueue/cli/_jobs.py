@@ -4,6 +4,7 @@ resume, schedules. Each opens one client, does one thing through its public meth
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -244,16 +245,11 @@ def cancel(queue: str, job_id: str | None, tag: str | None, state: str | None,
     --state, prints how many jobs were cancelled (finished ones are left as they are, so
     running it again cancels only what is left).
     """
-    if job_id is not None and (tag is not None or state is not None):
-        raise UsageFailure("give a job ID or --tag / --state, not both")
-    if job_id is None:
-        if tag is None and state is None:
-            raise UsageFailure("give a job ID, or --tag / --state to cancel every job they pick")
-        with client_for(url) as client:
-            require_queue(client, queue)
-            n = client.cancel_jobs(queue, tag=tag, state=state)
-        click.echo(f"{n} job(s) cancelled in {queue!r}")
+    if _by_filter(url, queue, job_id, tag, "cancel",
+                  lambda c: f"{c.cancel_jobs(queue, tag=tag, state=state)} job(s) cancelled in "
+                            f"{queue!r}", state):
         return
+    assert job_id is not None  # _by_filter acts unless an ID was given
     with client_for(url) as client:
         was = client.cancel(queue, job_id)
     if was.is_final:
@@ -312,16 +308,11 @@ def remove(queue: str, job_id: str | None, tag: str | None, state: str | None,
 
     A running job is refused (cancel it first); an unknown ID exits 1.
     """
-    if job_id is not None and (tag is not None or state is not None):
-        raise UsageFailure("give a job ID or --tag / --state, not both")
-    if job_id is None:
-        if tag is None and state is None:
-            raise UsageFailure("give a job ID, or --tag / --state to remove every job they pick")
-        with client_for(url) as client:
-            require_queue(client, queue)
-            n = client.remove_jobs(queue, tag=tag, state=state)
-        click.echo(f"{n} job(s) removed from {queue!r}")
+    if _by_filter(url, queue, job_id, tag, "remove",
+                  lambda c: f"{c.remove_jobs(queue, tag=tag, state=state)} job(s) removed from "
+                            f"{queue!r}", state):
         return
+    assert job_id is not None  # _by_filter acts unless an ID was given
     with client_for(url) as client:
         if not client.remove(queue, job_id):
             raise RuntimeFailure(f"job {job_id!r} not found in queue {queue!r}")
@@ -471,3 +462,20 @@ def schedules(queue: str | None, url: str, remove_name: str | None, as_json: boo
             when = i.definition.get("cron") or f"every {i.definition.get('every')} s"
             click.echo(f"{i.queue}\t{i.name}\t{when} ({i.definition.get('tz')})\t"
                        f"next {i.next_run.isoformat()}")
+
+
+def _by_filter(url: str, queue: str, job_id: str | None, tag: str | None, verb: str,
+               act: Callable[[SyncQueueClient], str], state: str | None) -> bool:
+    """``cancel`` and ``remove`` of every job that --tag and --state pick: without a job ID,
+    run ``act`` (which says how many it changed), print its line and return True; with an ID
+    (and neither option), return False for the command to act on that job."""
+    if job_id is not None and (tag is not None or state is not None):
+        raise UsageFailure("give a job ID or --tag / --state, not both")
+    if job_id is not None:
+        return False
+    if tag is None and state is None:
+        raise UsageFailure(f"give a job ID, or --tag / --state to {verb} every job they pick")
+    with client_for(url) as client:
+        require_queue(client, queue)
+        click.echo(act(client))
+    return True
