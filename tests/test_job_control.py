@@ -77,17 +77,21 @@ def test_every_second_schedule_with_two_workers_enqueues_one_job_per_tick(
 
 async def test_overdue_schedule_runs_once_on_catch_up(redis_url: str, queue_name: str,
                                                       redis_client: redis.Redis) -> None:
+    # An hourly schedule whose minute is half an hour from now: no tick falls due on time
+    # while the test runs (at minute 0, a run near the top of the hour also met the on-time
+    # tick, within its grace, and counted two jobs).
+    minute = (datetime.now(UTC).minute + 30) % 60
     registry = Registry()
-    registry.schedule("hourly", queue_name, cron="0 * * * *", data={"n": 1})
+    registry.schedule("hourly", queue_name, cron=f"{minute} * * * *", data={"n": 1})
 
     @registry.handler(queue_name)
     async def record(job: Job) -> str:
         return job.id
 
     keys = QueueKeys(queue_name)
-    # Registered by an earlier worker; then no worker ran for three hours.
-    overdue = int((datetime.now(UTC) - timedelta(hours=3)).replace(
-        minute=0, second=0, microsecond=0).timestamp() * 1000)
+    # Registered by an earlier worker; then no worker ran for three hours (and more).
+    overdue = int((datetime.now(UTC) - timedelta(hours=4)).replace(
+        minute=minute, second=0, microsecond=0).timestamp() * 1000)
     redis_client.hset(keys.schedule("hourly"), "def", registry.schedules_for(queue_name)[0]
                       .definition())
     redis_client.zadd(keys.schedules, {"hourly": overdue})
@@ -102,7 +106,7 @@ async def test_overdue_schedule_runs_once_on_catch_up(redis_url: str, queue_name
             assert await handle.result(timeout=10) == handle.id
             [info] = await client.schedules(queue_name)
         assert info.next_run > datetime.now(UTC)
-        assert info.next_run.minute == 0
+        assert info.next_run.minute == minute
         counts = await client.counts(queue_name)
     assert counts[JobState.COMPLETED] == 1  # not one per missed hour
 
