@@ -9,6 +9,10 @@ producer's arguments is an operation's job too (``ops.new_job``).
 
 The two clients mirror each other method for method (each method one line over an
 operation), side by side in one file, where a method added to one and not the other shows.
+
+Longer than 400 lines because it holds both clients, each public method written twice (async and
+blocking), each a line or two over one operation of ``_store.ops``: splitting them would put one
+class's halves in two files.
 """
 
 from __future__ import annotations

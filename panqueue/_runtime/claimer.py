@@ -20,6 +20,9 @@ each partition's claim the loop takes starts from it, and gives back those no jo
 (lua/rate_take.lua); its jobs' recordings then claim nothing, so every start goes through it.
 The starts carry a deadline: a claim that runs after it (the worker stalled between the two
 calls) claims nothing and answers wake_in 0, its starts go back, and the loop takes fresh ones.
+
+Longer than 400 lines because the slots, the claim loop, hand-offs and the concurrency a remote
+command changes share one semaphore and one set of counters: they are one mechanism.
 """
 
 from __future__ import annotations

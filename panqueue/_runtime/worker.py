@@ -11,6 +11,9 @@
 :mod:`roles` builds them, in one place, for the kind of queue the worker serves (plain, a chunk
 handler's, partitioned). The Worker starts them, runs each slot's job (attempt, then record),
 and stops them in two phases on shutdown.
+
+Longer than 400 lines by the start's wait for a server (``_when_served``) and the two-phase
+stop; every role lives in a file of its own (``roles.py`` builds them).
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ Each function is an operation (a generator a transport drives, like those of ``o
 builds the script's ARGV and turns the reply into named values, so the runtime never sees
 either. Statuses are :class:`Status` codes, the same numbers the Lua scripts name. A claimed
 job comes out typed: its stored options read (and checked) here, its batch named.
+
+Longer than 400 lines: one short typed function per worker transition, each with the
+parsing of its reply.
 """
 
 from __future__ import annotations

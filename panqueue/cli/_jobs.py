@@ -1,5 +1,9 @@
 """Commands on jobs and queues: enqueue, stats, job, jobs, cancel, remove, dlq, pause,
-resume, schedules. Each opens one client, does one thing through its public methods, prints."""
+resume, schedules. Each opens one client, does one thing through its public methods, prints.
+
+Longer than 400 lines: ten short commands, each a click function over one client call, with
+their help texts (docs/cli.md is made from them).
+"""
 
 from __future__ import annotations
 

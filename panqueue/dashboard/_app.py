@@ -10,6 +10,10 @@ never in paths, so any name (slashes included) round-trips.
 Longer than our usual 400 lines: it is the route table, one method per route or action, and
 reads best whole; the sessions, tokens and headers live in ``_security.py``, the reads in
 ``_reads.py``.
+
+Longer than 400 lines: every route and guarded action of the dashboard, so that the security
+checks (Host, Origin, CSRF, read-only) sit beside each action they guard; the reads are in
+``_reads.py``, the checks' machinery in ``_security.py``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ This module holds every word of an explanation. What holds a waiting or delayed 
 ``lua/explain.lua`` as a structured answer; the facts a person acts on travel with the words
 (``Explanation.holders``: the jobs that hold the slots, and since when; ``due_at``;
 ``retry_of``; ``action``). A hint names the tool in use (``tool``): the client's Python call,
-the command to type, or the dashboard's button; :data:`_HINTS` holds each one's words."""
+the command to type, or the dashboard's button; :data:`_HINTS` holds each one's words.
+
+Longer than 400 lines by the table of words (``_HINTS``): each reason is said once per tool
+(Python, CLI, dashboard) here, so that no caller rewrites them.
+"""
 
 from __future__ import annotations
 

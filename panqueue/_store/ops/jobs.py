@@ -3,6 +3,9 @@ the jobs of a state in a useful order, counts per state, and waiting for a job's
 
 This module and the Lua scripts are the only places that know the job hash's field letters
 (``lua/lib/layout.lua`` lists them).
+
+Longer than 400 lines because every stored field of a job (history, logs, tags, durable
+record, lock holder) is read and parsed here, for one job and for lists, in one place.
 """
 
 from __future__ import annotations
