@@ -326,17 +326,22 @@ def test_burst_worker_exits_0_once_the_queues_are_empty(redis_url: str) -> None:
     assert_usage_error(run_cli("dlq", FAIL, failures[1].id, "--url", redis_url), "--retry")
 
 
+def _reload_worker(app_dir: Path, url: str, err: Path) -> subprocess.Popen[bytes]:
+    """``panqueue worker reloadapp:queues --reload`` in ``app_dir``, its stderr in ``err``."""
+    with err.open("wb") as stderr:
+        return subprocess.Popen(
+            panqueue_command("worker", "reloadapp:queues", "--reload", "--grace", "1",
+                             "--poll-interval", "0.1", "--url", url),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            env=subprocess_env(), cwd=app_dir)
+
+
 def test_reload_restarts_the_worker_when_a_python_file_changes(tmp_path: Path,
                                                                redis_url: str) -> None:
     app = tmp_path / "reloadapp.py"
     app.write_text(_RELOAD_APP.format(answer=1))
     err = tmp_path / "worker.err"
-    with err.open("wb") as stderr:
-        worker = subprocess.Popen(
-            panqueue_command("worker", "reloadapp:queues", "--reload", "--grace", "1",
-                             "--poll-interval", "0.1", "--url", redis_url),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-            env=subprocess_env(), cwd=tmp_path)
+    worker = _reload_worker(tmp_path, redis_url, err)
     try:
         with SyncQueueClient(redis_url) as client:
             assert client.queue("reload").add(None).result(timeout=20) == 1
@@ -356,12 +361,7 @@ def test_reload_waits_for_the_next_save_after_a_syntax_error(tmp_path: Path,
     app = tmp_path / "reloadapp.py"
     app.write_text(_RELOAD_APP.format(answer=1))
     err = tmp_path / "worker.err"
-    with err.open("wb") as stderr:
-        worker = subprocess.Popen(
-            panqueue_command("worker", "reloadapp:queues", "--reload", "--grace", "1",
-                             "--poll-interval", "0.1", "--url", redis_url),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-            env=subprocess_env(), cwd=tmp_path)
+    worker = _reload_worker(tmp_path, redis_url, err)
     try:
         with SyncQueueClient(redis_url) as client:
             assert client.queue("reload").add(None).result(timeout=20) == 1
