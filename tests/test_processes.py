@@ -28,9 +28,9 @@ class Workers:
         self.url = url
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, *queues: str, backend: str = "asyncio",
-              extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
-        args = ["worker", "proc_app:queues", "--url", self.url, "--backend", backend,
+    def start(self, *queues: str, backend: str = "asyncio", extra: tuple[str, ...] = (),
+              app: str = "proc_app:queues") -> subprocess.Popen[str]:
+        args = ["worker", app, "--url", self.url, "--backend", backend,
                 "--log-level", "warning", *extra]
         for queue in queues:
             args += ["-q", queue]
@@ -45,14 +45,17 @@ class Workers:
                 proc.kill()
             proc.wait(10)
 
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
 
 @pytest.fixture
 def workers(redis_url: str) -> Iterator[Workers]:
-    group = Workers(redis_url)
-    try:
+    with Workers(redis_url) as group:
         yield group
-    finally:
-        group.stop_all()
 
 
 def test_job_of_a_killed_worker_is_completed_by_another_after_its_lock_expires(
