@@ -9,11 +9,14 @@ the project (:meth:`PanqueueBackend.resolve_task`), and never imports or calls a
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any
+from datetime import timedelta
+from typing import Any, NoReturn
 
+from panqueue._check import is_number
 from panqueue._codec import check_json_compatible
 from panqueue._job import ErrorInfo, Job
 from panqueue._registry import Registry
@@ -37,10 +40,13 @@ from panqueue.django._compat import (
     task_finished,
     task_started,
 )
-from panqueue.errors import ConfigError, Fail, JobNotFound
+from panqueue.errors import ConfigError, Fail, JobNotFound, Retry, exception_message
 from panqueue.executors import RemoteError
 
 __all__ = ["registry_for", "setup_django"]
+
+# The longest wait between attempts a backoff may ask for, as panqueue's Retry(delay) allows.
+_MAX_DELAY = 365 * 24 * 3600.0
 
 
 def setup_django() -> None:
@@ -146,11 +152,11 @@ class _TaskRunner:
                 result = backend.result_from_job(info)
             except TaskResultDoesNotExist as exc:
                 raise Fail(f"refused: {exc}") from None
-            return self._call(result)
+            return self._call(job, result)
         finally:
             close_old_connections()
 
-    def _call(self, result: TaskResult[Any]) -> Any:
+    def _call(self, job: Job, result: TaskResult[Any]) -> Any:
         sender = type(self.backend)
         task = result.task
         task_started.send(sender=sender, task_result=result)
@@ -176,11 +182,60 @@ class _TaskRunner:
             result.errors.append(TaskError(exception_class_path=path,
                                            traceback=error.traceback or ""))
             task_finished.send(sender=sender, task_result=result)
-            raise RemoteError(path, error.message, error.traceback) from None
+            failed = RemoteError(path, error.message, error.traceback)
+            if self.backend.backoff is None or job.attempt >= job.options.attempts:
+                raise failed from None  # panqueue's backoff, or no attempt left to wait for
+            self._retry(job, result, exc, failed)
         _finish(result, SUCCESSFUL)
         object.__setattr__(result, "_return_value", value)
         task_finished.send(sender=sender, task_result=result)
         return value
+
+    def _retry(self, job: Job, result: TaskResult[Any], exc: BaseException,
+               failed: RemoteError) -> NoReturn:
+        """After a failed attempt with attempts left, ask ``OPTIONS["backoff"]`` when to run
+        the task again, as Django's proposed retry API has it: with the exception raised and
+        the result updated by the attempt. Whatever it answers, the attempt records the
+        task's own exception (``raise Retry/Fail from``): a number is a retry after that many
+        seconds; None, a bad answer or an exception of its own ends the task FAILED."""
+        backoff = self.backend.backoff
+        assert backoff is not None
+        where = f"TASKS[{self.backend.alias!r}]['OPTIONS']['backoff']"
+        try:
+            answer = backoff(exc, result)
+        except Exception as problem:
+            stopped = (f"not retried: {where} raised {type(problem).__name__}: "
+                       f"{exception_message(problem)}")
+            _stop(job, failed, stopped, ErrorInfo.from_exception(problem).traceback)
+        if answer is None:
+            job.log(f"not retried: {where} returned None")
+            raise Fail(f"not retried: {where} returned None") from failed
+        delay = _delay(answer)
+        if delay is None:
+            _stop(job, failed, f"not retried: {where} returned {answer!r}, which is not a "
+                               f"number of seconds >= 0 and at most a year (an int, a float "
+                               f"or a timedelta), nor None")
+        raise Retry(delay) from failed
+
+
+def _stop(job: Job, failed: RemoteError, stopped: str, detail: str | None = None) -> NoReturn:
+    """End the task at a backoff that failed to answer: the attempt records the task's own
+    error, its traceback followed by ``stopped`` (and the backoff's own traceback); the job's
+    log says ``stopped`` too."""
+    job.log(stopped)
+    traceback = f"{failed.traceback or ''}\n{stopped}\n"
+    if detail:
+        traceback += f"\n{detail}"
+    raise Fail(stopped) from RemoteError(failed.type_name, str(failed), traceback)
+
+
+def _delay(answer: object) -> float | None:
+    """A backoff's answer in seconds, or None where it is not a usable delay."""
+    seconds = answer.total_seconds() if isinstance(answer, timedelta) else answer
+    if not is_number(seconds) or not math.isfinite(seconds) \
+            or not 0 <= seconds <= _MAX_DELAY:
+        return None
+    return float(seconds)
 
 
 def _finish(result: TaskResult[Any], status: TaskResultStatus) -> None:

@@ -32,6 +32,13 @@ TASKS = {
         # Its workers keep the results of the newest two completed tasks only.
         "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "retention": Retention(completed=2)},
     },
+    # Three attempts, with the project's own backoff between them.
+    "retrying": {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": ["retrying"],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "attempts": 3,
+                    "backoff": "tests.django_project.shop.retry.backoff"},
+    },
 }
 
 # Any queue name (QUEUES: []), where the process asks for it: the tests' own process and the
