@@ -581,10 +581,11 @@ def test_task_retried_with_the_backends_backoff_records_every_attempt_as_django_
              c["errors"], c["finished"]) for c in calls] == [
         (flaky_path, "attempt 1 failed", "FAILED", 1, [me], [flaky_path], True),
         (flaky_path, "attempt 2 failed", "FAILED", 2, [me, me], [flaky_path] * 2, True)]
-    # Django's signals, around each attempt.
+    # Django's signals, around each attempt: an attempt that is retried finishes READY
+    # ("ready to be executed again"), so Django's own receiver logs no error for it.
     assert signals.read_text().splitlines() == [
-        f"started {result.id} RUNNING", f"finished {result.id} FAILED",
-        f"started {result.id} RUNNING", f"finished {result.id} FAILED",
+        f"started {result.id} RUNNING", f"finished {result.id} READY",
+        f"started {result.id} RUNNING", f"finished {result.id} READY",
         f"started {result.id} RUNNING", f"finished {result.id} SUCCESSFUL"]
 
     # Fails every attempt: FAILED once the last has run; the backoff is not asked after it.
@@ -592,6 +593,10 @@ def test_task_retried_with_the_backends_backoff_records_every_attempt_as_django_
     failing = flaky.enqueue(fails=5, retry_in=0.1, mark=str(mark))
     wait_until(_finished(failing), what="flaky to fail its three attempts")
     assert failing.status == TaskResultStatus.FAILED
+    assert [line for line in signals.read_text().splitlines() if failing.id in line] == [
+        f"started {failing.id} RUNNING", f"finished {failing.id} READY",
+        f"started {failing.id} RUNNING", f"finished {failing.id} READY",
+        f"started {failing.id} RUNNING", f"finished {failing.id} FAILED"]
     assert (failing.attempts, len(failing.errors)) == (3, 3)
     assert len(_backoff_calls(log, failing.id)) == 2
     info = client.get_job("retrying", failing.id)
@@ -630,10 +635,12 @@ def test_backoff_returning_none_ends_the_task_failed_without_more_attempts(
     from tests.django_project.shop.retrying import flaky
     from tests.django_project.tasks_compat import TaskResultStatus
 
-    log = tmp_path / "backoff.log"
-    django_worker(serves="retrying", PQ_BACKOFF_LOG=str(log))
+    log, signals = tmp_path / "backoff.log", tmp_path / "signals.log"
+    django_worker(serves="retrying", PQ_BACKOFF_LOG=str(log), PQ_SIGNAL_LOG=str(signals))
     result = flaky.enqueue(fails=5, retry_in=None, mark=str(tmp_path / "mark"))
     wait_until(_finished(result), what="flaky to fail")
+    assert signals.read_text().splitlines() == [f"started {result.id} RUNNING",
+                                                f"finished {result.id} FAILED"]
     assert result.status == TaskResultStatus.FAILED
     assert result.attempts == 1
     [error] = result.errors

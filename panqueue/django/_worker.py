@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 from panqueue._check import is_number
 from panqueue._codec import check_json_compatible
@@ -23,6 +23,7 @@ from panqueue._registry import Registry
 from panqueue._store.transport import redact_url
 from panqueue.django._backend import (
     FAILED,
+    READY,
     SUCCESSFUL,
     WORKER_LINE,
     PanqueueBackend,
@@ -181,52 +182,69 @@ class _TaskRunner:
             _finish(result, FAILED)
             result.errors.append(TaskError(exception_class_path=path,
                                            traceback=error.traceback or ""))
-            task_finished.send(sender=sender, task_result=result)
             failed = RemoteError(path, error.message, error.traceback)
-            if self.backend.backoff is None or job.attempt >= job.options.attempts:
-                raise failed from None  # panqueue's backoff, or no attempt left to wait for
-            self._retry(job, result, exc, failed)
+            ending = self._ending(job, result, exc, failed)
+            if isinstance(ending, Retry) or (ending is failed
+                                             and job.attempt < job.options.attempts):
+                # Retried: READY, "ready to be executed again", as get_result() reads it
+                # now; FAILED (which Django's own receiver logs as an error) only at the end.
+                object.__setattr__(result, "status", READY)
+            task_finished.send(sender=sender, task_result=result)
+            raise ending from ending.__cause__  # Retry or Fail: from the task's error
         _finish(result, SUCCESSFUL)
         object.__setattr__(result, "_return_value", value)
         task_finished.send(sender=sender, task_result=result)
         return value
 
-    def _retry(self, job: Job, result: TaskResult[Any], exc: BaseException,
-               failed: RemoteError) -> NoReturn:
-        """After a failed attempt with attempts left, ask ``OPTIONS["backoff"]`` when to run
-        the task again, as Django's proposed retry API has it: with the exception raised and
-        the result updated by the attempt. Whatever it answers, the attempt records the
-        task's own exception (``raise Retry/Fail from``): a number is a retry after that many
-        seconds; None, a bad answer or an exception of its own ends the task FAILED."""
+    def _ending(self, job: Job, result: TaskResult[Any], exc: BaseException,
+                failed: RemoteError) -> BaseException:
+        """What a failed attempt raises to the worker, which records the task's own error
+        (``failed``) whatever it is. Without ``OPTIONS["backoff"]``, or on the last attempt,
+        that error itself: panqueue's backoff and attempts decide.
+
+        Otherwise ``OPTIONS["backoff"]`` is asked when to run the task again, as Django's
+        proposed retry API has it: with the exception raised and the result updated by the
+        attempt (FAILED, its error last, its attempt counted). A number of seconds or a
+        timedelta is a Retry after that long; None, a bad answer or an exception of its own
+        is a Fail: the task ends FAILED. Both are raised from ``failed``, which is what the
+        attempt then records."""
         backoff = self.backend.backoff
-        assert backoff is not None
+        if backoff is None or job.attempt >= job.options.attempts:
+            return failed
         where = f"TASKS[{self.backend.alias!r}]['OPTIONS']['backoff']"
         try:
             answer = backoff(exc, result)
         except Exception as problem:
             stopped = (f"not retried: {where} raised {type(problem).__name__}: "
                        f"{exception_message(problem)}")
-            _stop(job, failed, stopped, ErrorInfo.from_exception(problem).traceback)
+            return _stop(job, failed, stopped, ErrorInfo.from_exception(problem).traceback)
         if answer is None:
-            job.log(f"not retried: {where} returned None")
-            raise Fail(f"not retried: {where} returned None") from failed
+            return _stop(job, failed, f"not retried: {where} returned None", note=False)
         delay = _delay(answer)
         if delay is None:
-            _stop(job, failed, f"not retried: {where} returned {answer!r}, which is not a "
-                               f"number of seconds >= 0 and at most a year (an int, a float "
-                               f"or a timedelta), nor None")
-        raise Retry(delay) from failed
+            return _stop(job, failed, f"not retried: {where} returned {answer!r}, which is not "
+                                      f"a number of seconds >= 0 and at most a year (an int, "
+                                      f"a float or a timedelta), nor None")
+        retry = Retry(delay)
+        retry.__cause__ = failed
+        return retry
 
 
-def _stop(job: Job, failed: RemoteError, stopped: str, detail: str | None = None) -> NoReturn:
-    """End the task at a backoff that failed to answer: the attempt records the task's own
-    error, its traceback followed by ``stopped`` (and the backoff's own traceback); the job's
-    log says ``stopped`` too."""
+def _stop(job: Job, failed: RemoteError, stopped: str, detail: str | None = None, *,
+          note: bool = True) -> Fail:
+    """A Fail that ends the task, saying why in the job's log. The attempt records the task's
+    own error; with ``note``, its traceback followed by ``stopped`` and ``detail`` (the
+    backoff's own traceback)."""
     job.log(stopped)
-    traceback = f"{failed.traceback or ''}\n{stopped}\n"
-    if detail:
-        traceback += f"\n{detail}"
-    raise Fail(stopped) from RemoteError(failed.type_name, str(failed), traceback)
+    cause = failed
+    if note:
+        traceback = f"{failed.traceback or ''}\n{stopped}\n"
+        if detail:
+            traceback += f"\n{detail}"
+        cause = RemoteError(failed.type_name, str(failed), traceback)
+    fail = Fail(stopped)
+    fail.__cause__ = cause
+    return fail
 
 
 def _delay(answer: object) -> float | None:
