@@ -604,6 +604,39 @@ def test_task_retried_with_the_backends_backoff_records_every_attempt_as_django_
     assert [entry["type"] for entry in info.history] == [flaky_path] * 3
 
 
+def test_task_retried_with_panqueues_backoff_records_every_attempt_as_django_says(
+        django_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    from tests.django_project.shop.retrying import flaky
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    signals = tmp_path / "signals.log"
+    worker = django_worker(serves="retrying-default", PQ_SIGNAL_LOG=str(signals))
+    me = f"{socket.gethostname()}:{worker.pid}"
+    # No OPTIONS["backoff"]: OPTIONS["attempts"] and panqueue's backoff (about a second).
+    retried = flaky.using(backend="retrying_default", queue_name="retrying-default")
+    mark = tmp_path / "mark"
+    result = retried.enqueue(fails=1, retry_in="ignored", mark=str(mark))
+    failing = retried.enqueue(fails=5, retry_in="ignored", mark=str(tmp_path / "fails"))
+    wait_until(_finished(result), what="flaky to succeed on its second attempt")
+    wait_until(_finished(failing), what="flaky to fail its two attempts")
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL,
+                                                    "ok on attempt 2")
+    assert (result.attempts, result.worker_ids) == (2, [me, me])
+    [error] = result.errors
+    assert error.exception_class_path == "tests.django_project.shop.retry.Flaky"
+    assert [(n, status) for n, status, _ in _attempts_seen(mark)] == [(1, "RUNNING"),
+                                                                      (2, "RUNNING")]
+    assert failing.status == TaskResultStatus.FAILED
+    assert (failing.attempts, len(failing.errors)) == (2, 2)
+    lines = signals.read_text().splitlines()
+    assert [line for line in lines if result.id in line] == [
+        f"started {result.id} RUNNING", f"finished {result.id} READY",
+        f"started {result.id} RUNNING", f"finished {result.id} SUCCESSFUL"]
+    assert [line for line in lines if failing.id in line] == [
+        f"started {failing.id} RUNNING", f"finished {failing.id} READY",
+        f"started {failing.id} RUNNING", f"finished {failing.id} FAILED"]
+
+
 def test_task_waiting_out_its_backoff_reads_ready_with_its_failed_attempt(
         client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
         tmp_path: Path) -> None:

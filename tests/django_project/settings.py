@@ -39,6 +39,12 @@ TASKS = {
         "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "attempts": 3,
                     "backoff": "tests.django_project.shop.retry.backoff"},
     },
+    # Two attempts, with panqueue's backoff between them.
+    "retrying_default": {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": ["retrying-default"],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "attempts": 2},
+    },
 }
 
 # Any queue name (QUEUES: []), where the process asks for it: the tests' own process and the
