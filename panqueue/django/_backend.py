@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -18,7 +17,6 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
-from django.utils.module_loading import import_string
 
 import panqueue.errors
 from panqueue._check import check_flag
@@ -37,6 +35,7 @@ from panqueue.django._compat import (
     TaskResultStatus,
     task_enqueued,
 )
+from panqueue.django._retry import check_backoff
 from panqueue.errors import ConfigError, JobNotFound
 
 __all__ = ["FAILED", "READY", "RUNNING", "SUCCESSFUL", "WORKER_LINE", "PanqueueBackend",
@@ -50,10 +49,6 @@ _ID_LENGTH = 32
 WORKER_LINE = "django task running on worker "
 
 _OPTIONS = frozenset({"url", "task_modules", "attempts", "backoff", "timeout", "retention"})
-
-# What OPTIONS["backoff"] is: Django's proposed retry API (django/new-features#142) names
-# BACKOFF the same way.
-Backoff = Callable[[BaseException, "TaskResult[Any]"], Any]
 
 # panqueue job states as Django sees them. Django has no cancelled state: a cancelled (or
 # expired) job did not run to success, so it reads as FAILED.
@@ -109,7 +104,7 @@ class PanqueueBackend(BaseTaskBackend):
     transaction commits. ``OPTIONS``:
     ``url`` (default ``PANQUEUE_URL``, else ``redis://localhost:6379/0``), ``task_modules``
     (modules outside the installed apps whose tasks workers may run), and for the workers'
-    handlers ``attempts`` (default 1), ``backoff`` (default panqueue's: see :func:`_backoff`),
+    handlers ``attempts`` (default 1), ``backoff`` (default panqueue's: see :func:`check_backoff`),
     ``timeout`` (seconds, default none) and ``retention`` (a :class:`panqueue.Retention`: how
     many finished tasks keep their results).
 
@@ -158,7 +153,8 @@ class PanqueueBackend(BaseTaskBackend):
                               f"names, got {modules!r}")
         self.task_modules: tuple[str, ...] = tuple(modules)
         self.attempts = check_attempts(options.get("attempts", 1))
-        self.backoff = _backoff(options.get("backoff"), f"{where}['OPTIONS']['backoff']")
+        self.backoff = check_backoff(options.get("backoff"),
+                                     f"{where}['OPTIONS']['backoff']")
         timeout = options.get("timeout")
         self.timeout = None if timeout is None else check_positive(timeout, "timeout")
         retention = options.get("retention")
@@ -335,33 +331,6 @@ def task_call(data: Any) -> tuple[str, list[Any], dict[str, Any]]:
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise TaskRefused("the job's 'args' must be a list and its 'kwargs' a dict")
     return data["task"], args, kwargs
-
-
-def _backoff(value: Any, where: str) -> Backoff | None:
-    """``OPTIONS["backoff"]`` checked: None (panqueue's backoff between attempts), or a
-    callable ``(exception, task_result) -> seconds | timedelta | None`` given as itself or by
-    its dotted path (imported here, from the settings: a worker never imports a name it read
-    from Redis)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = import_string(value)
-        except Exception as exc:  # ImportError, or whatever importing its module raised
-            raise ConfigError(f"{where} {value!r} does not import: {type(exc).__name__}: "
-                              f"{exc}") from None
-    if not callable(value):
-        raise ConfigError(f"{where} must be a callable (exception, task_result) -> seconds or "
-                          f"None, or the dotted path of one, got {value!r}")
-    try:
-        inspect.signature(value).bind(None, None)
-    except TypeError:
-        raise ConfigError(f"{where} must take (exception, task_result), as Django's proposed "
-                          f"BACKOFF does; {value!r} does not") from None
-    except ValueError:  # no signature to read (some built-ins): it is called as it is
-        pass
-    backoff: Backoff = value
-    return backoff
 
 
 def _errors(info: JobInfo) -> list[TaskError]:

@@ -9,14 +9,11 @@ the project (:meth:`PanqueueBackend.resolve_task`), and never imports or calls a
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
-from panqueue._check import is_number
 from panqueue._codec import check_json_compatible
 from panqueue._job import ErrorInfo, Job
 from panqueue._registry import Registry
@@ -41,13 +38,11 @@ from panqueue.django._compat import (
     task_finished,
     task_started,
 )
+from panqueue.django._retry import backoff_delay
 from panqueue.errors import ConfigError, Fail, JobNotFound, Retry, exception_message
 from panqueue.executors import RemoteError
 
 __all__ = ["registry_for", "setup_django"]
-
-# The longest wait between attempts a backoff may ask for, as panqueue's Retry(delay) allows.
-_MAX_DELAY = 365 * 24 * 3600.0
 
 
 def setup_django() -> None:
@@ -220,7 +215,7 @@ class _TaskRunner:
             return _stop(job, failed, stopped, ErrorInfo.from_exception(problem).traceback)
         if answer is None:
             return _stop(job, failed, f"not retried: {where} returned None", note=False)
-        delay = _delay(answer)
+        delay = backoff_delay(answer)
         if delay is None:
             return _stop(job, failed, f"not retried: {where} returned {answer!r}, which is not "
                                       f"a number of seconds >= 0 and at most a year (an int, "
@@ -245,15 +240,6 @@ def _stop(job: Job, failed: RemoteError, stopped: str, detail: str | None = None
     fail = Fail(stopped)
     fail.__cause__ = cause
     return fail
-
-
-def _delay(answer: object) -> float | None:
-    """A backoff's answer in seconds, or None where it is not a usable delay."""
-    seconds = answer.total_seconds() if isinstance(answer, timedelta) else answer
-    if not is_number(seconds) or not math.isfinite(seconds) \
-            or not 0 <= seconds <= _MAX_DELAY:
-        return None
-    return float(seconds)
 
 
 def _finish(result: TaskResult[Any], status: TaskResultStatus) -> None:
