@@ -9,6 +9,7 @@ starts its own worker process with the same settings.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -524,3 +525,226 @@ def test_queues_empty_takes_any_queue_name_as_django_means_and_its_workers_serve
                   PQ_DJANGO_ANY_QUEUE="1")
     wait_until(_finished(result), what="the any-queue task to finish")
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
+
+
+# -- retries -------------------------------------------------------------------------------------
+
+
+def _backoff_calls(log: Path, result_id: str) -> list[dict[str, Any]]:
+    """The calls of the ``retrying`` backend's backoff for the task ``result_id``."""
+    if not log.exists():
+        return []
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    return [call for call in calls if call["id"] == result_id]
+
+
+def _attempts_seen(mark: Path) -> list[tuple[int, str, float]]:
+    """What each attempt of a ``flaky`` task saw: its number, its status, when it started."""
+    return [(int(n), status, float(at))
+            for n, status, at in (line.split() for line in mark.read_text().splitlines())]
+
+
+def test_task_retried_with_the_backends_backoff_records_every_attempt_as_django_says(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
+        tmp_path: Path) -> None:
+    from tests.django_project.shop.retrying import flaky
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    signals, log = tmp_path / "signals.log", tmp_path / "backoff.log"
+    worker = django_worker(serves="retrying", PQ_SIGNAL_LOG=str(signals),
+                           PQ_BACKOFF_LOG=str(log))
+    me = f"{socket.gethostname()}:{worker.pid}"
+    flaky_path = "tests.django_project.shop.retry.Flaky"
+
+    # Fails twice, then succeeds on the last of its 3 attempts (OPTIONS["attempts"]).
+    mark = tmp_path / "succeeds.mark"
+    result = flaky.enqueue(fails=2, retry_in=0.1, mark=str(mark))
+    wait_until(_finished(result), what="flaky to succeed on its third attempt")
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "ok on attempt 3"
+    assert result.attempts == 3
+    assert result.worker_ids == [me, me, me]
+    # One error per failed attempt, in order, each the task's own exception (not a retry).
+    assert [error.exception_class_path for error in result.errors] == [flaky_path] * 2
+    assert "attempt 1 failed" in result.errors[0].traceback
+    assert "attempt 2 failed" in result.errors[1].traceback
+    # Every run saw itself RUNNING; each retry started once the backoff's 0.1 s had passed.
+    seen = _attempts_seen(mark)
+    assert [(n, status) for n, status, _ in seen] == [(1, "RUNNING"), (2, "RUNNING"),
+                                                      (3, "RUNNING")]
+    calls = _backoff_calls(log, result.id)
+    assert len(calls) == 2
+    for call, (_, _, next_start) in zip(calls, seen[1:], strict=True):
+        assert next_start - call["at"] >= 0.1
+    # The backoff got the raised exception itself and the result updated by its attempt.
+    assert [(c["exception"], c["message"], c["status"], c["attempts"], c["worker_ids"],
+             c["errors"], c["finished"]) for c in calls] == [
+        (flaky_path, "attempt 1 failed", "FAILED", 1, [me], [flaky_path], True),
+        (flaky_path, "attempt 2 failed", "FAILED", 2, [me, me], [flaky_path] * 2, True)]
+    # Django's signals, around each attempt: an attempt that is retried finishes READY
+    # ("ready to be executed again"), so Django's own receiver logs no error for it.
+    assert signals.read_text().splitlines() == [
+        f"started {result.id} RUNNING", f"finished {result.id} READY",
+        f"started {result.id} RUNNING", f"finished {result.id} READY",
+        f"started {result.id} RUNNING", f"finished {result.id} SUCCESSFUL"]
+
+    # Fails every attempt: FAILED once the last has run; the backoff is not asked after it.
+    mark = tmp_path / "fails.mark"
+    failing = flaky.enqueue(fails=5, retry_in=0.1, mark=str(mark))
+    wait_until(_finished(failing), what="flaky to fail its three attempts")
+    assert failing.status == TaskResultStatus.FAILED
+    assert [line for line in signals.read_text().splitlines() if failing.id in line] == [
+        f"started {failing.id} RUNNING", f"finished {failing.id} READY",
+        f"started {failing.id} RUNNING", f"finished {failing.id} READY",
+        f"started {failing.id} RUNNING", f"finished {failing.id} FAILED"]
+    assert (failing.attempts, len(failing.errors)) == (3, 3)
+    assert len(_backoff_calls(log, failing.id)) == 2
+    info = client.get_job("retrying", failing.id)
+    assert info.failure_reason == "max_attempts_exceeded"
+    assert [entry["type"] for entry in info.history] == [flaky_path] * 3
+
+
+def test_task_retried_with_panqueues_backoff_records_every_attempt_as_django_says(
+        django_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    from tests.django_project.shop.retrying import flaky
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    signals = tmp_path / "signals.log"
+    worker = django_worker(serves="retrying-default", PQ_SIGNAL_LOG=str(signals))
+    me = f"{socket.gethostname()}:{worker.pid}"
+    # No OPTIONS["backoff"]: OPTIONS["attempts"] and panqueue's backoff (about a second).
+    retried = flaky.using(backend="retrying_default", queue_name="retrying-default")
+    mark = tmp_path / "mark"
+    result = retried.enqueue(fails=1, retry_in="ignored", mark=str(mark))
+    failing = retried.enqueue(fails=5, retry_in="ignored", mark=str(tmp_path / "fails"))
+    wait_until(_finished(result), what="flaky to succeed on its second attempt")
+    wait_until(_finished(failing), what="flaky to fail its two attempts")
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL,
+                                                    "ok on attempt 2")
+    assert (result.attempts, result.worker_ids) == (2, [me, me])
+    [error] = result.errors
+    assert error.exception_class_path == "tests.django_project.shop.retry.Flaky"
+    assert [(n, status) for n, status, _ in _attempts_seen(mark)] == [(1, "RUNNING"),
+                                                                      (2, "RUNNING")]
+    assert failing.status == TaskResultStatus.FAILED
+    assert (failing.attempts, len(failing.errors)) == (2, 2)
+    lines = signals.read_text().splitlines()
+    assert [line for line in lines if result.id in line] == [
+        f"started {result.id} RUNNING", f"finished {result.id} READY",
+        f"started {result.id} RUNNING", f"finished {result.id} SUCCESSFUL"]
+    assert [line for line in lines if failing.id in line] == [
+        f"started {failing.id} RUNNING", f"finished {failing.id} READY",
+        f"started {failing.id} RUNNING", f"finished {failing.id} FAILED"]
+
+
+def test_task_waiting_out_its_backoff_reads_ready_with_its_failed_attempt(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
+        tmp_path: Path) -> None:
+    from tests.django_project.shop.retrying import flaky
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    log = tmp_path / "backoff.log"
+    worker = django_worker(serves="retrying", PQ_BACKOFF_LOG=str(log))
+    result = flaky.enqueue(fails=1, retry_in=3600, mark=str(tmp_path / "mark"))
+    wait_until(lambda: client.get_job("retrying", result.id).state is JobState.DELAYED,
+               what="flaky to wait out its backoff")
+    result.refresh()
+    # READY: "ready to be executed again", as Django's TaskResultStatus says.
+    assert result.status == TaskResultStatus.READY
+    assert result.attempts == 1
+    assert result.worker_ids == [f"{socket.gethostname()}:{worker.pid}"]
+    [error] = result.errors
+    assert error.exception_class_path == "tests.django_project.shop.retry.Flaky"
+    assert 'raise Flaky(f"attempt {context.attempt} failed", retry_in)' in error.traceback
+    explained = client.explain("retrying", result.id)
+    assert explained.retry_of == 1
+    assert explained.detail.startswith(
+        "retry 2 of 3 after tests.django_project.shop.retry.Flaky: attempt 1 failed, due at ")
+
+
+def test_backoff_returning_none_ends_the_task_failed_without_more_attempts(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
+        tmp_path: Path) -> None:
+    from tests.django_project.shop.retrying import flaky
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    log, signals = tmp_path / "backoff.log", tmp_path / "signals.log"
+    django_worker(serves="retrying", PQ_BACKOFF_LOG=str(log), PQ_SIGNAL_LOG=str(signals))
+    result = flaky.enqueue(fails=5, retry_in=None, mark=str(tmp_path / "mark"))
+    wait_until(_finished(result), what="flaky to fail")
+    assert signals.read_text().splitlines() == [f"started {result.id} RUNNING",
+                                                f"finished {result.id} FAILED"]
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 1
+    [error] = result.errors
+    assert error.exception_class_path == "tests.django_project.shop.retry.Flaky"
+    assert "attempt 1 failed" in error.traceback
+    assert len(_backoff_calls(log, result.id)) == 1
+    info = client.get_job("retrying", result.id)
+    assert info.failure_reason == "explicit_fail"
+    assert info.logs[-1] == ("not retried: TASKS['retrying']['OPTIONS']['backoff'] "
+                             "returned None")
+
+
+@pytest.mark.parametrize(("retry_in", "problem"), [
+    ("raise", "raised RuntimeError: the backoff broke"),
+    (-1, "returned -1, which is not a number of seconds >= 0 and at most a year "
+         "(an int, a float or a timedelta), nor None"),
+    ("soon", "returned 'soon', which is not a number of seconds"),
+])
+def test_backoff_that_raises_or_returns_no_delay_fails_the_task_saying_why(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
+        tmp_path: Path, retry_in: Any, problem: str) -> None:
+    from tests.django_project.shop.retrying import flaky
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    django_worker(serves="retrying")
+    result = flaky.enqueue(fails=5, retry_in=retry_in, mark=str(tmp_path / "mark"))
+    wait_until(_finished(result), what="flaky to fail")
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 1
+    # The attempt's error is the task's own, and its traceback ends saying why it stopped.
+    [error] = result.errors
+    assert error.exception_class_path == "tests.django_project.shop.retry.Flaky"
+    assert "attempt 1 failed" in error.traceback
+    stopped = f"not retried: TASKS['retrying']['OPTIONS']['backoff'] {problem}"
+    assert stopped in error.traceback
+    assert client.get_job("retrying", result.id).logs[-1].startswith(stopped)
+
+
+def test_backoff_may_return_a_timedelta(
+        django_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    from tests.django_project.shop.retrying import flaky
+
+    django_worker(serves="retrying")
+    result = flaky.enqueue(fails=1, retry_in="timedelta", mark=str(tmp_path / "mark"))
+    wait_until(_finished(result), what="flaky to succeed on its second attempt")
+    assert (result.return_value, result.attempts) == ("ok on attempt 2", 2)
+
+
+def _one_argument(task_result: Any) -> int:
+    return 30
+
+
+@pytest.mark.parametrize(("backoff", "problem"), [
+    (42, "['backoff'] must be a callable (exception, task_result) -> seconds or None, or "
+         "the dotted path of one, got 42"),
+    ("tests.django_project.shop.retry.nope", "['backoff'] "
+     "'tests.django_project.shop.retry.nope' does not import: "),
+    ("no_such_module.backoff", "['backoff'] 'no_such_module.backoff' does not import: "),
+    ("tests.django_project.shop.retry.Flaky.retry_in", "does not import"),
+    (_one_argument, "['backoff'] must take (exception, task_result)"),
+])
+def test_bad_backoff_setting_is_refused_naming_the_entry(
+        django_db: Path, backoff: Any, problem: str) -> None:
+    from panqueue import ConfigError
+    from panqueue.django import PanqueueBackend
+
+    with pytest.raises(ConfigError) as caught:
+        PanqueueBackend("bad", {"QUEUES": ["default"], "OPTIONS": {"backoff": backoff}})
+    assert str(caught.value).startswith("TASKS['bad']['OPTIONS']")
+    assert problem in str(caught.value)
+    # A callable, or the path of one, is taken; None is panqueue's own backoff.
+    for good in ["tests.django_project.shop.retry.backoff",
+                 lambda exception, task_result: None, None]:
+        assert PanqueueBackend("good", {"QUEUES": ["default"], "OPTIONS": {"backoff": good}})

@@ -145,6 +145,18 @@ async def test_child_reports_progress_and_logs_and_prints_do_not_break_it(
     assert info.logs == ["from a child"]
 
 
+async def test_child_retry_and_fail_raised_from_an_error_record_that_error(
+        redis_url: str) -> None:
+    async with run_worker(exec_app.queues, "s-retry-from", redis_url):
+        failed, info = await failure_of(redis_url, "s-retry-from")
+    # As in a handler of the worker's own process: the error each signal was raised from.
+    assert [(h["attempt"], h["type"], h["message"]) for h in info.history] == [
+        (1, "KeyError", "'missing'"), (2, "ValueError", "bad input on attempt 2")]
+    assert info.failure_reason == "explicit_fail"
+    assert failed.error is not None and failed.error.type == "ValueError"
+    assert "ValueError: bad input on attempt 2" in (failed.error.traceback or "")
+
+
 async def test_child_over_its_memory_limit_fails_with_a_clear_error(redis_url: str) -> None:
     async with run_worker(exec_app.queues, "s-memory", redis_url):
         failed, _ = await failure_of(redis_url, "s-memory")

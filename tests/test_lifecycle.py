@@ -208,6 +208,33 @@ async def test_retry_and_fail_exceptions(redis_url: str, queue_name: str) -> Non
         assert info.attempts == 1
 
 
+async def test_retry_and_fail_raised_from_an_error_record_that_error(
+        redis_url: str, queue_name: str) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, attempts=5)
+    async def control(job: Job) -> None:
+        try:
+            {}["missing"]
+        except KeyError as exc:
+            if job.attempt == 1:
+                raise Retry(delay=0.01) from exc
+            raise Fail("giving up") from ValueError(f"bad input on attempt {job.attempt}")
+
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        handle = await client.queue(queue_name).add({})
+        with pytest.raises(JobFailed):
+            await handle.result(timeout=10)
+        info = await handle.info()
+    # Each attempt's record is the error the signal was raised from, not the signal itself.
+    assert [(h["attempt"], h["type"], h["message"]) for h in info.history] == [
+        (1, "KeyError", "'missing'"), (2, "ValueError", "bad input on attempt 2")]
+    assert (info.failure_reason, info.attempts) == ("explicit_fail", 2)  # Fail still ends it
+    assert info.error is not None
+    assert (info.error.type, info.error.message) == ("ValueError", "bad input on attempt 2")
+    assert "ValueError: bad input on attempt 2" in (info.error.traceback or "")
+
+
 async def test_per_job_options_override_handler_defaults(redis_url: str,
                                                          queue_name: str) -> None:
     registry = Registry()

@@ -237,18 +237,28 @@ def failure_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, d
         delay = asked
     elif not final and claimed.attempt < options.attempts:
         delay = options.backoff.delay_for(claimed.attempt)
-    if isinstance(error, RemoteError):  # raised in a subprocess handler's child
-        info = ErrorInfo(error.type_name, str(error), error.traceback)
-    elif isinstance(error, HandlerAborted):  # a BaseException: SystemExit and the like
-        info = ErrorInfo.from_exception(error.original)
+    cause = error.__cause__
+    if isinstance(error, Retry | Fail) and cause is not None:
+        # `raise Retry(...) from exc`: the attempt failed because of `exc`, which is what it
+        # records (with its traceback); the signal only says what happens next.
+        info = _error_info(cause)
     else:
-        info = ErrorInfo.from_exception(error, with_traceback=not isinstance(
-            error, (Fail, Retry, Snooze, RateLimited, JobTimeout, ChildCrashed)))
+        info = _error_info(error)
     if note:
         info = ErrorInfo(note_type, note, info.traceback)
     return Failure(claimed.id, claimed.token, claimed.attempt, round(duration * 1000),
                    int(delay * 1000), error=info, max_attempts=options.attempts, final=final,
                    reason=reason)
+
+
+def _error_info(error: BaseException) -> ErrorInfo:
+    """What a failed attempt records for ``error``."""
+    if isinstance(error, RemoteError):  # raised in a subprocess handler's child
+        return ErrorInfo(error.type_name, str(error), error.traceback)
+    if isinstance(error, HandlerAborted):  # a BaseException: SystemExit and the like
+        return ErrorInfo.from_exception(error.original)
+    return ErrorInfo.from_exception(error, with_traceback=not isinstance(
+        error, (Fail, Retry, Snooze, RateLimited, JobTimeout, ChildCrashed)))
 
 
 def _requested_delay(what: str, delay: object) -> float | str:

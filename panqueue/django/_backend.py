@@ -35,6 +35,7 @@ from panqueue.django._compat import (
     TaskResultStatus,
     task_enqueued,
 )
+from panqueue.django._retry import check_backoff
 from panqueue.errors import ConfigError, JobNotFound
 
 __all__ = ["FAILED", "READY", "RUNNING", "SUCCESSFUL", "WORKER_LINE", "PanqueueBackend",
@@ -47,7 +48,7 @@ _ID_LENGTH = 32
 # The job log line each attempt starts with; TaskResult.worker_ids is read back from these.
 WORKER_LINE = "django task running on worker "
 
-_OPTIONS = frozenset({"url", "task_modules", "attempts", "timeout", "retention"})
+_OPTIONS = frozenset({"url", "task_modules", "attempts", "backoff", "timeout", "retention"})
 
 # panqueue job states as Django sees them. Django has no cancelled state: a cancelled (or
 # expired) job did not run to success, so it reads as FAILED.
@@ -103,8 +104,9 @@ class PanqueueBackend(BaseTaskBackend):
     transaction commits. ``OPTIONS``:
     ``url`` (default ``PANQUEUE_URL``, else ``redis://localhost:6379/0``), ``task_modules``
     (modules outside the installed apps whose tasks workers may run), and for the workers'
-    handlers ``attempts`` (default 1), ``timeout`` (seconds, default none) and ``retention``
-    (a :class:`panqueue.Retention`: how many finished tasks keep their results).
+    handlers ``attempts`` (default 1), ``backoff`` (default panqueue's: see :func:`check_backoff`),
+    ``timeout`` (seconds, default none) and ``retention`` (a :class:`panqueue.Retention`: how
+    many finished tasks keep their results).
 
     Each of ``QUEUES`` is the panqueue queue of that name; ``QUEUES: []`` accepts any queue
     name, as Django's backends do (each result id then carries its queue). ``panqueue worker
@@ -151,6 +153,8 @@ class PanqueueBackend(BaseTaskBackend):
                               f"names, got {modules!r}")
         self.task_modules: tuple[str, ...] = tuple(modules)
         self.attempts = check_attempts(options.get("attempts", 1))
+        self.backoff = check_backoff(options.get("backoff"),
+                                     f"{where}['OPTIONS']['backoff']")
         timeout = options.get("timeout")
         self.timeout = None if timeout is None else check_positive(timeout, "timeout")
         retention = options.get("retention")

@@ -20,6 +20,7 @@ from panqueue._registry import Registry
 from panqueue._store.transport import redact_url
 from panqueue.django._backend import (
     FAILED,
+    READY,
     SUCCESSFUL,
     WORKER_LINE,
     PanqueueBackend,
@@ -37,7 +38,8 @@ from panqueue.django._compat import (
     task_finished,
     task_started,
 )
-from panqueue.errors import ConfigError, Fail, JobNotFound
+from panqueue.django._retry import backoff_delay
+from panqueue.errors import ConfigError, Fail, JobNotFound, Retry, exception_message
 from panqueue.executors import RemoteError
 
 __all__ = ["registry_for", "setup_django"]
@@ -146,11 +148,11 @@ class _TaskRunner:
                 result = backend.result_from_job(info)
             except TaskResultDoesNotExist as exc:
                 raise Fail(f"refused: {exc}") from None
-            return self._call(result)
+            return self._call(job, result)
         finally:
             close_old_connections()
 
-    def _call(self, result: TaskResult[Any]) -> Any:
+    def _call(self, job: Job, result: TaskResult[Any]) -> Any:
         sender = type(self.backend)
         task = result.task
         task_started.send(sender=sender, task_result=result)
@@ -175,12 +177,69 @@ class _TaskRunner:
             _finish(result, FAILED)
             result.errors.append(TaskError(exception_class_path=path,
                                            traceback=error.traceback or ""))
+            failed = RemoteError(path, error.message, error.traceback)
+            ending = self._ending(job, result, exc, failed)
+            if isinstance(ending, Retry) or (ending is failed
+                                             and job.attempt < job.options.attempts):
+                # Retried: READY, "ready to be executed again", as get_result() reads it
+                # now; FAILED (which Django's own receiver logs as an error) only at the end.
+                object.__setattr__(result, "status", READY)
             task_finished.send(sender=sender, task_result=result)
-            raise RemoteError(path, error.message, error.traceback) from None
+            raise ending from ending.__cause__  # Retry or Fail: from the task's error
         _finish(result, SUCCESSFUL)
         object.__setattr__(result, "_return_value", value)
         task_finished.send(sender=sender, task_result=result)
         return value
+
+    def _ending(self, job: Job, result: TaskResult[Any], exc: BaseException,
+                failed: RemoteError) -> BaseException:
+        """What a failed attempt raises to the worker, which records the task's own error
+        (``failed``) whatever it is. Without ``OPTIONS["backoff"]``, or on the last attempt,
+        that error itself: panqueue's backoff and attempts decide.
+
+        Otherwise ``OPTIONS["backoff"]`` is asked when to run the task again, as Django's
+        proposed retry API has it: with the exception raised and the result updated by the
+        attempt (FAILED, its error last, its attempt counted). A number of seconds or a
+        timedelta is a Retry after that long; None, a bad answer or an exception of its own
+        is a Fail: the task ends FAILED. Both are raised from ``failed``, which is what the
+        attempt then records."""
+        backoff = self.backend.backoff
+        if backoff is None or job.attempt >= job.options.attempts:
+            return failed
+        where = f"TASKS[{self.backend.alias!r}]['OPTIONS']['backoff']"
+        try:
+            answer = backoff(exc, result)
+        except Exception as problem:
+            stopped = (f"not retried: {where} raised {type(problem).__name__}: "
+                       f"{exception_message(problem)}")
+            return _stop(job, failed, stopped, ErrorInfo.from_exception(problem).traceback)
+        if answer is None:
+            return _stop(job, failed, f"not retried: {where} returned None", note=False)
+        delay = backoff_delay(answer)
+        if delay is None:
+            return _stop(job, failed, f"not retried: {where} returned {answer!r}, which is not "
+                                      f"a number of seconds >= 0 and at most a year (an int, "
+                                      f"a float or a timedelta), nor None")
+        retry = Retry(delay)
+        retry.__cause__ = failed
+        return retry
+
+
+def _stop(job: Job, failed: RemoteError, stopped: str, detail: str | None = None, *,
+          note: bool = True) -> Fail:
+    """A Fail that ends the task, saying why in the job's log. The attempt records the task's
+    own error; with ``note``, its traceback followed by ``stopped`` and ``detail`` (the
+    backoff's own traceback)."""
+    job.log(stopped)
+    cause = failed
+    if note:
+        traceback = f"{failed.traceback or ''}\n{stopped}\n"
+        if detail:
+            traceback += f"\n{detail}"
+        cause = RemoteError(failed.type_name, str(failed), traceback)
+    fail = Fail(stopped)
+    fail.__cause__ = cause
+    return fail
 
 
 def _finish(result: TaskResult[Any], status: TaskResultStatus) -> None:

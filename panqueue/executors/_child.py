@@ -243,6 +243,9 @@ def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
     except BaseException as exc:
         error = ErrorInfo.from_exception(exc).to_wire()
         frame: dict[str, Any] = {"t": "done", "ok": False, "e": error}
+        if isinstance(exc, Retry | Fail) and exc.__cause__ is not None:
+            # `raise Retry(...) from exc`: the worker records the cause, as for its own.
+            frame["cause"] = ErrorInfo.from_exception(exc.__cause__).to_wire()
         if isinstance(exc, Retry):
             frame["retry"] = exc.delay
         elif isinstance(exc, Fail):

@@ -285,24 +285,24 @@ class SubprocessExecutor(Executor):
     def _outcome(self, frame: dict[str, Any], child: Child) -> Any:
         if frame.get("ok"):
             return frame.get("r")
+        cause = _remote_error(frame["cause"]) if "cause" in frame else None
         if "retry" in frame:
-            raise Retry(frame["retry"])
+            raise Retry(frame["retry"]) from cause
         if "fail" in frame:
-            raise Fail(str(frame["fail"]))
+            raise Fail(str(frame["fail"])) from cause
         if "snooze" in frame:
             raise Snooze(frame["snooze"])
         if "rate_limited" in frame:
             raise RateLimited(frame["rate_limited"])
-        error = frame.get("e") or {}
-        type_name = str(error.get("type", "Exception"))
-        message = str(error.get("message", ""))
+        remote = _remote_error(frame.get("e"))
+        type_name, message = remote.type_name, str(remote)
         limits = self.isolation.limits
         if type_name == "MemoryError" and limits is not None and limits.memory_mb:
             message = f"child exceeded memory limit {limits.memory_mb} MB"
         denials = child.new_denials()
         if denials and not any(denial in message for denial in denials):
             message += _denied(denials)
-        raise RemoteError(type_name, message, error.get("traceback"))
+        raise RemoteError(type_name, message, remote.traceback)
 
     def request_stop(self) -> None:
         """Phase one: tell every busy child that its job should stop (``job.should_stop()``)."""
@@ -330,3 +330,11 @@ async def _durable_answer(job: Job, frame: dict[str, Any]) -> dict[str, Any]:
 def _denied(denials: list[str]) -> str:
     """What the supervisor denied, as a suffix for an error message."""
     return f" (permissions denied: {'; '.join(denials)})" if denials else ""
+
+
+def _remote_error(wire: Any) -> RemoteError:
+    """The exception a child reported (a frame's ``e`` or ``cause``), as the worker raises it."""
+    error = wire if isinstance(wire, dict) else {}
+    traceback = error.get("traceback")
+    return RemoteError(str(error.get("type", "Exception")), str(error.get("message", "")),
+                       traceback if isinstance(traceback, str) else None)

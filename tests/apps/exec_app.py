@@ -9,7 +9,7 @@ import time
 
 import redis
 
-from panqueue import Job, Limits, Registry
+from panqueue import Fail, Job, Limits, Registry, Retry
 
 queues = Registry()
 
@@ -168,3 +168,13 @@ def child_until_cancelled(job: Job) -> None:
 def child_sees_options(job: Job) -> dict[str, object]:
     return {"attempts": job.options.attempts, "timeout": job.options.timeout,
             "enqueued_at": None if job.enqueued_at is None else job.enqueued_at.isoformat()}
+
+
+@queues.handler("s-retry-from", executor="subprocess", attempts=3)
+def child_retries_from_an_error(job: Job) -> None:
+    try:
+        {}["missing"]
+    except KeyError as exc:
+        if job.attempt == 1:
+            raise Retry(delay=0.01) from exc
+        raise Fail("giving up") from ValueError(f"bad input on attempt {job.attempt}")

@@ -32,6 +32,19 @@ TASKS = {
         # Its workers keep the results of the newest two completed tasks only.
         "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "retention": Retention(completed=2)},
     },
+    # Three attempts, with the project's own backoff between them.
+    "retrying": {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": ["retrying"],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "attempts": 3,
+                    "backoff": "tests.django_project.shop.retry.backoff"},
+    },
+    # Two attempts, with panqueue's backoff between them.
+    "retrying_default": {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": ["retrying-default"],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "attempts": 2},
+    },
 }
 
 # Any queue name (QUEUES: []), where the process asks for it: the tests' own process and the
