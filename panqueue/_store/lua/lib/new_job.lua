@@ -39,9 +39,9 @@ local function add_job(now, f)
   -- A field at its default is not written (priority 0, no attempt yet): a waiting job's hash
   -- is most of the memory a queue of them takes.
   if f.priority ~= 0 then
-    redis.call('HSET', jkey, 'd', f.data, 'et', now, 'p', f.priority)
+    redis.call('HSET', jkey, 'd', f.data, 'et', int_arg(now), 'p', int_arg(f.priority))
   else
-    redis.call('HSET', jkey, 'd', f.data, 'et', now)
+    redis.call('HSET', jkey, 'd', f.data, 'et', int_arg(now))
   end
   if f.options ~= '' then
     redis.call('HSET', jkey, 'o', f.options)
