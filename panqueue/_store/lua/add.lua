@@ -132,6 +132,18 @@ if not redis.call('HGET', K_META, 'mode') then
   META = nil
 end
 store_partition(ARGV[3])
+-- Without a dedup key, every item without a custom id creates a job: one write reserves their ids.
+local generated = 0
+for _, f in ipairs(jobs) do
+  if f.dedup ~= '' then
+    generated = 0
+    break
+  end
+  if f.id == '' then
+    generated = generated + 1
+  end
+end
+reserve_ids(generated)
 local now = now_ms()
 local before = claimable()
 local reply = {}

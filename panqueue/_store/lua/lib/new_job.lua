@@ -1,7 +1,7 @@
 -- lib/new_job.lua: creating a job (add, and a schedule's tick): add_job, which makes it
 -- WAITING, DELAYED or BLOCKED (or FAILED at once, when a dependency will not complete),
 -- honouring custom ids and dedup keys (the checks an add makes first: lib/new_job_checks.lua).
--- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua.
+-- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua, new_ids.lua.
 --!include layout.lua
 --!include waiting.lua
 --!include wake.lua
@@ -9,6 +9,7 @@
 --!include finish.lua
 --!include expiry.lua
 --!include identity.lua
+--!include new_ids.lua
 
 -- Create one job: WAITING, DELAYED or BLOCKED (or FAILED at once when a dependency already
 -- failed, was cancelled or no longer exists). `f` holds the fields the add script validated.
@@ -28,8 +29,7 @@ local function add_job(now, f)
   end
   local id = f.id
   if id == '' then
-    local m = meta()
-    id = tostring(redis.call('HINCRBY', K_META, 'id', 1) * m.partitions + m.partition)
+    id = generated_id()
   end
   local jkey = job_key(id)
   local run_at = f.run_at
