@@ -52,6 +52,16 @@ def test_a_bulk_add_reserves_its_generated_ids_with_one_write(own: ScriptStore) 
     assert own.redis.hget(own.keys.meta, "id") == b"34"
 
 
+def test_a_single_add_reads_the_queues_mode_once(own: ScriptStore) -> None:
+    own.add(1)
+    before = counts(own.redis)
+    own.add(1)
+    made = counts(own.redis) - before
+    # The queue's mode, once; at most one more read for the job's place in the wait order.
+    assert made["hget"] <= 2
+    assert own.redis.hget(own.keys.meta, "mode") == b"global"
+
+
 def test_a_batch_with_a_dedup_key_numbers_its_jobs_in_item_order(own: ScriptStore) -> None:
     items = [NewJob(None, encode(0)),
              NewJob(None, encode(1), dedup_key="d", dedup_ttl_ms=60_000,

@@ -46,7 +46,7 @@
 --!include handoff.lua
 
 local n = tonumber(ARGV[1])
-local mode, problem = resolve_mode(ARGV[2])
+local mode, problem, mode_stored = resolve_mode(ARGV[2])
 if not mode then
   return {'!', problem}
 end
@@ -127,7 +127,7 @@ for i = 0, n - 1 do
   end
   jobs[#jobs + 1] = f
 end
-if not redis.call('HGET', K_META, 'mode') then
+if not mode_stored then
   redis.call('HSET', K_META, 'mode', mode)
   META = nil
 end
