@@ -46,7 +46,7 @@
 --!include handoff.lua
 
 local n = tonumber(ARGV[1])
-local mode, problem = resolve_mode(ARGV[2])
+local mode, problem, mode_stored = resolve_mode(ARGV[2])
 if not mode then
   return {'!', problem}
 end
@@ -127,11 +127,23 @@ for i = 0, n - 1 do
   end
   jobs[#jobs + 1] = f
 end
-if not redis.call('HGET', K_META, 'mode') then
+if not mode_stored then
   redis.call('HSET', K_META, 'mode', mode)
   META = nil
 end
 store_partition(ARGV[3])
+-- Without a dedup key, every item without a custom id creates a job: one write reserves their ids.
+local generated = 0
+for _, f in ipairs(jobs) do
+  if f.dedup ~= '' then
+    generated = 0
+    break
+  end
+  if f.id == '' then
+    generated = generated + 1
+  end
+end
+reserve_ids(generated)
 local now = now_ms()
 local before = claimable()
 local reply = {}

@@ -29,12 +29,12 @@ local batch = ARGV[1]
 if not redis.call('ZSCORE', K_BATCHES, batch) then
   return 0
 end
-local mode = resolve_mode('')
+local mode, _, mode_stored = resolve_mode('')
 if mode == 'keyed' then
   return {'!', "queue is keyed, and a batch's callback is added without a key: send it to a "
     .. 'global queue'}
 end
-if not redis.call('HGET', K_META, 'mode') then
+if not mode_stored then
   redis.call('HSET', K_META, 'mode', mode)
   META = nil
 end

@@ -19,17 +19,18 @@ local function activate(id, now, token, ttl, out, ws)
     redis.call('ZREM', K_EXPIRES, id)  -- started in time: it cannot expire while it runs
   end
   local attempt = tonumber(f[4] or '0') + 1
+  local a = int_arg(attempt)
   if ws then
-    redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt, 'ws', ws)
+    redis.call('HSET', jkey, 's', 'active', 'st', int_arg(now), 'tk', token, 'a', a, 'ws', ws)
   else
-    redis.call('HSET', jkey, 's', 'active', 'st', now, 'tk', token, 'a', attempt)
+    redis.call('HSET', jkey, 's', 'active', 'st', int_arg(now), 'tk', token, 'a', a)
   end
-  redis.call('ZADD', K_ACTIVE, now + ttl, id)
+  redis.call('ZADD', K_ACTIVE, int_arg(now + ttl), id)
   out[#out + 1] = id
   out[#out + 1] = f[1]
   out[#out + 1] = attempt
   out[#out + 1] = f[2]
   out[#out + 1] = f[3] or ''
-  emit('active', id, 'a', attempt)
+  emit('active', id, 'a', a)
   return true
 end

@@ -36,7 +36,7 @@ local function end_job(jkey, id, state, now, keep, how)
   else
     fields = {'fr', how.reason or 'cancelled'}  -- 'expired': not started by its deadline
   end
-  redis.call('HSET', jkey, 's', state, 'ft', now, unpack(fields))
+  redis.call('HSET', jkey, 's', state, 'ft', int_arg(now), unpack(fields))
   record_history(jkey, id, state, now, how)
   note_batch_ending(jkey, id, state, now, how.batch)
   if how.event then
@@ -55,7 +55,7 @@ local function end_job(jkey, id, state, now, keep, how)
   elseif not how.cascaded then
     fail_dependents(id, now, keep)
   end
-  redis.call('ZADD', set, now, id)
+  redis.call('ZADD', set, int_arg(now), id)
   if state == 'cancelled' then
     forget_edges(id)
   end

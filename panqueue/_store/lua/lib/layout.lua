@@ -110,6 +110,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A whole number (a time in ms, a count) as redis.call's argument: "%d" text, once per value and
+-- script (Redis writes a Lua number with "%.17g", as dear as a short command: docs/performance.md).
+local INT_ARG = {}
+local function int_arg(n)
+  local text = INT_ARG[n] or string.format('%d', n)
+  INT_ARG[n] = text
+  return text
+end
+
 local function emit(ev, id, ...)
-  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'ev', ev, 'id', id, ...)
+  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', int_arg(EVENTS_MAXLEN), '*', 'ev', ev, 'id', id,
+    ...)
 end

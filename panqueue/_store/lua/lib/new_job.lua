@@ -1,7 +1,7 @@
 -- lib/new_job.lua: creating a job (add, and a schedule's tick): add_job, which makes it
 -- WAITING, DELAYED or BLOCKED (or FAILED at once, when a dependency will not complete),
 -- honouring custom ids and dedup keys (the checks an add makes first: lib/new_job_checks.lua).
--- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua.
+-- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua, new_ids.lua.
 --!include layout.lua
 --!include waiting.lua
 --!include wake.lua
@@ -9,6 +9,7 @@
 --!include finish.lua
 --!include expiry.lua
 --!include identity.lua
+--!include new_ids.lua
 
 -- Create one job: WAITING, DELAYED or BLOCKED (or FAILED at once when a dependency already
 -- failed, was cancelled or no longer exists). `f` holds the fields the add script validated.
@@ -28,8 +29,7 @@ local function add_job(now, f)
   end
   local id = f.id
   if id == '' then
-    local m = meta()
-    id = tostring(redis.call('HINCRBY', K_META, 'id', 1) * m.partitions + m.partition)
+    id = generated_id()
   end
   local jkey = job_key(id)
   local run_at = f.run_at
@@ -39,9 +39,9 @@ local function add_job(now, f)
   -- A field at its default is not written (priority 0, no attempt yet): a waiting job's hash
   -- is most of the memory a queue of them takes.
   if f.priority ~= 0 then
-    redis.call('HSET', jkey, 'd', f.data, 'et', now, 'p', f.priority)
+    redis.call('HSET', jkey, 'd', f.data, 'et', int_arg(now), 'p', int_arg(f.priority))
   else
-    redis.call('HSET', jkey, 'd', f.data, 'et', now)
+    redis.call('HSET', jkey, 'd', f.data, 'et', int_arg(now))
   end
   if f.options ~= '' then
     redis.call('HSET', jkey, 'o', f.options)

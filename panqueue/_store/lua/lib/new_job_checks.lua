@@ -10,13 +10,14 @@
 local MAX_TIME_MS = 4503599627370496
 
 -- The queue's concurrency mode for an add: the stored one, else the producer's declaration,
--- else global. Returns mode or nil, error message.
+-- else global. Returns mode or nil, error message; and, third, whether the mode is stored (an
+-- add that goes ahead stores it if not, without reading it again).
 local function resolve_mode(declared)
   local stored = redis.call('HGET', K_META, 'mode')
   if stored and declared ~= '' and declared ~= stored then
     return nil, 'queue mode mismatch: the queue is ' .. stored .. ', the producer says ' .. declared
   end
-  return stored or (declared ~= '' and declared) or 'global', nil
+  return stored or (declared ~= '' and declared) or 'global', nil, stored ~= false
 end
 
 -- Whether `value` is a whole number in [low, high] (false for nil, NaN and the infinities).

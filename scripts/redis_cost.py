@@ -1,0 +1,121 @@
+"""What a plain no-op job costs Redis: server CPU and the commands its scripts make.
+
+    .venv/bin/python scripts/redis_cost.py [--jobs N] [--json FILE]
+
+Starts a private redis-server (appendonly off, RDB off), adds N no-op jobs to ``bench-noop``
+with ``add_bulk`` (default settings), then lets ONE worker process (``bench_app:queues``,
+concurrency 50) drain them. For each phase, add and process (claim and completion), it takes
+the deltas of ``INFO commandstats`` (calls and µs per command, per job) and of ``INFO cpu``
+(``used_cpu_user + used_cpu_sys`` of the server, per job). The process phase includes the
+worker's start and its upkeep calls (heartbeats, the stalled sweep), a few calls in all.
+The Redis on 6379 is never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+import panqueue
+from panqueue import JobState, SyncQueueClient
+from panqueue.embedded import RedisServer
+
+SCRIPTS = Path(__file__).resolve().parent
+PANQUEUE_ROOT = Path(panqueue.__file__).resolve().parent.parent
+QUEUE = "bench-noop"
+BATCH = 1000
+
+
+def snapshot(r: redis.Redis) -> tuple[dict[str, tuple[int, int]], float]:
+    stats = r.info("commandstats")
+    cpu = r.info("cpu")
+    cmds = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+            for name, v in stats.items()}
+    return cmds, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def delta(before: tuple[dict[str, tuple[int, int]], float],
+          after: tuple[dict[str, tuple[int, int]], float], n: int) -> dict[str, Any]:
+    rows = {}
+    for name, (calls, usec) in after[0].items():
+        c0, u0 = before[0].get(name, (0, 0))
+        if calls - c0 > 0 and name not in ("info",):
+            rows[name] = {"calls_per_job": (calls - c0) / n, "usec_per_job": (usec - u0) / n}
+    return {"cpu_us_per_job": (after[1] - before[1]) / n * 1e6, "commands": rows}
+
+
+def waiting_and_active(client: Any) -> int:
+    counts = client.counts(QUEUE)
+    return counts[JobState.WAITING] + counts[JobState.ACTIVE]
+
+
+def run(n: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp, \
+            RedisServer(directory=tmp, appendonly=False, extra_args=("--save", "")) as server:
+        r = redis.Redis.from_url(server.url, decode_responses=True)
+        with SyncQueueClient(server.url) as client:
+            queue = client.queue(QUEUE)
+            queue.add({"warm": True})  # the scripts are loaded before the figures start
+            r.execute_command("CONFIG", "RESETSTAT")
+            s0 = snapshot(r)
+            for b in range(0, n, BATCH):
+                queue.add_bulk([{"i": i} for i in range(b, min(b + BATCH, n))])
+            s1 = snapshot(r)
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(SCRIPTS), str(PANQUEUE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+            with open(Path(tmp) / "worker.log", "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "panqueue", "worker", "bench_app:queues", "-q", QUEUE,
+                     "--concurrency", "50", "--log-level", "warning", "--url", server.url],
+                    cwd=SCRIPTS, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                try:
+                    deadline = time.monotonic() + 600
+                    while waiting_and_active(client) > 0:
+                        if proc.poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError("the worker stopped or the queue did not drain")
+                        time.sleep(0.02)
+                    s2 = snapshot(r)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(30)
+        return {"jobs": n, "add": delta(s0, s1, n), "process": delta(s1, s2, n + 1)}
+
+
+def show(result: dict[str, Any]) -> None:
+    total = 0.0
+    for phase in ("add", "process"):
+        d = result[phase]
+        total += d["cpu_us_per_job"]
+        cmd_total = sum(v["usec_per_job"] for k, v in d["commands"].items() if k != "evalsha")
+        print(f"{phase}: Redis CPU {d['cpu_us_per_job']:.1f} µs/job; commands "
+              f"(inside scripts and out, EVALSHA apart) {cmd_total:.1f} µs/job")
+        for name, v in sorted(d["commands"].items(), key=lambda kv: -kv[1]["usec_per_job"]):
+            print(f"  {name:<16} {v['calls_per_job']:8.3f} calls/job "
+                  f"{v['usec_per_job']:8.2f} µs/job")
+    print(f"total Redis CPU {total:.1f} µs/job")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--jobs", type=int, default=20000)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args()
+    result = run(args.jobs)
+    show(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

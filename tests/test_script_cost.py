@@ -1,0 +1,105 @@
+"""What a plain job asks of Redis: the commands the add and completion scripts make for each
+job, counted with ``INFO commandstats`` (which counts the commands a script makes) on a server
+of the test's own. The per-job share is the difference between a batch of 20 jobs and a batch
+of 10, divided by 10: what every call makes once falls out. docs/performance.md lists them and
+what each is for; a change that adds a command to every job shows here."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from panqueue._codec import encode
+from panqueue._store.loader import SCRIPTS
+from panqueue._store.ops import NewJob, add_jobs
+from panqueue.embedded import RedisServer
+from tests.store_fixtures import ScriptStore, open_store
+
+
+@pytest.fixture
+def own(private_redis: RedisServer, queue_name: str) -> Iterator[ScriptStore]:
+    """The store of a queue on a server no other test uses: its command counts are ours."""
+    with open_store(private_redis.url, queue_name, ScriptStore) as opened:
+        yield opened
+
+
+def counts(r: redis.Redis) -> Counter[str]:
+    return Counter({name.removeprefix("cmdstat_"): int(stat["calls"])
+                    for name, stat in r.info("commandstats").items()})
+
+
+def per_job(small: Counter[str], large: Counter[str]) -> dict[str, float]:
+    """The commands of a call of 20 jobs less those of a call of 10, per job."""
+    return {name: (large[name] - small[name]) / 10 for name in large | small
+            if large[name] != small[name]}
+
+
+def test_a_bulk_add_reserves_its_generated_ids_with_one_write(own: ScriptStore) -> None:
+    own.add(1)
+    made = []
+    for n in (10, 20):
+        before = counts(own.redis)
+        own.add(n)
+        made.append(counts(own.redis) - before)
+    # One increment of the id counter per batch; at most one more per job (its place in the
+    # wait order).
+    assert per_job(*made).get("hincrby", 0) <= 1
+    # The ids are what one increment per job gives, and the counter is where they leave it.
+    assert own.add(3) == ["32", "33", "34"]
+    assert own.redis.hget(own.keys.meta, "id") == b"34"
+
+
+def test_a_single_add_reads_the_queues_mode_once(own: ScriptStore) -> None:
+    own.add(1)
+    before = counts(own.redis)
+    own.add(1)
+    made = counts(own.redis) - before
+    # The queue's mode, once; at most one more read for the job's place in the wait order.
+    assert made["hget"] <= 2
+    assert own.redis.hget(own.keys.meta, "mode") == b"global"
+
+
+def test_a_batch_with_a_dedup_key_numbers_its_jobs_in_item_order(own: ScriptStore) -> None:
+    items = [NewJob(None, encode(0)),
+             NewJob(None, encode(1), dedup_key="d", dedup_ttl_ms=60_000,
+                    dedup_strategy="keep"),
+             NewJob("custom", encode(2)),
+             NewJob(None, encode(3), dedup_key="d", dedup_ttl_ms=60_000,
+                    dedup_strategy="keep"),  # the same job again
+             NewJob(None, encode(4))]
+    added = own.t.run(add_jobs(own.keys, items))
+    assert [job_id for job_id, _ in added] == ["1", "2", "custom", "2", "3"]
+    assert own.add(1) == ["4"]
+
+
+def test_a_completion_makes_ten_commands_per_job_its_retention_included(
+        own: ScriptStore) -> None:
+    keep = 5
+    made = []
+    for n in (keep, 10, 20):  # the first fills the completed set: then each completion trims one
+        ids = own.add(n)
+        token = f"w:1:{n}"
+        assert own.claim(token, n) == ids
+        args: list[object] = []
+        for job_id in ids:
+            args += [job_id, token, encode("ok"), 0]
+        before = counts(own.redis)
+        own.call(SCRIPTS.complete, keep, "", 1000, n, *args)
+        made.append(counts(own.redis) - before)
+    assert per_job(made[1], made[2]) == {
+        "hmget": 2,    # the lock token and what the history record needs; retention's deleted
+                       # job: its id's pointer and its tags
+        "zrem": 1,     # out of the active set
+        "hdel": 1,     # the lock token
+        "hset": 1,     # state, finish time, result
+        "xadd": 2,     # the history record and the completed event
+        "exists": 1,   # dependents to release
+        "zadd": 1,     # into the completed set
+        "del": 1,      # retention: the oldest completed job, its logs and durable record
+    }
+    # Retention kept the newest `keep` of the 35 and deleted the others.
+    assert own.redis.zcard(own.keys.completed) == keep
+    assert len(own.redis.keys(own.keys.prefix + "job:*")) == keep
