@@ -7,7 +7,8 @@
 -- for Python (tests/test_lua_layout.py holds the two together).
 --
 -- Job hash fields (job_key(id)):
---   d  data (msgpack)          s  state              p  priority (absent: 0)  ws wait-set score (set at claim)
+--   d  data (msgpack; d1..d7 its further parts, lib/job_data.lua)
+--   s  state                   p  priority (absent: 0)  ws wait-set score (set at claim)
 --   et enqueued at (ms)        st started at (ms)    ft finished at     a  attempts started
 --   tk lock token (while active)                     o  job options (msgpack, optional)
 --   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
@@ -43,6 +44,7 @@
 local P = KEYS[1]
 local K_META = P .. 'meta'
 local K_WAIT = P .. 'wait'
+local K_WAIT_LIST = P .. 'wl'
 local K_DELAYED = P .. 'delayed'
 local K_BLOCKED = P .. 'blocked'
 local K_ACTIVE = P .. 'active'
