@@ -199,3 +199,17 @@ def test_a_waiting_job_of_100_bytes_takes_under_300_bytes(
     hash_bytes = redis_client.memory_usage(store.keys.job(ids[100]), samples=0)
     list_bytes = redis_client.memory_usage(store.keys.wait_list, samples=0) / len(ids)
     assert hash_bytes is not None and hash_bytes + list_bytes < 300
+
+
+def test_a_waiting_job_is_taken_out_of_the_list_from_either_end(
+        store: ScriptStore, client: SyncQueueClient, queue_name: str) -> None:
+    """remove scans the list from the end whose job was enqueued nearer in time (a speed-up
+    only): jobs near the back, the front, the middle and either end all go, the rest stay."""
+    ids = [add(store, f"j{i}") for i in range(8)]
+    for i, job_id in enumerate(ids):  # enqueued a second apart
+        store.redis.hset(store.keys.job(job_id), "et", 1_000_000 + 1000 * i)
+    for gone in (ids[6], ids[1], ids[4], ids[7], ids[0]):
+        assert client.remove(queue_name, gone)
+    assert store.redis.lrange(store.keys.wait_list, 0, -1) == [
+        ids[2].encode(), ids[3].encode(), ids[5].encode()]
+    assert store.claim("t1", 10) == [ids[2], ids[3], ids[5]]

@@ -30,6 +30,25 @@ local function waits_in_list(priority)
   return priority == 0
 end
 
+-- Take job `id` (hash `jkey`) out of the list: LREM is O(its distance from the end it scans
+-- from), so it scans from the end whose job was enqueued nearer in time to this one's.
+local function unlist(jkey, id)
+  local first = redis.call('LINDEX', K_WAIT_LIST, 0)
+  local last = redis.call('LINDEX', K_WAIT_LIST, -1)
+  local from = 1
+  if last == id then
+    from = -1
+  elseif first and first ~= id and last then
+    local at = tonumber(redis.call('HGET', jkey, 'et') or '0')
+    local first_at = tonumber(redis.call('HGET', job_key(first), 'et') or '0')
+    local last_at = tonumber(redis.call('HGET', job_key(last), 'et') or '0')
+    if at - first_at > last_at - at then
+      from = -1
+    end
+  end
+  redis.call('LREM', K_WAIT_LIST, from, id)
+end
+
 -- Take up to `want` jobs off the front of the wait order (global mode, the claim). Returns a flat
 -- list of id, place: the place is the job's wait-set score (kept with it for a requeue), or false
 -- for a job from the list (a requeue puts it at the list's front).

@@ -90,7 +90,7 @@ local function unwait(jkey, id)
   end
   -- Default priority may be in the set too (written before the list): ZREM, O(log N), first.
   if redis.call('ZREM', K_WAIT, id) == 0 then
-    redis.call('LREM', K_WAIT_LIST, 1, id)
+    unlist(jkey, id)
   end
 end
 
