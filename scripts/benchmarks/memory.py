@@ -22,11 +22,13 @@ which both cap at about 10,000 entries, so its share per job shrinks as N grows:
 is also given without it. "other" is the rest: mostly the keyspace's hash table (a pointer per
 slot, the table a power of two) and allocator rounding that MEMORY USAGE does not see.
 
-The 100-byte value is longer than ``hash-max-listpack-value`` (64), so both systems' job
-hashes are hash tables, not listpacks. A hash table's size depends on the server's random hash
-seed (a table left half-way through an incremental resize keeps both arrays): the same job
-hash measures 576 or 608 bytes (panqueue), 568 or 600 (BullMQ) on different server starts, so
-a single run's figures can move by about 32 bytes a job. Run it more than once.
+The 100-byte value is longer than ``hash-max-listpack-value`` (64). BullMQ's job hash is
+therefore a hash table, whose size depends on the server's random hash seed (a table left
+half-way through an incremental resize keeps both arrays): the same job hash measures 568 or
+600 bytes on different server starts, so a single run's BullMQ figures can move by about 32
+bytes a job. Run it more than once. panqueue stores data of 65 to 512 bytes in parts of at
+most 64 bytes (lua/lib/job_data.lua), so its job hash is one listpack, whose size does not
+depend on the seed.
 
 N is 100,000 (``--quick``: 10,000).
 """
