@@ -8,7 +8,7 @@
 --
 -- Job hash fields (job_key(id)):
 --   d  data (msgpack; d1..d7 its further parts, lib/job_data.lua)
---   s  state                   p  priority (absent: 0)  ws wait-set score (set at claim)
+--   s  state                   p  priority (absent: 0)  ws wait-set score (a claim from the set)
 --   et enqueued at (ms)        st started at (ms)    ft finished at     a  attempts started
 --   tk lock token (while active)                     o  job options (msgpack, optional)
 --   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
