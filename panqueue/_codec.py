@@ -68,7 +68,10 @@ def decode(blob: bytes | None) -> Any:
     if blob is None:
         return None
     if blob[:1] == _COMPRESSED:
-        blob = zlib.decompress(blob[1:])
+        try:
+            blob = zlib.decompress(blob[1:])
+        except zlib.error as exc:  # 0xc1 alone is not msgpack either: unreadable, as before
+            raise ValueError(f"0xc1 and no zlib stream after it ({exc})") from None
     return msgpack.unpackb(blob, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
 
 

@@ -46,7 +46,7 @@ local function unlist(jkey, id)
       from = -1
     end
   end
-  redis.call('LREM', K_WAIT_LIST, from, id)
+  redis.call('LREM', K_WAIT_LIST, int_arg(from), id)
 end
 
 -- Take up to `want` jobs off the front of the wait order (global mode, the claim). Returns a flat
@@ -55,7 +55,7 @@ end
 local function pop_waiting(want)
   local popped = {}
   local function take_set(n)
-    local found = redis.call('ZPOPMIN', K_WAIT, n)
+    local found = redis.call('ZPOPMIN', K_WAIT, int_arg(n))
     for i = 1, #found, 2 do
       popped[#popped + 1] = found[i]
       popped[#popped + 1] = found[i + 1]
@@ -67,7 +67,7 @@ local function pop_waiting(want)
   end
   local left = want - #popped / 2
   if left > 0 then
-    local found = redis.call('LPOP', K_WAIT_LIST, left)
+    local found = redis.call('LPOP', K_WAIT_LIST, int_arg(left))
     if found then
       for _, id in ipairs(found) do
         popped[#popped + 1] = id
