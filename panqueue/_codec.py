@@ -12,6 +12,7 @@ undoes it, so every reader sees the same value.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import zlib
@@ -68,10 +69,8 @@ def decode(blob: bytes | None) -> Any:
     if blob is None:
         return None
     if blob[:1] == _COMPRESSED:
-        try:
+        with contextlib.suppress(zlib.error):  # no zlib stream: msgpack says what is wrong
             blob = zlib.decompress(blob[1:])
-        except zlib.error as exc:  # 0xc1 alone is not msgpack either: unreadable, as before
-            raise ValueError(f"0xc1 and no zlib stream after it ({exc})") from None
     return msgpack.unpackb(blob, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
 
 
