@@ -25,7 +25,7 @@ from typing import Any, TypeVar, overload
 import anyio
 
 from panqueue._batch import Batch, SyncBatch, new_batch, new_sync_batch
-from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_size, encode_checked
+from panqueue._codec import DEFAULT_COMPRESS_OVER, DEFAULT_MAX_PAYLOAD, check_size, encode_checked
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, prefixed
 from panqueue._producer import EventTail, Producer, SyncProducer, target
@@ -74,16 +74,20 @@ class QueueClient:
     so that several applications share one Redis, each under its own ACL key pattern; the
     workers of the queues run with the same prefix. ``max_payload_bytes``: the bound of one
     job's encoded data and options (None: no bound); a job over it raises
-    :class:`PayloadError` naming its size and nothing is written.
+    :class:`PayloadError` naming its size and nothing is written. ``compress_over_bytes``: a
+    job's encoded data over this many bytes (default 1024; None: never) is stored compressed
+    with zlib when that makes it smaller; every reader gets the data back as it was added.
 
     ``producer``: what the client adds and reads through (``_producer.py``), shared with the
     queue handles and batches it hands out; the package's own surface, not part of the API.
     """
 
     def __init__(self, url: str | None = None, *, prefix: str | None = None,
-                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+                 compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER) -> None:
         self.producer = Producer(check_url(resolve_url(url)), prefix=prefix,
-                                 max_payload_bytes=max_payload_bytes)
+                                 max_payload_bytes=max_payload_bytes,
+                                 compress_over_bytes=compress_over_bytes)
         self.url = self.producer.url
         self.prefix = self.producer.prefix
 
@@ -322,9 +326,11 @@ class SyncQueueClient:
     ``producer``: see :class:`QueueClient`."""
 
     def __init__(self, url: str | None = None, *, prefix: str | None = None,
-                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+                 compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER) -> None:
         self.producer = SyncProducer(check_url(resolve_url(url)), prefix=prefix,
-                                     max_payload_bytes=max_payload_bytes)
+                                     max_payload_bytes=max_payload_bytes,
+                                     compress_over_bytes=compress_over_bytes)
         self.url = self.producer.url
         self.prefix = self.producer.prefix
 

@@ -3,12 +3,19 @@
 Job data and results must be JSON-compatible values (None, bool, int, float, str, list, dict with
 str keys). They are checked before anything is written and stored as msgpack. Nothing here can
 construct an arbitrary Python object from bytes: ext types are refused on decode.
+
+A job's encoded data over a client's ``compress_over_bytes`` (1 KiB by default) is stored
+compressed (zlib at level 1: about a third of JSON-like data's size, for tens of µs a KiB) when
+that makes it smaller: the byte 0xc1, which msgpack never uses, then the zlib stream. ``decode``
+undoes it, so every reader sees the same value.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import zlib
 from typing import Any
 
 import msgpack
@@ -16,11 +23,18 @@ import msgpack
 from panqueue._check import check_int
 from panqueue.errors import PayloadError
 
-__all__ = ["DEFAULT_MAX_PAYLOAD", "check_json_compatible", "check_max_payload", "check_size",
-           "decode", "encode", "encode_checked"]
+__all__ = ["DEFAULT_COMPRESS_OVER", "DEFAULT_MAX_PAYLOAD", "check_compress_over",
+           "check_json_compatible", "check_max_payload", "check_size", "compress", "decode",
+           "encode", "encode_checked"]
 
 # The default bound of one job's encoded data and options, and of one result (1 MiB).
 DEFAULT_MAX_PAYLOAD = 1_048_576
+
+# A job's encoded data over this many bytes is stored compressed (compress_over_bytes).
+DEFAULT_COMPRESS_OVER = 1024
+# The first byte of a compressed value: 0xc1 is the one byte msgpack never uses.
+_COMPRESSED = b"\xc1"
+_COMPRESS_LEVEL = 1  # zlib's fastest: most of the saving of level 6 for half the time
 
 _MAX_DEPTH = 100
 _INT_MIN = -(2**63)
@@ -40,10 +54,23 @@ def encode(value: Any) -> bytes:
     return data
 
 
+def compress(blob: bytes, over: int | None) -> bytes:
+    """``blob`` (encoded) compressed when it is over ``over`` bytes (``None``: never) and that
+    makes it smaller; else ``blob`` itself. :func:`decode` reads either."""
+    if over is None or len(blob) <= over:
+        return blob
+    packed = _COMPRESSED + zlib.compress(blob, _COMPRESS_LEVEL)
+    return packed if len(packed) < len(blob) else blob
+
+
 def decode(blob: bytes | None) -> Any:
-    """Decode a stored value; ``None`` (a missing field) decodes to ``None``."""
+    """Decode a stored value (compressed or not); ``None`` (a missing field) decodes to
+    ``None``."""
     if blob is None:
         return None
+    if blob[:1] == _COMPRESSED:
+        with contextlib.suppress(zlib.error):  # no zlib stream: msgpack says what is wrong
+            blob = zlib.decompress(blob[1:])
     return msgpack.unpackb(blob, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
 
 
@@ -52,6 +79,13 @@ def check_max_payload(limit: object) -> int | None:
     if limit is None:
         return None
     return check_int(limit, "max_payload_bytes", low=1)
+
+
+def check_compress_over(over: object) -> int | None:
+    """Return a valid ``compress_over_bytes`` (None: never compress), else raise ConfigError."""
+    if over is None:
+        return None
+    return check_int(over, "compress_over_bytes", low=0)
 
 
 def check_size(size: int, limit: int | None, what: str) -> None:

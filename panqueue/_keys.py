@@ -270,7 +270,7 @@ class QueueKeys:
                  "key_active",
                  "limited", "meta", "name", "notify", "partition", "partitions", "prefix", "rate",
                  "ready", "relayout", "schedules", "shared_rate", "version", "wait",
-                 "worker_info", "workers")
+                 "wait_list", "worker_info", "workers")
 
     def __init__(self, name: str, partition: int = 0, partitions: int | None = None, *,
                  tag: str | None = None, version: int = 0) -> None:
@@ -284,7 +284,10 @@ class QueueKeys:
             tag = f"{base}q:{name}#{partition}" if partition else f"{base}q:{name}"
         self.prefix = f"{{{tag}}}:"
         self.meta = self.prefix + "meta"
+        # Global mode's waiting jobs: the default priority's in a LIST (FIFO), the other
+        # priorities' in a ZSET (lua/lib/wait_order.lua holds the one order over both).
         self.wait = self.prefix + "wait"
+        self.wait_list = self.prefix + "wl"
         self.delayed = self.prefix + "delayed"
         self.blocked = self.prefix + "blocked"
         self.active = self.prefix + "active"

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
 
-from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_max_payload, check_size
+from panqueue._codec import (
+    DEFAULT_COMPRESS_OVER,
+    DEFAULT_MAX_PAYLOAD,
+    check_compress_over,
+    check_max_payload,
+    check_size,
+    compress,
+)
 from panqueue._handler import HandlerBase
 from panqueue._job import JobInfo
 from panqueue._keys import QueueKeys, check_prefix, prefixed
@@ -204,11 +211,21 @@ class _Routes:
     (the partitions in turn)."""
 
     def __init__(self, spread: int, prefix: str | None = None,
-                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+                 compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER) -> None:
         self.layouts = parted.PartitionCounts()
         self._spread = spread
         self.prefix = check_prefix(prefix)
         self.max_payload_bytes = check_max_payload(max_payload_bytes)
+        self.compress_over_bytes = check_compress_over(compress_over_bytes)
+
+    def stored(self, jobs: Sequence[NewJob]) -> Sequence[NewJob]:
+        """``jobs`` as they are written: each one's data compressed if it is over
+        ``compress_over_bytes`` (after :meth:`check_sizes`, which bounds the data as encoded)."""
+        over = self.compress_over_bytes
+        if over is None or all(len(job.data) <= over for job in jobs):
+            return jobs
+        return [dataclasses.replace(job, data=compress(job.data, over)) for job in jobs]
 
     def check_sizes(self, jobs: Sequence[NewJob]) -> None:
         """:class:`PayloadError` if a job's encoded data and options are over
@@ -228,15 +245,15 @@ class _Routes:
         spread, self._spread = self._spread, self._spread + len(jobs)
         if not jobs:
             return []
-        return (yield from self.layouts.add(to.name, to.partitions, jobs, to.mode, spread,
-                                            durable_timeout_ms, together))
+        return (yield from self.layouts.add(to.name, to.partitions, self.stored(jobs), to.mode,
+                                            spread, durable_timeout_ms, together))
 
     def add_to_batch(self, to: Target, batch_id: str, jobs: Sequence[NewJob]
                      ) -> Op[list[tuple[str, bool]]]:
         """Register ``jobs`` with batch ``batch_id`` and add them to ``to``."""
         self.check_sizes(jobs)
-        return self.layouts.on_all(to.name, parted.add_to_batch, batch_id, jobs, to.mode,
-                                   declared=to.partitions)
+        return self.layouts.on_all(to.name, parted.add_to_batch, batch_id, self.stored(jobs),
+                                   to.mode, declared=to.partitions)
 
     def on_job(self, queue: str, job_id: str, fn: Callable[..., Op[T]], *args: Any) -> Op[T]:
         """``fn(keys, job_id, *args)`` on the partition of ``queue`` that holds the job."""
@@ -255,8 +272,9 @@ class Producer(_Routes):
     """A producer on an async transport, opened on first use. ``url`` is taken as checked."""
 
     def __init__(self, url: str, spread: int = 0, *, prefix: str | None = None,
-                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
-        super().__init__(spread, prefix, max_payload_bytes)
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+                 compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER) -> None:
+        super().__init__(spread, prefix, max_payload_bytes, compress_over_bytes)
         self.url = url
         self._transport: AsyncTransport | None = None
 
@@ -279,8 +297,9 @@ class SyncProducer(_Routes):
     threads. ``url`` is taken as checked."""
 
     def __init__(self, url: str, spread: int = 0, *, prefix: str | None = None,
-                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
-        super().__init__(spread, prefix, max_payload_bytes)
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+                 compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER) -> None:
+        super().__init__(spread, prefix, max_payload_bytes, compress_over_bytes)
         self.url = url
         self._transport: SyncTransport | None = None
         # The producer may be shared by threads (a web app's thread pool): the first connection

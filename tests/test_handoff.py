@@ -84,7 +84,7 @@ def test_an_add_hands_its_job_to_an_idle_worker_in_the_wake_up(
     assert (handed.token, job.id, job.attempt, job.token) == ("w:1", job_id, 1, "w:1")
     # Claimed and locked in the add itself: active, with the registration's token.
     assert redis_client.hmget(keys.job(job_id), "s", "tk") == [b"active", b"w:1"]
-    assert redis_client.zcard(keys.wait) == 0 and redis_client.zcard(keys.idle) == 0
+    assert redis_client.llen(keys.wait_list) == 0 and redis_client.zcard(keys.idle) == 0
     done = store.run(transitions.complete_batch(
         keys, [Completion(job_id, "w:1", encode("ok"))], claim_next=False, keep=-1, token="",
         ttl_ms=TTL))
@@ -100,7 +100,8 @@ def test_one_registration_takes_one_job_and_the_rest_wait_in_order(
     heard = parse_message(handed)
     assert isinstance(heard, Handoff) and [job.id for job in heard.jobs] == [first]
     assert parse_message(wake) == WakeUp()  # other workers are woken for the rest
-    assert [x.decode() for x in redis_client.zrange(keys.wait, 0, -1)] == [second, third]
+    # The default priority waits in the wait list, in order.
+    assert [x.decode() for x in redis_client.lrange(keys.wait_list, 0, -1)] == [second, third]
 
 
 def test_a_lost_message_costs_a_delay_not_the_job(

@@ -333,8 +333,8 @@ def test_fifo_within_a_priority_holds_past_2_to_the_32_enqueues(
         transport: SyncTransport, queue_name: str, redis_client: redis.Redis) -> None:
     keys = keys_of(queue_name)
     redis_client.hset(keys.meta, "seq", 2**32 - 3)
-    for job_id in ("j1", "j2", "j3", "j4"):
-        add_one(transport, keys, job_id)
+    for job_id in ("j1", "j2", "j3", "j4"):  # a priority of their own: the sorted set's order
+        add_one(transport, keys, job_id, priority=1)
     add_one(transport, keys, "urgent", priority=5)
     assert claim_ids(transport, keys, "t1", 10) == ["urgent", "j1", "j2", "j3", "j4"]
     # The counter restarted low: scores stay exact integers in a double.
@@ -345,11 +345,11 @@ def test_a_job_requeued_after_the_wait_order_was_renumbered_goes_before_later_ar
         transport: SyncTransport, queue_name: str, redis_client: redis.Redis) -> None:
     keys = keys_of(queue_name)
     redis_client.hset(keys.meta, "seq", 2**32 - 3)
-    add_one(transport, keys, "j1")
-    add_one(transport, keys, "j2")
+    add_one(transport, keys, "j1", priority=1)  # not the default: it keeps its place
+    add_one(transport, keys, "j2", priority=1)
     assert claim_ids(transport, keys, "t1", 1) == ["j1"]
-    add_one(transport, keys, "j3")  # passes 2^32: the wait order is renumbered
-    add_one(transport, keys, "j4")
+    add_one(transport, keys, "j3", priority=1)  # passes 2^32: the wait order is renumbered
+    add_one(transport, keys, "j4", priority=1)
     redis_client.zadd(keys.active, {"j1": 0})  # j1's lock expired: its worker is gone
     stall = encode_error(ErrorInfo("Stalled", "stalled"))
     assert transport.execute(ScriptCall(SCRIPTS.stalled, (keys.prefix,),
@@ -361,7 +361,8 @@ def test_a_job_requeued_after_the_wait_order_was_renumbered_goes_before_later_ar
 
 
 def assert_no_job_written(r: redis.Redis) -> None:
-    assert [k for k in r.scan_iter() if b"job:" in k or k.endswith((b":wait", b":delayed"))] == []
+    assert [k for k in r.scan_iter()
+            if b"job:" in k or k.endswith((b":wait", b":wl", b":delayed"))] == []
 
 
 # Built inside the test: some of these objects refuse to be constructed at all.
@@ -483,6 +484,8 @@ def check_graph(r: redis.Redis, keys: QueueKeys) -> None:
     for state, attr in STATE_SETS.items():
         for member in r.zrange(getattr(keys, attr), 0, -1):
             members.setdefault(member.decode(), []).append(state)
+    for member in r.lrange(keys.wait_list, 0, -1):  # the default priority's waiting jobs
+        members.setdefault(member.decode(), []).append(b"waiting")
     assert set(members) == set(jobs)
     states = {i: h[b"s"] for i, h in jobs.items()}
     for job_id, state in states.items():

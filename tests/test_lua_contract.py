@@ -376,6 +376,7 @@ LUA_ONLY = {
     ("lib/layout.lua", "EVENTS_MAXLEN"): "the event stream's cap (the docs say about 10,000)",
     ("lib/delayed.lua", "PROMOTE_BATCH"): "a bound on one script's work",
     ("lib/wait_order.lua", "WAIT_SEQ_SPAN"): "the wait order's encoding",
+    ("lib/job_data.lua", "DATA_PART"): "Redis's default hash-max-listpack-value (a part of data)",
     ("lib/new_job_checks.lua", "MAX_TIME_MS"): "the range of a time in a double (checked below)",
     ("lib/identity.lua", "FENCE_MS"): "how long a fenced add's token is kept",
     ("lib/batch_layout.lua", "OPEN_TTL_MS"): "how long an open batch is kept",

@@ -362,6 +362,7 @@ def test_one_purge_call_deletes_whole_jobs_only(redis_url: str, queue_name: str,
               if not k.endswith(b":logs")}
     members = {m.decode() for state in ("wait", "blocked", "failed")
                for m in redis_client.zrange(getattr(keys, state), 0, -1)}
+    members |= {m.decode() for m in redis_client.lrange(keys.wait_list, 0, -1)}
     assert hashes == members and len(hashes) == 7
 
 

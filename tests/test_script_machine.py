@@ -104,7 +104,10 @@ CONCURRENCY_KEYS = ("a", "b", "c")
 ERR = encode_error(ErrorInfo("ValueError", "boom"))
 STALL_ERR = encode_error(ErrorInfo("Stalled", "lock expired"))
 
-# The container of each state (keyed mode keeps waiting jobs in per-key lists instead).
+# lua/lib/wait_order.lua: the set's members scored below this go before the list "wl".
+WAIT_LIST_PLACE = (1_000_000 + 1) * 2**32
+# The container of each state (keyed mode keeps waiting jobs in per-key lists instead; global
+# mode's default priority, in the list "wl").
 CONTAINERS = {"waiting": "wait", "delayed": "delayed", "blocked": "blocked", "active": "active",
               "completed": "completed", "failed": "failed", "cancelled": "cancelled"}
 FINAL = frozenset({"completed", "failed", "cancelled"})
@@ -274,6 +277,7 @@ class ScriptMachine(RuleBasedStateMachine):
             pipe.smembers(prefix + "needs:" + d)
         for container in CONTAINERS.values():
             pipe.zrange(prefix + container, 0, -1, withscores=True)
+        pipe.lrange(prefix + "wl", 0, -1)
         pipe.hgetall(prefix + "k:active")
         pipe.zrange(prefix + "k:ready", 0, -1)
         pipe.zrange(prefix + "k:limited", 0, -1)
@@ -284,6 +288,15 @@ class ScriptMachine(RuleBasedStateMachine):
         dependents = {d: {x.decode() for x in next(replies)} for d in dep_ids}
         needs = {d: {x.decode() for x in next(replies)} for d in need_ids}
         sets = {state: {m.decode(): score for m, score in next(replies)} for state in CONTAINERS}
+        # Global mode's default priority waits in the list "wl": in the wait order, after the
+        # set's members of a higher priority (lua/lib/wait_order.lua).
+        listed = [x.decode() for x in next(replies)]
+        waiting = sets["waiting"]
+        sets["waiting"] = {
+            **{m: score for m, score in waiting.items() if score < WAIT_LIST_PLACE},
+            **dict.fromkeys(listed, float(WAIT_LIST_PLACE)),
+            **{m: score for m, score in waiting.items() if score >= WAIT_LIST_PLACE}}
+        assert len(sets["waiting"]) == len(waiting) + len(listed), "a job in both wait places"
         kactive = {k.decode(): int(v) for k, v in next(replies).items()}
         ready = [k.decode() for k in next(replies)]
         limited = [k.decode() for k in next(replies)]

@@ -151,6 +151,8 @@ def check_invariants(store: ScriptStore, all_ids: set[str], completions: dict[st
     for state, attr in _SETS.items():
         for member in client.zrange(getattr(store.keys, attr), 0, -1):
             members.setdefault(member.decode(), []).append(state)
+    for member in client.lrange(store.keys.wait_list, 0, -1):  # the default priority's
+        members.setdefault(member.decode(), []).append("waiting")
     # No job is lost and none is in two places: each is in exactly the set its state names.
     assert set(members) == all_ids
     for job_id in all_ids:

@@ -254,7 +254,7 @@ async def test_a_script_the_server_forgot_is_sent_in_full_alone_or_in_a_batch(
         await async_transport.aclose()
     assert counter == 2
     assert len(added) == 2  # one job id, and whether it was created
-    assert redis_client.zcard(QueueKeys(queue_name).wait) == 4
+    assert redis_client.llen(QueueKeys(queue_name).wait_list) == 4
 
 
 # --------------------------------------------------------------------------- silent networks

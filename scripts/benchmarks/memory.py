@@ -16,16 +16,19 @@ Both sides fill an emptied server with N waiting jobs whose data is the object
 
 bytes/job = (after - before) / N. Then, from ``MEMORY USAGE key SAMPLES 0`` (exact, no
 ``DEBUG``), what a waiting job is made of: its hash (the mean over 100 jobs spread over the N),
-its entry in the wait set (panqueue: a sorted set; BullMQ: a list), and the events stream,
+its entry in the wait structures (panqueue: a list for the default priority and a sorted set
+for the others, both counted; BullMQ: a list), and the events stream,
 which both cap at about 10,000 entries, so its share per job shrinks as N grows: the figure
 is also given without it. "other" is the rest: mostly the keyspace's hash table (a pointer per
 slot, the table a power of two) and allocator rounding that MEMORY USAGE does not see.
 
-The 100-byte value is longer than ``hash-max-listpack-value`` (64), so both systems' job
-hashes are hash tables, not listpacks. A hash table's size depends on the server's random hash
-seed (a table left half-way through an incremental resize keeps both arrays): the same job
-hash measures 576 or 608 bytes (panqueue), 568 or 600 (BullMQ) on different server starts, so
-a single run's figures can move by about 32 bytes a job. Run it more than once.
+The 100-byte value is longer than ``hash-max-listpack-value`` (64). BullMQ's job hash is
+therefore a hash table, whose size depends on the server's random hash seed (a table left
+half-way through an incremental resize keeps both arrays): the same job hash measures 568 or
+600 bytes on different server starts, so a single run's BullMQ figures can move by about 32
+bytes a job. Run it more than once. panqueue stores data of 65 to 512 bytes in parts of at
+most 64 bytes (lua/lib/job_data.lua), so its job hash is one listpack, whose size does not
+depend on the seed.
 
 N is 100,000 (``--quick``: 10,000).
 """
@@ -83,8 +86,8 @@ def fill_panqueue(bench: Bench, n: int) -> dict[str, Any]:
         waiting = client.counts(QUEUE)[JobState.WAITING]
     if waiting != n:
         raise RuntimeError(f"panqueue: {waiting} jobs waiting after adding {n}")
-    return split(bench, n, before, after, [keys.job(i) for i in sample], "d", keys.wait,
-                 keys.events)
+    return split(bench, n, before, after, [keys.job(i) for i in sample], "d",
+                 [keys.wait_list, keys.wait], keys.events)
 
 
 def fill_bullmq(bench: Bench, n: int) -> dict[str, Any]:
@@ -118,11 +121,11 @@ def fill_bullmq(bench: Bench, n: int) -> dict[str, Any]:
                                   check=False).stdout.strip()
     return {"version": f"bullmq {version} on node {node_version}",
             **split(bench, n, out["used_memory_before"], out["used_memory_after"],
-                    out["sample_job_keys"], "data", out["wait_key"], out["events_key"])}
+                    out["sample_job_keys"], "data", [out["wait_key"]], out["events_key"])}
 
 
 def split(bench: Bench, n: int, before: int, after: int, sample_job_keys: list[str],
-          data_field: str, wait_key: str, events_key: str) -> dict[str, Any]:
+          data_field: str, wait_keys: list[str], events_key: str) -> dict[str, Any]:
     """What the N waiting jobs cost, whole and by part (bytes; per job where it says so).
     The plain client only reads the server's accounting of the keys (MEMORY USAGE, lengths)."""
     r = bench.redis
@@ -133,7 +136,9 @@ def split(bench: Bench, n: int, before: int, after: int, sample_job_keys: list[s
     events = r.memory_usage(events_key, samples=0) or 0
     per_job = (after - before) / n
     job_hash = sum(job_bytes) / len(job_bytes)
-    wait = (r.memory_usage(wait_key, samples=0) or 0) / n
+    data_fields = [data_field, *(f"d{i}" for i in range(1, 8))] if data_field == "d" else [
+        data_field]
+    wait = sum(r.memory_usage(key, samples=0) or 0 for key in wait_keys) / n
     return {
         "used_memory_before": before,
         "used_memory_after": after,
@@ -142,9 +147,11 @@ def split(bench: Bench, n: int, before: int, after: int, sample_job_keys: list[s
         "job_hash_bytes": job_hash,
         "job_hash_encoding": r.object("encoding", first).decode(),
         "job_hash_fields": r.hlen(first),
-        "data_bytes": r.hstrlen(first, data_field),
+        # panqueue keeps data of 65 to 512 bytes in parts "d", "d1", ... (lua/lib/job_data.lua)
+        "data_bytes": sum(r.hstrlen(first, name) for name in data_fields),
         "wait_bytes_per_job": wait,
-        "wait_encoding": r.object("encoding", wait_key).decode(),
+        "wait_encoding": " + ".join(r.object("encoding", key).decode() for key in wait_keys
+                                    if r.exists(key)),
         "events_bytes": events,
         "events_bytes_per_job": events / n,
         "events_entries": r.xlen(events_key),
@@ -165,7 +172,7 @@ def report(figures: dict[str, Any]) -> None:
         ("  without the events stream", "bytes_per_job_without_events"),
         ("  events stream / N", "events_bytes_per_job"),
         ("  job hash (MEMORY USAGE, mean of 100)", "job_hash_bytes"),
-        ("  wait set (panqueue) / wait list (BullMQ)", "wait_bytes_per_job"),
+        ("  wait list and set (panqueue) / wait list (BullMQ)", "wait_bytes_per_job"),
         ("  other (keyspace table, rounding)", "other_bytes_per_job"),
     ]
     rows = []

@@ -34,6 +34,7 @@
 --          that have left the rate window are dropped. It claims nothing and locks nothing.
 --!include layout.lua
 --!include waiting.lua
+--!include wait_pages.lua
 --!include rate.lua
 --!include claimable.lua
 
@@ -93,7 +94,7 @@ if keyed() then
   end
   before = turn + ahead
 else
-  ahead = redis.call('ZRANK', K_WAIT, id) or 0
+  ahead = wait_rank(id)
   before = ahead
 end
 if room and before >= room then

@@ -56,6 +56,13 @@ local function purge_waiting()
     for _, id in ipairs(take(K_WAIT)) do
       delete(id)
     end
+    if budget > 0 then
+      local ids = redis.call('LRANGE', K_WAIT_LIST, 0, budget - 1)
+      redis.call('LTRIM', K_WAIT_LIST, #ids, -1)
+      for _, id in ipairs(ids) do
+        delete(id)
+      end
+    end
     return
   end
   -- Every key with waiting jobs is ready, rate-limited or at its concurrency limit.

@@ -7,8 +7,10 @@
 -- ARGV[1..] pairs: job id, lock token
 -- Returns  how many jobs were released (a job whose token no longer matches is left alone).
 -- Invariants: only the holder of a lock gives its job back; the interrupted attempt does not count
---          (the attempt count goes back down), the job goes back to its old place in the wait order
---          and its deadline to start by applies again (rearm_expiry).
+--          (the attempt count goes back down), the job goes back to the front of its priority (a
+--          priority other than the default: to its old place in the wait order; requeue_waiting),
+--          the jobs given back in the order of ARGV, and its deadline to start by applies again
+--          (rearm_expiry).
 --!include layout.lua
 --!include waiting.lua
 --!include finish.lua
@@ -16,7 +18,8 @@
 
 local released = 0
 local before = claimable()
-for i = 1, #ARGV, 2 do
+-- From the last pair to the first: each goes to the front, so the first given stays first.
+for i = #ARGV - 1, 1, -2 do
   local id = ARGV[i]
   local jkey = job_key(id)
   if redis.call('HGET', jkey, 'tk') == ARGV[i + 1] then

@@ -5,7 +5,8 @@
 --
 -- KEYS[1]  queue prefix
 -- ARGV[1]  what to read: 'tag' (the index of the tag ARGV[2]) or 'set' (the state set ARGV[2]:
---          wait, delayed, blocked, active, completed, failed or cancelled)
+--          wait, delayed, blocked, active, completed, failed or cancelled; wait is global
+--          mode's wait order over its list and sorted set, lib/wait_order.lua)
 -- ARGV[2]  the tag, or the state set's name
 -- ARGV[3]  the states a match is in, comma-separated ('' = any)
 -- ARGV[4]  the error type a match's last error has ('' = any)
@@ -19,6 +20,7 @@
 --          members, so a filter over a large set never holds the server long; the caller goes
 --          on from the rank returned.
 --!include layout.lua
+--!include wait_pages.lua
 
 local SETS = {wait = K_WAIT, delayed = K_DELAYED, blocked = K_BLOCKED, active = K_ACTIVE,
               completed = K_COMPLETED, failed = K_FAILED, cancelled = K_CANCELLED}
@@ -68,7 +70,21 @@ end
 
 local found = {}
 local members
-if newest_first then
+if source == K_WAIT then
+  local total = waiting_count()
+  if newest_first then
+    members = {}
+    if rank < total then
+      local last = total - 1 - rank
+      local range = wait_range(math.max(0, last - budget + 1), last)
+      for i = #range, 1, -1 do
+        members[#members + 1] = range[i]
+      end
+    end
+  else
+    members = wait_range(rank, rank + budget - 1)
+  end
+elseif newest_first then
   members = redis.call('ZREVRANGE', source, rank, rank + budget - 1)
 else
   members = redis.call('ZRANGE', source, rank, rank + budget - 1)

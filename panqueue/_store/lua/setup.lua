@@ -18,13 +18,14 @@
 --!include settings.lua
 --!include partition.lua
 --!include waiting.lua
+--!include wait_pages.lua
 
 local stored = redis.call('HGET', K_META, 'mode')
 if stored and stored ~= ARGV[1] then
   return {'!', 'queue mode mismatch: the queue is ' .. stored .. ', this worker runs it as '
     .. ARGV[1]}
 end
-if not stored and ARGV[1] == 'keyed' and redis.call('ZCARD', K_WAIT) > 0 then
+if not stored and ARGV[1] == 'keyed' and waiting_count() > 0 then
   return {'!', 'queue has unkeyed waiting jobs; it cannot become keyed'}
 end
 local problem = partition_problem(ARGV[10] or '')

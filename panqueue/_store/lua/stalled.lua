@@ -18,7 +18,10 @@ local expired = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, t
 local keep = tonumber(ARGV[3])
 local requeued, failed = 0, 0
 local before = claimable()
-for _, id in ipairs(expired) do
+-- From the last to the first: each goes to the front of its list, so the jobs whose locks ran
+-- out first stay first.
+for i = #expired, 1, -1 do
+  local id = expired[i]
   local jkey = job_key(id)
   -- Read before leave_active drops the lock token: whose attempt stalled (history record).
   local job = redis.call('HMGET', jkey, 'a', 'et', 'st', 'tk', 'x')

@@ -79,7 +79,7 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         id=job_id,
         queue=queue,
         state=job_state,
-        data=decode(fields.get(b"d")),
+        data=decode(job_data(fields)),
         attempts=int(fields.get(b"a") or 0),
         progress=decode(fields.get(b"pg")),
         logs=[line.message for line in lines],
@@ -166,8 +166,27 @@ def read_jobs(keys: QueueKeys, ids: Sequence[str], *, states: Collection[JobStat
     return jobs
 
 
-# The sorted set that holds the jobs of each state (keyed mode's waiting jobs are in per-key
-# lists instead; the meta field "kw" counts them).
+# A job's data in up to eight parts, "d" then "d1" .. "d7" (lua/lib/job_data.lua).
+_DATA_PARTS = (b"d1", b"d2", b"d3", b"d4", b"d5", b"d6", b"d7")
+
+
+def job_data(fields: dict[bytes, bytes]) -> bytes | None:
+    """The stored data of a job hash's fields: "d", joined with its further parts if any."""
+    data = fields.get(b"d")
+    if data is None or b"d1" not in fields:
+        return data
+    parts = [data]
+    for name in _DATA_PARTS:
+        part = fields.get(name)
+        if part is None:
+            break
+        parts.append(part)
+    return b"".join(parts)
+
+
+# The sorted set that holds the jobs of each state (global mode's waiting jobs of the default
+# priority are in the list ``keys.wait_list`` besides, see :func:`_wait_page`; keyed mode's
+# waiting jobs are in per-key lists instead; the meta field "kw" counts them).
 STATE_SETS = {
     JobState.WAITING: "wait",
     JobState.DELAYED: "delayed",
@@ -185,10 +204,40 @@ def state_set(keys: QueueKeys, state: JobState) -> str:
 
 def counts(keys: QueueKeys) -> Op[dict[JobState, int]]:
     replies = yield Batch((*(Command(("ZCARD", state_set(keys, s))) for s in STATE_SETS),
+                           Command(("LLEN", keys.wait_list)),
                            Command(("HGET", keys.meta, "kw"))))
     result = {state: int(n) for state, n in zip(STATE_SETS, replies, strict=False)}
-    result[JobState.WAITING] += int(replies[-1] or 0)  # waiting in keyed mode's per-key lists
+    # Waiting in global mode's list of the default priority, and in keyed mode's per-key lists.
+    result[JobState.WAITING] += int(replies[-2]) + int(replies[-1] or 0)
     return result
+
+
+# The wait set's members scored below this (priority 0 and above) go before the list
+# (lua/lib/wait_order.lua WAIT_LIST_PLACE: (1,000,000 + 1) * 2**32).
+_WAIT_LIST_PLACE = (1_000_000 + 1) * 2**32
+
+
+def _wait_page(keys: QueueKeys, before: int, listed: int, first: int, last: int | None
+               ) -> Op[list[str]]:
+    """Global mode's waiting jobs from rank ``first`` to ``last`` (inclusive; ``None``: to the
+    end) of the wait order: the wait set's jobs of a priority above the default, the list (the
+    default priority), then the wait set's jobs below it; ``before`` and ``listed`` are how
+    many the first two parts hold (lua/lib/wait_order.lua wait_range, which the claim and
+    select.lua use)."""
+    end = last if last is not None else 1 << 62
+    requests = []
+    if first < before:
+        requests.append(Command(("ZRANGE", keys.wait, first, min(end, before - 1))))
+    if end >= before and first < before + listed:
+        requests.append(Command(("LRANGE", keys.wait_list, max(first - before, 0),
+                                 min(end - before, listed - 1))))
+    if end >= before + listed:
+        requests.append(Command(("ZRANGE", keys.wait, max(first, before + listed) - listed,
+                                 -1 if last is None else end - listed)))
+    if not requests:
+        return []
+    replies = yield Batch(tuple(requests))
+    return [member.decode() for reply in replies for member in reply]
 
 
 def due_delayed(keys: QueueKeys) -> Op[tuple[int, float]]:
@@ -233,14 +282,17 @@ def list_ids(keys: QueueKeys, state: JobState, limit: int | None = 100, offset: 
         return [member.decode() for member in reply]
     # Keyed mode: every key with waiting jobs is ready, rate-limited, or at its concurrency
     # limit (then it has running jobs): the readiness invariant of lib/waiting.lua.
-    waiting, n_waiting, ready, limited, busy = yield Batch((
-        Command(zrange),
+    before, listed, in_set, ready, limited, busy = yield Batch((
+        Command(("ZCOUNT", keys.wait, "-inf", f"({_WAIT_LIST_PLACE}")),
+        Command(("LLEN", keys.wait_list)),
         Command(("ZCARD", keys.wait)),
         Command(("ZRANGE", keys.ready, 0, -1)),
         Command(("ZRANGE", keys.limited, 0, -1)),
         Command(("HKEYS", keys.key_active)),
     ))
-    ids = [member.decode() for member in waiting]
+    n_waiting = int(in_set) + int(listed)
+    ids = yield from _wait_page(keys, int(before), int(listed), offset,
+                                None if limit is None else end)
     key_order = [key.decode() for key in dict.fromkeys([*ready, *limited, *sorted(busy)])]
     if offset:
         # Past the wait set's jobs, the keyed turns start at offset - (jobs in the wait set).

@@ -1,8 +1,9 @@
 -- lib/activate.lua: WAITING -> ACTIVE of one job the claim took out of waiting: its lock, its
 -- attempt, and its deadline to start by (a job past it is ended instead of started).
--- Needs: layout.lua, expiry.lua.
+-- Needs: layout.lua, expiry.lua, job_data.lua.
 --!include layout.lua
 --!include expiry.lua
+--!include job_data.lua
 
 -- WAITING -> ACTIVE with the lock token and a lock deadline, in one step (a sweeper can never
 -- see a job that is claimed but not yet locked). `ws`: its place in the wait set (global mode),
@@ -10,15 +11,15 @@
 -- past its deadline to start (x), ends it CANCELLED "expired" and returns false.
 local function activate(id, now, token, ttl, out, ws)
   local jkey = job_key(id)
-  local f = redis.call('HMGET', jkey, 'd', 'et', 'o', 'a', 'x')
-  if f[5] then
-    if tonumber(f[5]) <= now then
+  local f = redis.call('HMGET', jkey, 'et', 'o', 'a', 'x', unpack(DATA_FIELDS))
+  if f[4] then
+    if tonumber(f[4]) <= now then
       expire_job(jkey, id, now)
       return false
     end
     redis.call('ZREM', K_EXPIRES, id)  -- started in time: it cannot expire while it runs
   end
-  local attempt = tonumber(f[4] or '0') + 1
+  local attempt = tonumber(f[3] or '0') + 1
   local a = int_arg(attempt)
   if ws then
     redis.call('HSET', jkey, 's', 'active', 'st', int_arg(now), 'tk', token, 'a', a, 'ws', ws)
@@ -27,10 +28,10 @@ local function activate(id, now, token, ttl, out, ws)
   end
   redis.call('ZADD', K_ACTIVE, int_arg(now + ttl), id)
   out[#out + 1] = id
-  out[#out + 1] = f[1]
+  out[#out + 1] = joined_data(f, 5)
   out[#out + 1] = attempt
-  out[#out + 1] = f[2]
-  out[#out + 1] = f[3] or ''
+  out[#out + 1] = f[1]
+  out[#out + 1] = f[2] or ''
   emit('active', id, 'a', a)
   return true
 end

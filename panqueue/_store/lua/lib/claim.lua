@@ -1,6 +1,6 @@
 -- lib/claim.lua: WAITING -> ACTIVE. Taking up to n jobs for one worker's free slots, each
 -- locked in the same step, honouring pause, the rate limit and keyed mode's round robin.
--- Needs: layout.lua, settings.lua, delayed.lua, rate.lua, activate.lua, claim_keyed.lua, claimable.lua.
+-- Needs: layout.lua, settings.lua, delayed.lua, rate.lua, activate.lua, claim_keyed.lua, claimable.lua, wait_order.lua.
 -- (Due delayed jobs are promoted first; activate locks one job; claim_keyed is keyed mode's
 -- round robin; claimable holds the rules that close the whole queue, shared with explain.lua.)
 --!include layout.lua
@@ -10,6 +10,7 @@
 --!include activate.lua
 --!include claim_keyed.lua
 --!include claimable.lua
+--!include wait_order.lua
 
 -- The sooner of two waits in ms, where -1 means none.
 local function earliest(a, b)
@@ -57,7 +58,7 @@ local function claim(now, token, ttl, n, out)
   else
     local want = n
     while want > 0 do
-      local popped = redis.call('ZPOPMIN', K_WAIT, want)
+      local popped = pop_waiting(want)
       local expired = 0
       for i = 1, #popped, 2 do
         if activate(popped[i], now, token, ttl, out, popped[i + 1]) then

@@ -7,12 +7,11 @@
 -- for Python (tests/test_lua_layout.py holds the two together).
 --
 -- Job hash fields (job_key(id)):
---   d  data (msgpack)          s  state              p  priority (absent: 0)  ws wait-set score (set at claim)
+--   d  data (msgpack; its parts d1..d7: lib/job_data.lua)   s  state   p  priority (absent: 0)
 --   et enqueued at (ms)        st started at (ms)    ft finished at     a  attempts started
---   tk lock token (while active)                     o  job options (msgpack, optional)
+--   tk lock token (while active)   o  options (msgpack)   ws wait-set score kept by a claim
 --   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
---   fr failure reason          sc times stalled      cx cancel requested
---   sn times snoozed (snooze.lua: Snooze from the handler; not attempts)
+--   fr failure reason          sc times stalled      cx cancel requested    sn times snoozed
 --   x  deadline to start by (ms; add's expires=, lib/expiry.lua)
 --   pg progress (msgpack)      k  concurrency key (keyed mode)
 --   dd dedup key               ra run-at of a blocked job that was added with a delay
@@ -43,6 +42,7 @@
 local P = KEYS[1]
 local K_META = P .. 'meta'
 local K_WAIT = P .. 'wait'
+local K_WAIT_LIST = P .. 'wl'
 local K_DELAYED = P .. 'delayed'
 local K_BLOCKED = P .. 'blocked'
 local K_ACTIVE = P .. 'active'

@@ -1,5 +1,5 @@
 -- lib/memo.lua: resend safety for the calls that claim jobs (claim, complete, fail).
--- Needs: layout.lua, status.lua.
+-- Needs: layout.lua, status.lua, job_data.lua.
 --
 -- A reply can be lost after its script ran (the connection broke on the way back); the caller
 -- then sends the same call again. Each of these calls carries a lock token that is fresh for
@@ -15,6 +15,7 @@
 -- job the sweep has since taken away is not handed out again).
 --!include layout.lua
 --!include status.lua
+--!include job_data.lua
 
 local function req_key(token)
   return P .. 'req:' .. token
@@ -54,13 +55,13 @@ local function recall(token)
   reply[count_at] = 0
   reply[count_at + 1] = -1
   for _, id in ipairs(memo[2]) do
-    local f = redis.call('HMGET', job_key(id), 'tk', 'd', 'a', 'et', 'o')
+    local f = redis.call('HMGET', job_key(id), 'tk', 'a', 'et', 'o', unpack(DATA_FIELDS))
     if f[1] == token then
       reply[#reply + 1] = id
-      reply[#reply + 1] = f[2]
-      reply[#reply + 1] = tonumber(f[3])
-      reply[#reply + 1] = f[4]
-      reply[#reply + 1] = f[5] or ''
+      reply[#reply + 1] = joined_data(f, 5)
+      reply[#reply + 1] = tonumber(f[2])
+      reply[#reply + 1] = f[3]
+      reply[#reply + 1] = f[4] or ''
       reply[count_at] = reply[count_at] + 1
     end
   end

@@ -1,7 +1,7 @@
 -- lib/new_job.lua: creating a job (add, and a schedule's tick): add_job, which makes it
 -- WAITING, DELAYED or BLOCKED (or FAILED at once, when a dependency will not complete),
 -- honouring custom ids and dedup keys (the checks an add makes first: lib/new_job_checks.lua).
--- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua, new_ids.lua.
+-- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua, new_ids.lua, job_data.lua.
 --!include layout.lua
 --!include waiting.lua
 --!include wake.lua
@@ -10,6 +10,7 @@
 --!include expiry.lua
 --!include identity.lua
 --!include new_ids.lua
+--!include job_data.lua
 
 -- Create one job: WAITING, DELAYED or BLOCKED (or FAILED at once when a dependency already
 -- failed, was cancelled or no longer exists). `f` holds the fields the add script validated.
@@ -37,12 +38,16 @@ local function add_job(now, f)
     run_at = now + f.delay
   end
   -- A field at its default is not written (priority 0, no attempt yet): a waiting job's hash
-  -- is most of the memory a queue of them takes.
+  -- is most of the memory a queue of them takes. The data goes in parts where that keeps the
+  -- hash a listpack (lib/job_data.lua).
+  local fields = {'et', int_arg(now)}
   if f.priority ~= 0 then
-    redis.call('HSET', jkey, 'd', f.data, 'et', int_arg(now), 'p', int_arg(f.priority))
-  else
-    redis.call('HSET', jkey, 'd', f.data, 'et', int_arg(now))
+    fields[3] = 'p'
+    fields[4] = int_arg(f.priority)
   end
+  put_data(fields, f.data, fits_part(f.options) and fits_part(f.key) and fits_part(f.dedup)
+    and fits_part(f.batch) and fits_part(f.tags) and fits_part(f.pointed))
+  redis.call('HSET', jkey, unpack(fields))
   if f.options ~= '' then
     redis.call('HSET', jkey, 'o', f.options)
   end

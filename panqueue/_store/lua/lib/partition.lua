@@ -7,6 +7,7 @@
 -- partition joining a layout (partition_problem) need none.
 local function stored_jobs()
   local held = tonumber(redis.call('HGET', K_META, 'kw') or '0')
+    + redis.call('LLEN', K_WAIT_LIST)
   for _, set in ipairs({K_WAIT, K_DELAYED, K_BLOCKED, K_ACTIVE, K_COMPLETED, K_FAILED,
                         K_CANCELLED}) do
     held = held + redis.call('ZCARD', set)

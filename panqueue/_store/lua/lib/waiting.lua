@@ -5,7 +5,7 @@
 -- Needs: layout.lua, settings.lua, wait_order.lua, wake.lua (a change of waiting may wake
 -- idle workers: every script that includes this one may call wake_if_work_appeared).
 --
--- Waiting jobs: global mode, ZSET "wait" (priority, then FIFO); keyed mode, the spec's layout:
+-- Waiting jobs: global mode, LIST "wl" and ZSET "wait" (lib/wait_order.lua); keyed mode:
 -- LIST "k:wait:<key>" per key, HASH "k:active" key -> running count, ZSET "k:ready" of keys
 -- that have waiting jobs and free capacity (score = seq: round robin), ZSET "k:limited" of keys
 -- paused by their per-key rate limit (score = when they may start again).
@@ -47,12 +47,16 @@ local function enqueue_waiting(jkey, id)
     return
   end
   local priority = tonumber(redis.call('HGET', jkey, 'p') or '0') or 0
-  -- The place is kept in the wait set alone; a claim copies it to the job ("ws"), so that a
-  -- stalled or released job can go back to it (requeue_waiting).
+  if waits_in_list(priority) then
+    redis.call('RPUSH', K_WAIT_LIST, id)
+    return
+  end
+  -- The place is kept in the set alone; a claim copies it to the job ("ws", requeue_waiting).
   redis.call('ZADD', K_WAIT, wait_score(priority, next_wait_seq()), id)
 end
 
--- Put a job back at the front (a stalled or released job goes before later arrivals).
+-- Put a job back at the front (a stalled or released job goes before later arrivals): of its
+-- list (keyed mode, the default priority), else at the place it had in the set (its "ws").
 local function requeue_waiting(jkey, id)
   if keyed() then
     redis.call('HSET', jkey, 's', 'waiting')
@@ -62,13 +66,16 @@ local function requeue_waiting(jkey, id)
     refresh_key(key)
     return
   end
-  local ws = redis.call('HGET', jkey, 'ws')
-  if not ws then
-    enqueue_waiting(jkey, id)
-    return
+  local f = redis.call('HMGET', jkey, 'p', 'ws')
+  if not f[2] and not waits_in_list(tonumber(f[1] or '0') or 0) then
+    return enqueue_waiting(jkey, id)
   end
   redis.call('HSET', jkey, 's', 'waiting')
-  redis.call('ZADD', K_WAIT, ws, id)
+  if waits_in_list(tonumber(f[1] or '0') or 0) then
+    redis.call('LPUSH', K_WAIT_LIST, id)
+  else
+    redis.call('ZADD', K_WAIT, f[2], id)
+  end
 end
 
 -- Take a job out of waiting (cancel, remove, dedup replace).
@@ -81,7 +88,10 @@ local function unwait(jkey, id)
     refresh_key(key)
     return
   end
-  redis.call('ZREM', K_WAIT, id)
+  -- Default priority may be in the set too (written before the list): ZREM, O(log N), first.
+  if redis.call('ZREM', K_WAIT, id) == 0 then
+    unlist(jkey, id)
+  end
 end
 
 -- Take a job out of whatever non-active state it is in (for cancel / remove / replace).

@@ -10,7 +10,7 @@ local function claimable()
   if keyed() then
     return redis.call('ZCARD', K_READY)
   end
-  return redis.call('ZCARD', K_WAIT)
+  return redis.call('ZCARD', K_WAIT) + redis.call('LLEN', K_WAIT_LIST)
 end
 
 local function wake_workers()
