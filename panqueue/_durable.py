@@ -2,7 +2,8 @@
 
 A durable handler runs from the top every time its job runs (a retry, a resume after a sleep
 or a signal, a recovery after a crash). What it did before is read back from the job's durable
-record (one read, on the first durable call of a run; a handler that makes none pays nothing):
+record (one read, on the first durable call of a run; a handler that makes none pays nothing,
+and neither does the job's first run, which the claim tells apart: nothing ran before it):
 
 * a step whose result is stored returns it without running again;
 * the run's k-th sleep whose wake time is stored and passed returns at once;
@@ -118,13 +119,17 @@ class DurableRun:
                  "_waits", "suspension")
 
     def __init__(self, store: DurableStore, attempt: Any,
-                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD) -> None:
+                 max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD, *,
+                 first_run: bool = False) -> None:
         self._store = store
         self._attempt = attempt
         # A stored step result is bounded like a handler's result (the worker's
-        # max_payload_bytes): the record is read whole by the first durable call of every run.
+        # max_payload_bytes): the record is read whole by the first durable call of a run.
         self._max_payload_bytes = max_payload_bytes
-        self._record: dict[bytes, bytes] | None = None
+        # The job's first run (the claim said so) starts from an empty record without reading
+        # it: only a run writes steps, sleeps and waits' results, and none ran before. Signals
+        # kept for it are not read from the record: wait_for takes them (signal_take.lua).
+        self._record: dict[bytes, bytes] | None = {} if first_run else None
         self._steps: set[str] = set()
         self._sleeps = 0
         self._waits = 0

@@ -18,8 +18,10 @@ import redis
 from panqueue import ConfigError, JobFailed, JobState, QueueClient, SyncQueueClient
 from panqueue._codec import encode
 from panqueue._listing import columns, timestamp
+from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.jobs import parse_job
-from panqueue._store.transitions import step_done, take_signal
+from panqueue._store.status import Status
+from panqueue._store.transitions import parse_claim, step_done, take_signal
 from panqueue.testing import run_worker
 from tests.helpers import APPS, async_wait_until, run_cli
 from tests.store_fixtures import ScriptStore
@@ -121,6 +123,26 @@ async def test_a_handler_that_uses_no_durable_call_reads_no_durable_record(
     assert not redis.Redis.from_url(redis_url).exists("{q:dur-mixed}:job:" + job.id + ":durable")
 
 
+@pytest.mark.parametrize("queue", ["dur-count", "dur-count-thread", "dur-count-subprocess"])
+async def test_the_first_step_of_a_job_that_never_ran_is_one_script_call_and_no_read(
+        redis_url: str, queue: str) -> None:
+    """A job's first run has no durable record to read (the claim says so): its first step is
+    the one call that stores it. A retry reads the record once and replays the step."""
+    async with run_worker(durable_app.queues, queue, redis_url), \
+            QueueClient(redis_url) as client:
+        warm = await client.queue(queue).add({"url": redis_url})  # the scripts are loaded
+        await warm.result(timeout=20)
+        first = await client.queue(queue).add({"url": redis_url})
+        calls = await first.result(timeout=20)
+        retried = await client.queue(queue).add({"url": redis_url, "fail": True})
+        replayed = await retried.result(timeout=20)
+        info = await first.info()
+    assert calls == {"scripts": 1, "hgetall": 0}
+    assert info.steps == {"a": 1}
+    assert replayed == {"scripts": 0, "hgetall": 1}
+    assert runs(redis_url, retried.id, "a") == 1
+
+
 def test_a_step_outside_a_worker_run_is_a_config_error() -> None:
     from panqueue import Job
     from panqueue._options import JobOptions
@@ -143,6 +165,22 @@ def test_a_step_from_a_run_that_lost_its_lock_writes_nothing(store: ScriptStore)
     # A stored step is never replaced (a second store of the name keeps the first result).
     assert store.t.run(step_done(store.keys, job_id, "w:1", "a", encode(2))) is True
     assert store.redis.hget(store.keys.durable(job_id), "s:a") == encode(1)
+
+
+def test_the_claim_tells_a_job_s_first_run_from_a_later_one(store: ScriptStore) -> None:
+    """Only a run writes a durable record, and every run starts with a claim: a job claimed
+    for the first time has no record to read; once it ran (here: it failed and is retried),
+    every claim says it may have one, and so does a resent claim (answered from its memo)."""
+    job_id = store.add_one()
+
+    def claimed(token: str) -> list[tuple[str, int, bool]]:
+        jobs, _ = parse_claim(store.call(SCRIPTS.claim, token, 30_000, 1), 0, token)
+        return [(job.id, job.attempt, job.first_run) for job in jobs]
+
+    assert claimed("w:1") == [(job_id, 1, True)]
+    assert claimed("w:1") == [(job_id, 1, False)]  # the resend: its record may be read
+    assert store.fail(job_id, "w:1", max_attempts=2) is Status.RETRY_NOW
+    assert claimed("w:2") == [(job_id, 2, False)]
 
 
 def test_a_take_from_a_run_that_lost_its_lock_takes_nothing(

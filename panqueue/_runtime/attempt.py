@@ -132,7 +132,7 @@ class AttemptRunner:
         error: BaseException | None = None
         job: Job[Any] | None = None
         run = None if self._durable is None else DurableRun(
-            self._durable, attempt, self._max_payload_bytes)
+            self._durable, attempt, self._max_payload_bytes, first_run=claimed.first_run)
         try:
             options = claimed.job_options(options)
 

@@ -83,6 +83,7 @@ class ClaimedJob:
     partition: int = 0  # of a partitioned queue: where the job is (its scripts run there)
     batch: str = ""  # the batch the job belongs to ('' = none)
     unreadable: str = ""  # why its stored options could not be read ('' = they could)
+    first_run: bool = False  # it never ran before: no run has written its durable record
 
     def job_options(self, defaults: JobOptions) -> JobOptions:
         """``defaults`` (its handler's) overridden by the job's stored options. Options that
@@ -186,9 +187,11 @@ def _call(script: Script, keys: QueueKeys, args: Sequence[Any]) -> ScriptCall:
 
 
 def _claimed_job(reply: list[Any], i: int, token: str, partition: int) -> ClaimedJob:
-    """The job whose claim record (id, data, attempt, enqueued_at, options) starts at ``i``."""
-    job = ClaimedJob(reply[i].decode(), reply[i + 1], int(reply[i + 2]), int(reply[i + 3] or 0),
-                     {}, token, partition)
+    """The job whose claim record (id, data, attempt, enqueued_at, options) starts at ``i``.
+    The attempt comes as a string when the job never ran before (lua/lib/activate.lua)."""
+    attempt = reply[i + 2]
+    job = ClaimedJob(reply[i].decode(), reply[i + 1], int(attempt), int(reply[i + 3] or 0),
+                     {}, token, partition, first_run=isinstance(attempt, bytes))
     if blob := reply[i + 4]:
         try:
             stored = decode(blob)

@@ -195,3 +195,45 @@ def _blocked_until_go(job: Job) -> int:
 async def waiter_mid(job: Job) -> Any:
     await job.step("a", anyio.to_thread.run_sync, _blocked_until_go, job)
     return await job.wait_for("approved")
+
+
+def _calls(url: str) -> dict[str, int]:
+    """The server's counts so far (INFO commandstats): script calls, and HGETALLs."""
+    stats = redis.Redis.from_url(url).info("commandstats")
+
+    def calls(command: str) -> int:
+        return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    return {"scripts": calls("evalsha") + calls("eval"), "hgetall": calls("hgetall")}
+
+
+def _since(before: dict[str, int], url: str) -> dict[str, int]:
+    after = _calls(url)
+    return {what: after[what] - n for what, n in before.items()}
+
+
+@queues.handler("dur-count", attempts=2, backoff=FAST)
+async def counted(job: Job) -> dict[str, int]:
+    """What one step costs the server: the calls made from just before it to just after it
+    (the first attempt fails after the step when ``fail`` is set)."""
+    before = _calls(job.data["url"])
+    await job.step("a", count, job, "a")
+    calls = _since(before, job.data["url"])
+    if job.data.get("fail") and job.attempt == 1:
+        raise RuntimeError("after the step")
+    return calls
+
+
+@queues.handler("dur-count-thread", attempts=2, backoff=FAST, executor="thread")
+def counted_thread(job: Job) -> dict[str, int]:
+    before = _calls(job.data["url"])
+    job.step("a", count, job, "a")
+    calls = _since(before, job.data["url"])
+    if job.data.get("fail") and job.attempt == 1:
+        raise RuntimeError("after the step")
+    return calls
+
+
+@queues.handler("dur-count-subprocess", attempts=2, backoff=FAST, executor="subprocess")
+def counted_subprocess(job: Job) -> dict[str, int]:
+    return counted_thread.fn(job)

@@ -13,6 +13,7 @@
 --          takes over the jobs handed to them meanwhile (lib/handoff.lua; a cancel requested
 --          for one of those is told again for its new lock, lib/cancel_request.lua)
 -- Returns  {count, wake_in, id, data, attempt, enqueued_at, options, ...}
+--          attempt: a number, or a string when the job never ran before (lib/activate.lua).
 --          wake_in: when count is 0, ms until the next delayed job is due (-1: none; 0: the
 --          starts came too late, take new ones now).
 -- Invariants: nothing is claimed while the queue is paused, nor with rate-limit starts past their

@@ -9,9 +9,12 @@
 -- see a job that is claimed but not yet locked). `ws`: its place in the wait set (global mode),
 -- kept with it for a requeue. Appends the job to `out` and returns true; or, when the job is
 -- past its deadline to start (x), ends it CANCELLED "expired" and returns false.
+-- The attempt is appended as a number, or as a string when the job never ran before (it has no
+-- start time yet, st): no run can have written its durable record, so a durable handler need
+-- not read it (panqueue/_durable.py). A reader of another version takes either as the number.
 local function activate(id, now, token, ttl, out, ws)
   local jkey = job_key(id)
-  local f = redis.call('HMGET', jkey, 'et', 'o', 'a', 'x', unpack(DATA_FIELDS))
+  local f = redis.call('HMGET', jkey, 'et', 'o', 'a', 'x', 'st', unpack(DATA_FIELDS))
   if f[4] then
     if tonumber(f[4]) <= now then
       expire_job(jkey, id, now)
@@ -28,8 +31,12 @@ local function activate(id, now, token, ttl, out, ws)
   end
   redis.call('ZADD', K_ACTIVE, int_arg(now + ttl), id)
   out[#out + 1] = id
-  out[#out + 1] = joined_data(f, 5)
-  out[#out + 1] = attempt
+  out[#out + 1] = joined_data(f, 6)
+  if f[5] then
+    out[#out + 1] = attempt
+  else
+    out[#out + 1] = a  -- its first run (the attempt as text): no durable record of its own
+  end
   out[#out + 1] = f[1]
   out[#out + 1] = f[2] or ''
   emit('active', id, 'a', a)

@@ -25,8 +25,9 @@ end
 
 -- Claim up to n jobs for one worker (its free slots). Appends to `out`: count, wake_in (when
 -- nothing was claimed: ms until something may be claimable, -1 unknown), then per job
--- id, data, attempt, enqueued_at, options. Honours pause, a handler's RateLimited pause of the
--- queue (pu), the rate limit and keyed mode.
+-- id, data, attempt (a string for a job's first run, lib/activate.lua), enqueued_at, options.
+-- Honours pause, a handler's RateLimited pause of the queue (pu), the rate limit and keyed
+-- mode.
 local function claim(now, token, ttl, n, out)
   local count_at = #out + 1
   out[count_at] = 0

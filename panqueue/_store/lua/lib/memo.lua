@@ -59,7 +59,7 @@ local function recall(token)
     if f[1] == token then
       reply[#reply + 1] = id
       reply[#reply + 1] = joined_data(f, 5)
-      reply[#reply + 1] = tonumber(f[2])
+      reply[#reply + 1] = tonumber(f[2])  -- a number: its record may have to be read
       reply[#reply + 1] = f[3]
       reply[#reply + 1] = f[4] or ''
       reply[count_at] = reply[count_at] + 1
