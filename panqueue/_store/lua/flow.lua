@@ -14,10 +14,10 @@
 --   edges    flat {dependency, dependent, ...}, between shown jobs
 --   hidden   how many jobs of the graph were found and not shown
 --   counted  1: hidden counts every one; 0: the look stopped at ARGV[3] first
--- Invariants: read-only. The edges are read from the dependent's side: what it was added with
---          (its hash's dp) and its dependencies that have not completed (needs:<id>, the live
---          edges, all that a job stored before dp was written has); the dependents from
---          flow:<id> and deps:<id> (lib/flow_record.lua, lib/dependencies.lua). A job B is in
+-- Invariants: read-only. The edges are read from the dependent's side, from what it was added
+--          depending on (its hash's dp); the dependents from flow:<id> (lib/flow_record.lua).
+--          A job stored before those were recorded has only its live edges, needs:<id> and
+--          deps:<id> (lib/dependencies.lua): they are read instead. A job B is in
 --          flow:A only while A is the job B was added depending on, so a name in dp whose job
 --          does not list B there is a later job that took a deleted one's id: shown as removed.
 --          No set is read past the look's budget, so a job with many dependents holds the
@@ -64,23 +64,37 @@ local function members(key, room)
   return found, true
 end
 
--- The dependencies of job `id`, each with whether its name is stale (another job's now).
+-- The names of job `id`'s dependencies: what it was added depending on (true: names that may
+-- be stale, see is_stale), or, for a job stored before that was recorded, its live edges.
 local function upstream(id)
-  local named, seen = {}, {}
-  for dep in string.gmatch(job_of(id)[2], LINES) do
+  local dp = job_of(id)[2]
+  if dp == '' then
+    return redis.call('SMEMBERS', needs_key(id)), false
+  end
+  local names, seen = {}, {}
+  for dep in string.gmatch(dp, LINES) do
     if not seen[dep] then
       seen[dep] = true
-      local stale = job_of(dep)[1] ~= '' and redis.call('SISMEMBER', flow_key(dep), id) == 0
-      named[#named + 1] = {dep, stale}
+      names[#names + 1] = dep
     end
   end
-  for _, dep in ipairs(redis.call('SMEMBERS', needs_key(id))) do
-    if not seen[dep] then  -- a live edge: always this job's
-      seen[dep] = true
-      named[#named + 1] = {dep, false}
-    end
+  return names, true
+end
+
+-- Whether `dep`, named in job `id`'s dp, is now another job: one that does not list `id`
+-- among the jobs added depending on it.
+local function is_stale(dep, id)
+  return job_of(dep)[1] ~= '' and redis.call('SISMEMBER', flow_key(dep), id) == 0
+end
+
+-- Up to `room` of the dependents of job `id`, and whether it has more: every job added
+-- depending on it, or, for a job stored before that was recorded, its live edges.
+local function downstream(id, room)
+  local found, more = members(flow_key(id), room)
+  if #found == 0 and not more then
+    return members(deps_key(id), room)
   end
-  return named
+  return found, more
 end
 
 local depth, order, shown, gone = {[root] = 0}, {root}, {[root] = true}, {}
@@ -106,7 +120,9 @@ local function reach(id, d, stale)
   else
     hidden = hidden + 1
   end
-  if not stale and job_of(id)[1] ~= '' then
+  -- A job gone has no edge left to follow. (A dependent not shown is not read, only its own
+  -- dependents counted: one gone has none.)
+  if not stale and ((d > 0 and not shown[id]) or job_of(id)[1] ~= '') then
     pending[#pending + 1] = id
   end
 end
@@ -119,13 +135,18 @@ while i <= #pending do
   local id = pending[i]
   local d = depth[id]
   if d <= 0 or shown[id] then
-    for _, dep in ipairs(upstream(id)) do
-      local name, stale = dep[1], dep[2]
-      if d <= 0 then
+    local names, recorded = upstream(id)
+    for _, name in ipairs(names) do
+      local new = d <= 0 and not depth[name]
+      local drawn = shown[id] and shown[name]
+      -- A name is read only if it is to be reached or drawn: a job may have many.
+      local stale = recorded and (drawn or (new and looked < look)) and is_stale(name, id)
+      if new then
         reach(name, d - 1, stale)
+        drawn = shown[id] and shown[name]
       end
       -- A stale name is an edge only to the removed job it was shown as.
-      if shown[id] and shown[name] and stale == (gone[name] == true) then
+      if drawn and stale == (gone[name] == true) then
         local edge = name .. '\t' .. id
         if not edge_seen[edge] then
           edge_seen[edge] = true
@@ -136,14 +157,12 @@ while i <= #pending do
     end
   end
   if d >= 0 then
-    for _, key in ipairs({flow_key(id), deps_key(id)}) do
-      local found, more = members(key, look - looked)
-      for _, dependent in ipairs(found) do
-        reach(dependent, d + 1, false)
-      end
-      if more then
-        counted = 0
-      end
+    local found, more = downstream(id, look - looked)
+    for _, dependent in ipairs(found) do
+      reach(dependent, d + 1, false)
+    end
+    if more then
+      counted = 0
     end
   end
   i = i + 1

@@ -21,8 +21,9 @@ __all__ = ["FLOW_LOOK", "FLOW_NODES", "Flow", "FlowNode", "read_flow"]
 #: The most jobs a flow shows (the job itself included).
 FLOW_NODES = 200
 #: The most jobs a flow's read looks at to count those it does not show: past it the count is
-#: a lower bound (``Flow.counted_all`` is False). About five commands a job, all in one script.
-FLOW_LOOK = 2000
+#: a lower bound (``Flow.counted_all`` is False). About three commands a job, all in one script:
+#: 500 keep a read under about 3 ms of the server's time (docs/dashboard.md#a-jobs-flow).
+FLOW_LOOK = 500
 
 
 @dataclass(frozen=True)
