@@ -189,3 +189,15 @@ def test_a_partitioned_queues_flow_is_read_in_the_partition_of_its_jobs(
         assert states(flow) == {root.id: "waiting", child.id: "blocked",
                                 grandchild.id: "blocked"}, job_id
         assert set(flow.edges) == {(root.id, child.id), (child.id, grandchild.id)}
+
+
+def test_jobs_stored_before_flows_were_recorded_show_their_live_edges(
+        client: SyncQueueClient, store: ScriptStore, redis_client: redis.Redis,
+        queue_name: str) -> None:
+    first, second, third = client.queue(queue_name).add_chain(["a", "b", "c"])
+    for job in (first, second, third):  # as a job added before dp and flow:<id> were written
+        redis_client.hdel(store.keys.job(job.id), "dp")
+        redis_client.delete(store.keys.flow(job.id))
+    flow = flow_of(client, queue_name, second.id)
+    assert states(flow) == {first.id: "waiting", second.id: "blocked", third.id: "blocked"}
+    assert set(flow.edges) == {(first.id, second.id), (second.id, third.id)}

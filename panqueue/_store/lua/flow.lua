@@ -90,6 +90,9 @@ end
 -- Up to `room` of the dependents of job `id`, and whether it has more: every job added
 -- depending on it, or, for a job stored before that was recorded, its live edges.
 local function downstream(id, room)
+  if redis.call('EXISTS', flow_key(id), deps_key(id)) == 0 then
+    return {}, false  -- the common case, a job nothing depends on: one read
+  end
   local found, more = members(flow_key(id), room)
   if #found == 0 and not more then
     return members(deps_key(id), room)
