@@ -14,10 +14,14 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 from playwright.sync_api import Locator, Page, expect
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from panqueue import FlowJob, Job, Registry, SyncQueueClient
+from panqueue.dashboard import create_app
 from tests import test_dashboard_browser as browser
 from tests.store_fixtures import ScriptStore, open_store
+from tests.test_dashboard import browser as in_process
 
 # The fixtures of the dashboard's browser tests.
 chromium = browser.chromium
@@ -53,6 +57,13 @@ def node(page: Page, job_id: str) -> Locator:
     return page.locator(f'#job-flow .flow-node[data-job="{quoted}"]')
 
 
+def left(page: Page, job_id: str) -> float:
+    """Where a job's box starts, from the page's left."""
+    box = node(page, job_id).bounding_box()
+    assert box is not None, f"{job_id} is not drawn"
+    return box["x"]
+
+
 def job_page(base: str, queue: str, job_id: str) -> str:
     return str(httpx.URL(base + "/job", params={"q": queue, "id": job_id}))
 
@@ -82,7 +93,7 @@ def test_a_jobs_page_draws_its_flow_with_each_state_and_each_job_opens_its_page(
     expect(page.locator("#job-flow .flow-edge")).to_have_count(4)
     expect(node(page, "middle")).to_have_attribute("aria-current", "page")
     # Dependencies left of the job, dependents right, a dependent's dependent further right.
-    x = {job_id: node(page, job_id).bounding_box()["x"] for job_id in shown}  # type: ignore[index]
+    x = {job_id: left(page, job_id) for job_id in shown}
     assert x["extract"] < x["middle"] < x["load"] == x["report"] < x["archive"]
     # Its colour follows its state: a completed job's box is not a blocked one's.
     fills = {job_id: node(page, job_id).locator("rect").evaluate(
@@ -182,3 +193,30 @@ def test_a_partitioned_queues_flow_is_drawn_from_the_jobs_partition(
     node(page, root.id).click()
     expect(page.locator("#job-id")).to_have_text(root.id)
     expect(node(page, child.id).locator(".flow-state")).to_have_text("blocked")
+
+
+def test_the_flow_keeps_the_dashboards_guards_and_its_mount_path(
+        redis_url: str, client: SyncQueueClient) -> None:
+    """In-process: the JSON wants the token like every page, answers only its own host, and
+    under a mount path each box links under it."""
+    queue = client.queue("flow-guards")
+    queue.add("a", job_id="first")
+    queue.add("b", job_id="second", depends_on=["first"])
+    params = {"q": "flow-guards", "id": "second"}
+    token = {"Authorization": "Bearer s3cret-token"}
+    app = create_app(redis_url, token="s3cret-token", allowed_hosts=["testserver"])
+    with in_process(app) as web:
+        assert web.get("/api/job/flow", params=params).status_code == 401
+        assert web.get("/job", params=params).status_code == 303  # to the login form
+        assert web.get("/api/job/flow", params=params,
+                       headers={**token, "host": "rebound.example"}).status_code == 421
+        flow = web.get("/api/job/flow", params=params, headers=token).json()
+        assert [(n["id"], n["state"]) for n in flow["nodes"]] == [("second", "blocked"),
+                                                                  ("first", "waiting")]
+        missing = web.get("/api/job/flow", params={"q": "flow-guards", "id": "gone"},
+                          headers=token)
+        assert missing.status_code == 404
+    outer = Starlette(routes=[Mount("/admin/jobs", create_app(redis_url))])
+    with in_process(outer) as web:
+        page = web.get("/admin/jobs/job", params=params).text
+    assert 'href="/admin/jobs/job?q=flow-guards&amp;id=first"' in page
