@@ -18,7 +18,9 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from panqueue import FlowJob, Job, Registry, SyncQueueClient
+from panqueue._store.ops import read_flow
 from panqueue.dashboard import create_app
+from panqueue.dashboard._flow import draw
 from tests import test_dashboard_browser as browser
 from tests.store_fixtures import ScriptStore, open_store
 from tests.test_dashboard import browser as in_process
@@ -220,3 +222,22 @@ def test_the_flow_keeps_the_dashboards_guards_and_its_mount_path(
     with in_process(outer) as web:
         page = web.get("/admin/jobs/job", params=params).text
     assert 'href="/admin/jobs/job?q=flow-guards&amp;id=first"' in page
+
+
+def test_a_dependency_of_a_dependency_is_drawn_left_of_it_even_at_the_same_depth(
+        client: SyncQueueClient) -> None:
+    """top depends on base and on mid, mid on base: both are one edge from top, yet base is
+    drawn left of mid, so that every arrow points right."""
+    queue = client.queue("flow-diamond")
+    queue.add("base", job_id="base")
+    queue.add("mid", job_id="mid", depends_on=["base"])
+    queue.add("top", job_id="top", depends_on=["base", "mid"])
+    queue.add("after", job_id="after", depends_on=["top", "mid"])
+    flow = client.producer.run(client.producer.on_job("flow-diamond", "after", read_flow))
+    assert {n.id: n.depth for n in flow.nodes} == {"after": 0, "top": -1, "mid": -1,
+                                                  "base": -2}
+    drawing = draw(flow)
+    x = {n.id: n.x for n in drawing.nodes}
+    assert x["base"] < x["mid"] < x["top"] < x["after"]
+    for edge in drawing.edges:
+        assert x[edge.dependency] < x[edge.dependent], edge
