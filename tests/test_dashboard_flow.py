@@ -151,17 +151,20 @@ def test_a_large_flow_draws_the_nearest_jobs_and_says_how_many_more(
         "51 more not shown: the 200 jobs nearest to this one are.")
 
 
-def test_ids_with_markup_are_drawn_as_text(
+def test_ids_and_queue_names_with_markup_are_drawn_as_text(
         page: Page, dashboard: Callable[..., str], client: SyncQueueClient) -> None:
-    queue = client.queue("flow-markup")
+    name = f"flow {MARKUP}"
+    queue = client.queue(name)
     upstream = queue.add("up", job_id=f"up {MARKUP}")
     middle = queue.add("middle", job_id=f"mid {MARKUP}", depends_on=[upstream])
     queue.add("down", job_id='down "><svg onload=alert(1)>', depends_on=[middle])
     base = dashboard()
-    raw = httpx.get(base + "/job", params={"q": "flow-markup", "id": middle.id}).text
+    raw = httpx.get(base + "/job", params={"q": name, "id": middle.id}).text
     assert "<script>window" not in raw and "<svg onload" not in raw
-    page.goto(job_page(base, "flow-markup", middle.id))
+    page.goto(job_page(base, name, middle.id))
     expect(page.locator("#job-flow .flow-node")).to_have_count(3)
+    expect(page.locator("#job-flow").locator("xpath=preceding-sibling::p[1]")).to_contain_text(
+        f"The jobs of {name} that this job depends on")
     # Long ids are cut in the box; the whole id is its title, as text.
     titles = page.locator("#job-flow .flow-node > title").all_text_contents()
     assert sorted(titles) == sorted([f"up {MARKUP}: waiting", f"mid {MARKUP}: blocked",
@@ -169,6 +172,7 @@ def test_ids_with_markup_are_drawn_as_text(
     assert page.evaluate("() => window.__pwned") is None
     node(page, 'down "><svg onload=alert(1)>').click()
     expect(page.locator("#job-id")).to_have_text('down "><svg onload=alert(1)>')
+    assert page.evaluate("() => window.__pwned") is None
 
 
 N = 3
