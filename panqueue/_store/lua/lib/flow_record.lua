@@ -26,12 +26,11 @@ local function record_flow(jkey, id, deps)
 end
 
 -- Job `id` is deleted: it leaves the records of the jobs it was added depending on (`named`:
--- its dp field, or nil), and its own record of its dependents goes.
+-- its dp field, or nil). (Its own record, flow_key(id), is deleted with its hash.)
 local function forget_flow(id, named)
   if named then
     for dep in string.gmatch(named, '[^\n]+') do
       redis.call('SREM', flow_key(dep), id)
     end
   end
-  redis.call('DEL', flow_key(id))
 end

@@ -66,5 +66,5 @@ delete_job = function(id, now, edgeless, finished)
     end
   end
   forget_flow(id, kept[2])
-  redis.call('DEL', jkey, logs_key(id), durable_key(id))
+  redis.call('DEL', jkey, logs_key(id), durable_key(id), flow_key(id))
 end
