@@ -352,6 +352,11 @@ class QueueKeys:
         """The dependencies of ``job_id`` that have not completed yet (a SET)."""
         return f"{self.prefix}needs:{job_id}"
 
+    def flow(self, job_id: str) -> str:
+        """Every job added depending on ``job_id``, kept while both exist (a SET,
+        lua/lib/dependencies.lua; read by lua/flow.lua)."""
+        return f"{self.prefix}flow:{job_id}"
+
     def key_list(self, key: str) -> str:
         """Keyed mode: the list of the waiting jobs of concurrency key ``key``."""
         return f"{self.prefix}k:wait:{key}"

@@ -6,8 +6,8 @@ Starts a private Redis server, two worker processes (``panqueue worker
 dashboard_screenshots:queues``) on a few demo queues with a schedule, a producer that keeps
 adding jobs (so the rates move), and the dashboard on a free loopback port; then headless
 Chromium (Debian's ``chromium``, driven by Playwright) saves ``dashboard-overview.png``,
-``dashboard-jobs.png``, ``dashboard-job-failed.png`` and ``dashboard-workers.png``. Everything
-it started is stopped at the end.
+``dashboard-jobs.png``, ``dashboard-job-failed.png``, ``dashboard-flow.png`` (a job's flow) and
+``dashboard-workers.png``. Everything it started is stopped at the end.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from panqueue import Job, JobState, Registry, SyncQueueClient
+from panqueue import FlowJob, Job, JobState, Registry, SyncQueueClient
 from panqueue.embedded import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -98,6 +98,16 @@ def demo_state(client: SyncQueueClient) -> None:
     for n in range(3):
         emails.add({"to": f"old{n}@invalid.example", "template": "renewal"},
                    job_id=f"renewal-{n}")
+    # A flow whose jobs end in every state: the flow graph's screenshot.
+    emails.add_flow([
+        FlowJob({"to": "orders@example.com", "template": "export"}, job_id="export-orders"),
+        FlowJob({"to": "warehouse@example.com"}, depends_on=[0], job_id="ship-warehouse"),
+        FlowJob({"to": "bounce@invalid.example"}, depends_on=[0], job_id="notify-bounce"),
+        FlowJob({"to": "finance@example.com"}, depends_on=[1, 2], job_id="invoice-finance"),
+        FlowJob({"to": "later@example.com"}, depends_on=[1], job_id="remind-later",
+                options={"delay": 3600}),
+        FlowJob({"to": "summary@example.com"}, depends_on=[4], job_id="summary-weekly"),
+    ])
     client.queue("reports").add({"name": "quarterly"}, delay=3600)
     client.pause("thumbnails")
     client.queue("thumbnails").add_bulk([{"image": f"img/{n}.jpg"} for n in range(25)])
@@ -133,6 +143,8 @@ def screenshots(base: str, out: Path) -> None:
         page.screenshot(path=str(out / "dashboard-jobs.png"))
         page.goto(base + "/job?q=emails&id=renewal-0")
         page.screenshot(path=str(out / "dashboard-job-failed.png"), full_page=True)
+        page.goto(base + "/job?q=emails&id=ship-warehouse")
+        page.locator("#job-flow").screenshot(path=str(out / "dashboard-flow.png"))
         page.goto(base + "/workers")
         page.screenshot(path=str(out / "dashboard-workers.png"))
         browser.close()
@@ -153,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             processes.append(start_worker(server.url, "emails", "reports"))
             processes.append(start_worker(server.url, "emails", "thumbnails"))
             wait(lambda: len(client.workers()) == 4, 30, "the workers of four queue slots")
-            wait(lambda: client.counts("emails")[JobState.FAILED] == 3, 60,
+            wait(lambda: client.counts("emails")[JobState.FAILED] == 5, 60,
                  "the demo's failed jobs")
             producer = threading.Thread(target=produce, args=(server.url, stop), daemon=True)
             producer.start()
@@ -178,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 process.terminate()
             for process in processes:
                 process.wait(30)
-    for name in ("overview", "jobs", "job-failed", "workers"):
+    for name in ("overview", "jobs", "job-failed", "flow", "workers"):
         print(out / f"dashboard-{name}.png")
     return 0
 

@@ -45,6 +45,7 @@ from panqueue._store.ops.base import (
     DEFAULT_KEEP_HISTORY,
 )
 from panqueue._store.ops.explain import explain
+from panqueue._store.ops.flow import read_flow
 from panqueue._store.ops.workers import control as control_worker
 from panqueue._store.ops.workers import workers
 from panqueue._store.transport import Batch, Command, ScriptCall
@@ -234,6 +235,7 @@ CASES = [
     Case("declare", "count", lambda: layout.declare("q", 2)),
     Case("relayout", "step", lambda: layout._relayout(K, 1, "2:0", "tok")),
     Case("workers", "list", lambda: workers(K)),
+    Case("flow", "job", lambda: read_flow(K, "j")),
     Case("explain", "waiting job", lambda: explain(K, "j"),
          answer=answering({"HMGET": [b"waiting", None, None, None, None, None],
                            "workers": []})),

@@ -147,6 +147,7 @@ class Snapshot:
     meta: dict[str, bytes]
     dependents: dict[str, set[str]]  # "deps:<id>": the jobs waiting for <id>
     needs: dict[str, set[str]]  # "needs:<id>": the dependencies <id> still waits for
+    flows: dict[str, set[str]]  # "flow:<id>": every job added depending on <id>
 
     def state(self, job_id: str) -> str | None:
         h = self.jobs.get(job_id)
@@ -253,7 +254,7 @@ class ScriptMachine(RuleBasedStateMachine):
 
     def snapshot(self) -> Snapshot:
         c, prefix = self.client, self.prefix
-        job_ids, key_names, dep_ids, need_ids = [], [], [], []
+        job_ids, key_names, dep_ids, need_ids, flow_ids = [], [], [], [], []
         for raw in c.scan_iter(match=prefix + "*", count=1000):
             name = raw.decode()[len(prefix):]
             if name.startswith("job:") and not name.endswith(":logs"):
@@ -264,6 +265,8 @@ class ScriptMachine(RuleBasedStateMachine):
                 dep_ids.append(name[5:])
             elif name.startswith("needs:"):
                 need_ids.append(name[6:])
+            elif name.startswith("flow:"):
+                flow_ids.append(name[5:])
         job_ids.sort()
         key_names.sort()
         pipe = c.pipeline(transaction=False)
@@ -275,6 +278,8 @@ class ScriptMachine(RuleBasedStateMachine):
             pipe.smembers(prefix + "deps:" + d)
         for d in need_ids:
             pipe.smembers(prefix + "needs:" + d)
+        for d in flow_ids:
+            pipe.smembers(prefix + "flow:" + d)
         for container in CONTAINERS.values():
             pipe.zrange(prefix + container, 0, -1, withscores=True)
         pipe.lrange(prefix + "wl", 0, -1)
@@ -287,6 +292,7 @@ class ScriptMachine(RuleBasedStateMachine):
         klists = {k: [x.decode() for x in next(replies)] for k in key_names}
         dependents = {d: {x.decode() for x in next(replies)} for d in dep_ids}
         needs = {d: {x.decode() for x in next(replies)} for d in need_ids}
+        flows = {d: {x.decode() for x in next(replies)} for d in flow_ids}
         sets = {state: {m.decode(): score for m, score in next(replies)} for state in CONTAINERS}
         # Global mode's default priority waits in the list "wl": in the wait order, after the
         # set's members of a higher priority (lua/lib/wait_order.lua).
@@ -301,7 +307,8 @@ class ScriptMachine(RuleBasedStateMachine):
         ready = [k.decode() for k in next(replies)]
         limited = [k.decode() for k in next(replies)]
         meta = {k.decode(): v for k, v in next(replies).items()}
-        return Snapshot(jobs, sets, klists, kactive, ready, limited, meta, dependents, needs)
+        return Snapshot(jobs, sets, klists, kactive, ready, limited, meta, dependents, needs,
+                        flows)
 
     def events(self) -> list[tuple[str, str]]:
         entries = self.client.xrange(self.keys.events, "(" + self.last_event, "+")
@@ -508,6 +515,25 @@ class ScriptMachine(RuleBasedStateMachine):
                 assert not early, f"job {job_id} is {state} before its dependencies {early}"
             elif state == "failed" and status["lost"]:
                 assert s.get(job_id, "dx"), f"job {job_id} lost {status['lost']}, no dx"
+        self.check_flow_records(s)
+
+    def check_flow_records(self, s: Snapshot) -> None:
+        # A flow's record (lib/flow_record.lua) lives exactly as long as its jobs: each job's
+        # dp names what it was added depending on, and flow:A holds the existing jobs added
+        # depending on this incarnation of A (not on a deleted job whose id A reuses).
+        expected = set()
+        for b in s.jobs:
+            deps = self.deps.get(b)
+            if deps is None:
+                continue  # made by a script the model does not follow (a schedule's tick)
+            assert (s.get(b, "dp") or "").split("\n") == [d for d, _ in deps] or (
+                not deps and s.get(b, "dp") is None), f"job {b}: dp {s.get(b, 'dp')!r}"
+            expected |= {(d, b) for d, born in deps
+                         if born is not None and self.born.get(d) == born and d in s.jobs}
+        recorded = {(a, b) for a, bs in s.flows.items() for b in bs}
+        assert recorded == expected, (
+            f"flow records {sorted(recorded - expected)} of no dependency, "
+            f"dependencies {sorted(expected - recorded)} not recorded")
 
     def check_disappearances(self, before: Snapshot, after: Snapshot,
                              events: list[tuple[str, str]]) -> None:

@@ -105,6 +105,7 @@ class _Scripts:
         self.signal = _load("signal")
         self.rate_take = _load("rate_take")
         self.explain = _load("explain")
+        self.flow = _load("flow")
         self.pause_for = _load("pause_for")
         self.extend = _load("extend")
         self.stalled = _load("stalled")

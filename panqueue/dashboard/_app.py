@@ -45,8 +45,10 @@ from panqueue import (
     SyncQueueClient,
 )
 from panqueue._listing import columns
+from panqueue._store.ops import Flow, read_flow
 from panqueue._store.ops import partitions as parted
 from panqueue._store.transport import redact_url
+from panqueue.dashboard._flow import NODE_HEIGHT, NODE_WIDTH, draw
 from panqueue.dashboard._reads import (
     QueueNames,
     Rates,
@@ -214,9 +216,21 @@ class Dashboard:
         history = [{column: bounded(str(value)).text for column, value in entry.items()}
                    for entry in job.history]
         steps = bounded_steps(job.steps)
+        flow = self._flow(name, job_id)
         return self.render(request, "job.html", queue=name, job=job, explanation=why,
                            history_columns=columns, history=history, shown=shown, steps=steps,
-                           steps_cut=any(result.cut for _, result in steps))
+                           steps_cut=any(result.cut for _, result in steps),
+                           flow=None if flow is None or flow.empty else draw(flow),
+                           node_width=NODE_WIDTH, node_height=NODE_HEIGHT)
+
+    def _flow(self, queue: str, job_id: str) -> Flow | None:
+        """The job's flow (bounded: ``ops.FLOW_NODES``), read in its partition; None once
+        the job is gone."""
+        try:
+            return self.client.producer.run(self.client.producer.on_job(queue, job_id,
+                                                                        read_flow))
+        except JobNotFound:
+            return None
 
     def workers(self, request: Request) -> Response:
         return self.render(request, "workers.html",
@@ -295,6 +309,15 @@ class Dashboard:
         shown = progress(job.progress)
         return JSONResponse({"state": job.state.value, "attempts": job.attempts,
                              "progress": shown.text.text, "percent": shown.percent})
+
+    def api_job_flow(self, request: Request) -> Response:
+        """The job's flow as its page draws it: the jobs, their states, depths and edges."""
+        name = _required(request.query_params, "q")
+        job_id = _required(request.query_params, "id")
+        flow = self._flow(name, job_id)
+        if flow is None:
+            raise JobNotFound(name, job_id)
+        return JSONResponse(draw(flow).to_dict())
 
     def api_job_raw(self, request: Request) -> Response:
         """One part of a job, whole, as JSON: what its page shows only the start of."""
@@ -583,6 +606,7 @@ def build_app(url: str | None, read_only: bool, token: str | None,
         Route("/api/events", board.api_events),
         Route("/api/job", board.api_job),
         Route("/api/job/raw", board.api_job_raw),
+        Route("/api/job/flow", board.api_job_flow),
         Route("/login", board.login_form, methods=["GET"]),
         Route("/login", board.login, methods=["POST"]),
         Route("/logout", board.logout, methods=["POST"]),

@@ -10,6 +10,7 @@ a script's ARGV, read its reply or know a job hash's field letters. By concern:
 - ``events``: the event stream.
 - ``schedules``: repeatable jobs' schedules and the server's clock.
 - ``workers``: the worker registry; ``explain``: why a job is where it is.
+- ``flow``: the graph of a job's dependencies and dependents, for the dashboard.
 - ``timings``: wait and run time percentiles of the jobs finished in the last minute.
 - ``history``: the history stream of finished jobs, read and acknowledged by exports.
 
@@ -27,6 +28,7 @@ from panqueue._store.ops.base import (
 )
 from panqueue._store.ops.events import Event, events_now, last_event_id, read_events
 from panqueue._store.ops.explain import Explanation, explain
+from panqueue._store.ops.flow import FLOW_LOOK, FLOW_NODES, Flow, FlowNode, read_flow
 from panqueue._store.ops.history import (
     HISTORY_FIELDS,
     HistoryBatch,
@@ -87,11 +89,15 @@ __all__ = [
     "DEFAULT_KEEP_COMPLETED",
     "DEFAULT_KEEP_FAILED",
     "DEFAULT_KEEP_HISTORY",
+    "FLOW_LOOK",
+    "FLOW_NODES",
     "HISTORY_FIELDS",
     "SCHEMA_VERSION",
     "STATE_SETS",
     "Event",
     "Explanation",
+    "Flow",
+    "FlowNode",
     "HistoryBatch",
     "HistoryRecord",
     "NewJob",
@@ -129,6 +135,7 @@ __all__ = [
     "purge",
     "queues",
     "read_events",
+    "read_flow",
     "read_history",
     "read_jobs",
     "recent_timings",

@@ -9,6 +9,7 @@
 -- (release_dependents), when A will never complete (cancelled, deleted: forget_edges of A),
 -- and when B will never run (cancelled, deleted: forget_edges of B; unlink_needs). A dependent
 -- that failed because A failed keeps its edges, so that a retry of both knows B must wait for A.
+-- Edges go when they are done with; the graph a person sees is kept apart (lib/flow_record.lua).
 --!include layout.lua
 --!include waiting.lua
 

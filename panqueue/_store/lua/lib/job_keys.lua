@@ -22,3 +22,8 @@ end
 local function needs_key(id)
   return P .. 'needs:' .. id
 end
+
+-- The record of a job's dependents, kept while it lives, for reading a flow (flow.lua).
+local function flow_key(id)
+  return P .. 'flow:' .. id
+end

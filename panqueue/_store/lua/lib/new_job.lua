@@ -1,11 +1,13 @@
 -- lib/new_job.lua: creating a job (add, and a schedule's tick): add_job, which makes it
 -- WAITING, DELAYED or BLOCKED (or FAILED at once, when a dependency will not complete),
 -- honouring custom ids and dedup keys (the checks an add makes first: lib/new_job_checks.lua).
--- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, finish.lua, expiry.lua, identity.lua, new_ids.lua, job_data.lua.
+-- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, flow_record.lua, finish.lua, expiry.lua,
+-- identity.lua, new_ids.lua, job_data.lua.
 --!include layout.lua
 --!include waiting.lua
 --!include wake.lua
 --!include dependencies.lua
+--!include flow_record.lua
 --!include finish.lua
 --!include expiry.lua
 --!include identity.lua
@@ -72,6 +74,7 @@ local function add_job(now, f)
     redis.call('HSET', jkey, 'dd', f.dedup)
     redis.call('SET', dkey, id, 'PX', f.ttl)
   end
+  record_flow(jkey, id, f.deps)  -- before any ending below: the flow shows it whatever it is
   local deadline = start_deadline(now, f.expires_in, f.expires_at)
   if deadline then
     redis.call('HSET', jkey, 'x', deadline)

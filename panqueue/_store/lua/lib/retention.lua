@@ -3,12 +3,13 @@
 -- Included by lib/finish.lua, which defines fail_dependents (declared here): deleting a job
 -- fails the jobs blocked on it, failing a job ends it, and an ending trims a finished set, so
 -- the two files call each other. Include finish.lua, not this file.
--- Needs: layout.lua, dependencies.lua, records.lua.
+-- Needs: layout.lua, dependencies.lua, flow_record.lua, records.lua.
 --
 -- Finished sets: ZSETs "completed", "failed" (the dead-letter set), "cancelled"; score = the
 -- finish time (ft), so the oldest go first.
 --!include layout.lua
 --!include dependencies.lua
+--!include flow_record.lua
 --!include records.lua
 
 local FINAL_SETS = {completed = K_COMPLETED, failed = K_FAILED, cancelled = K_CANCELLED}
@@ -43,7 +44,8 @@ local function trim_finished(set, keep, now)
   end
 end
 
--- Delete a job: its hash, its log list, its entries in its tags' indexes, its durable record and its dependency edges on both sides; the jobs still
+-- Delete a job: its hash, its log list, its entries in its tags' indexes, its durable record,
+-- its dependency edges on both sides and its flow's record (forget_flow); the jobs still
 -- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
 -- retention takes at every finish; `edgeless`: the caller knows there is none, see
 -- trim_finished.)
@@ -60,8 +62,8 @@ delete_job = function(id, now, edgeless, finished)
     forget_edges(id)
   end
   -- A pointer in another partition names it (lib/identity.lua): a worker clears it there.
-  -- Its id's pointer and its tags, in one read.
-  local held = redis.call('HMGET', jkey, 'ih', 'tg')
+  -- Its id's pointer, its tags and what it was added depending on, in one read.
+  local held = redis.call('HMGET', jkey, 'ih', 'tg', 'dp')
   local pointed, tags = held[1], held[2]
   if pointed then
     redis.call('ZADD', K_ID_OUTBOX, now or now_ms(), id .. '\t' .. pointed)
@@ -71,5 +73,6 @@ delete_job = function(id, now, edgeless, finished)
       redis.call('ZREM', tag_key(tag), id)
     end
   end
-  redis.call('DEL', jkey, logs_key(id), durable_key(id))
+  forget_flow(id, held[3])
+  redis.call('DEL', jkey, logs_key(id), durable_key(id), flow_key(id))
 end
