@@ -12,19 +12,17 @@
 --   tk lock token (while active)   o  options (msgpack)   ws wait-set score kept by a claim
 --   r  result (msgpack)        e  error (msgpack)    h  attempt history (concatenated msgpack)
 --   fr failure reason          sc times stalled      cx cancel requested    sn times snoozed
---   x  deadline to start by (ms; add's expires=, lib/expiry.lua)
---   pg progress (msgpack)      k  concurrency key (keyed mode)
---   dd dedup key               ra run-at of a blocked job that was added with a delay
+--   x  deadline to start by (ms; add's expires=, lib/expiry.lua)   k  concurrency key (keyed)
+--   pg progress (msgpack)      dd dedup key      ra run-at of a blocked job added with a delay
 --   dx a dependency that was cancelled or deleted before it completed: the job can never run
 --   dp the jobs it was added depending on, one a line (its flow's record: lib/dependencies.lua)
 --   b  the batch the job belongs to (batch_*.lua; its ending goes to "batch_outbox")
 --   ih partitioned queues: "<home partition>\t<token>" of the pointer in its custom id's home
 --      partition (lib/identity.lua); deleting the job queues its removal ("id_outbox")
 --   tg its tags, newline-separated, each indexed in ZSET "tag:<tag>" (job -> meta "tgn" rank)
--- Per job: "job:<id>:logs" (LIST, capped); its dependency edges and "flow:<id>", the jobs
--- added depending on it (lib/dependencies.lua);
--- "job:<id>:durable" (HASH): a durable job's steps, sleeps, waits and kept signals (its fields:
--- step.lua's header).
+-- Per job: "job:<id>:logs" (LIST, capped); its dependency edges and "flow:<id>", the jobs added
+-- depending on it (lib/dependencies.lua); "job:<id>:durable" (HASH): a durable job's steps,
+-- sleeps, waits and kept signals (its fields: step.lua's header).
 --
 -- History (STREAM "history"): one entry per finished job, appended by end_job (lib/finish.lua);
 -- read by exports (panqueue.spark.export_history) through their consumer group.
