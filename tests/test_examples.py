@@ -288,9 +288,10 @@ JVM_TIMEOUT = 600
 # an example that raises prints its traceback and MARK + "failed", and the next one runs.
 MARK = "--- panqueue example: "
 RUN_IN_ONE = f"""
-import runpy, sys, traceback
+import os, runpy, sys, traceback
 for path in sys.argv[1:]:
     print({MARK!r} + path, flush=True)
+    sys.path[0] = os.path.dirname(path)  # as for python examples/NAME.py
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as exit:
