@@ -88,8 +88,9 @@ def _seconds(nodeid: str, seconds: dict[str, float]) -> float:
 
 
 # Tests that start a JVM (PySpark) run in two groups, each on one worker: the modules that use
-# PySpark (one Spark session for all, tests/spark_fixtures.py) and the JVM examples (a JVM
-# each). Two JVMs at once at most: four starting at once on two cores took minutes each. Found by
+# PySpark (one Spark session for all, tests/spark_fixtures.py) and the JVM examples (one child
+# process and one JVM for the three, tests/test_examples.py: the first of them to run runs them
+# all). Two JVMs at once at most: four starting at once on two cores took minutes each. Found by
 # what the module imports, and the examples' names.
 JVM_EXAMPLES = ("[spark_enqueue.py]", "[history_export.py]", "[spark_datasource.py]")
 _SHARED = re.compile(r"""scope=["'](module|class)["']""")

@@ -278,14 +278,77 @@ EXPECTED: dict[str, list[str]] = {
 
 # The examples that start a JVM (PySpark) take about 16 s alone, and 60-160 s while the suite's
 # other workers hold both cores (spark_datasource.py, which writes, reads and streams, went past
-# 240 s once with ten workers): their guard against a hang is longer.
+# 240 s once with ten workers): they run one after another in one Python process (one JVM, which
+# each example's spark.stop() leaves running for the next: PySpark keeps its gateway), with a
+# longer guard against a hang. Each example's output is checked as the others'.
 JVM_EXAMPLES = {"spark_enqueue.py", "history_export.py", "spark_datasource.py"}
+JVM_TIMEOUT = 600
+
+# Runs each file of argv as __main__, in turn, each one's stdout after a line MARK + its name;
+# an example that raises prints its traceback and MARK + "failed", and the next one runs.
+MARK = "--- panqueue example: "
+RUN_IN_ONE = f"""
+import os, runpy, sys, traceback
+for path in sys.argv[1:]:
+    print({MARK!r} + path, flush=True)
+    sys.path[0] = os.path.dirname(path)  # as for python examples/NAME.py
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exit:
+        if exit.code not in (None, 0):
+            print({MARK!r} + "failed: exit " + str(exit.code), flush=True)
+    except BaseException:
+        traceback.print_exc(file=sys.stdout)
+        print({MARK!r} + "failed", flush=True)
+    sys.stdout.flush()
+"""
 
 
 def run_example(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                          timeout=420 if path.name in JVM_EXAMPLES else 90, cwd=ROOT,
+                          timeout=90, cwd=ROOT, env=subprocess_env(**env))
+
+
+def run_in_one_process(paths: list[Path],
+                       **env: str) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run ``paths`` one after another in one child process; each one's result as if it had run
+    alone: its own stdout, exit status 1 if it raised, the shared stderr."""
+    proc = subprocess.run([sys.executable, "-c", RUN_IN_ONE, *map(str, paths)],
+                          capture_output=True, text=True, timeout=JVM_TIMEOUT, cwd=ROOT,
                           env=subprocess_env(**env))
+    outputs: dict[str, list[str]] = {}
+    lines: list[str] = []
+    for line in proc.stdout.splitlines(keepends=True):
+        if line.startswith(MARK) and line[len(MARK):].strip() in map(str, paths):
+            lines = outputs.setdefault(Path(line[len(MARK):].strip()).name, [])
+        else:
+            lines.append(line)
+    results = {}
+    for name in [path.name for path in paths]:
+        out = outputs.get(name, [])
+        # Not started, or the last one started when the process died: it failed.
+        failed = (name not in outputs or any(line.startswith(MARK) for line in out)
+                  or (proc.returncode != 0 and name == list(outputs)[-1]))
+        results[name] = subprocess.CompletedProcess(proc.args, 1 if failed else 0,
+                                                    "".join(out), proc.stderr)
+    return results
+
+
+_jvm_runs: dict[str, subprocess.CompletedProcess[str] | BaseException] = {}
+
+
+def run_jvm_example(path: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """The JVM examples' results: the first one asked for runs them all, in one process."""
+    if not _jvm_runs:
+        paths = [p for p in EXAMPLES if p.name in JVM_EXAMPLES]
+        try:
+            _jvm_runs.update(run_in_one_process(paths, PANQUEUE_URL=url))
+        except Exception as exc:  # a hang: every JVM example fails with it, none runs again
+            _jvm_runs.update(dict.fromkeys(JVM_EXAMPLES, exc))
+    result = _jvm_runs[path.name]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def check_output(path: Path, proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -304,10 +367,14 @@ def test_examples_are_found() -> None:
 
 
 @pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.name, marks=[pytest.mark.timeout(480)] if p.name in JVM_EXAMPLES else [])
+    pytest.param(p, id=p.name,
+                 marks=[pytest.mark.timeout(JVM_TIMEOUT + 60)] if p.name in JVM_EXAMPLES else [])
     for p in EXAMPLES])
 def test_example_runs_against_the_url_in_panqueue_url(path: Path, redis_url: str) -> None:
-    proc = run_example(path, PANQUEUE_URL=redis_url)
+    if path.name in JVM_EXAMPLES:
+        proc = run_jvm_example(path, redis_url)
+    else:
+        proc = run_example(path, PANQUEUE_URL=redis_url)
     check_output(path, proc)
     assert "started a private" not in proc.stdout + proc.stderr
 

@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import ctypes
 import errno
+import importlib.util
 import json
 import os
 import resource
@@ -22,9 +23,29 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from panqueue._sandbox.seccomp import FilterSpec, install_filter, syscall_number
+
+def _seccomp_module() -> ModuleType:
+    """panqueue._sandbox.seccomp alone, without the package: the filter's module uses nothing
+    else of panqueue, and the package's import (the whole runtime, about 0.4 s of CPU) would be
+    most of what each of the tests' children costs."""
+    package = importlib.util.find_spec("panqueue")
+    assert package is not None and package.submodule_search_locations
+    path = Path(next(iter(package.submodule_search_locations))) / "_sandbox" / "seccomp.py"
+    spec = importlib.util.spec_from_file_location("panqueue._sandbox.seccomp", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+_seccomp = _seccomp_module()
+FilterSpec, install_filter, syscall_number = (
+    _seccomp.FilterSpec, _seccomp.install_filter, _seccomp.syscall_number)
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
