@@ -10,6 +10,7 @@ queue on the test's server. A test file that needs more calls subclasses it and 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -112,6 +113,22 @@ class ScriptStore:
 
 
 S = TypeVar("S", bound=ScriptStore)
+
+
+_claims = itertools.count(1)
+
+
+def run_first(store: ScriptStore, n: int, *, fail: tuple[str, ...] = ()) -> list[str]:
+    """Claim the next ``n`` jobs and end each: those named in ``fail`` fail, the rest
+    complete. (Each claim has a token of its own: a token is also its call's request id.)"""
+    token = f"w:1:{next(_claims)}"
+    claimed = store.claim(token, n)
+    for job_id in claimed:
+        if job_id in fail:
+            store.fail(job_id, token)
+        else:
+            store.complete(job_id, token)
+    return claimed
 
 
 @contextmanager

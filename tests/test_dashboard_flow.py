@@ -7,7 +7,6 @@ partitioned queue. The jobs' states are arranged with the store's scripts (no wo
 from __future__ import annotations
 
 import contextlib
-import itertools
 import zlib
 from collections.abc import Callable, Iterator
 
@@ -22,7 +21,7 @@ from panqueue._store.ops import read_flow
 from panqueue.dashboard import create_app
 from panqueue.dashboard._flow import draw
 from tests import test_dashboard_browser as browser
-from tests.store_fixtures import ScriptStore, open_store
+from tests.store_fixtures import ScriptStore, open_store, run_first
 from tests.test_dashboard import browser as in_process
 
 # The fixtures of the dashboard's browser tests.
@@ -32,7 +31,6 @@ dashboard = browser.dashboard
 client = browser.client
 
 MARKUP = "<script>window.__pwned = 1</script>"
-_claims = itertools.count(1)
 
 
 @pytest.fixture
@@ -41,17 +39,6 @@ def store(client: SyncQueueClient) -> Iterator[Callable[[str], ScriptStore]]:
     with contextlib.ExitStack() as stack:
         yield lambda queue: stack.enter_context(open_store(client.url, queue, ScriptStore))
 
-
-def run_next(store: ScriptStore, n: int, *, fail: tuple[str, ...] = ()) -> list[str]:
-    """Claim the next ``n`` jobs and end each: those in ``fail`` fail, the others complete."""
-    token = f"w:1:{next(_claims)}"
-    claimed = store.claim(token, n)
-    for job_id in claimed:
-        if job_id in fail:
-            store.fail(job_id, token)
-        else:
-            store.complete(job_id, token)
-    return claimed
 
 
 def node(page: Page, job_id: str) -> Locator:
@@ -80,7 +67,7 @@ def test_a_jobs_page_draws_its_flow_with_each_state_and_each_job_opens_its_page(
     queue.add("doomed", job_id="doomed")
     queue.add("report", job_id="report", depends_on=["middle", "doomed"])
     queue.add("archive", job_id="archive", depends_on=["load"])
-    assert run_next(store("flow-etl"), 2, fail=("doomed",)) == ["extract", "doomed"]
+    assert run_first(store("flow-etl"), 2, fail=("doomed",)) == ["extract", "doomed"]
 
     base = dashboard()
     page.goto(job_page(base, "flow-etl", "middle"))
@@ -131,7 +118,7 @@ def test_a_removed_dependency_shows_as_removed_without_a_link(
     queue = client.queue("flow-removed")
     setup = queue.add("setup", job_id="setup")
     queue.add("main", job_id="main", depends_on=[setup])
-    run_next(store("flow-removed"), 1)
+    run_first(store("flow-removed"), 1)
     client.remove("flow-removed", "setup")
     page.goto(job_page(dashboard(), "flow-removed", "main"))
     expect(node(page, "setup").locator(".flow-state")).to_have_text("removed")

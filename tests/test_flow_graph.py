@@ -5,7 +5,6 @@ with their jobs, and a partitioned queue, whose flows live in one partition."""
 
 from __future__ import annotations
 
-import itertools
 import zlib
 from collections.abc import Iterator
 
@@ -15,7 +14,7 @@ import redis
 from panqueue import FlowJob, Job, Registry, SyncQueueClient
 from panqueue._keys import partition_keys
 from panqueue._store.ops.flow import FLOW_LOOK, FLOW_NODES, Flow, read_flow
-from tests.store_fixtures import ScriptStore
+from tests.store_fixtures import ScriptStore, run_first
 
 
 @pytest.fixture
@@ -39,20 +38,7 @@ def depths(flow: Flow) -> dict[str, int]:
     return {node.id: node.depth for node in flow.nodes}
 
 
-def run_first(store: ScriptStore, n: int, *, fail: tuple[str, ...] = ()) -> list[str]:
-    """Claim the next ``n`` jobs and end each: those named in ``fail`` fail, the rest
-    complete. (Each claim has a token of its own: a token is also its call's request id.)"""
-    token = f"w:1:{next(_claims)}"
-    claimed = store.claim(token, n)
-    for job_id in claimed:
-        if job_id in fail:
-            store.fail(job_id, token)
-        else:
-            store.complete(job_id, token)
-    return claimed
 
-
-_claims = itertools.count(1)
 
 
 def test_a_flow_shows_dependencies_and_dependents_transitively_with_their_states(
