@@ -80,7 +80,8 @@ for i = 0, n - 1 do
       end
     end
   end
-  local bad = new_job_problem(f)
+  -- An item with the fields of the item before ('') passed the same checks with it.
+  local bad = (i == 0 or ARGV[b + 1] ~= '') and new_job_problem(f)
   if bad then
     return {'!', 'item ' .. i .. ': ' .. bad}
   end
@@ -89,7 +90,10 @@ for i = 0, n - 1 do
   elseif mode == 'global' and f.key ~= '' then
     return {'!', 'item ' .. i .. ": key= needs a keyed queue (mode='keyed'); this queue is global"}
   end
-  local token, id_home = string.match(ARGV[4 + n * 2 + i] or '', '^([^\t]*)\t?(.*)$')
+  local token, id_home = '', ''
+  if ARGV[4 + n * 2 + i] then
+    token, id_home = string.match(ARGV[4 + n * 2 + i], '^([^\t]*)\t?(.*)$')
+  end
   if id_home ~= '' then
     f.pointed = id_home .. '\t' .. token
   end
