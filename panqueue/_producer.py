@@ -133,11 +133,15 @@ def stored_form(data: Any) -> Any:
 
 def new_jobs(defaults: dict[str, Any], items: Iterable[Any]) -> list[NewJob]:
     """One job per item of an ``add_bulk``, each item its data; a bad item is named by its
-    index."""
-    jobs = []
+    index. The items share their options (the queue's defaults and the producer's trace): the
+    first item's job validates them, the others copy it with their own data."""
+    jobs: list[NewJob] = []
     for index, item in enumerate(items):
         try:
-            jobs.append(ops.new_job(defaults, stored_form(item), {}))
+            if jobs:
+                jobs.append(ops.job_alike(jobs[0], stored_form(item)))
+            else:
+                jobs.append(ops.new_job(defaults, stored_form(item), {}))
         except PayloadError as exc:
             raise PayloadError(f"item {index}: {exc}") from None
     return jobs

@@ -189,10 +189,10 @@ def claimed_ids(reply: list[Any], offset: int) -> list[str]:
     count = int(reply[offset])
     return [reply[offset + 2 + 5 * n].decode() for n in range(count)]
 
-# add.lua's fields per job, as its header says ("n groups of N"; tests/test_lua_contract.py holds
-# the header to what Python sends).
-ADD_FIELDS = int(re.search(r"groups of (\d+)", (Path(__file__).parents[1] / "panqueue" / "_store" /
-                                                 "lua" / "add.lua").read_text())[1])
+# add.lua's fields per job but its data, as its header says ("its other fields as a msgpack
+# array of N"; tests/test_lua_contract.py holds the header to what Python sends).
+ADD_FIELDS = int(re.search(r"msgpack\s+array of (\d+)", (
+    Path(__file__).parents[1] / "panqueue" / "_store" / "lua" / "add.lua").read_text())[1])
 
 
 class ScriptMachine(RuleBasedStateMachine):
@@ -1012,15 +1012,22 @@ class ScriptMachine(RuleBasedStateMachine):
 
     def _items_of(self, sent: Sent) -> list[NewJob]:
         """The jobs of a sent add call, read back from its ARGV."""
+        import msgpack
+
         from panqueue._codec import decode
 
         args = sent.args
         items = []
+        fields: list[Any] = [b""] * ADD_FIELDS  # '': the item before's fields (none: defaults)
+        fields[1] = fields[2] = fields[3] = fields[8] = fields[10] = fields[11] = 0
         for n in range(int(args[0])):
-            b = 3 + n * ADD_FIELDS  # the fields of each job, after 3 leading ones
-            deps = tuple(decode(args[b + 7])) if args[b + 7] else ()
-            items.append(NewJob(args[b] or None, args[b + 1], depends_on=deps,
-                                expires_in_ms=int(args[b + 11])))
+            b = 3 + n * 2  # each job's data and fields, after 3 leading ones
+            if args[b + 1]:
+                fields = msgpack.unpackb(args[b + 1], raw=True)  # raw strings (add_call)
+                assert len(fields) == ADD_FIELDS, fields
+            deps = tuple(decode(fields[6])) if fields[6] else ()
+            items.append(NewJob(fields[0].decode() or None, args[b], depends_on=deps,
+                                expires_in_ms=int(fields[10])))
         return items
 
     def _unchanged(self, before: Snapshot, after: Snapshot, what: str) -> None:

@@ -5,15 +5,18 @@
 -- ARGV[1]  number of jobs n   ARGV[2] the producer's declared mode ('' | global | keyed)
 -- ARGV[3]  the producer's declared partition ("<count>:<index>:<version>", '' = as stored;
 --          lib/layout.lua partition_problem)
--- ARGV[4..] n groups of 15: id ('' = generate), data (msgpack), priority, delay ms,
---          run_at ms (0 = none), options (msgpack | ''), key ('' = none), dependencies
---          (msgpack list of ids | ''), dedup key (''), dedup ttl ms, dedup strategy,
---          expires in ms (0 = none; from the server's clock), expires at ms (0 = none): the
---          deadline to start by (lib/expiry.lua; an add past it ends the job CANCELLED),
---          batch id ('' = none; registered in the batch beforehand, panqueue/_batch.py;
---          after a tab: the id's ending is recorded in the batch already, batch_register.lua,
---          so the add may return the job it names but not create it: refused otherwise),
---          tags ('' = none; separated by newlines, each indexed in "tag:<tag>")
+-- ARGV[4..] n pairs: the job's data (msgpack), and its other fields as a msgpack array of 14,
+--          or '' for the same fields as the item before (the first item: each at its default,
+--          the value in brackets): id ('' = generate), priority (0), delay ms (0), run_at ms
+--          (0 = none), options (msgpack | ''), key ('' = none), dependencies (msgpack list of
+--          ids | ''), dedup key (''), dedup ttl ms (0), dedup strategy (''), expires in ms
+--          (0 = none; from the server's clock), expires at ms (0 = none): the deadline to start
+--          by (lib/expiry.lua; an add past it ends the job CANCELLED), batch id ('' = none;
+--          registered in the batch beforehand, panqueue/_batch.py; after a tab: the id's ending
+--          is recorded in the batch already, batch_register.lua, so the add may return the job
+--          it names but not create it: refused otherwise), tags ('' = none; separated by
+--          newlines, each indexed in "tag:<tag>"). An add_bulk's items share their fields, so
+--          each after the first is two arguments
 --          then (absent when no item has one) n tokens: item i's identity token ('' = none),
 --          when a pointer in another partition names the job (lib/identity.lua), followed by
 --          "\t<partition>" when that partition holds its custom id's pointer (the job keeps it,
@@ -56,14 +59,16 @@ if problem then
 end
 local jobs = {}
 local batch_ids = {}
+local g = {'', 0, 0, 0, '', '', '', '', 0, '', 0, 0, '', ''}  -- the fields of ARGV[4..]
 for i = 0, n - 1 do
-  local b = 4 + i * 15
-  local f = {id = ARGV[b], data = ARGV[b + 1], priority = tonumber(ARGV[b + 2]),
-             delay = tonumber(ARGV[b + 3]), run_at = tonumber(ARGV[b + 4]),
-             options = ARGV[b + 5], key = ARGV[b + 6], deps = {}, dedup = ARGV[b + 8],
-             ttl = tonumber(ARGV[b + 9]), strategy = ARGV[b + 10],
-             expires_in = tonumber(ARGV[b + 11]), expires_at = tonumber(ARGV[b + 12]),
-             batch = ARGV[b + 13], tags = ARGV[b + 14]}
+  local b = 4 + i * 2
+  if ARGV[b + 1] ~= '' then
+    g = cmsgpack.unpack(ARGV[b + 1])
+  end
+  local f = {id = g[1], data = ARGV[b], priority = tonumber(g[2]), delay = tonumber(g[3]),
+             run_at = tonumber(g[4]), options = g[5], key = g[6], deps = {}, dedup = g[8],
+             ttl = tonumber(g[9]), strategy = g[10], expires_in = tonumber(g[11]),
+             expires_at = tonumber(g[12]), batch = g[13], tags = g[14]}
   local ended_in_batch = f.batch:sub(1, 1) == '\t'
   if ended_in_batch then
     f.batch = f.batch:sub(2)
@@ -75,7 +80,8 @@ for i = 0, n - 1 do
       end
     end
   end
-  local bad = new_job_problem(f)
+  -- An item with the fields of the item before ('') passed the same checks with it.
+  local bad = (i == 0 or ARGV[b + 1] ~= '') and new_job_problem(f)
   if bad then
     return {'!', 'item ' .. i .. ': ' .. bad}
   end
@@ -84,7 +90,10 @@ for i = 0, n - 1 do
   elseif mode == 'global' and f.key ~= '' then
     return {'!', 'item ' .. i .. ": key= needs a keyed queue (mode='keyed'); this queue is global"}
   end
-  local token, id_home = string.match(ARGV[4 + n * 15 + i] or '', '^([^\t]*)\t?(.*)$')
+  local token, id_home = '', ''
+  if ARGV[4 + n * 2 + i] then
+    token, id_home = string.match(ARGV[4 + n * 2 + i], '^([^\t]*)\t?(.*)$')
+  end
   if id_home ~= '' then
     f.pointed = id_home .. '\t' .. token
   end
@@ -95,8 +104,8 @@ for i = 0, n - 1 do
   -- An item with a token had its dependencies checked by its producer before its identities
   -- were decided in their homes (ops/identity.py add_placed), as here: a dedup replace decided
   -- there may have deleted one since, which fails the job (add_job), as a replace here does.
-  if ARGV[b + 7] ~= '' then
-    f.deps = cmsgpack.unpack(ARGV[b + 7])
+  if g[7] ~= '' then
+    f.deps = cmsgpack.unpack(g[7])  -- a table of the item's own: resolved ids replace its ids
     for _, dep in ipairs(f.deps) do
       if token == '' and not batch_ids[dep] and redis.call('EXISTS', job_key(dep)) == 0 then
         return {'!', 'item ' .. i .. ': dependency ' .. dep .. ' is not a job of this queue'}

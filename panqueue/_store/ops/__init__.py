@@ -17,7 +17,15 @@ a script's ARGV, read its reply or know a job hash's field letters. By concern:
 The worker's transitions (claim, complete, fail, renew...) are in ``panqueue._store.transitions``.
 """
 
-from panqueue._store.ops.add import ADD_OPTIONS, NewJob, add_call, add_jobs, new_job, parse_added
+from panqueue._store.ops.add import (
+    ADD_OPTIONS,
+    NewJob,
+    add_call,
+    add_jobs,
+    job_alike,
+    new_job,
+    parse_added,
+)
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_COMPLETED,
     DEFAULT_KEEP_FAILED,
@@ -119,6 +127,7 @@ __all__ = [
     "explain",
     "get_job",
     "is_paused",
+    "job_alike",
     "known_queue",
     "last_event_id",
     "list_ids",

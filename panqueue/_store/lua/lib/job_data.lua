@@ -1,5 +1,6 @@
 -- lib/job_data.lua: how a job's data is stored in its hash: in field "d", or, when that keeps
--- the hash small, in up to eight parts "d", "d1" .. "d7" of at most 64 bytes each.
+-- the hash small, in up to eight parts "d", "d1" .. "d7" of at most 64 bytes each; and its
+-- other fields written with it (put_field).
 -- Needs: nothing (pure string work; the caller writes and reads the fields).
 --
 -- Redis keeps a hash whose every value is at most hash-max-listpack-value bytes (64 by
@@ -31,6 +32,14 @@ local function put_data(args, data, parts)
   for i = 1, n do
     args[#args + 1] = DATA_FIELDS[i]
     args[#args + 1] = string.sub(data, (i - 1) * DATA_PART + 1, i * DATA_PART)
+  end
+end
+
+-- Appends `field` and `value` to `args` (an HSET's arguments), unless the value is none ('').
+local function put_field(args, field, value)
+  if value and value ~= '' then
+    args[#args + 1] = field
+    args[#args + 1] = value
   end
 end
 

@@ -38,9 +38,12 @@ local function add_job(now, f)
   if run_at == 0 and f.delay > 0 then
     run_at = now + f.delay
   end
+  -- A job with no dependency and no deadline, due now, waits: its state goes with its fields.
+  local deadline = start_deadline(now, f.expires_in, f.expires_at)
+  local waits = #f.deps == 0 and not deadline and run_at <= now
   -- A field at its default is not written (priority 0, no attempt yet): a waiting job's hash
   -- is most of the memory a queue of them takes. The data goes in parts where that keeps the
-  -- hash a listpack (lib/job_data.lua).
+  -- hash a listpack (lib/job_data.lua). One write, before any ending below (end_job reports b).
   local fields = {'et', int_arg(now)}
   if f.priority ~= 0 then
     fields[3] = 'p'
@@ -48,33 +51,28 @@ local function add_job(now, f)
   end
   put_data(fields, f.data, fits_part(f.options) and fits_part(f.key) and fits_part(f.dedup)
     and fits_part(f.batch) and fits_part(f.tags) and fits_part(f.pointed))
+  if waits then
+    fields[#fields + 1] = 's'
+    fields[#fields + 1] = 'waiting'
+  end
+  put_field(fields, 'o', f.options)
+  put_field(fields, 'k', f.key)
+  put_field(fields, 'b', f.batch)
+  put_field(fields, 'tg', f.tags)
+  put_field(fields, 'ih', f.pointed)  -- its id's pointer (lib/identity.lua)
+  put_field(fields, 'dd', dkey and f.dedup)
   redis.call('HSET', jkey, unpack(fields))
-  if f.options ~= '' then
-    redis.call('HSET', jkey, 'o', f.options)
-  end
-  if f.key ~= '' then
-    redis.call('HSET', jkey, 'k', f.key)
-  end
-  if f.batch and f.batch ~= '' then
-    redis.call('HSET', jkey, 'b', f.batch)  -- before any ending below: end_job reports it
-  end
   if f.tags and f.tags ~= '' then
-    redis.call('HSET', jkey, 'tg', f.tags)
     -- Scored by the partition's count of tagged adds: a tag's index is in the order of adds.
     local order = redis.call('HINCRBY', K_META, 'tgn', 1)
     for tag in string.gmatch(f.tags, '[^\n]+') do
       redis.call('ZADD', tag_key(tag), order, id)
     end
   end
-  if f.pointed then
-    redis.call('HSET', jkey, 'ih', f.pointed)  -- its id's pointer (lib/identity.lua)
-  end
   if dkey then
-    redis.call('HSET', jkey, 'dd', f.dedup)
     redis.call('SET', dkey, id, 'PX', f.ttl)
   end
   record_flow(jkey, id, f.deps)  -- before any ending below: the flow shows it whatever it is
-  local deadline = start_deadline(now, f.expires_in, f.expires_at)
   if deadline then
     redis.call('HSET', jkey, 'x', deadline)
     if deadline <= now then  -- already past: it never waits
@@ -114,7 +112,7 @@ local function add_job(now, f)
       wake_workers()
     end
   else
-    enqueue_waiting(jkey, id)
+    enqueue_waiting(jkey, id, waits and f)
     emit('added', id, 's', 'waiting')
   end
   return id, 1

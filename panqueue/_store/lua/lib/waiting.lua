@@ -36,17 +36,18 @@ local function refresh_key(key, active, popped)
   end
 end
 
--- Put a job into waiting, behind the others (of its priority / of its key).
-local function enqueue_waiting(jkey, id)
-  redis.call('HSET', jkey, 's', 'waiting')
+-- Put a job into waiting, behind the others (of its priority / of its key). `new`: the fields of
+-- a job add_job (lib/new_job.lua) wrote with its state just now: they are not read back.
+local function enqueue_waiting(jkey, id, new)
+  if not new then redis.call('HSET', jkey, 's', 'waiting') end
   if keyed() then
-    local key = redis.call('HGET', jkey, 'k')
+    local key = new and new.key ~= '' and new.key or redis.call('HGET', jkey, 'k')
     redis.call('RPUSH', key_list(key), id)
     redis.call('HINCRBY', K_META, 'kw', 1)
     refresh_key(key)
     return
   end
-  local priority = tonumber(redis.call('HGET', jkey, 'p') or '0') or 0
+  local priority = new and new.priority or tonumber(redis.call('HGET', jkey, 'p') or '0') or 0
   if waits_in_list(priority) then
     redis.call('RPUSH', K_WAIT_LIST, id)
     return

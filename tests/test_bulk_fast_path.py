@@ -1,0 +1,84 @@
+"""``add_bulk``'s fast path: its items share their options, so the first item's job is
+validated in full and the others copy it with their own data (``ops.job_alike``), and the add
+script gets each later item as its data and '' (its fields as the item's before). Each job so
+added is exactly the job the general path makes and stores."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+
+from panqueue import Backoff, PayloadError, SyncQueueClient
+from panqueue._keys import QueueKeys
+from panqueue._producer import new_jobs
+from panqueue._store.ops import add_call, new_job
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: int
+
+
+ITEMS: list[Any] = [{}, {"n": 1}, None, [1, "two", 3.0], Point(1, 2), "x" * 300, "żółw", {}]
+
+# Queue defaults: none; every one a producer may set; and ones that make the jobs wait later.
+DEFAULTS: list[dict[str, Any]] = [
+    {},
+    {"priority": 5, "attempts": 3, "backoff": Backoff.exponential(2.0), "timeout": 30.0,
+     "tags": ["tenant:42", "import"]},
+    {"delay": 60.0, "expires": 3600.0, "priority": -2},
+    {"expires": datetime.now(UTC) + timedelta(hours=1)},
+]
+
+
+@pytest.mark.parametrize("defaults", DEFAULTS, ids=["none", "waiting", "delayed", "deadline"])
+def test_each_job_of_a_bulk_is_the_job_new_job_makes(defaults: dict[str, Any]) -> None:
+    bulk = new_jobs(defaults, ITEMS)
+    one_by_one = [new_job(defaults, dataclasses.asdict(item) if isinstance(item, Point) else item,
+                          {}) for item in ITEMS]
+    assert bulk == one_by_one
+    assert [job.data for job in bulk] == [job.data for job in one_by_one]
+
+
+def test_a_bad_item_after_the_first_is_named_and_nothing_is_made() -> None:
+    with pytest.raises(PayloadError, match="item 2: "):
+        new_jobs({"attempts": 2}, [{}, {}, {1, 2}])
+
+
+def test_later_items_of_a_bulk_send_their_data_and_no_fields() -> None:
+    jobs = new_jobs({"attempts": 3}, [{}, {"a": 1}, {}])
+    args = add_call(QueueKeys("q"), jobs).args
+    assert args[3::2] == tuple(job.data for job in jobs)
+    first, *later = args[4::2]
+    assert first and later == ["", ""]  # the first item's options are not the defaults
+    assert add_call(QueueKeys("q"), new_jobs({}, [{}, {}])).args[4::2] == ("", "")
+
+
+def _stored(r: redis.Redis, queue: str, job_id: str) -> dict[bytes, bytes]:
+    """The job's hash, its times (enqueued at, deadline) only as present."""
+    fields = r.hgetall(QueueKeys(queue).job(job_id))
+    return {k: b"<time>" if k in (b"et", b"x") else v for k, v in fields.items()}
+
+
+@pytest.mark.parametrize("defaults", DEFAULTS, ids=["none", "waiting", "delayed", "deadline"])
+def test_a_bulk_stores_each_job_as_adding_it_alone_does(
+        redis_url: str, redis_client: redis.Redis, queue_name: str,
+        defaults: dict[str, Any]) -> None:
+    with SyncQueueClient(redis_url) as client:
+        bulk = client.queue(queue_name, **defaults).add_bulk(ITEMS)
+        alone = [client.queue(queue_name + "-alone", **defaults).add(item) for item in ITEMS]
+    assert len(bulk) == len(alone) == len(ITEMS)
+    for b, a in zip(bulk, alone, strict=True):
+        assert _stored(redis_client, queue_name, b.id) == _stored(
+            redis_client, queue_name + "-alone", a.id)
+        assert b.info().to_dict() | {"id": None, "queue": None, "enqueued_at": None,
+                                     "run_at": None, "expires_at": None} == (
+            a.info().to_dict() | {"id": None, "queue": None, "enqueued_at": None,
+                                  "run_at": None, "expires_at": None})
+    if not defaults:  # a plain job: its enqueue time, data and state, written at once
+        assert set(_stored(redis_client, queue_name, bulk[0].id)) == {b"et", b"d", b"s"}
