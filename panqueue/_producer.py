@@ -11,6 +11,10 @@ them, so the async and sync producers share every line but the driving. :class:`
 
 This is the package's internal surface for producing: the clients, ``_queue.py``, ``_batch.py``
 and ``spark.py`` use these names and nothing private of each other.
+
+Longer than 400 lines because the two halves meet in every add: a bulk's items are built once
+against the options its producer resolves (``new_jobs`` validates the first and copies it), and
+a producer routes what they build; apart, each half would import the other's private rules.
 """
 
 from __future__ import annotations
