@@ -46,6 +46,8 @@ __all__ = ["AttemptRunner", "CancelRequested", "Ending", "Outcome", "ending_of",
 # The longest a retry delay or a snooze may be (a year); a longer, negative or non-finite one
 # is refused.
 _MAX_RETRY_DELAY = 365 * 24 * 3600.0
+# A result of None, encoded (one byte: no max_payload_bytes refuses it).
+_NONE = encode(None)
 
 
 class Ending(enum.Enum):
@@ -174,6 +176,8 @@ class AttemptRunner:
         if attempt.cancel_requested and attempt.scope.cancelled_caught:
             error = CancelRequested()
         if error is None:
+            if outcome is None:  # most handlers return nothing: no walk, no encoding
+                return Outcome(Ending.COMPLETED, duration, result=_NONE)
             try:
                 check_json_compatible(outcome, "result")
                 result = encode(outcome)
