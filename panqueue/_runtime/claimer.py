@@ -379,11 +379,14 @@ class Claimer(ClaimLoop):
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens,
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
                  process: Process, log: Any, parts: list[QueueKeys] | None = None,
-                 shared_rate: tuple[int, int] | None = None) -> None:
+                 shared_rate: tuple[int, int] | None = None,
+                 batch_job_ended: Callable[[], None] | None = None) -> None:
         super().__init__(transport, keys, tokens, wakeups, concurrency=concurrency,
                          lock_ttl=lock_ttl, poll_interval=poll_interval, log=log, parts=parts,
                          shared_rate=shared_rate)
         self._process = process
+        # Called once a job of a batch was processed (the job's ending is relayed to it).
+        self._batch_job_ended = batch_job_ended
 
     async def run(self, tg: anyio.abc.TaskGroup) -> None:
         """Claim until ``stopping`` (or cancellation); slot tasks are started in ``tg``."""
@@ -452,6 +455,9 @@ class Claimer(ClaimLoop):
         try:
             following: ClaimedJob | None = job
             while following is not None:
-                following = await self._process(following)
+                job = following
+                following = await self._process(job)
+                if job.batch and self._batch_job_ended is not None:
+                    self._batch_job_ended()
         finally:
             self._slot_ended()

@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
 
 import anyio
 
@@ -54,6 +55,35 @@ class Tokens:
             and parsed.worker == self._worker
 
 
+class Scope(Protocol):
+    """What an attempt needs of a cancel scope: anyio's, or the event loop's own (which anyio's
+    is on asyncio, and which it wraps on trio)."""
+
+    def cancel(self) -> None: ...
+
+    @property
+    def cancelled_caught(self) -> bool: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None: ...
+
+
+def native_scopes() -> Callable[[], Scope]:
+    """The class of the running event loop's own cancel scopes, called with no argument.
+
+    ``anyio.CancelScope()`` finds the running event loop on every call (and on trio wraps
+    trio's scope in one of its own): called once per attempt, that lookup and wrapper were a
+    tenth of a no-op job's CPU on trio. Both kinds nest with anyio's task groups and scopes
+    (anyio's asyncio scopes are that class itself; on trio, anyio's scopes are trio's)."""
+    if type(anyio.CancelScope()).__module__.endswith("_trio"):
+        import trio  # only on trio, which is then installed
+
+        return trio.CancelScope
+    return type(anyio.CancelScope())
+
+
 @dataclass(slots=True, eq=False)
 class Attempt:
     """One attempt this worker runs, and how to stop it."""
@@ -61,7 +91,7 @@ class Attempt:
     job_id: str
     token: str
     deadline: float  # local (monotonic) time by which the lock is surely expired unless renewed
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    scope: Scope  # stops the attempt (a lost lock, a cancel request, a forced shutdown)
     done: bool = False  # the executor has returned
     _ended: anyio.Event | None = None  # made only when someone waits for the end (rare)
     lost: bool = False  # lock lost: another attempt may own the job now; do not finish it
@@ -98,6 +128,7 @@ class Attempts:
         self.by_lock: dict[tuple[str, str], Attempt] = {}
         self._by_job: dict[str, Attempt] = {}
         self.on_lost: Callable[[], None] | None = None  # metrics: an attempt's lock was lost
+        self._new_scope: Callable[[], Scope] | None = None  # read on the first start
         # Cancel requests heard before the attempt of their run started: lock -> when.
         self._early_cancels: dict[tuple[str, str], float] = {}
 
@@ -107,7 +138,10 @@ class Attempts:
     def start(self, job_id: str, token: str, stopping: bool, partition: int = 0,
               number: int = 0) -> Attempt:
         now = time.monotonic()
-        attempt = Attempt(job_id, token, now + self.lock_ttl, stopping=stopping,
+        new_scope = self._new_scope
+        if new_scope is None:
+            new_scope = self._new_scope = native_scopes()
+        attempt = Attempt(job_id, token, now + self.lock_ttl, new_scope(), stopping=stopping,
                           partition=partition, number=number)
         self.by_lock[attempt.lock] = attempt
         self._by_job[job_id] = attempt

@@ -162,8 +162,8 @@ class Roles:
             self.claimer = Claimer(
                 transport, parts[0], tokens, self.wakeups, concurrency=worker.concurrency,
                 lock_ttl=worker.lock_ttl, poll_interval=worker.poll_interval,
-                process=self._relayed(process), log=log, parts=parts,
-                shared_rate=shape.shared_rate)
+                process=process, log=log, parts=parts, shared_rate=shape.shared_rate,
+                batch_job_ended=self._batch_job_ended)
         self.renewer = Renewer(transport, parts, attempts, log)
         self.upkeep = Upkeep(
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
@@ -311,14 +311,9 @@ class Roles:
             self.watchdog.beat()
             await anyio.sleep(BEAT_INTERVAL)
 
-    def _relayed(self, process: Process) -> Process:
-        """``process``; then, for a job of a batch, its ending is relayed to the batch."""
-        async def relayed(job: ClaimedJob) -> ClaimedJob | None:
-            following = await process(job)
-            if job.batch:
-                self.upkeep.batch_job_ended()
-            return following
-        return relayed
+    def _batch_job_ended(self) -> None:
+        """A job of a batch was processed: its ending is relayed to the batch."""
+        self.upkeep.batch_job_ended()
 
     def _relayed_count(self, counted: Count) -> Count:
         """``counted``; then, as for a plain job, a batch's job's ending is relayed."""
