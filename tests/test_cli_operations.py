@@ -380,6 +380,39 @@ def test_reload_waits_for_the_next_save_after_a_syntax_error(tmp_path: Path,
     assert "Traceback" not in err.read_text()
 
 
+
+def test_reload_finds_a_save_made_before_it_started_watching(tmp_path: Path,
+                                                              redis_url: str) -> None:
+    """A save between the failed import and the watcher's start is not lost: here the failing
+    module itself saves the fixed version before it raises, so only a look at the files (not
+    the watcher, which starts after) can see it."""
+    app = tmp_path / "reloadapp.py"
+    app.write_text(_RELOAD_APP.format(answer=1))
+    err = tmp_path / "worker.err"
+    worker = _reload_worker(tmp_path, redis_url, err)
+    try:
+        with SyncQueueClient(redis_url) as client:
+            assert client.queue("reload").add(None).result(timeout=20) == 1
+            app.write_text(_SAVES_ITS_FIX.format(fixed=repr(_RELOAD_APP.format(answer=2))))
+            wait_until(lambda: "RuntimeError: saved the fix" in err.read_text()
+                       or worker.poll() is not None, 30, "the restart's import to fail")
+            assert client.queue("reload").add(None).result(timeout=30) == 2
+    finally:
+        worker.terminate()
+        worker.wait(20)
+    text = err.read_text()
+    assert "panqueue: error: importing 'reloadapp' failed at " in text, text
+    assert "RuntimeError: saved the fix" in text, text
+
+
+# A module that, imported, saves the next version of itself and then fails.
+_SAVES_ITS_FIX = """
+import pathlib
+
+pathlib.Path(__file__).write_text({fixed})
+raise RuntimeError("saved the fix")
+"""
+
 _CHAINED_APP = """
 import json
 

@@ -120,6 +120,9 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         except ImportError:
             raise UsageFailure("--reload needs watchfiles: pip install 'panqueue[reload]'"
                                ) from None
+    # --reload: the .py files as they are before the import, so that a save the watcher
+    # cannot see (made before it runs) is found when the import fails.
+    files = _python_files() if reload else {}
     try:
         registry = load_registry(app, show_traceback=show_traceback)
         if not len(registry):
@@ -132,7 +135,7 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
             raise
         # The file being edited does not import (yet): the next save may fix it.
         print_error(str(exc))
-        _wait_for_change()
+        _wait_for_change(files)
         _restart()
     if backend == "trio":
         try:
@@ -200,18 +203,50 @@ def _restart() -> NoReturn:
     os.execv(sys.executable, [sys.executable, "-m", "panqueue", *sys.argv[1:]])
 
 
-def _wait_for_change() -> None:
+def _wait_for_change(before: dict[str, tuple[int, int]]) -> None:
     """Block until a .py file under the current directory changes (--reload); SIGINT and
-    SIGTERM end the command meanwhile."""
+    SIGTERM end the command meanwhile. The watcher sees only what changes once it runs, so
+    the files are then held to ``before`` (as they were when the failed import began): a
+    save made in between counts too."""
     from watchfiles import PythonFilter, watch
 
-    click.echo("panqueue: waiting for a .py file to change (--reload)", err=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    for _ in watch(os.getcwd(), watch_filter=PythonFilter(), stop_event=stop):
-        return
+    # The watcher runs from its first step on; an empty set says it ran a while and saw nothing.
+    changes = watch(os.getcwd(), watch_filter=PythonFilter(), stop_event=stop, rust_timeout=100,
+                    yield_on_timeout=True)
+    for changed in changes:
+        if changed or _python_files() != before:
+            return
+        break
+    else:
+        raise click.exceptions.Exit(0)
+    click.echo("panqueue: waiting for a .py file to change (--reload)", err=True)
+    for changed in changes:
+        if changed:
+            return
     raise click.exceptions.Exit(0)
+
+
+def _python_files() -> dict[str, tuple[int, int]]:
+    """The .py files under the current directory that --reload watches, each with its
+    modification time (ns) and size."""
+    from watchfiles import Change, PythonFilter
+
+    python = PythonFilter()
+    found = {}
+    for root, dirs, names in os.walk(os.getcwd()):
+        dirs[:] = [d for d in dirs if d not in python.ignore_dirs]
+        for name in names:
+            path = os.path.join(root, name)
+            if python(Change.modified, path):
+                try:
+                    stat = os.stat(path)
+                except OSError:
+                    continue
+                found[path] = (stat.st_mtime_ns, stat.st_size)
+    return found
 
 
 def _first(values: Iterable[T | None]) -> T | None:
