@@ -13,7 +13,9 @@ follow one grammar (``ARGV[i]``, a tail ``ARGV[i..]``, ``ARGV     none``), which
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
 from collections.abc import Callable, Iterator
 from importlib import resources
 
@@ -21,6 +23,8 @@ __all__ = ["SCRIPTS", "Script", "ScriptSourceError", "assemble"]
 
 _INCLUDE = "--!include "
 _SHEBANG = "#!"
+# A line that is an include or a shebang: the only lines assembling looks at.
+_DIRECTIVE = re.compile(r"^(?:--!include |#!).*$", re.MULTILINE)
 
 
 class ScriptSourceError(Exception):
@@ -47,7 +51,7 @@ def assemble(name: str, read: Callable[[str], str]) -> str:
     ``read`` returns the text of a path relative to ``lua/`` (``"lib/" + NAME`` for an include)
     and raises :class:`FileNotFoundError` when there is none.
     """
-    lines: list[str] = []
+    chunks: list[str] = []
     pasted: set[str] = set()
 
     def paste(path: str, chain: tuple[str, ...]) -> None:
@@ -56,26 +60,33 @@ def assemble(name: str, read: Callable[[str], str]) -> str:
         except FileNotFoundError:
             where = f"{chain[-1]} includes" if chain else "no such script:"
             raise ScriptSourceError(f"{where} {path}, which does not exist") from None
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.startswith(_INCLUDE):
-                include = "lib/" + line[len(_INCLUDE):].strip()
-                if include in chain or include == path:
-                    cycle = " -> ".join((*chain, path, include))
-                    raise ScriptSourceError(f"include cycle: {cycle}")
-                if include not in pasted:
-                    pasted.add(include)
-                    paste(include, (*chain, path))
-            elif line.startswith(_SHEBANG) and (chain or number != 1):
-                raise ScriptSourceError(
-                    f"{path}:{number}: a shebang ({line!r}) is only allowed on a script's first "
-                    "line (Redis reads the flags there)")
-            else:
-                lines.append(line)
+        start = 0  # the text from here to the next include line is copied as it is
+        for found in _DIRECTIVE.finditer(text):
+            line = found.group()
+            if line.startswith(_SHEBANG):
+                if chain or found.start() != 0:
+                    number = text.count("\n", 0, found.start()) + 1
+                    raise ScriptSourceError(
+                        f"{path}:{number}: a shebang ({line!r}) is only allowed on a script's "
+                        "first line (Redis reads the flags there)")
+                continue
+            chunks.append(text[start:found.start()])
+            start = found.end() + 1
+            include = "lib/" + line[len(_INCLUDE):].strip()
+            if include in chain or include == path:
+                cycle = " -> ".join((*chain, path, include))
+                raise ScriptSourceError(f"include cycle: {cycle}")
+            if include not in pasted:
+                pasted.add(include)
+                paste(include, (*chain, path))
+        rest = text[start:]
+        chunks.append(rest if not rest or rest.endswith("\n") else rest + "\n")
 
     paste(name + ".lua", ())
-    return "\n".join(lines) + "\n"
+    return "".join(chunks)
 
 
+@functools.cache  # each include is pasted into many scripts: read each file once
 def _read(path: str) -> str:
     source = resources.files(__package__).joinpath("lua", *path.split("/"))
     if not source.is_file():
