@@ -9,19 +9,23 @@
 -- its dependencies' sets (forget_flow), so no part outlives its jobs.
 --!include layout.lua
 
--- Record the flow of a new job `id` (hash `jkey`) added depending on `deps` (see the top). A
--- dependency that no longer exists gets no set: nothing would delete it. Nor does one that
--- names the job's own id (a deleted job whose id the new one takes, earlier in its batch): a
--- job is in flow:A only while A is the job it was added depending on, which flow.lua relies on.
-local function record_flow(jkey, id, deps)
-  if #deps == 0 then
-    return
-  end
-  redis.call('HSET', jkey, 'dp', table.concat(deps, '\n'))
+-- Record the flow of a new job `id` added depending on `deps` in its dependencies' sets (its
+-- own "dp" goes with the job's other fields, flow_named). A dependency that no longer exists
+-- gets no set: nothing would delete it. Nor does one that names the job's own id (a deleted
+-- job whose id the new one takes, earlier in its batch): a job is in flow:A only while A is the
+-- job it was added depending on, which flow.lua relies on.
+local function record_flow(id, deps)
   for _, dep in ipairs(deps) do
     if dep ~= id and redis.call('EXISTS', job_key(dep)) == 1 then
       redis.call('SADD', flow_key(dep), id)
     end
+  end
+end
+
+-- The "dp" field of a job added depending on `deps`: nil when it depends on none.
+local function flow_named(deps)
+  if #deps > 0 then
+    return table.concat(deps, '\n')
   end
 end
 

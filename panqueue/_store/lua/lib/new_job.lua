@@ -49,8 +49,9 @@ local function add_job(now, f)
     fields[3] = 'p'
     fields[4] = int_arg(f.priority)
   end
+  local named = flow_named(f.deps)
   put_data(fields, f.data, fits_part(f.options) and fits_part(f.key) and fits_part(f.dedup)
-    and fits_part(f.batch) and fits_part(f.tags) and fits_part(f.pointed))
+    and fits_part(f.batch) and fits_part(f.tags) and fits_part(f.pointed) and fits_part(named))
   if waits then
     fields[#fields + 1] = 's'
     fields[#fields + 1] = 'waiting'
@@ -61,6 +62,8 @@ local function add_job(now, f)
   put_field(fields, 'tg', f.tags)
   put_field(fields, 'ih', f.pointed)  -- its id's pointer (lib/identity.lua)
   put_field(fields, 'dd', dkey and f.dedup)
+  put_field(fields, 'dp', named)  -- the flow's record (lib/flow_record.lua)
+  put_field(fields, 'x', deadline and int_arg(deadline))
   redis.call('HSET', jkey, unpack(fields))
   if f.tags and f.tags ~= '' then
     -- Scored by the partition's count of tagged adds: a tag's index is in the order of adds.
@@ -72,9 +75,8 @@ local function add_job(now, f)
   if dkey then
     redis.call('SET', dkey, id, 'PX', f.ttl)
   end
-  record_flow(jkey, id, f.deps)  -- before any ending below: the flow shows it whatever it is
+  record_flow(id, f.deps)  -- before any ending below: the flow shows it whatever it is
   if deadline then
-    redis.call('HSET', jkey, 'x', deadline)
     if deadline <= now then  -- already past: it never waits
       end_job(jkey, id, 'cancelled', now, cancelled_keep(), {reason = 'expired',
         event = {'added', 's', 'cancelled', 'fr', 'expired'}})
