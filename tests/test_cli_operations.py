@@ -5,6 +5,7 @@ a child process against the session's real server."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
@@ -326,31 +327,36 @@ def test_burst_worker_exits_0_once_the_queues_are_empty(redis_url: str) -> None:
     assert_usage_error(run_cli("dlq", FAIL, failures[1].id, "--url", redis_url), "--retry")
 
 
-def _reload_worker(app_dir: Path, url: str, err: Path) -> subprocess.Popen[bytes]:
-    """``panqueue worker reloadapp:queues --reload`` in ``app_dir``, its stderr in ``err``."""
+@contextlib.contextmanager
+def _reloading(app_dir: Path, url: str
+               ) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes], SyncQueueClient]]:
+    """``panqueue worker reloadapp:queues --reload`` in ``app_dir`` serving ``reloadapp.py``
+    (answering 1, checked), its stderr in ``worker.err``; yields the app's file, that log, the
+    process and a client, and stops the worker at the end."""
+    app = app_dir / "reloadapp.py"
+    app.write_text(_RELOAD_APP.format(answer=1))
+    err = app_dir / "worker.err"
     with err.open("wb") as stderr:
-        return subprocess.Popen(
+        worker = subprocess.Popen(
             panqueue_command("worker", "reloadapp:queues", "--reload", "--grace", "1",
                              "--poll-interval", "0.1", "--url", url),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             env=subprocess_env(), cwd=app_dir)
+    try:
+        with SyncQueueClient(url) as client:
+            assert client.queue("reload").add(None).result(timeout=20) == 1
+            yield app, err, worker, client
+    finally:
+        worker.terminate()
+        worker.wait(20)
 
 
 def test_reload_restarts_the_worker_when_a_python_file_changes(tmp_path: Path,
                                                                redis_url: str) -> None:
-    app = tmp_path / "reloadapp.py"
-    app.write_text(_RELOAD_APP.format(answer=1))
-    err = tmp_path / "worker.err"
-    worker = _reload_worker(tmp_path, redis_url, err)
-    try:
-        with SyncQueueClient(redis_url) as client:
-            assert client.queue("reload").add(None).result(timeout=20) == 1
-            app.write_text(_RELOAD_APP.format(answer=2))
-            wait_until(lambda: "changed; restarting" in err.read_text(), 20, "the restart")
-            assert client.queue("reload").add(None).result(timeout=20) == 2
-    finally:
-        worker.terminate()
-        worker.wait(20)
+    with _reloading(tmp_path, redis_url) as (app, err, _, client):
+        app.write_text(_RELOAD_APP.format(answer=2))
+        wait_until(lambda: "changed; restarting" in err.read_text(), 20, "the restart")
+        assert client.queue("reload").add(None).result(timeout=20) == 2
     assert "Traceback" not in err.read_text()
 
 
@@ -358,27 +364,17 @@ def test_reload_waits_for_the_next_save_after_a_syntax_error(tmp_path: Path,
                                                              redis_url: str) -> None:
     """A save that does not import (a syntax error mid-edit) prints the error and waits; the
     next save that imports restarts the worker, which serves the new code."""
-    app = tmp_path / "reloadapp.py"
-    app.write_text(_RELOAD_APP.format(answer=1))
-    err = tmp_path / "worker.err"
-    worker = _reload_worker(tmp_path, redis_url, err)
-    try:
-        with SyncQueueClient(redis_url) as client:
-            assert client.queue("reload").add(None).result(timeout=20) == 1
-            app.write_text(_RELOAD_APP.format(answer="(1 +"))
-            wait_until(lambda: "waiting for a .py file to change" in err.read_text()
-                       or worker.poll() is not None, 30, "the worker to wait for a save")
-            assert worker.poll() is None, err.read_text()
-            text = err.read_text()
-            assert "panqueue: error: importing 'reloadapp' failed at " in text, text
-            assert "reloadapp.py:" in text and "SyntaxError" in text, text
-            app.write_text(_RELOAD_APP.format(answer=2))
-            assert client.queue("reload").add(None).result(timeout=30) == 2
-    finally:
-        worker.terminate()
-        worker.wait(20)
+    with _reloading(tmp_path, redis_url) as (app, err, worker, client):
+        app.write_text(_RELOAD_APP.format(answer="(1 +"))
+        wait_until(lambda: "waiting for a .py file to change" in err.read_text()
+                   or worker.poll() is not None, 30, "the worker to wait for a save")
+        assert worker.poll() is None, err.read_text()
+        text = err.read_text()
+        assert "panqueue: error: importing 'reloadapp' failed at " in text, text
+        assert "reloadapp.py:" in text and "SyntaxError" in text, text
+        app.write_text(_RELOAD_APP.format(answer=2))
+        assert client.queue("reload").add(None).result(timeout=30) == 2
     assert "Traceback" not in err.read_text()
-
 
 
 def test_reload_finds_a_save_made_before_it_started_watching(tmp_path: Path,
@@ -386,20 +382,11 @@ def test_reload_finds_a_save_made_before_it_started_watching(tmp_path: Path,
     """A save between the failed import and the watcher's start is not lost: here the failing
     module itself saves the fixed version before it raises, so only a look at the files (not
     the watcher, which starts after) can see it."""
-    app = tmp_path / "reloadapp.py"
-    app.write_text(_RELOAD_APP.format(answer=1))
-    err = tmp_path / "worker.err"
-    worker = _reload_worker(tmp_path, redis_url, err)
-    try:
-        with SyncQueueClient(redis_url) as client:
-            assert client.queue("reload").add(None).result(timeout=20) == 1
-            app.write_text(_SAVES_ITS_FIX.format(fixed=repr(_RELOAD_APP.format(answer=2))))
-            wait_until(lambda: "RuntimeError: saved the fix" in err.read_text()
-                       or worker.poll() is not None, 30, "the restart's import to fail")
-            assert client.queue("reload").add(None).result(timeout=30) == 2
-    finally:
-        worker.terminate()
-        worker.wait(20)
+    with _reloading(tmp_path, redis_url) as (app, err, worker, client):
+        app.write_text(_SAVES_ITS_FIX.format(fixed=repr(_RELOAD_APP.format(answer=2))))
+        wait_until(lambda: "RuntimeError: saved the fix" in err.read_text()
+                   or worker.poll() is not None, 30, "the restart's import to fail")
+        assert client.queue("reload").add(None).result(timeout=30) == 2
     text = err.read_text()
     assert "panqueue: error: importing 'reloadapp' failed at " in text, text
     assert "RuntimeError: saved the fix" in text, text
