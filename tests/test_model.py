@@ -152,6 +152,15 @@ STEPS: dict[object, int] = {}
 NAPPING: set[tuple[str, str]] = set()  # durable jobs whose brief sleep is not over
 
 
+# Data of three sizes, so that every transition carries data stored whole, in parts (65 to 512
+# bytes: lib/job_data.lua) and compressed (over 1 KiB): a run checks it got its data back.
+PAD_SIZES = (0, 200, 1500)
+
+
+def pad(serial: object, size: int) -> str:
+    return (f"{serial}-" * size)[:size]
+
+
 def effect(serial: object) -> str:
     STEPS[serial] = STEPS.get(serial, 0) + 1
     return f"done-{serial}"
@@ -166,6 +175,8 @@ async def run_job(job: Job) -> None:
         RUNS.append(("overlap", job.queue, job.id, job.attempt, False))
     RUNNING.add(running)
     NAPPING.discard(running)
+    if job.data.get("pad", "") != pad(job.data.get("n"), int(str(job.data.get("size", 0)))):
+        RUNS.append(("bad data", job.queue, job.id, job.attempt, False))
     durable = job.data.get("durable")
     try:
         if job.data.get("hold"):
@@ -325,8 +336,13 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ helpers
 
-    def _data(self, fail: int) -> dict[str, object]:
-        return {"n": next(self.serial), "fail": fail}
+    def _data(self, fail: int, *, plain: bool = False) -> dict[str, object]:
+        """A job's data; ``plain``: never compressed, so that a proxy can find a mark in it."""
+        n = next(self.serial)
+        size = 0 if plain else PAD_SIZES[n % len(PAD_SIZES)]
+        if not size:
+            return {"n": n, "fail": fail}
+        return {"n": n, "fail": fail, "size": size, "pad": pad(n, size)}
 
     def _learn(self, queue: str, job_id: str) -> None:
         if job_id not in self.known[queue]:
@@ -384,7 +400,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ producing
 
-    @rule(queue=serving, job_id=custom_id, priority=st.sampled_from((0, 0, 5)),
+    @rule(queue=serving, job_id=custom_id, priority=st.sampled_from((0, 0, 5, -3)),
           delayed=st.sampled_from((False, False, False, True)), fail=fail_first,
           attempts=st.sampled_from((1, 2)),
           dedup=st.none() | st.tuples(st.sampled_from(DEDUP_KEYS),
@@ -754,6 +770,9 @@ class QueueMachine(RuleBasedStateMachine):
             job = self.model.job(queue, job_id)
             if event == "overlap":
                 raise mismatch(f"{queue}/{job_id}", "two runs at once", "one at a time")
+            if event == "bad data":
+                raise mismatch(f"{queue}/{job_id}: the data a run got", "another",
+                               "the data added")
             if event == "replayed":
                 raise mismatch(f"{queue}/{job_id}: its step's stored result", "another",
                                "the first run's")
@@ -1003,7 +1022,7 @@ class QueueMachine(RuleBasedStateMachine):
                           attempts=1, dedup=None, deps=())
             deps = [dep]
         dep = deps[pick % len(deps)]
-        data = self._data(0)
+        data = self._data(0, plain=True)
         mark = data["mark"] = f"killed-add-{data['n']}"  # in the write's request only
         match = (SCRIPTS.identity_reserve.sha if stop == "reserve" else mark).encode()
         self._kill_between(match, op="add", queue=PARTED, data=data, job_id=job_id,
@@ -1051,7 +1070,7 @@ class QueueMachine(RuleBasedStateMachine):
         if not pairs:
             return
         one, two = pairs[IDS.index(job_id) % len(pairs)]
-        datas = [self._data(0) for _ in range(2)]
+        datas = [self._data(0, plain=True) for _ in range(2)]
         mark = datas[1]["mark"] = f"killed-flow-{datas[1]['n']}"
         match = (SCRIPTS.identity_reserve.sha if stop == "reserve" else mark).encode()
         self._kill_between(match, op="flow", queue=PARTED, items=[
