@@ -30,8 +30,6 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadCronError, CroniterBadDateError, croniter
-
 from panqueue._check import check_one_of
 from panqueue._codec import check_json_compatible, encode
 from panqueue._keys import check_queue_name
@@ -90,6 +88,10 @@ class Schedule:
         if cron is not None:
             if not isinstance(cron, str):
                 raise ConfigError(f"schedule {name!r}: cron must be a str, got {cron!r}")
+            # croniter is imported where a cron expression is read: most processes (every CLI
+            # command, workers without schedules) never need it.
+            from croniter import CroniterBadCronError, CroniterBadDateError, croniter
+
             try:
                 ticks = croniter(cron, datetime.now(zone))
             except (CroniterBadCronError, CroniterBadDateError, ValueError, KeyError) as exc:
@@ -122,6 +124,8 @@ class Schedule:
             step = max(1, round(self.every * 1000))
             return (ms // step + 1) * step
         assert self.cron is not None
+        from croniter import croniter
+
         start = datetime.fromtimestamp(ms / 1000, ZoneInfo(self.tz))
         ticks = croniter(self.cron, start)
         every_hour = ticks.expanded[1] == ["*"]
