@@ -114,8 +114,7 @@ leg_python() {  # leg_python 3.13
     packages+=("django>=6,<7")
     files=(tests/test_lifecycle.py tests/test_django.py tests/django_port)
   fi
-  # uv (a dev dependency, in .venv) makes these environments in seconds where pip took most of
-  # a minute each; .venv itself is pip's (uv builds PySpark, which has no wheel, every time).
+  # uv (installed in .venv by _venv.sh) makes these environments in seconds.
   if [ ! -x "$venv/bin/python" ]; then
     .venv/bin/uv venv --quiet --python "$python" "$venv"
   fi
