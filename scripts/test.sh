@@ -121,8 +121,9 @@ leg_python() {  # leg_python 3.13
   .venv/bin/uv pip install --quiet --python "$venv/bin/python" "${packages[@]}"
   "$venv/bin/python" -c "import redis; print('redis-py', redis.__version__)"
   # Few workers: the main leg's six already hold both cores. The 3.12 leg's tests mostly wait
-  # (on servers, child processes, timeouts: about 60 CPU-s in 400-500 s on one worker, as long
-  # as the main leg), so it gets two; the 3.13 leg, half as long, one.
+  # (on servers, child processes, timeouts: 400-500 s on one worker, as long as the main leg),
+  # so it gets two (about 190 s); the 3.13 leg one (about 230 s): both end well before the
+  # main leg.
   local workers=1
   if [ "$minor" = 3.12 ]; then
     workers=2
