@@ -5,15 +5,18 @@ history record once per checkpoint."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 import redis
 from pyspark import TaskContext
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.streaming import StreamingQuery
 
 from panqueue import Job, JobState, Registry, SyncQueueClient
 from panqueue.spark import HISTORY_SCHEMA, JOB_SCHEMA, read_jobs, register
@@ -24,6 +27,28 @@ from panqueue.testing import drain, run_worker
 def sources(spark: SparkSession) -> SparkSession:
     register(spark)
     return spark
+
+
+# Spark gives the Python worker it starts for a streaming source a fixed 10 s to connect back
+# (PythonWorkerFactory.createSimpleWorker, not configurable); with the whole suite on two cores
+# (10 to 40 runnable processes) a start has taken longer, and the query failed before its
+# first batch. Such a query is started again from its checkpoint, as after any failure, at
+# most twice; a query that failed otherwise, or after a batch, fails the test.
+_NO_WORKER = "Python worker failed to connect back"
+
+
+def run_query(start: Callable[[], StreamingQuery],
+              run: Callable[[StreamingQuery], None]) -> None:
+    for attempt in range(3):
+        query = start()
+        try:
+            run(query)
+            return
+        except StreamingQueryException as exc:
+            if _NO_WORKER not in str(exc) or query.recentProgress or attempt == 2:
+                raise
+        finally:
+            query.stop()
 
 
 def finish(url: str, queue: str, numbers: range) -> None:
@@ -169,14 +194,19 @@ def test_history_stream_delivers_each_record_once_per_checkpoint(
     finish(redis_url, queue_name, range(12))
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
-    def run_stream() -> None:
+    def start_stream() -> StreamingQuery:
         stream = (sources.readStream.format("panqueue-history").option("url", redis_url)
                   .option("queue", queue_name).load())
-        query = (stream.writeStream.format("parquet").option("path", str(out))
-                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
-                 .start())
+        return (stream.writeStream.format("parquet").option("path", str(out))
+                .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+                .start())
+
+    def until_done(query: StreamingQuery) -> None:
         query.awaitTermination(120)
         assert query.exception() is None
+
+    def run_stream() -> None:
+        run_query(start_stream, until_done)
 
     run_stream()
     run_stream()  # restarted from its checkpoint: nothing new
@@ -195,21 +225,20 @@ def test_history_stream_delivers_each_record_once_per_checkpoint(
     # the query starts, and delivers what ends after that.
     seen: list[str] = []
 
-    def run_latest() -> None:
+    def start_latest() -> StreamingQuery:
         stream = (sources.readStream.format("panqueue-history").option("url", redis_url)
                   .option("queue", queue_name).option("startingOffsets", "latest").load())
-        query = (stream.writeStream.foreachBatch(
+        return (stream.writeStream.foreachBatch(
             lambda batch, _: seen.extend(r.id for r in batch.collect()))
             .option("checkpointLocation", str(tmp_path / "latest"))
             .start())
-        try:
-            query.processAllAvailable()
-            finish(redis_url, queue_name, range(20, 23))
-            query.processAllAvailable()
-        finally:
-            query.stop()
 
-    run_latest()
+    def with_three_more(query: StreamingQuery) -> None:
+        query.processAllAvailable()
+        finish(redis_url, queue_name, range(20, 23))
+        query.processAllAvailable()
+
+    run_query(start_latest, with_three_more)
     assert sorted(seen) == ["n20", "n21", "n22"]
 
 
@@ -237,11 +266,18 @@ def test_a_partitioned_queue_is_read_and_streamed_partition_by_partition(
 
     anyio.run(main)
     seen: list[tuple[str, str]] = []
-    stream = (sources.readStream.format("panqueue-history").option("url", redis_url)
-              .option("queue", queue_name).load())
-    query = (stream.writeStream.foreachBatch(
-        lambda batch, _: seen.extend((r.id, r.state) for r in batch.collect()))
-        .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True)
-        .start())
-    query.awaitTermination(120)
+
+    def start() -> StreamingQuery:
+        stream = (sources.readStream.format("panqueue-history").option("url", redis_url)
+                  .option("queue", queue_name).load())
+        return (stream.writeStream.foreachBatch(
+            lambda batch, _: seen.extend((r.id, r.state) for r in batch.collect()))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True).start())
+
+    def until_done(query: StreamingQuery) -> None:
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    run_query(start, until_done)
     assert sorted(seen) == [(job_id, "completed") for job_id in ids]
