@@ -216,12 +216,11 @@ def _wait_for_change(before: dict[str, tuple[int, int]]) -> None:
     # The watcher runs from its first step on; an empty set says it ran a while and saw nothing.
     changes = watch(os.getcwd(), watch_filter=PythonFilter(), stop_event=stop, rust_timeout=100,
                     yield_on_timeout=True)
-    for changed in changes:
-        if changed or _python_files() != before:
-            return
-        break
-    else:
+    first = next(changes, None)
+    if first is None:  # stopped by a signal
         raise click.exceptions.Exit(0)
+    if first or _python_files() != before:
+        return
     click.echo("panqueue: waiting for a .py file to change (--reload)", err=True)
     for changed in changes:
         if changed:
