@@ -51,6 +51,12 @@ def run_query(start: Callable[[], StreamingQuery],
             query.stop()
 
 
+def until_done(query: StreamingQuery) -> None:
+    """Wait for a query with an availableNow trigger to end, and check it ended well."""
+    query.awaitTermination(120)
+    assert query.exception() is None
+
+
 def finish(url: str, queue: str, numbers: range) -> None:
     """Add a job per number and run a worker until all have ended: multiples of 5 fail."""
     registry = Registry()
@@ -201,10 +207,6 @@ def test_history_stream_delivers_each_record_once_per_checkpoint(
                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
                 .start())
 
-    def until_done(query: StreamingQuery) -> None:
-        query.awaitTermination(120)
-        assert query.exception() is None
-
     def run_stream() -> None:
         run_query(start_stream, until_done)
 
@@ -274,10 +276,6 @@ def test_a_partitioned_queue_is_read_and_streamed_partition_by_partition(
             lambda batch, _: seen.extend((r.id, r.state) for r in batch.collect()))
             .option("checkpointLocation", str(tmp_path / "checkpoint"))
             .trigger(availableNow=True).start())
-
-    def until_done(query: StreamingQuery) -> None:
-        query.awaitTermination(120)
-        assert query.exception() is None
 
     run_query(start, until_done)
     assert sorted(seen) == [(job_id, "completed") for job_id in ids]
