@@ -10,9 +10,10 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from panqueue._codec import encode_checked
+from panqueue._handler import HandlerBase
 from panqueue._keys import check_queue_name
 from panqueue._producer import (
     JobHandle,
@@ -25,7 +26,6 @@ from panqueue._producer import (
     stored_form,
     target,
 )
-from panqueue._registry import Handler
 from panqueue._store.ops import NewJob, new_job
 from panqueue._store.ops.batches import (
     BatchInfo,
@@ -37,6 +37,9 @@ from panqueue._store.ops.batches import (
 )
 from panqueue._store.transport import Op
 from panqueue.errors import ConfigError, PayloadError
+
+if TYPE_CHECKING:
+    from panqueue._registry import Handler
 
 __all__ = ["Batch", "BatchInfo", "SyncBatch", "new_batch", "new_sync_batch"]
 
@@ -65,7 +68,7 @@ def _callback(value: object, what: str) -> Callback:
     if not isinstance(value, tuple) or len(value) != 2:
         raise ConfigError(f"{what} must be a (queue, data) tuple, got {value!r}")
     queue, data = value
-    if isinstance(queue, Handler):
+    if isinstance(queue, HandlerBase):
         queue = queue.queue
     check_queue_name(queue)
     if data is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 
@@ -30,7 +30,6 @@ from panqueue._job import JobInfo, JobState
 from panqueue._keys import QueueKeys, prefixed
 from panqueue._producer import EventTail, Producer, SyncProducer, target
 from panqueue._queue import Queue, SyncQueue
-from panqueue._registry import Handler
 from panqueue._store import (
     Event,
     Explanation,
@@ -46,6 +45,9 @@ from panqueue._store.ops.explain import Tool
 from panqueue._store.ops.timings import Timings
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, ConnectionError, PanqueueError
+
+if TYPE_CHECKING:
+    from panqueue._registry import Handler
 
 __all__ = ["QueueClient", "SyncQueueClient"]
 
