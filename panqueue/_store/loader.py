@@ -4,7 +4,8 @@ A line ``--!include NAME`` pastes ``lua/lib/NAME`` in its place. Includes are re
 order they are named, depth first (an include names the includes it needs the same way), and
 each is pasted once per script: Lua locals must be defined before the code that uses them, and
 twice would redefine them. An unknown include, an include cycle or a ``#!lua`` shebang anywhere
-but on a script's first line is an error at import time, not a script Redis refuses later.
+but on a script's first line is an error when the script is assembled (on its first use; the
+tests assemble every one), not a script Redis refuses later.
 
 Each script's header states its KEYS, its ARGV, what it returns and its invariants; the ARGV
 follow one grammar (``ARGV[i]``, a tail ``ARGV[i..]``, ``ARGV     none``), which
@@ -99,58 +100,67 @@ def _load(name: str) -> Script:
 
 
 class _Scripts:
-    """Every script, by operation name (the name of its file in ``lua/``)."""
+    """Every script, by operation name (the name of its file in ``lua/``), assembled on first
+    use: a process loads the scripts it calls (the CLI's commands a few of the 46).
+    ``tests/test_lua_contract.py`` assembles every one."""
 
-    def __init__(self) -> None:
-        self.add = _load("add")
-        self.identity_reserve = _load("identity_reserve")
-        self.identity_check = _load("identity_check")
-        self.claim = _load("claim")
-        self.complete = _load("complete")
-        self.fail = _load("fail")
-        self.snooze = _load("snooze")
-        self.rate_limited = _load("rate_limited")
-        self.suspend = _load("suspend")
-        self.step = _load("step")
-        self.signal_take = _load("signal_take")
-        self.signal = _load("signal")
-        self.rate_take = _load("rate_take")
-        self.explain = _load("explain")
-        self.flow = _load("flow")
-        self.pause_for = _load("pause_for")
-        self.extend = _load("extend")
-        self.stalled = _load("stalled")
-        self.expire = _load("expire")
-        self.release = _load("release")
-        self.promote = _load("promote")
-        self.pause = _load("pause")
-        self.cancel = _load("cancel")
-        self.retry = _load("retry")
-        self.remove = _load("remove")
-        self.select = _load("select")
-        self.progress = _load("progress")
-        self.schedule_set = _load("schedule_set")
-        self.schedule_tick = _load("schedule_tick")
-        self.schedule_remove = _load("schedule_remove")
-        self.clean = _load("clean")
-        self.setup = _load("setup")
-        self.relayout = _load("relayout")
-        self.declare = _load("declare")
-        self.heartbeat = _load("heartbeat")
-        self.control = _load("control")
-        self.workers = _load("workers")
-        self.purge = _load("purge")
-        self.batch_open = _load("batch_open")
-        self.batch_register = _load("batch_register")
-        self.batch_unregister = _load("batch_unregister")
-        self.batch_close = _load("batch_close")
-        self.batch_record = _load("batch_record")
-        self.batch_added = _load("batch_added")
-        self.batch_callback = _load("batch_callback")
-        self.batch_info = _load("batch_info")
+    add: Script
+    identity_reserve: Script
+    identity_check: Script
+    claim: Script
+    complete: Script
+    fail: Script
+    snooze: Script
+    rate_limited: Script
+    suspend: Script
+    step: Script
+    signal_take: Script
+    signal: Script
+    rate_take: Script
+    explain: Script
+    flow: Script
+    pause_for: Script
+    extend: Script
+    stalled: Script
+    expire: Script
+    release: Script
+    promote: Script
+    pause: Script
+    cancel: Script
+    retry: Script
+    remove: Script
+    select: Script
+    progress: Script
+    schedule_set: Script
+    schedule_tick: Script
+    schedule_remove: Script
+    clean: Script
+    setup: Script
+    relayout: Script
+    declare: Script
+    heartbeat: Script
+    control: Script
+    workers: Script
+    purge: Script
+    batch_open: Script
+    batch_register: Script
+    batch_unregister: Script
+    batch_close: Script
+    batch_record: Script
+    batch_added: Script
+    batch_callback: Script
+    batch_info: Script
+
+    def __getattr__(self, name: str) -> Script:
+        if name not in _NAMES:
+            raise AttributeError(f"no Lua script {name!r}")
+        script = _load(name)
+        setattr(self, name, script)  # the next lookup does not come here
+        return script
 
     def __iter__(self) -> Iterator[Script]:
-        return iter(vars(self).values())
+        return (getattr(self, name) for name in _NAMES)
 
 
+_NAMES = tuple(_Scripts.__annotations__)
 SCRIPTS = _Scripts()

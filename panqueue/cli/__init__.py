@@ -16,13 +16,14 @@ whether this host enforces it).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 import click
 
-from panqueue import __version__
+from panqueue._version import __version__
 from panqueue.cli._common import (
     EXIT_ERROR,
     EXIT_USAGE,
@@ -30,32 +31,43 @@ from panqueue.cli._common import (
     UsageFailure,
     print_error,
 )
-from panqueue.cli._dashboard import dashboard
-from panqueue.cli._dev import demo, server
-from panqueue.cli._jobs import (
-    cancel,
-    dlq,
-    enqueue,
-    job,
-    jobs,
-    pause,
-    remove,
-    resume,
-    schedules,
-    signal,
-    stats,
-)
-from panqueue.cli._metrics import metrics
-from panqueue.cli._ops import check, explain, info, purge, workers
-from panqueue.cli._permissions import check_permissions
-from panqueue.cli._top import top
-from panqueue.cli._worker import worker
 from panqueue.errors import ConfigError, PanqueueError
 
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Each command and the module that defines it. A command's module is imported when the command
+# runs (or its help is shown), so `panqueue jobs` does not load the worker runtime, the executors
+# or the dashboard: a command's start is mostly its imports.
+_COMMANDS = {
+    "worker": "_worker",
+    **dict.fromkeys(("enqueue", "stats", "job", "jobs", "cancel", "signal", "remove", "dlq",
+                     "pause", "resume", "schedules"), "_jobs"),
+    **dict.fromkeys(("server", "demo"), "_dev"),
+    **dict.fromkeys(("info", "workers", "explain", "purge", "check"), "_ops"),
+    "top": "_top",
+    "metrics": "_metrics",
+    "dashboard": "_dashboard",
+    "check-permissions": "_permissions",
+}
+
+
+class _Commands(click.Group):
+    """The group of :data:`_COMMANDS`, each imported from its module on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = _COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        command: click.Command = getattr(importlib.import_module(f"panqueue.cli.{module}"),
+                                         cmd_name.replace("-", "_"))
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="panqueue",
                       message="%(prog)s %(version)s", help="Print the version and exit.")
 def cli() -> None:
@@ -65,12 +77,6 @@ def cli() -> None:
     redis://localhost:6379/0). Exit codes: 0 success, 1 runtime failure, 2 usage or
     configuration error.
     """
-
-
-for _command in (worker, enqueue, stats, job, jobs, cancel, signal, remove, dlq, pause, resume,
-                 schedules, server, demo, info, workers, explain, purge, check, top,
-                 metrics, dashboard, check_permissions):
-    cli.add_command(_command)
 
 
 def _find_error(exc: BaseException) -> BaseException | None:

@@ -13,20 +13,21 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
 
 from panqueue._client import SyncQueueClient
 from panqueue._keys import check_prefix
-from panqueue._registry import Registry
-from panqueue._runtime.worker import START_GRACE
 from panqueue._store.transport import URL_SCHEMES, redact_url
 from panqueue._store.transport import check_url as transport_check_url
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError, PanqueueError, ServerUnavailable
 from panqueue.errors import ConnectionError as PanqueueConnectionError
+
+if TYPE_CHECKING:
+    from panqueue._registry import Registry
 
 __all__ = [
     "EXIT_ERROR",
@@ -250,6 +251,8 @@ def load_registry(spec: str, *, show_traceback: bool = False) -> Registry:
             obj = getattr(obj, part)
         except AttributeError:
             raise UsageFailure(f"module {module_name!r} has no attribute {attr!r}") from None
+    from panqueue._registry import Registry  # the worker's commands alone need the runtime
+
     if not isinstance(obj, Registry):
         raise UsageFailure(f"{spec} is a {type(obj).__name__}, not a panqueue.Registry")
     return obj
@@ -302,6 +305,8 @@ def client_for(url: str) -> SyncQueueClient:
         # restart, CLIENT KILL, a proxy dropping its links): it is asked again for as long as
         # a worker's start waits for a server, and then the URL is the user's to fix (a usage
         # error). If it answers now, that moment has just passed.
+        from panqueue._runtime.worker import START_GRACE
+
         if found and _answers_within(client, START_GRACE if found == "closes" else 1.0):
             return client
         if found == "closes":
