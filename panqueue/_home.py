@@ -20,17 +20,18 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import anyio.lowlevel
 
 from panqueue._handler import HandlerBase, HandlerOptions
 from panqueue._job import PayloadT
 from panqueue._options import Backoff, Dedup
-from panqueue._producer import Dependency, JobHandle, Producer, SyncJobHandle, SyncProducer, target
-from panqueue._queue import Queue, SyncQueue
-from panqueue._store import check_url
 from panqueue.errors import ConfigError
+
+if TYPE_CHECKING:
+    from panqueue._producer import Dependency, JobHandle, Producer, SyncJobHandle, SyncProducer
+    from panqueue._queue import Queue, SyncQueue
 
 __all__ = ["Handler", "RegistryClients", "check_registry_url"]
 
@@ -60,8 +61,7 @@ class Handler(HandlerBase[P, R, PayloadT]):
         on first use from ``Registry(url=...)``, else ``PANQUEUE_URL``; one for the process,
         safe from any thread). The options are those of :meth:`panqueue.SyncQueue.add`, over
         the handler's producer defaults."""
-        clients = self._clients
-        queue: SyncQueue[PayloadT] = SyncQueue(clients.sync(), target(self, {}, clients.prefix))
+        queue: SyncQueue[PayloadT] = self._clients.sync_queue(self)
         return queue.add(data, job_id=job_id, delay=delay, run_at=run_at, priority=priority,
                          attempts=attempts, backoff=backoff, timeout=timeout, key=key,
                          dedup=dedup, depends_on=depends_on, durable=durable, expires=expires,
@@ -78,8 +78,7 @@ class Handler(HandlerBase[P, R, PayloadT]):
                        tags: Sequence[str] | None = None) -> JobHandle:
         """:meth:`enqueue` for async code, through the registry's client for the running
         event loop (asyncio or trio; one per loop, opened on first use)."""
-        clients = self._clients
-        queue: Queue[PayloadT] = Queue(clients.current(), target(self, {}, clients.prefix))
+        queue: Queue[PayloadT] = self._clients.queue(self)
         return await queue.add(data, job_id=job_id, delay=delay, run_at=run_at,
                                priority=priority, attempts=attempts, backoff=backoff,
                                timeout=timeout, key=key, dedup=dedup, depends_on=depends_on,
@@ -92,11 +91,17 @@ def check_registry_url(url: str | None) -> str | None:
         return None
     if not isinstance(url, str):
         raise ConfigError(f"Registry(url=...) must be a Redis URL (str) or None, got {url!r}")
+    from panqueue._store import check_url
+
     return check_url(url)
 
 
 class RegistryClients:
-    """The producers of one registry: a blocking one, and one per running event loop."""
+    """The producers of one registry: a blocking one, and one per running event loop.
+
+    The producer side (the client, the store, redis-py) is imported on the first enqueue: a
+    process that imports an application's handlers to run them (a subprocess executor's
+    child) does not load it."""
 
     def __init__(self, url: str | None, prefix: str | None = None) -> None:
         self.url = url
@@ -113,18 +118,28 @@ class RegistryClients:
         if not url:
             raise ConfigError("handler.enqueue() needs a Redis URL: make the registry with "
                               "Registry(url='redis://...') or set PANQUEUE_URL")
+        from panqueue._store import check_url
+
         return check_url(url)
 
-    def sync(self) -> SyncProducer:
+    def sync_queue(self, handler: Handler[Any, Any, PayloadT]) -> SyncQueue[PayloadT]:
+        """``handler``'s queue through the blocking producer."""
+        from panqueue._producer import SyncProducer, target
+        from panqueue._queue import SyncQueue
+
         producer = self._sync
         if producer is None:
             with self._lock:
                 producer = self._sync
                 if producer is None:
                     producer = self._sync = SyncProducer(self.resolve(), prefix=self.prefix)
-        return producer
+        return SyncQueue(producer, target(handler, {}, self.prefix))
 
-    def current(self) -> Producer:
+    def queue(self, handler: Handler[Any, Any, PayloadT]) -> Queue[PayloadT]:
+        """``handler``'s queue through the running event loop's producer."""
+        from panqueue._producer import Producer, target
+        from panqueue._queue import Queue
+
         loop = _current_loop()
         with self._lock:
             entry = self._async.get(id(loop))
@@ -132,7 +147,7 @@ class RegistryClients:
                 self._forget_closed_loops()
                 entry = (loop, Producer(self.resolve(), prefix=self.prefix))
                 self._async[id(loop)] = entry
-        return entry[1]
+        return Queue(entry[1], target(handler, {}, self.prefix))
 
     def close(self) -> None:
         with self._lock:

@@ -14,11 +14,10 @@ is enabled for DEBUG, which ``configure_logging(log_jobs=True)`` does).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from typing import Any, Literal
-
-import structlog
 
 from panqueue.errors import ConfigError
 
@@ -57,10 +56,17 @@ def _to_stdlib(logger: Any, method_name: str, event_dict: Any) -> tuple[tuple[An
     return (_Message(event, event_dict),), {}
 
 
-# filter_by_level first: a line whose level the stdlib logger does not want costs one
-# isEnabledFor call and nothing else.
-_PROCESSORS: list[Any] = [structlog.stdlib.filter_by_level,
-                          structlog.contextvars.merge_contextvars, _to_stdlib]
+@functools.cache
+def _processors() -> list[Any]:
+    """The processors of panqueue's loggers. structlog is imported with the first logger, not
+    with this module: a process that logs nothing (a subprocess executor's child, a command
+    that only reads) does not load it."""
+    import structlog
+
+    # filter_by_level first: a line whose level the stdlib logger does not want costs one
+    # isEnabledFor call and nothing else.
+    return [structlog.stdlib.filter_by_level, structlog.contextvars.merge_contextvars,
+            _to_stdlib]
 
 
 def get_logger(name: str) -> Any:
@@ -68,7 +74,9 @@ def get_logger(name: str) -> Any:
 
     It does not depend on structlog's global configuration, so an application's own
     ``structlog.configure`` neither changes panqueue's lines nor is changed by them."""
-    return structlog.stdlib.BoundLogger(logging.getLogger(name), _PROCESSORS, {})
+    import structlog.stdlib
+
+    return structlog.stdlib.BoundLogger(logging.getLogger(name), _processors(), {})
 
 
 def _fields_of_record(logger: Any, method_name: str, event_dict: Any) -> Any:
@@ -107,6 +115,8 @@ def configure_logging(fmt: Literal["console", "json"] = "console", level: str = 
         raise ConfigError(f"unknown log level {level!r} (debug, info, warning or error)")
     if fmt not in ("console", "json"):
         raise ConfigError(f"unknown log format {fmt!r} (console or json)")
+    import structlog
+
     renderer: Any
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()

@@ -11,9 +11,13 @@ modules would be in a cycle with them. A shared piece goes down into a module th
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import panqueue
+from tests.helpers import APPS, subprocess_env
 
 ROOT = Path(panqueue.__file__).parent
 
@@ -139,3 +143,47 @@ def test_no_module_of_the_package_is_in_an_import_cycle() -> None:
     cycles = [cycle for cycle in _cycles(graph) if cycle not in KNOWN_CYCLES]
     assert not cycles, "import cycles: " + " | ".join(_describe(c, graph) for c in cycles)
 
+
+
+# What a process loads is most of its start (a command, a worker, a subprocess executor's child:
+# the suite starts hundreds). Each kind of process, the modules it must not load.
+_LOADS = '''
+import json, sys
+sys.path[:0] = [{apps!r}]
+{code}
+print(json.dumps(sorted(sys.modules)))
+'''
+
+
+def _loaded(code: str) -> set[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOADS.format(apps=str(APPS), code=code)],
+        capture_output=True, text=True, timeout=60, env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout))
+
+
+def _under(loaded: set[str], *packages: str) -> list[str]:
+    return sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in packages))
+
+
+def test_import_panqueue_loads_no_module_until_a_name_is_used() -> None:
+    loaded = _loaded("import panqueue")
+    assert _under(loaded, "panqueue") == ["panqueue"]
+    loaded = _loaded("import panqueue; panqueue.Worker")
+    assert "panqueue._runtime.worker" in loaded
+
+
+def test_a_subprocess_executors_child_loads_neither_redis_nor_logging() -> None:
+    """The child imports the application's handlers to run them: not the client, the store,
+    redis-py or structlog (a handler's enqueue loads them on first use)."""
+    loaded = _loaded("from panqueue.executors._child import main\nimport seccomp_app")
+    assert "seccomp_app" in loaded
+    assert _under(loaded, "redis", "structlog", "panqueue._store", "panqueue._runtime") == []
+
+
+def test_a_command_that_reads_loads_neither_the_runtime_nor_logging() -> None:
+    loaded = _loaded("from panqueue.cli import cli\ncli.get_command(None, 'jobs')")
+    assert "panqueue.cli._jobs" in loaded
+    assert _under(loaded, "structlog", "panqueue._runtime", "panqueue.executors",
+                  "panqueue.cli._worker", "panqueue.dashboard") == []

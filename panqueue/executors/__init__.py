@@ -8,7 +8,6 @@ Third-party executors register a subclass of :class:`Executor` under the entry-p
 from __future__ import annotations
 
 import inspect
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from panqueue.errors import ConfigError
@@ -49,6 +48,8 @@ _BUILTIN: dict[str, type[Executor]] = {
 def _lookup(name: str) -> type[Executor]:
     if name in _BUILTIN:
         return _BUILTIN[name]
+    from importlib.metadata import entry_points  # a plug-in's name: read the installed ones
+
     for ep in entry_points(group="panqueue.executors"):
         if ep.name == name:
             cls = ep.load()
