@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -71,8 +72,14 @@ def test_an_unwritable_server_directory_is_refused_with_exit_2(tmp_path: Path) -
 
 @pytest.fixture
 def http_url() -> Iterator[str]:
-    """A tiny HTTP server on loopback: a URL that answers, but not as Redis."""
-    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    """A tiny HTTP server on loopback: a URL that answers, but not as Redis. It logs nothing
+    (its log lines would go to this process's stderr, where a command run here writes)."""
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
