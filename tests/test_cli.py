@@ -1,4 +1,5 @@
-"""The ``panqueue`` command line, run as real child processes against the session server.
+"""The ``panqueue`` command line against the session server: the worker, server and demo as real
+child processes, the commands that only talk to Redis in the test's process (``run_cli``).
 
 Every user mistake (bad MODULE:ATTR, unreachable Redis, unknown queue or job, invalid JSON) must
 end with one ``panqueue: error: ...`` line on stderr, no traceback and a non-zero exit code.

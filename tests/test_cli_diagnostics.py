@@ -2,7 +2,7 @@
 finished job says it changed nothing, `dlq --retry` names each job it did not move and why,
 and every hint names the command to type, not the Python call. The jobs are arranged on the
 test's real server with the scripts a worker calls (tests/store_fixtures.py); each command
-runs as a child process (``python -m panqueue``)."""
+runs through ``panqueue.cli.main`` (tests/helpers.py ``run_cli``)."""
 
 from __future__ import annotations
 

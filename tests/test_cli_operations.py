@@ -1,7 +1,8 @@
 """The command line as a new user meets it: bad options, wrong URLs, broken modules, a taken
 port, the demo on a shared server; and the day-one operations commands (jobs, cancel, remove,
-dlq --retry ID, worker --burst / --reload / --name). Every test runs ``python -m panqueue`` as
-a child process against the session's real server."""
+dlq --retry ID, worker --burst / --reload / --name), against the session's real server: the
+worker, demo and server as child processes (``python -m panqueue``), the commands that only talk
+to Redis through ``panqueue.cli.main`` in the test's process (tests/helpers.py ``run_cli``)."""
 
 from __future__ import annotations
 
