@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import click.testing
 import redis
 import sniffio
 
@@ -36,8 +36,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 # The commands that only talk to Redis (no application module, no server, no signal handling,
 # no logging setup): run_cli runs them in the test's own process, through the same entry point
-# (panqueue.cli.main, its exit codes and one-line errors) with click's isolation of stdin,
-# stdout, stderr and the environment. A child process would cost about 0.2 s of CPU to start;
+# (panqueue.cli.main, its exit codes and one-line errors), with its own stdin, stdout, stderr
+# and environment. A child process would cost about 0.2 s of CPU to start;
 # the suite runs a few hundred such commands. The commands' process side (python -m panqueue,
 # its exit status) is covered by the worker, demo, server and dashboard tests, which stay
 # child processes, and by run_cli(..., process=True).
@@ -69,16 +69,37 @@ def _in_event_loop() -> bool:
 def _run_cli_here(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     from panqueue.cli import main
 
-    runner = click.testing.CliRunner()
-    with runner.isolation(env={"PANQUEUE_URL": None, **env}) as (stdout, stderr, _):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with _environment({"PANQUEUE_URL": None, **env}), \
+            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        saved_stdin, sys.stdin = sys.stdin, io.StringIO()
         try:
             code = main(args)
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-    return subprocess.CompletedProcess(
-        ["panqueue", *args], code, stdout.getvalue().decode(), stderr.getvalue().decode())
+        finally:
+            sys.stdin = saved_stdin
+    return subprocess.CompletedProcess(["panqueue", *args], code, stdout.getvalue(),
+                                       stderr.getvalue())
+
+
+@contextlib.contextmanager
+def _environment(changes: dict[str, str | None]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` (None: removed) for the block."""
+    saved = {name: os.environ.get(name) for name in changes}
+    try:
+        for name, value in changes.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
