@@ -163,12 +163,19 @@ __all__ = [
     "configure_logging",
 ]
 
+# The public modules, each loaded when first named as an attribute of the package.
+_SUBMODULES = frozenset({"cli", "dashboard", "django", "embedded", "errors", "executors",
+                         "metrics", "spark", "spark_sources", "testing"})
+
 
 def __getattr__(name: str) -> Any:
     module = _MODULES.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif name in _SUBMODULES:  # panqueue.errors.X, panqueue.spark.X after import panqueue
+        value = importlib.import_module(f"panqueue.{name}")
+    else:
         raise AttributeError(f"module 'panqueue' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # the next lookup does not come here
     return value
 

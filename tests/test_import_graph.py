@@ -172,6 +172,9 @@ def test_import_panqueue_loads_no_module_until_a_name_is_used() -> None:
     assert _under(loaded, "panqueue") == ["panqueue"]
     loaded = _loaded("import panqueue; panqueue.Worker")
     assert "panqueue._runtime.worker" in loaded
+    # The public modules are attributes of the package, as when __init__ imported them.
+    loaded = _loaded("import panqueue; panqueue.errors.Fail; panqueue.executors.Executor")
+    assert {"panqueue.errors", "panqueue.executors"} <= loaded
 
 
 def test_a_subprocess_executors_child_loads_neither_redis_nor_logging() -> None:
