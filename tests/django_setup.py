@@ -4,10 +4,11 @@ configured only once in a process, and two modules may run in the same xdist wor
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import environment
 
 SETTINGS = "tests.django_project.settings"
 
@@ -28,18 +29,10 @@ def configure_django(tmp_path_factory: pytest.TempPathFactory, url: str) -> Path
     # removed again so that they leak into no other test.
     env = {"DJANGO_SETTINGS_MODULE": SETTINGS, "PQ_DJANGO_DB": str(db),
            "PANQUEUE_URL": url, "PQ_DJANGO_ANY_QUEUE": "1"}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
+    with environment(env):
         from panqueue.django import setup_django
 
         setup_django()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     from django.db import connection
 
     with connection.cursor() as cursor:

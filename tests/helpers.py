@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ def _run_cli_here(args: list[str], env: dict[str, str]) -> subprocess.CompletedP
     from panqueue.cli import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    with _environment({"PANQUEUE_URL": None, **env}), \
+    with environment({"PANQUEUE_URL": None, **env}), \
             contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         saved_stdin, sys.stdin = sys.stdin, io.StringIO()
         try:
@@ -84,22 +84,22 @@ def _run_cli_here(args: list[str], env: dict[str, str]) -> subprocess.CompletedP
 
 
 @contextlib.contextmanager
-def _environment(changes: dict[str, str | None]) -> Iterator[None]:
-    """``os.environ`` with ``changes`` (None: removed) for the block."""
+def environment(changes: Mapping[str, str | None]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` (None: removed) for the block, as it was after it."""
     saved = {name: os.environ.get(name) for name in changes}
     try:
-        for name, value in changes.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environ(changes)
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environ(saved)
+
+
+def _set_environ(values: Mapping[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
