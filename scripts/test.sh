@@ -32,22 +32,25 @@ set -euo pipefail
 # to write it: the suite starts about a thousand Python processes (workers, the CLI, examples),
 # and without the cache each compiles panqueue and the tests again (about 0.2 s of CPU apiece).
 unset PYTHONDONTWRITEBYTECODE
+# Debian packages some tests drive, installed (as root) while the virtual environment is made:
+# tmux (the terminal view's test drives `panqueue top` in a real terminal), chromium (the
+# dashboard's browser tests: nothing here downloads a browser build) and faketime (the schedule
+# clock test restarts a server under a clock set back). One `apt-get update` for all of them.
+debian_packages() {
+  local missing=() name
+  for name in tmux chromium faketime; do
+    command -v "$name" >/dev/null 2>&1 || missing+=("$name")
+  done
+  if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
+    echo "== installing ${missing[*]}"
+    (apt-get update -qq && apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
+      || echo "could not install ${missing[*]}"
+  fi
+}
+debian_packages &
+packages_pid=$!
 source "$(dirname "$0")/_venv.sh" "dev,trio,hiredis,embedded,spark,tui,metrics,otel,dashboard,django"
-# The terminal-view test drives `panqueue top` in a real terminal: tmux (a Debian package).
-if ! command -v tmux >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "== installing tmux"
-  (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || echo "could not install tmux"
-fi
-# The dashboard's browser tests drive Debian's chromium (nothing here downloads a browser build).
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "== installing chromium"
-  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "could not install chromium"
-fi
-# The schedule clock test restarts a server under a clock set back: Debian's faketime.
-if ! command -v faketime >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "== installing faketime"
-  (apt-get update -qq && apt-get install -y -qq faketime) >/dev/null 2>&1 || echo "could not install faketime"
-fi
+wait "$packages_pid"
 
 # The floors: name==X for each "name>=X" (or "name>=X,<Y") of [project] dependencies. A
 # dependency without one fails the run: every core dependency states the oldest it works with.
