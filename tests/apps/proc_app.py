@@ -16,9 +16,12 @@ _redis = redis.Redis.from_url(os.environ["PANQUEUE_URL"])
 
 @queues.handler("crashy", lock_ttl=1.0)
 async def crashy(job: Job) -> dict[str, int]:
-    """The first run of each job hangs (the test kills that worker); later runs finish."""
+    """The first run of each job hangs (the test kills that worker); later runs finish.
+    Which run is the first is settled before the start is recorded, which the test waits for
+    (a kill between the two would leave the next run to hang)."""
+    first = _redis.set(f"ran:{job.id}", 1, nx=True)
     _redis.rpush(f"started:{job.id}", os.getpid())
-    if _redis.set(f"ran:{job.id}", 1, nx=True):
+    if first:
         await anyio.sleep(60)
     return {"pid": os.getpid()}
 
