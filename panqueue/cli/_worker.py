@@ -120,6 +120,11 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         except ImportError:
             raise UsageFailure("--reload needs watchfiles: pip install 'panqueue[reload]'"
                                ) from None
+        # The application's modules are compiled from their source at every start: bytecode
+        # cached by one start records only the source's size and modification time (in whole
+        # seconds), so a save within the same second that keeps the size would start the old
+        # code again.
+        sys.dont_write_bytecode = True
     # --reload: the .py files as they are before the import, so that a save the watcher
     # cannot see (made before it runs) is found when the import fails.
     files = _python_files() if reload else {}
