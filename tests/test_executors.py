@@ -243,6 +243,20 @@ async def test_child_job_carries_its_options_and_enqueue_time(redis_url: str) ->
     assert info.enqueued_at is not None and seen["enqueued_at"] == info.enqueued_at.isoformat()
 
 
+async def test_a_child_enqueues_through_a_handler_of_its_registry(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subprocess child that imports the handlers has loaded no client; its first enqueue
+    loads one, reading PANQUEUE_URL, and the job is added."""
+    monkeypatch.setenv("PANQUEUE_URL", redis_url)
+    async with QueueClient(redis_url) as client, \
+            run_worker(exec_app.queues, "s-enqueue", redis_url):
+        handle = await client.queue("s-enqueue").add({})
+        seen = await handle.result(timeout=20)
+        added = await client.get_job("s-enqueued", seen["id"])
+    assert seen["loaded_before"] is False
+    assert added.data["from"] != os.getpid()
+
+
 async def test_async_handler_runs_in_a_child_too(redis_url: str) -> None:
     async with run_worker(exec_app.queues, "s-async", redis_url):
         assert await add_and_wait(redis_url, "s-async", 7) == "async in child 7"

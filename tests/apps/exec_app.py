@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import redis
@@ -81,6 +82,20 @@ def _burn(seconds: float) -> int:
 def child_env(job: Job) -> dict[str, str | None]:
     return {"secret": os.environ.get("PANQUEUE_TEST_SECRET"),
             "visible": os.environ.get("PANQUEUE_VISIBLE"), "pid": str(os.getpid())}
+
+
+@queues.handler("s-enqueued")
+async def enqueued_by_a_child(job: Job) -> None:
+    return None
+
+
+@queues.handler("s-enqueue", executor="subprocess", env=["PATH", "PANQUEUE_URL"])
+def child_enqueues(job: Job) -> dict[str, object]:
+    """Adds a job from the child through another handler (the child loads the producer side on
+    this first enqueue: importing the handlers did not)."""
+    loaded_before = "panqueue._producer" in sys.modules
+    handle = enqueued_by_a_child.enqueue({"from": os.getpid()})
+    return {"id": handle.id, "loaded_before": loaded_before}
 
 
 @queues.handler("s-report", executor="subprocess", env=["PATH"])
