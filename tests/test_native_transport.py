@@ -174,6 +174,37 @@ def test_the_python_reader_reads_every_kind_of_reply_in_any_pieces(piece: int) -
         assert _plain(_replies_read(resp.new_reader(), _WIRE, piece=piece)) == _READ
 
 
+# Commands as the transports send them: a script call's arguments, a command of two words, text
+# that is not ASCII, numbers of each kind, and a payload longer than redis-py's 6,000-byte chunk.
+_COMMANDS: list[tuple[Any, ...]] = [
+    ("EVALSHA", "a" * 40, 2, "{q:x}:meta", "{q:x}:wait", b"\x00\xff", -1, 2.5, 10**20),
+    ("CONFIG GET", "maxmemory"), (b"CLIENT SETNAME", "w-1"),
+    ("SET", "clé", "naïve ☃", "PX", 1500), ("HSET", "k", "d", b"x" * 10_000),
+]
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0",
+                                 "unix:///tmp/panqueue-none.sock"])
+def test_the_asyncio_transport_packs_commands_as_redis_py_does(url: str) -> None:
+    """With hiredis installed, the asyncio transport's connections (of every scheme) pack in C,
+    byte for byte what redis-py's own connection writes; an argument of another type is
+    redis-py's DataError either way. (The version legs run without hiredis.)"""
+    connection = _AsyncioTransport(url).client.connection_pool.make_connection()
+    packed = type(connection).__name__.startswith("_Packed")
+    assert packed is (resp.hiredis is not None)  # without hiredis, redis-py's own packer
+    plain = redis.asyncio.Connection()
+    for command in _COMMANDS:
+        assert b"".join(connection.pack_command(*command)) == b"".join(
+            plain.pack_command(*command)), command
+    assert b"".join(connection.pack_commands(_COMMANDS)) == b"".join(
+        plain.pack_commands(_COMMANDS))
+    for bad in (True, None, [1]):
+        with pytest.raises(redis.exceptions.DataError):
+            connection.pack_command("SET", "k", bad)
+        with pytest.raises(redis.exceptions.DataError):
+            plain.pack_command("SET", "k", bad)
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_errors_are_the_errors_of_the_other_transports(
         anyio_backend: str, reader: str, redis_url: str, redis_client: redis.Redis) -> None:
