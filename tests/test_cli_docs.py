@@ -48,3 +48,26 @@ def test_getting_started_activates_the_environment_before_it_runs_panqueue(
                           capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("panqueue ")
+
+
+def test_the_command_group_names_every_command_its_modules_define() -> None:
+    """The group imports a command's module only when it runs (panqueue.cli._COMMANDS): a
+    command defined in a module but missing from that table would vanish from the CLI."""
+    import importlib
+
+    import click
+
+    from panqueue.cli import _COMMANDS, cli
+
+    defined = {}
+    for path in sorted((ROOT / "panqueue" / "cli").glob("_[!_]*.py")):
+        module = importlib.import_module(f"panqueue.cli.{path.stem}")
+        for value in vars(module).values():
+            if isinstance(value, click.Command) and value.callback is not None \
+                    and value.callback.__module__ == module.__name__:
+                defined[value.name] = path.stem
+    assert defined == _COMMANDS
+    with click.Context(cli) as ctx:
+        assert {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)} == {
+            name: getattr(importlib.import_module(f"panqueue.cli.{module}"),
+                          name.replace("-", "_")) for name, module in defined.items()}
