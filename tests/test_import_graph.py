@@ -190,3 +190,19 @@ def test_a_command_that_reads_loads_neither_the_runtime_nor_logging() -> None:
     assert "panqueue.cli._jobs" in loaded
     assert _under(loaded, "structlog", "panqueue._runtime", "panqueue.executors",
                   "panqueue.cli._worker", "panqueue.dashboard") == []
+
+
+def test_the_packages_lazy_names_agree_with_its_type_checking_imports() -> None:
+    """``panqueue/__init__.py`` names each public name three times: in ``__all__``, in the
+    table ``__getattr__`` imports from, and in the imports type checkers read. They agree."""
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    checked = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for imported in node.body:
+                assert isinstance(imported, ast.ImportFrom)
+                checked |= {alias.name: imported.module for alias in imported.names}
+    assert checked == panqueue._MODULES
+    assert set(panqueue.__all__) == set(checked)
+    for name in panqueue.__all__:
+        assert getattr(panqueue, name) is not None
