@@ -216,6 +216,8 @@ CASES = [
     Case("promote", "due", lambda: tr.promote(K)),
     Case("heartbeat", "beat", lambda: tr.heartbeat(K, "w", 1000, host="h", pid=1, queues=["q"],
                                                    concurrency=1, running=[])),
+    Case("heartbeat", "beat with peers", lambda: tr.heartbeat(
+        K, "w", 1000, host="h", pid=1, queues=["q"], concurrency=1, running=[], peers=True)),
     Case("control", "stop", lambda: control_worker([("w", ["q"])], "stop")),
     Case("heartbeat", "leave", lambda: tr.leave_registry(K, "w")),
     Case("setup", "worker", lambda: queue.setup_queue(K, "global", 1, 0, 0, False)),

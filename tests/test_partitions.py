@@ -347,6 +347,93 @@ async def test_a_worker_shares_its_slots_among_the_partitions(redis_url: str,
                 release.set()
 
 
+def _waiting(redis_client: redis.Redis, keys: Any) -> int:
+    return int(redis_client.llen(keys.wait_list)) + int(redis_client.zcard(keys.wait))
+
+
+async def test_workers_keep_to_their_partitions_while_those_have_work(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """Two workers, two partitions full of work: once each knows the other (a beat), each
+    runs the other's partition's jobs only when its own has none waiting. (Before: each
+    worker's first claim spread its slots over both partitions, so the completions of each
+    partition batched half as many jobs per call.)"""
+    parts = partition_keys(queue_name, 2)
+    # Sorted by name, the first worker serves partition 0 first, the second partition 1.
+    names = [f"a-{queue_name}", f"b-{queue_name}"]
+    ran: Counter[tuple[str, int]] = Counter()
+    strays: list[tuple[str, int, int]] = []  # (worker, partition, waiting in its own then)
+
+    def registry_of(own: int) -> tuple[Registry, Any]:
+        registry = Registry()
+
+        @registry.handler(queue_name, partitions=2, concurrency=5)
+        async def work(job: Job[int]) -> None:
+            part = int(job.id) % 2
+            ran[names[own], part] += 1
+            if part != own:
+                strays.append((names[own], part, _waiting(redis_client, parts[own])))
+            await anyio.sleep(0.002)
+
+        return registry, work
+
+    (registry_a, work), (registry_b, _) = registry_of(0), registry_of(1)
+    async with QueueClient(redis_url) as client:
+        await client.pause(queue_name)
+        await client.queue(work).add_bulk(range(600))
+        with anyio.fail_after(30):
+            async with run_worker(registry_a, queue_name, redis_url, name=names[0],
+                                  heartbeat_interval=0.1) as first, \
+                    run_worker(registry_b, queue_name, redis_url, name=names[1],
+                               heartbeat_interval=0.1) as second:
+                # Both have beaten since both were listed: each knows its share.
+                for worker in (first, second):
+                    while worker._roles is None or len(worker._roles.claimer._own) != 1:
+                        await anyio.sleep(0.01)
+                await client.resume(queue_name)
+                counts = await drain(redis_url, queue_name, timeout=25)
+    assert counts[JobState.COMPLETED] == 600
+    assert all(waiting == 0 for _, _, waiting in strays), strays[:5]
+    # Each partition's jobs ran mostly on its own worker (the rest: help at the end).
+    assert ran[names[0], 0] > 150 and ran[names[1], 1] > 150, ran
+
+
+async def test_a_partition_that_fills_while_the_slots_are_busy_elsewhere_is_served_within_a_second(
+        redis_url: str, queue_name: str) -> None:
+    """One worker, its slots all busy in partition 1 (partition 0 was empty when they were
+    claimed): jobs added to partition 0 then start within about a second, while partition 1
+    still has most of its work waiting. (Before: a slot's completion always claimed its next
+    job in its own partition, so partition 0 waited until partition 1 was empty.)"""
+    registry = Registry()
+    started: list[tuple[int, float]] = []
+
+    @registry.handler(queue_name, partitions=2, concurrency=4)
+    async def work(job: Job[int]) -> None:
+        started.append((job.data, time.monotonic()))
+        await anyio.sleep(0.02)
+
+    def in_partition(partition: int, prefix: str) -> str:
+        return next(job_id for job_id in (f"{prefix}-{i}" for i in range(1000))
+                    if zlib.crc32(job_id.encode()) % 2 == partition)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        for i in range(400):  # 400 x 20 ms over 4 slots: 2 s of work in partition 1
+            await queue.add(1, job_id=in_partition(1, f"one-{i}"))
+        with anyio.fail_after(30):
+            async with run_worker(registry, queue_name, redis_url):
+                while len(started) < 8:
+                    await anyio.sleep(0.01)
+                added = time.monotonic()
+                late = await queue.add(0, job_id=in_partition(0, "zero"))
+                await late.result(timeout=10)
+                ones_before = sum(1 for data, at in started
+                                  if data == 1 and at < dict(started)[0])
+                counts = await drain(redis_url, queue_name, timeout=20)
+    assert counts[JobState.COMPLETED] == 401
+    assert dict(started)[0] - added < 1.5
+    assert ones_before < 300, ones_before
+
+
 async def test_a_handlers_rate_limited_pauses_every_partition(redis_url: str,
                                                               queue_name: str) -> None:
     """Global mode: RateLimited pauses the whole queue, not only the partition of the job that

@@ -11,9 +11,19 @@ job for it and hands it over in the wake-up message itself, so an idle worker st
 without a claim of its own. The next claim withdraws the registration and takes over a job
 whose message went missing; a stopping worker withdraws it and releases what it was handed.
 
-A partitioned queue (``partitions=N``) has one loop all the same: each claim asks the partitions
-in turn, starting one further each time, until the free slots are filled or every partition was
-asked, so no partition waits while another has work. Its idle workers do not register (a job
+A partitioned queue (``partitions=N``) has one loop all the same. Its workers share the
+partitions out: each beat reads the queue's claiming workers (``heartbeat.py``), and with W of
+them, sorted by name, the i-th serves partitions p with p mod W = i first (W < N), or partition
+i mod N (W >= N): every partition is some claiming worker's first. A claim asks this worker's
+partitions in turn, starting one further each time, for the free slots, and only then the
+others, so a slot never stays free while any partition has work. A recording claims the slot's
+next job in its partition only if that is one of this worker's: a slot that helped elsewhere
+comes back after its job. So while every partition is busy each is served by its own workers,
+whose completions batch as on one partition, instead of every worker's slots thinning out over
+all of them. Once a second each partition's next recording claims nothing, and its slots are
+shared out again: a partition of this worker's that filled up again while the slots were busy
+in the others waits at most that long. A worker that knows no peers yet (before its first
+beat), or is alone, serves every partition first. Its idle workers do not register (a job
 handed over in one partition could not be withdrawn from the others); a wake-up from any
 partition wakes the loop. Its global rate limit is one window in a slot of its own: before
 each partition's claim the loop takes starts from it, and gives back those no job used
@@ -48,6 +58,8 @@ from panqueue.errors import PanqueueError
 __all__ = ["ClaimLoop", "Claimer"]
 
 _MAX_CLAIM_BATCH = 100
+# How often a partition's slots go back to the claim loop to be shared out again.
+RESPREAD_EVERY = 1.0
 # One claim is abandoned after this long (it is shielded: jobs it claimed are never dropped by a
 # cancellation, but a network that drops every packet must not hold the loop).
 _CLAIM_BOUND = 10.0
@@ -68,7 +80,14 @@ class ClaimLoop:
         self._transport = transport
         self._keys = keys
         self._parts = parts or [keys]
-        self._turn = 0  # the partition the next claim asks first
+        self._turn = 0  # the partition the next claim asks first (of each group)
+        # This worker's partitions, asked first, and the others (set_peers); the indexes of its
+        # own; when each partition's slots are next shared out again.
+        self._own: list[QueueKeys] = self._parts
+        self._others: list[QueueKeys] = []
+        self._own_indexes = frozenset(range(len(self._parts)))
+        first = time.monotonic() + RESPREAD_EVERY
+        self._respread_at = [first] * len(self._parts)
         self._shared_rate = shared_rate  # (max, window ms): a partitioned queue's rate limit
         self._tokens = tokens
         self._wakeups = wakeups
@@ -125,6 +144,38 @@ class ClaimLoop:
         """Paused, or owed slots after the concurrency was lowered: a finished job frees its
         slot instead of claiming the next one with its recording."""
         return self.paused or self._owed > 0
+
+    def keeps(self, index: int) -> bool:
+        """Whether a recording in partition ``index`` claims its slots' next jobs there (else
+        the slots go back to the loop): not while holding back; on a partitioned queue, only
+        in this worker's partitions, and not the first recording after a second has passed
+        since the partition's slots were last shared out."""
+        if self.holding_back:
+            return False
+        if len(self._parts) == 1:
+            return True
+        if index not in self._own_indexes:
+            return False
+        now = time.monotonic()
+        if now >= self._respread_at[index]:
+            self._respread_at[index] = now + RESPREAD_EVERY
+            return False
+        return True
+
+    def set_peers(self, me: str, peers: list[str]) -> None:
+        """The queue's claiming workers (``me`` among them) as the last beat read them: this
+        worker's share of the partitions (see the module docstring)."""
+        n = len(self._parts)
+        names = sorted(set(peers))
+        if n == 1 or me not in names or len(names) == 1:
+            own = range(n)
+        else:
+            i, w = names.index(me), len(names)
+            own = range(i, n, w) if w < n else range(i % n, i % n + 1)
+        self._own_indexes = frozenset(own)
+        self._own = [self._parts[p] for p in own]
+        self._others = [keys for p, keys in enumerate(self._parts)
+                        if p not in self._own_indexes]
 
     @property
     def registered(self) -> bool:
@@ -238,45 +289,46 @@ class ClaimLoop:
             self._delivered.clear()
 
     async def _claim_partitions(self, free: int) -> Claimed | None:
-        """Claim up to ``free`` jobs from the partitions in turn (see the module docstring);
-        None if no partition could be asked.
+        """Claim up to ``free`` jobs from this worker's partitions in turn, then from the
+        others (see the module docstring); None if no partition could be asked.
 
-        The free slots are shared out: each partition is asked for its share first, and only
-        then the partitions that filled theirs for what is left. A slot's completions claim
-        its next job from the same partition, so the slots stay spread as this first claim
-        spread them: every partition (on a cluster, every master) keeps being served, instead
-        of one partition taking every slot until it is empty."""
-        n = len(self._parts)
-        start, self._turn = self._turn, (self._turn + 1) % n
-        share = -(-free // n)
+        Within each group the free slots are shared out: each partition is asked for its share
+        first, and only then the partitions that filled theirs for what is left. A slot's
+        completions claim its next job from the same partition, so the slots stay spread as
+        this claim spread them, instead of one partition taking every slot until it is
+        empty."""
+        turn, self._turn = self._turn, self._turn + 1
         jobs: list[ClaimedJob] = []
         wake_in = -1
         answered = False
-        more: list[QueueKeys] = []  # partitions that gave their whole share: ask them again
-        for step in range(2 * n):
-            if len(jobs) >= free:
-                break
-            if step < n:
-                keys = self._parts[(start + step) % n]
-                wanted = min(share, free - len(jobs))
-            elif more:
-                keys = more.pop(0)
-                wanted = free - len(jobs)
-            else:
-                break
-            claimed, waits = await self._claim_from(keys, wanted)
-            if waits is not None:  # the rate window is full: no partition may start a job
+        for group in (self._own, self._others):
+            n = len(group)
+            share = -(-(free - len(jobs)) // n) if n else 0
+            more: list[QueueKeys] = []  # partitions that gave their whole share: ask again
+            for step in range(2 * n):
+                if len(jobs) >= free:
+                    break
+                if step < n:
+                    keys = group[(turn + step) % n]
+                    wanted = min(share, free - len(jobs))
+                elif more:
+                    keys = more.pop(0)
+                    wanted = free - len(jobs)
+                else:
+                    break
+                claimed, waits = await self._claim_from(keys, wanted)
+                if waits is not None:  # the rate window is full: no partition may start a job
+                    wake_in = waits if wake_in < 0 else min(wake_in, waits)
+                    return Claimed(jobs, wake_in)
+                if claimed is None:
+                    continue
                 answered = True
-                wake_in = waits if wake_in < 0 else min(wake_in, waits)
-                break
-            if claimed is None:
-                continue
-            answered = True
-            jobs += claimed.jobs
-            if step < n and len(claimed.jobs) == wanted:
-                more.append(keys)
-            if claimed.wake_in_ms >= 0:
-                wake_in = claimed.wake_in_ms if wake_in < 0 else min(wake_in, claimed.wake_in_ms)
+                jobs += claimed.jobs
+                if step < n and len(claimed.jobs) == wanted:
+                    more.append(keys)
+                if claimed.wake_in_ms >= 0:
+                    wake_in = (claimed.wake_in_ms if wake_in < 0
+                               else min(wake_in, claimed.wake_in_ms))
         return Claimed(jobs, wake_in) if answered else None
 
     async def _claim_from(self, keys: QueueKeys, wanted: int

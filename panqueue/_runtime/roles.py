@@ -133,15 +133,21 @@ class Roles:
         self._joined = False  # the first beat was sent: the entry is removed at the end
         self._closed = False  # the last steps (close) have run
         self.executor = executor = create_executor(worker.handler)
+
+        def claims_nothing(index: int) -> Callable[[], bool]:
+            # With a shared rate window, recordings claim nothing (see Shape.shared_rate).
+            # A paused worker, or one whose concurrency was lowered, frees the slot instead,
+            # and so does a slot whose partition the claim loop shares out again.
+            if shape.shared_rate is not None:
+                return lambda: True
+            return lambda: stopping() or not self.claimer.keeps(index)
+
         self.recorders = [Recorder(
             transport, keys, tokens, lock_ttl=worker.lock_ttl,
             keep_completed=options.retention.completed, keep_failed=options.retention.failed,
             concurrency=worker.concurrency,
-            # With a shared rate window, recordings claim nothing (see Shape.shared_rate).
-            # A paused worker, or one whose concurrency was lowered, frees the slot instead.
-            stopping=(lambda: stopping() or self.claimer.holding_back)
-            if shape.shared_rate is None else lambda: True, log=log,
-            max_snoozes=options.max_snoozes) for keys in parts]
+            stopping=claims_nothing(index), log=log,
+            max_snoozes=options.max_snoozes) for index, keys in enumerate(parts)]
         self.runner = AttemptRunner(executor, queue, options.job, attempts, self._report,
                                     self._release, durable=self,
                                     max_payload_bytes=worker.max_payload_bytes)
@@ -171,7 +177,8 @@ class Roles:
         self.beats = Heartbeat(
             transport, parts, name=worker.name, concurrency=lambda: self.claimer.declared,
             running=lambda: [job_id for job_id, _ in attempts.locks()],
-            interval=worker.heartbeat_interval, log=log, on_commands=self.apply_commands)
+            interval=worker.heartbeat_interval, log=log, on_commands=self.apply_commands,
+            on_peers=self.claimer.set_peers if shape.partitioned else None)
         # The watchdog keeps the locks and the registry entry while the loop is blocked.
         self.watchdog = LoopWatchdog(
             url=worker.url, prefix=worker.prefix, parts=parts, handler=worker.handler,
