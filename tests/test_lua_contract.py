@@ -216,10 +216,9 @@ CASES = [
     Case("promote", "due", lambda: tr.promote(K)),
     Case("heartbeat", "beat", lambda: tr.heartbeat(K, "w", 1000, host="h", pid=1, queues=["q"],
                                                    concurrency=1, running=[])),
-    Case("heartbeat", "beat with peers", lambda: tr.heartbeat(
-        K, "w", 1000, host="h", pid=1, queues=["q"], concurrency=1, running=[], peers=True)),
     Case("control", "stop", lambda: control_worker([("w", ["q"])], "stop")),
     Case("heartbeat", "leave", lambda: tr.leave_registry(K, "w")),
+    Case("peers", "read", lambda: tr.peers(K)),
     Case("setup", "worker", lambda: queue.setup_queue(K, "global", 1, 0, 0, False)),
     Case("pause", "pause", lambda: queue.pause(K, True)),
     Case("cancel", "job", lambda: queue.cancel(K, "j")),

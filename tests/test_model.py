@@ -18,7 +18,8 @@ that the attempt was given back, and that each step ran exactly once per job.
 
 Queues: ``model-plain`` (one partition, one job at a time, keeps only 3 completed jobs, so
 retention trims under the model), ``model-parted`` (three partitions, two workers of two jobs
-at a time, which share the partitions out: each serves its own first and helps in the others), ``model-handoff`` (never paused: two idle workers that an add hands its job to) and
+at a time, which share the partitions out: each serves its own first and helps in the others),
+``model-handoff`` (never paused: two idle workers that an add hands its job to) and
 ``model-callbacks`` (batch callbacks land there; no worker serves it).
 
 Time: a delayed job is due in an hour, so it never comes due while the test runs; what a delay
@@ -304,9 +305,7 @@ class QueueMachine(RuleBasedStateMachine):
             # (the next add is handed to the one that registered last), not claim again.
             worker = self.portal.wrap_async_context_manager(run_worker(
                 queues, queue, self.url, grace=2.0, summary_interval=None,
-                poll_interval=60.0 if queue == HANDOFF else 0.5,
-                # model-parted's two workers share its partitions out after a beat.
-                heartbeat_interval=0.1 if queue == PARTED else 5.0))
+                poll_interval=60.0 if queue == HANDOFF else 0.5))
             worker.__enter__()
             self.workers[name] = worker
 

@@ -179,7 +179,7 @@ def test_a_command_goes_only_to_the_process_it_was_queued_for(store: ScriptStore
     """A process that starts under the name of one that died (its entry still live) drops
     the commands queued for that one; later commands reach it."""
     def beat(pid: int) -> list[str]:
-        _, commands, _ = store.t.run(transitions.heartbeat(
+        _, commands = store.t.run(transitions.heartbeat(
             store.keys, "reused-name", 30_000, host="h", pid=pid, queues=[store.keys.name],
             concurrency=1, running=[], take_commands=True))
         return commands

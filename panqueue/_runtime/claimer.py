@@ -12,8 +12,9 @@ without a claim of its own. The next claim withdraws the registration and takes 
 whose message went missing; a stopping worker withdraws it and releases what it was handed.
 
 A partitioned queue (``partitions=N``) has one loop all the same. Its workers share the
-partitions out: each beat reads the queue's claiming workers (``heartbeat.py``), and with W of
-them, sorted by name, the i-th serves partitions p with p mod W = i first (W < N), or partition
+partitions out: before a claim, at most once a second, the loop reads the queue's claiming
+workers (lua/peers.lua: live in the registry, not paused, not blocked), and with W of them,
+sorted by name, the i-th serves partitions p with p mod W = i first (W < N), or partition
 i mod N (W >= N): every partition is some claiming worker's first. A claim asks this worker's
 partitions in turn, starting one further each time, for the free slots, and only then the
 others, so a slot never stays free while any partition has work. A recording claims the slot's
@@ -22,8 +23,8 @@ comes back after its job. So while every partition is busy each is served by its
 whose completions batch as on one partition, instead of every worker's slots thinning out over
 all of them. Once a second each partition's next recording claims nothing, and its slots are
 shared out again: a partition of this worker's that filled up again while the slots were busy
-in the others waits at most that long. A worker that knows no peers yet (before its first
-beat), or is alone, serves every partition first. Its idle workers do not register (a job
+in the others waits at most that long. A worker alone, or not in the registry yet, serves every
+partition first. Its idle workers do not register (a job
 handed over in one partition could not be withdrawn from the others); a wake-up from any
 partition wakes the loop. Its global rate limit is one window in a slot of its own: before
 each partition's claim the loop takes starts from it, and gives back those no job used
@@ -58,8 +59,10 @@ from panqueue.errors import PanqueueError
 __all__ = ["ClaimLoop", "Claimer"]
 
 _MAX_CLAIM_BATCH = 100
-# How often a partition's slots go back to the claim loop to be shared out again.
+# How often a partition's slots go back to the claim loop to be shared out again, and how often
+# at most the loop reads which workers claim (a partitioned queue).
 RESPREAD_EVERY = 1.0
+PEERS_EVERY = 1.0
 # One claim is abandoned after this long (it is shielded: jobs it claimed are never dropped by a
 # cancellation, but a network that drops every packet must not hold the loop).
 _CLAIM_BOUND = 10.0
@@ -76,8 +79,9 @@ class ClaimLoop:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens,
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
                  log: Any, parts: list[QueueKeys] | None = None,
-                 shared_rate: tuple[int, int] | None = None) -> None:
+                 shared_rate: tuple[int, int] | None = None, name: str = "") -> None:
         self._transport = transport
+        self._name = name  # the worker's name in the registry
         self._keys = keys
         self._parts = parts or [keys]
         self._turn = 0  # the partition the next claim asks first (of each group)
@@ -88,6 +92,7 @@ class ClaimLoop:
         self._own_indexes = frozenset(range(len(self._parts)))
         first = time.monotonic() + RESPREAD_EVERY
         self._respread_at = [first] * len(self._parts)
+        self._peers_due = 0.0  # when the loop next reads the claiming workers
         self._shared_rate = shared_rate  # (max, window ms): a partitioned queue's rate limit
         self._tokens = tokens
         self._wakeups = wakeups
@@ -162,15 +167,20 @@ class ClaimLoop:
             return False
         return True
 
-    def set_peers(self, me: str, peers: list[str]) -> None:
-        """The queue's claiming workers (``me`` among them) as the last beat read them: this
-        worker's share of the partitions (see the module docstring)."""
+    async def _read_peers(self) -> None:
+        """Read the queue's claiming workers and take this worker's share of the partitions
+        (see the module docstring); on failure the share stays as it was."""
+        self._peers_due = time.monotonic() + PEERS_EVERY
+        try:
+            peers = await self._transport.run(transitions.peers(self._parts[0]))
+        except PanqueueError:
+            return  # the claim that follows meets the same trouble, and reports it
         n = len(self._parts)
         names = sorted(set(peers))
-        if n == 1 or me not in names or len(names) == 1:
+        if self._name not in names or len(names) == 1:
             own = range(n)
         else:
-            i, w = names.index(me), len(names)
+            i, w = names.index(self._name), len(names)
             own = range(i, n, w) if w < n else range(i % n, i % n + 1)
         self._own_indexes = frozenset(own)
         self._own = [self._parts[p] for p in own]
@@ -297,6 +307,8 @@ class ClaimLoop:
         completions claim its next job from the same partition, so the slots stay spread as
         this claim spread them, instead of one partition taking every slot until it is
         empty."""
+        if time.monotonic() >= self._peers_due:
+            await self._read_peers()
         turn, self._turn = self._turn, self._turn + 1
         jobs: list[ClaimedJob] = []
         wake_in = -1
@@ -432,10 +444,10 @@ class Claimer(ClaimLoop):
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
                  process: Process, log: Any, parts: list[QueueKeys] | None = None,
                  shared_rate: tuple[int, int] | None = None,
-                 batch_job_ended: Callable[[], None] | None = None) -> None:
+                 batch_job_ended: Callable[[], None] | None = None, name: str = "") -> None:
         super().__init__(transport, keys, tokens, wakeups, concurrency=concurrency,
                          lock_ttl=lock_ttl, poll_interval=poll_interval, log=log, parts=parts,
-                         shared_rate=shared_rate)
+                         shared_rate=shared_rate, name=name)
         self._process = process
         # Called once a job of a batch was processed (the job's ending is relayed to it).
         self._batch_job_ended = batch_job_ended

@@ -7,10 +7,7 @@ how long the loop has been blocked, so a live worker stays listed, marked as blo
 
 The loop's own beat also takes the commands an operator queued for the worker
 (``client.control``: stop, pause, resume, a new concurrency) and hands them to the worker, so
-a command is applied within one heartbeat interval.
-
-A partitioned queue's beat also reads which workers of the queue claim now (``on_peers``): its
-claim loop shares the partitions out among them (``claimer.py``)."""
+a command is applied within one heartbeat interval."""
 
 from __future__ import annotations
 
@@ -40,14 +37,12 @@ class Heartbeat:
     def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *, name: str,
                  concurrency: Callable[[], tuple[int, bool]], running: Callable[[], list[str]],
                  interval: float, log: Any,
-                 on_commands: Callable[[list[str]], Awaitable[None]] | None = None,
-                 on_peers: Callable[[str, list[str]], None] | None = None) -> None:
+                 on_commands: Callable[[list[str]], Awaitable[None]] | None = None) -> None:
         self._transport = transport
         self._parts = parts  # every partition has the entry: explain reads its own
         self._name = name
         self._concurrency = concurrency  # (concurrency now, paused by a command)
         self._on_commands = on_commands
-        self._on_peers = on_peers  # (this worker's name, the claiming workers' names)
         self._running = running
         self.interval = interval
         self._ttl_ms = max(1, int(interval * BEATS_PER_TTL * 1000))
@@ -55,31 +50,25 @@ class Heartbeat:
         self._pid = os.getpid()
         self._trouble = Trouble(log, "worker heartbeat", episode_of(transport))
 
-    def writes(self, loop_blocked_ms: int = 0, take_commands: bool = False, peers: bool = False
-               ) -> list[Op[tuple[int, list[str], list[str]]]]:
+    def writes(self, loop_blocked_ms: int = 0, take_commands: bool = False
+               ) -> list[Op[tuple[int, list[str]]]]:
         """The writes of one beat, one per partition (also run from the watchdog's thread,
         with ``loop_blocked_ms`` > 0, while the loop is blocked). ``take_commands``: the home
-        partition's write takes the commands queued for the worker; ``peers``: it reads the
-        claiming workers' names."""
+        partition's write takes the commands queued for the worker."""
         running = self._running()
         concurrency, paused = self._concurrency()
         return [transitions.heartbeat(
             keys, self._name, self._ttl_ms, host=self._host, pid=self._pid,
             queues=[keys.name], concurrency=concurrency, running=running,
             loop_blocked_ms=loop_blocked_ms, paused=paused,
-            take_commands=take_commands and index == 0, peers=peers and index == 0)
+            take_commands=take_commands and index == 0)
             for index, keys in enumerate(self._parts)]
 
     async def beat(self) -> None:
         commands: list[str] = []
-        peers: list[str] = []
-        for write in self.writes(take_commands=self._on_commands is not None,
-                                 peers=self._on_peers is not None):
-            _, taken, named = await self._transport.run(write)
+        for write in self.writes(take_commands=self._on_commands is not None):
+            _, taken = await self._transport.run(write)
             commands += taken
-            peers += named
-        if self._on_peers is not None:
-            self._on_peers(self._name, peers)
         if self._on_commands is not None:
             await self._on_commands(commands)  # every beat: none is a beat's check too
 

@@ -169,7 +169,7 @@ class Roles:
                 transport, parts[0], tokens, self.wakeups, concurrency=worker.concurrency,
                 lock_ttl=worker.lock_ttl, poll_interval=worker.poll_interval,
                 process=process, log=log, parts=parts, shared_rate=shape.shared_rate,
-                batch_job_ended=self._batch_job_ended)
+                batch_job_ended=self._batch_job_ended, name=worker.name)
         self.renewer = Renewer(transport, parts, attempts, log)
         self.upkeep = Upkeep(
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
@@ -177,8 +177,7 @@ class Roles:
         self.beats = Heartbeat(
             transport, parts, name=worker.name, concurrency=lambda: self.claimer.declared,
             running=lambda: [job_id for job_id, _ in attempts.locks()],
-            interval=worker.heartbeat_interval, log=log, on_commands=self.apply_commands,
-            on_peers=self.claimer.set_peers if shape.partitioned else None)
+            interval=worker.heartbeat_interval, log=log, on_commands=self.apply_commands)
         # The watchdog keeps the locks and the registry entry while the loop is blocked.
         self.watchdog = LoopWatchdog(
             url=worker.url, prefix=worker.prefix, parts=parts, handler=worker.handler,

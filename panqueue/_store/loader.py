@@ -139,6 +139,7 @@ class _Scripts:
     relayout: Script
     declare: Script
     heartbeat: Script
+    peers: Script
     control: Script
     workers: Script
     purge: Script

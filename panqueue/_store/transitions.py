@@ -53,6 +53,7 @@ __all__ = [
     "leave_registry",
     "parse_claim",
     "pause_for",
+    "peers",
     "progress",
     "promote",
     "release",
@@ -384,16 +385,14 @@ def promote(keys: QueueKeys) -> Op[int]:
 
 def heartbeat(keys: QueueKeys, name: str, ttl_ms: int, *, host: str, pid: int,
               queues: Sequence[str], concurrency: int, running: Sequence[str],
-              loop_blocked_ms: int = 0, paused: bool = False, take_commands: bool = False,
-              peers: bool = False) -> Op[tuple[int, list[str], list[str]]]:
+              loop_blocked_ms: int = 0, paused: bool = False, take_commands: bool = False
+              ) -> Op[tuple[int, list[str]]]:
     """Write this worker's entry in the queue's registry, live for ``ttl_ms`` (the server
     stamps the beat and keeps the first beat's time as the start). ``loop_blocked_ms``: the
     worker's event loop has not run for that long (the watchdog thread writes the entry
     then); the server turns it into the time the blockage began. ``paused``: the worker was
-    paused by a command. Returns the server time, with ``take_commands`` the commands
-    queued for the worker (``client.control``, lua/control.lua), oldest first, and with
-    ``peers`` the names of the queue's workers that claim now (live, not paused, not blocked,
-    concurrency above 0), this one included."""
+    paused by a command. Returns the server time and, with ``take_commands``, the commands
+    queued for the worker (``client.control``, lua/control.lua), oldest first."""
     fields: dict[str, Any] = {"host": host, "pid": pid, "queues": list(queues),
                               "concurrency": concurrency, "running": list(running)}
     if loop_blocked_ms > 0:
@@ -401,16 +400,22 @@ def heartbeat(keys: QueueKeys, name: str, ttl_ms: int, *, host: str, pid: int,
     if paused:
         fields["paused"] = True
     record = encode(fields)
-    now, commands, names = yield _call(SCRIPTS.heartbeat, keys, (
-        name, ttl_ms, record, "1" if take_commands else "", "1" if peers else ""))
-    return (int(now), [command.decode() for command in commands],
-            [peer.decode() for peer in names])
+    reply = yield _call(SCRIPTS.heartbeat, keys,
+                        (name, ttl_ms, record, "1" if take_commands else ""))
+    return int(reply[0]), [command.decode() for command in reply[1:]]
 
+
+
+def peers(keys: QueueKeys) -> Op[list[str]]:
+    """The names of the queue's workers that claim now (live, not paused, no blocked event
+    loop, concurrency above 0), from the registry of partition ``keys``."""
+    names = yield _call(SCRIPTS.peers, keys, ())
+    return [name.decode() for name in names]
 
 
 def leave_registry(keys: QueueKeys, name: str) -> Op[None]:
     """Remove this worker's entry from the queue's registry (a clean stop)."""
-    yield _call(SCRIPTS.heartbeat, keys, (name, 0, b"", "", ""))
+    yield _call(SCRIPTS.heartbeat, keys, (name, 0, b"", ""))
 
 
 def take_starts(keys: QueueKeys, wanted: int, limit: int, per_ms: int, name: str

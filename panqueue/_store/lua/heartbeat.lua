@@ -8,11 +8,7 @@
 --          blocked: how long it has been)
 -- ARGV[4]  '1': take the commands queued for the worker (control.lua); absent or '': leave them
 --          (a beat of the watchdog's thread, which cannot apply them)
--- ARGV[5]  '1': also answer the names of the queue's claiming workers (the first 1,000 live) (a partitioned queue's
---          workers share its partitions out by them: runtime/claimer.py); absent or '': none
--- Returns  {the server time (ms) of the beat, {command...}, {name...}}: the commands taken,
---          oldest first, and with ARGV[5] the live entries of workers that claim (neither paused
---          by a command nor at concurrency 0 nor with a blocked event loop), this one included
+-- Returns  {the server time (ms) of the beat, command...}: the commands taken, oldest first
 --
 -- Invariants: a name is in "workers" exactly when it has a record in "worker_info"; the score
 -- is when the entry expires (beat time + TTL). The script adds the server times to the record:
@@ -49,25 +45,14 @@ if record.loop_blocked_ms then
 end
 redis.call('ZADD', K_WORKERS, now + ttl, name)
 redis.call('HSET', K_WORKER_INFO, name, cmsgpack.pack(record))
-local commands, peers = {}, {}
+local reply = {now}
 if ARGV[4] == '1' then
   local key = control_key(name)
   if same then
-    commands = redis.call('LRANGE', key, 0, -1)
+    for _, command in ipairs(redis.call('LRANGE', key, 0, -1)) do
+      reply[#reply + 1] = command
+    end
   end
   redis.call('DEL', key)  -- commands for an earlier process under this name are dropped
 end
-if ARGV[5] == '1' then
-  local live = redis.call('ZRANGEBYSCORE', K_WORKERS, '(' .. now, '+inf', 'LIMIT', 0, 1000)
-  if #live > 0 then
-    local records = redis.call('HMGET', K_WORKER_INFO, unpack(live))
-    for i, other in ipairs(live) do
-      local info = records[i] and cmsgpack.unpack(records[i])
-      if info and not info.paused and not info.loop_blocked_since
-          and (tonumber(info.concurrency) or 0) > 0 then
-        peers[#peers + 1] = other
-      end
-    end
-  end
-end
-return {now, commands, peers}
+return reply
