@@ -1,6 +1,7 @@
 """What a plain no-op job costs Redis: server CPU and the commands its scripts make.
 
-    .venv/bin/python scripts/redis_cost.py [--jobs N] [--tags T] [--json FILE]
+    .venv/bin/python scripts/redis_cost.py [--jobs N] [--tags T] [--partitions] [--workers W]
+                                          [--json FILE]
 
 Starts a private redis-server (appendonly off, RDB off), adds N no-op jobs to ``bench-noop``
 with ``add_bulk`` (default settings), then lets ONE worker process (``bench_app:queues``,
@@ -10,6 +11,10 @@ the deltas of ``INFO commandstats`` (calls and µs per command, per job) and of 
 worker's start and its upkeep calls (heartbeats, the stalled sweep), a few calls in all.
 With ``--tags T`` each job is added alone (``add``, one call per job) carrying T tags, so that
 runs with T = 0, 1, 4 give what a tag costs, on adding and on the job's removal.
+With ``--partitions`` the queue is ``bench-noop-p4`` (4 partitions on the one server), and with
+``--workers W`` W worker processes drain it: the queue is paused while they start, and resumed
+once all are registered and a second has passed (each claim loop has read the others, so the
+partitions are shared out from the first claim).
 The Redis on 6379 is never touched.
 """
 
@@ -33,6 +38,9 @@ from panqueue import JobState, SyncQueueClient
 from panqueue.embedded import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+import bench_app  # noqa: E402  (beside this script)
+
 PANQUEUE_ROOT = Path(panqueue.__file__).resolve().parent.parent
 QUEUE = "bench-noop"
 BATCH = 1000
@@ -56,18 +64,23 @@ def delta(before: tuple[dict[str, tuple[int, int]], float],
     return {"cpu_us_per_job": (after[1] - before[1]) / n * 1e6, "commands": rows}
 
 
-def waiting_and_active(client: Any) -> int:
-    counts = client.counts(QUEUE)
+def waiting_and_active(client: Any, queue: str) -> int:
+    counts = client.counts(queue)
     return counts[JobState.WAITING] + counts[JobState.ACTIVE]
 
 
-def run(n: int, tags: int | None = None) -> dict[str, Any]:
+def run(n: int, tags: int | None = None, partitions: bool = False, workers: int = 1
+        ) -> dict[str, Any]:
+    name = QUEUE + "-p4" if partitions else QUEUE
     with tempfile.TemporaryDirectory() as tmp, \
             RedisServer(directory=tmp, appendonly=False, extra_args=("--save", "")) as server:
         r = redis.Redis.from_url(server.url, decode_responses=True)
         with SyncQueueClient(server.url) as client:
-            queue = client.queue(QUEUE)
+            queue = client.queue(bench_app.noop_partitioned) if partitions else client.queue(name)
             queue.add({"warm": True})  # the scripts are loaded before the figures start
+            gate = partitions or workers > 1
+            if gate:
+                client.pause(name)
             r.execute_command("CONFIG", "RESETSTAT")
             s0 = snapshot(r)
             if tags is None:
@@ -82,21 +95,33 @@ def run(n: int, tags: int | None = None) -> dict[str, Any]:
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(SCRIPTS), str(PANQUEUE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
             with open(Path(tmp) / "worker.log", "wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "panqueue", "worker", "bench_app:queues", "-q", QUEUE,
+                procs = [subprocess.Popen(
+                    [sys.executable, "-m", "panqueue", "worker", "bench_app:queues", "-q", name,
                      "--concurrency", "50", "--log-level", "warning", "--url", server.url],
                     cwd=SCRIPTS, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                    for _ in range(workers)]
                 try:
                     deadline = time.monotonic() + 600
-                    while waiting_and_active(client) > 0:
-                        if proc.poll() is not None or time.monotonic() > deadline:
-                            raise RuntimeError("the worker stopped or the queue did not drain")
+                    if gate:
+                        while len(client.workers(name)) < workers:
+                            if time.monotonic() > deadline:
+                                raise RuntimeError("the workers did not start")
+                            time.sleep(0.02)
+                        time.sleep(1.1)  # every claim loop has read the registry since
+                        client.resume(name)
+                    while waiting_and_active(client, name) > 0:
+                        if (any(p.poll() is not None for p in procs)
+                                or time.monotonic() > deadline):
+                            raise RuntimeError("a worker stopped or the queue did not drain")
                         time.sleep(0.02)
                     s2 = snapshot(r)
                 finally:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(30)
-        return {"jobs": n, "add": delta(s0, s1, n), "process": delta(s1, s2, n + 1)}
+                    for proc in procs:
+                        proc.send_signal(signal.SIGTERM)
+                    for proc in procs:
+                        proc.wait(30)
+        return {"jobs": n, "queue": name, "workers": workers, "add": delta(s0, s1, n),
+                "process": delta(s1, s2, n + 1)}
 
 
 def show(result: dict[str, Any]) -> None:
@@ -118,9 +143,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--tags", type=int, metavar="T",
                         help="add each job alone, with T tags (0: alone, without tags)")
+    parser.add_argument("--partitions", action="store_true",
+                        help="the queue of 4 partitions (bench-noop-p4)")
+    parser.add_argument("--workers", type=int, default=1, metavar="W")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    result = run(args.jobs, args.tags)
+    result = run(args.jobs, args.tags, args.partitions, args.workers)
     show(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
