@@ -29,6 +29,7 @@ from panqueue import (
 )
 from panqueue._keys import partition_keys
 from panqueue._runtime.claimer import ClaimLoop
+from panqueue._store import transitions
 from panqueue.testing import drain, run_worker
 from tests.helpers import run_cli
 
@@ -396,6 +397,50 @@ async def test_workers_keep_to_their_partitions_while_those_have_work(
     assert [stray for stray in strays if stray[1] > 0] == []
     # Each partition's jobs ran mostly on its own worker (the rest: help at the end).
     assert ran[names[0], 0] > 150 and ran[names[1], 1] > 150, ran
+
+
+async def test_a_paused_or_dead_worker_leaves_its_share_to_the_others(
+        redis_url: str, queue_name: str) -> None:
+    """The share counts only workers that claim: one paused by a command, or one that died
+    (its registry entry still live until it expires), gives its partitions back to the
+    others, so none of them waits for a worker that will not come."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=2, concurrency=2)
+    async def work(job: Job[int]) -> None:
+        return None
+
+    def share(worker: Worker) -> list[int]:
+        assert worker._roles is not None
+        return sorted(keys.partition for keys in worker._roles.claimer._own)
+
+    async def until(worker: Worker, wanted: list[int]) -> None:
+        while worker._roles is None or share(worker) != wanted:
+            await anyio.sleep(0.02)
+
+    names = [f"a-{queue_name}", f"b-{queue_name}"]
+    async with QueueClient(redis_url) as client:
+        with anyio.fail_after(30):
+            async with run_worker(registry, queue_name, redis_url, name=names[0],
+                                  poll_interval=0.1) as first, \
+                    run_worker(registry, queue_name, redis_url, name=names[1],
+                               poll_interval=0.1, heartbeat_interval=0.2) as second:
+                await until(first, [0])
+                await until(second, [1])
+                await client.control(names[1], "pause")
+                await until(first, [0, 1])  # the paused worker claims nothing
+                await client.control(names[1], "resume")
+                await until(first, [0])
+            # A dead worker's entry (written as a beat would, live for 1.5 s): "a-" keeps
+            # partition 0 until the entry expires, then serves both.
+            parts = partition_keys(queue_name, 2)
+            async with run_worker(registry, queue_name, redis_url, name=names[0],
+                                  poll_interval=0.1) as alone:
+                await client._run(transitions.heartbeat(
+                    parts[0], names[1], 1500, host="gone", pid=1, queues=[queue_name],
+                    concurrency=2, running=[]))
+                await until(alone, [0])
+                await until(alone, [0, 1])
 
 
 async def test_a_partition_that_fills_while_the_slots_are_busy_elsewhere_is_served_within_a_second(
