@@ -24,13 +24,13 @@ whose completions batch as on one partition, instead of every worker's slots thi
 all of them. Once a second each partition's next recording claims nothing, and its slots are
 shared out again: a partition of this worker's that filled up again while the slots were busy
 in the others waits at most that long. A worker alone, or not in the registry yet, serves every
-partition first. Its idle workers do not register (a job
-handed over in one partition could not be withdrawn from the others); a wake-up from any
-partition wakes the loop. Its global rate limit is one window in a slot of its own: before
-each partition's claim the loop takes starts from it, and gives back those no job used
-(lua/rate_take.lua); its jobs' recordings then claim nothing, so every start goes through it.
-The starts carry a deadline: a claim that runs after it (the worker stalled between the two
-calls) claims nothing and answers wake_in 0, its starts go back, and the loop takes fresh ones.
+partition first. Its idle workers do not register (a job handed over in one partition could not
+be withdrawn from the others); a wake-up from any partition wakes the loop. Its global rate
+limit is one window in a slot of its own: before each partition's claim the loop takes starts
+from it, and gives back those no job used (lua/rate_take.lua); its jobs' recordings then claim
+nothing, so every start goes through it. The starts carry a deadline: a claim that runs after
+it (the worker stalled between the two calls) claims nothing and answers wake_in 0, its starts
+go back, and the loop takes fresh ones.
 
 Longer than 400 lines because the slots, the claim loop, hand-offs and the concurrency a remote
 command changes share one semaphore and one set of counters: they are one mechanism.
@@ -85,8 +85,8 @@ class ClaimLoop:
         self._keys = keys
         self._parts = parts or [keys]
         self._turn = 0  # the partition the next claim asks first (of each group)
-        # This worker's partitions, asked first, and the others (set_peers); the indexes of its
-        # own; when each partition's slots are next shared out again.
+        # This worker's partitions, asked first, and the others (_read_peers); the indexes of
+        # its own; when each partition's slots are next shared out again.
         self._own: list[QueueKeys] = self._parts
         self._others: list[QueueKeys] = []
         self._own_indexes = frozenset(range(len(self._parts)))
