@@ -447,8 +447,9 @@ async def test_a_partition_that_fills_while_the_slots_are_busy_elsewhere_is_serv
         redis_url: str, queue_name: str) -> None:
     """One worker, its slots all busy in partition 1 (partition 0 was empty when they were
     claimed): a job added to partition 0 then starts within about a second (the slots are
-    shared out again once a second), while partition 1 still has much of its work waiting. (Before: a slot's completion always claimed its next
-    job in its own partition, so partition 0 waited until partition 1 was empty.)"""
+    shared out again once a second), while partition 1 still has much of its work waiting.
+    (Before: a slot's completion always claimed its next job in its own partition, so
+    partition 0 waited until partition 1 was empty.)"""
     registry = Registry()
     started: list[tuple[int, float]] = []
 
