@@ -31,16 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_app  # beside this script
 import redis
 
 import panqueue
 from panqueue import JobState, SyncQueueClient
+from panqueue._runtime.claimer import PEERS_EVERY
 from panqueue.embedded import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
-import bench_app  # noqa: E402  (beside this script)
-
 PANQUEUE_ROOT = Path(panqueue.__file__).resolve().parent.parent
 QUEUE = "bench-noop"
 BATCH = 1000
@@ -107,7 +106,8 @@ def run(n: int, tags: int | None = None, partitions: bool = False, workers: int 
                             if time.monotonic() > deadline:
                                 raise RuntimeError("the workers did not start")
                             time.sleep(0.02)
-                        time.sleep(1.1)  # every claim loop has read the registry since
+                        # Every claim loop has read the registry since all were in it.
+                        time.sleep(PEERS_EVERY + 0.1)
                         client.resume(name)
                     while waiting_and_active(client, name) > 0:
                         if (any(p.poll() is not None for p in procs)

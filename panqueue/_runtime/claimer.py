@@ -85,11 +85,9 @@ class ClaimLoop:
         self._keys = keys
         self._parts = parts or [keys]
         self._turn = 0  # the partition the next claim asks first (of each group)
-        # This worker's partitions, asked first, and the others (_read_peers); the indexes of
-        # its own; when each partition's slots are next shared out again.
-        self._own: list[QueueKeys] = self._parts
-        self._others: list[QueueKeys] = []
-        self._own_indexes = frozenset(range(len(self._parts)))
+        # The indexes of this worker's partitions, asked first (_read_peers); when each
+        # partition's slots are next shared out again.
+        self._own = frozenset(range(len(self._parts)))
         first = time.monotonic() + RESPREAD_EVERY
         self._respread_at = [first] * len(self._parts)
         self._peers_due = 0.0  # when the loop next reads the claiming workers
@@ -152,14 +150,15 @@ class ClaimLoop:
 
     def keeps(self, index: int) -> bool:
         """Whether a recording in partition ``index`` claims its slots' next jobs there (else
-        the slots go back to the loop): not while holding back; on a partitioned queue, only
-        in this worker's partitions, and not the first recording after a second has passed
-        since the partition's slots were last shared out."""
-        if self.holding_back:
+        the slots go back to the loop): not while holding back, nor through a shared rate
+        window (every start goes through the loop); on a partitioned queue, only in this
+        worker's partitions, and not the first recording after a second has passed since the
+        partition's slots were last shared out."""
+        if self.holding_back or self._shared_rate is not None:
             return False
         if len(self._parts) == 1:
             return True
-        if index not in self._own_indexes:
+        if index not in self._own:
             return False
         now = time.monotonic()
         if now >= self._respread_at[index]:
@@ -182,10 +181,7 @@ class ClaimLoop:
         else:
             i, w = names.index(self._name), len(names)
             own = range(i, n, w) if w < n else range(i % n, i % n + 1)
-        self._own_indexes = frozenset(own)
-        self._own = [self._parts[p] for p in own]
-        self._others = [keys for p, keys in enumerate(self._parts)
-                        if p not in self._own_indexes]
+        self._own = frozenset(own)
 
     @property
     def registered(self) -> bool:
@@ -313,7 +309,9 @@ class ClaimLoop:
         jobs: list[ClaimedJob] = []
         wake_in = -1
         answered = False
-        for group in (self._own, self._others):
+        own = [keys for keys in self._parts if keys.partition in self._own]
+        others = [keys for keys in self._parts if keys.partition not in self._own]
+        for group in (own, others):
             n = len(group)
             share = -(-(free - len(jobs)) // n) if n else 0
             more: list[QueueKeys] = []  # partitions that gave their whole share: ask again

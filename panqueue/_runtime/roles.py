@@ -135,11 +135,9 @@ class Roles:
         self.executor = executor = create_executor(worker.handler)
 
         def claims_nothing(index: int) -> Callable[[], bool]:
-            # With a shared rate window, recordings claim nothing (see Shape.shared_rate).
-            # A paused worker, or one whose concurrency was lowered, frees the slot instead,
-            # and so does a slot whose partition the claim loop shares out again.
-            if shape.shared_rate is not None:
-                return lambda: True
+            # A recording claims the slot's next job unless the worker stops or the claim loop
+            # wants the slot back (ClaimLoop.keeps: paused, concurrency lowered, a shared rate
+            # window, a partition's slots shared out again).
             return lambda: stopping() or not self.claimer.keeps(index)
 
         self.recorders = [Recorder(
