@@ -36,8 +36,9 @@ state, page by page), signal (to a job waiting for it, kept by an unfinished one
 finished one), work (its durable jobs that wait signalled first, or not), a running job
 cancelled (by cancel, or by cancel_jobs of a tag only it carries; and, on model-handoff,
 removed and added again under its id), batches (open, add, close, members tagged), a restart of
-the workers, and faults: an add or a cancel whose reply is lost (through a FaultProxy; the client
-sends it again, and the model accepts either answer of the first try but not two jobs), and a
+the workers, a pause command to one of model-parted's workers (and its resume), and faults: an
+add or a cancel whose reply is lost (through a FaultProxy; the client sends it again, and the
+model accepts either answer of the first try but not two jobs), and a
 process SIGKILLed between the steps of a multi-step operation: an add, or a flow, with a custom
 id placed away from its home partition (killed once its pointer is written, or once its job
 is), and a batch's close (once it marked the batch fired, or once it added the callbacks).
@@ -292,6 +293,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.portal: BlockingPortal = self.stack.enter_context(
             start_blocking_portal(backend=self.backend))
         self.workers: dict[str, contextlib.AbstractContextManager[Any]] = {}
+        self.names: dict[str, str] = {}  # each worker's name in the registry
         self._start_workers()
         self.batches: dict[str, Any] = {}
         self.proxy: FaultProxy | None = None
@@ -303,11 +305,15 @@ class QueueMachine(RuleBasedStateMachine):
         for queue, name in WORKERS:
             # model-handoff's idle workers must keep the registration they make when idle
             # (the next add is handed to the one that registered last), not claim again.
+            # model-parted's workers beat often, so that a pause command reaches one within a
+            # step or two (and the other takes its share of the partitions).
             worker = self.portal.wrap_async_context_manager(run_worker(
                 queues, queue, self.url, grace=2.0, summary_interval=None,
-                poll_interval=60.0 if queue == HANDOFF else 0.5))
-            worker.__enter__()
+                poll_interval=60.0 if queue == HANDOFF else 0.5,
+                heartbeat_interval=0.2 if queue == PARTED else 5.0))
+            self.names[name] = worker.__enter__().name
             self.workers[name] = worker
+        self.paused_worker: str | None = None  # the model-parted worker paused by a command
 
     def _stop_workers(self) -> None:
         """Stop every worker, even when stopping one fails (its error is raised after)."""
@@ -836,6 +842,19 @@ class QueueMachine(RuleBasedStateMachine):
     def restart_workers(self) -> None:
         self._stop_workers()
         self._start_workers()
+
+    @rule(which=st.sampled_from(("parted-1", "parted-2")))
+    def pause_or_resume_a_parted_worker(self, which: str) -> None:
+        """A command pauses one of model-parted's two workers (or resumes the one paused): the
+        other serves every partition, so every later step still runs every job it can (the
+        model does not change: what users see must not)."""
+        if self.paused_worker is None:
+            hypothesis.event("a model-parted worker paused by a command")
+            self.client.control(self.names[which], "pause")
+            self.paused_worker = which
+        else:
+            self.client.control(self.names[self.paused_worker], "resume")
+            self.paused_worker = None
 
     # ------------------------------------------------------------------ batches
 
