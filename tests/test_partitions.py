@@ -15,6 +15,7 @@ import redis
 
 from panqueue import (
     Backoff,
+    Chunk,
     ConfigError,
     Dedup,
     Event,
@@ -190,6 +191,9 @@ async def test_partition_count_is_validated(redis_url: str, queue_name: str) -> 
         Registry().handler("other", partitions=0)
     with pytest.raises(ConfigError, match="may not contain"):
         Registry().handler("a#1")
+    # A chunk handler's claim loop serves one partition (it never shares partitions out).
+    with pytest.raises(ConfigError, match="chunk handlers do not run on partitioned queues"):
+        Registry().handler("chunked", partitions=2, chunk=Chunk(size=5))
 
 
 async def test_a_named_producer_follows_the_stored_count(redis_url: str,
