@@ -36,7 +36,7 @@ import redis
 
 import panqueue
 from panqueue import JobState, SyncQueueClient
-from panqueue._runtime.claimer import PEERS_EVERY
+from panqueue._runtime.shares import PEERS_EVERY
 from panqueue.embedded import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent

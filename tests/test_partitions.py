@@ -393,7 +393,7 @@ async def test_workers_keep_to_their_partitions_while_those_have_work(
                                poll_interval=0.1) as second:
                 # Each has read the registry since both were in it: each knows its share.
                 for worker in (first, second):
-                    while worker._roles is None or len(worker._roles.claimer._own) != 1:
+                    while worker._roles is None or len(worker._roles.claimer._shares.own) != 1:
                         await anyio.sleep(0.01)
                 await client.resume(queue_name)
                 counts = await drain(redis_url, queue_name, timeout=25)
@@ -416,7 +416,7 @@ async def test_a_paused_or_dead_worker_leaves_its_share_to_the_others(
 
     def share(worker: Worker) -> list[int]:
         assert worker._roles is not None
-        return sorted(worker._roles.claimer._own)
+        return sorted(worker._roles.claimer._shares.own)
 
     async def until(worker: Worker, wanted: list[int]) -> None:
         while worker._roles is None or share(worker) != wanted:

@@ -11,26 +11,17 @@ job for it and hands it over in the wake-up message itself, so an idle worker st
 without a claim of its own. The next claim withdraws the registration and takes over a job
 whose message went missing; a stopping worker withdraws it and releases what it was handed.
 
-A partitioned queue (``partitions=N``) has one loop all the same. Its workers share the
-partitions out: before a claim, at most once a second, the loop reads the queue's claiming
-workers (lua/peers.lua: live in the registry, not paused, not blocked), and with W of them,
-sorted by name, the i-th serves partitions p with p mod W = i first (W < N), or partition
-i mod N (W >= N): every partition is some claiming worker's first. A claim asks this worker's
-partitions in turn, starting one further each time, for the free slots, and only then the
-others, so a slot never stays free while any partition has work. A recording claims the slot's
-next job in its partition only if that is one of this worker's: a slot that helped elsewhere
-comes back after its job. So while every partition is busy each is served by its own workers,
-whose completions batch as on one partition, instead of every worker's slots thinning out over
-all of them. Once a second each partition's next recording claims nothing, and its slots are
-shared out again: a partition of this worker's that filled up again while the slots were busy
-in the others waits at most that long. A worker alone, or not in the registry yet, serves every
-partition first. Its idle workers do not register (a job handed over in one partition could not
-be withdrawn from the others); a wake-up from any partition wakes the loop. Its global rate
-limit is one window in a slot of its own: before each partition's claim the loop takes starts
-from it, and gives back those no job used (lua/rate_take.lua); its jobs' recordings then claim
-nothing, so every start goes through it. The starts carry a deadline: a claim that runs after
-it (the worker stalled between the two calls) claims nothing and answers wake_in 0, its starts
-go back, and the loop takes fresh ones.
+A partitioned queue (``partitions=N``) has one loop all the same, and its workers share the
+partitions out (``shares.py``): a claim asks this worker's partitions in turn, starting one
+further each time, for the free slots, and only then the others, and a recording claims the
+slot's next job only where :meth:`ClaimLoop.keeps` says. Its idle workers do not register (a
+job handed over in one partition could not be withdrawn from the others); a wake-up from any
+partition wakes the loop. Its global rate limit is one window in a slot of its own: before each
+partition's claim the loop takes starts from it, and gives back those no job used
+(lua/rate_take.lua); its jobs' recordings then claim nothing, so every start goes through it.
+The starts carry a deadline: a claim that runs after it (the worker stalled between the two
+calls) claims nothing and answers wake_in 0, its starts go back, and the loop takes fresh
+ones.
 
 Longer than 400 lines because the slots, the claim loop, hand-offs and the concurrency a remote
 command changes share one semaphore and one set of counters: they are one mechanism.
@@ -48,6 +39,7 @@ import anyio.abc
 
 from panqueue._keys import QueueKeys
 from panqueue._runtime.locks import Tokens
+from panqueue._runtime.shares import Shares
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._runtime.wakeups import WakeUps
 from panqueue._store import transitions
@@ -59,10 +51,6 @@ from panqueue.errors import PanqueueError
 __all__ = ["ClaimLoop", "Claimer"]
 
 _MAX_CLAIM_BATCH = 100
-# How often a partition's slots go back to the claim loop to be shared out again, and how often
-# at most the loop reads which workers claim (a partitioned queue).
-RESPREAD_EVERY = 1.0
-PEERS_EVERY = 1.0
 # One claim is abandoned after this long (it is shielded: jobs it claimed are never dropped by a
 # cancellation, but a network that drops every packet must not hold the loop).
 _CLAIM_BOUND = 10.0
@@ -81,16 +69,10 @@ class ClaimLoop:
                  log: Any, parts: list[QueueKeys] | None = None,
                  shared_rate: tuple[int, int] | None = None, name: str = "") -> None:
         self._transport = transport
-        self._name = name  # the worker's name in the registry
         self._keys = keys
         self._parts = parts or [keys]
         self._turn = 0  # the partition the next claim asks first (of each group)
-        # The indexes of this worker's partitions, asked first (_read_peers); when each
-        # partition's slots are next shared out again.
-        self._own = frozenset(range(len(self._parts)))
-        first = time.monotonic() + RESPREAD_EVERY
-        self._respread_at = [first] * len(self._parts)
-        self._peers_due = 0.0  # when the loop next reads the claiming workers
+        self._shares = Shares(self._parts, name)  # a partitioned queue's share-out
         self._shared_rate = shared_rate  # (max, window ms): a partitioned queue's rate limit
         self._tokens = tokens
         self._wakeups = wakeups
@@ -156,32 +138,7 @@ class ClaimLoop:
         partition's slots were last shared out."""
         if self.holding_back or self._shared_rate is not None:
             return False
-        if len(self._parts) == 1:
-            return True
-        if index not in self._own:
-            return False
-        now = time.monotonic()
-        if now >= self._respread_at[index]:
-            self._respread_at[index] = now + RESPREAD_EVERY
-            return False
-        return True
-
-    async def _read_peers(self) -> None:
-        """Read the queue's claiming workers and take this worker's share of the partitions
-        (see the module docstring); on failure the share stays as it was."""
-        self._peers_due = time.monotonic() + PEERS_EVERY
-        try:
-            peers = await self._transport.run(transitions.peers(self._parts[0]))
-        except PanqueueError:
-            return  # the claim that follows meets the same trouble, and reports it
-        n = len(self._parts)
-        names = sorted(set(peers))
-        if self._name not in names or len(names) == 1:
-            own = range(n)
-        else:
-            i, w = names.index(self._name), len(names)
-            own = range(i, n, w) if w < n else range(i % n, i % n + 1)
-        self._own = frozenset(own)
+        return self._shares.keeps(index)
 
     @property
     def registered(self) -> bool:
@@ -303,14 +260,11 @@ class ClaimLoop:
         completions claim its next job from the same partition, so the slots stay spread as
         this claim spread them, instead of one partition taking every slot until it is
         empty."""
-        if time.monotonic() >= self._peers_due:
-            await self._read_peers()
         turn, self._turn = self._turn, self._turn + 1
         jobs: list[ClaimedJob] = []
         wake_in = -1
         answered = False
-        own = [keys for keys in self._parts if keys.partition in self._own]
-        others = [keys for keys in self._parts if keys.partition not in self._own]
+        own, others = await self._shares.groups(self._transport)
         for group in (own, others):
             n = len(group)
             share = -(-(free - len(jobs)) // n) if n else 0
@@ -334,6 +288,8 @@ class ClaimLoop:
                     continue
                 answered = True
                 jobs += claimed.jobs
+                if claimed.jobs and group is others:
+                    self._shares.helping(keys)
                 if step < n and len(claimed.jobs) == wanted:
                     more.append(keys)
                 if claimed.wake_in_ms >= 0:
