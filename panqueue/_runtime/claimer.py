@@ -12,8 +12,8 @@ without a claim of its own. The next claim withdraws the registration and takes 
 whose message went missing; a stopping worker withdraws it and releases what it was handed.
 
 A partitioned queue (``partitions=N``) has one loop all the same, and its workers share the
-partitions out (``shares.py``): a claim asks this worker's partitions in turn, starting one
-further each time, for the free slots, and only then the others, and a recording claims the
+partitions out (``shares.py``): a claim asks this worker's partitions for the free slots,
+those where it runs the fewest jobs first, and only then the others, and a recording claims the
 slot's next job only where :meth:`ClaimLoop.keeps` says. Its idle workers do not register (a
 job handed over in one partition could not be withdrawn from the others); a wake-up from any
 partition wakes the loop. Its global rate limit is one window in a slot of its own: before each
@@ -252,8 +252,8 @@ class ClaimLoop:
             self._delivered.clear()
 
     async def _claim_partitions(self, free: int) -> Claimed | None:
-        """Claim up to ``free`` jobs from this worker's partitions in turn, then from the
-        others (see the module docstring); None if no partition could be asked.
+        """Claim up to ``free`` jobs from this worker's partitions, then from the others
+        (see the module docstring); None if no partition could be asked.
 
         Within each group the free slots are shared out: each partition is asked for its share
         first, and only then the partitions that filled theirs for what is left. A slot's
@@ -265,15 +265,20 @@ class ClaimLoop:
         wake_in = -1
         answered = False
         own, others = await self._shares.groups(self._transport)
+        busy = self._shares.busy
         for group in (own, others):
             n = len(group)
             share = -(-(free - len(jobs)) // n) if n else 0
             more: list[QueueKeys] = []  # partitions that gave their whole share: ask again
+            # Those where this worker runs the fewest jobs first (a partition that filled while
+            # the slots were busy in the others is asked before them), in turn among equals.
+            order = sorted((group[(turn + step) % n] for step in range(n)),
+                           key=lambda keys: busy[keys.partition])
             for step in range(2 * n):
                 if len(jobs) >= free:
                     break
                 if step < n:
-                    keys = group[(turn + step) % n]
+                    keys = order[step]
                     wanted = min(share, free - len(jobs))
                 elif more:
                     keys = more.pop(0)
@@ -470,11 +475,16 @@ class Claimer(ClaimLoop):
                 self._start(self._group, [self._handed.pop(0)])
 
     async def _run_slot(self, job: ClaimedJob) -> None:
+        busy = self._shares.busy
         try:
             following: ClaimedJob | None = job
             while following is not None:
                 job = following
-                following = await self._process(job)
+                busy[job.partition] += 1
+                try:
+                    following = await self._process(job)
+                finally:
+                    busy[job.partition] -= 1
                 if job.batch and self._batch_job_ended is not None:
                     self._batch_job_ended()
         finally:

@@ -9,7 +9,8 @@ every partition is some claiming worker's own. A worker alone, or not in the reg
 every partition.
 
 A claim asks the worker's own partitions first and the others only for what they could not
-fill, so a slot never stays free while any partition has work. A recording claims the slot's
+fill, so a slot never stays free while any partition has work; within each group, those where
+the worker runs the fewest jobs first. A recording claims the slot's
 next job in the same partition (:meth:`Shares.keeps`), so while every partition is busy each is
 served by its own workers, whose completions batch as on one partition, instead of every
 worker's slots thinning out over all of them. The slots go back to the claim loop to be shared
@@ -48,6 +49,7 @@ class Shares:
         self._respread_at = [first] * len(parts)  # when each partition's slots go back next
         self._help_until = [0.0] * len(parts)  # until when slots that help in a partition stay
         self._peers_due = 0.0  # when the claiming workers are next read
+        self.busy = [0] * len(parts)  # the jobs this worker runs in each partition now
 
     def keeps(self, index: int) -> bool:
         """Whether a recording in partition ``index`` claims its slots' next jobs there: in
