@@ -1,4 +1,5 @@
-"""Job control: progress and logs, cancelling a running job, the event stream, and retention.
+"""Job control: progress and logs, cancelling a running job, the event stream, and retention
+(of jobs, and of events: a queue that keeps none but the ends of its jobs).
 
     PANQUEUE_URL=redis://127.0.0.1:6390/0 python examples/job_control.py
 
@@ -39,6 +40,13 @@ async def build_report(job: Job) -> dict[str, Any]:
         await job.progress(round(page * 100 / pages))  # any JSON value; here a percentage
         await job.log(f"rendered page {page} of {pages}")
     return {"report": job.data["name"], "pages": pages}
+
+
+# A queue whose events nobody reads: only the ends of its jobs are written (result() waits on
+# them), two stream writes fewer per job.
+@queues.handler("thumbnails", concurrency=4, retention=Retention(events=0))
+async def thumbnail(job: Job) -> str:
+    return f"thumb-{job.data}"
 
 
 def describe(event: Event) -> str:
@@ -132,6 +140,16 @@ async def main(url: str) -> None:
                   f"for job {event.job_id} (the first ping: {event.job_id == pings[0].id})")
             break
 
+        # Retention(events=0): the thumbnails queue writes only the events of a job's end.
+        thumbs = Worker(queues, "thumbnails", url=url)
+        await tg.start(thumbs.run)  # it has stored the queue's settings
+        _, start = await client.read_events("thumbnails")
+        for handle in await client.queue("thumbnails").add_bulk(["a.png", "b.png", "c.png"]):
+            await handle.result(timeout=10.0)
+        events, _ = await client.read_events("thumbnails", start)
+        print(f"thumbnails events: {summary([event.type for event in events])}")
+
+        await thumbs.shutdown(grace=5.0)
         await worker.shutdown(grace=5.0)
 
 

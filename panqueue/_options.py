@@ -176,6 +176,10 @@ class Retention:
     ``completed_for`` / ``failed_for``: also delete them this many seconds after they finished.
     ``history``: the queue's history stream (one record per finished job, for
     ``panqueue.spark.export_history``) keeps about this many records; ``0`` writes none.
+    ``events``: the queue's event stream (``client.events``) keeps about this many events;
+    ``0`` writes only the events of a job's end (``completed``, ``failed``, ``cancelled``,
+    which ``result()`` waits on), about 1,000 of them: a queue whose events nobody reads
+    saves two stream writes per job.
     The defaults bound Redis memory under any stream of jobs.
     """
 
@@ -184,11 +188,14 @@ class Retention:
     completed_for: float | None = None
     failed_for: float | None = 7 * 24 * 3600.0
     history: int = 100_000
+    events: int = 10_000
 
     def __post_init__(self) -> None:
         for name in ("completed", "failed"):
             check_int(getattr(self, name), f"Retention.{name}", low=-1, note=" (-1 keeps all)")
         check_int(self.history, "Retention.history", low=0, note=" (0 keeps no history)")
+        check_int(self.events, "Retention.events", low=0,
+                  note=" (0 keeps only the events of a job's end)")
         for name in ("completed_for", "failed_for"):
             value = getattr(self, name)
             if value is not None:

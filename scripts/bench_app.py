@@ -5,6 +5,8 @@
 
 * ``bench-noop``: an async no-op, concurrency 50: the process-rate figure.
 * ``bench-noop-p4``: the same no-op on a queue of 4 partitions (``--partitions``).
+* ``bench-noop-quiet``: the same no-op on a queue that keeps no events
+  (``Retention(events=0)``: only the ends of jobs; ``scripts/redis_cost.py --no-events``).
 * ``bench-latency``: an async handler, concurrency 1, that returns the wall-clock time (ns) at
   which it started, so the benchmark can measure pickup latency with sub-millisecond resolution
   in addition to the millisecond timestamps Redis records.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import time
 
-from panqueue import Job, Registry
+from panqueue import Job, Registry, Retention
 
 #: CPU time one CPU-bound job burns, in seconds.
 CPU_JOB_SECONDS = 0.010
@@ -105,4 +107,9 @@ async def noop_keyed_baseline(job: Job) -> None:
 
 @queues.handler("bench-noop-p4", concurrency=50, partitions=4)
 async def noop_partitioned(job: Job) -> None:
+    return None
+
+
+@queues.handler("bench-noop-quiet", concurrency=50, retention=Retention(events=0))
+async def noop_quiet(job: Job) -> None:
     return None

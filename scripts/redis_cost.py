@@ -1,7 +1,7 @@
 """What a plain no-op job costs Redis: server CPU and the commands its scripts make.
 
     .venv/bin/python scripts/redis_cost.py [--jobs N] [--tags T] [--partitions] [--workers W]
-                                          [--json FILE]
+                                          [--no-events] [--json FILE]
 
 Starts a private redis-server (appendonly off, RDB off), adds N no-op jobs to ``bench-noop``
 with ``add_bulk`` (default settings), then lets ONE worker process (``bench_app:queues``,
@@ -15,6 +15,9 @@ With ``--partitions`` the queue is ``bench-noop-p4`` (4 partitions on the one se
 ``--workers W`` W worker processes drain it: the queue is paused while they start, and resumed
 once all are registered and a second has passed (each claim loop has read the others, so the
 partitions are shared out from the first claim).
+With ``--no-events`` the queue is ``bench-noop-quiet``, which keeps no events
+(``Retention(events=0)``): a worker sets it up (and stops) before the jobs are added, as in a
+deployment whose workers run before its producers add.
 The Redis on 6379 is never touched.
 """
 
@@ -68,14 +71,46 @@ def waiting_and_active(client: Any, queue: str) -> int:
     return counts[JobState.WAITING] + counts[JobState.ACTIVE]
 
 
-def run(n: int, tags: int | None = None, partitions: bool = False, workers: int = 1
-        ) -> dict[str, Any]:
-    name = QUEUE + "-p4" if partitions else QUEUE
+def start_workers(url: str, name: str, count: int, log: Any) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SCRIPTS), str(PANQUEUE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return [subprocess.Popen(
+        [sys.executable, "-m", "panqueue", "worker", "bench_app:queues", "-q", name,
+         "--concurrency", "50", "--log-level", "warning", "--url", url],
+        cwd=SCRIPTS, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        for _ in range(count)]
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(30)
+
+
+def wait_registered(client: Any, name: str, count: int, deadline: float) -> None:
+    while len(client.workers(name)) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not start")
+        time.sleep(0.02)
+
+
+def run(n: int, tags: int | None = None, partitions: bool = False, workers: int = 1,
+        events: bool = True) -> dict[str, Any]:
+    name = QUEUE + "-p4" if partitions else QUEUE if events else QUEUE + "-quiet"
     with tempfile.TemporaryDirectory() as tmp, \
             RedisServer(directory=tmp, appendonly=False, extra_args=("--save", "")) as server:
         r = redis.Redis.from_url(server.url, decode_responses=True)
         with SyncQueueClient(server.url) as client:
             queue = client.queue(bench_app.noop_partitioned) if partitions else client.queue(name)
+            if not events:  # a worker sets the queue up (to keep no events) and stops
+                with open(Path(tmp) / "setup.log", "wb") as log:
+                    setup = start_workers(server.url, name, 1, log)
+                    try:
+                        wait_registered(client, name, 1, time.monotonic() + 60)
+                    finally:
+                        stop_workers(setup)
             queue.add({"warm": True})  # the scripts are loaded before the figures start
             gate = partitions or workers > 1
             if gate:
@@ -90,22 +125,12 @@ def run(n: int, tags: int | None = None, partitions: bool = False, workers: int 
                 for i in range(n):
                     queue.add({"i": i}, tags=labels)
             s1 = snapshot(r)
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(SCRIPTS), str(PANQUEUE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
             with open(Path(tmp) / "worker.log", "wb") as log:
-                procs = [subprocess.Popen(
-                    [sys.executable, "-m", "panqueue", "worker", "bench_app:queues", "-q", name,
-                     "--concurrency", "50", "--log-level", "warning", "--url", server.url],
-                    cwd=SCRIPTS, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-                    for _ in range(workers)]
+                procs = start_workers(server.url, name, workers, log)
                 try:
                     deadline = time.monotonic() + 600
                     if gate:
-                        while len(client.workers(name)) < workers:
-                            if time.monotonic() > deadline:
-                                raise RuntimeError("the workers did not start")
-                            time.sleep(0.02)
+                        wait_registered(client, name, workers, deadline)
                         # Every claim loop has read the registry since all were in it.
                         time.sleep(PEERS_EVERY + 0.1)
                         client.resume(name)
@@ -116,10 +141,7 @@ def run(n: int, tags: int | None = None, partitions: bool = False, workers: int 
                         time.sleep(0.02)
                     s2 = snapshot(r)
                 finally:
-                    for proc in procs:
-                        proc.send_signal(signal.SIGTERM)
-                    for proc in procs:
-                        proc.wait(30)
+                    stop_workers(procs)
         return {"jobs": n, "queue": name, "workers": workers, "add": delta(s0, s1, n),
                 "process": delta(s1, s2, n + 1)}
 
@@ -146,9 +168,11 @@ def main() -> None:
     parser.add_argument("--partitions", action="store_true",
                         help="the queue of 4 partitions (bench-noop-p4)")
     parser.add_argument("--workers", type=int, default=1, metavar="W")
+    parser.add_argument("--no-events", action="store_true",
+                        help="the queue that keeps no events (bench-noop-quiet)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    result = run(args.jobs, args.tags, args.partitions, args.workers)
+    result = run(args.jobs, args.tags, args.partitions, args.workers, not args.no_events)
     show(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

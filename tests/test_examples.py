@@ -164,6 +164,7 @@ EXPECTED: dict[str, list[str]] = {
         "was trimmed by retention: info() raises JobNotFound",
         "next event is 'added' for job ",
         "(the first ping: True)",
+        "thumbnails events: completed (3x)",
     ],
     "adaptive_rate_limit.py": [
         "added 48 jobs for 2 tenants, 2 workers, limit 20/s per tenant",

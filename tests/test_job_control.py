@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from panqueue import (
+    Backoff,
     ConfigError,
     Job,
     JobFailed,
@@ -179,7 +180,8 @@ async def test_retention_bounds_a_stream_of_10000_jobs(redis_url: str, queue_nam
                                                        redis_client: redis.Redis) -> None:
     registry = Registry()
 
-    @registry.handler(queue_name, concurrency=50, retention=Retention(completed=100))
+    @registry.handler(queue_name, concurrency=50,
+                      retention=Retention(completed=100, events=2000))
     async def noop(job: Job) -> int:
         return 1
 
@@ -199,7 +201,8 @@ async def test_retention_bounds_a_stream_of_10000_jobs(redis_url: str, queue_nam
     assert counts[JobState.COMPLETED] == 100
     jobs = sum(1 for _ in redis_client.scan_iter(match=f"{{q:{queue_name}}}:job:*", count=1000))
     assert jobs == 100
-    assert redis_client.xlen(QueueKeys(queue_name).events) < 12_000  # capped
+    # Capped (MAXLEN ~: whole nodes of 100 entries go).
+    assert 2000 <= redis_client.xlen(QueueKeys(queue_name).events) < 2100
 
 
 async def test_finished_jobs_older_than_their_age_limit_are_deleted(
@@ -265,6 +268,41 @@ async def test_events_iterator_resumes_after_a_disconnect_without_loss(
     assert sorted(completed) == [-1, *range(40)]
     types = {e.type for e in seen}
     assert {"added", "active", "progress", "completed"} <= types
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+async def test_a_queue_that_keeps_no_events_writes_only_the_endings(
+        redis_url: str, queue_name: str, partitions: int) -> None:
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=5, attempts=2, backoff=Backoff.fixed(0.01),
+                      partitions=partitions,
+                      retention=Retention(events=0))
+    async def work(job: Job) -> int:
+        await job.progress(50)
+        if job.data == "fail":
+            raise ValueError("no")
+        return int(job.data)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        _, start = await client.read_events(queue_name)
+        async with run_worker(registry, queue_name, redis_url):
+            handles = await queue.add_bulk(list(range(6)))
+            failing = await queue.add("fail")
+            later = await queue.add(9, delay=3600)
+            assert [await handle.result(timeout=10) for handle in handles] == list(range(6))
+            with pytest.raises(JobFailed):
+                await failing.result(timeout=10)
+            assert await client.cancel(queue_name, later.id) is JobState.DELAYED
+            await client.pause(queue_name)
+            with pytest.raises(JobFailed):
+                await later.result(timeout=10)
+        events, _ = await client.read_events(queue_name, start)
+    # No added, active, progress, retried, paused: one event per job, its end.
+    assert sorted((e.type, e.job_id) for e in events) == sorted(
+        [*(("completed", h.id) for h in handles), ("failed", failing.id),
+         ("cancelled", later.id)])
 
 
 async def test_cancelled_jobs_follow_the_handlers_retention(redis_url: str,

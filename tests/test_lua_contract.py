@@ -41,6 +41,7 @@ from panqueue._store.ops import batches, identity, layout, queue, schedules, sel
 from panqueue._store.ops.add import NewJob, add_jobs
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_COMPLETED,
+    DEFAULT_KEEP_EVENTS,
     DEFAULT_KEEP_FAILED,
     DEFAULT_KEEP_HISTORY,
 )
@@ -367,6 +368,7 @@ def lua_numbers(path: Path) -> dict[str, int]:
 # what a worker sets by default.
 SHARED = {
     ("lib/settings.lua", "HISTORY_MAXLEN"): DEFAULT_KEEP_HISTORY,
+    ("lib/settings.lua", "EVENTS_MAXLEN"): DEFAULT_KEEP_EVENTS,
     ("lib/settings.lua", "KEEP_FAILED"): DEFAULT_KEEP_FAILED,
     ("lib/settings.lua", "KEY_CONCURRENCY"): next(
         f.default for f in fields(HandlerOptions) if f.name == "key_concurrency"),
@@ -376,7 +378,8 @@ SHARED = {
 # The Lua constants Python does not know, and why: a new constant is sorted into one or the
 # other here, so a default that Python also has cannot be added on one side unnoticed.
 LUA_ONLY = {
-    ("lib/layout.lua", "EVENTS_MAXLEN"): "the event stream's cap (the docs say about 10,000)",
+    ("lib/settings.lua", "ENDINGS_KEPT"): "the endings a queue that keeps no events keeps "
+                                          "(Retention's docstring says about 1,000)",
     ("lib/delayed.lua", "PROMOTE_BATCH"): "a bound on one script's work",
     ("lib/wait_order.lua", "WAIT_SEQ_SPAN"): "the wait order's encoding",
     ("lib/job_data.lua", "DATA_PART"): "Redis's default hash-max-listpack-value (a part of data)",
@@ -405,8 +408,8 @@ def test_a_default_both_sides_know_is_the_same(where: tuple[str, str]) -> None:
 
 def test_the_scripts_defaults_are_what_a_worker_sets_by_default() -> None:
     retention = Retention()
-    assert (retention.completed, retention.failed, retention.history) == (
-        DEFAULT_KEEP_COMPLETED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_HISTORY)
+    assert (retention.completed, retention.failed, retention.history, retention.events) == (
+        DEFAULT_KEEP_COMPLETED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_HISTORY, DEFAULT_KEEP_EVENTS)
 
 
 def test_python_accepts_no_time_the_scripts_refuse() -> None:

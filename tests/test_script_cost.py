@@ -14,7 +14,7 @@ import redis
 
 from panqueue._codec import encode
 from panqueue._store.loader import SCRIPTS
-from panqueue._store.ops import NewJob, add_jobs
+from panqueue._store.ops import NewJob, add_jobs, setup_queue
 from panqueue.embedded import RedisServer
 from tests.store_fixtures import ScriptStore, open_store
 
@@ -103,3 +103,24 @@ def test_a_completion_makes_ten_commands_per_job_its_retention_included(
     # Retention kept the newest `keep` of the 35 and deleted the others.
     assert own.redis.zcard(own.keys.completed) == keep
     assert len(own.redis.keys(own.keys.prefix + "job:*")) == keep
+
+
+def test_a_queue_that_keeps_no_events_writes_two_stream_entries_per_job(own: ScriptStore) -> None:
+    own.t.run(setup_queue(own.keys, "global", 1, 0, 0, False, keep_events=0))
+    writes = []
+    for n in (10, 20):
+        before = counts(own.redis)
+        ids = own.add(n)
+        token = f"w:1:{n}"
+        assert own.claim(token, n) == ids
+        args: list[object] = []
+        for job_id in ids:
+            args += [job_id, token, encode("ok"), 0]
+        own.call(SCRIPTS.complete, -1, "", 1000, n, *args)
+        writes.append(counts(own.redis) - before)
+    # Its history record and its completed event (which result() waits on); no added or active
+    # event (a queue that keeps its events: four entries per job).
+    assert per_job(*writes)["xadd"] == 2
+    kinds = {fields[b"ev"] for _, fields in own.redis.xrange(own.keys.events)}
+    assert (own.redis.xlen(own.keys.events), kinds) == (30, {b"completed"})
+    assert own.redis.xlen(own.keys.history) == 30

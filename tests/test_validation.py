@@ -75,6 +75,8 @@ REFUSED: list[tuple[Callable[[], object], str]] = [
      "Retention.failed must be an int >= -1 (-1 keeps all), got True"),
     (lambda: Retention(history=-1),
      "Retention.history must be an int >= 0 (0 keeps no history), got -1"),
+    (lambda: Retention(events=-1),
+     "Retention.events must be an int >= 0 (0 keeps only the events of a job's end), got -1"),
     (lambda: Retention(completed_for=True),
      "Retention.completed_for must be a number of seconds, got True"),
     (lambda: RateLimit(max=0), "RateLimit.max must be an int >= 1, got 0"),

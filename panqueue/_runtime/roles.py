@@ -88,7 +88,7 @@ class Shape:
             keys, options.mode, options.key_concurrency, 0 if rate is None else rate.max,
             0 if rate is None else int(rate.per * 1000), rate is not None and rate.per_key,
             options.retention.failed, options.retention.history,
-            0 if rate is None else rate.recover_every_ms)
+            0 if rate is None else rate.recover_every_ms, options.retention.events)
 
 
 class Settings(Protocol):

@@ -12,6 +12,7 @@
 -- Invariants: a token is fenced only while its job is missing, so a fenced add never leaves a
 --          second job and a pointer is never dropped while its job lives.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include finish.lua
 --!include identity.lua

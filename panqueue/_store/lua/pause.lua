@@ -7,6 +7,7 @@
 -- Invariants: a pause lasts until resumed; adds are never refused while paused; a resume wakes idle
 --          workers, so none sleeps past the work the pause held back.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 
 if ARGV[1] == '1' then

@@ -7,6 +7,7 @@
 -- Invariants: only the holder of the job's lock writes (a stalled run whose job moved on writes
 --          nothing); the log keeps the newest ARGV[5] lines at most.
 --!include layout.lua
+--!include settings.lua
 
 local id = ARGV[1]
 local jkey = job_key(id)

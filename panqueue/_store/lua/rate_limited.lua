@@ -19,6 +19,7 @@
 -- Invariants: a pause only ever grows (a shorter retry_after leaves a longer pause as it is);
 --          the key is paused before its job goes back, so the requeue cannot make it ready;
 --          a resent call cuts nothing (it answers from memory before any change).
+--!include settings.lua
 --!include rate.lua
 --!include ending.lua
 

@@ -12,6 +12,7 @@
 --          the jobs given back in the order of ARGV, and its deadline to start by applies again
 --          (rearm_expiry).
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include finish.lua
 --!include expiry.lua

@@ -10,6 +10,7 @@
 --          is in no state set, and its dependency edges go on both sides (delete_job), its blocked
 --          dependents failing, so no job waits for one that is gone.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include finish.lua
 

@@ -10,6 +10,7 @@
 --          order). A job whose dependency stays failed, or was cancelled or deleted before it
 --          completed (dx), stays FAILED, its error naming that dependency, and is not counted.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include dependencies.lua
 

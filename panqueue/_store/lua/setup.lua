@@ -8,6 +8,8 @@
 -- ARGV[9]  adaptive rate limit: its recovery step ms (0 or absent: the limit is fixed)
 -- ARGV[10] this partition, "<count>:<index>:<version>" (absent: as stored; lib/layout.lua
 --          partition_problem: a partition in no layout yet joins the declared one)
+-- ARGV[11] how many events the queue's event stream keeps (0: only those of a job's end,
+--          lib/settings.lua emit; absent: left as stored)
 -- Returns  {'ok'} or {'!', message} when the queue's stored mode differs, or its layout (a
 --          change of the layout is relayout.lua's, done before; nothing changed).
 -- Invariants: a stored mode never changes (a keyed queue holds only keyed jobs, a global one only
@@ -37,6 +39,9 @@ redis.call('HSETNX', K_META, 'v', ARGV[6])
 redis.call('HSET', K_META, 'mode', ARGV[1], 'kc', ARGV[2], 'kf', ARGV[7])
 if ARGV[8] then
   redis.call('HSET', K_META, 'kh', ARGV[8])
+end
+if ARGV[11] then
+  redis.call('HSET', K_META, 'ke', ARGV[11])
 end
 if tonumber(ARGV[3]) > 0 then
   redis.call('HSET', K_META, 'rlm', ARGV[3], 'rlp', ARGV[4], 'rlk', ARGV[5])

@@ -9,6 +9,7 @@
 -- Invariants: a signal is never lost while its job can still run: it is kept until taken; a
 --          final job is never changed; only the job that waits for this name is woken.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 
 local id = ARGV[1]

@@ -9,6 +9,7 @@
 -- Invariant: any number of workers may sweep at once; each move is check-and-move, so a job
 --          is requeued at most once per expiry. A stalled attempt does not count as an attempt.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include finish.lua
 --!include expiry.lua

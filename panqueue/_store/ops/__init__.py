@@ -28,6 +28,7 @@ from panqueue._store.ops.add import (
 )
 from panqueue._store.ops.base import (
     DEFAULT_KEEP_COMPLETED,
+    DEFAULT_KEEP_EVENTS,
     DEFAULT_KEEP_FAILED,
     DEFAULT_KEEP_HISTORY,
     SCHEMA_VERSION,
@@ -95,6 +96,7 @@ from panqueue._store.ops.workers import (
 __all__ = [
     "ADD_OPTIONS",
     "DEFAULT_KEEP_COMPLETED",
+    "DEFAULT_KEEP_EVENTS",
     "DEFAULT_KEEP_FAILED",
     "DEFAULT_KEEP_HISTORY",
     "FLOW_LOOK",

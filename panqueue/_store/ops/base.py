@@ -12,7 +12,8 @@ from panqueue._store.loader import Script
 from panqueue._store.transport import ScriptCall
 from panqueue.errors import ConfigError
 
-__all__ = ["DEFAULT_KEEP_COMPLETED", "DEFAULT_KEEP_FAILED", "DEFAULT_KEEP_HISTORY",
+__all__ = ["DEFAULT_KEEP_COMPLETED", "DEFAULT_KEEP_EVENTS", "DEFAULT_KEEP_FAILED",
+           "DEFAULT_KEEP_HISTORY",
            "SCHEMA_VERSION", "LayoutChanged", "check_refusal", "encode_error", "script_call"]
 
 # The layout version written to {q:X}:meta field v (a later layout change migrates from it).
@@ -23,6 +24,9 @@ DEFAULT_KEEP_FAILED = 10_000
 # How many records a queue's history stream keeps by default (Retention.history; lib/layout.lua's
 # HISTORY_MAXLEN for a queue no worker has set up).
 DEFAULT_KEEP_HISTORY = 100_000
+# How many events a queue's event stream keeps by default (Retention.events; lib/settings.lua's
+# EVENTS_MAXLEN for a queue no worker has set up).
+DEFAULT_KEEP_EVENTS = 10_000
 
 
 def script_call(script: Script, keys: QueueKeys, *args: Any) -> ScriptCall:

@@ -9,6 +9,7 @@ from panqueue._job import JobState
 from panqueue._keys import QueueKeys, key_pattern
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import (
+    DEFAULT_KEEP_EVENTS,
     DEFAULT_KEEP_FAILED,
     DEFAULT_KEEP_HISTORY,
     SCHEMA_VERSION,
@@ -56,13 +57,14 @@ def known_queue(keys: QueueKeys) -> Op[bool]:
 def setup_queue(keys: QueueKeys, mode: str, key_concurrency: int, rate_max: int,
                 rate_per_ms: int, rate_per_key: bool,
                 keep_failed: int = DEFAULT_KEEP_FAILED,
-                keep_history: int = DEFAULT_KEEP_HISTORY, rate_recover_ms: int = 0) -> Op[None]:
+                keep_history: int = DEFAULT_KEEP_HISTORY, rate_recover_ms: int = 0,
+                keep_events: int = DEFAULT_KEEP_EVENTS) -> Op[None]:
     """Store a worker's settings of the queue, one partition of it (:class:`ConfigError` if
     they contradict the stored mode, or the stored partition count while jobs are stored).
     ``rate_recover_ms`` > 0 makes the rate limit adaptive (lua/lib/rate.lua)."""
     reply = yield script_call(SCRIPTS.setup, keys, mode, key_concurrency, rate_max, rate_per_ms,
                               1 if rate_per_key else 0, SCHEMA_VERSION, keep_failed,
-                              keep_history, rate_recover_ms, keys.declared)
+                              keep_history, rate_recover_ms, keys.declared, keep_events)
     check_refusal(keys, reply)
 
 

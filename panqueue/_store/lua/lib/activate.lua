@@ -1,7 +1,8 @@
 -- lib/activate.lua: WAITING -> ACTIVE of one job the claim took out of waiting: its lock, its
 -- attempt, and its deadline to start by (a job past it is ended instead of started).
--- Needs: layout.lua, expiry.lua, job_data.lua.
+-- Needs: layout.lua, settings.lua (emit), expiry.lua, job_data.lua.
 --!include layout.lua
+--!include settings.lua
 --!include expiry.lua
 --!include job_data.lua
 

@@ -1,7 +1,8 @@
 -- lib/delayed.lua: DELAYED -> WAITING once due (every claim, and promote.lua), and when the
 -- next delayed job is due (an idle worker sleeps until then).
--- Needs: layout.lua, waiting.lua.
+-- Needs: layout.lua, settings.lua (emit), waiting.lua.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 
 local PROMOTE_BATCH = 1000

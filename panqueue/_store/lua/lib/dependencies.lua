@@ -1,6 +1,6 @@
 -- lib/dependencies.lua: the dependency edges between jobs, and what a dependency's ending does
 -- to the jobs that wait for it (the endings themselves are lib/finish.lua's).
--- Needs: layout.lua, waiting.lua (a released job goes to waiting).
+-- Needs: layout.lua, settings.lua (emit), waiting.lua (a released job goes to waiting).
 --
 -- An edge A -> B (B waits for A) is recorded on both sides, "deps:A" (SET of the jobs waiting
 -- for A) and "needs:B" (SET of B's dependencies that have not completed). Both sides are
@@ -11,6 +11,7 @@
 -- that failed because A failed keeps its edges, so that a retry of both knows B must wait for A.
 -- Edges go when they are done with; the graph a person sees is kept apart (lib/flow_record.lua).
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 
 -- The edges of dependent `id` to its dependencies go: it will never run.

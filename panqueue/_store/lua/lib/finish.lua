@@ -2,8 +2,9 @@
 -- whichever script ends the job (complete, the endings of an attempt (lib/ending.lua), stalled,
 -- release, cancel, add, and the cascade that fails the dependents of a job that will not
 -- complete). Retention, and deleting a job, are lib/retention.lua's (included here).
--- Needs: layout.lua, dependencies.lua, records.lua, retention.lua.
+-- Needs: layout.lua, settings.lua (emit), dependencies.lua, records.lua, retention.lua.
 --!include layout.lua
+--!include settings.lua
 --!include dependencies.lua
 --!include records.lua
 --!include retention.lua

@@ -1,8 +1,9 @@
 -- lib/identity.lua: what makes an add idempotent: a custom id and a dedup key, each of which
 -- names at most one live job, including on a partitioned queue where the job may live in
 -- another partition than the identity's home (docs/scaling.md, "Idempotency").
--- Needs: layout.lua (id_pointer_key, fence_key), waiting.lua (detach), finish.lua (delete_job).
+-- Needs: layout.lua (id_pointer_key, fence_key), settings.lua (emit), waiting.lua (detach), finish.lua (delete_job).
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include finish.lua
 --

@@ -66,7 +66,6 @@ local K_BATCHES = P .. 'batches'
 local K_ID_OUTBOX = P .. 'id_outbox'
 -- The home's lock of a layout change (STRING: the changer's token; relayout.lua).
 local K_RELAYOUT = P .. 'relayout'
-local EVENTS_MAXLEN = 10000
 
 --!include job_keys.lua
 
@@ -119,7 +118,3 @@ local function int_arg(n)
   return text
 end
 
-local function emit(ev, id, ...)
-  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', int_arg(EVENTS_MAXLEN), '*', 'ev', ev, 'id', id,
-    ...)
-end

@@ -1,8 +1,9 @@
 -- lib/new_job.lua: creating a job (add, and a schedule's tick): add_job, which makes it
 -- WAITING, DELAYED or BLOCKED (or FAILED at once, when a dependency will not complete),
 -- honouring custom ids and dedup keys (the checks an add makes first: lib/new_job_checks.lua).
--- Needs: layout.lua, waiting.lua, wake.lua, dependencies.lua, flow_record.lua, finish.lua, expiry.lua, identity.lua, new_ids.lua, job_data.lua.
+-- Needs: layout.lua, settings.lua (emit), waiting.lua, wake.lua, dependencies.lua, flow_record.lua, finish.lua, expiry.lua, identity.lua, new_ids.lua, job_data.lua.
 --!include layout.lua
+--!include settings.lua
 --!include waiting.lua
 --!include wake.lua
 --!include dependencies.lua

@@ -5,6 +5,7 @@
 -- kf failed/cancelled jobs kept (for producers' cancels), seq (wait order), id (generated ids),
 -- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
 -- rls (rate-limit entry counter), kh (history records kept: Retention.history; 0 = none),
+-- ke (events kept: Retention.events; 0 = only the events of a job's end, see emit),
 -- pu (global mode: no job starts before this time, ms: a handler raised RateLimited,
 -- rate_limited.lua), np / pi / lv (partitioned queues: the partition count, this partition's
 -- index and the version of the layout they belong to; absent: 1, 0 and 0; np 0: a partition
@@ -16,6 +17,7 @@
 -- The defaults of a queue no worker has set up (panqueue/_store/ops/base.py has the same
 -- figures; tests/test_lua_contract.py holds them together).
 local HISTORY_MAXLEN = 100000  -- kh: Retention.history's default
+local EVENTS_MAXLEN = 10000    -- ke: Retention.events' default
 local KEEP_FAILED = 10000      -- kf: Retention.failed's default (failed and cancelled jobs)
 local KEY_CONCURRENCY = 1      -- kc: a handler's key_concurrency default
 
@@ -24,12 +26,12 @@ local META = nil
 local function meta()
   if not META then
     local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh',
-      'pu', 'np', 'pi')
+      'pu', 'np', 'pi', 'ke')
     META = {mode = m[1] or 'global', kc = tonumber(m[2] or KEY_CONCURRENCY), paused = m[3],
             rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
             rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
             paused_until = m[8], partitions = tonumber(m[9] or '1'),
-            partition = tonumber(m[10] or '0')}
+            partition = tonumber(m[10] or '0'), events = tonumber(m[11] or EVENTS_MAXLEN)}
   end
   return META
 end
@@ -41,4 +43,23 @@ end
 -- How many cancelled jobs the queue keeps: what its workers set (kf), else Retention's default.
 local function cancelled_keep()
   return tonumber(redis.call('HGET', K_META, 'kf') or KEEP_FAILED)
+end
+
+-- The events of a job's end, which result() waits on (panqueue/_store/ops/jobs.py wait_result):
+-- the only ones a queue that keeps no events (Retention(events=0), ke 0) writes, about
+-- ENDINGS_KEPT of them.
+local ENDINGS = {completed = true, failed = true, cancelled = true}
+local ENDINGS_KEPT = 1000
+
+-- Event `ev` of job `id` (or of the queue: id ''), with its fields, into the event stream
+-- (docs/job-control.md#the-event-stream), which keeps about meta().events entries.
+local function emit(ev, id, ...)
+  local kept = meta().events
+  if kept == 0 then
+    if not ENDINGS[ev] then
+      return
+    end
+    kept = ENDINGS_KEPT
+  end
+  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', int_arg(kept), '*', 'ev', ev, 'id', id, ...)
 end
