@@ -37,6 +37,17 @@ def per_job(small: Counter[str], large: Counter[str]) -> dict[str, float]:
             if large[name] != small[name]}
 
 
+def claimed(own: ScriptStore, ids: list[str]) -> list[object]:
+    """Claim the waiting jobs ``ids`` (all there are); the completion script's arguments that
+    complete them all."""
+    token = f"w:1:{len(ids)}"
+    assert own.claim(token, len(ids)) == ids
+    args: list[object] = [len(ids)]
+    for job_id in ids:
+        args += [job_id, token, encode("ok"), 0]
+    return args
+
+
 def test_a_bulk_add_reserves_its_generated_ids_with_one_write(own: ScriptStore) -> None:
     own.add(1)
     made = []
@@ -80,14 +91,9 @@ def test_a_completion_makes_ten_commands_per_job_its_retention_included(
     keep = 5
     made = []
     for n in (keep, 10, 20):  # the first fills the completed set: then each completion trims one
-        ids = own.add(n)
-        token = f"w:1:{n}"
-        assert own.claim(token, n) == ids
-        args: list[object] = []
-        for job_id in ids:
-            args += [job_id, token, encode("ok"), 0]
+        args = claimed(own, own.add(n))
         before = counts(own.redis)
-        own.call(SCRIPTS.complete, keep, "", 1000, n, *args)
+        own.call(SCRIPTS.complete, keep, "", 1000, *args)
         made.append(counts(own.redis) - before)
     assert per_job(made[1], made[2]) == {
         "hmget": 2,    # the lock token and what the history record needs; retention's deleted
@@ -110,13 +116,7 @@ def test_a_queue_that_keeps_no_events_writes_two_stream_entries_per_job(own: Scr
     writes = []
     for n in (10, 20):
         before = counts(own.redis)
-        ids = own.add(n)
-        token = f"w:1:{n}"
-        assert own.claim(token, n) == ids
-        args: list[object] = []
-        for job_id in ids:
-            args += [job_id, token, encode("ok"), 0]
-        own.call(SCRIPTS.complete, -1, "", 1000, n, *args)
+        own.call(SCRIPTS.complete, -1, "", 1000, *claimed(own, own.add(n)))
         writes.append(counts(own.redis) - before)
     # Its history record and its completed event (which result() waits on); no added or active
     # event (a queue that keeps its events: four entries per job).
