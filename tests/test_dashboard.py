@@ -23,6 +23,8 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from panqueue import ConfigError, Event, JobNotFound, JobState, SyncQueueClient
+from panqueue._keys import QueueKeys
+from panqueue._store.ops import setup_queue
 from panqueue.dashboard import create_app
 from panqueue.dashboard._reads import QueueNames, event_dict, progress
 from panqueue.embedded import RedisServer
@@ -412,6 +414,18 @@ def test_events_page_and_its_live_endpoint(redis_url: str, client: SyncQueueClie
         assert [e["type"] for e in live.json()["events"]] == ["cancelled"]
         bad = web.get("/api/events", params={"q": queue_name, "after": "x; DROP"})
         assert bad.status_code == 400 and "stream id" in bad.json()["error"]
+
+
+def test_the_events_page_says_when_its_queue_keeps_only_the_ends_of_jobs(
+        redis_url: str, client: SyncQueueClient, queue_name: str) -> None:
+    job = client.queue(queue_name).add({"n": 1})
+    with browser(create_app(redis_url)) as web:
+        assert 'id="endings-only"' not in web.get("/events", params={"q": queue_name}).text
+        # Set up as a worker of a handler with Retention(events=0) sets it up.
+        client._run(setup_queue(QueueKeys(queue_name), "global", 1, 0, 0, False, keep_events=0))
+        client.cancel(queue_name, job.id)
+        page = web.get("/events", params={"q": queue_name})
+        assert 'id="endings-only"' in page.text and ">cancelled<" in page.text
 
 
 def test_times_and_progress_are_written_as_the_pages_show_them() -> None:

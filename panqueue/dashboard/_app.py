@@ -45,7 +45,7 @@ from panqueue import (
     SyncQueueClient,
 )
 from panqueue._listing import columns
-from panqueue._store.ops import Flow, read_flow
+from panqueue._store.ops import Flow, keeps_events, read_flow
 from panqueue._store.ops import partitions as parted
 from panqueue._store.transport import redact_url
 from panqueue.dashboard._flow import NODE_HEIGHT, NODE_WIDTH, draw
@@ -243,8 +243,9 @@ class Dashboard:
     def events(self, request: Request) -> Response:
         name = _required(request.query_params, "q")
         events, position = recent_events(self.client, name, None)
+        every = self.client.producer.run(self.client.producer.on_all(name, keeps_events))
         return self.render(request, "events.html", queue=name, events=list(reversed(events)),
-                           position=position)
+                           position=position, every=every)
 
     def bulk_form(self, request: Request) -> Response:
         """The confirmation of a bulk action over a list: how many jobs it will touch, read

@@ -68,6 +68,14 @@ def setup_queue(keys: QueueKeys, mode: str, key_concurrency: int, rate_max: int,
     check_refusal(keys, reply)
 
 
+def keeps_events(parts: Sequence[QueueKeys]) -> Op[bool]:
+    """Whether the queue writes every event, as its workers set it up (False:
+    ``Retention(events=0)``, only the events of a job's end; the first partition's setting,
+    which every partition's workers set alike)."""
+    kept = yield Command(("HGET", parts[0].meta, "ke"))
+    return bool(kept != b"0")
+
+
 def is_paused(keys: QueueKeys) -> Op[bool]:
     reply = yield Command(("HEXISTS", keys.meta, "paused"))
     return bool(reply)
