@@ -270,14 +270,13 @@ async def test_events_iterator_resumes_after_a_disconnect_without_loss(
     assert {"added", "active", "progress", "completed"} <= types
 
 
-@pytest.mark.parametrize("partitions", [1, 3])
+@pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
 async def test_a_queue_that_keeps_no_events_writes_only_the_endings(
-        redis_url: str, queue_name: str, partitions: int) -> None:
+        redis_url: str, queue_name: str, partitions: int, mode: str) -> None:
     registry = Registry()
 
     @registry.handler(queue_name, concurrency=5, attempts=2, backoff=Backoff.fixed(0.01),
-                      partitions=partitions,
-                      retention=Retention(events=0))
+                      partitions=partitions, mode=mode, retention=Retention(events=0))
     async def work(job: Job) -> int:
         await job.progress(50)
         if job.data == "fail":
@@ -286,11 +285,12 @@ async def test_a_queue_that_keeps_no_events_writes_only_the_endings(
 
     async with QueueClient(redis_url) as client:
         queue = client.queue(queue_name)
+        key: dict[str, Any] = {"key": "k"} if mode == "keyed" else {}
         _, start = await client.read_events(queue_name)
         async with run_worker(registry, queue_name, redis_url):
-            handles = await queue.add_bulk(list(range(6)))
-            failing = await queue.add("fail")
-            later = await queue.add(9, delay=3600)
+            handles = [await queue.add(n, **key) for n in range(6)]
+            failing = await queue.add("fail", **key)
+            later = await queue.add(9, delay=3600, **key)
             assert [await handle.result(timeout=10) for handle in handles] == list(range(6))
             with pytest.raises(JobFailed):
                 await failing.result(timeout=10)
