@@ -133,12 +133,12 @@ class ClaimLoop:
     def keeps(self, index: int) -> bool:
         """Whether a recording in partition ``index`` claims its slots' next jobs there (else
         the slots go back to the loop): not while holding back, nor through a shared rate
-        window (every start goes through the loop); on a partitioned queue, only in this
-        worker's partitions, and not the first recording after a second has passed since the
-        partition's slots were last shared out."""
+        window (every start goes through the loop); on a partitioned queue, as the share-out
+        says (:meth:`Shares.keeps`: in this worker's partitions, all but the first recording
+        after each second; where it helps, until the help ends)."""
         if self.holding_back or self._shared_rate is not None:
             return False
-        return self._shares.keeps(index)
+        return self._shares.keeps(index, self._wakeups.heard())
 
     @property
     def registered(self) -> bool:

@@ -17,7 +17,8 @@ worker's slots thinning out over all of them. The slots go back to the claim loo
 out again: in one of the worker's own partitions, those of its next recording once a second
 (a partition of its own that filled up while the slots were busy in the others waits about
 that long at most); in another's, where they help, every one of them a second after the loop
-last placed slots there (the loop then asks the worker's own partitions first again). Helping
+last placed slots there, or at once when a wake-up says that work appeared in some partition
+(the loop then asks the worker's own partitions first again). Helping
 so costs what serving costs, one call that completes and claims, not a claim per job.
 """
 
@@ -51,15 +52,19 @@ class Shares:
         self._peers_due = 0.0  # when the claiming workers are next read
         self.busy = [0] * len(parts)  # the jobs this worker runs in each partition now
 
-    def keeps(self, index: int) -> bool:
+    def keeps(self, index: int, heard: bool = False) -> bool:
         """Whether a recording in partition ``index`` claims its slots' next jobs there: in
         this worker's partitions, all but the first recording after a second has passed since
         the partition's slots were last shared out; in another's, every recording until a
-        second after the loop last placed slots there (:meth:`helping`)."""
+        second after the loop last placed slots there (:meth:`helping`), or until work
+        appeared somewhere (``heard``: a wake-up came since the loop's last claim; the
+        partition that got it may be one of this worker's own, which the loop asks first)."""
         if len(self._parts) == 1:
             return True
         now = time.monotonic()
         if index not in self.own:
+            if heard:
+                self._help_until = [0.0] * len(self._parts)
             return now < self._help_until[index]
         if now >= self._respread_at[index]:
             self._respread_at[index] = now + RESPREAD_EVERY

@@ -50,6 +50,10 @@ class WakeUps:
         """Wake the claim loop now (as a wake-up message would)."""
         self._wake.set()
 
+    def heard(self) -> bool:
+        """Whether a wake-up came since the claim loop last armed (before its last claim)."""
+        return self._wake.is_set()
+
     async def _by_node(self, channels: list[str]) -> list[list[str]]:
         """``channels`` grouped by the node that serves them: one subscription each."""
         groups: dict[str, list[str]] = {}
