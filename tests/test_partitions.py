@@ -3,10 +3,12 @@ client's whole-queue views. The spread over a real cluster's masters is tests/te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import zlib
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -356,6 +358,23 @@ def _waiting(redis_client: redis.Redis, keys: Any) -> int:
     return int(redis_client.llen(keys.wait_list)) + int(redis_client.zcard(keys.wait))
 
 
+@contextlib.asynccontextmanager
+async def _sharing(client: QueueClient, queue_name: str, redis_url: str,
+                   registries: list[Registry], names: list[str]) -> AsyncIterator[None]:
+    """One worker of each registry, named by ``names``, on the paused queue ``queue_name`` of
+    as many partitions: resumed once each has read the registry since all were in it (each
+    knows its one partition)."""
+    async with contextlib.AsyncExitStack() as stack:
+        workers = [await stack.enter_async_context(run_worker(
+            registry, queue_name, redis_url, name=name, poll_interval=0.1))
+            for registry, name in zip(registries, names, strict=True)]
+        for worker in workers:
+            while worker._roles is None or len(worker._roles.claimer._shares.own) != 1:
+                await anyio.sleep(0.01)
+        await client.resume(queue_name)
+        yield
+
+
 async def test_workers_keep_to_their_partitions_while_those_have_work(
         redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
     """Two workers, two partitions full of work: once each knows the other and has started a
@@ -387,15 +406,7 @@ async def test_workers_keep_to_their_partitions_while_those_have_work(
         await client.pause(queue_name)
         await client.queue(work).add_bulk(range(600))
         with anyio.fail_after(30):
-            async with run_worker(registry_a, queue_name, redis_url, name=names[0],
-                                  poll_interval=0.1) as first, \
-                    run_worker(registry_b, queue_name, redis_url, name=names[1],
-                               poll_interval=0.1) as second:
-                # Each has read the registry since both were in it: each knows its share.
-                for worker in (first, second):
-                    while worker._roles is None or len(worker._roles.claimer._shares.own) != 1:
-                        await anyio.sleep(0.01)
-                await client.resume(queue_name)
+            async with _sharing(client, queue_name, redis_url, [registry_a, registry_b], names):
                 counts = await drain(redis_url, queue_name, timeout=25)
     assert counts[JobState.COMPLETED] == 600
     assert [stray for stray in strays if stray[1] > 0] == []
@@ -433,14 +444,7 @@ async def test_a_helping_worker_comes_back_when_its_own_partition_gets_work(
             if int(job.id) % 2 == 1:
                 await client.remove(queue_name, job.id)
         with anyio.fail_after(30):
-            async with run_worker(registry_a, queue_name, redis_url, name=names[0],
-                                  poll_interval=0.1) as first, \
-                    run_worker(registry_b, queue_name, redis_url, name=names[1],
-                               poll_interval=0.1) as second:
-                for worker in (first, second):
-                    while worker._roles is None or len(worker._roles.claimer._shares.own) != 1:
-                        await anyio.sleep(0.01)
-                await client.resume(queue_name)
+            async with _sharing(client, queue_name, redis_url, [registry_a, registry_b], names):
                 while not started:  # the second worker helps in partition 0
                     await anyio.sleep(0.005)
                 late = await queue.add(1, job_id=_custom_id_in(1, "late", 2))
