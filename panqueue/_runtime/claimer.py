@@ -384,13 +384,17 @@ class ClaimLoop:
         for _ in range(n):
             self._free_slot()
 
-    def _slot_started(self) -> None:
+    def _slot_started(self, partition: int = 0) -> None:
+        # A slot's jobs all come from one partition: a recording claims the next one in the
+        # partition of the job it records.
         self.busy += 1
+        self._shares.busy[partition] += 1
         if self.busy == 1:
             self.idle = anyio.Event()
 
-    def _slot_ended(self) -> None:
+    def _slot_ended(self, partition: int = 0) -> None:
         self.busy -= 1
+        self._shares.busy[partition] -= 1
         if self.busy == 0:
             self.idle.set()
         self._free_slot()
@@ -460,7 +464,7 @@ class Claimer(ClaimLoop):
     def _start(self, tg: anyio.abc.TaskGroup, jobs: list[ClaimedJob]) -> None:
         """Run each job on a slot of its own (taken already)."""
         for job in jobs:
-            self._slot_started()
+            self._slot_started(job.partition)
             tg.start_soon(self._run_slot, job)
 
     def _start_handed(self) -> None:
@@ -475,17 +479,13 @@ class Claimer(ClaimLoop):
                 self._start(self._group, [self._handed.pop(0)])
 
     async def _run_slot(self, job: ClaimedJob) -> None:
-        busy = self._shares.busy
+        partition = job.partition
         try:
             following: ClaimedJob | None = job
             while following is not None:
                 job = following
-                busy[job.partition] += 1
-                try:
-                    following = await self._process(job)
-                finally:
-                    busy[job.partition] -= 1
+                following = await self._process(job)
                 if job.batch and self._batch_job_ended is not None:
                     self._batch_job_ended()
         finally:
-            self._slot_ended()
+            self._slot_ended(partition)

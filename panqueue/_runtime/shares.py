@@ -50,9 +50,9 @@ class Shares:
         self._respread_at = [first] * len(parts)  # when each partition's slots go back next
         self._help_until = [0.0] * len(parts)  # until when slots that help in a partition stay
         self._peers_due = 0.0  # when the claiming workers are next read
-        self.busy = [0] * len(parts)  # the jobs this worker runs in each partition now
+        self.busy = [0] * len(parts)  # this worker's busy slots in each partition (the loop's)
 
-    def keeps(self, index: int, heard: bool = False) -> bool:
+    def keeps(self, index: int, heard: bool) -> bool:
         """Whether a recording in partition ``index`` claims its slots' next jobs there: in
         this worker's partitions, all but the first recording after a second has passed since
         the partition's slots were last shared out; in another's, every recording until a
