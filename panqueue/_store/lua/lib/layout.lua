@@ -1,5 +1,6 @@
--- lib/layout.lua: the key layout of one queue, the job hash's fields, the server clock and
--- events. Every script starts from here (lib/settings.lua reads the queue's meta hash).
+-- lib/layout.lua: the key layout of one queue, the job hash's fields and the server clock.
+-- Every script starts from here (lib/settings.lua reads the queue's meta hash and writes
+-- events, as many as it says).
 -- Needs: job_keys.lua (one job's keys, pasted below P).
 --
 -- KEYS[1] is always the queue prefix "{q:<queue>}:"; every other key of the queue is derived
