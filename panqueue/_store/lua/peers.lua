@@ -1,6 +1,6 @@
 -- peers: the workers of the queue that claim now, by name: a partitioned queue's claim loops
--- share its partitions out among them (panqueue/_runtime/shares.py). Read from partition 0's registry
--- (every worker writes its entry in every partition).
+-- share its partitions out among them (panqueue/_runtime/shares.py). Read from partition 0's
+-- registry (every worker writes its entry in every partition).
 --
 -- KEYS[1]  queue prefix
 -- ARGV     none
