@@ -72,7 +72,7 @@ class ClaimLoop:
         self._keys = keys
         self._parts = parts or [keys]
         self._turn = 0  # the partition the next claim asks first (of each group)
-        self._shares = Shares(self._parts, name)  # a partitioned queue's share-out
+        self._shares = Shares(self._parts, name, wakeups.heard)  # a partitioned queue's share-out
         self._shared_rate = shared_rate  # (max, window ms): a partitioned queue's rate limit
         self._tokens = tokens
         self._wakeups = wakeups
@@ -138,7 +138,7 @@ class ClaimLoop:
         after each second; where it helps, until the help ends)."""
         if self.holding_back or self._shared_rate is not None:
             return False
-        return self._shares.keeps(index, self._wakeups.heard())
+        return self._shares.keeps(index)
 
     @property
     def registered(self) -> bool:

@@ -25,6 +25,7 @@ so costs what serving costs, one call that completes and claims, not a claim per
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from panqueue._keys import QueueKeys
 from panqueue._store import transitions
@@ -42,9 +43,10 @@ PEERS_EVERY = 1.0
 class Shares:
     """One worker's share of the partitions ``parts`` (``name``: its name in the registry)."""
 
-    def __init__(self, parts: list[QueueKeys], name: str) -> None:
+    def __init__(self, parts: list[QueueKeys], name: str, heard: Callable[[], bool]) -> None:
         self._parts = parts
         self._name = name
+        self._heard = heard  # whether a wake-up came since the loop's last claim
         self.own = frozenset(range(len(parts)))  # the indexes of this worker's partitions
         first = time.monotonic() + RESPREAD_EVERY
         self._respread_at = [first] * len(parts)  # when each partition's slots go back next
@@ -52,18 +54,18 @@ class Shares:
         self._peers_due = 0.0  # when the claiming workers are next read
         self.busy = [0] * len(parts)  # this worker's busy slots in each partition (the loop's)
 
-    def keeps(self, index: int, heard: bool) -> bool:
+    def keeps(self, index: int) -> bool:
         """Whether a recording in partition ``index`` claims its slots' next jobs there: in
         this worker's partitions, all but the first recording after a second has passed since
         the partition's slots were last shared out; in another's, every recording until a
         second after the loop last placed slots there (:meth:`helping`), or until work
-        appeared somewhere (``heard``: a wake-up came since the loop's last claim; the
-        partition that got it may be one of this worker's own, which the loop asks first)."""
+        appeared somewhere (a wake-up came since the loop's last claim: the partition that got
+        it may be one of this worker's own, which the loop asks first)."""
         if len(self._parts) == 1:
             return True
         now = time.monotonic()
         if index not in self.own:
-            if heard:
+            if self._heard():
                 self._help_until = [0.0] * len(self._parts)
             return now < self._help_until[index]
         if now >= self._respread_at[index]:
