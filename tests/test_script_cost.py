@@ -86,7 +86,21 @@ def test_a_batch_with_a_dedup_key_numbers_its_jobs_in_item_order(own: ScriptStor
     assert own.add(1) == ["4"]
 
 
-def test_a_completion_makes_ten_commands_per_job_its_retention_included(
+def test_a_claim_makes_three_commands_per_job(own: ScriptStore) -> None:
+    made = []
+    for n in (1, 10, 20):  # the first loads the script
+        ids = own.add(n)
+        before = counts(own.redis)
+        assert own.claim(f"w:1:{n}", n) == ids
+        made.append(counts(own.redis) - before)
+    assert per_job(made[1], made[2]) == {
+        "hmget": 1,    # what the worker is handed: data, options, attempts, enqueued at
+        "hset": 1,     # state, start time, lock token, attempt, place in the wait order
+        "xadd": 1,     # the active event
+    }                  # (the active set: one ZADD for the whole claim)
+
+
+def test_a_completion_makes_six_commands_per_job_its_retention_included(
         own: ScriptStore) -> None:
     keep = 5
     made = []
@@ -98,17 +112,16 @@ def test_a_completion_makes_ten_commands_per_job_its_retention_included(
     assert per_job(made[1], made[2]) == {
         "hmget": 2,    # the lock token and what the history record needs; retention's deleted
                        # job: its id's pointer and its tags
-        "zrem": 1,     # out of the active set
         "hdel": 1,     # the lock token
         "hset": 1,     # state, finish time, result
         "xadd": 2,     # the history record and the completed event
-        "exists": 1,   # dependents to release
-        "zadd": 1,     # into the completed set
-        "del": 1,      # retention: the oldest completed job, its logs and durable record
-    }
+    }   # and one command for the whole call each: out of the active set (ZREM), into the
+        # completed set (ZADD), dependents to release (EXISTS), retention's DEL
+    assert made[2] - made[1] == Counter({"hmget": 20, "hdel": 10, "hset": 10, "xadd": 20})
     # Retention kept the newest `keep` of the 35 and deleted the others.
     assert own.redis.zcard(own.keys.completed) == keep
     assert len(own.redis.keys(own.keys.prefix + "job:*")) == keep
+    assert own.redis.zcard(own.keys.active) == 0
 
 
 def test_a_queue_that_keeps_no_events_writes_two_stream_entries_per_job(own: ScriptStore) -> None:

@@ -106,6 +106,35 @@ def test_complete_records_a_batch_and_claims_one_job_per_freed_slot(store: Scrip
                                              "waiting"]
 
 
+def test_a_completion_of_several_jobs_releases_each_ones_dependents_and_trims_once(
+        store: ScriptStore) -> None:
+    """A completion call writes the active and completed sets, looks for dependents and
+    deletes what retention drops once for all its jobs: each job's part must still be done."""
+    old = store.add(2, tags=("thumbs",))
+    store.claim("w:0", n=2)
+    store.call(SCRIPTS.complete, 2, "", 30_000, 2, old[0], "w:0", encode(0), 0,
+               old[1], "w:0", encode(1), 0)
+    ids = store.add(3)
+    [after_second] = [job_id for job_id, _ in store.t.run(add_jobs(store.keys, [
+        NewJob(None, encode("after"), depends_on=(ids[1],))]))]
+    assert store.state(after_second) == "blocked"
+    assert store.claim("w:1", n=3) == ids
+    reply = store.call(SCRIPTS.complete, 2, "w:2", 30_000, 3,
+                       ids[0], "w:1", encode(0), 0,
+                       ids[1], "w:1", encode(1), 0,
+                       ids[2], "w:9", encode(2), 0)    # stale token: stays active
+    assert [Status(x) for x in reply[:3]] == [
+        Status.COMPLETED, Status.COMPLETED, Status.LOCK_LOST]
+    assert store.state(after_second) == "waiting"  # the second's dependent, released
+    r = store.t.client
+    assert r.zrange(store.keys.active, 0, -1) == [ids[2].encode()]
+    # Retention keeps the newest two completed jobs: the older two are deleted, their tag's
+    # index with them.
+    assert set(r.zrange(store.keys.completed, 0, -1)) == {ids[0].encode(), ids[1].encode()}
+    assert [r.exists(store.keys.job(i)) for i in old] == [0, 0]
+    assert r.zcard(store.keys.prefix + "tag:thumbs") == 0
+
+
 def test_claim_reports_when_the_next_delayed_job_is_due(store: ScriptStore) -> None:
     store.add(delay_ms=5_000)
     reply = store.call(SCRIPTS.claim, "w:1", 1000, 1)

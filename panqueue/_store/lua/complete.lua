@@ -18,6 +18,7 @@
 --!include layout.lua
 --!include status.lua
 --!include waiting.lua
+--!include active.lua
 --!include claim.lua
 --!include finish.lua
 --!include memo.lua
@@ -32,7 +33,7 @@ local k = tonumber(ARGV[4])
 local before = claimable()
 reply = {}
 local wanted = 0
-local completed = 0
+local completed = {}
 for i = 0, k - 1 do
   local b = 5 + i * 4
   local id = ARGV[b]
@@ -42,19 +43,18 @@ for i = 0, k - 1 do
   if job[1] ~= ARGV[b + 1] then
     reply[#reply + 1] = LOCK_LOST
   else
-    leave_active(jkey, id, 'e')  -- earlier attempts' errors stay in the history
-    end_job(jkey, id, 'completed', now, keep, {result = ARGV[b + 2], trim_later = true,
+    unlock(jkey, 'e')  -- earlier attempts' errors stay in the history
+    end_job(jkey, id, 'completed', now, keep, {result = ARGV[b + 2], listed = completed,
       seen = {job[2], job[3], job[4]}, token = ARGV[b + 1], batch = job[5]})
-    completed = completed + 1
     reply[#reply + 1] = COMPLETED
     if ARGV[b + 3] == '1' then
       wanted = wanted + 1
     end
   end
 end
-if completed > 0 then
-  trim_finished(K_COMPLETED, keep, now)  -- retention once for the batch
-end
+-- Out of the active set and into the completed set, one command each for the batch.
+call_sliced(completed, 'ZREM', K_ACTIVE)
+complete_listed(completed, now, keep)
 claim(now, ARGV[2], tonumber(ARGV[3]), wanted, reply)
 wake_if_work_appeared(before)
 remember(ARGV[2], reply, k + 1, tonumber(ARGV[3]))

@@ -16,6 +16,7 @@
 --!include layout.lua
 --!include settings.lua
 --!include waiting.lua
+--!include active.lua
 --!include finish.lua
 
 local budget = tonumber(ARGV[1])

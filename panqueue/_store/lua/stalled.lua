@@ -11,6 +11,7 @@
 --!include layout.lua
 --!include settings.lua
 --!include waiting.lua
+--!include active.lua
 --!include finish.lua
 --!include expiry.lua
 

@@ -6,8 +6,13 @@
 --!include expiry.lua
 --!include job_data.lua
 
+-- The jobs activated by the claim under way and their lock deadlines, as ZADD's score-member
+-- pairs: lock_activated() adds them to the active set in one command when the claim is done.
+local ACTIVATED = {}
+
 -- WAITING -> ACTIVE with the lock token and a lock deadline, in one step (a sweeper can never
--- see a job that is claimed but not yet locked). `ws`: its place in the wait set (global mode),
+-- see a job that is claimed but not yet locked: the claim calls lock_activated() before its
+-- script returns). `ws`: its place in the wait set (global mode),
 -- kept with it for a requeue. Appends the job to `out` and returns true; or, when the job is
 -- past its deadline to start (x), ends it CANCELLED "expired" and returns false.
 -- The attempt is appended as a number, or as a string when the job never ran before (it has no
@@ -30,7 +35,8 @@ local function activate(id, now, token, ttl, out, ws)
   else
     redis.call('HSET', jkey, 's', 'active', 'st', int_arg(now), 'tk', token, 'a', a)
   end
-  redis.call('ZADD', K_ACTIVE, int_arg(now + ttl), id)
+  ACTIVATED[#ACTIVATED + 1] = int_arg(now + ttl)
+  ACTIVATED[#ACTIVATED + 1] = id
   out[#out + 1] = id
   out[#out + 1] = joined_data(f, 6)
   if f[5] then
@@ -42,4 +48,12 @@ local function activate(id, now, token, ttl, out, ws)
   out[#out + 1] = f[2] or ''
   emit('active', id, 'a', a)
   return true
+end
+
+-- The claim is done: the jobs it activated enter the active set, with their lock deadlines.
+local function lock_activated()
+  if #ACTIVATED > 0 then
+    call_sliced(ACTIVATED, 'ZADD', K_ACTIVE)
+    ACTIVATED = {}
+  end
 end

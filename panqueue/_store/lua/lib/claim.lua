@@ -77,6 +77,7 @@ local function claim(now, token, ttl, n, out)
       want = n - count  -- the places of the expired jobs go to the next ones
     end
   end
+  lock_activated()
   out[count_at] = count
   if count == 0 then
     -- Only an empty claim says when to look again (the busy path skips these reads): the next

@@ -12,11 +12,12 @@
 --   ending_reply      the slot's next jobs claimed, idle workers woken, the reply remembered.
 -- Invariant: whatever ends the job here ends it through end_job with the attempt's lock token,
 -- so its history record names the worker that ran it (lib/records.lua).
--- Needs: layout.lua, settings.lua (emit), status.lua, waiting.lua, claim.lua, finish.lua, expiry.lua, memo.lua.
+-- Needs: layout.lua, settings.lua (emit), status.lua, waiting.lua, active.lua, claim.lua, finish.lua, expiry.lua, memo.lua.
 --!include layout.lua
 --!include settings.lua
 --!include status.lua
 --!include waiting.lua
+--!include active.lua
 --!include claim.lua
 --!include finish.lua
 --!include expiry.lua

@@ -22,10 +22,12 @@
 --   6. retention trims that set to `keep` jobs (-1 keeps all).
 -- Between 1 and 2, its record goes to the history stream (record_history), and the ending of a
 -- batch job to the batch outbox (note_batch_ending): lib/records.lua.
--- `how` (optional): {result=, error=, reason=, event=, cascaded=, trim_later=, seen=, token=,
+-- `how` (optional): {result=, error=, reason=, event=, cascaded=, listed=, seen=, token=,
 -- batch=}. cascaded: the job is a dependent failed by fail_dependents, which handles its
--- dependents and retention for the whole cascade. trim_later: the caller ends several jobs and
--- trims once after the last. seen, token: see record_history; batch: see note_batch_ending.
+-- dependents and retention for the whole cascade. listed (completed only): the caller
+-- completes several jobs; the id is appended to this list, and steps 3, 4 and 6 are
+-- complete_listed's, once for all of them. seen, token: see record_history; batch: see
+-- note_batch_ending.
 local function end_job(jkey, id, state, now, keep, how)
   how = how or {}
   local set = FINAL_SETS[state]
@@ -51,6 +53,10 @@ local function end_job(jkey, id, state, now, keep, how)
   else
     emit(state, id, unpack(fields))
   end
+  if how.listed then
+    how.listed[#how.listed + 1] = id
+    return
+  end
   if state == 'completed' then
     release_dependents(id, now)
   elseif not how.cascaded then
@@ -60,9 +66,35 @@ local function end_job(jkey, id, state, now, keep, how)
   if state == 'cancelled' then
     forget_edges(id)
   end
-  if not how.cascaded and not how.trim_later then
+  if not how.cascaded then
     trim_finished(set, keep, now)
   end
+end
+
+-- The jobs `ids`, completed together at `now` by end_job (how.listed), enter the completed set
+-- in one command; their dependents are released (one EXISTS finds whether any job has some:
+-- mostly none does); then retention trims the set once.
+local function complete_listed(ids, now, keep)
+  if #ids == 0 then
+    return
+  end
+  local members, edges = {}, {}
+  for i, id in ipairs(ids) do
+    members[2 * i - 1] = int_arg(now)
+    members[2 * i] = id
+    edges[i] = deps_key(id)
+  end
+  call_sliced(members, 'ZADD', K_COMPLETED)
+  local linked = 0
+  for i = 1, #edges, 1000 do
+    linked = linked + redis.call('EXISTS', unpack(edges, i, math.min(i + 999, #edges)))
+  end
+  if linked > 0 then
+    for _, id in ipairs(ids) do
+      release_dependents(id, now)
+    end
+  end
+  trim_finished(K_COMPLETED, keep, now)
 end
 
 -- Job `id` will not complete now (failed, cancelled, deleted): every job blocked on it fails,

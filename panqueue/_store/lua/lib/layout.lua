@@ -1,7 +1,7 @@
 -- lib/layout.lua: the key layout of one queue, the job hash's fields and the server clock.
 -- Every script starts from here (lib/settings.lua reads the queue's meta hash and writes
 -- events, as many as it says).
--- Needs: job_keys.lua (one job's keys, pasted below P).
+-- Needs: job_keys.lua (one job's keys, pasted below P), calls.lua (pasted at the end).
 --
 -- KEYS[1] is always the queue prefix "{q:<queue>}:"; every other key of the queue is derived
 -- from it, so one script only ever touches one hash slot. panqueue/_keys.py names the same keys
@@ -105,17 +105,4 @@ local function schedule_key(name)
   return P .. 'sched:' .. name
 end
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- A whole number (a time in ms, a count) as redis.call's argument: "%d" text, once per value and
--- script (Redis writes a Lua number with "%.17g", as dear as a short command: docs/performance.md).
-local INT_ARG = {}
-local function int_arg(n)
-  local text = INT_ARG[n] or string.format('%d', n)
-  INT_ARG[n] = text
-  return text
-end
-
+--!include calls.lua

@@ -29,15 +29,18 @@ local function trim_finished(set, keep, now)
   local excess = redis.call('ZCARD', set) - keep
   -- A completed job has no dependency edge left: its dependencies completed before it ran,
   -- its completion released its dependents, and no edge is made to a job that completed. So
-  -- deleting one adds nothing to any finished set, and one pass is enough.
+  -- deleting one adds nothing to any finished set, and one pass is enough, whose jobs' keys
+  -- go in one DEL (`keys`).
   local edgeless = set == K_COMPLETED
   while excess > 0 do
     local old = redis.call('ZRANGE', set, 0, excess - 1)
     redis.call('ZREMRANGEBYRANK', set, 0, excess - 1)
+    local keys = edgeless and {} or nil
     for _, id in ipairs(old) do
-      delete_job(id, now, edgeless, true)
+      delete_job(id, now, edgeless, true, keys)
     end
     if edgeless then
+      call_sliced(keys, 'DEL')
       return
     end
     excess = redis.call('ZCARD', set) - keep
@@ -48,8 +51,8 @@ end
 -- its dependency edges on both sides and its flow's record (forget_flow); the jobs still
 -- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
 -- retention takes at every finish; `edgeless`: the caller knows there is none, see
--- trim_finished.)
-delete_job = function(id, now, edgeless, finished)
+-- trim_finished. `keys`: a list the job's keys are appended to, for the caller to delete.)
+delete_job = function(id, now, edgeless, finished, keys)
   local jkey = job_key(id)
   if not finished then  -- retention (`finished`) deletes only jobs whose ending was noted
     local ending = redis.call('HMGET', jkey, 'b', 's')
@@ -74,5 +77,11 @@ delete_job = function(id, now, edgeless, finished)
     end
   end
   forget_flow(id, held[3])
-  redis.call('DEL', jkey, logs_key(id), durable_key(id), flow_key(id))
+  if keys then
+    local n = #keys
+    keys[n + 1], keys[n + 2], keys[n + 3], keys[n + 4] = jkey, logs_key(id), durable_key(id),
+      flow_key(id)
+  else
+    redis.call('DEL', jkey, logs_key(id), durable_key(id), flow_key(id))
+  end
 end

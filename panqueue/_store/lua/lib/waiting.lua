@@ -105,21 +105,3 @@ local function detach(jkey, id, state)
     redis.call('ZREM', K_BLOCKED, id)
   end
 end
-
--- A running job stops running (finished, failed, stalled, released): its lock goes (with the
--- other job hash fields named in `...`, in the same command) and its key's slot is freed.
-local function leave_active(jkey, id, ...)
-  redis.call('ZREM', K_ACTIVE, id)
-  redis.call('HDEL', jkey, 'tk', ...)
-  if keyed() then
-    local key = redis.call('HGET', jkey, 'k')
-    if key then
-      local active = redis.call('HINCRBY', K_KEY_ACTIVE, key, -1)
-      if active < 0 then
-        active = 0
-        redis.call('HSET', K_KEY_ACTIVE, key, 0)
-      end
-      refresh_key(key, active)
-    end
-  end
-end

@@ -1,0 +1,31 @@
+-- lib/calls.lua: how a script calls Redis: the server clock, whole numbers as arguments, and a
+-- list of items in one command. Pasted by lib/layout.lua: include that.
+-- Needs: nothing.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A whole number (a time in ms, a count) as redis.call's argument: "%d" text, once per value and
+-- script (Redis writes a Lua number with "%.17g", as dear as a short command: docs/performance.md).
+local INT_ARG = {}
+local function int_arg(n)
+  local text = INT_ARG[n] or string.format('%d', n)
+  INT_ARG[n] = text
+  return text
+end
+
+-- redis.call(cmd, [key,] items...) for a list of items built up by a script (the ids of a
+-- batch, score-member pairs): one call where a call per item would each pay for crossing into
+-- Redis, in slices of 1,000 that unpack() can pass (Lua's stack holds about 8,000 values).
+local function call_sliced(items, cmd, key)
+  for i = 1, #items, 1000 do
+    local last = math.min(i + 999, #items)
+    if key then
+      redis.call(cmd, key, unpack(items, i, last))
+    else
+      redis.call(cmd, unpack(items, i, last))
+    end
+  end
+end
