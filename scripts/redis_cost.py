@@ -1,7 +1,7 @@
 """What a plain no-op job costs Redis: server CPU and the commands its scripts make.
 
     .venv/bin/python scripts/redis_cost.py [--jobs N] [--tags T] [--partitions] [--workers W]
-                                          [--no-events] [--json FILE]
+                                          [--no-events] [--direct] [--json FILE]
 
 Starts a private redis-server (appendonly off, RDB off), adds N no-op jobs to ``bench-noop``
 with ``add_bulk`` (default settings), then lets ONE worker process (``bench_app:queues``,
@@ -18,6 +18,10 @@ partitions are shared out from the first claim).
 With ``--no-events`` the queue is ``bench-noop-quiet``, which keeps no events
 (``Retention(events=0)``): a worker sets it up (and stops) before the jobs are added, as in a
 deployment whose workers run before its producers add.
+With ``--direct`` no worker runs: this process drives the steady state's script itself (one
+completion call of 25 jobs that claims the next 25, as a busy worker's slots do), in six
+rounds, and prints the server CPU per job of each round: the scripts' own cost, without a
+worker process sharing the machine's cores with the server.
 The Redis on 6379 is never touched.
 """
 
@@ -39,7 +43,12 @@ import redis
 
 import panqueue
 from panqueue import JobState, SyncQueueClient
+from panqueue._codec import encode
+from panqueue._keys import QueueKeys
 from panqueue._runtime.shares import PEERS_EVERY
+from panqueue._store.loader import SCRIPTS as LUA
+from panqueue._store.ops import NewJob, add_jobs
+from panqueue._store.transport import ScriptCall, SyncTransport
 from panqueue.embedded import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -146,6 +155,37 @@ def run(n: int, tags: int | None = None, partitions: bool = False, workers: int 
                 "process": delta(s1, s2, n + 1)}
 
 
+def run_direct(n: int, rounds: int = 6, k: int = 25) -> list[float]:
+    """Server CPU per job (µs) of each of ``rounds`` rounds of n / rounds jobs, completed k at a
+    time by completion calls that claim the next k (keep 1,000 completed jobs)."""
+    keys = QueueKeys(QUEUE)
+    with tempfile.TemporaryDirectory() as tmp, \
+            RedisServer(directory=tmp, appendonly=False, extra_args=("--save", "")) as server:
+        transport = SyncTransport(server.url)
+        try:
+            def call(*args: Any) -> Any:
+                return transport.execute(ScriptCall(args[0], (keys.prefix,), args[1:]))
+
+            for _ in range(0, n + k, BATCH):
+                transport.run(add_jobs(keys, [NewJob(None, encode({})) for _ in range(BATCH)]))
+            reply = call(LUA.claim, "w:1:0", 30_000, k)
+            ids, token, figures = reply[2::5][:reply[0]], 0, []
+            for _ in range(rounds):
+                before = snapshot(transport.client)[1]
+                for _ in range(n // rounds // k):
+                    token += 1
+                    args: list[Any] = [k]
+                    for job_id in ids:
+                        args += [job_id, f"w:1:{token - 1}", encode("ok"), 1]
+                    reply = call(LUA.complete, 1000, f"w:1:{token}", 30_000, *args)
+                    ids = reply[k + 2::5][:reply[k]]
+                figures.append((snapshot(transport.client)[1] - before) * 1e6
+                               / (n // rounds // k * k))
+            return figures
+        finally:
+            transport.close()
+
+
 def show(result: dict[str, Any]) -> None:
     total = 0.0
     for phase in ("add", "process"):
@@ -170,8 +210,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, metavar="W")
     parser.add_argument("--no-events", action="store_true",
                         help="the queue that keeps no events (bench-noop-quiet)")
+    parser.add_argument("--direct", action="store_true",
+                        help="no worker: drive the completion script from this process")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
+    if args.direct:
+        figures = run_direct(args.jobs)
+        print("completion + claim of the next: Redis CPU µs/job per round: "
+              + " ".join(f"{x:.2f}" for x in figures)
+              + f"; median {sorted(figures)[len(figures) // 2]:.2f}")
+        return
     result = run(args.jobs, args.tags, args.partitions, args.workers, not args.no_events)
     show(result)
     if args.json:
