@@ -1,7 +1,7 @@
 -- lib/job_data.lua: how a job's data is stored in its hash: in field "d", or, when that keeps
 -- the hash small, in up to eight parts "d", "d1" .. "d7" of at most 64 bytes each; and its
 -- other fields written with it (put_field).
--- Needs: nothing (pure string work; the caller writes and reads the fields).
+-- Needs: nothing (string work, and a read of the parts of a job's data beyond the first).
 --
 -- Redis keeps a hash whose every value is at most hash-max-listpack-value bytes (64 by
 -- default) and that has at most hash-max-listpack-entries fields (128) as one listpack: one
@@ -43,18 +43,20 @@ local function put_field(args, field, value)
   end
 end
 
--- The data of an HMGET whose first values are the fields of DATA_FIELDS, in order, starting at
--- index `at` of `values`: the parts joined (nil when the job has no data field).
-local function joined_data(values, at)
-  if not values[at + 1] then
-    return values[at]
+-- The data of job hash `jkey` whose field "d" holds `first` (nil: the job has no data). Data
+-- in parts has a first part of exactly DATA_PART bytes, so only such a first part sends for
+-- the others: a reader asks for "d" alone, not for eight fields of which most jobs have one.
+local function job_data(jkey, first)
+  if not first or #first ~= DATA_PART then
+    return first
   end
-  local parts = {}
-  for i = at, at + #DATA_FIELDS - 1 do
-    if not values[i] then
+  local rest = redis.call('HMGET', jkey, unpack(DATA_FIELDS, 2))
+  local parts = {first}
+  for _, part in ipairs(rest) do
+    if not part then
       break
     end
-    parts[#parts + 1] = values[i]
+    parts[#parts + 1] = part
   end
   return table.concat(parts)
 end
