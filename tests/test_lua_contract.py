@@ -381,6 +381,8 @@ LUA_ONLY = {
     ("lib/settings.lua", "ENDINGS_KEPT"): "the endings a queue that keeps no events keeps "
                                           "(Retention's docstring says about 1,000)",
     ("lib/delayed.lua", "PROMOTE_BATCH"): "a bound on one script's work",
+    ("lib/calls.lua", "TRIM_EVERY"): "how often a capped stream is trimmed: the slack over its "
+                                     "cap (tests/test_job_control.py's retention test)",
     ("lib/wait_order.lua", "WAIT_SEQ_SPAN"): "the wait order's encoding",
     ("lib/job_data.lua", "DATA_PART"): "Redis's default hash-max-listpack-value (a part of data)",
     ("lib/new_job_checks.lua", "MAX_TIME_MS"): "the range of a time in a double (checked below)",

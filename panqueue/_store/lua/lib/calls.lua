@@ -1,5 +1,5 @@
--- lib/calls.lua: how a script calls Redis: the server clock, whole numbers as arguments, and a
--- list of items in one command. Pasted by lib/layout.lua: include that.
+-- lib/calls.lua: how a script calls Redis: the server clock, whole numbers as arguments, a list
+-- of items in one command, and entries appended to a capped stream. Pasted by lib/layout.lua: include that.
 -- Needs: nothing.
 
 local function now_ms()
@@ -28,4 +28,19 @@ local function call_sliced(items, cmd, key)
       redis.call(cmd, unpack(items, i, last))
     end
   end
+end
+
+-- XADD of the fields `...` to `stream`, which keeps about `cap` entries: MAXLEN ~ on the first
+-- entry a script appends to it and on every TRIM_EVERY-th after, not on each (the trim's
+-- arguments cost an XADD about a fifth of its time, and an approximate trim removes whole
+-- nodes of 100 entries anyway). The stream holds fewer than cap + 100 + TRIM_EVERY entries.
+local TRIM_EVERY = 16
+local APPENDED = {}
+local function append_capped(stream, cap, ...)
+  local n = (APPENDED[stream] or 0) + 1
+  APPENDED[stream] = n
+  if n % TRIM_EVERY == 1 then
+    return redis.call('XADD', stream, 'MAXLEN', '~', int_arg(cap), '*', ...)
+  end
+  return redis.call('XADD', stream, '*', ...)
 end

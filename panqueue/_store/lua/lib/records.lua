@@ -45,7 +45,7 @@ local function record_history(jkey, id, state, now, how)
   end
   local worker = how.token and worker_of(how.token) or ''
   local reason = how.reason or (state == 'cancelled' and 'cancelled') or ''
-  redis.call('XADD', K_HISTORY, 'MAXLEN', '~', int_arg(limit), '*', 'id', id, 'state', state,
+  append_capped(K_HISTORY, limit, 'id', id, 'state', state,
     'attempts', seen[1] or '0', 'enqueued', seen[2] or '', 'started', seen[3] or '',
     'finished', int_arg(now), 'reason', reason, 'error_type', error_type,
     'error_message', error_message, 'worker', worker)

@@ -61,5 +61,5 @@ local function emit(ev, id, ...)
     end
     kept = ENDINGS_KEPT
   end
-  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', int_arg(kept), '*', 'ev', ev, 'id', id, ...)
+  append_capped(K_EVENTS, kept, 'ev', ev, 'id', id, ...)
 end
