@@ -1,7 +1,8 @@
 """What a plain no-op job costs Redis: server CPU and the commands its scripts make.
 
     .venv/bin/python scripts/redis_cost.py [--jobs N] [--tags T] [--partitions] [--workers W]
-                                          [--no-events] [--direct] [--json FILE]
+                                          [--no-events] [--direct] [--instructions]
+                                          [--json FILE]
 
 Starts a private redis-server (appendonly off, RDB off), adds N no-op jobs to ``bench-noop``
 with ``add_bulk`` (default settings), then lets ONE worker process (``bench_app:queues``,
@@ -21,7 +22,10 @@ deployment whose workers run before its producers add.
 With ``--direct`` no worker runs: this process drives the steady state's script itself (one
 completion call of 25 jobs that claims the next 25, as a busy worker's slots do), in six
 rounds, and prints the server CPU per job of each round: the scripts' own cost, without a
-worker process sharing the machine's cores with the server.
+worker process sharing the machine's cores with the server. ``--instructions`` does the same
+against a redis-server run under valgrind (callgrind) and prints the instructions it executed
+per job: slow (2,000 jobs take about ten seconds), but the same figure on every run, so that two
+versions of the scripts compare to the last percent on a busy host.
 The Redis on 6379 is never touched.
 """
 
@@ -49,7 +53,7 @@ from panqueue._runtime.shares import PEERS_EVERY
 from panqueue._store.loader import SCRIPTS as LUA
 from panqueue._store.ops import NewJob, add_jobs
 from panqueue._store.transport import ScriptCall, SyncTransport
-from panqueue.embedded import RedisServer
+from panqueue.embedded import RedisServer, free_port
 
 SCRIPTS = Path(__file__).resolve().parent
 PANQUEUE_ROOT = Path(panqueue.__file__).resolve().parent.parent
@@ -155,35 +159,91 @@ def run(n: int, tags: int | None = None, partitions: bool = False, workers: int 
                 "process": delta(s1, s2, n + 1)}
 
 
-def run_direct(n: int, rounds: int = 6, k: int = 25) -> list[float]:
-    """Server CPU per job (µs) of each of ``rounds`` rounds of n / rounds jobs, completed k at a
-    time by completion calls that claim the next k (keep 1,000 completed jobs)."""
-    keys = QueueKeys(QUEUE)
+class SteadyCalls:
+    """The steady state's script driven from this process: completion calls of k jobs that
+    claim the next k, on a queue of pre-added no-op jobs (retention keeps 1,000)."""
+
+    def __init__(self, url: str, jobs: int, k: int = 25) -> None:
+        self.k, self.keys = k, QueueKeys(QUEUE)
+        self.transport = SyncTransport(url)
+        for _ in range(0, jobs + 1000 + k, BATCH):
+            self.transport.run(add_jobs(self.keys, [NewJob(None, encode({}))
+                                                    for _ in range(BATCH)]))
+        reply = self.call(LUA.claim, "w:1:0", 30_000, k)
+        self.ids, self.token = reply[2::5][:reply[0]], 0
+        self.run(1000)  # the completed set fills to what retention keeps
+
+    def call(self, script: Any, *args: Any) -> Any:
+        return self.transport.execute(ScriptCall(script, (self.keys.prefix,), args))
+
+    def run(self, jobs: int) -> int:
+        """Complete about ``jobs`` jobs; returns how many."""
+        done = 0
+        while done < jobs:
+            self.token += 1
+            args: list[Any] = [self.k]
+            for job_id in self.ids:
+                args += [job_id, f"w:1:{self.token - 1}", encode("ok"), 1]
+            reply = self.call(LUA.complete, 1000, f"w:1:{self.token}", 30_000, *args)
+            self.ids = reply[self.k + 2::5][:reply[self.k]]
+            done += self.k
+        return done
+
+
+def run_direct(n: int, rounds: int = 6) -> list[float]:
+    """Server CPU per job (µs) of each of ``rounds`` rounds of n / rounds jobs."""
     with tempfile.TemporaryDirectory() as tmp, \
             RedisServer(directory=tmp, appendonly=False, extra_args=("--save", "")) as server:
-        transport = SyncTransport(server.url)
+        steady = SteadyCalls(server.url, n)
         try:
-            def call(*args: Any) -> Any:
-                return transport.execute(ScriptCall(args[0], (keys.prefix,), args[1:]))
-
-            for _ in range(0, n + k, BATCH):
-                transport.run(add_jobs(keys, [NewJob(None, encode({})) for _ in range(BATCH)]))
-            reply = call(LUA.claim, "w:1:0", 30_000, k)
-            ids, token, figures = reply[2::5][:reply[0]], 0, []
+            figures = []
             for _ in range(rounds):
-                before = snapshot(transport.client)[1]
-                for _ in range(n // rounds // k):
-                    token += 1
-                    args: list[Any] = [k]
-                    for job_id in ids:
-                        args += [job_id, f"w:1:{token - 1}", encode("ok"), 1]
-                    reply = call(LUA.complete, 1000, f"w:1:{token}", 30_000, *args)
-                    ids = reply[k + 2::5][:reply[k]]
-                figures.append((snapshot(transport.client)[1] - before) * 1e6
-                               / (n // rounds // k * k))
+                before = snapshot(steady.transport.client)[1]
+                done = steady.run(n // rounds)
+                figures.append((snapshot(steady.transport.client)[1] - before) * 1e6 / done)
             return figures
         finally:
-            transport.close()
+            steady.transport.close()
+
+
+def run_instructions(n: int) -> float:
+    """Instructions the server executes per job (valgrind's callgrind: the same figure on every
+    run and host load, so that two versions of the scripts compare to the last percent)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server",
+             "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            client = redis.Redis(port=port)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise RuntimeError("redis-server under valgrind did not start") from None
+                    time.sleep(0.2)
+            steady = SteadyCalls(f"redis://127.0.0.1:{port}", n)
+            try:  # callgrind_control returns once the server has done what it asks
+                subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
+                               capture_output=True)
+                done = steady.run(n)
+                subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True,
+                               capture_output=True)
+            finally:
+                steady.transport.close()
+            [dump] = Path(tmp).glob("callgrind.out.*")
+            for line in dump.read_text().splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1]) / done
+            raise RuntimeError("no totals in the callgrind dump")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
 
 
 def show(result: dict[str, Any]) -> None:
@@ -212,8 +272,14 @@ def main() -> None:
                         help="the queue that keeps no events (bench-noop-quiet)")
     parser.add_argument("--direct", action="store_true",
                         help="no worker: drive the completion script from this process")
+    parser.add_argument("--instructions", action="store_true",
+                        help="as --direct, counting the server's instructions under valgrind")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
+    if args.instructions:
+        print(f"completion + claim of the next: {run_instructions(args.jobs):,.0f} "
+              "instructions per job in redis-server")
+        return
     if args.direct:
         figures = run_direct(args.jobs)
         print("completion + claim of the next: Redis CPU µs/job per round: "
