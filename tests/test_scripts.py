@@ -135,6 +135,24 @@ def test_a_completion_of_several_jobs_releases_each_ones_dependents_and_trims_on
     assert r.zcard(store.keys.prefix + "tag:thumbs") == 0
 
 
+def test_a_claim_hands_over_data_of_any_length_whole_however_many_parts_it_is_stored_in(
+        store: ScriptStore) -> None:
+    """Data of 65 to 512 bytes is stored in parts of 64 (lib/job_data.lua); a claim reads the
+    first two and the others only when there are more: every boundary reads back whole, and
+    so does the reply a resent completion repeats from memory (lib/memo.lua)."""
+    sizes = [0, 1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 448, 511, 512, 513, 2000]
+    datas = [bytes(range(65, 91)) * (n // 26) + b"z" * (n % 26) for n in sizes]
+    ids = [job_id for job_id, _ in store.t.run(add_jobs(store.keys, [
+        NewJob(None, data) for data in datas]))]
+    args = ("w:1", 30_000, len(ids))
+    jobs, _ = parse_claim(store.call(SCRIPTS.claim, *args))
+    assert [(j.id, j.data) for j in jobs] == list(zip(ids, datas, strict=True))
+    resent, _ = parse_claim(store.call(SCRIPTS.claim, *args))
+    assert [(j.id, j.data) for j in resent] == list(zip(ids, datas, strict=True))
+    parts = store.t.client.hkeys(store.keys.job(ids[sizes.index(193)]))
+    assert {b"d", b"d1", b"d2", b"d3"} <= set(parts)  # four parts: the claim read all four
+
+
 def test_claim_reports_when_the_next_delayed_job_is_due(store: ScriptStore) -> None:
     store.add(delay_ms=5_000)
     reply = store.call(SCRIPTS.claim, "w:1", 1000, 1)

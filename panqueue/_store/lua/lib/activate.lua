@@ -20,7 +20,7 @@ local ACTIVATED = {}
 -- not read it (panqueue/_durable.py). A reader of another version takes either as the number.
 local function activate(id, now, token, ttl, out, ws)
   local jkey = job_key(id)
-  local f = redis.call('HMGET', jkey, 'et', 'o', 'a', 'x', 'st', 'd')
+  local f = redis.call('HMGET', jkey, 'et', 'o', 'a', 'x', 'st', 'd', 'd1')
   if f[4] then
     if tonumber(f[4]) <= now then
       expire_job(jkey, id, now)
@@ -38,7 +38,7 @@ local function activate(id, now, token, ttl, out, ws)
   ACTIVATED[#ACTIVATED + 1] = int_arg(now + ttl)
   ACTIVATED[#ACTIVATED + 1] = id
   out[#out + 1] = id
-  out[#out + 1] = job_data(jkey, f[6])
+  out[#out + 1] = job_data(jkey, f[6], f[7])
   if f[5] then
     out[#out + 1] = attempt
   else

@@ -43,16 +43,19 @@ local function put_field(args, field, value)
   end
 end
 
--- The data of job hash `jkey` whose field "d" holds `first` (nil: the job has no data). Data
--- in parts has a first part of exactly DATA_PART bytes, so only such a first part sends for
--- the others: a reader asks for "d" alone, not for eight fields of which most jobs have one.
-local function job_data(jkey, first)
-  if not first or #first ~= DATA_PART then
+-- The data of job hash `jkey` from the values of its first two parts, "d" and "d1", as a
+-- reader's HMGET read them (nil: the job has no data). Only data of more than two parts sends
+-- for the rest: every part but the last is exactly DATA_PART bytes, so a reader asks for two
+-- fields where most jobs have one, not for eight (data of 65 to 128 bytes is two parts).
+local function job_data(jkey, first, second)
+  if not second then
     return first
   end
-  local rest = redis.call('HMGET', jkey, unpack(DATA_FIELDS, 2))
-  local parts = {first}
-  for _, part in ipairs(rest) do
+  if #second ~= DATA_PART then
+    return first .. second
+  end
+  local parts = {first, second}
+  for _, part in ipairs(redis.call('HMGET', jkey, unpack(DATA_FIELDS, 3))) do
     if not part then
       break
     end

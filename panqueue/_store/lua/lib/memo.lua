@@ -56,10 +56,10 @@ local function recall(token)
   reply[count_at + 1] = -1
   for _, id in ipairs(memo[2]) do
     local jkey = job_key(id)
-    local f = redis.call('HMGET', jkey, 'tk', 'a', 'et', 'o', 'd')
+    local f = redis.call('HMGET', jkey, 'tk', 'a', 'et', 'o', 'd', 'd1')
     if f[1] == token then
       reply[#reply + 1] = id
-      reply[#reply + 1] = job_data(jkey, f[5])
+      reply[#reply + 1] = job_data(jkey, f[5], f[6])
       reply[#reply + 1] = tonumber(f[2])  -- a number: its record may have to be read
       reply[#reply + 1] = f[3]
       reply[#reply + 1] = f[4] or ''
