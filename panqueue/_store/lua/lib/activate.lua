@@ -12,8 +12,7 @@ local ACTIVATED = {}
 
 -- WAITING -> ACTIVE with the lock token and a lock deadline, in one step (a sweeper can never
 -- see a job that is claimed but not yet locked: the claim calls lock_activated() before its
--- script returns). `ws`: its place in the wait set (global mode),
--- kept with it for a requeue. Appends the job to `out` and returns true; or, when the job is
+-- script returns). `ws`: its place in the wait set (global mode), kept with it for a requeue. Appends the job to `out` and returns true; or, when the job is
 -- past its deadline to start (x), ends it CANCELLED "expired" and returns false.
 -- The attempt is appended as a number, or as a string when the job never ran before (it has no
 -- start time yet, st): no run can have written its durable record, so a durable handler need

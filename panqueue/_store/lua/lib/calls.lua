@@ -1,5 +1,6 @@
 -- lib/calls.lua: how a script calls Redis: the server clock, whole numbers as arguments, a list
--- of items in one command, and entries appended to a capped stream. Pasted by lib/layout.lua: include that.
+-- of items in one command, and entries appended to a capped stream. Pasted by lib/layout.lua:
+-- include that.
 -- Needs: nothing.
 
 local function now_ms()

@@ -1,6 +1,6 @@
--- lib/layout.lua: the key layout of one queue, the job hash's fields and the server clock.
--- Every script starts from here (lib/settings.lua reads the queue's meta hash and writes
--- events, as many as it says).
+-- lib/layout.lua: the key layout of one queue and the job hash's fields; lib/calls.lua, pasted
+-- at its end, has the server clock and the helpers of redis.call. Every script starts from
+-- here (lib/settings.lua reads the queue's meta hash and writes events, as many as it says).
 -- Needs: job_keys.lua (one job's keys, pasted below P), calls.lua (pasted at the end).
 --
 -- KEYS[1] is always the queue prefix "{q:<queue>}:"; every other key of the queue is derived
