@@ -20,15 +20,18 @@ end
 -- redis.call(cmd, [key,] items...) for a list of items built up by a script (the ids of a
 -- batch, score-member pairs): one call where a call per item would each pay for crossing into
 -- Redis, in slices of 1,000 that unpack() can pass (Lua's stack holds about 8,000 values).
+-- Returns the sum of the replies (what EXISTS, DEL or ZREM count).
 local function call_sliced(items, cmd, key)
+  local sum = 0
   for i = 1, #items, 1000 do
     local last = math.min(i + 999, #items)
     if key then
-      redis.call(cmd, key, unpack(items, i, last))
+      sum = sum + redis.call(cmd, key, unpack(items, i, last))
     else
-      redis.call(cmd, unpack(items, i, last))
+      sum = sum + redis.call(cmd, unpack(items, i, last))
     end
   end
+  return sum
 end
 
 -- XADD of the fields `...` to `stream`, which keeps about `cap` entries: MAXLEN ~ on the first

@@ -85,11 +85,7 @@ local function complete_listed(ids, now, keep)
     edges[i] = deps_key(id)
   end
   call_sliced(members, 'ZADD', K_COMPLETED)
-  local linked = 0
-  for i = 1, #edges, 1000 do
-    linked = linked + redis.call('EXISTS', unpack(edges, i, math.min(i + 999, #edges)))
-  end
-  if linked > 0 then
+  if call_sliced(edges, 'EXISTS') > 0 then
     for _, id in ipairs(ids) do
       release_dependents(id, now)
     end
