@@ -21,7 +21,7 @@ SCHEMA_VERSION = 1
 # How many finished jobs a queue keeps by default (completed, and failed/cancelled each).
 DEFAULT_KEEP_COMPLETED = 1000
 DEFAULT_KEEP_FAILED = 10_000
-# How many records a queue's history stream keeps by default (Retention.history; lib/layout.lua's
+# How many records a queue's history stream keeps by default (Retention.history; lib/settings.lua's
 # HISTORY_MAXLEN for a queue no worker has set up).
 DEFAULT_KEEP_HISTORY = 100_000
 # How many events a queue's event stream keeps by default (Retention.events; lib/settings.lua's
