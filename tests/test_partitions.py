@@ -423,6 +423,7 @@ async def test_a_helping_worker_comes_back_when_its_own_partition_gets_work(
     first.)"""
     names = [f"a-{queue_name}", f"b-{queue_name}"]
     started: list[tuple[int, str]] = []  # (the second worker's jobs: partition, id) in order
+    helping = anyio.Event()  # the second worker started its first job (in partition 0)
 
     def registry_of(own: int) -> tuple[Registry, Any]:
         registry = Registry()
@@ -431,6 +432,7 @@ async def test_a_helping_worker_comes_back_when_its_own_partition_gets_work(
         async def work(job: Job[int]) -> None:
             if own == 1:
                 started.append((job.data, job.id))
+                helping.set()
             await anyio.sleep(0.01)
 
         return registry, work
@@ -445,8 +447,7 @@ async def test_a_helping_worker_comes_back_when_its_own_partition_gets_work(
                 await client.remove(queue_name, job.id)
         with anyio.fail_after(30):
             async with _sharing(client, queue_name, redis_url, [registry_a, registry_b], names):
-                while not started:  # the second worker helps in partition 0
-                    await anyio.sleep(0.005)
+                await helping.wait()
                 late = await queue.add(1, job_id=_custom_id_in(1, "late", 2))
                 added_at = len(started)
                 await late.result(timeout=10)
