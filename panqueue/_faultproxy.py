@@ -23,9 +23,29 @@ from urllib.parse import urlsplit, urlunsplit
 from panqueue.errors import ConfigError
 from panqueue.errors import TimeoutError as PanqueueTimeoutError
 
-__all__ = ["FaultProxy"]
+__all__ = ["SCRIPT_CALLS", "FaultProxy"]
 
 _CHUNK = 65536
+
+#: What a request that calls one of panqueue's scripts contains: ``FCALL`` (a function of the
+#: script's library), or ``EVAL`` (``EVALSHA``, and ``EVAL`` in a pipeline or on a server
+#: without functions). ``match=SCRIPT_CALLS`` picks out script calls.
+SCRIPT_CALLS = (b"FCALL", b"EVAL")
+
+
+def _matches(match: bytes | tuple[bytes, ...] | None) -> tuple[bytes, ...] | None:
+    """``match`` as a tuple of what a request may contain (None: any request)."""
+    if match is None:
+        return None
+    wanted = (match,) if isinstance(match, bytes) else tuple(match)
+    if not wanted or not all(isinstance(m, bytes) and m for m in wanted):
+        raise ConfigError("match must be non-empty bytes (or a tuple of them), or None for any "
+                          "request")
+    return wanted
+
+
+def _found(wanted: tuple[bytes, ...] | None, chunk: bytes) -> bool:
+    return wanted is None or any(m in chunk for m in wanted)
 _FORWARD, _CUT, _BLACKHOLE = "forward", "cut", "blackhole"
 
 
@@ -90,7 +110,7 @@ class FaultProxy:
         self._cond = threading.Condition()
         self._mode = _FORWARD
         self._delay = 0.0
-        self._armed: list[bytes | None] = []  # one entry per reply still to drop
+        self._armed: list[tuple[bytes, ...] | None] = []  # one entry per reply still to drop
         self._links: set[_Link] = set()
         self._listener: socket.socket | None = None
         self._wake_r: socket.socket | None = None
@@ -230,13 +250,15 @@ class FaultProxy:
             self._delay = float(seconds)
             self._cond.notify_all()
 
-    def drop_next_reply(self, n: int = 1, *, match: bytes | None = None) -> None:
+    def drop_next_reply(self, n: int = 1, *,
+                        match: bytes | tuple[bytes, ...] | None = None) -> None:
         """Lose the replies to the next ``n`` requests: each request is forwarded (the server
         runs it), then the next chunk the server sends on that connection is discarded and
         the connection closed, so the client sees a broken connection instead of the reply.
 
-        With ``match``, only requests whose bytes contain ``match`` count (for example
-        ``match=b"EVALSHA"``, or a key name); other traffic flows untouched. Without it, the
+        With ``match``, only requests whose bytes contain ``match`` (or one of a tuple of them)
+        count: a key name, or :data:`SCRIPT_CALLS` for any script call; other traffic flows
+        untouched. Without it, the
         next requests on any connection count. A request is what a client sends in one
         chunk; a client pipelining several commands loses the replies that come back in the
         dropped chunk, and its connection. Drops stay armed until used, or until
@@ -244,10 +266,9 @@ class FaultProxy:
         """
         if n < 1:
             raise ConfigError(f"n must be >= 1, got {n}")
-        if match is not None and not match:
-            raise ConfigError("match must be non-empty bytes, or None for any request")
+        wanted = _matches(match)
         with self._cond:
-            self._armed.extend([match] * n)
+            self._armed.extend([wanted] * n)
 
     def clear_drops(self) -> None:
         """Disarm the drops :meth:`drop_next_reply` armed and that are not used yet."""
@@ -284,12 +305,13 @@ class FaultProxy:
         self._wait(lambda: self.replies_dropped >= n, timeout, f"{n} dropped replies")
 
     def wait_for_held_requests(self, n: int, timeout: float = 10.0, *,
-                               match: bytes | None = None) -> None:
+                               match: bytes | tuple[bytes, ...] | None = None) -> None:
         """Block until the current :meth:`blackhole` has held back ``n`` requests (chunks a
         client sent), counting with ``match`` only those whose bytes contain it: the moment
         a client is surely waiting for replies that will not come. Raises
         :class:`panqueue.TimeoutError`."""
-        self._wait(lambda: sum(match is None or match in chunk for chunk in self._held) >= n,
+        wanted = _matches(match)
+        self._wait(lambda: sum(_found(wanted, chunk) for chunk in self._held) >= n,
                    timeout, f"{n} held requests")
 
     def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -414,11 +436,11 @@ class FaultProxy:
                 elif not link.drop_reply:
                     seen = link.tail + chunk
                     for i, match in enumerate(self._armed):
-                        if match is None or match in seen:
+                        if _found(match, seen):
                             del self._armed[i]
                             link.drop_reply = True
                             break
-                    longest = max((len(m) for m in self._armed if m), default=1)
+                    longest = max((len(m) for ms in self._armed if ms for m in ms), default=1)
                     link.tail = seen[-(longest - 1):] if longest > 1 else b""
                 return True
             if link.drop_reply:

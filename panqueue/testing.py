@@ -33,7 +33,7 @@ import anyio
 import redis
 
 from panqueue._client import QueueClient
-from panqueue._faultproxy import FaultProxy
+from panqueue._faultproxy import SCRIPT_CALLS, FaultProxy
 from panqueue._job import JobState
 from panqueue._registry import Registry
 from panqueue._runtime.worker import Worker
@@ -48,7 +48,7 @@ else:
     _HAVE_PYTEST = True
 
 # The fixtures are found by pytest as module attributes; they are not part of ``import *``.
-__all__ = ["UNFINISHED", "FaultProxy", "drain", "run_worker"]
+__all__ = ["SCRIPT_CALLS", "UNFINISHED", "FaultProxy", "drain", "run_worker"]
 
 #: The states of a job that is not done yet; :func:`drain` waits until none is left.
 UNFINISHED = frozenset({JobState.WAITING, JobState.DELAYED, JobState.BLOCKED, JobState.ACTIVE})

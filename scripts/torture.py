@@ -19,7 +19,7 @@ What it starts (and stops again, by PID, whatever happens, Ctrl-C included):
 during the first 90 % of the chaos window, each add retried until acknowledged.
 Meanwhile a chaos loop, for ``--seconds``, does in random order: SIGKILL a worker (a replacement
 starts at once), cut every connection through the proxy for a while, blackhole them, add
-latency, lose replies (to any request, to any EVALSHA, or to the complete, claim or extend
+latency, lose replies (to any request, to any script call, or to the complete, claim or extend
 script), restart Redis (SIGTERM or SIGKILL, down for up to 2 s), and fill Redis memory to OOM
 (``maxmemory`` just above ``used_memory``, ``noeviction``, a ballast key grown until writes are
 refused, held 1-3 s, then removed). Then every fault is lifted and the jobs are drained, up to
@@ -107,7 +107,7 @@ from panqueue._store.ops.layout import read_layout  # noqa: E402
 from panqueue.embedded import RedisServer  # noqa: E402
 from panqueue.errors import JobNotFound  # noqa: E402
 from panqueue.errors import TimeoutError as PanqueueTimeoutError  # noqa: E402
-from panqueue.testing import FaultProxy  # noqa: E402
+from panqueue.testing import SCRIPT_CALLS, FaultProxy  # noqa: E402
 
 QUEUES = ("torture-inline", "torture-thread", "torture-subprocess", "torture-partitioned")
 PARTITIONED = "torture-partitioned"
@@ -678,13 +678,15 @@ class Torture:
 
     def drop_replies(self) -> None:
         assert self.proxy is not None
-        targets: list[tuple[str, bytes | None]] = [("any request", None),
-                                                   ("any EVALSHA", b"EVALSHA")]
-        try:  # the scripts the runtime calls, by SHA (internal: skipped if it moved)
+        targets: list[tuple[str, bytes | tuple[bytes, ...] | None]] = [
+            ("any request", None), ("any script call", SCRIPT_CALLS)]
+        try:  # the scripts the runtime calls, by function name (internal: skipped if it moved)
             from panqueue._store.loader import SCRIPTS
 
             for name in ("complete", "claim", "extend"):
-                targets.append((f"the {name} script", getattr(SCRIPTS, name).sha.encode()))
+                function = getattr(SCRIPTS, name).function
+                if function is not None:
+                    targets.append((f"the {name} script", function.encode()))
         except (ImportError, AttributeError):
             pass
         what, match = self.chaos_rng.choice(targets)

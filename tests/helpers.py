@@ -18,6 +18,8 @@ import anyio
 import redis
 import sniffio
 
+from panqueue._store.loader import SCRIPTS, Script
+
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ROOT / "tests" / "apps"
 
@@ -215,3 +217,26 @@ def pausing_after_the_zadd(op: Iterator[Any], meanwhile: Callable[[], Any]) -> I
             request = op.send(reply)
         except StopIteration as done:
             return done.value
+
+
+def load_scripts(client: redis.Redis, *scripts: Script) -> None:
+    """``scripts`` (all of them by default) in the server's caches, their library loaded and
+    their body in the script cache: each call of one is then one request and one reply (no
+    first call refused for a missing library or script, then sent again)."""
+    for script in scripts or tuple(SCRIPTS):
+        client.script_load(script.body)
+        if script.library is not None:
+            client.execute_command("FUNCTION", "LOAD", "REPLACE", script.library)
+
+
+def call_of(script: Script) -> bytes:
+    """What a request that calls ``script`` contains: the name of its library's function."""
+    assert script.function is not None, script.name
+    return script.function.encode()
+
+
+def script_calls(client: redis.Redis) -> int:
+    """How many script calls (FCALL and EVALSHA) the server has executed."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+               for name in ("fcall", "evalsha"))

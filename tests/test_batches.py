@@ -50,6 +50,7 @@ from tests.helpers import (
     APPS,
     WorkerProcess,
     async_wait_until,
+    load_scripts,
     pausing_after_the_zadd,
     wait_until,
 )
@@ -649,8 +650,7 @@ def test_a_callback_added_by_a_firer_killed_before_it_marked_the_batch_runs_once
     queue's sweep) adds no second callback."""
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     with SyncQueueClient(redis_url) as client, FaultProxy(port) as proxy:
-        for script in SCRIPTS:  # every script call one EVALSHA: one request, one reply
-            redis_client.script_load(script.body)
+        load_scripts(redis_client)  # every script call one request, one reply
         batch = client.batch(on_complete=(UNKEPT, {"url": redis_url}))
         batch.add(WORK, {})
         batch.close()

@@ -20,7 +20,15 @@ import redis
 
 from panqueue import JobFailed, JobState, SyncQueueClient
 from panqueue.embedded import free_port
-from tests.helpers import ROOT, WorkerProcess, panqueue_command, run_cli, subprocess_env, wait_until
+from tests.helpers import (
+    ROOT,
+    WorkerProcess,
+    panqueue_command,
+    run_cli,
+    script_calls,
+    subprocess_env,
+    wait_until,
+)
 
 ECHO = "cli-echo"
 FAIL = "cli-fail"
@@ -41,12 +49,6 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *fragments: str) -
 def counts(url: str, queue: str) -> dict[JobState, int]:
     with SyncQueueClient(url) as client:
         return client.counts(queue)
-
-
-def script_calls(client: redis.Redis) -> int:
-    """How many EVALSHA calls the server has executed (every claim is one)."""
-    stats = client.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 # --------------------------------------------------------------------------- enqueue

@@ -33,7 +33,7 @@ from panqueue._store import SyncTransport, ops
 from panqueue._store.loader import SCRIPTS
 from panqueue.embedded import find_server_binary, free_port
 from panqueue.testing import drain, run_worker
-from tests.helpers import run_cli, wait_until
+from tests.helpers import load_scripts, run_cli, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -259,7 +259,7 @@ def _calls(port: int, command: str = "evalsha") -> int:
 
 
 def _script_calls(port: int) -> int:
-    return _calls(port, "evalsha")
+    return _calls(port, "fcall") + _calls(port, "evalsha")
 
 
 async def test_durable_add_waits_for_the_fsync_of_the_queues_own_master(
@@ -294,11 +294,12 @@ async def test_idle_worker_is_woken_through_sharded_pubsub(cluster: Cluster) -> 
     async def double(job: Job) -> int:
         return int(job.data) * 2
 
-    # Load the claim script first so the worker's first claim is one EVALSHA (no NOSCRIPT
-    # retry): then one more EVALSHA on the queue's node means the first claim has run.
+    # Load the claim script first so the worker's first claim is one call (no retry for a
+    # missing library): then one more script call on the queue's node means the first claim has
+    # run.
     node = cluster.node_client(port)
     try:
-        node.script_load(SCRIPTS.claim.body)
+        load_scripts(node, SCRIPTS.claim)
     finally:
         node.close()
     before = _script_calls(port)
@@ -576,6 +577,36 @@ async def test_a_partitioned_queue_spreads_over_every_master(cluster: Cluster) -
     per_job = [(after[port] - before[port]) / (total / MASTERS) for port in cluster.ports]
     mean = sum(per_job) / len(per_job)
     assert all(abs(cpu - mean) <= 0.2 * mean for cpu in per_job), per_job
+
+
+async def test_a_script_call_goes_to_its_node_without_a_question_about_its_keys(
+        cluster: Cluster) -> None:
+    """redis-py asks a node for the keys of a command it cannot read them from (COMMAND
+    GETKEYS, a round trip before the command), and FCALL is one: each script call names the
+    node of its key instead, from either client and from a worker."""
+    name = f"cl-keys-{uuid.uuid4().hex[:8]}"
+    registry = Registry()
+    done: list[int] = []
+
+    @registry.handler(name)
+    async def work(job: Job[int]) -> None:
+        done.append(job.data)
+
+    asked = sum(_calls(port, "command|getkeys") for port in cluster.ports)
+    async with QueueClient(cluster.url) as client:
+        for n in range(5):
+            await client.queue(name).add(n)
+
+    def add_sync() -> None:
+        with SyncQueueClient(cluster.url) as client:
+            for n in range(5, 10):
+                client.queue(name).add(n)
+
+    await anyio.to_thread.run_sync(add_sync)
+    async with run_worker(registry, name, cluster.url):
+        await drain(cluster.url, name, timeout=20)
+    assert sorted(done) == list(range(10))
+    assert sum(_calls(port, "command|getkeys") for port in cluster.ports) == asked
 
 
 async def test_a_worker_has_one_subscription_per_node_for_its_partitions(

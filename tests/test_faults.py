@@ -22,7 +22,7 @@ from panqueue._store.transport import SyncTransport
 from panqueue.embedded import RedisServer
 from panqueue.testing import FaultProxy, drain, run_worker
 from tests.apps import fault_app
-from tests.helpers import async_wait_until, capture_panqueue_logs
+from tests.helpers import async_wait_until, call_of, capture_panqueue_logs, load_scripts
 
 pytestmark = pytest.mark.anyio
 
@@ -152,14 +152,13 @@ async def test_a_lost_reply_strands_nothing_and_charges_no_stall(
             raise ValueError("first attempt fails")
         return job.data
 
-    body = getattr(SCRIPTS, script).body
     loader = redis.Redis.from_url(redis_url)
-    sha = loader.script_load(body).encode()  # cached: the first EVALSHA runs the script
+    load_scripts(loader, getattr(SCRIPTS, script))  # loaded: the first FCALL runs the script
     loader.close()
     async with QueueClient(redis_url) as client:
         queue = client.queue(queue_name)
         handles = [await queue.add(i) for i in range(3)]
-        proxy.drop_next_reply(match=sha)
+        proxy.drop_next_reply(match=call_of(getattr(SCRIPTS, script)))
         with capture_panqueue_logs() as logs:
             async with run_worker(registry, queue_name, proxy.url):
                 await anyio.to_thread.run_sync(proxy.wait_for_dropped_replies, 1)
@@ -235,12 +234,12 @@ def _busy_for(url: str, seconds: float) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("fault", ["oom", "readonly", "busy", "noscript"])
+@pytest.mark.parametrize("fault", ["oom", "readonly", "busy", "noscript", "nofunction"])
 async def test_redis_refusing_commands_never_stops_a_worker(
         own_server: RedisServer, queue_name: str, fault: str) -> None:
     """While Redis refuses commands (full under maxmemory, a read-only replica, busy in a long
-    script, its script cache flushed) the worker backs off, logs the trouble once, and resumes:
-    every job completes once."""
+    script, its script cache or its functions flushed) the worker backs off, logs the trouble
+    once, and resumes: every job completes once."""
     url = own_server.url
     registry = Registry()
 
@@ -271,8 +270,10 @@ async def test_redis_refusing_commands_never_stops_a_worker(
                         admin.execute_command("REPLICAOF", "NO", "ONE")
                     elif fault == "busy":
                         await anyio.to_thread.run_sync(_busy_for(url, 1.5).join)
-                    else:
+                    elif fault == "noscript":
                         admin.script_flush()
+                    else:  # a restart without persistence, or a failover to a new server
+                        admin.execute_command("FUNCTION", "FLUSH")
                     for i, handle in enumerate(handles):
                         assert await handle.result(timeout=20) == i
             counts = await client.counts(queue_name)

@@ -99,8 +99,15 @@ from panqueue._durable import Suspend
 from panqueue._keys import QueueKeys, route
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.batches import callback_id, open_batch, sweep_batches
-from panqueue.testing import FaultProxy, run_worker
-from tests.helpers import APPS, ROOT, pausing_after_the_zadd, subprocess_env
+from panqueue.testing import SCRIPT_CALLS, FaultProxy, run_worker
+from tests.helpers import (
+    APPS,
+    ROOT,
+    call_of,
+    load_scripts,
+    pausing_after_the_zadd,
+    subprocess_env,
+)
 from tests.model import (
     ACTIVE,
     BLOCKED,
@@ -943,8 +950,8 @@ class QueueMachine(RuleBasedStateMachine):
         id, whatever the first try did, there is one job."""
         proxy, proxied = self._through_proxy()
         dropped = proxy.replies_dropped
-        # b"EVAL": a pipeline (a partitioned queue's add) sends EVAL, a single call EVALSHA.
-        proxy.drop_next_reply(match=b"EVAL")
+        # A pipeline (a partitioned queue's add) sends EVAL, a single call FCALL.
+        proxy.drop_next_reply(match=SCRIPT_CALLS)
         dep_ids = tuple(self._pick(queue, i) for i in deps if self.known[queue])
         # A new job is written by the add script, whose reply is lost; a taken id may be
         # answered without it (a partitioned queue looks the id up first).
@@ -965,7 +972,7 @@ class QueueMachine(RuleBasedStateMachine):
         proxy, proxied = self._through_proxy()
         job_id = self._pick(queue, index)
         job = self.model.job(queue, job_id)
-        proxy.drop_next_reply(match=b"EVAL")
+        proxy.drop_next_reply(match=SCRIPT_CALLS)
         try:
             if job is None:
                 with pytest.raises(JobNotFound):
@@ -1048,7 +1055,7 @@ class QueueMachine(RuleBasedStateMachine):
         dep = deps[pick % len(deps)]
         data = self._data(0, plain=True)
         mark = data["mark"] = f"killed-add-{data['n']}"  # in the write's request only
-        match = (SCRIPTS.identity_reserve.sha if stop == "reserve" else mark).encode()
+        match = call_of(SCRIPTS.identity_reserve) if stop == "reserve" else mark.encode()
         self._kill_between(match, op="add", queue=PARTED, data=data, job_id=job_id,
                            depends_on=[dep])
         hypothesis.event(f"a producer killed after the {stop} step of an add")
@@ -1096,7 +1103,7 @@ class QueueMachine(RuleBasedStateMachine):
         one, two = pairs[IDS.index(job_id) % len(pairs)]
         datas = [self._data(0, plain=True) for _ in range(2)]
         mark = datas[1]["mark"] = f"killed-flow-{datas[1]['n']}"
-        match = (SCRIPTS.identity_reserve.sha if stop == "reserve" else mark).encode()
+        match = call_of(SCRIPTS.identity_reserve) if stop == "reserve" else mark.encode()
         self._kill_between(match, op="flow", queue=PARTED, items=[
             {"data": datas[0], "job_id": one, "depends_on": []},
             {"data": datas[1], "job_id": two, "depends_on": [0]}])
@@ -1119,8 +1126,8 @@ class QueueMachine(RuleBasedStateMachine):
         batch = self.model.batches[open_ids[pick % len(open_ids)]]
         if len(batch.endings) < len(batch.members):
             stop = "close"  # the close does not fire it: no callback to add
-        match = (SCRIPTS.batch_close.sha if stop == "close"
-                 else callback_id(batch.id, "complete")).encode()
+        match = (call_of(SCRIPTS.batch_close) if stop == "close"
+                 else callback_id(batch.id, "complete").encode())
         self._kill_between(match, op="close", batch=batch.id)
         hypothesis.event(f"a closer killed after the {stop} step")
         batch.closed = True
@@ -1245,8 +1252,7 @@ def test_the_system_matches_the_model(redis_url: str, anyio_backend: str,
     QueueMachine.url = redis_url
     QueueMachine.backend = anyio_backend
     with redis.Redis.from_url(redis_url) as r:
-        for script in SCRIPTS:  # every script call one EVALSHA, which a proxy can pick out
-            r.script_load(script.body)
+        load_scripts(r)  # every script call one request, which a proxy can pick out
     QueueMachine.producers = Producers()
     runner = QueueMachine.TestCase
     runner.settings = settings(max_examples=model_examples, **SETTINGS)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS
 from panqueue.errors import TimeoutError as PanqueueTimeoutError
 from panqueue.testing import FaultProxy
-from tests.helpers import panqueue_command, subprocess_env, wait_until
+from tests.helpers import call_of, panqueue_command, subprocess_env, wait_until
 
 
 class Workers:
@@ -205,7 +205,7 @@ def test_shutdown_under_a_network_that_drops_everything_exits_within_its_bound(
             for attempt in range(10):
                 proxy.blackhole()
                 try:
-                    proxy.wait_for_held_requests(1, timeout=2, match=SCRIPTS.claim.sha.encode())
+                    proxy.wait_for_held_requests(1, timeout=2, match=call_of(SCRIPTS.claim))
                     break
                 except PanqueueTimeoutError:
                     if attempt == 9:

@@ -229,12 +229,15 @@ async def _is_active(client: QueueClient, queue: str, job_id: str) -> bool:
 async def test_a_script_the_server_forgot_is_sent_in_full_alone_or_in_a_batch(
         anyio_backend: str, redis_url: str, redis_client: redis.Redis, queue_name: str) -> None:
     """After SCRIPT FLUSH (or a restart, or a failover to a node that never saw the script),
-    EVALSHA answers NOSCRIPT: a script call falls back to EVAL, and a batch sends EVAL."""
+    EVALSHA answers NOSCRIPT: a script call falls back to EVAL, and a batch sends EVAL. (A
+    transport that calls scripts with EVALSHA: one whose server or user refused functions;
+    tests/test_functions.py has the same for a server without a library.)"""
     alone, in_batch = _add_request(queue_name), _add_request(queue_name)
     batch = Batch((Command(("INCR", f"{{q:{queue_name}}}:n")), in_batch))
 
     def sync_calls() -> None:
         sync = SyncTransport(redis_url)
+        sync._functions.on = False
         try:
             redis_client.script_flush()
             sync.execute(alone)
@@ -245,6 +248,7 @@ async def test_a_script_the_server_forgot_is_sent_in_full_alone_or_in_a_batch(
 
     await anyio.to_thread.run_sync(sync_calls)
     async_transport = open_async_transport(redis_url)
+    async_transport._functions.on = False  # type: ignore[attr-defined]
     try:
         redis_client.script_flush()
         await async_transport.execute(alone)

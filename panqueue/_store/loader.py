@@ -20,7 +20,9 @@ import re
 from collections.abc import Callable, Iterator
 from importlib import resources
 
-__all__ = ["SCRIPTS", "Script", "ScriptSourceError", "assemble"]
+from panqueue._store.library import library_of
+
+__all__ = ["SCRIPTS", "Script", "ScriptSourceError", "assemble", "pieces"]
 
 _INCLUDE = "--!include "
 _SHEBANG = "#!"
@@ -33,14 +35,20 @@ class ScriptSourceError(Exception):
 
 
 class Script:
-    """A Lua script with its SHA1, called with EVALSHA (EVAL when the server lacks it)."""
+    """A Lua script with its SHA1, called with EVALSHA (EVAL when the server lacks it), and
+    the same script as a Redis Functions library, called with FCALL (``function``: the name of
+    its function; None when it has no library: ``panqueue/_store/library.py``)."""
 
-    __slots__ = ("body", "name", "sha")
+    __slots__ = ("body", "function", "library", "name", "sha")
 
-    def __init__(self, name: str, body: str) -> None:
+    def __init__(self, name: str, body: str, library: tuple[str, str] | None = None) -> None:
         self.name = name
         self.body = body
         self.sha = hashlib.sha1(body.encode()).hexdigest()
+        self.function: str | None = None
+        self.library: str | None = None
+        if library is not None:
+            self.function, self.library = library
 
     def __repr__(self) -> str:
         return f"Script({self.name!r})"
@@ -52,7 +60,13 @@ def assemble(name: str, read: Callable[[str], str]) -> str:
     ``read`` returns the text of a path relative to ``lua/`` (``"lib/" + NAME`` for an include)
     and raises :class:`FileNotFoundError` when there is none.
     """
-    chunks: list[str] = []
+    return "".join(text for _path, text in pieces(name, read))
+
+
+def pieces(name: str, read: Callable[[str], str]) -> list[tuple[str, str]]:
+    """What :func:`assemble` joins, in order: ``(path, text)``, each text a run of one file's
+    lines (the script's own file is ``name + ".lua"``), the include lines left out."""
+    chunks: list[tuple[str, str]] = []
     pasted: set[str] = set()
 
     def paste(path: str, chain: tuple[str, ...]) -> None:
@@ -71,7 +85,7 @@ def assemble(name: str, read: Callable[[str], str]) -> str:
                         f"{path}:{number}: a shebang ({line!r}) is only allowed on a script's "
                         "first line (Redis reads the flags there)")
                 continue
-            chunks.append(text[start:found.start()])
+            chunks.append((path, text[start:found.start()]))
             start = found.end() + 1
             include = "lib/" + line[len(_INCLUDE):].strip()
             if include in chain or include == path:
@@ -81,10 +95,10 @@ def assemble(name: str, read: Callable[[str], str]) -> str:
                 pasted.add(include)
                 paste(include, (*chain, path))
         rest = text[start:]
-        chunks.append(rest if not rest or rest.endswith("\n") else rest + "\n")
+        chunks.append((path, rest if not rest or rest.endswith("\n") else rest + "\n"))
 
     paste(name + ".lua", ())
-    return "".join(chunks)
+    return chunks
 
 
 @functools.cache  # each include is pasted into many scripts: read each file once
@@ -96,7 +110,9 @@ def _read(path: str) -> str:
 
 
 def _load(name: str) -> Script:
-    return Script(name, assemble(name, _read))
+    parts = pieces(name, _read)
+    return Script(name, "".join(text for _path, text in parts),
+                  library_of(parts, name + ".lua"))
 
 
 class _Scripts:

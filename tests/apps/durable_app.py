@@ -204,7 +204,8 @@ def _calls(url: str) -> dict[str, int]:
     def calls(command: str) -> int:
         return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
-    return {"scripts": calls("evalsha") + calls("eval"), "hgetall": calls("hgetall")}
+    return {"scripts": calls("fcall") + calls("evalsha") + calls("eval"),
+            "hgetall": calls("hgetall")}
 
 
 def _since(before: dict[str, int], url: str) -> dict[str, int]:

@@ -42,11 +42,12 @@ from panqueue._store.transport.options import (
 from panqueue._store.transport.requests import (
     Batch,
     Command,
+    Functions,
     Request,
     Scan,
     ScriptCall,
     _batch_args,
-    _script_args,
+    script_steps,
 )
 from panqueue.errors import ConfigError
 
@@ -104,6 +105,7 @@ class _AsyncioTransport(AsyncTransport):
         # Cluster only: a standalone client per master, for batches routed to a slot's owner.
         self._owners: dict[str, Any] = {}
         self._sentinels: Any = None  # Sentinel URLs: the client of the sentinels
+        self._functions = Functions()
         self.client: Any
         try:
             target = _sentinel_target(url)
@@ -121,11 +123,7 @@ class _AsyncioTransport(AsyncTransport):
     async def execute(self, request: Request) -> Any:
         with _translated(self.url):
             if isinstance(request, ScriptCall):
-                try:
-                    return await self.client.execute_command(*_script_args(request, cached=True))
-                except redis.exceptions.NoScriptError:
-                    return await self.client.execute_command(
-                        *_script_args(request, cached=False))
+                return await self._script(request)
             if isinstance(request, Command):
                 return await self.client.execute_command(*request.args)
             if isinstance(request, Scan):
@@ -139,6 +137,30 @@ class _AsyncioTransport(AsyncTransport):
                 # The slot moved (resharding): refresh the slot map, send to the new owner.
                 await self.client.nodes_manager.initialize()
                 return await self._pipeline(await self._owner(request.route), request)
+
+    async def _script(self, call: ScriptCall) -> Any:
+        steps = script_steps(call, self._functions)
+        command = next(steps)
+        while True:
+            try:
+                if self.is_cluster:
+                    # To the node of the call's key, named: redis-py would ask a node for the
+                    # keys of an FCALL (COMMAND GETKEYS, a round trip per call).
+                    await self.client.initialize()
+                    reply = await self.client.execute_command(
+                        *command, target_nodes=self.client.get_node_from_key(call.keys[0]))
+                else:
+                    reply = await self.client.execute_command(*command)
+            except redis.exceptions.ResponseError as exc:
+                try:
+                    command = steps.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    command = steps.send(reply)
+                except StopIteration as done:
+                    return done.value
 
     async def _owner(self, key: str) -> Any:
         """A standalone client of the cluster master that owns ``key``'s slot (redis-py's

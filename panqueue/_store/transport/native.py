@@ -42,11 +42,12 @@ from panqueue._store.transport.errors import _translated
 from panqueue._store.transport.options import _SCAN_COUNT, _standalone_options
 from panqueue._store.transport.requests import (
     Command,
+    Functions,
     Request,
     Scan,
     ScriptCall,
     _batch_args,
-    _script_args,
+    script_steps,
 )
 from panqueue._store.transport.thread import _ThreadTransport
 
@@ -263,15 +264,27 @@ class _NativeTransport(AsyncTransport):
         self._settings = settings
         self._idle: list[_Connection] = []
         self._closed = False
+        self._functions = Functions()
         self._subscriptions = _ThreadTransport(url)  # wake-ups: redis-py in threads
 
     async def execute(self, request: Request) -> Any:
         with _translated(self.url):
             if isinstance(request, ScriptCall):
-                try:
-                    return await self._command(_script_args(request, cached=True))
-                except _E.NoScriptError:
-                    return await self._command(_script_args(request, cached=False))
+                steps = script_steps(request, self._functions)
+                command = next(steps)
+                while True:
+                    try:
+                        reply = await self._command(command)
+                    except _E.ResponseError as exc:
+                        try:
+                            command = steps.throw(exc)
+                        except StopIteration as done:
+                            return done.value
+                    else:
+                        try:
+                            command = steps.send(reply)
+                        except StopIteration as done:
+                            return done.value
             if isinstance(request, Command):
                 return await self._command(request.args)
             if isinstance(request, Scan):

@@ -1,11 +1,13 @@
 """What an operation asks the transport for: a script call, a command, a batch of them, a scan;
-and the EVALSHA / EVAL arguments of a script call."""
+and the commands a script call is sent as (:func:`script_steps`)."""
 
 from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import redis.exceptions
 
 from panqueue._store.loader import Script
 
@@ -50,6 +52,71 @@ class Scan:
 
 Request = ScriptCall | Command | Batch | Scan
 Op = Generator[Request, Any, T]
+
+
+# A server's refusals of a command that may write, before it runs (redis-py gives the first
+# two their own class and strips the code from the message).
+_NO_WRITES_NOW = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+_NO_WRITES_CODES = ("NOREPLICAS", "MISCONF")
+
+
+class Functions:
+    """Whether a transport calls scripts as Redis Functions (``FCALL``): until the server or
+    the user's ACL refuses them (a server before Redis 7, a user without ``FCALL`` or
+    ``FUNCTION LOAD``); from then on it sends EVALSHA."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = True
+
+
+def script_steps(call: ScriptCall, functions: Functions
+                 ) -> Generator[tuple[Any, ...], Any, Any]:
+    """The commands one script call is sent as, one at a time: each yielded command's reply is
+    sent back in, or its error (a ``redis.exceptions.ResponseError``) thrown in; what the
+    generator returns is the call's reply, what it raises its error.
+
+    First ``FCALL`` of the script's library (``panqueue/_store/library.py``). A server without
+    the library answers "Function not found": ``FUNCTION LOAD REPLACE`` (the same library loaded
+    twice, by two workers at once, is no error) and ``FCALL`` again.
+
+    A server that takes no writes now (over ``maxmemory``, a replica, too few replicas, a failed
+    save) refuses a function that may write before it runs, where it refuses a script sent with
+    EVALSHA only at the script's first write (so a script that only reads, or only deletes on a
+    full server, runs): that call goes by EVALSHA, as does one whose library cannot be loaded
+    for memory, so that such a server treats a call as it always has. Then EVALSHA, and EVAL
+    when the server lacks the script.
+    """
+    script = call.script
+    if script.function is not None and functions.on:
+        try:
+            return (yield _function_args(call))
+        except redis.exceptions.ResponseError as exc:
+            if isinstance(exc, _NO_WRITES_NOW) or str(exc).startswith(_NO_WRITES_CODES):
+                pass  # this call by EVALSHA
+            elif str(exc).startswith("Function not found"):
+                try:
+                    yield ("FUNCTION", "LOAD", "REPLACE", script.library)
+                except redis.exceptions.ResponseError as load_error:
+                    if not (isinstance(load_error, _NO_WRITES_NOW)
+                            or str(load_error).startswith(_NO_WRITES_CODES)):
+                        functions.on = False
+                else:
+                    return (yield _function_args(call))
+            elif (isinstance(exc, redis.exceptions.NoPermissionError)
+                  or str(exc).lower().startswith("unknown command")):
+                functions.on = False
+            else:
+                raise
+    try:
+        return (yield _script_args(call, cached=True))
+    except redis.exceptions.NoScriptError:
+        return (yield _script_args(call, cached=False))
+
+
+def _function_args(call: ScriptCall) -> tuple[Any, ...]:
+    return ("FCALL", call.script.function, len(call.keys), *call.keys, *call.args)
 
 
 def _script_args(call: ScriptCall, *, cached: bool) -> tuple[Any, ...]:

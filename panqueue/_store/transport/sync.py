@@ -29,13 +29,14 @@ from panqueue._store.transport.options import (
 from panqueue._store.transport.requests import (
     Batch,
     Command,
+    Functions,
     Op,
     Request,
     Scan,
     ScriptCall,
     T,
     _batch_args,
-    _script_args,
+    script_steps,
 )
 from panqueue.errors import ConfigError, PanqueueError
 
@@ -48,6 +49,7 @@ class SyncTransport:
         self.prefix = prefix  # the key namespace its operations build keys in (_keys.prefixed)
         self.is_cluster, redis_url = _parse(url)
         self._sentinels: Any = None  # Sentinel URLs: the client of the sentinels
+        self._functions = Functions()
         self.client: Any
         with _translated(url):
             try:
@@ -67,10 +69,7 @@ class SyncTransport:
     def execute(self, request: Request) -> Any:
         with _translated(self.url):
             if isinstance(request, ScriptCall):
-                try:
-                    return self.client.execute_command(*_script_args(request, cached=True))
-                except redis.exceptions.NoScriptError:
-                    return self.client.execute_command(*_script_args(request, cached=False))
+                return self._script(request)
             if isinstance(request, Command):
                 return self.client.execute_command(*request.args)
             if isinstance(request, Scan):
@@ -83,6 +82,29 @@ class SyncTransport:
                 # The slot moved (resharding): refresh the slot map, send to the new owner.
                 self.client.nodes_manager.initialize()
                 return self._pipeline(self._owner(request.route), request)
+
+    def _script(self, call: ScriptCall) -> Any:
+        steps = script_steps(call, self._functions)
+        command = next(steps)
+        while True:
+            try:
+                if self.is_cluster:
+                    # To the node of the call's key, named: redis-py would ask a node for the
+                    # keys of an FCALL (COMMAND GETKEYS, a round trip per call).
+                    reply = self.client.execute_command(
+                        *command, target_nodes=self.client.get_node_from_key(call.keys[0]))
+                else:
+                    reply = self.client.execute_command(*command)
+            except redis.exceptions.ResponseError as exc:
+                try:
+                    command = steps.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    command = steps.send(reply)
+                except StopIteration as done:
+                    return done.value
 
     def _owner(self, key: str) -> Any:
         """The standalone client of the cluster master that owns ``key``'s slot."""
