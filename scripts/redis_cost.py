@@ -163,9 +163,10 @@ class SteadyCalls:
     """The steady state's script driven from this process: completion calls of k jobs that
     claim the next k, on a queue of pre-added no-op jobs (retention keeps 1,000)."""
 
-    def __init__(self, url: str, jobs: int, k: int = 25) -> None:
+    def __init__(self, url: str, jobs: int, k: int = 25, functions: bool = True) -> None:
         self.k, self.keys = k, QueueKeys(QUEUE)
         self.transport = SyncTransport(url)
+        self.transport._functions.on = functions
         for _ in range(0, jobs + 1000 + k, BATCH):
             self.transport.run(add_jobs(self.keys, [NewJob(None, encode({}))
                                                     for _ in range(BATCH)]))
@@ -189,24 +190,32 @@ class SteadyCalls:
             done += self.k
         return done
 
+    def add(self, jobs: int) -> int:
+        """Add ``jobs`` jobs one call each (``add()``, as a web request does); returns how
+        many."""
+        for _ in range(jobs):
+            self.transport.run(add_jobs(self.keys, [NewJob(None, encode({}))]))
+        return jobs
 
-def run_direct(n: int, rounds: int = 6) -> list[float]:
+
+def run_direct(n: int, rounds: int = 6, k: int = 25, functions: bool = True,
+               adds: bool = False) -> list[float]:
     """Server CPU per job (µs) of each of ``rounds`` rounds of n / rounds jobs."""
     with tempfile.TemporaryDirectory() as tmp, \
             RedisServer(directory=tmp, appendonly=False, extra_args=("--save", "")) as server:
-        steady = SteadyCalls(server.url, n)
+        steady = SteadyCalls(server.url, n, k, functions)
         try:
             figures = []
             for _ in range(rounds):
                 before = snapshot(steady.transport.client)[1]
-                done = steady.run(n // rounds)
+                done = (steady.add if adds else steady.run)(n // rounds)
                 figures.append((snapshot(steady.transport.client)[1] - before) * 1e6 / done)
             return figures
         finally:
             steady.transport.close()
 
 
-def run_instructions(n: int) -> float:
+def run_instructions(n: int, k: int = 25, functions: bool = True, adds: bool = False) -> float:
     """Instructions the server executes per job (valgrind's callgrind: the same figure on every
     run and host load, so that two versions of the scripts compare to the last percent)."""
     port = free_port()
@@ -227,11 +236,12 @@ def run_instructions(n: int) -> float:
                     if time.monotonic() > deadline or server.poll() is not None:
                         raise RuntimeError("redis-server under valgrind did not start") from None
                     time.sleep(0.2)
-            steady = SteadyCalls(f"redis://127.0.0.1:{port}", n)
+            steady = SteadyCalls(f"redis://127.0.0.1:{port}", n, k, functions)
+            (steady.add if adds else steady.run)(k)  # the library or the script loaded
             try:  # callgrind_control returns once the server has done what it asks
                 subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
                                capture_output=True)
-                done = steady.run(n)
+                done = (steady.add if adds else steady.run)(n)
                 subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True,
                                capture_output=True)
             finally:
@@ -274,15 +284,23 @@ def main() -> None:
                         help="no worker: drive the completion script from this process")
     parser.add_argument("--instructions", action="store_true",
                         help="as --direct, counting the server's instructions under valgrind")
+    parser.add_argument("--batch", type=int, default=25, metavar="K",
+                        help="--direct, --instructions: jobs per completion call")
+    parser.add_argument("--adds", action="store_true",
+                        help="--direct, --instructions: single adds (one job per call) instead")
+    parser.add_argument("--evalsha", action="store_true",
+                        help="--direct, --instructions: call the scripts with EVALSHA, not FCALL")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
+    what = "single add" if args.adds else f"completion + claim of the next ({args.batch} a call)"
+    what += ", EVALSHA" if args.evalsha else ""
     if args.instructions:
-        print(f"completion + claim of the next: {run_instructions(args.jobs):,.0f} "
-              "instructions per job in redis-server")
+        count = run_instructions(args.jobs, args.batch, not args.evalsha, args.adds)
+        print(f"{what}: {count:,.0f} instructions per job in redis-server")
         return
     if args.direct:
-        figures = run_direct(args.jobs)
-        print("completion + claim of the next: Redis CPU µs/job per round: "
+        figures = run_direct(args.jobs, k=args.batch, functions=not args.evalsha, adds=args.adds)
+        print(f"{what}: Redis CPU µs/job per round: "
               + " ".join(f"{x:.2f}" for x in figures)
               + f"; median {sorted(figures)[len(figures) // 2]:.2f}")
         return
