@@ -325,6 +325,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.names[name] = worker.__enter__().name
             self.workers[name] = worker
         self.paused_worker: str | None = None  # the model-parted worker paused by a command
+        self.scripts_forgotten = False  # the server lost its libraries and script cache
 
     def _stop_workers(self) -> None:
         """Stop every worker, even when stopping one fails (its error is raised after)."""
@@ -854,6 +855,23 @@ class QueueMachine(RuleBasedStateMachine):
         self._stop_workers()
         self._start_workers()
 
+    @rule()
+    def server_forgets_its_scripts(self) -> None:
+        """FUNCTION FLUSH and SCRIPT FLUSH: what a restart without persistence, or a failover
+        to a server that never ran them, leaves. The next call of each script, from a producer
+        or a worker, loads it again (nothing the model sees changes)."""
+        hypothesis.event("the server forgot its scripts")
+        self.raw.execute_command("FUNCTION", "FLUSH")
+        self.raw.script_flush()
+        self.scripts_forgotten = True
+
+    def _scripts_loaded(self) -> None:
+        """Every script in the server again, before a step that picks a script's request out
+        through the proxy: its first call is then the one request that runs it."""
+        if self.scripts_forgotten:
+            load_scripts(self.raw)
+            self.scripts_forgotten = False
+
     @rule(which=st.sampled_from(("parted-1", "parted-2")))
     def pause_or_resume_a_parted_worker(self, which: str) -> None:
         """A command pauses one of model-parted's two workers (or resumes the one paused): the
@@ -949,6 +967,7 @@ class QueueMachine(RuleBasedStateMachine):
         """The reply to the add script is lost once: the client sends it again. With a custom
         id, whatever the first try did, there is one job."""
         proxy, proxied = self._through_proxy()
+        self._scripts_loaded()
         dropped = proxy.replies_dropped
         # A pipeline (a partitioned queue's add) sends EVAL, a single call FCALL.
         proxy.drop_next_reply(match=SCRIPT_CALLS)
@@ -970,6 +989,7 @@ class QueueMachine(RuleBasedStateMachine):
         """The reply to cancel is lost once; the resent cancel answers the state it finds,
         which after the first try is the job's end."""
         proxy, proxied = self._through_proxy()
+        self._scripts_loaded()
         job_id = self._pick(queue, index)
         job = self.model.job(queue, job_id)
         proxy.drop_next_reply(match=SCRIPT_CALLS)
@@ -998,6 +1018,7 @@ class QueueMachine(RuleBasedStateMachine):
         step ran, the process is SIGKILLed, and once its connections are closed, whatever it
         had sent has reached the server."""
         proxy, _ = self._through_proxy()
+        self._scripts_loaded()
         dropped, connected = proxy.replies_dropped, proxy.active_connections
         proxy.drop_next_reply(1000, match=match)
         pid = self.producers.start(url=proxy.url_for(self.url), **order)
