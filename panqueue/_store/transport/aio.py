@@ -47,7 +47,7 @@ from panqueue._store.transport.requests import (
     Scan,
     ScriptCall,
     _batch_args,
-    script_steps,
+    call_script_async,
 )
 from panqueue.errors import ConfigError
 
@@ -139,28 +139,16 @@ class _AsyncioTransport(AsyncTransport):
                 return await self._pipeline(await self._owner(request.route), request)
 
     async def _script(self, call: ScriptCall) -> Any:
-        steps = script_steps(call, self._functions)
-        command = next(steps)
-        while True:
-            try:
-                if self.is_cluster:
-                    # To the node of the call's key, named: redis-py would ask a node for the
-                    # keys of an FCALL (COMMAND GETKEYS, a round trip per call).
-                    await self.client.initialize()
-                    reply = await self.client.execute_command(
-                        *command, target_nodes=self.client.get_node_from_key(call.keys[0]))
-                else:
-                    reply = await self.client.execute_command(*command)
-            except redis.exceptions.ResponseError as exc:
-                try:
-                    command = steps.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    command = steps.send(reply)
-                except StopIteration as done:
-                    return done.value
+        if not self.is_cluster:
+            return await call_script_async(call, self._functions,
+                                           lambda command: self.client.execute_command(*command))
+        # To the node of the call's key, named: redis-py would ask a node for the keys of an
+        # FCALL (COMMAND GETKEYS, a round trip per call).
+        await self.client.initialize()
+        node = self.client.get_node_from_key(call.keys[0])
+        return await call_script_async(
+            call, self._functions,
+            lambda command: self.client.execute_command(*command, target_nodes=node))
 
     async def _owner(self, key: str) -> Any:
         """A standalone client of the cluster master that owns ``key``'s slot (redis-py's

@@ -47,7 +47,7 @@ from panqueue._store.transport.requests import (
     Scan,
     ScriptCall,
     _batch_args,
-    script_steps,
+    call_script_async,
 )
 from panqueue._store.transport.thread import _ThreadTransport
 
@@ -270,21 +270,7 @@ class _NativeTransport(AsyncTransport):
     async def execute(self, request: Request) -> Any:
         with _translated(self.url):
             if isinstance(request, ScriptCall):
-                steps = script_steps(request, self._functions)
-                command = next(steps)
-                while True:
-                    try:
-                        reply = await self._command(command)
-                    except _E.ResponseError as exc:
-                        try:
-                            command = steps.throw(exc)
-                        except StopIteration as done:
-                            return done.value
-                    else:
-                        try:
-                            command = steps.send(reply)
-                        except StopIteration as done:
-                            return done.value
+                return await call_script_async(request, self._functions, self._command)
             if isinstance(request, Command):
                 return await self._command(request.args)
             if isinstance(request, Scan):

@@ -3,7 +3,7 @@ and the commands a script call is sent as (:func:`script_steps`)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -71,8 +71,7 @@ class Functions:
         self.on = True
 
 
-def script_steps(call: ScriptCall, functions: Functions
-                 ) -> Generator[tuple[Any, ...], Any, Any]:
+def script_steps(call: ScriptCall, functions: Functions) -> Steps:
     """The commands one script call is sent as, one at a time: each yielded command's reply is
     sent back in, or its error (a ``redis.exceptions.ResponseError``) thrown in; what the
     generator returns is the call's reply, what it raises its error.
@@ -113,6 +112,48 @@ def script_steps(call: ScriptCall, functions: Functions
         return (yield _script_args(call, cached=True))
     except redis.exceptions.NoScriptError:
         return (yield _script_args(call, cached=False))
+
+
+Steps = Generator[tuple[Any, ...], Any, Any]
+
+
+def call_script(call: ScriptCall, functions: Functions,
+                send: Callable[[tuple[Any, ...]], Any]) -> Any:
+    """The reply of a script call, its commands (:func:`script_steps`) sent with ``send``."""
+    steps = script_steps(call, functions)
+    command: tuple[Any, ...] | None = next(steps)
+    result = None
+    while command is not None:
+        try:
+            reply, error = send(command), None
+        except redis.exceptions.ResponseError as exc:
+            reply, error = None, exc
+        command, result = _step(steps, reply, error)
+    return result
+
+
+async def call_script_async(call: ScriptCall, functions: Functions,
+                            send: Callable[[tuple[Any, ...]], Awaitable[Any]]) -> Any:
+    """:func:`call_script` with a ``send`` to await."""
+    steps = script_steps(call, functions)
+    command: tuple[Any, ...] | None = next(steps)
+    result = None
+    while command is not None:
+        try:
+            reply, error = await send(command), None
+        except redis.exceptions.ResponseError as exc:
+            reply, error = None, exc
+        command, result = _step(steps, reply, error)
+    return result
+
+
+def _step(steps: Steps, reply: Any, error: redis.exceptions.ResponseError | None
+          ) -> tuple[tuple[Any, ...] | None, Any]:
+    """The command to send next, or None and the call's reply."""
+    try:
+        return (steps.send(reply) if error is None else steps.throw(error)), None
+    except StopIteration as done:
+        return None, done.value
 
 
 def _function_args(call: ScriptCall) -> tuple[Any, ...]:

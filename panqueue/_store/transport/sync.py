@@ -36,7 +36,7 @@ from panqueue._store.transport.requests import (
     ScriptCall,
     T,
     _batch_args,
-    script_steps,
+    call_script,
 )
 from panqueue.errors import ConfigError, PanqueueError
 
@@ -84,27 +84,14 @@ class SyncTransport:
                 return self._pipeline(self._owner(request.route), request)
 
     def _script(self, call: ScriptCall) -> Any:
-        steps = script_steps(call, self._functions)
-        command = next(steps)
-        while True:
-            try:
-                if self.is_cluster:
-                    # To the node of the call's key, named: redis-py would ask a node for the
-                    # keys of an FCALL (COMMAND GETKEYS, a round trip per call).
-                    reply = self.client.execute_command(
-                        *command, target_nodes=self.client.get_node_from_key(call.keys[0]))
-                else:
-                    reply = self.client.execute_command(*command)
-            except redis.exceptions.ResponseError as exc:
-                try:
-                    command = steps.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    command = steps.send(reply)
-                except StopIteration as done:
-                    return done.value
+        if not self.is_cluster:
+            return call_script(call, self._functions,
+                               lambda command: self.client.execute_command(*command))
+        # To the node of the call's key, named: redis-py would ask a node for the keys of an
+        # FCALL (COMMAND GETKEYS, a round trip per call).
+        node = self.client.get_node_from_key(call.keys[0])
+        return call_script(call, self._functions, lambda command: self.client.execute_command(
+            *command, target_nodes=node))
 
     def _owner(self, key: str) -> Any:
         """The standalone client of the cluster master that owns ``key``'s slot."""
