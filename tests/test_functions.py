@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from panqueue._keys import QueueKeys
+from panqueue._store.library import library_of
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops import NewJob, add_call
 from panqueue._store.ops.base import script_call
@@ -206,3 +207,25 @@ async def test_a_replica_answers_a_call_that_only_reads_as_it_answers_the_script
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
     assert len(answers) == 2 and answers[0] == answers[1] and answers[0]
+
+
+def test_a_name_made_from_the_prefix_that_a_function_changes_is_set_at_every_call(
+        admin: redis.Redis) -> None:
+    """The names made from KEYS[1] alone are set again only when a call's prefix differs from
+    the last call's; one that a function assigns too is state of the call, set at every call,
+    so that each call starts as a script sent with EVALSHA does."""
+    include = ("local P = KEYS[1]\n"
+               "local K_KEPT = P .. 'kept'\n"
+               "local K_CHANGED = P .. 'changed'\n"
+               "local function change()\n"
+               "  K_CHANGED = 'changed by the last call'\n"
+               "end\n")
+    own = "local seen = {K_KEPT, K_CHANGED}\nchange()\nreturn seen\n"
+    library = library_of([("s.lua", "-- s\n"), ("lib/a.lua", include), ("s.lua", own)],
+                         "s.lua")
+    assert library is not None
+    name, text = library
+    admin.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    for prefix in ("{q:a}:", "{q:a}:", "{q:b}:", "{q:b}:"):
+        seen = admin.execute_command("FCALL", name, 1, prefix)
+        assert seen == [f"{prefix}kept".encode(), f"{prefix}changed".encode()], (prefix, seen)

@@ -6,8 +6,11 @@ half of a single ``add()``'s server work). As a library, the includes' functions
 when the library is loaded, and a call (``FCALL``) runs only what must run per call:
 
 * the includes' top-level statements that are not definitions of functions or of literal
-  constants (the queue's key names, made from ``KEYS[1]``; the caches and lists a call fills,
-  such as ``META = nil``), in their order, from small reset functions;
+  constants, from small functions: those made from ``KEYS[1]`` alone (the queue's key names)
+  only when a call's prefix differs from the last call's, those made from literal constants
+  alone at the first call, the rest (the caches and lists a call fills, such as
+  ``META = nil``, and every table) at every call, in their order; a name that any function
+  assigns too is always of the last kind;
 * the script's own file, as it is, as the body of the registered function (which lets go of
   the call's ``KEYS`` and ``ARGV`` when it returns).
 
@@ -38,6 +41,8 @@ _CONSTANT = re.compile(
 _LOCAL = re.compile(r"local (\w+(?:\s*,\s*\w+)*)(?:\s*(=)(.*)|\s*(?:--[^\n]*)?)\Z", re.DOTALL)
 _TOKEN = re.compile(r"--\[(=*)\[.*?\]\1\]|--[^\n]*|\[(=*)\[.*?\]\2\]|\"(?:\\.|[^\"\\])*\""
                     r"|'(?:\\.|[^'\\])*'|([A-Za-z_]\w*)", re.DOTALL)
+_FREE = re.compile(r"(?:(?<=\.\.)|(?<![.:\w]))[A-Za-z_]\w*")
+_KEYWORDS = {"and", "or", "not", "nil", "true", "false"}
 _FLAGS = re.compile(r"#!lua flags=([\w,-]+)")
 # Lua 5.1 allows a function 60 upvalues: a reset function assigns at most this many names.
 _RESET_NAMES = 40
@@ -49,6 +54,12 @@ def _names(text: str) -> set[str]:
     return {found.group(3) for found in _TOKEN.finditer(text) if found.group(3)}
 
 
+def _free_names(text: str) -> set[str]:
+    """The names a piece of Lua reads (not the fields after a ``.`` or ``:``), keywords
+    left out."""
+    return set(_FREE.findall(_bare(text))) - _KEYWORDS
+
+
 def _statements(text: str) -> list[str]:
     starts = [found.start() for found in _STATEMENT.finditer(text)]
     head = text[:starts[0]] if starts else text
@@ -58,6 +69,37 @@ def _statements(text: str) -> list[str]:
     if not starts:
         return []
     return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
+
+
+def _bare(text: str) -> str:
+    """A piece of Lua without its strings and comments."""
+    return _TOKEN.sub(lambda found: found.group(3) or " ", text)
+
+
+def _assigned_once(text: str, name: str) -> bool:
+    """Whether ``text`` assigns ``name`` in one place only (its top-level statement): a name
+    that a function assigns again is state of the call, never cached."""
+    target = r"[A-Za-z_][\w.\[\]]*"
+    statement = (rf"(?:^|;|\bthen|\bdo|\belse)\s*(?:local\s+)?(?:{target}\s*,\s*)*"
+                 rf"{re.escape(name)}(?:\s*,\s*{target})*\s*=(?!=)")
+    return len(re.findall(statement, _bare(text), re.MULTILINE)) <= 1
+
+
+def _chunks(assignments: list[tuple[str, set[str]]]) -> list[str]:
+    """The assignments in order, in groups that each touch at most ``_RESET_NAMES`` names
+    (Lua 5.1 allows a function 60 upvalues)."""
+    chunks: list[str] = []
+    chunk: list[str] = []
+    touched: set[str] = set()
+    for assignment, touches in assignments:
+        if chunk and len(touched | touches) > _RESET_NAMES:
+            chunks.append("\n".join(chunk))
+            chunk, touched = [], set()
+        chunk.append(assignment)
+        touched |= touches
+    if chunk:
+        chunks.append("\n".join(chunk))
+    return chunks
 
 
 def _code(statement: str) -> str:
@@ -96,14 +138,22 @@ def library_of(pieces: list[tuple[str, str]], own: str) -> tuple[str, str] | Non
         if found:
             functions.add(found.group(1) or found.group(2) or found.group(3))
     defined: list[str] = []  # the includes' text at load: definitions and declarations
-    per_call: list[tuple[str, set[str]]] = []  # (assignment, the names it touches)
+    # The per-call assignments, (assignment, the names it touches), by when they must run.
+    once: list[tuple[str, set[str]]] = []  # from literal constants alone: at the first call
+    keyed: list[tuple[str, set[str]]] = []  # from KEYS[1] alone: when the prefix changes
+    every: list[tuple[str, set[str]]] = []  # the rest (caches, lists, tables): every call
     declared: set[str] = set()
+    constants: set[str] = set()
+    prefixed: set[str] = set()  # the names made from KEYS[1]
+    whole = "".join(included) + body
     for statement in statements:
         code = _code(statement)
         definition = _FUNCTION.match(code) or _CONSTANT.match(code)
         if definition:
             defined.append(statement)
             declared.update(name for name in definition.groups() if name)
+            if _CONSTANT.match(code):
+                constants.add(definition.group(1))
             continue
         local = _LOCAL.match(code)
         if local is None:
@@ -111,32 +161,39 @@ def library_of(pieces: list[tuple[str, str]], own: str) -> tuple[str, str] | Non
         names = [name.strip() for name in local.group(1).split(",")]
         defined.append(f"local {', '.join(names)}\n")
         declared.update(names)
-        if local.group(2):
-            value = local.group(3)
-            per_call.append((f"{', '.join(names)} ={value}", _names(code) & declared))
-        else:
+        if not local.group(2):
             cleared = [name for name in names if name not in functions]
             if cleared:
-                per_call.append((f"{', '.join(cleared)} = nil", set(cleared)))
-    resets: list[str] = []
-    chunk: list[str] = []
-    touched: set[str] = set()
-    for assignment, touches in per_call:
-        if chunk and len(touched | touches) > _RESET_NAMES:
-            resets.append("\n".join(chunk))
-            chunk, touched = [], set()
-        chunk.append(assignment)
-        touched |= touches
-    if chunk:
-        resets.append("\n".join(chunk))
-    parts = ["local KEYS, ARGV\n", *defined]
-    for number, reset in enumerate(resets):
-        parts.append(f"local function __pq_reset{number}()\n{reset}\nend\n")
-    calls = "".join(f"  __pq_reset{number}()\n" for number in range(len(resets)))
+                every.append((f"{', '.join(cleared)} = nil", set(cleared)))
+            continue
+        value = local.group(3)
+        assignment = (f"{', '.join(names)} ={value}", _names(code) & declared)
+        used = _free_names(value)
+        plain = "{" not in _bare(value) and all(_assigned_once(whole, name) for name in names)
+        if plain and used <= constants | {"string", "math"}:
+            once.append(assignment)
+            constants.update(names)  # as good as a constant from the first call on
+        elif plain and "(" not in _bare(value) and used <= constants | prefixed | {"KEYS"}:
+            keyed.append(assignment)
+            prefixed.update(names)
+        else:
+            every.append(assignment)
+    parts = ["local KEYS, ARGV\nlocal __pq_prefix, __pq_ready\n", *defined]
+    run = ["  KEYS, ARGV = keys, argv\n"]
+    for kind, assignments, guard, after in (
+            ("once", once, "if not __pq_ready then\n", "  __pq_ready = true\nend\n"),
+            ("keys", keyed, "if KEYS[1] ~= __pq_prefix then\n", "  __pq_prefix = KEYS[1]\nend\n"),
+            ("reset", every, "", "")):
+        chunks = _chunks(assignments)
+        for number, chunk in enumerate(chunks):
+            parts.append(f"local function __pq_{kind}{number}()\n{chunk}\nend\n")
+        if chunks:
+            run.append(guard + "".join(f"  __pq_{kind}{number}()\n"
+                                       for number in range(len(chunks))) + after)
     # The call's arguments are let go when it returns: a bulk add's would otherwise stay in
     # the library's memory until its next call.
     parts.append(f"local function __pq_body()\n{body}\nend\n"
-                 f"local function {_RUN}(keys, argv)\n  KEYS, ARGV = keys, argv\n{calls}"
+                 f"local function {_RUN}(keys, argv)\n{''.join(run)}"
                  f"  local reply = __pq_body()\n  KEYS, ARGV = nil, nil\n  return reply\nend\n")
     core = "".join(parts)
     flag_list = flags.group(1).split(",") if flags else []
