@@ -229,3 +229,25 @@ def test_a_name_made_from_the_prefix_that_a_function_changes_is_set_at_every_cal
     for prefix in ("{q:a}:", "{q:a}:", "{q:b}:", "{q:b}:"):
         seen = admin.execute_command("FCALL", name, 1, prefix)
         assert seen == [f"{prefix}kept".encode(), f"{prefix}changed".encode()], (prefix, seen)
+
+
+async def test_the_user_that_connections_md_names_calls_functions(
+        anyio_backend: str, server: RedisServer, admin: redis.Redis, queue_name: str) -> None:
+    """The ACL of docs/connections.md ("ACL users"): its ``+@scripting`` holds FCALL and
+    FUNCTION LOAD, so that user's scripts go as functions, a library loaded when missing."""
+    admin.execute_command(
+        "ACL", "SETUSER", "app", "reset", "on", f">{PASSWORD}", "resetkeys", "~{q:*", "~{b:*",
+        "resetchannels", "&{q:*", "-@all", "+@read", "+@write", "+@scripting", "+@pubsub",
+        "+@connection", "+time", "+scan")
+    url = server.url.replace("redis://", f"redis://app:{PASSWORD}@")
+
+    async def run(execute: Callable[[Request], Awaitable[Any]]) -> None:
+        admin.execute_command("FUNCTION", "FLUSH")
+        await execute(_add(queue_name))
+
+    try:
+        assert await _on_each_transport(url, run) == [True, True]
+    finally:
+        admin.execute_command("ACL", "DELUSER", "app")
+    assert _calls(admin, "evalsha") == 0
+    assert _calls(admin, "function|load") == 2
