@@ -15,7 +15,8 @@ when the library is loaded, and a call (``FCALL``) runs only what must run per c
   the call's ``KEYS`` and ``ARGV`` when it returns).
 
 Each include's per-call local is declared at the library's top level, where its functions see
-it, and assigned at every call; so a call starts from the state an EVALSHA starts from. What the
+it, and assigned before the body runs as its kind says; so a call starts from the state an
+EVALSHA starts from. What the
 split does not recognise (a top-level statement of another form in an include, or code of the
 script's own before its last include) leaves the script without a library: it is then called
 with EVALSHA, as it always could be (``tests/test_functions.py`` holds every script to having

@@ -59,6 +59,13 @@ Op = Generator[Request, Any, T]
 _NO_WRITES_NOW = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
 _NO_WRITES_CODES = ("NOREPLICAS", "MISCONF")
 
+# The commands of one script call: each yield a command, its reply (or error) sent back in.
+Steps = Generator[tuple[Any, ...], Any, Any]
+
+
+def _no_writes_now(exc: redis.exceptions.ResponseError) -> bool:
+    return isinstance(exc, _NO_WRITES_NOW) or str(exc).startswith(_NO_WRITES_CODES)
+
 
 class Functions:
     """Whether a transport calls scripts as Redis Functions (``FCALL``): until the server or
@@ -92,14 +99,13 @@ def script_steps(call: ScriptCall, functions: Functions) -> Steps:
         try:
             return (yield _function_args(call))
         except redis.exceptions.ResponseError as exc:
-            if isinstance(exc, _NO_WRITES_NOW) or str(exc).startswith(_NO_WRITES_CODES):
+            if _no_writes_now(exc):
                 pass  # this call by EVALSHA
             elif str(exc).startswith("Function not found"):
                 try:
                     yield ("FUNCTION", "LOAD", "REPLACE", script.library)
                 except redis.exceptions.ResponseError as load_error:
-                    if not (isinstance(load_error, _NO_WRITES_NOW)
-                            or str(load_error).startswith(_NO_WRITES_CODES)):
+                    if not _no_writes_now(load_error):
                         functions.on = False
                 else:
                     return (yield _function_args(call))
@@ -112,9 +118,6 @@ def script_steps(call: ScriptCall, functions: Functions) -> Steps:
         return (yield _script_args(call, cached=True))
     except redis.exceptions.NoScriptError:
         return (yield _script_args(call, cached=False))
-
-
-Steps = Generator[tuple[Any, ...], Any, Any]
 
 
 def call_script(call: ScriptCall, functions: Functions,
