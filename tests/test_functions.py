@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from panqueue._keys import QueueKeys
-from panqueue._store.library import library_of
+from panqueue._store import loader
+from panqueue._store.library import function_name, library_of
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops import NewJob, add_call
 from panqueue._store.ops.base import script_call
@@ -221,10 +222,10 @@ def test_a_name_made_from_the_prefix_that_a_function_changes_is_set_at_every_cal
                "  K_CHANGED = 'changed by the last call'\n"
                "end\n")
     own = "local seen = {K_KEPT, K_CHANGED}\nchange()\nreturn seen\n"
-    library = library_of([("s.lua", "-- s\n"), ("lib/a.lua", include), ("s.lua", own)],
-                         "s.lua")
-    assert library is not None
-    name, text = library
+    name = "pq_test_prefix_changed"
+    text = library_of([("s.lua", "-- s\n"), ("lib/a.lua", include), ("s.lua", own)], "s.lua",
+                      name)
+    assert text is not None
     admin.execute_command("FUNCTION", "LOAD", "REPLACE", text)
     for prefix in ("{q:a}:", "{q:a}:", "{q:b}:", "{q:b}:"):
         seen = admin.execute_command("FCALL", name, 1, prefix)
@@ -251,3 +252,14 @@ async def test_the_user_that_connections_md_names_calls_functions(
         admin.execute_command("ACL", "DELUSER", "app")
     assert _calls(admin, "evalsha") == 0
     assert _calls(admin, "function|load") == 2
+
+
+def test_a_process_makes_a_library_only_when_a_server_lacks_it() -> None:
+    """Making a script's library text takes milliseconds (the split of 60-odd KB of Lua); a
+    process knows the function's name from the script alone (a CLI command, a worker's start
+    pay nothing for it) and makes the text on the first call that finds the library missing."""
+    script = loader._load("add")
+    assert script.function == function_name(script.body)
+    assert script._library is None
+    assert script.library is not None and script._library is script.library
+    assert script.library.startswith(f"#!lua name={script.function}\n")

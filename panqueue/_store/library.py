@@ -22,16 +22,21 @@ script's own before its last include) leaves the script without a library: it is
 with EVALSHA, as it always could be (``tests/test_functions.py`` holds every script to having
 one).
 
-The library and its one function are named ``pq_`` and the SHA1 of the library's text, so a
-changed script is a new library and two versions of panqueue can serve one server side by side.
+The library and its one function are named ``pq_`` and a SHA1 of the script and of the code
+that makes its library (:func:`function_name`), so a changed script is a new library and two
+versions of panqueue can serve one server side by side; a process makes a library's text only
+when a server lacks it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+from collections import Counter
+from pathlib import Path
 
-__all__ = ["library_of"]
+__all__ = ["function_name", "library_of"]
 
 # A top-level statement of an include starts at column 0 (the project's Lua style), with
 # anything but a comment or the closing line of a block or a constructor.
@@ -42,6 +47,10 @@ _CONSTANT = re.compile(
 _LOCAL = re.compile(r"local (\w+(?:\s*,\s*\w+)*)(?:\s*(=)(.*)|\s*(?:--[^\n]*)?)\Z", re.DOTALL)
 _TOKEN = re.compile(r"--\[(=*)\[.*?\]\1\]|--[^\n]*|\[(=*)\[.*?\]\2\]|\"(?:\\.|[^\"\\])*\""
                     r"|'(?:\\.|[^'\\])*'|([A-Za-z_]\w*)", re.DOTALL)
+# A statement that assigns: its targets (names, fields, indexes), then a single "=".
+_ASSIGNMENT = re.compile(
+    r"(?:^|;|\bthen|\bdo|\belse)\s*(?:local\s+)?"
+    r"((?:[A-Za-z_][\w.\[\]]*\s*,\s*)*[A-Za-z_][\w.\[\]]*)\s*=(?!=)", re.MULTILINE)
 _FREE = re.compile(r"(?:(?<=\.\.)|(?<![.:\w]))[A-Za-z_]\w*")
 _KEYWORDS = {"and", "or", "not", "nil", "true", "false"}
 _FLAGS = re.compile(r"#!lua flags=([\w,-]+)")
@@ -77,13 +86,13 @@ def _bare(text: str) -> str:
     return _TOKEN.sub(lambda found: found.group(3) or " ", text)
 
 
-def _assigned_once(text: str, name: str) -> bool:
-    """Whether ``text`` assigns ``name`` in one place only (its top-level statement): a name
-    that a function assigns again is state of the call, never cached."""
-    target = r"[A-Za-z_][\w.\[\]]*"
-    statement = (rf"(?:^|;|\bthen|\bdo|\belse)\s*(?:local\s+)?(?:{target}\s*,\s*)*"
-                 rf"{re.escape(name)}(?:\s*,\s*{target})*\s*=(?!=)")
-    return len(re.findall(statement, _bare(text), re.MULTILINE)) <= 1
+def _assigned(text: str) -> Counter[str]:
+    """How many statements of ``text`` assign each name (a name that a function assigns as
+    well as its top-level statement is state of the call, never cached)."""
+    counts: Counter[str] = Counter()
+    for found in _ASSIGNMENT.finditer(_bare(text)):
+        counts.update(target.strip() for target in found.group(1).split(","))
+    return counts
 
 
 def _chunks(assignments: list[tuple[str, set[str]]]) -> list[str]:
@@ -111,8 +120,23 @@ def _code(statement: str) -> str:
     return "\n".join(lines).rstrip()
 
 
-def library_of(pieces: list[tuple[str, str]], own: str) -> tuple[str, str] | None:
-    """``(name, text)`` of the library of the script assembled from ``pieces`` (see
+def function_name(body: str) -> str:
+    """The name of the library (and of its one function) of the script whose assembled text is
+    ``body``: ``pq_`` and a SHA1 of the text and of the code that makes the library from it
+    (this module and the loader), so that a process knows the name without making the library,
+    which it does only when a server lacks it."""
+    return "pq_" + hashlib.sha1(_maker() + body.encode()).hexdigest()
+
+
+@functools.cache
+def _maker() -> bytes:
+    here = Path(__file__).parent
+    return hashlib.sha1((here / "library.py").read_bytes()
+                        + (here / "loader.py").read_bytes()).digest()
+
+
+def library_of(pieces: list[tuple[str, str]], own: str, name: str) -> str | None:
+    """The text of library ``name``, of the script assembled from ``pieces`` (see
     ``loader.pieces``; ``own``: the script's own file), or None when it cannot have one."""
     included = [text for path, text in pieces if path != own]
     first = pieces[0][1] if pieces else ""
@@ -146,7 +170,7 @@ def library_of(pieces: list[tuple[str, str]], own: str) -> tuple[str, str] | Non
     declared: set[str] = set()
     constants: set[str] = set()
     prefixed: set[str] = set()  # the names made from KEYS[1]
-    whole = "".join(included) + body
+    assigned = _assigned("".join(included) + body)
     for statement in statements:
         code = _code(statement)
         definition = _FUNCTION.match(code) or _CONSTANT.match(code)
@@ -170,7 +194,7 @@ def library_of(pieces: list[tuple[str, str]], own: str) -> tuple[str, str] | Non
         value = local.group(3)
         assignment = (f"{', '.join(names)} ={value}", _names(code) & declared)
         used = _free_names(value)
-        plain = "{" not in _bare(value) and all(_assigned_once(whole, name) for name in names)
+        plain = "{" not in _bare(value) and all(assigned[name] <= 1 for name in names)
         if plain and used <= constants | {"string", "math"}:
             once.append(assignment)
             constants.update(names)  # as good as a constant from the first call on
@@ -199,8 +223,6 @@ def library_of(pieces: list[tuple[str, str]], own: str) -> tuple[str, str] | Non
     core = "".join(parts)
     flag_list = flags.group(1).split(",") if flags else []
     lua_flags = "{" + ", ".join(f"'{flag}'" for flag in flag_list) + "}"
-    name = "pq_" + hashlib.sha1((core + lua_flags).encode()).hexdigest()
-    text = (f"#!lua name={name}\n{core}"
+    return (f"#!lua name={name}\n{core}"
             f"redis.register_function{{function_name = '{name}', callback = {_RUN}, "
             f"flags = {lua_flags}}}\n")
-    return name, text

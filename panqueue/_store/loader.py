@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Iterator
 from importlib import resources
 
-from panqueue._store.library import library_of
+from panqueue._store.library import function_name, library_of
 
 __all__ = ["SCRIPTS", "Script", "ScriptSourceError", "assemble", "pieces"]
 
@@ -37,18 +37,29 @@ class ScriptSourceError(Exception):
 class Script:
     """A Lua script with its SHA1, called with EVALSHA (EVAL when the server lacks it), and
     the same script as a Redis Functions library, called with FCALL (``function``: the name of
-    its function; None when it has no library: ``panqueue/_store/library.py``)."""
+    its function; None when it has no library: ``panqueue/_store/library.py``). The library's
+    text is made on first use of :attr:`library`."""
 
-    __slots__ = ("body", "function", "library", "name", "sha")
+    __slots__ = ("_library", "_parts", "body", "function", "name", "sha")
 
-    def __init__(self, name: str, body: str, library: tuple[str, str] | None = None) -> None:
+    def __init__(self, name: str, body: str,
+                 parts: list[tuple[str, str]] | None = None) -> None:
         self.name = name
         self.body = body
         self.sha = hashlib.sha1(body.encode()).hexdigest()
-        self.function: str | None = None
-        self.library: str | None = None
-        if library is not None:
-            self.function, self.library = library
+        self._parts = parts  # what assemble joined, to make the library from
+        self._library: str | None = None
+        self.function = None if parts is None else function_name(body)
+
+    @property
+    def library(self) -> str | None:
+        """The text of the script's library (None, and :attr:`function` None, when it
+        cannot have one)."""
+        if self._library is None and self._parts is not None and self.function is not None:
+            self._library = library_of(self._parts, self.name + ".lua", self.function)
+            if self._library is None:
+                self.function = None
+        return self._library
 
     def __repr__(self) -> str:
         return f"Script({self.name!r})"
@@ -111,8 +122,7 @@ def _read(path: str) -> str:
 
 def _load(name: str) -> Script:
     parts = pieces(name, _read)
-    return Script(name, "".join(text for _path, text in parts),
-                  library_of(parts, name + ".lua"))
+    return Script(name, "".join(text for _path, text in parts), parts)
 
 
 class _Scripts:

@@ -102,13 +102,15 @@ def script_steps(call: ScriptCall, functions: Functions) -> Steps:
             if _no_writes_now(exc):
                 pass  # this call by EVALSHA
             elif str(exc).startswith("Function not found"):
-                try:
-                    yield ("FUNCTION", "LOAD", "REPLACE", script.library)
-                except redis.exceptions.ResponseError as load_error:
-                    if not _no_writes_now(load_error):
-                        functions.on = False
-                else:
-                    return (yield _function_args(call))
+                library = script.library  # made now, on the first call that needs it
+                if library is not None:  # (None: it cannot have one after all; EVALSHA)
+                    try:
+                        yield ("FUNCTION", "LOAD", "REPLACE", library)
+                    except redis.exceptions.ResponseError as load_error:
+                        if not _no_writes_now(load_error):
+                            functions.on = False
+                    else:
+                        return (yield _function_args(call))
             elif (isinstance(exc, redis.exceptions.NoPermissionError)
                   or str(exc).lower().startswith("unknown command")):
                 functions.on = False
