@@ -235,8 +235,13 @@ def call_of(script: Script) -> bytes:
     return script.function.encode()
 
 
+def command_calls(client: redis.Redis, *commands: str) -> int:
+    """How many times the server has executed ``commands`` (``INFO commandstats`` names, such
+    as ``fcall`` or ``function|load``), together."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in commands)
+
+
 def script_calls(client: redis.Redis) -> int:
     """How many script calls (FCALL and EVALSHA) the server has executed."""
-    stats = client.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-               for name in ("fcall", "evalsha"))
+    return command_calls(client, "fcall", "evalsha")

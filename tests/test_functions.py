@@ -28,6 +28,7 @@ from panqueue._store.transport import (
     open_async_transport,
 )
 from panqueue.embedded import RedisServer, free_port
+from tests.helpers import command_calls
 
 pytestmark = pytest.mark.anyio
 
@@ -48,10 +49,6 @@ def admin(server: RedisServer) -> Iterator[redis.Redis]:
     client.config_resetstat()
     yield client
     client.close()
-
-
-def _calls(admin: redis.Redis, command: str) -> int:
-    return int(admin.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 def _add(queue: str) -> Request:
@@ -95,9 +92,9 @@ async def test_a_server_without_the_library_loads_it_at_the_first_call(
 
     assert await _on_each_transport(server.url, run) == [True, True]
     # Per transport: one FCALL refused, the library loaded, then two FCALLs that ran.
-    assert _calls(admin, "fcall") == 6
-    assert _calls(admin, "function|load") == 2
-    assert _calls(admin, "evalsha") == _calls(admin, "eval") == 0
+    assert command_calls(admin, "fcall") == 6
+    assert command_calls(admin, "function|load") == 2
+    assert command_calls(admin, "evalsha") == command_calls(admin, "eval") == 0
     assert admin.llen(QueueKeys(queue_name).wait_list) == 4
 
 
@@ -147,7 +144,7 @@ async def test_a_user_refused_functions_is_served_with_evalsha(
     finally:
         admin.execute_command("ACL", "DELUSER", user)
     assert admin.llen(QueueKeys(queue_name).wait_list) == 4
-    assert _calls(admin, "evalsha") == 4
+    assert command_calls(admin, "evalsha") == 4
 
 
 @pytest.mark.parametrize("loaded", [True, False], ids=["loaded", "not-loaded"])
@@ -250,8 +247,8 @@ async def test_the_user_that_connections_md_names_calls_functions(
         assert await _on_each_transport(url, run) == [True, True]
     finally:
         admin.execute_command("ACL", "DELUSER", "app")
-    assert _calls(admin, "evalsha") == 0
-    assert _calls(admin, "function|load") == 2
+    assert command_calls(admin, "evalsha") == 0
+    assert command_calls(admin, "function|load") == 2
 
 
 def test_a_process_makes_a_library_only_when_a_server_lacks_it() -> None:

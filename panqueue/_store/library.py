@@ -59,11 +59,6 @@ _RESET_NAMES = 40
 _RUN = "__pq_run"
 
 
-def _names(text: str) -> set[str]:
-    """The identifiers of a piece of Lua, outside strings and comments."""
-    return {found.group(3) for found in _TOKEN.finditer(text) if found.group(3)}
-
-
 def _free_names(text: str) -> set[str]:
     """The names a piece of Lua reads (not the fields after a ``.`` or ``:``), keywords
     left out."""
@@ -138,19 +133,16 @@ def _maker() -> bytes:
 def library_of(pieces: list[tuple[str, str]], own: str, name: str) -> str | None:
     """The text of library ``name``, of the script assembled from ``pieces`` (see
     ``loader.pieces``; ``own``: the script's own file), or None when it cannot have one."""
-    included = [text for path, text in pieces if path != own]
-    first = pieces[0][1] if pieces else ""
-    flags = _FLAGS.match(first)
-    # The script's own text before its (last) include may only be comments.
-    own_texts = [text for path, text in pieces if path == own]
+    flags = _FLAGS.match(pieces[0][1]) if pieces else None
+    # What follows the last include is the script's own code; before it, its own text may only
+    # be comments (and its shebang).
     last_include = max((i for i, (path, _) in enumerate(pieces) if path != own), default=-1)
-    before = [text for i, (path, text) in enumerate(pieces) if path == own and i < last_include]
-    for text in before:
-        for line in text.splitlines():
-            stripped = line.strip()
-            if stripped and not stripped.startswith(("--", "#!")):
-                return None
-    body = "".join(own_texts[len(before):])
+    included = [text for path, text in pieces[:last_include + 1] if path != own]
+    for path, text in pieces[:last_include + 1]:
+        if path == own and any(line.strip() and not line.strip().startswith(("--", "#!"))
+                               for line in text.splitlines()):
+            return None
+    body = "".join(text for _path, text in pieces[last_include + 1:])
     if body.startswith("#!"):
         body = body.split("\n", 1)[1]
     try:
@@ -192,13 +184,13 @@ def library_of(pieces: list[tuple[str, str]], own: str, name: str) -> str | None
                 every.append((f"{', '.join(cleared)} = nil", set(cleared)))
             continue
         value = local.group(3)
-        assignment = (f"{', '.join(names)} ={value}", _names(code) & declared)
-        used = _free_names(value)
-        plain = "{" not in _bare(value) and all(assigned[name] <= 1 for name in names)
+        assignment = (f"{', '.join(names)} ={value}", _free_names(code) & declared)
+        used, bare = _free_names(value), _bare(value)
+        plain = "{" not in bare and all(assigned[name] <= 1 for name in names)
         if plain and used <= constants | {"string", "math"}:
             once.append(assignment)
             constants.update(names)  # as good as a constant from the first call on
-        elif plain and "(" not in _bare(value) and used <= constants | prefixed | {"KEYS"}:
+        elif plain and "(" not in bare and used <= constants | prefixed | {"KEYS"}:
             keyed.append(assignment)
             prefixed.update(names)
         else:
