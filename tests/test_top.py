@@ -32,14 +32,21 @@ def server() -> Iterator[RedisServer]:
         server.stop()
 
 
+def _tmux(session: str, *args: str) -> list[str]:
+    """A tmux command on the server of ``session`` alone (``-L``): a server shared by the tests
+    exits when one of them ends its last session, and a ``new-session`` of another test that
+    reaches it then fails."""
+    return ["tmux", "-L", session, *args]
+
+
 def _pane(session: str) -> str:
-    done = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+    done = subprocess.run(_tmux(session, "capture-pane", "-p", "-t", session), capture_output=True,
                           text=True, timeout=10)
     return done.stdout if done.returncode == 0 else ""
 
 
 def _session_alive(session: str) -> bool:
-    return subprocess.run(["tmux", "has-session", "-t", session], capture_output=True,
+    return subprocess.run(_tmux(session, "has-session", "-t", session), capture_output=True,
                           timeout=10).returncode == 0
 
 
@@ -91,8 +98,8 @@ def test_top_shows_counts_rates_workers_and_failed_jobs(server: RedisServer,
             # The pane's own size, not one inherited through COLUMNS / LINES.
             exports = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
             try:
-                subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160",
-                                "-y", "48", "-c", str(ROOT), exports + command], check=True,
+                subprocess.run(_tmux(session, "new-session", "-d", "-s", session, "-x", "160",
+                                "-y", "48", "-c", str(ROOT), exports + command), check=True,
                                timeout=10)
                 screen = _wait_screen(
                     session, lambda s: _row(s, "cli-fail")[1:5] == ["0", "0", "0", "3"]
@@ -116,26 +123,26 @@ def test_top_shows_counts_rates_workers_and_failed_jobs(server: RedisServer,
                              "a completed rate for cli-echo")
 
                 # Pick cli-fail (rows are sorted: cli-echo, cli-fail, cli-held) with j, then f.
-                subprocess.run(["tmux", "send-keys", "-t", session, "j"], check=True,
+                subprocess.run(_tmux(session, "send-keys", "-t", session, "j"), check=True,
                                timeout=10)
-                subprocess.run(["tmux", "send-keys", "-t", session, "f"], check=True,
+                subprocess.run(_tmux(session, "send-keys", "-t", session, "f"), check=True,
                                timeout=10)
                 _wait_screen(session, lambda s: "failed jobs of cli-fail" in s
                              and "RuntimeError: cli-fail refuses" in s,
                              "the failed jobs with their errors")
 
                 # The pane follows the selected queue: k goes back up to cli-echo.
-                subprocess.run(["tmux", "send-keys", "-t", session, "k"], check=True,
+                subprocess.run(_tmux(session, "send-keys", "-t", session, "k"), check=True,
                                timeout=10)
                 _wait_screen(session, lambda s: "failed jobs of cli-echo" in s
                              and "no failed jobs" in s, "the failed pane to follow the queue")
 
-                subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True,
+                subprocess.run(_tmux(session, "send-keys", "-t", session, "q"), check=True,
                                timeout=10)
                 wait_until(lambda: not _session_alive(session), 30,
                            "top to quit on q", interval=0.1)
             finally:
-                subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True,
+                subprocess.run(_tmux(session, "kill-session", "-t", session), capture_output=True,
                                timeout=10)
         finally:
             assert worker.stop() == 0
@@ -240,8 +247,8 @@ def test_top_shows_wait_and_run_percentiles_of_the_last_minute(
                            panqueue_command("top", "--url", url, "--interval", "0.5"))
         exports = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
         try:
-            subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200",
-                            "-y", "40", "-c", str(ROOT), exports + command], check=True,
+            subprocess.run(_tmux(session, "new-session", "-d", "-s", session, "-x", "200",
+                            "-y", "40", "-c", str(ROOT), exports + command), check=True,
                            timeout=10)
             screen = _wait_screen(session, lambda s: len(_percentiles(s, queue)) == 2
                                   and "finished in the last 60s" in s,
@@ -251,11 +258,11 @@ def test_top_shows_wait_and_run_percentiles_of_the_last_minute(
             assert 0.2 <= run50 <= run95 < 5, screen
             assert "wait p50/p95" in screen and "run p50/p95" in screen, screen
             assert f"{queue}  6 job(s) finished in the last 60s" in screen, screen
-            subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True, timeout=10)
+            subprocess.run(_tmux(session, "send-keys", "-t", session, "q"), check=True, timeout=10)
             wait_until(lambda: not _session_alive(session), 30, "top to quit on q",
                        interval=0.1)
         finally:
-            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True,
+            subprocess.run(_tmux(session, "kill-session", "-t", session), capture_output=True,
                            timeout=10)
         assert worker.stop() == 0, worker.stderr
 
@@ -305,15 +312,16 @@ def test_top_with_a_prefix_shows_that_applications_queues_only(server: RedisServ
                                         "--interval", "0.5"))
     exports = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
     try:
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "48",
-                        "-c", str(ROOT), exports + command], check=True, timeout=10)
+        subprocess.run(_tmux(session, "new-session", "-d", "-s", session, "-x", "160", "-y", "48",
+                        "-c", str(ROOT), exports + command), check=True, timeout=10)
         screen = _wait_screen(session, lambda s: _row(s, "top-mine")[1:2] == ["3"],
                               "the prefix's queue with its 3 waiting jobs")
         assert "top-theirs" not in screen, screen
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True, timeout=10)
+        subprocess.run(_tmux(session, "send-keys", "-t", session, "q"), check=True, timeout=10)
         wait_until(lambda: not _session_alive(session), 30, "top to quit on q", interval=0.1)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+        subprocess.run(_tmux(session, "kill-session", "-t", session), capture_output=True,
+                       timeout=10)
 
 
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
@@ -327,14 +335,14 @@ def test_top_quits_on_ctrl_c(server: RedisServer, tmp_path: Path) -> None:
                        panqueue_command("top", "--url", server.url, "--interval", "0.5"))
     exports = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
     try:
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
-                        "-c", str(ROOT), f"{exports}{command}; echo $? > {status}"],
+        subprocess.run(_tmux(session, "new-session", "-d", "-s", session, "-x", "160", "-y", "40",
+                        "-c", str(ROOT), f"{exports}{command}; echo $? > {status}"),
                        check=True, timeout=10)
         _wait_screen(session, lambda s: "panqueue top" in s, "top to draw its screen")
-        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True, timeout=10)
+        subprocess.run(_tmux(session, "send-keys", "-t", session, "C-c"), check=True, timeout=10)
         wait_until(lambda: not _session_alive(session), 15, "top to quit on Ctrl-C",
                    interval=0.1)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True,
+        subprocess.run(_tmux(session, "kill-session", "-t", session), capture_output=True,
                        timeout=10)
     assert status.read_text().strip() == "0"
