@@ -414,6 +414,14 @@ class Claimer(ClaimLoop):
         self._process = process
         # Called once a job of a batch was processed (the job's ending is relayed to it).
         self._batch_job_ended = batch_job_ended
+        # Slot tasks whose jobs ran out, waiting for the next job to start on them.
+        self._parked: list[_Parked] = []
+
+    def stop(self, by: float) -> None:
+        super().stop(by)
+        parked, self._parked = self._parked, []
+        for slot in parked:
+            slot.ready.set()  # no job: the task ends
 
     async def run(self, tg: anyio.abc.TaskGroup) -> None:
         """Claim until ``stopping`` (or cancellation); slot tasks are started in ``tg``."""
@@ -462,10 +470,16 @@ class Claimer(ClaimLoop):
                     await wake.wait()
 
     def _start(self, tg: anyio.abc.TaskGroup, jobs: list[ClaimedJob]) -> None:
-        """Run each job on a slot of its own (taken already)."""
+        """Run each job on a slot of its own (taken already): on a parked slot task, else on
+        a new one."""
         for job in jobs:
             self._slot_started(job.partition)
-            tg.start_soon(self._run_slot, job)
+            if self._parked:
+                slot = self._parked.pop()
+                slot.job = job
+                slot.ready.set()
+            else:
+                tg.start_soon(self._run_slot, job)
 
     def _start_handed(self) -> None:
         # Start them at once where a slot is free (the loop would start them too, one claim
@@ -478,14 +492,44 @@ class Claimer(ClaimLoop):
                     break
                 self._start(self._group, [self._handed.pop(0)])
 
-    async def _run_slot(self, job: ClaimedJob) -> None:
-        partition = job.partition
+    async def _run_slot(self, first: ClaimedJob) -> None:
+        """Run ``first`` and the jobs claimed next for its slot; then park until a job is
+        started on this task again, or the loop stops. Waking a parked task costs a fraction
+        of starting one (anyio's ``start_soon``), which an idle worker would otherwise pay
+        between a job's hand-over and its start (docs/performance.md)."""
+        job: ClaimedJob | None = first
+        while job is not None:
+            partition = job.partition
+            try:
+                following: ClaimedJob | None = job
+                while following is not None:
+                    job = following
+                    following = await self._process(job)
+                    if job.batch and self._batch_job_ended is not None:
+                        self._batch_job_ended()
+            finally:
+                self._slot_ended(partition)
+            job = await self._park()
+
+    async def _park(self) -> ClaimedJob | None:
+        """The next job started on this slot task; None when the loop stops."""
+        if self.stopping:
+            return None
+        slot = _Parked()
+        self._parked.append(slot)
         try:
-            following: ClaimedJob | None = job
-            while following is not None:
-                job = following
-                following = await self._process(job)
-                if job.batch and self._batch_job_ended is not None:
-                    self._batch_job_ended()
+            await slot.ready.wait()
         finally:
-            self._slot_ended(partition)
+            if slot in self._parked:  # cancelled while parked
+                self._parked.remove(slot)
+        return slot.job
+
+
+class _Parked:
+    """A slot task waiting for its next job (:meth:`Claimer._park`)."""
+
+    __slots__ = ("job", "ready")
+
+    def __init__(self) -> None:
+        self.job: ClaimedJob | None = None
+        self.ready = anyio.Event()

@@ -138,5 +138,8 @@ class WakeUps:
                 self._wake.set()
             elif isinstance(heard, Handoff):
                 self._on_handoff(heard)
+                # The handed job's slot task runs before this task reads on: the next read
+                # (with its timeout) would otherwise come first (docs/performance.md).
+                await anyio.sleep(0)
             elif isinstance(heard, CancelRequest):
                 self._on_cancel(heard)
