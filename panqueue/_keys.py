@@ -257,9 +257,16 @@ class Layout:
 def partition_keys(name: str, n: int, placement: int = SPREAD_PLACEMENT, version: int = 0
                    ) -> list[QueueKeys]:
     """The key layouts of every partition of queue ``name`` (of a layout of ``n`` partitions
-    placed by ``placement``, at ``version``)."""
-    tags = partition_tags(check_queue_name(name), n, placement)
-    return [QueueKeys(name, i, n, tag=tags[i], version=version) for i in range(n)]
+    placed by ``placement``, at ``version``). Made once per layout and namespace: every add
+    routes through them, and a :class:`QueueKeys` is never changed once made."""
+    return list(_partition_keys(_PREFIX.get(), check_queue_name(name), n, placement, version))
+
+
+@functools.lru_cache(maxsize=1024)
+def _partition_keys(namespace: str, name: str, n: int, placement: int, version: int
+                    ) -> tuple[QueueKeys, ...]:
+    tags = _partition_tags(namespace, name, n, placement)
+    return tuple(QueueKeys(name, i, n, tag=tags[i], version=version) for i in range(n))
 
 
 class QueueKeys:

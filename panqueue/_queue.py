@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Generic
 
+from panqueue import _tracing
 from panqueue._job import PayloadT
 from panqueue._options import Backoff, Dedup
 from panqueue._producer import (
@@ -40,8 +41,18 @@ class _Handle:
         self.defaults = to.defaults
         self.mode = to.mode
         self.partitions = to.partitions
+        # The job of an add that gives no option, validated once (see _job).
+        self._plain: NewJob | None = None
 
     def _job(self, data: Any, options: dict[str, Any]) -> NewJob:
+        # add(data): the defaults' job, validated at the first such add, with this data
+        # (ops.job_alike, as add_bulk's items after the first); not while a span is current,
+        # whose context the job carries (new_job).
+        if (all(value is None for value in options.values())
+                and _tracing.current_carrier() is None):
+            if self._plain is None:
+                self._plain = ops.new_job(self.defaults, None, {})
+            return ops.job_alike(self._plain, stored_form(data))
         options["depends_on"] = dependency_ids(self.name, options["depends_on"])
         return ops.new_job(self.defaults, stored_form(data), options)
 
