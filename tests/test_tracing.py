@@ -232,6 +232,28 @@ def test_without_an_active_span_nothing_is_stored_and_the_attempt_span_is_a_root
     assert span["attributes"]["messaging.destination.name"] == queue_name
 
 
+def test_an_add_under_a_span_carries_it_between_plain_adds_of_the_same_handle(
+        redis_url: str, queue_name: str, worker: TracedWorker,
+        producer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
+    """A handle's add(data) with no option reuses the job it validated at its first such add,
+    but not while a span is current: that add carries the span, and the ones around it
+    nothing."""
+    tracer, _ = producer
+    with SyncQueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        before = queue.add({"n": 0})
+        with tracer.start_as_current_span("send") as send:
+            traced = queue.add({"n": 1})
+        after = queue.add({"n": 2})
+        assert [h.result(timeout=20) for h in (before, traced, after)] == ["ok"] * 3
+        assert TRACE_OPTION not in after.info().options
+    [span] = worker.attempt_spans(traced.id)
+    _assert_child_of(span, send, queue_name, traced.id)
+    for handle in (before, after):
+        [root] = worker.attempt_spans(handle.id)
+        assert root["parent_span_id"] is None
+
+
 def test_without_opentelemetry_tracing_is_off_and_adds_work() -> None:
     code = (
         "import sys; sys.modules['opentelemetry'] = None\n"

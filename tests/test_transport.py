@@ -27,6 +27,7 @@ from panqueue import (
     QueueClient,
     Registry,
     ServerUnavailable,
+    SyncQueueClient,
     WorkerPool,
 )
 from panqueue._keys import QueueKeys
@@ -41,7 +42,7 @@ from panqueue._store.transport import (
     translate_error,
 )
 from panqueue.embedded import RedisServer, free_port
-from panqueue.testing import run_worker
+from panqueue.testing import SCRIPT_CALLS, FaultProxy, run_worker
 from tests.helpers import async_wait_until
 
 pytestmark = pytest.mark.anyio
@@ -402,3 +403,52 @@ async def test_a_client_of_a_sentinel_url_closes_on_every_supported_redis_py(
     async_transport = open_async_transport(url)
     await async_transport.aclose()
     SyncTransport(url).close()
+
+
+@pytest.mark.parametrize("drop", ["client kill", "idle timeout", "restart"])
+def test_a_sync_add_after_the_server_dropped_its_pooled_connections_succeeds(
+        drop: str, private_redis: RedisServer, queue_name: str) -> None:
+    """The sync transport sends script calls on the pool's connections itself
+    (``SyncTransport._send``): a connection the server closed while it sat in the pool (killed,
+    idle timeout, restart) is replaced and the call sent again, as redis-py's own commands
+    are, so the add after the drop answers and its job is there."""
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        with SyncQueueClient(private_redis.url) as client:
+            queue = client.queue(queue_name)
+            queue.add(1)
+            assert len(admin.client_list()) == 2  # the client's pooled connection, and admin's
+            if drop == "client kill":
+                assert admin.client_kill_filter(_type="normal", skipme=True) == 1
+            elif drop == "idle timeout":
+                admin.config_set("timeout", 1)
+                deadline = time.monotonic() + 10
+                while len(admin.client_list()) > 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            else:
+                private_redis.stop()
+                private_redis.start()
+            handle = queue.add(2)
+            assert handle.created
+            assert admin.exists(QueueKeys(queue_name).job(handle.id)) == 1
+    finally:
+        admin.close()
+
+
+def test_a_sync_script_call_whose_connection_broke_is_sent_again(
+        private_redis: RedisServer, queue_name: str) -> None:
+    """A pooled connection that breaks under the call (here: the server ran the add, and the
+    connection was closed before its reply) is replaced and the call sent once more, as the
+    pool's retry policy says for redis-py's own commands: an add with a custom id answers with
+    its job, added once."""
+    admin = redis.Redis.from_url(private_redis.url)
+    with FaultProxy(private_redis.port) as proxy, SyncQueueClient(proxy.url) as client:
+        queue = client.queue(queue_name)
+        queue.add(1)
+        proxy.drop_next_reply(match=SCRIPT_CALLS)
+        handle = queue.add(2, job_id="once")
+        assert proxy.replies_dropped == 1
+        assert handle.id == "once"
+        assert admin.llen(QueueKeys(queue_name).wait_list) == 2
+    admin.close()
