@@ -48,7 +48,7 @@ import redis
 import panqueue
 from panqueue import JobState, SyncQueueClient
 from panqueue._codec import encode
-from panqueue._keys import QueueKeys
+from panqueue._keys import partition_keys
 from panqueue._runtime.shares import PEERS_EVERY
 from panqueue._store.loader import SCRIPTS as LUA
 from panqueue._store.ops import NewJob, add_jobs
@@ -164,7 +164,9 @@ class SteadyCalls:
     claim the next k, on a queue of pre-added no-op jobs (retention keeps 1,000)."""
 
     def __init__(self, url: str, jobs: int, k: int = 25, functions: bool = True) -> None:
-        self.k, self.keys = k, QueueKeys(QUEUE)
+        # The keys a client's queue handle routes by: its calls declare the queue's layout
+        # (one partition), which the add script checks and stores.
+        self.k, [self.keys] = k, partition_keys(QUEUE, 1)
         self.transport = SyncTransport(url)
         self.transport._functions.on = functions
         for _ in range(0, jobs + 1000 + k, BATCH):

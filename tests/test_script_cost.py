@@ -137,3 +137,26 @@ def test_a_queue_that_keeps_no_events_writes_two_stream_entries_per_job(own: Scr
     kinds = {fields[b"ev"] for _, fields in own.redis.xrange(own.keys.events)}
     assert (own.redis.xlen(own.keys.events), kinds) == (30, {b"completed"})
     assert own.redis.xlen(own.keys.history) == 30
+
+
+def test_a_clients_single_add_reads_the_queues_meta_once(private_redis: RedisServer,
+                                                        queue_name: str) -> None:
+    """A client's add declares the queue's layout (one partition), which the add script checks
+    and stores (lib/partition.lua), and the queue's mode, which it resolves
+    (lib/new_job_checks.lua): both from the settings it reads anyway, one HMGET of the meta
+    hash and no other read of it. (The client reads the layout itself until the queue has
+    one stored, which the first add does.)"""
+    from panqueue import SyncQueueClient
+
+    r = redis.Redis.from_url(private_redis.url)
+    with SyncQueueClient(private_redis.url) as client:
+        queue = client.queue(queue_name)
+        queue.add(1)
+        queue.add(2)  # reads the layout stored by the first, and remembers it
+        before = counts(r)
+        queue.add(3)
+        made = counts(r) - before
+    r.close()
+    assert made["fcall"] == 1
+    assert made["hmget"] == 1
+    assert made["hget"] == 0

@@ -1,7 +1,8 @@
 -- lib/new_job_checks.lua: the checks every new job passes before anything is written (an add
 -- checks every item of a batch first), and the queue mode an add resolves to.
--- Needs: layout.lua, wait_order.lua (MAX_PRIORITY).
+-- Needs: layout.lua, settings.lua, wait_order.lua (MAX_PRIORITY).
 --!include layout.lua
+--!include settings.lua
 --!include wait_order.lua
 
 -- Times and durations an add may carry (ms): 2^52 ms is about 142,000 years. Any such value,
@@ -13,7 +14,7 @@ local MAX_TIME_MS = 4503599627370496
 -- else global. Returns mode or nil, error message; and, third, whether the mode is stored (an
 -- add that goes ahead stores it if not, without reading it again).
 local function resolve_mode(declared)
-  local stored = redis.call('HGET', K_META, 'mode')
+  local stored = meta().stored_mode
   if stored and declared ~= '' and declared ~= stored then
     return nil, 'queue mode mismatch: the queue is ' .. stored .. ', the producer says ' .. declared
   end

@@ -26,15 +26,16 @@ local function partition_problem(declared)
   if not count then
     return nil
   end
-  local m = redis.call('HMGET', K_META, 'np', 'pi', 'lv')
-  local stored = tonumber(m[3] or '0')
-  if not m[1] or (m[1] == count and (m[2] or '0') == index and stored == tonumber(version)) then
+  local m = meta()
+  local stored = m.layout_version
+  if not m.layout or (m.layout == count and (m.layout_index or '0') == index
+                      and stored == tonumber(version)) then
     return nil
   end
   if stored < tonumber(version) and stored_jobs() == 0 then
     return nil
   end
-  return 'layout changed: this partition is ' .. (m[2] or '0') .. ' of ' .. m[1]
+  return 'layout changed: this partition is ' .. (m.layout_index or '0') .. ' of ' .. m.layout
     .. ' in layout version ' .. stored .. ', the caller routes by partition ' .. index .. ' of '
     .. count .. ' in version ' .. version
 end
@@ -44,8 +45,8 @@ local function store_partition(declared)
   if not count then
     return
   end
-  local m = redis.call('HMGET', K_META, 'np', 'lv')
-  if not m[1] or tonumber(m[2] or '0') < tonumber(version) then
+  local m = meta()
+  if not m.layout or m.layout_version < tonumber(version) then
     redis.call('HSET', K_META, 'np', count, 'pi', index, 'lv', version)
     META = nil
   end

@@ -26,12 +26,16 @@ local META = nil
 local function meta()
   if not META then
     local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh',
-      'pu', 'np', 'pi', 'ke')
+      'pu', 'np', 'pi', 'ke', 'lv')
     META = {mode = m[1] or 'global', kc = tonumber(m[2] or KEY_CONCURRENCY), paused = m[3],
             rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
             rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
             paused_until = m[8], partitions = tonumber(m[9] or '1'),
-            partition = tonumber(m[10] or '0'), events = tonumber(m[11] or EVENTS_MAXLEN)}
+            partition = tonumber(m[10] or '0'), events = tonumber(m[11] or EVENTS_MAXLEN),
+            -- as stored, false when absent: the mode (lib/new_job_checks.lua resolve_mode),
+            -- the layout's np and pi (lib/partition.lua); and its version
+            stored_mode = m[1], layout = m[9], layout_index = m[10],
+            layout_version = tonumber(m[12] or '0')}
   end
   return META
 end
