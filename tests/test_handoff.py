@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import redis
 
-from panqueue import Job, JobState, QueueClient, Registry
+from panqueue import Job, JobFailed, JobState, QueueClient, Registry
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._store import transitions
@@ -232,6 +232,51 @@ async def test_an_idle_worker_runs_an_added_job_it_was_handed(
         assert watcher.zcard(keys.idle) == 0
     finally:
         pubsub.close()
+        watcher.close()
+
+
+async def test_a_slot_task_whose_attempt_was_stopped_runs_the_next_job_handed_to_it(
+        redis_url: str, queue_name: str) -> None:
+    """An idle worker starts a handed job on the slot task whose jobs ran out, which waits for
+    it (``Claimer._park``), not on a new task. An attempt stopped on that task, by its timeout
+    or by a cancel, leaves it able to run the next job: with one slot, every job below runs on
+    the same task."""
+    keys = QueueKeys(queue_name)
+    registry = Registry()
+    hanging = anyio.Event()
+
+    @registry.handler(queue_name, concurrency=1)
+    async def handler(job: Job) -> Any:
+        if job.data == "hang":
+            hanging.set()
+            await anyio.sleep_forever()
+        return job.data
+
+    watcher = redis.Redis.from_url(redis_url)
+
+    async def registered() -> bool:
+        return watcher.zcard(keys.idle) == 1
+
+    try:
+        async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+            queue = client.queue(queue_name)
+            await async_wait_until(registered)
+            timed_out = await queue.add("hang", timeout=0.2)
+            with pytest.raises(JobFailed, match="exceeded its timeout"):
+                await timed_out.result(timeout=10)
+            await async_wait_until(registered)
+            hanging = anyio.Event()
+            cancelled = await queue.add("hang")
+            with anyio.fail_after(10):
+                await hanging.wait()
+            assert await client.cancel(queue_name, cancelled.id) is JobState.ACTIVE
+            with pytest.raises(JobFailed, match="cancelled"):
+                await cancelled.result(timeout=10)
+            for i in range(3):
+                await async_wait_until(registered)
+                handle = await queue.add(i)
+                assert await handle.result(timeout=10) == i
+    finally:
         watcher.close()
 
 
