@@ -381,7 +381,8 @@ class QueueMachine(RuleBasedStateMachine):
     def _add_one(self, queue: str, client: SyncQueueClient, *, job_id: str | None,
                  priority: int, delayed: bool, fail: int, attempts: int,
                  dedup: tuple[str, str] | None, deps: tuple[str, ...], resend: bool = False,
-                 tags: tuple[str, ...] = (), durable: str | None = None) -> None:
+                 tags: tuple[str, ...] = (), durable: str | None = None,
+                 plain: bool = False) -> None:
         data = self._data(fail)
         if durable is not None:
             data["durable"] = durable
@@ -392,6 +393,8 @@ class QueueMachine(RuleBasedStateMachine):
             depends_on=list(deps) or None)
         if tags:
             options["tags"] = list(tags)
+        if plain:  # add(data): the handler's defaults, which the handle validates once
+            options = {}
         target = client.queue(HANDLERS[queue])
         if problem is not None:
             with pytest.raises(ConfigError):
@@ -435,6 +438,13 @@ class QueueMachine(RuleBasedStateMachine):
         self._add_one(queue, self.client, job_id=job_id, priority=priority, delayed=delayed,
                       fail=fail, attempts=attempts, dedup=dedup, deps=dep_ids, tags=tags,
                       durable=durable)
+
+    @rule(queue=serving, fail=fail_first)
+    def add_plain(self, queue: str, fail: int) -> None:
+        """add(data) with no option: the handle's job, validated at its first such add, with
+        this data (_queue._Handle._job); the handlers' defaults are one attempt."""
+        self._add_one(queue, self.client, job_id=None, priority=0, delayed=False, fail=fail,
+                      attempts=1, dedup=None, deps=(), plain=True)
 
     @rule(queue=serving, fails=st.lists(fail_first, max_size=3), tags=tags_of)
     def add_bulk(self, queue: str, fails: list[int], tags: tuple[str, ...]) -> None:
