@@ -280,6 +280,43 @@ async def test_a_slot_task_whose_attempt_was_stopped_runs_the_next_job_handed_to
         watcher.close()
 
 
+async def test_a_parked_slot_task_keeps_no_job(redis_url: str, queue_name: str) -> None:
+    """A slot task whose jobs ran out waits for the next one (``Claimer._park``) without
+    holding the last job it ran (its data may be large): once the worker is idle again, no
+    ``ClaimedJob`` of the jobs it ran is left in memory."""
+    import gc
+
+    from panqueue._store.transitions import ClaimedJob
+
+    keys = QueueKeys(queue_name)
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=2)
+    async def handler(job: Job) -> Any:
+        return len(job.data)
+
+    watcher = redis.Redis.from_url(redis_url)
+
+    async def registered() -> bool:
+        return watcher.zcard(keys.idle) == 1
+
+    try:
+        async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+            await async_wait_until(registered)
+            ids = set()
+            for _ in range(3):
+                handle = await client.queue(queue_name).add("x" * 100_000)
+                assert await handle.result(timeout=10) == 100_000
+                ids.add(handle.id)
+                await async_wait_until(registered)
+            gc.collect()
+            kept = sorted(o.id for o in gc.get_objects()
+                          if isinstance(o, ClaimedJob) and o.id in ids)
+            assert kept == []
+    finally:
+        watcher.close()
+
+
 async def test_jobs_added_one_at_a_time_to_idle_workers_run_once_each(
         redis_url: str, queue_name: str) -> None:
     """Three workers, each idle and registered, take jobs added one at a time: every job runs

@@ -492,23 +492,23 @@ class Claimer(ClaimLoop):
                     break
                 self._start(self._group, [self._handed.pop(0)])
 
-    async def _run_slot(self, first: ClaimedJob) -> None:
-        """Run ``first`` and the jobs claimed next for its slot; then park until a job is
-        started on this task again, or the loop stops. Waking a parked task costs a fraction
-        of starting one (anyio's ``start_soon``), which an idle worker would otherwise pay
-        between a job's hand-over and its start (docs/performance.md)."""
-        job: ClaimedJob | None = first
+    async def _run_slot(self, job: ClaimedJob | None) -> None:
+        """Run ``job`` and the jobs claimed next for its slot; then park until a job is started
+        on this task again, or the loop stops. Waking a parked task costs a fraction of
+        starting one (anyio's ``start_soon``), which an idle worker would otherwise pay between
+        a job's hand-over and its start (docs/performance.md). A parked task holds no job: the
+        last one's data is not kept while it waits."""
         while job is not None:
             partition = job.partition
             try:
-                following: ClaimedJob | None = job
-                while following is not None:
-                    job = following
-                    following = await self._process(job)
-                    if job.batch and self._batch_job_ended is not None:
+                while job is not None:
+                    ran = job
+                    job = await self._process(ran)
+                    if ran.batch and self._batch_job_ended is not None:
                         self._batch_job_ended()
             finally:
                 self._slot_ended(partition)
+            del ran
             job = await self._park()
 
     async def _park(self) -> ClaimedJob | None:

@@ -133,13 +133,21 @@ class WakeUps:
             if message == b"":
                 ping_sent = None
                 continue
-            heard = parse_message(message)
-            if isinstance(heard, WakeUp):
-                self._wake.set()
-            elif isinstance(heard, Handoff):
-                self._on_handoff(heard)
+            if self._heard(message):
                 # The handed job's slot task runs before this task reads on: the next read
                 # (with its timeout) would otherwise come first (docs/performance.md).
                 await anyio.sleep(0)
-            elif isinstance(heard, CancelRequest):
-                self._on_cancel(heard)
+            # (The message is not kept while the channel is quiet: it may carry a job's data.)
+            message = None
+
+    def _heard(self, message: bytes) -> bool:
+        """Act on a message of the channel; True when it handed jobs over."""
+        heard = parse_message(message)
+        if isinstance(heard, WakeUp):
+            self._wake.set()
+        elif isinstance(heard, Handoff):
+            self._on_handoff(heard)
+            return True
+        elif isinstance(heard, CancelRequest):
+            self._on_cancel(heard)
+        return False
