@@ -452,3 +452,40 @@ def test_a_sync_script_call_whose_connection_broke_is_sent_again(
         assert handle.id == "once"
         assert admin.llen(QueueKeys(queue_name).wait_list) == 2
     admin.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # redis.asyncio runs on asyncio only
+async def test_the_asyncio_subscriber_reads_each_kind_of_reply_as_redis_sends_it(
+        own_server: RedisServer, queue_name: str) -> None:
+    """The asyncio subscriber reads pub/sub replies as they come (``PubSub.parse_response``),
+    not through ``get_message``: a subscription confirmed and a health-check answer report
+    b"", a published message its data, and a subscription the server ended raises (RESP2 and
+    RESP3 alike)."""
+    channel = QueueKeys(queue_name).notify
+    publisher = redis.Redis.from_url(own_server.url)
+    for protocol in (2, 3):
+        client = redis.asyncio.Redis.from_url(own_server.url, protocol=protocol)
+        pubsub = client.pubsub()
+        try:
+            await pubsub.ssubscribe(channel)
+
+            assert await _read_payload(pubsub, own_server.url) == b""  # subscription confirmed
+            await pubsub.ping()
+            assert await _read_payload(pubsub, own_server.url) == b""  # health-check answer
+            publisher.spublish(channel, b"h\x00data")
+            assert await _read_payload(pubsub, own_server.url) == b"h\x00data"
+            assert await pubsub.parse_response(block=False, timeout=0.05) is None
+            await pubsub.sunsubscribe(channel)
+            with pytest.raises(ConnectionError, match="ended the wake-up subscription"):
+                await _read_payload(pubsub, own_server.url)
+        finally:
+            await pubsub.aclose()
+            await client.aclose()
+    publisher.close()
+
+
+async def _read_payload(pubsub: Any, url: str) -> bytes | None:
+    """The next reply of ``pubsub`` as the asyncio subscriber reads it."""
+    from panqueue._store.transport.base import _reply_payload
+
+    return _reply_payload(await pubsub.parse_response(block=False, timeout=5), url)

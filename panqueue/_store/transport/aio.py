@@ -24,8 +24,8 @@ from panqueue._store.transport.base import (
     WAKE,
     AsyncSubscriber,
     AsyncTransport,
-    _payload,
     _pubsub_connections,
+    _reply_payload,
 )
 from panqueue._store.transport.errors import _REDIS_ERRORS, _translated
 from panqueue._store.transport.options import (
@@ -243,10 +243,11 @@ class _AsyncioSubscriber(AsyncSubscriber):
         if self._reconnected:
             self._reconnected = False
             return WAKE
+        # The reply as read, not get_message's: that makes a dict of each message and awaits
+        # redis-py's metrics hook for it, on the way of every job an idle worker is handed.
         with _translated(self._url):
-            message = await self._pubsub.get_message(ignore_subscribe_messages=False,
-                                                      timeout=timeout)
-        return _payload(message, self._url)
+            reply = await self._pubsub.parse_response(block=False, timeout=timeout)
+        return _reply_payload(reply, self._url)
 
     async def ping(self) -> None:
         with _translated(self._url):

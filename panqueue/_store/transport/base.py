@@ -76,12 +76,29 @@ def _confirm_subscription(get_message: Callable[..., Any], count: int = 1) -> No
 
 
 def _payload(message: Any, url: str) -> bytes | None:
+    """What a subscriber reports for a message of redis-py's ``get_message`` (a dict): see
+    :func:`_message_payload`."""
     if message is None:
         return None
-    kind = message.get("type")
+    return _message_payload(message.get("type"), message.get("data"), url)
+
+
+def _reply_payload(reply: Any, url: str) -> bytes | None:
+    """The same for a pub/sub reply as read (``PubSub.parse_response``): the message's kind
+    and its parts, data last; a bare ``PONG``; or None."""
+    if reply is None:
+        return None
+    if isinstance(reply, bytes | str):  # PONG
+        return b""
+    return _message_payload(reply[0], reply[-1], url)
+
+
+def _message_payload(kind: Any, data: Any, url: str) -> bytes | None:
+    """A published message's data; b"" for a health-check answer or a (re)subscription
+    confirmed; None for anything else. A subscription the server ended raises."""
     if isinstance(kind, bytes):
         kind = kind.decode()
-    if kind in ("pong", "ssubscribe"):  # a health-check answer, or a (re)subscription confirmed
+    if kind in ("pong", "ssubscribe"):
         return b""
     if kind == "sunsubscribe":
         # The server ended the subscription (on Cluster: the channel's slot moved to another
@@ -89,7 +106,6 @@ def _payload(message: Any, url: str) -> bytes | None:
         raise PanqueueConnectionError(
             f"the server at {redact_url(url)} ended the wake-up subscription")
     if kind in ("smessage", "message"):
-        data = message.get("data")
         return data if isinstance(data, bytes) else str(data).encode()
     return None
 
