@@ -496,20 +496,24 @@ class Claimer(ClaimLoop):
         """Run ``job`` and the jobs claimed next for its slot; then park until a job is started
         on this task again, or the loop stops. Waking a parked task costs a fraction of
         starting one (anyio's ``start_soon``), which an idle worker would otherwise pay between
-        a job's hand-over and its start (docs/performance.md). A parked task holds no job: the
-        last one's data is not kept while it waits."""
+        a job's hand-over and its start (docs/performance.md)."""
         while job is not None:
-            partition = job.partition
-            try:
-                while job is not None:
-                    ran = job
-                    job = await self._process(ran)
-                    if ran.batch and self._batch_job_ended is not None:
-                        self._batch_job_ended()
-            finally:
-                self._slot_ended(partition)
-            del ran
+            await self._run_chain(job)
+            del job  # a parked task holds no job: its data is not kept while it waits
             job = await self._park()
+
+    async def _run_chain(self, job: ClaimedJob) -> None:
+        """Run ``job`` and the jobs claimed next for its slot (all of its partition)."""
+        partition = job.partition
+        try:
+            following: ClaimedJob | None = job
+            while following is not None:
+                job = following
+                following = await self._process(job)
+                if job.batch and self._batch_job_ended is not None:
+                    self._batch_job_ended()
+        finally:
+            self._slot_ended(partition)
 
     async def _park(self) -> ClaimedJob | None:
         """The next job started on this slot task; None when the loop stops."""
