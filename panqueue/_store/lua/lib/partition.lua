@@ -28,14 +28,14 @@ local function partition_problem(declared)
   end
   local m = meta()
   local stored = m.layout_version
-  if not m.layout or (m.layout == count and (m.layout_index or '0') == index
-                      and stored == tonumber(version)) then
+  if not m.layout_stored or (m.partitions == tonumber(count) and m.partition == tonumber(index)
+                             and stored == tonumber(version)) then
     return nil
   end
   if stored < tonumber(version) and stored_jobs() == 0 then
     return nil
   end
-  return 'layout changed: this partition is ' .. (m.layout_index or '0') .. ' of ' .. m.layout
+  return 'layout changed: this partition is ' .. m.partition .. ' of ' .. m.partitions
     .. ' in layout version ' .. stored .. ', the caller routes by partition ' .. index .. ' of '
     .. count .. ' in version ' .. version
 end
@@ -46,7 +46,7 @@ local function store_partition(declared)
     return
   end
   local m = meta()
-  if not m.layout or m.layout_version < tonumber(version) then
+  if not m.layout_stored or m.layout_version < tonumber(version) then
     redis.call('HSET', K_META, 'np', count, 'pi', index, 'lv', version)
     META = nil
   end

@@ -32,9 +32,9 @@ local function meta()
             rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
             paused_until = m[8], partitions = tonumber(m[9] or '1'),
             partition = tonumber(m[10] or '0'), events = tonumber(m[11] or EVENTS_MAXLEN),
-            -- as stored, false when absent: the mode (lib/new_job_checks.lua resolve_mode),
-            -- the layout's np and pi (lib/partition.lua); and its version
-            stored_mode = m[1], layout = m[9], layout_index = m[10],
+            -- the mode as stored, false when absent (lib/new_job_checks.lua resolve_mode);
+            -- whether a layout is stored, and its version (lib/partition.lua)
+            stored_mode = m[1], layout_stored = m[9] ~= false,
             layout_version = tonumber(m[12] or '0')}
   end
   return META
