@@ -4,7 +4,8 @@ The loop takes a slot (plus any other free ones), claims that many jobs in one c
 each to a slot task. A slot task runs its job, whose recording claims the next job for the same
 slot, so a busy worker claims mostly through its completions. When nothing is claimable the
 slots go back and the loop sleeps until a wake-up, the next delayed job, or the poll interval.
-No claimed job ever waits locally.
+No claimed job ever waits locally. A slot task whose jobs ran out parks, and the next job is
+started on it rather than on a new task (:meth:`Claimer._park`).
 
 An empty claim also registers the worker as idle (lua/lib/handoff.lua): the next add claims a
 job for it and hands it over in the wake-up message itself, so an idle worker starts a new job
