@@ -34,18 +34,22 @@ local before = claimable()
 reply = {}
 local wanted = 0
 local completed = {}
+-- end_job's `how`, one table for the call whose per-job fields each job sets (a table made
+-- per job is a tenth of the Lua work a completion does for it).
+local how = {listed = completed}
 for i = 0, k - 1 do
   local b = 5 + i * 4
   local id = ARGV[b]
   local jkey = job_key(id)
-  -- The token check also reads what the job's history record needs (lib/finish.lua).
-  local job = redis.call('HMGET', jkey, 'tk', 'a', 'et', 'st', 'b')
-  if job[1] ~= ARGV[b + 1] then
+  -- The token check also reads what the job's history record needs (`seen`, its first three:
+  -- lib/records.lua) and its batch.
+  local job = redis.call('HMGET', jkey, 'a', 'et', 'st', 'tk', 'b')
+  if job[4] ~= ARGV[b + 1] then
     reply[#reply + 1] = LOCK_LOST
   else
     unlock(jkey, 'e')  -- earlier attempts' errors stay in the history
-    end_job(jkey, id, 'completed', now, keep, {result = ARGV[b + 2], listed = completed,
-      seen = {job[2], job[3], job[4]}, token = ARGV[b + 1], batch = job[5]})
+    how.result, how.seen, how.token, how.batch = ARGV[b + 2], job, ARGV[b + 1], job[5]
+    end_job(jkey, id, 'completed', now, keep, how)
     reply[#reply + 1] = COMPLETED
     if ARGV[b + 3] == '1' then
       wanted = wanted + 1

@@ -31,15 +31,20 @@
 local function end_job(jkey, id, state, now, keep, how)
   how = how or {}
   local set = FINAL_SETS[state]
-  local fields
+  -- The fields of the ending: one or two (no table: this runs for every job that ends).
+  local f1, v1, f2, v2
   if state == 'completed' then
-    fields = {'r', how.result}
+    f1, v1 = 'r', how.result
   elseif state == 'failed' then
-    fields = {'e', how.error, 'fr', how.reason}
+    f1, v1, f2, v2 = 'e', how.error, 'fr', how.reason
   else
-    fields = {'fr', how.reason or 'cancelled'}  -- 'expired': not started by its deadline
+    f1, v1 = 'fr', how.reason or 'cancelled'  -- 'expired': not started by its deadline
   end
-  redis.call('HSET', jkey, 's', state, 'ft', int_arg(now), unpack(fields))
+  if f2 then
+    redis.call('HSET', jkey, 's', state, 'ft', int_arg(now), f1, v1, f2, v2)
+  else
+    redis.call('HSET', jkey, 's', state, 'ft', int_arg(now), f1, v1)
+  end
   record_history(jkey, id, state, now, how)
   note_batch_ending(jkey, id, state, now, how.batch)
   if how.event then
@@ -50,8 +55,10 @@ local function end_job(jkey, id, state, now, keep, how)
     else
       emit('cancelled', id)
     end
+  elseif f2 then
+    emit(state, id, f1, v1, f2, v2)
   else
-    emit(state, id, unpack(fields))
+    emit(state, id, f1, v1)
   end
   if how.listed then
     how.listed[#how.listed + 1] = id

@@ -26,7 +26,8 @@ local function worker_of(token)
 end
 
 -- Job `id` ended in `state` at `now`; `how` is end_job's. how.seen: {attempts, enqueued,
--- started} as the caller read them in a command it makes anyway (complete, fail, stalled);
+-- started, ...} (its first three) as the caller read them in a command it makes anyway
+-- (complete, fail, stalled);
 -- without it, one HMGET reads them. how.token: the lock token of the attempt that ended (''
 -- worker when absent: a job that never ran, or a cascaded dependent).
 local function record_history(jkey, id, state, now, how)
