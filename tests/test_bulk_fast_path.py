@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import redis
 
-from panqueue import Backoff, PayloadError, SyncQueueClient
+from panqueue import Backoff, Dedup, PayloadError, SyncQueueClient
 from panqueue._keys import QueueKeys
 from panqueue._producer import new_jobs
-from panqueue._store.ops import add_call, new_job
+from panqueue._store.ops import add_call, new_job, parse_added
+from panqueue._store.transport import SyncTransport
 
 
 @dataclasses.dataclass
@@ -82,3 +83,44 @@ def test_a_bulk_stores_each_job_as_adding_it_alone_does(
                                   "run_at": None, "expires_at": None})
     if not defaults:  # a plain job: its enqueue time, data and state, written at once
         assert set(_stored(redis_client, queue_name, bulk[0].id)) == {b"et", b"d", b"s"}
+
+
+
+# Items of one add call whose options are those of the item before: the add script gets them
+# as their data and '' and shares one table among them (add.lua), yet applies their options to
+# each in turn. add_bulk sends only the queue's defaults so; one add call of several items with
+# a dedup key or a key (a Spark partition's rows, say) sends these.
+SHARED: list[tuple[dict[str, Any], str]] = [
+    ({"dedup": Dedup("same", ttl=60)}, ""),
+    ({"dedup": Dedup("same", ttl=60, strategy="replace")}, ""),
+    ({"key": "tenant-1", "priority": 3}, "keyed"),
+]
+
+
+@pytest.mark.parametrize(("options", "mode"), SHARED, ids=["keep", "replace", "keyed"])
+def test_items_sharing_a_dedup_key_or_a_key_in_one_call_end_as_added_one_by_one(
+        redis_url: str, redis_client: redis.Redis, queue_name: str, options: dict[str, Any],
+        mode: str) -> None:
+    data: list[Any] = [{}, {"n": 1}, "x" * 300, None, {"n": 1}]
+    together, alone = QueueKeys(queue_name), QueueKeys(queue_name + "-alone")
+    jobs = [new_job({}, item, options) for item in data]
+    transport = SyncTransport(redis_url)
+    try:
+        call = add_call(together, jobs, mode)
+        assert call.args[4::2][1:] == ("",) * (len(jobs) - 1)  # the later items share fields
+        bulk = parse_added(together, transport.execute(call))
+        one_by_one = [parse_added(alone, transport.execute(add_call(alone, [job], mode)))[0]
+                      for job in jobs]
+    finally:
+        transport.close()
+    assert [created for _, created in bulk] == [created for _, created in one_by_one]
+    assert len({i for i, _ in bulk}) == len({i for i, _ in one_by_one})
+    for (b, _), (a, _) in zip(bulk, one_by_one, strict=True):
+        assert _stored(redis_client, together.name, b) == _stored(redis_client, alone.name, a)
+    # Each job that is left keeps the fields of its options (a dedup key, which its deletion
+    # clears; its key and priority).
+    fields = {"dedup": b"dd", "key": b"k", "priority": b"p"}
+    left = [redis_client.hgetall(together.job(i)) for i, _ in bulk]
+    assert any(left)
+    for stored in filter(None, left):
+        assert {fields[name] for name in options} <= set(stored)

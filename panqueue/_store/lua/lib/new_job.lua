@@ -42,30 +42,8 @@ local function add_job(now, f)
   -- A job with no dependency and no deadline, due now, waits: its state goes with its fields.
   local deadline = start_deadline(now, f.expires_in, f.expires_at)
   local waits = #f.deps == 0 and not deadline and run_at <= now
-  -- A field at its default is not written (priority 0, no attempt yet): a waiting job's hash
-  -- is most of the memory a queue of them takes. The data goes in parts where that keeps the
-  -- hash a listpack (lib/job_data.lua). One write, before any ending below (end_job reports b).
-  local fields = {'et', int_arg(now)}
-  if f.priority ~= 0 then
-    fields[3] = 'p'
-    fields[4] = int_arg(f.priority)
-  end
-  local named = flow_named(f.deps)
-  put_data(fields, f.data, fits_part(f.options) and fits_part(f.key) and fits_part(f.dedup)
-    and fits_part(f.batch) and fits_part(f.tags) and fits_part(f.pointed) and fits_part(named))
-  if waits then
-    fields[#fields + 1] = 's'
-    fields[#fields + 1] = 'waiting'
-  end
-  put_field(fields, 'o', f.options)
-  put_field(fields, 'k', f.key)
-  put_field(fields, 'b', f.batch)
-  put_field(fields, 'tg', f.tags)
-  put_field(fields, 'ih', f.pointed)  -- its id's pointer (lib/identity.lua)
-  put_field(fields, 'dd', dkey and f.dedup)
-  put_field(fields, 'dp', named)  -- the flow's record (lib/flow_record.lua)
-  put_field(fields, 'x', deadline and int_arg(deadline))
-  redis.call('HSET', jkey, unpack(fields))
+  -- Its fields in one write, before any ending below (end_job reports b).
+  write_new_job(jkey, now, f, flow_named(f.deps), dkey and f.dedup, deadline, waits)
   if f.tags and f.tags ~= '' then
     -- Scored by the partition's count of tagged adds: a tag's index is in the order of adds.
     local order = redis.call('HINCRBY', K_META, 'tgn', 1)
