@@ -182,8 +182,10 @@ local before = claimable()
 local reply = {}
 local resolved = {}  -- an item's requested id -> the id it returned, when they differ
 for i, f in ipairs(jobs) do
-  for k, dep in ipairs(f.deps) do
-    f.deps[k] = resolved[dep] or dep
+  if #f.deps > 0 then
+    for k, dep in ipairs(f.deps) do
+      f.deps[k] = resolved[dep] or dep
+    end
   end
   f.data = datas[i]  -- items that share a table differ in their data alone
   local id, created = add_job(now, f)

@@ -54,7 +54,10 @@ local function add_job(now, f)
   if dkey then
     redis.call('SET', dkey, id, 'PX', f.ttl)
   end
-  record_flow(id, f.deps)  -- before any ending below: the flow shows it whatever it is
+  local depends = #f.deps > 0  -- (most jobs depend on none: the calls below are skipped)
+  if depends then
+    record_flow(id, f.deps)  -- before any ending below: the flow shows it whatever it is
+  end
   if deadline then
     if deadline <= now then  -- already past: it never waits
       end_job(jkey, id, 'cancelled', now, cancelled_keep(), {reason = 'expired',
@@ -63,7 +66,10 @@ local function add_job(now, f)
     end
     redis.call('ZADD', K_EXPIRES, deadline, id)
   end
-  local waiting, failed_dep, lost_dep, lost_state = link_needs(id, f.deps)
+  local waiting, failed_dep, lost_dep, lost_state = false, nil, nil, nil
+  if depends then
+    waiting, failed_dep, lost_dep, lost_state = link_needs(id, f.deps)
+  end
   if lost_dep or failed_dep then
     local message = 'dependency ' .. (lost_dep or failed_dep) .. ' did not complete'
     if lost_dep then
