@@ -3,7 +3,9 @@ reporting, and the two-phase shutdown, on asyncio and trio."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +29,7 @@ from panqueue import (
     Registry,
     Worker,
 )
+from panqueue.executors._child import FrameIO
 from panqueue.executors.base import DONE, ReportKind
 from panqueue.testing import run_worker
 from tests.helpers import APPS, async_wait_until, capture_panqueue_logs
@@ -260,6 +263,30 @@ async def test_a_child_enqueues_through_a_handler_of_its_registry(
 async def test_async_handler_runs_in_a_child_too(redis_url: str) -> None:
     async with run_worker(exec_app.queues, "s-async", redis_url):
         assert await add_and_wait(redis_url, "s-async", 7) == "async in child 7"
+
+
+def test_a_child_whose_worker_stopped_reading_exits_without_a_traceback() -> None:
+    """A child whose worker is gone (killed, say) finds its pipe broken when it reports its job:
+    it exits quietly instead of printing a traceback into the worker's log."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+         "from panqueue.executors._child import main; main()", json.dumps([str(APPS)])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        frames = FrameIO(child.stdout, child.stdin)
+        frames.write({"handler": "exec_app:child_env", "limits": {}})
+        assert frames.read() == {"t": "ready", "pid": child.pid}
+        child.stdout.close()  # the worker stops reading, as a killed one does
+        frames.write({"t": "run", "id": "1", "queue": "s-env", "data": None, "attempt": 1,
+                      "options": None, "enqueued_at": 0})
+        _, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert b"Traceback" not in stderr, stderr.decode(errors="replace")
+    assert child.returncode == 0
 
 
 # ----------------------------------------------------------------------------- no false stalls

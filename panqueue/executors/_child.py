@@ -86,6 +86,15 @@ def _load_handler(path: str) -> Any:
 
 
 def main() -> None:
+    try:
+        _serve()
+    except BrokenPipeError:
+        # The worker is gone (killed, or it stopped reading this child): there is no one left
+        # to report to, and a traceback would only land in the worker's log.
+        return
+
+
+def _serve() -> None:
     # Keep the protocol's pipes private: fd 0 becomes /dev/null, fd 1 the same as stderr.
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
     proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
