@@ -31,6 +31,7 @@ from panqueue import (
 )
 from panqueue.executors._child import FrameIO
 from panqueue.executors.base import DONE, ReportKind
+from panqueue.executors.subprocess import _BOOTSTRAP
 from panqueue.testing import run_worker
 from tests.helpers import APPS, async_wait_until, capture_panqueue_logs
 
@@ -268,10 +269,9 @@ async def test_async_handler_runs_in_a_child_too(redis_url: str) -> None:
 def test_a_child_whose_worker_stopped_reading_exits_without_a_traceback() -> None:
     """A child whose worker is gone (killed, say) finds its pipe broken when it reports its job:
     it exits quietly instead of printing a traceback into the worker's log."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-         "from panqueue.executors._child import main; main()", json.dumps([str(APPS)])],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, json.dumps([str(APPS)])],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
     try:
         assert child.stdin is not None and child.stdout is not None
         frames = FrameIO(child.stdout, child.stdin)
