@@ -62,9 +62,10 @@ local datas = {}  -- each item's data, beside its table in `jobs`
 local batch_ids = {}
 local g = {'', 0, 0, 0, '', '', '', '', 0, '', 0, 0, '', ''}  -- the fields of ARGV[4..]
 
--- Item i (its arguments from ARGV[b]), checked: its table for add_job (all but its data), or
--- nil and the reply that refuses the add.
-local function checked_item(i, b)
+-- Item i (its arguments from ARGV[b]; `own`: its identity token argument, nil when no item has
+-- one), checked: its table for add_job (all but its data), or nil and the reply that refuses
+-- the add.
+local function checked_item(i, b, own)
   if ARGV[b + 1] ~= '' then
     g = cmsgpack.unpack(ARGV[b + 1])
   end
@@ -95,8 +96,8 @@ local function checked_item(i, b)
       ": key= needs a keyed queue (mode='keyed'); this queue is global"}
   end
   local token, id_home = '', ''
-  if ARGV[4 + n * 2 + i] then
-    token, id_home = string.match(ARGV[4 + n * 2 + i], '^([^\t]*)\t?(.*)$')
+  if own then
+    token, id_home = string.match(own, '^([^\t]*)\t?(.*)$')
   end
   if id_home ~= '' then
     f.pointed = id_home .. '\t' .. token
@@ -145,14 +146,14 @@ end
 local f = nil  -- the table of the item before
 for i = 0, n - 1 do
   local b = 4 + i * 2
-  local token = ARGV[4 + n * 2 + i]
+  local own = ARGV[4 + n * 2 + i]
   -- An item with the fields of the item before ('') that has nothing of its own to check or
   -- keep (a generated id, no dependencies, no token) shares that item's table: it passed the
   -- same checks (add_bulk's items, a table each, were a tenth of the add's work).
   if not (ARGV[b + 1] == '' and f and f.id == '' and #f.deps == 0 and not f.pointed
-          and (token or '') == '') then
+          and (own or '') == '') then
     local refused
-    f, refused = checked_item(i, b)
+    f, refused = checked_item(i, b, own)
     if not f then
       return refused
     end
