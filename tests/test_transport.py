@@ -6,7 +6,9 @@ PID) for a test that changes the server's configuration.
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -433,6 +435,81 @@ def test_a_sync_add_after_the_server_dropped_its_pooled_connections_succeeds(
             assert handle.created
             assert admin.exists(QueueKeys(queue_name).job(handle.id)) == 1
     finally:
+        admin.close()
+
+
+def test_a_sync_client_used_before_a_fork_gives_the_child_a_connection_of_its_own(
+        private_redis: RedisServer, queue_name: str) -> None:
+    """The sync transport keeps the connections its script calls used (``SyncTransport._send``)
+    instead of handing each back to the pool: a process forked after an add (a web server's
+    pre-forked workers) must not write on its parent's socket. The child's add opens a
+    connection of its own, and the parent's next add still answers on the parent's."""
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        with SyncQueueClient(private_redis.url) as client:
+            queue = client.queue(queue_name)
+            queue.add(1)  # the first add stores the queue's layout, which the second reads
+            queue.add(2)
+            opened = admin.info("stats")["total_connections_received"]
+            assert queue.add(3).created  # now one script call, on the connection kept
+            assert admin.info("stats")["total_connections_received"] == opened
+            pid = os.fork()
+            if pid == 0:  # the child: report through the exit status only
+                try:
+                    code = 0 if queue.add(4).created else 3
+                except BaseException:
+                    code = 4
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            # The child's connection; the parent's was not used by it.
+            assert admin.info("stats")["total_connections_received"] == opened + 1
+            assert queue.add(5).created
+            assert admin.info("stats")["total_connections_received"] == opened + 1
+            assert admin.llen(QueueKeys(queue_name).wait_list) == 5
+    finally:
+        admin.close()
+
+
+def test_threads_adding_through_one_sync_client_each_get_their_own_jobs_answered(
+        redis_url: str, queue_name: str) -> None:
+    """Script calls from many threads at once each take a connection of their own, kept or
+    from the pool (``SyncTransport._send``): every add answers the job it added (its custom
+    id), none another thread's reply, and the client opens no more connections than
+    threads."""
+    admin = redis.Redis.from_url(redis_url)
+    threads_n, adds = 8, 150
+    answered: list[tuple[str, str]] = []
+    failed: list[BaseException] = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns as often as they can
+    try:
+        with SyncQueueClient(redis_url) as client:
+            queue = client.queue(queue_name)
+            queue.add(0)
+            start = threading.Barrier(threads_n)
+
+            def adder(n: int) -> None:
+                try:
+                    start.wait()
+                    for i in range(adds):
+                        wanted = f"t{n}-{i}"
+                        answered.append((wanted, queue.add(i, job_id=wanted).id))
+                except BaseException as exc:
+                    failed.append(exc)
+
+            threads = [threading.Thread(target=adder, args=(n,)) for n in range(threads_n)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert failed == []
+            assert len(answered) == threads_n * adds
+            assert all(wanted == got for wanted, got in answered)
+            assert admin.llen(QueueKeys(queue_name).wait_list) == threads_n * adds + 1
+            assert len(admin.client_list()) <= threads_n + 1  # and admin's
+    finally:
+        sys.setswitchinterval(switch)
         admin.close()
 
 

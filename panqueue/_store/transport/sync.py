@@ -4,6 +4,8 @@ watchdog thread, and the trio transport's threads)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import weakref
 from typing import Any
 
 import redis
@@ -38,6 +40,7 @@ from panqueue._store.transport.requests import (
     _batch_args,
     call_script,
 )
+from panqueue._store.transport.resp import pack
 from panqueue.errors import ConfigError, PanqueueError
 
 
@@ -51,6 +54,10 @@ class SyncTransport:
         self._sentinels: Any = None  # Sentinel URLs: the client of the sentinels
         self._functions = Functions()
         self.client: Any
+        # Connections of a standalone client's pool kept out of it between script calls
+        # (``_send``); None where the pool itself must hand each one out (Sentinel: it checks
+        # each connection against the master's address; Cluster: a pool per node).
+        self._kept: list[Any] | None = None
         with _translated(url):
             try:
                 target = _sentinel_target(url)
@@ -63,6 +70,8 @@ class SyncTransport:
                 else:
                     self.client = redis.Redis.from_url(
                         redis_url, **_standalone_options(redis_url, SyncRetry))
+                    self._kept = []
+                    _keeping.add(self)
             except ValueError as exc:
                 raise ConfigError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from exc
 
@@ -70,6 +79,10 @@ class SyncTransport:
         with _translated(self.url):
             if isinstance(request, ScriptCall):
                 return self._script(request)
+            if self._kept:
+                # Back to the pool, which the other requests go through: a client used from one
+                # thread keeps one connection.
+                self._give_back()
             if isinstance(request, Command):
                 return self.client.execute_command(*request.args)
             if isinstance(request, Scan):
@@ -93,20 +106,31 @@ class SyncTransport:
             *command, target_nodes=node))
 
     def _send(self, command: tuple[Any, ...]) -> Any:
-        """One command of a script call, on a connection of the pool, packed and its reply
-        read by the connection itself. redis-py's ``execute_command`` adds per command what a
-        script call does not use (timing and metrics hooks, reply callbacks): about a third of
-        the client's time for a single ``add()``. The pool's retry policy applies as it does
-        there: a connection the server closed while it sat idle is replaced and the command
-        sent again, once (``_standalone_options``)."""
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
+        """One command of a script call, packed here and its reply read by the connection
+        itself. redis-py's ``execute_command`` adds per command what a script call does not use
+        (timing and metrics hooks, reply callbacks), and its pool's check-out and check-in
+        (a lock, metrics, events, a poll of the socket) cost a single ``add()`` about a sixth
+        of the client's time: a standalone client keeps the connections its script calls used
+        and takes one of those first. The pool's retry policy applies as it does there: a
+        connection the server closed while it sat idle is replaced and the command sent
+        again, once (``_standalone_options``); any error that leaves a reply half read makes
+        redis-py close the connection, which the next call opens again."""
+        kept = self._kept
+        if kept is None:
+            pool = self.client.connection_pool
+            conn = pool.get_connection()
+            try:
+                return _call(conn, [pack(command)])
+            finally:
+                pool.release(conn)
         try:
-            packed = conn.pack_command(*command)
-            return conn.retry.call_with_retry(lambda: _round_trip(conn, packed),
-                                              lambda _error: conn.disconnect())
+            conn = kept.pop()
+        except IndexError:
+            conn = self.client.connection_pool.get_connection()
+        try:
+            return _call(conn, [pack(command)])
         finally:
-            pool.release(conn)
+            kept.append(conn)
 
     def _owner(self, key: str) -> Any:
         """The standalone client of the cluster master that owns ``key``'s slot."""
@@ -168,7 +192,19 @@ class SyncTransport:
                 raise
         return ps
 
+    def _give_back(self) -> None:
+        """Return the kept connections to the pool."""
+        kept, pool = self._kept, self.client.connection_pool
+        while kept:
+            try:
+                conn = kept.pop()
+            except IndexError:  # another thread took the last one
+                return
+            pool.release(conn)
+
     def close(self) -> None:
+        self._give_back()
+        self._kept = None
         self.client.close()
         if self._sentinels is not None:
             # Each sentinel's client (redis-py 8.0 has no Sentinel.close()).
@@ -177,6 +213,25 @@ class SyncTransport:
                     sentinel.close()
 
 
-def _round_trip(conn: Any, packed: Any) -> Any:
+def _call(conn: Any, packed: list[bytes]) -> Any:
+    return conn.retry.call_with_retry(lambda: _round_trip(conn, packed),
+                                      lambda _error: conn.disconnect())
+
+
+def _round_trip(conn: Any, packed: list[bytes]) -> Any:
     conn.send_packed_command(packed)
     return conn.read_response()
+
+
+# Transports keeping connections: a forked child must not use its parent's sockets (the pool
+# itself starts afresh in a child, on its first use there).
+_keeping: weakref.WeakSet[SyncTransport] = weakref.WeakSet()
+
+
+def _forget_kept() -> None:
+    for transport in list(_keeping):
+        if transport._kept is not None:
+            transport._kept = []
+
+
+os.register_at_fork(after_in_child=_forget_kept)
