@@ -4,6 +4,8 @@ which adds jobs with the queue's producer defaults through its client's producer
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Generic
@@ -31,6 +33,10 @@ from panqueue._store import NewJob, ops
 __all__ = ["Queue", "SyncQueue"]
 
 
+# Whether a value is None, without a Python frame per option (``add`` checks twelve).
+_is_none = functools.partial(operator.is_, None)
+
+
 class _Handle:
     """What both queue handles are: a target, and the one job of an ``add``."""
 
@@ -48,8 +54,7 @@ class _Handle:
         # add(data): the defaults' job, validated at the first such add, with this data
         # (ops.job_alike, as add_bulk's items after the first); not while a span is current,
         # whose context the job carries (new_job).
-        if (all(value is None for value in options.values())
-                and _tracing.current_carrier() is None):
+        if all(map(_is_none, options.values())) and _tracing.current_carrier() is None:
             if self._plain is None:
                 self._plain = ops.new_job(self.defaults, None, {})
             return ops.job_alike(self._plain, stored_form(data))

@@ -22,7 +22,8 @@ __all__ = ["LINK", "attempt_span", "current_carrier", "enabled", "end_attempt", 
 LINK = "link"
 
 _MISSING: Any = object()
-_api: Any = _MISSING  # (trace module, propagator, tracer), or None without opentelemetry-api
+# (trace module, propagator, tracer, context module), or None without opentelemetry-api
+_api: Any = _MISSING
 # The API loads a provider named by this variable on first use.
 _PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
@@ -30,7 +31,7 @@ _PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 def _load() -> Any:
     global _api
     try:
-        from opentelemetry import trace
+        from opentelemetry import context, trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     except ImportError:
         _api = None
@@ -38,7 +39,7 @@ def _load() -> Any:
         from panqueue._version import __version__
 
         _api = (trace, TraceContextTextMapPropagator(),
-                trace.get_tracer("panqueue", __version__))
+                trace.get_tracer("panqueue", __version__), context)
     return _api
 
 
@@ -71,8 +72,9 @@ def current_carrier() -> dict[str, str] | None:
     api = _load() if _api is _MISSING else _api
     if api is None:
         return None
-    trace, propagator, _ = api
-    if not trace.get_current_span().get_span_context().is_valid:
+    trace, propagator, _, context = api
+    # An empty context (no span, no baggage: the common case) needs no further look.
+    if not context.get_current() or not trace.get_current_span().get_span_context().is_valid:
         return None
     carrier: dict[str, str] = {}
     propagator.inject(carrier)
@@ -86,7 +88,7 @@ def attempt_span(queue: str, job_id: str, attempt: int,
     producer's context ``carrier`` (the stored headers; anything else means none), linked to
     the previous attempt's span when the carrier names it (:data:`LINK`)."""
     api = _load() if _api is _MISSING else _api
-    trace, propagator, tracer = api
+    trace, propagator, tracer, _ = api
     parent = None
     links = None
     if isinstance(carrier, dict) and all(isinstance(k, str) and isinstance(v, str)

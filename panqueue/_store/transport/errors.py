@@ -3,9 +3,8 @@ inside :func:`_translated`."""
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator
+from types import TracebackType
 
 import redis
 import redis.asyncio
@@ -156,19 +155,26 @@ def _connection_closed_under_a_call(exc: BaseException) -> bool:
     return "/redis/" in path and path.endswith("/connection.py")
 
 
-@contextlib.contextmanager
-def _translated(url: str) -> Iterator[None]:
+class _translated:  # used as a function: ``with _translated(url):``
     """Raise redis-py's errors (and the socket's) inside the block as panqueue's: every call
-    into redis-py runs in one of these blocks."""
-    try:
-        yield
-    except PanqueueError:
-        raise
-    except _REDIS_ERRORS as exc:
-        raise translate_error(url, exc) from exc
-    except AttributeError as exc:
-        if not _connection_closed_under_a_call(exc):
-            raise
-        raise PanqueueConnectionError(
-            f"cannot reach Redis at {redact_url(url)}: the connection was closed during the "
-            f"call (the cluster's topology changed)") from exc
+    into redis-py runs in one of these blocks. A class, not a generator: each script call
+    enters one."""
+
+    __slots__ = ("_url",)
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None or isinstance(exc, PanqueueError):
+            return
+        if isinstance(exc, _REDIS_ERRORS):
+            raise translate_error(self._url, exc) from exc
+        if _connection_closed_under_a_call(exc):
+            raise PanqueueConnectionError(
+                f"cannot reach Redis at {redact_url(self._url)}: the connection was closed "
+                "during the call (the cluster's topology changed)") from exc
