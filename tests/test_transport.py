@@ -438,6 +438,31 @@ def test_a_sync_add_after_the_server_dropped_its_pooled_connections_succeeds(
         admin.close()
 
 
+@pytest.mark.parametrize("drop", ["client kill", "restart"])
+async def test_an_async_add_after_the_server_dropped_its_connections_succeeds(
+        anyio_backend: str, drop: str, private_redis: RedisServer, queue_name: str) -> None:
+    """The async transports keep the connections their script calls used (asyncio:
+    ``_AsyncioTransport._send``; trio: its own pool): a kept connection the server closed
+    (killed, restarted) is replaced and the call sent again, so the add after the drop answers
+    and its job is there."""
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        async with QueueClient(private_redis.url) as client:
+            queue = client.queue(queue_name)
+            await queue.add(1)
+            await queue.add(2)  # past the first add's layout reads: script calls alone
+            if drop == "client kill":
+                assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+            else:
+                private_redis.stop()
+                private_redis.start()
+            handle = await queue.add(3)
+            assert handle.created
+            assert admin.exists(QueueKeys(queue_name).job(handle.id)) == 1
+    finally:
+        admin.close()
+
+
 def test_a_sync_client_used_before_a_fork_gives_the_child_a_connection_of_its_own(
         private_redis: RedisServer, queue_name: str) -> None:
     """The sync transport keeps the connections its script calls used (``SyncTransport._send``)

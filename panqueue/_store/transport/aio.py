@@ -107,6 +107,9 @@ class _AsyncioTransport(AsyncTransport):
         self._sentinels: Any = None  # Sentinel URLs: the client of the sentinels
         self._functions = Functions()
         self.client: Any
+        # Connections of a standalone client's pool kept out of it between script calls
+        # (``_send``); None where the pool itself hands each one out (Sentinel, Cluster).
+        self._kept: list[Any] | None = None
         try:
             target = _sentinel_target(url)
             if target is not None:
@@ -117,6 +120,7 @@ class _AsyncioTransport(AsyncTransport):
                     redis_url, **_timeouts())
             else:
                 self.client = _standalone_client(redis_url)
+                self._kept = []
         except ValueError as exc:
             raise ConfigError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from exc
 
@@ -124,6 +128,9 @@ class _AsyncioTransport(AsyncTransport):
         with _translated(self.url):
             if isinstance(request, ScriptCall):
                 return await self._script(request)
+            if self._kept:
+                # Back to the pool, which the other requests go through.
+                await self._give_back()
             if isinstance(request, Command):
                 return await self.client.execute_command(*request.args)
             if isinstance(request, Scan):
@@ -139,6 +146,8 @@ class _AsyncioTransport(AsyncTransport):
                 return await self._pipeline(await self._owner(request.route), request)
 
     async def _script(self, call: ScriptCall) -> Any:
+        if self._kept is not None:
+            return await call_script_async(call, self._functions, self._send)
         if not self.is_cluster:
             return await call_script_async(call, self._functions,
                                            lambda command: self.client.execute_command(*command))
@@ -149,6 +158,31 @@ class _AsyncioTransport(AsyncTransport):
         return await call_script_async(
             call, self._functions,
             lambda command: self.client.execute_command(*command, target_nodes=node))
+
+    async def _send(self, command: tuple[Any, ...]) -> Any:
+        """One command of a script call on a standalone server, as the sync transport sends
+        it (``SyncTransport._send``): on a connection its script calls keep out of the pool,
+        packed here, its reply read by the connection, under the pool's retry policy. A call
+        cancelled or failed with its reply half read leaves the connection closed (redis-py
+        closes it), and the next call opens it again."""
+        kept = self._kept
+        assert kept is not None
+        try:
+            conn = kept.pop()
+        except IndexError:
+            conn = await self.client.connection_pool.get_connection()
+        try:
+            packed = [resp.pack(command)]
+            return await conn.retry.call_with_retry(lambda: _round_trip(conn, packed),
+                                                    lambda _error: conn.disconnect())
+        finally:
+            kept.append(conn)
+
+    async def _give_back(self) -> None:
+        """Return the kept connections to the pool."""
+        kept, pool = self._kept, self.client.connection_pool
+        while kept:
+            await pool.release(kept.pop())
 
     async def _owner(self, key: str) -> Any:
         """A standalone client of the cluster master that owns ``key``'s slot (redis-py's
@@ -214,6 +248,10 @@ class _AsyncioTransport(AsyncTransport):
         return _AsyncioSubscriber(self.url, ps, owner)
 
     async def aclose(self) -> None:
+        if self._kept:
+            with contextlib.suppress(*_REDIS_ERRORS):
+                await self._give_back()
+        self._kept = None
         owners, self._owners = list(self._owners.values()), {}
         for owner in owners:
             with contextlib.suppress(*_REDIS_ERRORS):
@@ -224,6 +262,12 @@ class _AsyncioTransport(AsyncTransport):
             for sentinel in self._sentinels.sentinels:
                 with contextlib.suppress(*_REDIS_ERRORS):
                     await sentinel.aclose()
+
+
+async def _round_trip(conn: Any, packed: list[bytes]) -> Any:
+    await conn.send_packed_command(packed)
+    return await conn.read_response()
+
 
 
 class _AsyncioSubscriber(AsyncSubscriber):
