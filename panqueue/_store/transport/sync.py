@@ -194,7 +194,10 @@ class SyncTransport:
 
     def _give_back(self) -> None:
         """Return the kept connections to the pool."""
-        kept, pool = self._kept, self.client.connection_pool
+        kept = self._kept
+        if not kept:
+            return
+        pool = self.client.connection_pool
         while kept:
             try:
                 conn = kept.pop()
