@@ -22,6 +22,15 @@ def test_an_application_that_does_not_configure_logging_sees_nothing(redis_url: 
     assert (done.stdout, done.stderr) == ("", "")
 
 
+def test_a_worker_adds_no_handler_to_any_logger(redis_url: str) -> None:
+    """A library configures no logging of the application's: a worker (its wake-up channel
+    included: redis-py's pub/sub, by default, gives a logger of its own a handler that writes to
+    stderr) leaves every logger without a handler, as the application left them."""
+    done = run_app("handlers", redis_url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
 def test_an_application_with_logging_basic_config_gets_the_worker_records(redis_url: str
                                                                            ) -> None:
     done = run_app("basic", redis_url)

@@ -3,7 +3,9 @@
 ``python log_app.py MODE URL``: runs one job that succeeds and one that fails twice, then
 exits. MODE says how the application sets up logging: ``none`` (not at all), ``basic``
 (``logging.basicConfig`` at INFO) or ``json`` (``configure_logging("json", log_jobs=True)``,
-plus an operator notice). ``idle``: JSON lines, the pool idle for a second, then one job."""
+plus an operator notice). ``idle``: JSON lines, the pool idle for a second, then one job.
+``handlers``: as ``none``, then prints (JSON) the loggers that have handlers other than a
+``NullHandler``: the application set up none."""
 
 from __future__ import annotations
 
@@ -58,4 +60,13 @@ async def main(mode: str, url: str) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1], sys.argv[2])
+    anyio.run(main, "none" if sys.argv[1] == "handlers" else sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "handlers":
+        import json
+
+        loggers = [logging.getLogger(), *(logger for logger in
+                                          logging.root.manager.loggerDict.values()
+                                          if isinstance(logger, logging.Logger))]
+        print(json.dumps(sorted(
+            logger.name for logger in loggers
+            if any(not isinstance(h, logging.NullHandler) for h in logger.handlers))))

@@ -224,7 +224,7 @@ class _AsyncioTransport(AsyncTransport):
                     node = self.client.get_node_from_key(channels[0])
                     owner = redis.asyncio.Redis.from_url(
                         _node_url(self._redis_url, node.host, node.port), **_timeouts())
-                ps = (owner or self.client).pubsub()
+                ps = (owner or self.client).pubsub(push_handler_func=_pushed)
                 for channel in channels:  # one command each: on a cluster, slots differ
                     await ps.ssubscribe(channel)
                 deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
@@ -262,6 +262,13 @@ class _AsyncioTransport(AsyncTransport):
             for sentinel in self._sentinels.sentinels:
                 with contextlib.suppress(*_REDIS_ERRORS):
                     await sentinel.aclose()
+
+
+async def _pushed(message: Any) -> Any:
+    """A pub/sub message (RESP3), as it came. redis-py's own handler writes each one into a
+    debug line first, formatting the whole message (a handed job's data) whatever the level,
+    and gives its logger a handler of its own, writing to stderr."""
+    return message
 
 
 async def _round_trip(conn: Any, packed: list[bytes]) -> Any:

@@ -177,7 +177,8 @@ class SyncTransport:
             try:
                 # On Cluster, see _AsyncioTransport.subscribe: a plain pub/sub on the channels'
                 # master.
-                ps = (self._owner(channels[0]) if self.is_cluster else self.client).pubsub()
+                ps = (self._owner(channels[0]) if self.is_cluster else self.client).pubsub(
+                    push_handler_func=_pushed)
                 for channel in channels:
                     ps.ssubscribe(channel)
                 _confirm_subscription(ps.get_message, len(channels))
@@ -214,6 +215,11 @@ class SyncTransport:
             for sentinel in self._sentinels.sentinels:
                 with contextlib.suppress(*_REDIS_ERRORS):
                     sentinel.close()
+
+
+def _pushed(message: Any) -> Any:
+    """A pub/sub message (RESP3), as it came (see ``aio._pushed``)."""
+    return message
 
 
 def _call(conn: Any, packed: list[bytes]) -> Any:
