@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT, subprocess_env
 
 
@@ -22,11 +24,13 @@ def test_an_application_that_does_not_configure_logging_sees_nothing(redis_url: 
     assert (done.stdout, done.stderr) == ("", "")
 
 
-def test_a_worker_adds_no_handler_to_any_logger(redis_url: str) -> None:
+@pytest.mark.parametrize("mode", ["handlers", "handlers-trio"])
+def test_a_worker_adds_no_handler_to_any_logger(mode: str, redis_url: str) -> None:
     """A library configures no logging of the application's: a worker (its wake-up channel
     included: redis-py's pub/sub, by default, gives a logger of its own a handler that writes to
-    stderr) leaves every logger without a handler, as the application left them."""
-    done = run_app("handlers", redis_url)
+    stderr) leaves every logger without a handler, as the application left them. On trio the
+    channel is redis-py's sync pub/sub, in a thread."""
+    done = run_app(mode, redis_url)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
 

@@ -4,8 +4,8 @@
 exits. MODE says how the application sets up logging: ``none`` (not at all), ``basic``
 (``logging.basicConfig`` at INFO) or ``json`` (``configure_logging("json", log_jobs=True)``,
 plus an operator notice). ``idle``: JSON lines, the pool idle for a second, then one job.
-``handlers``: as ``none``, then prints (JSON) the loggers that have handlers other than a
-``NullHandler``: the application set up none."""
+``handlers`` (``handlers-trio``: on trio): as ``none``, then prints (JSON) the loggers that
+have handlers other than a ``NullHandler``: the application set up none."""
 
 from __future__ import annotations
 
@@ -60,8 +60,10 @@ async def main(mode: str, url: str) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, "none" if sys.argv[1] == "handlers" else sys.argv[1], sys.argv[2])
-    if sys.argv[1] == "handlers":
+    listing = sys.argv[1].startswith("handlers")  # "handlers" or "handlers-trio"
+    anyio.run(main, "none" if listing else sys.argv[1], sys.argv[2],
+              backend="trio" if sys.argv[1] == "handlers-trio" else "asyncio")
+    if listing:
         import json
 
         loggers = [logging.getLogger(), *(logger for logger in
