@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from panqueue._check import is_number
 from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_json_compatible, check_size, decode, encode
+from panqueue._options import epoch_ms
 from panqueue.errors import ConfigError, SignalTimeout
 
 __all__ = ["FOREVER_MS", "DurableRun", "DurableStore", "Suspend", "Suspension", "sleep_spec",
@@ -94,7 +95,7 @@ def sleep_spec(seconds: float | timedelta | None, until: datetime | None) -> tup
         if not isinstance(until, datetime) or until.tzinfo is None:
             raise ConfigError(f"job.sleep(until=) must be a timezone-aware datetime, got "
                               f"{until!r}")
-        return max(1, int(until.timestamp() * 1000)), 0
+        return max(1, epoch_ms(until)), 0
     return 0, int(_seconds("job.sleep(seconds)", seconds) * 1000)
 
 

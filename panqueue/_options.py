@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from panqueue._check import check_flag, check_int, check_number, check_one_of
@@ -23,6 +24,16 @@ MAX_PRIORITY = 1_000_000
 # Redis stores exactly (the add script's own limit is 2^52 ms).
 MAX_SECONDS = 100 * 365 * 24 * 3600
 MAX_ATTEMPTS = 1_000_000
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_ms(moment: datetime) -> int:
+    """An aware ``moment`` in ms since the epoch, rounded up. The server's clock counts whole
+    ms, and a job is due (or past its deadline) once that count reaches the stored one: rounded
+    down, a job asked to run at 10:00:00.000600 could start at 10:00:00.000, before its time."""
+    return -(-((moment - _EPOCH) // timedelta(microseconds=1)) // 1000)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from panqueue import (
     Worker,
 )
 from panqueue._codec import encode
+from panqueue._durable import sleep_spec
 from panqueue._keys import QueueKeys
 from panqueue.embedded import RedisServer
 from panqueue.testing import run_worker
@@ -128,6 +129,25 @@ async def test_delayed_job_waits_until_due(redis_url: str, queue_name: str) -> N
         at = await queue.add("at", run_at=datetime.now(UTC) + timedelta(seconds=0.3))
         assert (await at.info()).state is JobState.DELAYED
         assert await at.result(timeout=10) == "done"
+
+
+async def test_a_time_inside_a_millisecond_is_due_at_the_next_one(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """The server's clock counts whole ms, and a job is due (or past its deadline) once that
+    count reaches the stored one: a ``run_at`` (``expires``, a durable ``sleep(until=)``) of
+    .394660 is stored as .395.
+    Stored as .394, the job could start 0.66 ms before its time (the Django port's run_after
+    test caught one doing so), and one expiring then could be dropped before it."""
+    at = datetime.now(UTC).replace(microsecond=394_660) + timedelta(seconds=30)
+    due = int(at.replace(microsecond=0).timestamp()) * 1000 + 395
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        later = await queue.add(1, run_at=at)
+        expiring = await queue.add(2, expires=at)
+    keys = QueueKeys(queue_name)
+    assert redis_client.zscore(keys.delayed, later.id) == due
+    assert int(redis_client.hget(keys.job(expiring.id), "x")) == due
+    assert sleep_spec(None, at) == (due, 0)  # a durable job's sleep until then: the same
 
 
 async def test_custom_job_id_is_idempotent(redis_url: str, queue_name: str) -> None:

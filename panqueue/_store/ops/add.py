@@ -14,7 +14,14 @@ import msgpack
 from panqueue._check import check_number
 from panqueue._codec import encode, encode_checked
 from panqueue._keys import QueueKeys, check_job_id
-from panqueue._options import MAX_SECONDS, Dedup, check_positive, check_priority, options_to_wire
+from panqueue._options import (
+    MAX_SECONDS,
+    Dedup,
+    check_positive,
+    check_priority,
+    epoch_ms,
+    options_to_wire,
+)
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import check_refusal
 from panqueue._store.transport import Batch, Command, Op, ScriptCall
@@ -72,7 +79,7 @@ def _expiry(expires: object) -> tuple[int, int]:
         if expires.timestamp() - time.time() > MAX_SECONDS:
             raise ConfigError(f"expires must be at most {MAX_SECONDS} s (100 years) from now, "
                               f"got {expires.isoformat()}")
-        return 0, int(expires.timestamp() * 1000) or -1  # 0 means none: the epoch is past
+        return 0, epoch_ms(expires) or -1  # 0 means none: the epoch is past
     check_number(expires, "expires", expected="a number of seconds or a timezone-aware datetime")
     return max(1, int(check_positive(expires, "expires") * 1000)), 0
 
@@ -122,7 +129,7 @@ def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> New
         if run_at.timestamp() - time.time() > MAX_SECONDS:
             raise ConfigError(f"run_at must be at most {MAX_SECONDS} s (100 years) from now, "
                               f"got {run_at.isoformat()}")
-        run_at_ms = int(run_at.timestamp() * 1000)
+        run_at_ms = epoch_ms(run_at)
     elif o.get("delay") is not None:
         delay_ms = int(check_positive(o["delay"], "delay", allow_zero=True) * 1000)
     wire = options_to_wire(o.get("attempts"), o.get("backoff"), o.get("timeout"))
