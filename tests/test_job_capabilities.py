@@ -223,14 +223,17 @@ def test_expires_works_for_bulk_flows_and_the_sync_client(
         single = client.queue("cap-expiry").add({}, expires=at)
         now = client._run(server_time_ms())
         info = client.get_job("cap-expiry", single.id)
-    assert info.expires_at == at.replace(microsecond=at.microsecond // 1000 * 1000)
+    # Stored in whole ms, rounded up (a job is never dropped before its time).
+    assert info.expires_at == at + timedelta(microseconds=-at.microsecond % 1000)
     assert info.to_dict()["expires_at"] == info.expires_at.isoformat()
     with SyncQueueClient(redis_url) as client:
         assert client.get_job("cap-expiry", bulk[0].id).expires_at is not None
     deadlines = {j.id: deadline_of(redis_client, "cap-expiry", j.id) for j in [*bulk, *flow]}
     assert all(29_000 < deadlines[j.id] - now <= 30_000 for j in bulk)
     assert 59_000 < deadlines[flow[0].id] - now <= 60_000
-    assert deadline_of(redis_client, "cap-expiry", single.id) == int(at.timestamp() * 1000)
+    whole_seconds_ms = int(at.replace(microsecond=0).timestamp()) * 1000
+    assert deadline_of(redis_client, "cap-expiry", single.id) == (
+        whole_seconds_ms + -(-at.microsecond // 1000))  # in ms, rounded up
     assert redis_client.zcard(QueueKeys("cap-expiry").expires) == 5
 
 
