@@ -238,10 +238,14 @@ class _Routes:
     def check_sizes(self, jobs: Sequence[NewJob]) -> None:
         """:class:`PayloadError` if a job's encoded data and options are over
         ``max_payload_bytes`` (checked for every job before any is written)."""
+        limit = self.max_payload_bytes
+        if limit is None:
+            return
         for index, job in enumerate(jobs):
-            what = "the job's data" if len(jobs) == 1 else f"job {index}'s data"
-            check_size(len(job.data) + len(job.options), self.max_payload_bytes,
-                       what + " (with its options)" if job.options else what)
+            size = len(job.data) + len(job.options)
+            if size > limit:  # the message is made only then
+                what = "the job's data" if len(jobs) == 1 else f"job {index}'s data"
+                check_size(size, limit, what + " (with its options)" if job.options else what)
 
     def add(self, to: Target, jobs: Sequence[NewJob], durable_timeout_ms: int | None = None,
             together: bool = False) -> Op[list[tuple[str, bool]]]:
