@@ -43,7 +43,6 @@ _MAX_NAME = 200
 _MAX_JOB_ID = 256
 MAX_PARTITIONS = 1024
 
-
 # The namespace (``prefix=``) the keys built here belong to: "" for none, else "<prefix>:",
 # which every hash tag starts with ("{<prefix>:q:<queue>}:", "{<prefix>:b:<id>}:"). A client
 # or worker names its prefix explicitly where it builds keys itself; an operation (a generator
@@ -82,9 +81,8 @@ def check_prefix(prefix: object) -> str | None:
     return prefix
 
 
-class prefixed:  # used as a function: ``with prefixed(prefix):``
-    """Build keys under ``prefix`` inside the block (see ``_PREFIX``). A class, not a
-    generator: transports enter one around every step of every operation they drive."""
+class prefixed:  # a class, not a generator: entered around every step of every operation
+    """Build keys under ``prefix`` inside the block (see ``_PREFIX``)."""
 
     __slots__ = ("_namespace", "_token")
 
@@ -110,12 +108,9 @@ def check_queue_name(name: object) -> str:
         raise ConfigError(f"queue name must be a non-empty str, got {name!r}")
     if len(name) > _MAX_NAME:
         raise ConfigError(f"queue name {name[:40]!r}... is longer than {_MAX_NAME} characters")
-    if ("{" in name or "}" in name or "#" in name or not name.isprintable()
-            or name != name.strip()):
-        raise ConfigError(
-            f"queue name {name!r} may not contain braces, '#', control characters or "
-            "leading/trailing spaces"
-        )
+    if "{" in name or "}" in name or "#" in name or not name.isprintable() or name != name.strip():
+        raise ConfigError(f"queue name {name!r} may not contain braces, '#', control characters "
+                          "or leading/trailing spaces")
     return name
 
 
