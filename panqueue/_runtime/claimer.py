@@ -101,8 +101,9 @@ class ClaimLoop:
         self._group: anyio.abc.TaskGroup | None = None  # where slot tasks run, once running
         self.on_claim: Callable[[float], None] | None = None  # metrics: a claim's round trip
         self.busy = 0
-        self.idle = anyio.Event()  # set while no slot runs a job
-        self.idle.set()
+        # Made only while someone waits for the slots to go idle (wait_idle): an idle worker's
+        # every job would otherwise make one on the way from its hand-over to its start.
+        self._idle: anyio.Event | None = None
         self.stopping = False
         # The claim call out now (shielded), and when a stopping worker stops waiting for it.
         self._call_scope: anyio.CancelScope | None = None
@@ -390,15 +391,21 @@ class ClaimLoop:
         # partition of the job it records.
         self.busy += 1
         self._shares.busy[partition] += 1
-        if self.busy == 1:
-            self.idle = anyio.Event()
 
     def _slot_ended(self, partition: int = 0) -> None:
         self.busy -= 1
         self._shares.busy[partition] -= 1
-        if self.busy == 0:
-            self.idle.set()
+        if self.busy == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
         self._free_slot()
+
+    async def wait_idle(self) -> None:
+        """Until no slot runs a job."""
+        while self.busy:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
 
 
 class Claimer(ClaimLoop):

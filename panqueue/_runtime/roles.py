@@ -268,7 +268,7 @@ class Roles:
 
                 tg.start_soon(wait_force)
                 with anyio.CancelScope(deadline=until):
-                    await claimer.idle.wait()
+                    await claimer.wait_idle()
                 tg.cancel_scope.cancel()
         if claimer.busy:
             force.set()
@@ -278,7 +278,7 @@ class Roles:
                 attempt.forced = True
                 attempt.scope.cancel()
             with anyio.move_on_after(FORCE_WAIT):
-                await claimer.idle.wait()
+                await claimer.wait_idle()
 
     async def close(self) -> None:
         """The last steps, once: leave the worker registry (if the start joined it) and close
