@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from datetime import datetime
 
 WAITING, DELAYED, BLOCKED, ACTIVE = "waiting", "delayed", "blocked", "active"
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
@@ -42,6 +43,8 @@ class ModelJob:
     attempts: int = 1  # allowed per round (a retry from the dead-letter set starts a new one)
     fail_first: int = 0  # the handler fails attempts 1..fail_first
     delayed: bool = False  # far in the future: never due while the test runs
+    # The delay given as an absolute time (add's run_at, inside a millisecond), else None.
+    run_at: datetime | None = None
     deps: tuple[str, ...] = ()
     needs: set[str] = field(default_factory=set)  # dependencies not completed yet
     dep_lost: bool = False  # a dependency was cancelled or deleted before completing
@@ -148,9 +151,10 @@ class Model:
     def create(self, queue: str, job_id: str, data: dict[str, object], *, priority: int = 0,
                attempts: int = 1, fail_first: int = 0, delayed: bool = False,
                deps: tuple[str, ...] = (), dedup: str | None = None,
-               batch: str | None = None, tags: tuple[str, ...] = ()) -> ModelJob:
+               batch: str | None = None, tags: tuple[str, ...] = (),
+               run_at: datetime | None = None) -> ModelJob:
         job = ModelJob(queue, job_id, WAITING, data, priority, attempts, fail_first, delayed,
-                       deps, batch=batch, tags=tags, born=next(self._born))
+                       run_at, deps, batch=batch, tags=tags, born=next(self._born))
         self.jobs[(queue, job_id)] = job
         self.gone.discard((queue, job_id))
         if dedup is not None:

@@ -26,8 +26,9 @@ Time: a delayed job is due in an hour, so it never comes due while the test runs
 changes (the job waits, its dependents wait, it can be cancelled or removed) is all there is to
 observe.
 
-Rules: add (custom ids from a small pool, priorities, delays, dedup keys with each strategy,
-dependencies, attempts, failing handlers, tags from a small alphabet, durable handlers),
+Rules: add (custom ids from a small pool, priorities, delays (relative, or an absolute
+``run_at`` inside a millisecond), dedup keys with each strategy, dependencies, attempts,
+failing handlers, tags from a small alphabet, durable handlers),
 add_bulk (tagged by the queue's defaults), add_flow / add_chain (empty ones too), cancel,
 remove, retry_failed (by ids or all), by_tag (cancel_jobs by tag and state, remove_jobs by tag
 and state, retry_failed by tag and / or error type, each predicted job by job in the order of
@@ -50,7 +51,8 @@ the batch, closed again by the user, firing each callback exactly once.
 
 After every step (invariants): counts() per queue equal the model's; list_jobs per state lists
 exactly the model's jobs in that state, each once (no job lost, hidden or doubled); get_job of
-each job shows its state, data, tags and the signal it waits for; each durable job's step ran
+each job shows its state, data, tags and the signal it waits for, and a job delayed by its
+run_at is due at the next whole ms of it, never before; each durable job's step ran
 once if the job ever ran, else never; a deleted id is JobNotFound; each batch's info() equals the
 model's counts, and a batch that fired has its callbacks, each exactly once, with the final
 counts.
@@ -69,6 +71,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -382,13 +385,18 @@ class QueueMachine(RuleBasedStateMachine):
                  priority: int, delayed: bool, fail: int, attempts: int,
                  dedup: tuple[str, str] | None, deps: tuple[str, ...], resend: bool = False,
                  tags: tuple[str, ...] = (), durable: str | None = None,
-                 plain: bool = False) -> None:
+                 plain: bool = False, at: bool = False) -> None:
         data = self._data(fail)
         if durable is not None:
             data["durable"] = durable
         problem = self.model.dependency_problem(queue, deps)
+        # ``at``: the delay as an absolute time inside a millisecond (its due time is the next
+        # whole ms, never the one before: the invariants check it).
+        run_at = (datetime.now(UTC) + timedelta(seconds=FAR)).replace(microsecond=394_660) \
+            if delayed and at else None
         options: dict[str, Any] = dict(
-            job_id=job_id, priority=priority, delay=FAR if delayed else None, attempts=attempts,
+            job_id=job_id, priority=priority, delay=FAR if delayed and not at else None,
+            run_at=run_at, attempts=attempts,
             dedup=None if dedup is None else Dedup(dedup[0], ttl=DEDUP_TTL, strategy=dedup[1]),
             depends_on=list(deps) or None)
         if tags:
@@ -417,27 +425,27 @@ class QueueMachine(RuleBasedStateMachine):
             raise mismatch(f"resent add to {queue}: id", handle.id, job_id)
         self.model.create(queue, handle.id, data, priority=priority, attempts=attempts,
                           fail_first=fail, delayed=delayed, deps=deps,
-                          dedup=None if dedup is None else dedup[0], tags=tags)
+                          dedup=None if dedup is None else dedup[0], tags=tags, run_at=run_at)
         self._learn(queue, handle.id)
 
     # ------------------------------------------------------------------ producing
 
     @rule(queue=serving, job_id=custom_id, priority=st.sampled_from((0, 0, 5, -3)),
-          delayed=st.sampled_from((False, False, False, True)), fail=fail_first,
-          attempts=st.sampled_from((1, 2)),
+          delayed=st.sampled_from((False, False, False, True)), at=st.booleans(),
+          fail=fail_first, attempts=st.sampled_from((1, 2)),
           dedup=st.none() | st.tuples(st.sampled_from(DEDUP_KEYS),
                                       st.sampled_from(("keep", "extend", "replace"))),
           deps=st.lists(st.integers(0, 40), max_size=2, unique=True), tags=tags_of,
           durable=durable_kind)
-    def add(self, queue: str, job_id: str | None, priority: int, delayed: bool, fail: int,
-            attempts: int, dedup: tuple[str, str] | None, deps: list[int],
+    def add(self, queue: str, job_id: str | None, priority: int, delayed: bool, at: bool,
+            fail: int, attempts: int, dedup: tuple[str, str] | None, deps: list[int],
             tags: tuple[str, ...], durable: str | None) -> None:
         dep_ids = tuple(dict.fromkeys(self._pick(queue, i) for i in deps if self.known[queue]))
         if queue == PARTED:
             dep_ids = dep_ids[:1]  # a partitioned queue's job waits within one partition
         self._add_one(queue, self.client, job_id=job_id, priority=priority, delayed=delayed,
                       fail=fail, attempts=attempts, dedup=dedup, deps=dep_ids, tags=tags,
-                      durable=durable)
+                      durable=durable, at=at)
 
     @rule(queue=serving, fail=fail_first)
     def add_plain(self, queue: str, fail: int) -> None:
@@ -1224,6 +1232,11 @@ class QueueMachine(RuleBasedStateMachine):
                          SIGNAL if job.waiting else None)
             if real_job != model_job:
                 raise mismatch(f"get_job({queue}, {job.id})", real_job, model_job)
+            if job.run_at is not None and job.state == DELAYED and not job.stepped \
+                    and job.tried == 0 and not (  # due at its run_at, in whole ms, never before
+                        info.run_at is not None
+                        and job.run_at <= info.run_at < job.run_at + timedelta(milliseconds=1)):
+                raise mismatch(f"get_job({queue}, {job.id}).run_at", info.run_at, job.run_at)
             self.checked[(queue, job.id)] = seen
         for gone_queue, job_id in sorted(self.model.gone):
             if gone_queue == queue and self.checked.get((queue, job_id)) != GONE:
