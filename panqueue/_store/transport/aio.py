@@ -276,7 +276,6 @@ async def _round_trip(conn: Any, packed: list[bytes]) -> Any:
     return await conn.read_response()
 
 
-
 class _AsyncioSubscriber(AsyncSubscriber):
     def __init__(self, url: str, pubsub: Any, owner: Any = None) -> None:
         self._url = url

@@ -115,22 +115,18 @@ class SyncTransport:
         connection the server closed while it sat idle is replaced and the command sent
         again, once (``_standalone_options``); any error that leaves a reply half read makes
         redis-py close the connection, which the next call opens again."""
-        kept = self._kept
-        if kept is None:
-            pool = self.client.connection_pool
-            conn = pool.get_connection()
-            try:
-                return _call(conn, [pack(command)])
-            finally:
-                pool.release(conn)
+        kept, pool = self._kept, self.client.connection_pool
         try:
-            conn = kept.pop()
-        except IndexError:
-            conn = self.client.connection_pool.get_connection()
+            conn = pool.get_connection() if kept is None else kept.pop()
+        except IndexError:  # none kept now
+            conn = pool.get_connection()
         try:
             return _call(conn, [pack(command)])
         finally:
-            kept.append(conn)
+            if kept is None:
+                pool.release(conn)
+            else:
+                kept.append(conn)
 
     def _owner(self, key: str) -> Any:
         """The standalone client of the cluster master that owns ``key``'s slot."""
