@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/redis_cost.py [--jobs N] [--tags T] [--partitions] [--workers W]
                                           [--no-events] [--direct] [--instructions]
-                                          [--json FILE]
+                                          [--batch K] [--adds | --handed] [--json FILE]
 
 Starts a private redis-server (appendonly off, RDB off), adds N no-op jobs to ``bench-noop``
 with ``add_bulk`` (default settings), then lets ONE worker process (``bench_app:queues``,
@@ -25,7 +25,10 @@ rounds, and prints the server CPU per job of each round: the scripts' own cost, 
 worker process sharing the machine's cores with the server. ``--instructions`` does the same
 against a redis-server run under valgrind (callgrind) and prints the instructions it executed
 per job: slow (2,000 jobs take about ten seconds), but the same figure on every run, so that two
-versions of the scripts compare to the last percent on a busy host.
+versions of the scripts compare to the last percent on a busy host. With ``--adds`` both drive
+single adds instead (one job per call, nobody idle); with ``--handed`` each of those adds hands
+its job to an idle worker, whose registration a plain ``ZADD`` makes before each add (the add
+of a pickup: ``scripts/pickup.py``).
 The Redis on 6379 is never touched.
 """
 
@@ -199,9 +202,22 @@ class SteadyCalls:
             self.transport.run(add_jobs(self.keys, [NewJob(None, encode({}))]))
         return jobs
 
+    def add_handed(self, jobs: int) -> int:
+        """As :meth:`add`, each job handed to an idle worker: before each add, a registration
+        as a worker's empty claim leaves it (a plain ``ZADD``, counted with the add)."""
+        for _ in range(jobs):
+            self.token += 1
+            self.transport.client.zadd(self.keys.idle, {f"30000:idle:1:{self.token}": 2**50})
+            self.transport.run(add_jobs(self.keys, [NewJob(None, encode({}))]))
+        return jobs
+
+    def driver(self, kind: str) -> Any:
+        """The calls of ``kind``: "complete", "add" or "handed"."""
+        return {"complete": self.run, "add": self.add, "handed": self.add_handed}[kind]
+
 
 def run_direct(n: int, rounds: int = 6, k: int = 25, functions: bool = True,
-               adds: bool = False) -> list[float]:
+               kind: str = "complete") -> list[float]:
     """Server CPU per job (µs) of each of ``rounds`` rounds of n / rounds jobs."""
     with tempfile.TemporaryDirectory() as tmp, \
             RedisServer(directory=tmp, appendonly=False, extra_args=("--save", "")) as server:
@@ -210,14 +226,15 @@ def run_direct(n: int, rounds: int = 6, k: int = 25, functions: bool = True,
             figures = []
             for _ in range(rounds):
                 before = snapshot(steady.transport.client)[1]
-                done = (steady.add if adds else steady.run)(n // rounds)
+                done = steady.driver(kind)(n // rounds)
                 figures.append((snapshot(steady.transport.client)[1] - before) * 1e6 / done)
             return figures
         finally:
             steady.transport.close()
 
 
-def run_instructions(n: int, k: int = 25, functions: bool = True, adds: bool = False) -> float:
+def run_instructions(n: int, k: int = 25, functions: bool = True,
+                     kind: str = "complete") -> float:
     """Instructions the server executes per job (valgrind's callgrind: the same figure on every
     run and host load, so that two versions of the scripts compare to the last percent)."""
     port = free_port()
@@ -239,11 +256,11 @@ def run_instructions(n: int, k: int = 25, functions: bool = True, adds: bool = F
                         raise RuntimeError("redis-server under valgrind did not start") from None
                     time.sleep(0.2)
             steady = SteadyCalls(f"redis://127.0.0.1:{port}", n, k, functions)
-            (steady.add if adds else steady.run)(k)  # the library or the script loaded
+            steady.driver(kind)(k)  # the library or the script loaded
             try:  # callgrind_control returns once the server has done what it asks
                 subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
                                capture_output=True)
-                done = (steady.add if adds else steady.run)(n)
+                done = steady.driver(kind)(n)
                 subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True,
                                capture_output=True)
             finally:
@@ -290,18 +307,22 @@ def main() -> None:
                         help="--direct, --instructions: jobs per completion call")
     parser.add_argument("--adds", action="store_true",
                         help="--direct, --instructions: single adds (one job per call) instead")
+    parser.add_argument("--handed", action="store_true",
+                        help="as --adds, each job handed to an idle worker")
     parser.add_argument("--evalsha", action="store_true",
                         help="--direct, --instructions: call the scripts with EVALSHA, not FCALL")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    what = "single add" if args.adds else f"completion + claim of the next ({args.batch} a call)"
+    kind = "handed" if args.handed else "add" if args.adds else "complete"
+    what = {"handed": "single add handed to an idle worker", "add": "single add",
+            "complete": f"completion + claim of the next ({args.batch} a call)"}[kind]
     what += ", EVALSHA" if args.evalsha else ""
     if args.instructions:
-        count = run_instructions(args.jobs, args.batch, not args.evalsha, args.adds)
+        count = run_instructions(args.jobs, args.batch, not args.evalsha, kind)
         print(f"{what}: {count:,.0f} instructions per job in redis-server")
         return
     if args.direct:
-        figures = run_direct(args.jobs, k=args.batch, functions=not args.evalsha, adds=args.adds)
+        figures = run_direct(args.jobs, k=args.batch, functions=not args.evalsha, kind=kind)
         print(f"{what}: Redis CPU µs/job per round: "
               + " ".join(f"{x:.2f}" for x in figures)
               + f"; median {sorted(figures)[len(figures) // 2]:.2f}")
