@@ -167,6 +167,26 @@ def test_an_expired_registration_gets_nothing(
     assert redis_client.zcard(keys.idle) == 0
 
 
+def test_a_registration_that_expired_below_a_live_one_is_never_handed_a_job(
+        store: SyncTransport, redis_client: redis.Redis, notify: Any, queue_name: str) -> None:
+    """The live registration takes the first job; the second finds only the expired one,
+    which goes (with every other: they are scored by when they expire) and hands nothing."""
+    keys = QueueKeys(queue_name)
+    register(store, keys, "w:live")
+    redis_client.zadd(keys.idle, {f"{TTL}:w:dead": 0})  # a dead worker's, expired long ago
+    first, second = add(store, keys, 2)
+    handed, wake = messages(notify)
+    heard = parse_message(handed)
+    assert isinstance(heard, Handoff) and heard.token == "w:live"
+    assert [job.id for job in heard.jobs] == [first]
+    assert parse_message(wake) == WakeUp()
+    assert redis_client.hget(keys.job(second), "s") == b"waiting"
+    assert redis_client.zcard(keys.idle) == 0
+    third = add(store, keys)[0]  # nobody registered: a wake-up, the job waits
+    assert messages(notify) == []  # work was there already: no wake-up either
+    assert redis_client.hget(keys.job(third), "s") == b"waiting"
+
+
 def test_a_paused_queue_hands_nothing_over(
         store: SyncTransport, redis_client: redis.Redis, notify: Any, queue_name: str) -> None:
     keys = QueueKeys(queue_name)

@@ -358,9 +358,10 @@ def test_no_include_is_longer_than_about_120_lines(path: Path) -> None:
 
 
 def lua_numbers(path: Path) -> dict[str, int]:
-    """``local NAME = 123`` (an UPPER_CASE name: a constant) -> {"NAME": 123}."""
-    return {m[1]: int(m[2])
-            for m in re.finditer(r"^local ([A-Z][A-Z0-9_]*) = (-?\d+)\b", path.read_text(), re.M)}
+    """``local NAME = 123`` or ``'123'`` (an UPPER_CASE name: a constant; as text, it is
+    passed to ``redis.call`` as it is) -> {"NAME": 123}."""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^local ([A-Z][A-Z0-9_]*) = '?(-?\d+)\b",
+                                                 path.read_text(), re.M)}
 
 
 # The Lua constants that Python knows too, with Python's figure. The Lua ones apply where no

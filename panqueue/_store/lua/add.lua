@@ -196,6 +196,5 @@ for i, f in ipairs(jobs) do
   reply[#reply + 1] = id
   reply[#reply + 1] = created
 end
-hand_off(now)
-wake_if_work_appeared(before)
+wake_if_work_appeared(before, hand_off(now))
 return reply

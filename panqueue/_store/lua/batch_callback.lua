@@ -46,6 +46,5 @@ for i = 2, #ARGV, 4 do
                 strategy = '', expires_in = 0, expires_at = 0, batch = ARGV[i + 3]})
 end
 redis.call('ZREM', K_BATCHES, batch)
-hand_off(now)
-wake_if_work_appeared(before)
+wake_if_work_appeared(before, hand_off(now))
 return 1

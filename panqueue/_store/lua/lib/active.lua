@@ -12,10 +12,10 @@ local function unlock(jkey, ...)
   if keyed() then
     local key = redis.call('HGET', jkey, 'k')
     if key then
-      local active = redis.call('HINCRBY', K_KEY_ACTIVE, key, -1)
+      local active = redis.call('HINCRBY', K_KEY_ACTIVE, key, '-1')
       if active < 0 then
         active = 0
-        redis.call('HSET', K_KEY_ACTIVE, key, 0)
+        redis.call('HSET', K_KEY_ACTIVE, key, '0')
       end
       refresh_key(key, active)
     end

@@ -83,7 +83,7 @@ local function claim(now, token, ttl, n, out)
     -- Only an empty claim says when to look again (the busy path skips these reads): the next
     -- delayed job, or the first key whose per-key rate limit runs out.
     local next_in = wake_in(now)
-    local first = redis.call('ZRANGE', K_LIMITED, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', K_LIMITED, '0', '0', 'WITHSCORES')
     if #first > 0 then
       next_in = earliest(next_in, math.max(1, tonumber(first[2]) - now))
     end

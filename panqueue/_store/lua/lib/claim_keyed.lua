@@ -28,7 +28,7 @@ local function claim_keyed(now, token, ttl, n, out, global_limit)
     if id and not activate(id, now, token, ttl, out) then
       refresh_key(key, nil, true)  -- that job expired: the key's next one is up
     elseif id then
-      local running = redis.call('HINCRBY', K_KEY_ACTIVE, key, 1)
+      local running = redis.call('HINCRBY', K_KEY_ACTIVE, key, '1')
       count = count + 1
       if global_limit then
         rate_record(K_RATE, now)

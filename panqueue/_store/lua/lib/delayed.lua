@@ -5,11 +5,14 @@
 --!include settings.lua
 --!include waiting.lua
 
-local PROMOTE_BATCH = 1000
+-- Due jobs moved per call at most: text, as redis.call takes it (a Lua number would be written
+-- out with "%.17g" on every call).
+local PROMOTE_BATCH = '1000'
 
 -- Move due delayed jobs into waiting. Returns how many moved.
 local function promote_due(now)
-  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, PROMOTE_BATCH)
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', int_arg(now), 'LIMIT', '0',
+    PROMOTE_BATCH)
   if #due == 0 then
     return 0
   end
@@ -23,7 +26,7 @@ end
 
 -- Milliseconds until the next delayed job is due, or -1 if there is none.
 local function wake_in(now)
-  local first = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', K_DELAYED, '0', '0', 'WITHSCORES')
   if #first == 0 then
     return -1
   end

@@ -52,16 +52,23 @@ local function withdraw_idle(prev, token, ttl, taken)
   end
 end
 
--- Hand claimable jobs to idle workers, one job per live registration.
+-- Hand claimable jobs to idle workers, one job per live registration. Returns how many
+-- claimable units there are after it (lib/wake.lua claimable), or nil when it did not count
+-- them (no registration, or a claim that took nothing).
 local function hand_off(now)
   if redis.call('EXISTS', K_IDLE) == 0 then
-    return
+    return nil
   end
-  redis.call('ZREMRANGEBYSCORE', K_IDLE, '-inf', now)
-  while claimable() > 0 do
+  local count = claimable()
+  while count > 0 do
     local top = redis.call('ZPOPMAX', K_IDLE)
     if #top == 0 then
-      return
+      return count
+    end
+    if tonumber(top[2]) <= now then
+      -- Scored by when they expire: the last to expire has, so has every other.
+      redis.call('DEL', K_IDLE)
+      return count
     end
     local ttl, token = string.match(top[1], '^(%d+):(.*)$')
     ttl = tonumber(ttl)
@@ -70,9 +77,11 @@ local function hand_off(now)
     if out[1] == 0 then
       -- Nothing claimable for anyone (paused, rate limited): the registration stands.
       redis.call('ZADD', K_IDLE, top[2], top[1])
-      return
+      return nil
     end
     remember(token, out, 1, ttl)
     redis.call('SPUBLISH', K_NOTIFY, 'h' .. cmsgpack.pack({token, out}))
+    count = claimable()
   end
+  return count
 end

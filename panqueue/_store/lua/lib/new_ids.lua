@@ -26,7 +26,7 @@ local function generated_id()
     counter = reserved.next
     reserved.next = counter + 1
   else
-    counter = redis.call('HINCRBY', K_META, 'id', 1)
+    counter = redis.call('HINCRBY', K_META, 'id', '1')
   end
   local m = meta()
   return string.format('%d', counter * m.partitions + m.partition)

@@ -46,7 +46,7 @@ local function add_job(now, f)
   write_new_job(jkey, now, f, flow_named(f.deps), dkey and f.dedup, deadline, waits)
   if f.tags and f.tags ~= '' then
     -- Scored by the partition's count of tagged adds: a tag's index is in the order of adds.
-    local order = redis.call('HINCRBY', K_META, 'tgn', 1)
+    local order = redis.call('HINCRBY', K_META, 'tgn', '1')
     for tag in string.gmatch(f.tags, '[^\n]+') do
       redis.call('ZADD', tag_key(tag), order, id)
     end
@@ -87,14 +87,14 @@ local function add_job(now, f)
     if run_at > now then
       redis.call('HSET', jkey, 'ra', run_at)  -- released into DELAYED if still in the future
     end
-    redis.call('ZADD', K_BLOCKED, now, id)
+    redis.call('ZADD', K_BLOCKED, int_arg(now), id)
     emit('added', id, 's', 'blocked')
   elseif run_at > now then
     redis.call('HSET', jkey, 's', 'delayed')
     redis.call('ZADD', K_DELAYED, run_at, id)
     emit('added', id, 's', 'delayed')
     -- Idle workers sleep until the earliest delayed job: tell them when that moves.
-    local first = redis.call('ZRANGE', K_DELAYED, 0, 0)
+    local first = redis.call('ZRANGE', K_DELAYED, '0', '0')
     if first[1] == id then
       wake_workers()
     end

@@ -96,7 +96,7 @@ end
 
 -- One start, counted in the window.
 local function rate_record(rkey, now)
-  redis.call('ZADD', rkey, now, redis.call('HINCRBY', K_META, 'rls', 1))
+  redis.call('ZADD', rkey, int_arg(now), redis.call('HINCRBY', K_META, 'rls', '1'))
   redis.call('PEXPIRE', rkey, meta().rate_per + 1000)
 end
 
@@ -105,7 +105,8 @@ end
 -- starts in it than the new limit allows): those wait on until it has room.
 local function release_limited_keys(now)
   local m = meta()
-  local due = redis.call('ZRANGEBYSCORE', K_LIMITED, '-inf', now, 'LIMIT', 0, PROMOTE_BATCH)
+  local due = redis.call('ZRANGEBYSCORE', K_LIMITED, '-inf', int_arg(now), 'LIMIT', '0',
+    PROMOTE_BATCH)
   for _, key in ipairs(due) do
     local room, retry_in = 1, -1
     if m.rate_max > 0 and m.rate_per_key then

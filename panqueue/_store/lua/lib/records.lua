@@ -62,6 +62,6 @@ local function note_batch_ending(jkey, id, state, now, batch)
     batch = redis.call('HGET', jkey, 'b')
   end
   if batch then
-    redis.call('ZADD', K_BATCH_OUTBOX, now, batch .. '\t' .. id .. '\t' .. state)
+    redis.call('ZADD', K_BATCH_OUTBOX, int_arg(now), batch .. '\t' .. id .. '\t' .. state)
   end
 end

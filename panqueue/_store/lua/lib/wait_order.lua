@@ -88,7 +88,7 @@ end
 -- stalled or released job goes back to its stored place, see requeue_waiting). This costs
 -- one pass over them, once per 2^32 enqueues; every other enqueue stays O(log n).
 local function next_wait_seq()
-  local seq = redis.call('HINCRBY', K_META, 'seq', 1)
+  local seq = redis.call('HINCRBY', K_META, 'seq', '1')
   if seq < WAIT_SEQ_SPAN then
     return seq
   end

@@ -26,7 +26,7 @@ local function refresh_key(key, active, popped)
   active = active or tonumber(redis.call('HGET', K_KEY_ACTIVE, key) or '0')
   if waiting > 0 and active < meta().kc and not redis.call('ZSCORE', K_LIMITED, key) then
     if popped or not redis.call('ZSCORE', K_READY, key) then
-      redis.call('ZADD', K_READY, redis.call('HINCRBY', K_META, 'seq', 1), key)
+      redis.call('ZADD', K_READY, redis.call('HINCRBY', K_META, 'seq', '1'), key)
     end
   elseif not popped then
     redis.call('ZREM', K_READY, key)
@@ -43,7 +43,7 @@ local function enqueue_waiting(jkey, id, new)
   if keyed() then
     local key = new and new.key ~= '' and new.key or redis.call('HGET', jkey, 'k')
     redis.call('RPUSH', key_list(key), id)
-    redis.call('HINCRBY', K_META, 'kw', 1)
+    redis.call('HINCRBY', K_META, 'kw', '1')
     refresh_key(key)
     return
   end
@@ -63,7 +63,7 @@ local function requeue_waiting(jkey, id)
     redis.call('HSET', jkey, 's', 'waiting')
     local key = redis.call('HGET', jkey, 'k')
     redis.call('LPUSH', key_list(key), id)
-    redis.call('HINCRBY', K_META, 'kw', 1)
+    redis.call('HINCRBY', K_META, 'kw', '1')
     refresh_key(key)
     return
   end
@@ -83,8 +83,8 @@ end
 local function unwait(jkey, id)
   if keyed() then
     local key = redis.call('HGET', jkey, 'k')
-    if redis.call('LREM', key_list(key), 1, id) > 0 then
-      redis.call('HINCRBY', K_META, 'kw', -1)
+    if redis.call('LREM', key_list(key), '1', id) > 0 then
+      redis.call('HINCRBY', K_META, 'kw', '-1')
     end
     refresh_key(key)
     return

@@ -17,8 +17,10 @@ local function wake_workers()
   redis.call('SPUBLISH', K_NOTIFY, 'w')
 end
 
-local function wake_if_work_appeared(before)
-  if before == 0 and claimable() > 0 then
+-- `before`: claimable() before the script's change; `now_count`, when given: claimable() now
+-- (counted since the last change), else it is counted here.
+local function wake_if_work_appeared(before, now_count)
+  if before == 0 and (now_count or claimable()) > 0 then
     wake_workers()
   end
 end
