@@ -10,6 +10,8 @@ end
 
 -- A whole number (a time in ms, a count) as redis.call's argument: "%d" text, once per value and
 -- script (Redis writes a Lua number with "%.17g", as dear as a short command: docs/performance.md).
+-- Formatting one here costs more than Redis's writing of it once: this pays for a value passed
+-- several times in a call (its `now`); a constant goes as literal text ('1').
 local INT_ARG = {}
 local function int_arg(n)
   local text = INT_ARG[n] or string.format('%d', n)
