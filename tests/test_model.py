@@ -37,7 +37,8 @@ state, page by page), signal (to a job waiting for it, kept by an unfinished one
 finished one), work (its durable jobs that wait signalled first, or not), a running job
 cancelled (by cancel, or by cancel_jobs of a tag only it carries; and, on model-handoff,
 removed and added again under its id), batches (open, add, close, members tagged), a restart of
-the workers, a pause command to one of model-parted's workers (and its resume), and faults: an
+the workers, a pause command to one of model-parted's workers (and its resume), a dead worker's
+expired registration left among model-handoff's idle workers, and faults: an
 add or a cancel whose reply is lost (through a FaultProxy; the client sends it again, and the
 model accepts either answer of the first try but not two jobs), and a
 process SIGKILLed between the steps of a multi-step operation: an add, or a flow, with a custom
@@ -328,6 +329,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.names[name] = worker.__enter__().name
             self.workers[name] = worker
         self.paused_worker: str | None = None  # the model-parted worker paused by a command
+        self.dead_registrations = 0  # registrations of dead workers put in model-handoff
         self.scripts_forgotten = False  # the server lost its libraries and script cache
 
     def _stop_workers(self) -> None:
@@ -872,6 +874,32 @@ class QueueMachine(RuleBasedStateMachine):
     def restart_workers(self) -> None:
         self._stop_workers()
         self._start_workers()
+
+    @rule()
+    def a_dead_workers_registration(self) -> None:
+        """A worker of model-handoff SIGKILLed while idle leaves its registration in the idle
+        set, past its time (as 30 s later). While both live workers run a held job, it is the
+        only registration: an add must not hand its job to it (the job would sit active,
+        locked by nobody's token, until its lock expired) but leave it waiting, for the worker
+        that a cancel of its held job frees."""
+        hypothesis.event("a dead worker's registration, the only one left")
+        held = [self._hand_off(None, hold=True) for _ in range(2)]  # one on each worker
+        self.dead_registrations += 1
+        self.raw.zadd(QueueKeys(HANDOFF).idle,
+                      {f"30000:dead:{self.dead_registrations}:1": self.dead_registrations})
+        start = len(RUNS)
+        job = self._hand_off(None, hold=False)
+        state = self.client.cancel(HANDOFF, held[0].id)
+        if state != ACTIVE:
+            raise mismatch(f"cancel({HANDOFF}, {held[0].id}) of a running job", str(state),
+                           ACTIVE)
+        self._await_final(held[0].id)
+        self._await_final(job.id)
+        self._replay(HANDOFF, RUNS[start:])
+        if job.state != COMPLETED:
+            raise mismatch(f"{HANDOFF}/{job.id} added while only a dead worker was registered",
+                           str(self.client.get_job(HANDOFF, job.id).state), "run to its end")
+        self._cancel_held(held[1])
 
     @rule()
     def server_forgets_its_scripts(self) -> None:
