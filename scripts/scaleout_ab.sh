@@ -19,6 +19,11 @@ base=${1:?usage: scripts/scaleout_ab.sh BASE}
 [ -d panqueue ] || { echo "run from the project root" >&2; exit 2; }
 git rev-parse --verify -q "$base^{commit}" >/dev/null || { echo "not a commit: $base" >&2; exit 2; }
 bash ../shared/bench/scaleout/prepare.sh
+# croniter now needs python-dateutil (and it six and tzdata), anyio idna: the wheels that
+# prepare.sh downloads leave them out.
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .devbench/wheels python-dateutil six tzdata idna
 mv .devbench/src .devbench/src_new
 mkdir -p .devbench/src_base
 git archive "$base" panqueue | tar -x -C .devbench/src_base
