@@ -31,6 +31,40 @@ git rev-parse --short "$base" > .devbench/BASE
 sed -i 's/int(c.zcard(keys.wait))))/int(c.zcard(keys.wait)) + int(c.llen(keys.wait_list))))/' \
   .devbench/scaleout_bench.py
 grep -q 'keys.wait_list' .devbench/scaleout_bench.py || { echo "scaleout_bench.py changed: see the note above" >&2; exit 1; }
+# Each master's INFO commandstats around the drain too (masters_detail[].commands in
+# results.json: calls and µs per command), so that a master's CPU per job can be read as the
+# work it did (script calls, stream appends per job) and what each unit of it cost.
+python3 - .devbench/scaleout_bench.py <<'PATCH'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+edits = [
+    ("def cpu_layout()", """def info_cmd(port: int) -> dict[str, list[int]]:
+    c = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+    try:
+        st = c.info("commandstats")
+        return {k[len("cmdstat_"):]: [int(v["calls"]), int(v["usec"])] for k, v in st.items()}
+    finally:
+        c.close()
+
+
+def cpu_layout()"""),
+    ('"servers_info": [info_cpu(s.port) for s in servers],',
+     '"servers_info": [info_cpu(s.port) for s in servers],\n'
+     '                        "servers_cmd": [info_cmd(s.port) for s in servers],'),
+    ("if my_jobs else None)})",
+     "if my_jobs else None),\n"
+     "                \"commands\": {k: [v[0] - s0[\"servers_cmd\"][i].get(k, [0, 0])[0],\n"
+     "                                 v[1] - s0[\"servers_cmd\"][i].get(k, [0, 0])[1]]\n"
+     "                             for k, v in s1[\"servers_cmd\"][i].items()\n"
+     "                             if v[0] != s0[\"servers_cmd\"][i].get(k, [0, 0])[0]}})"),
+]
+for old, new in edits:
+    if text.count(old) != 1:
+        sys.exit(f"scaleout_bench.py changed: {old!r} is not there once")
+    text = text.replace(old, new)
+open(path, "w").write(text)
+PATCH
 cat > .devbench/ab.sh <<'AB'
 #!/bin/bash
 # Passes of the scale-out benchmark alternating BASE's panqueue and the checkout's.
@@ -45,6 +79,14 @@ for run in ${RUNS:-base1 new1 base2 new2}; do
     --no-typical-name --target-s 5 --first-n 100000 >/dev/null 2>&1
   echo "== $run ($commit): run | jobs/s | efficiency | Redis us/job per master | workers us/job"
   grep -E "^\| (standalone|K)" "$OUT/$run/results.md" | cut -d"|" -f2,8,10,12,14
+  python3 - "$OUT/$run/results.json" <<'CALLS'
+import json, sys
+for r in json.load(open(sys.argv[1]))["runs"]:
+    masters = [m for m in r.get("masters_detail", []) if m["jobs"] > 1]
+    if masters:
+        calls = " / ".join(f"{m['commands'].get('fcall', [0, 0])[0] / m['jobs']:.4f}" for m in masters)
+        print(f" {r['label']}: script calls per job per master {calls}")
+CALLS
   rm -f "$OUT/$run/logs.tar.gz" "$OUT/$run/driver.log"
 done
 AB
