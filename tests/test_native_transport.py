@@ -9,7 +9,10 @@ arrive.
 from __future__ import annotations
 
 import math
+import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +21,8 @@ import anyio.to_thread
 import pytest
 import redis
 
-from panqueue import PanqueueError
+from panqueue import Job, PanqueueError, QueueClient, Registry, WorkerPool
+from panqueue._keys import QueueKeys
 from panqueue._store.loader import Script
 from panqueue._store.transport import (
     Batch,
@@ -363,3 +367,79 @@ async def test_a_call_after_the_server_dropped_every_pooled_connection_succeeds(
     finally:
         admin.close()
         await transport.aclose()
+
+
+# --------------------------------------------------------------------------- wake-up subscriptions
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_the_trio_subscriber_reads_each_kind_of_reply_as_redis_sends_it(
+        anyio_backend: str, reader: str, protocol: int, redis_url: str,
+        redis_client: redis.Redis, queue_name: str) -> None:
+    """On one server, trio's wake-up subscription is made on trio's own sockets: a health-check
+    answer reports b"", a published message its data, a quiet channel None once the timeout
+    passed, and a subscription the server ended raises (RESP2 and RESP3 alike)."""
+    channel = QueueKeys(queue_name).notify
+    transport = open_async_transport(f"{redis_url}?protocol={protocol}")
+    subscriber = await transport.subscribe(channel)
+    try:
+        assert isinstance(subscriber, native._NativeSubscriber)
+        with anyio.fail_after(10):
+            await subscriber.ping()
+            assert await subscriber.get(timeout=5) == b""
+            redis_client.spublish(channel, b"h\x00data")
+            assert await subscriber.get(timeout=5) == b"h\x00data"
+            assert await subscriber.get(timeout=0.05) is None
+            await subscriber._connection.send(resp.pack(("SUNSUBSCRIBE", channel)))
+            with pytest.raises(PanqueueError, match="ended the wake-up subscription"):
+                await subscriber.get(timeout=5)
+    finally:
+        await subscriber.aclose()
+        await transport.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_an_idle_trio_worker_waits_for_its_wake_ups_without_a_thread(
+        anyio_backend: str, redis_url: str, redis_client: redis.Redis) -> None:
+    """A job handed to an idle worker reaches it from its subscription's socket, not from a
+    thread that waited on it: no thread waits in a subscription while the workers are idle,
+    and a job added then still starts at once."""
+    tag = uuid.uuid4().hex[:8]
+    queues = [f"idle-{tag}-{i}" for i in range(3)]
+    registry = Registry()
+    for name in queues:
+        @registry.handler(name)
+        async def echo(job: Job) -> str:
+            return f"{job.queue}:{job.data}"
+
+    async with QueueClient(redis_url) as client:
+        with anyio.fail_after(30):
+            async with WorkerPool(registry, url=redis_url, queues=queues, grace=2.0):
+                for name in queues:  # each worker is subscribed to its queue's channel
+                    channel = QueueKeys(name).notify
+                    while not redis_client.execute_command(
+                            "PUBSUB", "SHARDNUMSUB", channel)[1]:
+                        await anyio.sleep(0.02)
+                waiting = [name for name, frame in _thread_frames()
+                           if _in_code(frame, ("get_message", "parse_response"))]
+                assert waiting == [], f"threads wait in a subscription: {waiting}"
+                handle = await client.queue(queues[-1]).add("last")
+                assert await handle.result(timeout=20) == f"{queues[-1]}:last"
+
+
+def _thread_frames() -> list[tuple[str, Any]]:
+    """Every other thread's name and current frame."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return [(names.get(ident, str(ident)), frame)
+            for ident, frame in sys._current_frames().items()
+            if ident != threading.get_ident()]
+
+
+def _in_code(frame: Any, functions: tuple[str, ...]) -> bool:
+    """Whether a function of these names is on the stack from ``frame`` down."""
+    while frame is not None:
+        if frame.f_code.co_name in functions:
+            return True
+        frame = frame.f_back
+    return False

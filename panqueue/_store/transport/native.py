@@ -14,9 +14,12 @@ It answers as redis-py does, so the operations cannot tell it from the other tra
   still unanswered after the socket timeout raises ``TimeoutError``; a connection that a
   cancelled or failed call leaves with a reply in flight is closed, never reused.
 
+Wake-up subscriptions are made on trio's sockets too (:class:`_NativeSubscriber`): a job
+handed to an idle worker reaches it without a thread's hand-over, and an idle worker holds no
+thread while it waits.
+
 Cluster and Sentinel URLs, and the rare option it does not know (OCSP checks, a credential
-provider), stay on redis-py in threads (:mod:`.thread`); so do wake-up subscriptions,
-which are not on the per-job path.
+provider), stay on redis-py in threads (:mod:`.thread`), their subscriptions too.
 """
 
 from __future__ import annotations
@@ -37,7 +40,13 @@ import trio
 from redis.retry import Retry
 
 from panqueue._store.transport import resp
-from panqueue._store.transport.base import AsyncSubscriber, AsyncTransport
+from panqueue._store.transport.base import (
+    _SUBSCRIBE_TIMEOUT,
+    _SUBSCRIBED,
+    AsyncSubscriber,
+    AsyncTransport,
+    _reply_payload,
+)
 from panqueue._store.transport.errors import _translated
 from panqueue._store.transport.options import _SCAN_COUNT, _standalone_options
 from panqueue._store.transport.requests import (
@@ -49,7 +58,6 @@ from panqueue._store.transport.requests import (
     _batch_args,
     call_script_async,
 )
-from panqueue._store.transport.thread import _ThreadTransport
 
 _E = redis.exceptions
 
@@ -205,25 +213,34 @@ class _Connection:
     async def roundtrip(self, payload: bytes, count: int) -> list[Any]:
         """Send ``payload`` and read ``count`` replies. An error reply that redis-py takes
         for a broken connection (LOADING, NOAUTH, ...) raises; the caller closes it."""
-        try:
-            await self._stream.send_all(payload)
-            replies: list[Any] = []
-            reader = self._reader
-            while len(replies) < count:
-                reply = reader.gets()
-                if reply is resp.MORE:
-                    data = await self._stream.receive_some(resp.RECEIVE_SIZE)
-                    if not data:
-                        raise _E.ConnectionError("Connection closed by server.")
-                    reader.feed(data)
-                    continue
-                replies.append(reply)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise _E.ConnectionError(f"Error while talking to the server: {exc}") from exc
+        await self.send(payload)
+        replies = [await self.receive() for _ in range(count)]
         for reply in replies:
             if isinstance(reply, _E.ConnectionError):
                 raise reply
         return replies
+
+    async def send(self, payload: bytes) -> None:
+        try:
+            await self._stream.send_all(payload)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise _E.ConnectionError(f"Error while talking to the server: {exc}") from exc
+
+    async def receive(self) -> Any:
+        """The next reply (or, on a subscribed connection, pushed message), waiting for it. A
+        wait cancelled midway loses nothing: what arrived stays in the reader."""
+        reader = self._reader
+        try:
+            while True:
+                reply = reader.gets()
+                if reply is not resp.MORE:
+                    return reply
+                data = await self._stream.receive_some(resp.RECEIVE_SIZE)
+                if not data:
+                    raise _E.ConnectionError("Connection closed by server.")
+                reader.feed(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise _E.ConnectionError(f"Error while talking to the server: {exc}") from exc
 
     def is_reusable(self) -> bool:
         """Whether this connection, idle in the pool, can carry the next call: nothing is
@@ -265,7 +282,6 @@ class _NativeTransport(AsyncTransport):
         self._idle: list[_Connection] = []
         self._closed = False
         self._functions = Functions()
-        self._subscriptions = _ThreadTransport(url)  # wake-ups: redis-py in threads
 
     async def execute(self, request: Request) -> Any:
         with _translated(self.url):
@@ -351,11 +367,61 @@ class _NativeTransport(AsyncTransport):
         return replies
 
     async def subscribe(self, *channels: str) -> AsyncSubscriber:
-        return await self._subscriptions.subscribe(*channels)
+        with _translated(self.url):
+            return await _NativeSubscriber.open(self.url, self._settings, channels)
 
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
-        await self._subscriptions.aclose()
+
+
+class _NativeSubscriber(AsyncSubscriber):
+    """One wake-up subscription on a connection of its own. A broken connection raises from
+    :meth:`get`, and the caller subscribes again (it claims meanwhile: a message published
+    while no connection listened is lost)."""
+
+    def __init__(self, url: str, settings: Settings, connection: _Connection) -> None:
+        self._url = url
+        self._settings = settings
+        self._connection = connection
+
+    @classmethod
+    async def open(cls, url: str, settings: Settings, channels: Sequence[str]
+                   ) -> _NativeSubscriber:
+        """Subscribed once the server confirmed every channel; a refusal (ACL: no access to the
+        channel) raises here, at subscribe time, not later as a silent wake-up path."""
+        connection = await _Connection.open(settings)
+        try:
+            with trio.move_on_after(_SUBSCRIBE_TIMEOUT) as scope:
+                await connection.send(b"".join(resp.pack(("SSUBSCRIBE", channel))
+                                               for channel in channels))
+                waiting = len(channels)
+                while waiting:
+                    reply = await connection.receive()
+                    if isinstance(reply, Exception):
+                        raise reply
+                    if isinstance(reply, list) and reply and reply[0] in _SUBSCRIBED:
+                        waiting -= 1
+            if scope.cancelled_caught:
+                raise _E.TimeoutError("no confirmation of the subscription")
+        except BaseException:
+            connection.close()
+            raise
+        return cls(url, settings, connection)
+
+    async def get(self, timeout: float) -> bytes | None:
+        with _translated(self._url), trio.move_on_after(timeout):
+            reply = await self._connection.receive()
+            if isinstance(reply, Exception):
+                raise reply
+            return _reply_payload(reply, self._url)
+        return None
+
+    async def ping(self) -> None:
+        with _translated(self._url):
+            await self._connection.send(resp.pack(("PING",)))
+
+    async def aclose(self) -> None:
+        self._connection.close()
