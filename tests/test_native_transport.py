@@ -36,6 +36,7 @@ from panqueue._store.transport import (
     resp,
 )
 from panqueue._store.transport.aio import _AsyncioTransport
+from panqueue._store.transport.aio_subscriber import _ProtocolSubscriber
 from panqueue._store.transport.thread import _ThreadTransport
 from panqueue.embedded import RedisServer
 
@@ -372,31 +373,40 @@ async def test_a_call_after_the_server_dropped_every_pooled_connection_succeeds(
 # --------------------------------------------------------------------------- wake-up subscriptions
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
 @pytest.mark.parametrize("protocol", [2, 3])
-async def test_the_trio_subscriber_reads_each_kind_of_reply_as_redis_sends_it(
+async def test_the_subscriber_of_one_server_reads_each_kind_of_reply_as_redis_sends_it(
         anyio_backend: str, reader: str, protocol: int, redis_url: str,
         redis_client: redis.Redis, queue_name: str) -> None:
-    """On one server, trio's wake-up subscription is made on trio's own sockets: a health-check
-    answer reports b"", a published message its data, a quiet channel None once the timeout
-    passed, and a subscription the server ended raises (RESP2 and RESP3 alike)."""
+    """On one server, a wake-up subscription is made on the event loop's own sockets (trio's,
+    asyncio's protocol), not through redis-py: a health-check answer reports b"", a published
+    message its data, a quiet channel None once the timeout passed, and a subscription the
+    server ended raises (RESP2 and RESP3 alike)."""
     channel = QueueKeys(queue_name).notify
     transport = open_async_transport(f"{redis_url}?protocol={protocol}")
     subscriber = await transport.subscribe(channel)
     try:
-        assert isinstance(subscriber, native._NativeSubscriber)
+        assert isinstance(subscriber, native._NativeSubscriber if anyio_backend == "trio"
+                          else _ProtocolSubscriber)
         with anyio.fail_after(10):
             await subscriber.ping()
             assert await subscriber.get(timeout=5) == b""
             redis_client.spublish(channel, b"h\x00data")
             assert await subscriber.get(timeout=5) == b"h\x00data"
             assert await subscriber.get(timeout=0.05) is None
-            await subscriber._connection.send(resp.pack(("SUNSUBSCRIBE", channel)))
+            await _send(subscriber, resp.pack(("SUNSUBSCRIBE", channel)))
             with pytest.raises(PanqueueError, match="ended the wake-up subscription"):
                 await subscriber.get(timeout=5)
     finally:
         await subscriber.aclose()
         await transport.aclose()
+
+
+async def _send(subscriber: Any, data: bytes) -> None:
+    """Bytes on the subscription's own connection, as if the worker had sent them."""
+    if isinstance(subscriber, _ProtocolSubscriber):
+        subscriber._write(data)
+    else:
+        await subscriber._connection.send(data)
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])

@@ -1,7 +1,8 @@
 """Redis access for the rest of panqueue: the only module that knows asyncio from trio.
 
 * On asyncio, ``redis.asyncio`` (standalone, cluster, or a Sentinel-managed master) is used
-  directly.
+  directly, but for a standalone server's wake-up subscriptions, read on an asyncio protocol
+  of panqueue's own (``aio_subscriber``).
 * On trio, ``redis.asyncio`` cannot run: a standalone server is spoken to over trio's own sockets
   (``native``); Cluster and Sentinel use redis-py's sync client in worker threads (``thread``).
 * The sync client (``SyncQueueClient``, Spark executors) uses redis-py's sync client as is.
@@ -15,13 +16,14 @@ redis-py's errors never leave this package: :func:`translate_error` maps each to
 
 The modules: ``requests`` (what an operation asks for), ``options`` (URLs, timeouts),
 ``errors`` (the translation), ``sync`` (the blocking transport), ``base`` (the async surface),
-``aio`` (asyncio), ``native`` and ``thread`` (trio); :func:`open_async_transport` picks the
-async one.
+``aio`` and ``aio_subscriber`` (asyncio), ``native`` and ``thread`` (trio), ``standalone`` (the
+connection options of one server, for ``native`` and ``aio_subscriber``);
+:func:`open_async_transport` picks the async one.
 """
 
 from __future__ import annotations
 
-from panqueue._store.transport import options
+from panqueue._store.transport import options, standalone
 from panqueue._store.transport.aio import _AsyncioTransport
 from panqueue._store.transport.base import AsyncSubscriber, AsyncTransport
 from panqueue._store.transport.errors import translate_error
@@ -85,7 +87,7 @@ def _open_async_transport(url: str) -> AsyncTransport:
     is_cluster, _ = options._parse(url)
     if not is_cluster and options._sentinel_target(url) is None:
         try:
-            settings = native.settings_for(url)
+            settings = standalone.settings_for(url)
         except ValueError as exc:
             raise ConfigError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from exc
         if settings is not None:

@@ -17,7 +17,8 @@ import redis.cluster
 import redis.exceptions
 from redis.asyncio.retry import Retry as AsyncRetry
 
-from panqueue._store.transport import resp
+from panqueue._store.transport import resp, standalone
+from panqueue._store.transport.aio_subscriber import _ProtocolSubscriber
 from panqueue._store.transport.base import (
     _SUBSCRIBE_TIMEOUT,
     _SUBSCRIBED,
@@ -110,6 +111,10 @@ class _AsyncioTransport(AsyncTransport):
         # Connections of a standalone client's pool kept out of it between script calls
         # (``_send``); None where the pool itself hands each one out (Sentinel, Cluster).
         self._kept: list[Any] | None = None
+        # A standalone server's connection options, read at the first subscription (None
+        # after it where the URL asks for what only redis-py does: its subscriptions then).
+        self._settings: standalone.Settings | None = None
+        self._settings_read = False
         try:
             target = _sentinel_target(url)
             if target is not None:
@@ -210,6 +215,13 @@ class _AsyncioTransport(AsyncTransport):
             return str(self.client.get_node_from_key(key).name)
 
     async def subscribe(self, *channels: str) -> AsyncSubscriber:
+        if self._kept is not None:  # one standalone server: on asyncio's own protocol
+            if not self._settings_read:
+                self._settings = standalone.settings_for(self.url)
+                self._settings_read = True
+            if self._settings is not None:
+                with _translated(self.url):
+                    return await _ProtocolSubscriber.open(self.url, self._settings, channels)
         owner: Any = None
         ps: Any = None
         with _translated(self.url):

@@ -24,11 +24,9 @@ provider), stay on redis-py in threads (:mod:`.thread`), their subscriptions too
 
 from __future__ import annotations
 
-import errno
 import math
 import select
 import socket
-import ssl
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +35,6 @@ import redis
 import redis.connection
 import redis.exceptions
 import trio
-from redis.retry import Retry
 
 from panqueue._store.transport import resp
 from panqueue._store.transport.base import (
@@ -48,7 +45,7 @@ from panqueue._store.transport.base import (
     _reply_payload,
 )
 from panqueue._store.transport.errors import _translated
-from panqueue._store.transport.options import _SCAN_COUNT, _standalone_options
+from panqueue._store.transport.options import _SCAN_COUNT
 from panqueue._store.transport.requests import (
     Command,
     Functions,
@@ -58,80 +55,9 @@ from panqueue._store.transport.requests import (
     _batch_args,
     call_script_async,
 )
+from panqueue._store.transport.standalone import Settings, connect_error, hello_commands
 
 _E = redis.exceptions
-
-
-class Settings:
-    """Where and how to connect, read from redis-py's own connection object for the URL.
-    :func:`settings_for` returns ``None`` when the URL asks for what only redis-py does."""
-
-    def __init__(self, connection: Any, callbacks: Any) -> None:
-        self.protocol = int(getattr(connection, "protocol", None) or 2)
-        #: redis-py's response callbacks for this protocol, by command name.
-        self.callbacks = callbacks
-        self.path: str | None = getattr(connection, "path", None)
-        self.host: str = getattr(connection, "host", "")
-        self.port: int = int(getattr(connection, "port", 0) or 0)
-        self.db = int(connection.db or 0)
-        self.username: str | None = connection.username
-        self.password: str | None = connection.password
-        self.client_name: str | None = connection.client_name
-        self.timeout: float | None = connection.socket_timeout
-        self.connect_timeout: float | None = getattr(connection, "socket_connect_timeout",
-                                                     self.timeout)
-        self.keepalive = bool(getattr(connection, "socket_keepalive", False))
-        self.keepalive_options: dict[int, Any] = dict(
-            getattr(connection, "socket_keepalive_options", None) or {})
-        self.tls: ssl.SSLContext | None = None
-        if isinstance(connection, redis.connection.SSLConnection):
-            self.tls = _tls_context(connection)
-
-    @property
-    def address(self) -> str:
-        return self.path or f"{self.host}:{self.port}"
-
-
-def _tls_context(c: Any) -> ssl.SSLContext:
-    """The TLS context redis-py would build from the same options."""
-    context = ssl.create_default_context()
-    context.check_hostname = bool(c.check_hostname)
-    context.verify_mode = c.cert_reqs
-    for flag in c.ssl_include_verify_flags or ():
-        context.verify_flags |= flag
-    for flag in c.ssl_exclude_verify_flags or ():
-        context.verify_flags &= ~flag
-    if c.certfile or c.keyfile:
-        context.load_cert_chain(certfile=c.certfile, keyfile=c.keyfile,
-                                password=c.certificate_password)
-    if c.ca_certs is not None or c.ca_path is not None or c.ca_data is not None:
-        context.load_verify_locations(cafile=c.ca_certs, capath=c.ca_path, cadata=c.ca_data)
-    if c.ssl_min_version is not None:
-        context.minimum_version = c.ssl_min_version
-    if c.ssl_ciphers:
-        context.set_ciphers(c.ssl_ciphers)
-    return context
-
-
-_KNOWN_CLASSES = (redis.connection.Connection, redis.connection.SSLConnection,
-                  redis.connection.UnixDomainSocketConnection)
-
-
-def settings_for(url: str) -> Settings | None:
-    """The settings for a standalone ``redis://``, ``rediss://`` or ``unix://`` URL, or
-    ``None`` if it asks for something this transport leaves to redis-py."""
-    client = redis.Redis.from_url(url, **_standalone_options(url, Retry))
-    try:
-        connection = client.connection_pool.make_connection()
-    finally:
-        client.close()
-    if type(connection) not in _KNOWN_CLASSES or \
-            getattr(connection, "credential_provider", None) is not None:
-        return None
-    if getattr(connection, "ssl_validate_ocsp", False) or \
-            getattr(connection, "ssl_validate_ocsp_stapled", False):
-        return None
-    return Settings(connection, client.response_callbacks)
 
 
 class _Connection:
@@ -148,7 +74,7 @@ class _Connection:
             try:
                 connection = await cls._connect(settings)
             except OSError as exc:
-                raise _E.ConnectionError(_connect_error(settings, exc)) from exc
+                raise _E.ConnectionError(connect_error(settings, exc)) from exc
             except trio.BrokenResourceError as exc:  # a failed TLS handshake
                 cause = exc.__cause__ or exc
                 raise _E.ConnectionError(
@@ -183,25 +109,8 @@ class _Connection:
         return cls(stream, tcp.socket)
 
     async def _hello(self, settings: Settings) -> None:
-        """What redis-py sends on a new connection: HELLO (RESP3) with the credentials and
-        name, or AUTH (RESP2); then SELECT. Without credentials on RESP2 a PING asks whether
-        the server wants some: a server that does answers NOAUTH (a connection error), where
-        the first real command might instead be refused as a protocol error (a long command
-        from a client that has not logged in)."""
-        commands: list[tuple[Any, ...]] = []
-        login: tuple[Any, ...] = ()
-        if settings.password is not None:
-            login = (settings.username or "default", settings.password)
-        if settings.protocol == 3:
-            commands.append(("HELLO", 3, *(("AUTH", *login) if login else ()),
-                             *(("SETNAME", settings.client_name) if settings.client_name
-                               else ())))
-        else:
-            commands.append(("AUTH", *login) if login else ("PING",))
-            if settings.client_name:
-                commands.append(("CLIENT", "SETNAME", settings.client_name))
-        if settings.db:
-            commands.append(("SELECT", settings.db))
+        """What redis-py sends on a new connection (:func:`hello_commands`)."""
+        commands = hello_commands(settings)
         with trio.move_on_after(settings.timeout or math.inf) as scope:
             replies = await self.roundtrip(b"".join(resp.pack(c) for c in commands), len(commands))
         if scope.cancelled_caught:
@@ -260,12 +169,6 @@ class _Connection:
 
     def close(self) -> None:
         self._socket.close()
-
-
-def _connect_error(settings: Settings, exc: OSError) -> str:
-    code = exc.errno if exc.errno is not None else errno.ECONNREFUSED
-    reason = exc.strerror or str(exc)
-    return f"Error {code} connecting to {settings.address}. {reason}."
 
 
 def _shorten(text: str) -> str:

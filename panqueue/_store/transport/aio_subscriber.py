@@ -1,0 +1,180 @@
+"""The asyncio wake-up subscription to one standalone server, on asyncio's own protocol.
+
+A job handed to an idle worker arrives as a message of its subscription. Read through
+redis-py, every such message went through its retry wrapper, a timeout context per read and
+its parser's stream reads. Here the protocol feeds the bytes to the reply reader as they
+arrive (hiredis' when installed) and wakes the waiting worker. The connection is made as
+redis-py would make it (:mod:`.standalone`: the URL's options, TLS, credentials, database).
+A broken connection raises from :meth:`_ProtocolSubscriber.get`, and the caller subscribes
+again. Cluster and Sentinel subscriptions stay on redis-py (:mod:`.aio`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import redis.exceptions
+
+from panqueue._store.transport import resp
+from panqueue._store.transport.base import (
+    _SUBSCRIBE_TIMEOUT,
+    _SUBSCRIBED,
+    AsyncSubscriber,
+    _reply_payload,
+)
+from panqueue._store.transport.errors import _translated
+from panqueue._store.transport.standalone import Settings, connect_error, hello_commands
+
+_E = redis.exceptions
+
+
+class _Protocol(asyncio.Protocol):
+    """The connection's bytes into the reader, and a wake-up for whoever waits on them."""
+
+    def __init__(self) -> None:
+        self.reader = resp.new_reader()
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.lost: BaseException | None = None  # why the connection ended, once it has
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = exc or _E.ConnectionError("Connection closed by server.")
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _ProtocolSubscriber(AsyncSubscriber):
+    def __init__(self, url: str, protocol: _Protocol) -> None:
+        self._url = url
+        self._protocol = protocol
+
+    @classmethod
+    async def open(cls, url: str, settings: Settings, channels: Sequence[str]
+                   ) -> _ProtocolSubscriber:
+        """Connected, logged in and subscribed once the server confirmed every channel; a
+        refusal (ACL: no access to the channel) raises here, at subscribe time."""
+        protocol = await _connect(settings)
+        subscriber = cls(url, protocol)
+        try:
+            commands = hello_commands(settings)
+            subscriber._write(b"".join(resp.pack(c) for c in commands))
+            for _ in commands:
+                reply = await subscriber._next(settings.timeout)
+                if reply is None:
+                    raise _E.TimeoutError("Timeout reading from socket")
+                if isinstance(reply, Exception):
+                    raise reply
+            subscriber._write(b"".join(resp.pack(("SSUBSCRIBE", c)) for c in channels))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + _SUBSCRIBE_TIMEOUT
+            waiting = len(channels)
+            while waiting:
+                reply = await subscriber._next(max(0.0, deadline - loop.time()))
+                if reply is None:
+                    raise _E.TimeoutError("no confirmation of the subscription")
+                if isinstance(reply, Exception):
+                    raise reply
+                if isinstance(reply, list) and reply and reply[0] in _SUBSCRIBED:
+                    waiting -= 1
+        except BaseException:
+            await subscriber.aclose()
+            raise
+        return subscriber
+
+    async def get(self, timeout: float) -> bytes | None:
+        with _translated(self._url):
+            reply = await self._next(timeout)
+            if reply is None:
+                return None
+            if isinstance(reply, Exception):
+                raise reply
+            return _reply_payload(reply, self._url)
+
+    async def ping(self) -> None:
+        with _translated(self._url):
+            self._write(resp.pack(("PING",)))
+
+    async def aclose(self) -> None:
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.abort()  # nothing is owed to the server: drop what is unsent
+
+    def _write(self, data: bytes) -> None:
+        protocol = self._protocol
+        transport = protocol.transport
+        if protocol.lost is not None or transport is None or transport.is_closing():
+            raise _E.ConnectionError("Connection closed by server.")
+        transport.write(data)
+
+    async def _next(self, timeout: float | None) -> Any:
+        """The next reply or pushed message, or None once ``timeout`` seconds passed without a
+        whole one. A wait cancelled midway loses nothing: what arrived stays in the reader."""
+        protocol = self._protocol
+        reply = protocol.reader.gets()
+        if reply is not resp.MORE:
+            return reply
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            if protocol.lost is not None:
+                raise _E.ConnectionError(f"Error while reading from the server: "
+                                         f"{protocol.lost}")
+            waiter: asyncio.Future[None] = loop.create_future()
+            protocol.waiter = waiter
+            expiry = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                protocol.waiter = None
+                if expiry is not None:
+                    expiry.cancel()
+            reply = protocol.reader.gets()
+            if reply is not resp.MORE:
+                return reply
+            if protocol.lost is None and deadline is not None and loop.time() >= deadline:
+                return None
+
+
+async def _connect(settings: Settings) -> _Protocol:
+    loop = asyncio.get_running_loop()
+    with anyio.move_on_after(settings.connect_timeout or math.inf) as scope:
+        try:
+            if settings.path is not None:
+                _, protocol = await loop.create_unix_connection(_Protocol, settings.path)
+            else:
+                _, protocol = await loop.create_connection(
+                    _Protocol, settings.host, settings.port, ssl=settings.tls,
+                    server_hostname=settings.host if settings.tls is not None else None)
+        except OSError as exc:
+            raise _E.ConnectionError(connect_error(settings, exc)) from exc
+    if scope.cancelled_caught:
+        raise _E.TimeoutError("Timeout connecting to server")
+    transport = protocol.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None and settings.path is None and settings.keepalive:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in settings.keepalive_options.items():
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    return protocol
