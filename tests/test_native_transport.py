@@ -423,26 +423,26 @@ async def test_an_idle_trio_worker_waits_for_its_wake_ups_without_a_thread(
         async def echo(job: Job) -> str:
             return f"{job.queue}:{job.data}"
 
+    before = {ident for ident, _ in _thread_frames()}  # others' threads: not this pool's
     async with QueueClient(redis_url) as client:
         with anyio.fail_after(30):
             async with WorkerPool(registry, url=redis_url, queues=queues, grace=2.0):
                 for name in queues:  # each worker is subscribed to its queue's channel
                     channel = QueueKeys(name).notify
-                    while not redis_client.execute_command(
-                            "PUBSUB", "SHARDNUMSUB", channel)[1]:
+                    while not redis_client.pubsub_shardnumsub(channel)[0][1]:
                         await anyio.sleep(0.02)
-                waiting = [name for name, frame in _thread_frames()
-                           if _in_code(frame, ("get_message", "parse_response"))]
+                names = {t.ident: t.name for t in threading.enumerate()}
+                waiting = [names.get(ident, str(ident)) for ident, frame in _thread_frames()
+                           if ident not in before
+                           and _in_code(frame, ("get_message", "parse_response"))]
                 assert waiting == [], f"threads wait in a subscription: {waiting}"
                 handle = await client.queue(queues[-1]).add("last")
                 assert await handle.result(timeout=20) == f"{queues[-1]}:last"
 
 
-def _thread_frames() -> list[tuple[str, Any]]:
-    """Every other thread's name and current frame."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    return [(names.get(ident, str(ident)), frame)
-            for ident, frame in sys._current_frames().items()
+def _thread_frames() -> list[tuple[int, Any]]:
+    """Every other thread's id and current frame."""
+    return [(ident, frame) for ident, frame in sys._current_frames().items()
             if ident != threading.get_ident()]
 
 
