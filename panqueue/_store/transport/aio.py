@@ -4,6 +4,7 @@ through Sentinel) directly."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any
 
@@ -111,10 +112,6 @@ class _AsyncioTransport(AsyncTransport):
         # Connections of a standalone client's pool kept out of it between script calls
         # (``_send``); None where the pool itself hands each one out (Sentinel, Cluster).
         self._kept: list[Any] | None = None
-        # A standalone server's connection options, read at the first subscription (None
-        # after it where the URL asks for what only redis-py does: its subscriptions then).
-        self._settings: standalone.Settings | None = None
-        self._settings_read = False
         try:
             target = _sentinel_target(url)
             if target is not None:
@@ -214,14 +211,17 @@ class _AsyncioTransport(AsyncTransport):
             await self.client.initialize()
             return str(self.client.get_node_from_key(key).name)
 
+    @functools.cached_property
+    def _settings(self) -> standalone.Settings | None:
+        """A standalone server's connection options, for its wake-up subscriptions, read at
+        the first (about a millisecond: redis-py makes a client to read them). None: Sentinel,
+        Cluster, or a URL that asks for what only redis-py does."""
+        return None if self._kept is None else standalone.settings_for(self.url)
+
     async def subscribe(self, *channels: str) -> AsyncSubscriber:
-        if self._kept is not None:  # one standalone server: on asyncio's own protocol
-            if not self._settings_read:
-                self._settings = standalone.settings_for(self.url)
-                self._settings_read = True
-            if self._settings is not None:
-                with _translated(self.url):
-                    return await _ProtocolSubscriber.open(self.url, self._settings, channels)
+        if self._settings is not None:  # one standalone server: on asyncio's own protocol
+            with _translated(self.url):
+                return await _ProtocolSubscriber.open(self.url, self._settings, channels)
         owner: Any = None
         ps: Any = None
         with _translated(self.url):
