@@ -393,20 +393,12 @@ async def test_the_subscriber_of_one_server_reads_each_kind_of_reply_as_redis_se
             redis_client.spublish(channel, b"h\x00data")
             assert await subscriber.get(timeout=5) == b"h\x00data"
             assert await subscriber.get(timeout=0.05) is None
-            await _send(subscriber, resp.pack(("SUNSUBSCRIBE", channel)))
+            await subscriber._send(resp.pack(("SUNSUBSCRIBE", channel)))
             with pytest.raises(PanqueueError, match="ended the wake-up subscription"):
                 await subscriber.get(timeout=5)
     finally:
         await subscriber.aclose()
         await transport.aclose()
-
-
-async def _send(subscriber: Any, data: bytes) -> None:
-    """Bytes on the subscription's own connection, as if the worker had sent them."""
-    if isinstance(subscriber, _ProtocolSubscriber):
-        subscriber._write(data)
-    else:
-        await subscriber._connection.send(data)
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])

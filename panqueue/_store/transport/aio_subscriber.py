@@ -21,13 +21,7 @@ import anyio
 import redis.exceptions
 
 from panqueue._store.transport import resp
-from panqueue._store.transport.base import (
-    _SUBSCRIBE_TIMEOUT,
-    _SUBSCRIBED,
-    AsyncSubscriber,
-    _reply_payload,
-)
-from panqueue._store.transport.errors import _translated
+from panqueue._store.transport.base import _ReplySubscriber
 from panqueue._store.transport.standalone import Settings, connect_error, hello_commands
 
 _E = redis.exceptions
@@ -65,63 +59,38 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-class _ProtocolSubscriber(AsyncSubscriber):
+class _ProtocolSubscriber(_ReplySubscriber):
     def __init__(self, url: str, protocol: _Protocol) -> None:
-        self._url = url
+        super().__init__(url)
         self._protocol = protocol
 
     @classmethod
     async def open(cls, url: str, settings: Settings, channels: Sequence[str]
                    ) -> _ProtocolSubscriber:
-        """Connected, logged in and subscribed once the server confirmed every channel; a
-        refusal (ACL: no access to the channel) raises here, at subscribe time."""
-        protocol = await _connect(settings)
-        subscriber = cls(url, protocol)
+        """Connected, logged in (what redis-py sends first: :func:`hello_commands`) and
+        subscribed (:meth:`_ReplySubscriber._subscribe`)."""
+        subscriber = cls(url, await _connect(settings))
         try:
             commands = hello_commands(settings)
-            subscriber._write(b"".join(resp.pack(c) for c in commands))
+            await subscriber._send(b"".join(resp.pack(c) for c in commands))
             for _ in commands:
                 reply = await subscriber._next(settings.timeout)
                 if reply is None:
                     raise _E.TimeoutError("Timeout reading from socket")
                 if isinstance(reply, Exception):
                     raise reply
-            subscriber._write(b"".join(resp.pack(("SSUBSCRIBE", c)) for c in channels))
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + _SUBSCRIBE_TIMEOUT
-            waiting = len(channels)
-            while waiting:
-                reply = await subscriber._next(max(0.0, deadline - loop.time()))
-                if reply is None:
-                    raise _E.TimeoutError("no confirmation of the subscription")
-                if isinstance(reply, Exception):
-                    raise reply
-                if isinstance(reply, list) and reply and reply[0] in _SUBSCRIBED:
-                    waiting -= 1
+            await subscriber._subscribe(channels)
         except BaseException:
             await subscriber.aclose()
             raise
         return subscriber
-
-    async def get(self, timeout: float) -> bytes | None:
-        with _translated(self._url):
-            reply = await self._next(timeout)
-            if reply is None:
-                return None
-            if isinstance(reply, Exception):
-                raise reply
-            return _reply_payload(reply, self._url)
-
-    async def ping(self) -> None:
-        with _translated(self._url):
-            self._write(resp.pack(("PING",)))
 
     async def aclose(self) -> None:
         transport = self._protocol.transport
         if transport is not None:
             transport.abort()  # nothing is owed to the server: drop what is unsent
 
-    def _write(self, data: bytes) -> None:
+    async def _send(self, data: bytes) -> None:
         protocol = self._protocol
         transport = protocol.transport
         if protocol.lost is not None or transport is None or transport.is_closing():
@@ -129,8 +98,6 @@ class _ProtocolSubscriber(AsyncSubscriber):
         transport.write(data)
 
     async def _next(self, timeout: float | None) -> Any:
-        """The next reply or pushed message, or None once ``timeout`` seconds passed without a
-        whole one. A wait cancelled midway loses nothing: what arrived stays in the reader."""
         protocol = self._protocol
         reply = protocol.reader.gets()
         if reply is not resp.MORE:

@@ -1,11 +1,11 @@
 """The async transport's surface (:class:`AsyncTransport`, :class:`AsyncSubscriber`) and what its
-two implementations share about wake-up subscriptions."""
+implementations share about wake-up subscriptions."""
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -15,6 +15,8 @@ import redis.cluster
 import redis.exceptions
 
 from panqueue._keys import prefixed
+from panqueue._store.transport import resp
+from panqueue._store.transport.errors import _translated
 from panqueue._store.transport.options import redact_url
 from panqueue._store.transport.requests import Op, Request, T
 from panqueue.errors import ConnectionError as PanqueueConnectionError
@@ -108,6 +110,55 @@ def _message_payload(kind: Any, data: Any, url: str) -> bytes | None:
     if kind in ("smessage", "message"):
         return data if isinstance(data, bytes) else str(data).encode()
     return None
+
+
+class _ReplySubscriber(AsyncSubscriber):
+    """A subscription on a connection of its own, read reply by reply (``resp``'s reader): the
+    subscribers of :mod:`.native` (trio) and :mod:`.aio_subscriber` (asyncio), which differ
+    only in how they wait for the next reply (:meth:`_next`) and send (:meth:`_send`). A
+    broken connection raises from :meth:`get`, and the caller subscribes again (it claims
+    meanwhile: a message published while no connection listened is lost)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    @abstractmethod
+    async def _next(self, timeout: float | None) -> Any:
+        """The next reply or pushed message, or None once ``timeout`` seconds passed without a
+        whole one (None: no bound). A wait cancelled midway loses nothing."""
+
+    @abstractmethod
+    async def _send(self, data: bytes) -> None:
+        ...
+
+    async def _subscribe(self, channels: Sequence[str]) -> None:
+        """Subscribe and read until the server confirmed every channel: a refusal (ACL: no
+        access to the channel) raises here, at subscribe time, not later as a silent wake-up
+        path."""
+        await self._send(b"".join(resp.pack(("SSUBSCRIBE", c)) for c in channels))
+        deadline = time.monotonic() + _SUBSCRIBE_TIMEOUT
+        waiting = len(channels)
+        while waiting:
+            reply = await self._next(max(0.0, deadline - time.monotonic()))
+            if reply is None:
+                raise redis.exceptions.TimeoutError("no confirmation of the subscription")
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(reply, list) and reply and reply[0] in _SUBSCRIBED:
+                waiting -= 1
+
+    async def get(self, timeout: float) -> bytes | None:
+        with _translated(self._url):
+            reply = await self._next(timeout)
+            if reply is None:
+                return None
+            if isinstance(reply, Exception):
+                raise reply
+            return _reply_payload(reply, self._url)
+
+    async def ping(self) -> None:
+        with _translated(self._url):
+            await self._send(resp.pack(("PING",)))
 
 
 class AsyncTransport(ABC):

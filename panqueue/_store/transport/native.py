@@ -37,13 +37,7 @@ import redis.exceptions
 import trio
 
 from panqueue._store.transport import resp
-from panqueue._store.transport.base import (
-    _SUBSCRIBE_TIMEOUT,
-    _SUBSCRIBED,
-    AsyncSubscriber,
-    AsyncTransport,
-    _reply_payload,
-)
+from panqueue._store.transport.base import AsyncSubscriber, AsyncTransport, _ReplySubscriber
 from panqueue._store.transport.errors import _translated
 from panqueue._store.transport.options import _SCAN_COUNT
 from panqueue._store.transport.requests import (
@@ -280,51 +274,32 @@ class _NativeTransport(AsyncTransport):
             connection.close()
 
 
-class _NativeSubscriber(AsyncSubscriber):
-    """One wake-up subscription on a connection of its own. A broken connection raises from
-    :meth:`get`, and the caller subscribes again (it claims meanwhile: a message published
-    while no connection listened is lost)."""
+class _NativeSubscriber(_ReplySubscriber):
+    """A wake-up subscription on a trio connection of its own."""
 
-    def __init__(self, url: str, settings: Settings, connection: _Connection) -> None:
-        self._url = url
-        self._settings = settings
+    def __init__(self, url: str, connection: _Connection) -> None:
+        super().__init__(url)
         self._connection = connection
 
     @classmethod
     async def open(cls, url: str, settings: Settings, channels: Sequence[str]
                    ) -> _NativeSubscriber:
-        """Subscribed once the server confirmed every channel; a refusal (ACL: no access to the
-        channel) raises here, at subscribe time, not later as a silent wake-up path."""
-        connection = await _Connection.open(settings)
+        """Connected, logged in and subscribed (:meth:`_ReplySubscriber._subscribe`)."""
+        subscriber = cls(url, await _Connection.open(settings))
         try:
-            with trio.move_on_after(_SUBSCRIBE_TIMEOUT) as scope:
-                await connection.send(b"".join(resp.pack(("SSUBSCRIBE", channel))
-                                               for channel in channels))
-                waiting = len(channels)
-                while waiting:
-                    reply = await connection.receive()
-                    if isinstance(reply, Exception):
-                        raise reply
-                    if isinstance(reply, list) and reply and reply[0] in _SUBSCRIBED:
-                        waiting -= 1
-            if scope.cancelled_caught:
-                raise _E.TimeoutError("no confirmation of the subscription")
+            await subscriber._subscribe(channels)
         except BaseException:
-            connection.close()
+            await subscriber.aclose()
             raise
-        return cls(url, settings, connection)
+        return subscriber
 
-    async def get(self, timeout: float) -> bytes | None:
-        with _translated(self._url), trio.move_on_after(timeout):
-            reply = await self._connection.receive()
-            if isinstance(reply, Exception):
-                raise reply
-            return _reply_payload(reply, self._url)
+    async def _next(self, timeout: float | None) -> Any:
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            return await self._connection.receive()
         return None
 
-    async def ping(self) -> None:
-        with _translated(self._url):
-            await self._connection.send(resp.pack(("PING",)))
+    async def _send(self, data: bytes) -> None:
+        await self._connection.send(data)
 
     async def aclose(self) -> None:
         self._connection.close()
