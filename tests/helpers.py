@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import anyio
 import redis
 import sniffio
 
+from panqueue import Job, Registry
 from panqueue._store.loader import SCRIPTS, Script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +104,19 @@ def _set_environ(values: Mapping[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def echo_registry(prefix: str, count: int) -> tuple[Registry, list[str]]:
+    """``count`` queues of names of their own (``<prefix>-<tag>-<i>``), each with a handler
+    that answers ``"<queue>:<data>"``."""
+    tag = uuid.uuid4().hex[:8]
+    queues = [f"{prefix}-{tag}-{i}" for i in range(count)]
+    registry = Registry()
+    for name in queues:
+        @registry.handler(name)
+        async def echo(job: Job) -> str:
+            return f"{job.queue}:{job.data}"
+    return registry, queues
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0,

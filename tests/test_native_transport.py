@@ -12,7 +12,6 @@ import math
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ import anyio.to_thread
 import pytest
 import redis
 
-from panqueue import Job, PanqueueError, QueueClient, Registry, WorkerPool
+from panqueue import PanqueueError, QueueClient, WorkerPool
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import Script
 from panqueue._store.transport import (
@@ -39,6 +38,7 @@ from panqueue._store.transport.aio import _AsyncioTransport
 from panqueue._store.transport.aio_subscriber import _ProtocolSubscriber
 from panqueue._store.transport.thread import _ThreadTransport
 from panqueue.embedded import RedisServer
+from tests.helpers import async_wait_until, echo_registry
 
 pytestmark = pytest.mark.anyio
 
@@ -407,22 +407,16 @@ async def test_an_idle_trio_worker_waits_for_its_wake_ups_without_a_thread(
     """A job handed to an idle worker reaches it from its subscription's socket, not from a
     thread that waited on it: no thread waits in a subscription while the workers are idle,
     and a job added then still starts at once."""
-    tag = uuid.uuid4().hex[:8]
-    queues = [f"idle-{tag}-{i}" for i in range(3)]
-    registry = Registry()
-    for name in queues:
-        @registry.handler(name)
-        async def echo(job: Job) -> str:
-            return f"{job.queue}:{job.data}"
-
+    registry, queues = echo_registry("idle", 3)
     before = {ident for ident, _ in _thread_frames()}  # others' threads: not this pool's
     async with QueueClient(redis_url) as client:
         with anyio.fail_after(30):
             async with WorkerPool(registry, url=redis_url, queues=queues, grace=2.0):
-                for name in queues:  # each worker is subscribed to its queue's channel
-                    channel = QueueKeys(name).notify
-                    while not redis_client.pubsub_shardnumsub(channel)[0][1]:
-                        await anyio.sleep(0.02)
+                async def every_worker_subscribed() -> bool:
+                    return all(redis_client.pubsub_shardnumsub(QueueKeys(name).notify)[0][1]
+                               for name in queues)
+
+                await async_wait_until(every_worker_subscribed, what="the subscriptions")
                 names = {t.ident: t.name for t in threading.enumerate()}
                 waiting = [names.get(ident, str(ident)) for ident, frame in _thread_frames()
                            if ident not in before

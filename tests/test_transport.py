@@ -11,7 +11,6 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,7 +44,7 @@ from panqueue._store.transport import (
 )
 from panqueue.embedded import RedisServer, free_port
 from panqueue.testing import SCRIPT_CALLS, FaultProxy, run_worker
-from tests.helpers import async_wait_until
+from tests.helpers import async_wait_until, echo_registry
 
 pytestmark = pytest.mark.anyio
 
@@ -375,14 +374,7 @@ async def test_a_pool_of_many_queues_on_trio_claims_promptly(anyio_backend: str,
     Cluster and Sentinel every command runs in one too). 45 queues (more than anyio's default
     40 threads) must not leave subscriptions or claims queueing for a thread until a
     subscriber's wait ends."""
-    tag = uuid.uuid4().hex[:8]
-    queues = [f"many-{tag}-{i}" for i in range(45)]
-    registry = Registry()
-    for name in queues:
-        @registry.handler(name)
-        async def echo(job: Job) -> str:
-            return f"{job.queue}:{job.data}"
-
+    registry, queues = echo_registry("many", 45)
     async with QueueClient(redis_url) as client:
         with anyio.fail_after(60):
             async with WorkerPool(registry, url=redis_url, queues=queues, grace=2.0):
