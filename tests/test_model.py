@@ -902,6 +902,24 @@ class QueueMachine(RuleBasedStateMachine):
         self._cancel_held(held[1])
 
     @rule()
+    def subscriptions_cut(self) -> None:
+        """Every worker's wake-up subscription is cut (``CLIENT KILL TYPE pubsub``, as a proxy
+        or a restart drops it). Each worker subscribes again and claims meanwhile: a job
+        handed over while model-handoff's idle worker was not listening (the add races the new
+        subscription) must still run, although that worker polls only once a minute."""
+        hypothesis.event("the wake-up subscriptions cut")
+        cut = self.raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        if cut < len(WORKERS):
+            raise mismatch("subscriptions cut", cut, f"one per worker ({len(WORKERS)})")
+        start = len(RUNS)
+        job = self._hand_off(None, hold=False)
+        self._await_final(job.id)
+        self._replay(HANDOFF, RUNS[start:])
+        if job.state != COMPLETED:
+            raise mismatch(f"{HANDOFF}/{job.id} added as the subscriptions were cut",
+                           str(self.client.get_job(HANDOFF, job.id).state), "run to its end")
+
+    @rule()
     def server_forgets_its_scripts(self) -> None:
         """FUNCTION FLUSH and SCRIPT FLUSH: what a restart without persistence, or a failover
         to a server that never ran them, leaves. The next call of each script, from a producer
