@@ -706,13 +706,7 @@ class QueueMachine(RuleBasedStateMachine):
         if not self.client.remove(HANDOFF, job_id):
             raise mismatch(f"remove({HANDOFF}, {job_id})", False, True)
         self.model.delete(first, lost=True)
-        start = len(RUNS)
-        again = self._hand_off(job_id, hold=False)
-        self._await_final(again.id)
-        self._replay(HANDOFF, RUNS[start:])
-        if again.state != COMPLETED:
-            raise mismatch(f"{HANDOFF}/{job_id} added again after a cancel",
-                           str(self.client.get_job(HANDOFF, job_id).state), "run to its end")
+        self._run_handed(job_id, "added again after a cancel")
         self._cancel_held(busy)
 
     def _hand_off(self, job_id: str | None, *, hold: bool) -> ModelJob:
@@ -725,6 +719,16 @@ class QueueMachine(RuleBasedStateMachine):
             self._await_run(start, "start", handle.id)
             self._replay(HANDOFF, RUNS[start:])
         return job
+
+    def _run_handed(self, job_id: str | None, what: str) -> None:
+        """Add a job to model-handoff that must run to its end (``what``: how it was added)."""
+        start = len(RUNS)
+        job = self._hand_off(job_id, hold=False)
+        self._await_final(job.id)
+        self._replay(HANDOFF, RUNS[start:])
+        if job.state != COMPLETED:
+            raise mismatch(f"{HANDOFF}/{job.id} {what}",
+                           str(self.client.get_job(HANDOFF, job.id).state), "run to its end")
 
     def _cancel_held(self, job: ModelJob) -> None:
         start = len(RUNS)
@@ -911,13 +915,7 @@ class QueueMachine(RuleBasedStateMachine):
         cut = self.raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
         if cut < len(WORKERS):
             raise mismatch("subscriptions cut", cut, f"one per worker ({len(WORKERS)})")
-        start = len(RUNS)
-        job = self._hand_off(None, hold=False)
-        self._await_final(job.id)
-        self._replay(HANDOFF, RUNS[start:])
-        if job.state != COMPLETED:
-            raise mismatch(f"{HANDOFF}/{job.id} added as the subscriptions were cut",
-                           str(self.client.get_job(HANDOFF, job.id).state), "run to its end")
+        self._run_handed(None, "added as the subscriptions were cut")
 
     @rule()
     def server_forgets_its_scripts(self) -> None:
