@@ -401,6 +401,65 @@ async def test_the_subscriber_of_one_server_reads_each_kind_of_reply_as_redis_se
         await transport.aclose()
 
 
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_an_asyncio_subscriber_passes_each_message_on_as_it_arrives(
+        anyio_backend: str, reader: str, protocol: int, redis_url: str,
+        redis_client: redis.Redis, queue_name: str) -> None:
+    """On asyncio, the subscriber hands each message to the worker where its bytes arrive,
+    with no read pending (a handed job starts a turn of the loop sooner): get() still answers
+    the health check and times out, a subscription the server ended still raises from it, and
+    so does what the receiver raised. On trio, a task reads each message (get())."""
+    channel = QueueKeys(queue_name).notify
+    transport = open_async_transport(f"{redis_url}?protocol={protocol}")
+    subscriber = await transport.subscribe(channel)
+    heard: list[bytes] = []
+    arrived = anyio.Event()
+    if anyio_backend == "asyncio":
+        protocol = subscriber._protocol  # type: ignore[attr-defined]
+        received = protocol.data_received
+
+        def data_received(data: bytes) -> None:
+            received(data)
+            arrived.set()
+
+        protocol.data_received = data_received
+    else:
+        arrived.set()
+    try:
+        redis_client.spublish(channel, b"w")  # before: passed on once asked for
+        with anyio.fail_after(10):
+            await arrived.wait()
+            delivers = subscriber.deliver_to(heard.append)
+            assert delivers is (anyio_backend == "asyncio")
+            if not delivers:
+                assert await subscriber.get(timeout=5) == b"w"
+                return
+            assert heard == [b"w"]
+            redis_client.spublish(channel, b"h\x00data")
+
+            async def passed_on() -> bool:
+                return len(heard) == 2
+
+            await async_wait_until(passed_on, what="the message passed on")
+            assert heard == [b"w", b"h\x00data"]
+            await subscriber.ping()
+            redis_client.spublish(channel, b"w")
+            assert await subscriber.get(timeout=5) == b""  # the ping's answer, not a message
+            assert await subscriber.get(timeout=0.05) is None
+            assert heard[2:] == [b"w"]
+
+            def broken(data: bytes) -> None:
+                raise RuntimeError(f"receiver broke on {data!r}")
+
+            subscriber.deliver_to(broken)
+            redis_client.spublish(channel, b"x")
+            with pytest.raises(RuntimeError, match="receiver broke on b'x'"):
+                await subscriber.get(timeout=5)
+    finally:
+        await subscriber.aclose()
+        await transport.aclose()
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_an_idle_trio_worker_waits_for_its_wake_ups_without_a_thread(
         anyio_backend: str, redis_url: str, redis_client: redis.Redis) -> None:

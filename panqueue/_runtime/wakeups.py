@@ -120,6 +120,9 @@ class WakeUps:
 
     async def _until_broken(self, subscriber: AsyncSubscriber) -> None:
         ping_sent: float | None = None
+        # Where the subscriber can, it acts on each message as it arrives (a handed job starts
+        # a turn of the loop sooner); get() then returns the ping's answers alone.
+        subscriber.deliver_to(self._heard)
         while True:
             message = await subscriber.get(timeout=self._health_interval)
             now = time.monotonic()

@@ -7,6 +7,11 @@ arrive (hiredis' when installed) and wakes the waiting worker. The connection is
 redis-py would make it (:mod:`.standalone`: the URL's options, TLS, credentials, database).
 A broken connection raises from :meth:`_ProtocolSubscriber.get`, and the caller subscribes
 again. Cluster and Sentinel subscriptions stay on redis-py (:mod:`.aio`).
+
+Once the worker asks for it (:meth:`_ProtocolSubscriber.deliver_to`), a message is acted on
+where its bytes arrive: the protocol passes it on at once, and a job handed over is started
+one turn of the event loop sooner than through a task that reads the subscription
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -14,27 +19,33 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 import redis.exceptions
 
 from panqueue._store.transport import resp
-from panqueue._store.transport.base import _ReplySubscriber
+from panqueue._store.transport.base import _published, _ReplySubscriber
 from panqueue._store.transport.standalone import Settings, connect_error, hello_commands
 
 _E = redis.exceptions
 
 
 class _Protocol(asyncio.Protocol):
-    """The connection's bytes into the reader, and a wake-up for whoever waits on them."""
+    """The connection's bytes into the reader, and a wake-up for whoever waits on them. With a
+    ``receive``, every whole reply is read as it arrives: messages go to ``receive``, the
+    rest (the ping's answer, errors, an ended subscription) to ``replies`` for the waiter."""
 
     def __init__(self) -> None:
         self.reader = resp.new_reader()
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.lost: BaseException | None = None  # why the connection ended, once it has
+        self.receive: Callable[[bytes], object] | None = None
+        self.replies: deque[Any] = deque()
+        self.failed: Exception | None = None  # what reading or ``receive`` raised, once
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -42,7 +53,27 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
-        self._wake()
+        if self.receive is None or self._deliver():  # only a waiter's business wakes it
+            self._wake()
+
+    def _deliver(self) -> bool:
+        """Pass on the whole replies read so far; True when one is (or an error was) left for
+        the waiter."""
+        receive, reader = self.receive, self.reader
+        try:
+            while receive is not None:
+                reply = reader.gets()
+                if reply is resp.MORE:
+                    break
+                data = _published(reply)
+                if data is None:
+                    self.replies.append(reply)
+                else:
+                    receive(data)
+        except Exception as exc:  # raised from get(), as if read there
+            self.failed, self.receive = exc, None
+            return True
+        return bool(self.replies)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = exc or _E.ConnectionError("Connection closed by server.")
@@ -85,7 +116,13 @@ class _ProtocolSubscriber(_ReplySubscriber):
             raise
         return subscriber
 
+    def deliver_to(self, receive: Callable[[bytes], object]) -> bool:
+        self._protocol.receive = receive
+        self._protocol._deliver()  # what came before: nobody waits now, get() finds the rest
+        return True
+
     async def aclose(self) -> None:
+        self._protocol.receive = None
         transport = self._protocol.transport
         if transport is not None:
             transport.abort()  # nothing is owed to the server: drop what is unsent
@@ -99,7 +136,7 @@ class _ProtocolSubscriber(_ReplySubscriber):
 
     async def _next(self, timeout: float | None) -> Any:
         protocol = self._protocol
-        reply = protocol.reader.gets()
+        reply = _taken(protocol)
         if reply is not resp.MORE:
             return reply
         loop = asyncio.get_running_loop()
@@ -117,11 +154,20 @@ class _ProtocolSubscriber(_ReplySubscriber):
                 protocol.waiter = None
                 if expiry is not None:
                     expiry.cancel()
-            reply = protocol.reader.gets()
+            reply = _taken(protocol)
             if reply is not resp.MORE:
                 return reply
             if protocol.lost is None and deadline is not None and loop.time() >= deadline:
                 return None
+
+
+def _taken(protocol: _Protocol) -> Any:
+    """The next reply for the waiter, or :data:`resp.MORE`; raises what delivering raised."""
+    if protocol.replies:
+        return protocol.replies.popleft()
+    if protocol.failed is not None:
+        raise protocol.failed
+    return protocol.reader.gets()
 
 
 async def _connect(settings: Settings) -> _Protocol:

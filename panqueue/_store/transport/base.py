@@ -31,6 +31,14 @@ class AsyncSubscriber(ABC):
     :class:`panqueue.ConnectionError`; the caller opens a new subscriber.
     """
 
+    def deliver_to(self, receive: Callable[[bytes], object]) -> bool:
+        """From now on, pass each message's payload to ``receive`` as it arrives, on the event
+        loop and outside any task, instead of returning it from :meth:`get` (which still
+        returns the ping's answer and its timeouts, and raises what ``receive`` raised). True
+        when this subscriber does so; False (the default) when messages keep coming from
+        :meth:`get`."""
+        return False
+
     @abstractmethod
     async def get(self, timeout: float) -> bytes | None:
         ...
@@ -107,8 +115,23 @@ def _message_payload(kind: Any, data: Any, url: str) -> bytes | None:
         # node). Treat it as a broken connection: the listener subscribes again, on the new owner.
         raise PanqueueConnectionError(
             f"the server at {redact_url(url)} ended the wake-up subscription")
-    if kind in ("smessage", "message"):
-        return data if isinstance(data, bytes) else str(data).encode()
+    if kind in _PUBLISHED:
+        return _data(data)
+    return None
+
+
+# The kinds of a published message as read (RESP2 and RESP3 alike).
+_PUBLISHED = ("smessage", "message", b"smessage", b"message")
+
+
+def _data(data: Any) -> bytes:
+    return data if isinstance(data, bytes) else str(data).encode()
+
+
+def _published(reply: Any) -> bytes | None:
+    """The payload of ``reply`` (as read) when it is a published message, else None."""
+    if isinstance(reply, list) and len(reply) >= 3 and reply[0] in _PUBLISHED:
+        return _data(reply[-1])
     return None
 
 
