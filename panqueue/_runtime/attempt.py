@@ -141,7 +141,8 @@ class AttemptRunner:
         run = None if self._durable is None else DurableRun(
             self._durable, attempt, self._max_payload_bytes, first_run=claimed.first_run)
         try:
-            options = claimed.job_options(options)
+            if claimed.options or claimed.unreadable:  # most jobs have none of their own
+                options = claimed.job_options(options)
 
             def sink(kind: str, value: Any) -> Awaitable[None]:
                 return self._report(attempt, kind, value)

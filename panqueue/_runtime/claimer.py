@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 
 from panqueue._keys import QueueKeys
-from panqueue._runtime.locks import Tokens
+from panqueue._runtime.locks import Event, Tokens, native_events
 from panqueue._runtime.shares import Shares
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._runtime.wakeups import WakeUps
@@ -424,6 +424,7 @@ class Claimer(ClaimLoop):
         self._batch_job_ended = batch_job_ended
         # Slot tasks whose jobs ran out, waiting for the next job to start on them.
         self._parked: list[_Parked] = []
+        self._new_event: Callable[[], Event] | None = None  # read on the first park
 
     def stop(self, by: float) -> None:
         super().stop(by)
@@ -527,7 +528,10 @@ class Claimer(ClaimLoop):
         """The next job started on this slot task; None when the loop stops."""
         if self.stopping:
             return None
-        slot = _Parked()
+        new_event = self._new_event
+        if new_event is None:
+            new_event = self._new_event = native_events()
+        slot = _Parked(new_event())
         self._parked.append(slot)
         try:
             await slot.ready.wait()
@@ -542,6 +546,6 @@ class _Parked:
 
     __slots__ = ("job", "ready")
 
-    def __init__(self) -> None:
+    def __init__(self, ready: Event) -> None:
         self.job: ClaimedJob | None = None
-        self.ready = anyio.Event()
+        self.ready = ready

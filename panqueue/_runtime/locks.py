@@ -77,11 +77,41 @@ def native_scopes() -> Callable[[], Scope]:
     trio's scope in one of its own): called once per attempt, that lookup and wrapper were a
     tenth of a no-op job's CPU on trio. Both kinds nest with anyio's task groups and scopes
     (anyio's asyncio scopes are that class itself; on trio, anyio's scopes are trio's)."""
-    if type(anyio.CancelScope()).__module__.endswith("_trio"):
+    if _on_trio():
         import trio  # only on trio, which is then installed
 
         return trio.CancelScope
     return type(anyio.CancelScope())
+
+
+def _on_trio() -> bool:
+    return type(anyio.CancelScope()).__module__.endswith("_trio")
+
+
+class Event(Protocol):
+    """An event of the running event loop's own (:func:`native_events`)."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+    async def wait(self) -> Any: ...
+
+
+def native_events() -> Callable[[], Event]:
+    """The class of the running event loop's own events (``asyncio.Event``, ``trio.Event``),
+    called with no argument: for the events a busy worker makes and waits on for every job (a
+    batch of completions answered, a parked slot given a job). ``anyio.Event()`` finds the
+    running event loop on every call and wraps the loop's own event, whose ``wait`` then
+    costs a frame and two calls more. They are set and waited on by the worker's own tasks
+    only (never from another thread)."""
+    if _on_trio():
+        import trio  # only on trio, which is then installed
+
+        return trio.Event
+    import asyncio
+
+    return asyncio.Event
 
 
 @dataclass(slots=True, eq=False)
@@ -143,7 +173,7 @@ class Attempts:
             new_scope = self._new_scope = native_scopes()
         attempt = Attempt(job_id, token, now + self.lock_ttl, new_scope(), stopping=stopping,
                           partition=partition, number=number)
-        self.by_lock[attempt.lock] = attempt
+        self.by_lock[(job_id, token)] = attempt
         self._by_job[job_id] = attempt
         if self._early_cancels:
             # The request names the run by its lock, so it applies only to the attempt of the
@@ -188,7 +218,7 @@ class Attempts:
 
     def end(self, attempt: Attempt) -> None:
         """The attempt's executor has returned: it no longer runs here."""
-        self.by_lock.pop(attempt.lock, None)
+        self.by_lock.pop((attempt.job_id, attempt.token), None)
         if self._by_job.get(attempt.job_id) is attempt:
             del self._by_job[attempt.job_id]
         attempt.done = True

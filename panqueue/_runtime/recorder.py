@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -22,7 +22,7 @@ import anyio.lowlevel
 from panqueue._codec import check_json_compatible, encode
 from panqueue._job import ErrorInfo, log_line
 from panqueue._keys import QueueKeys
-from panqueue._runtime.locks import Attempt, Tokens
+from panqueue._runtime.locks import Attempt, Event, Tokens, native_events
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import transitions
 from panqueue._store.status import Status
@@ -59,7 +59,7 @@ class _Batch:
     """Completions sent in one call; ``done`` is set once it was answered (or given up)."""
 
     items: list[_Pending]
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: Event
 
 
 # What the log says when an ending finds its lock lost (the outcome is discarded).
@@ -102,6 +102,7 @@ class Recorder:
         self._log = log
         # The batch still gathering (its leader has not sent it yet), if any.
         self._gathering: _Batch | None = None
+        self._new_event: Callable[[], Event] | None = None  # read on the first batch
         self._max_batch = max(1, (concurrency + 1) // 2)
         self._trouble = Trouble(log, "recording outcomes", episode_of(transport))
         self._report_trouble = Trouble(log, "progress reporting", episode_of(transport))
@@ -136,7 +137,10 @@ class Recorder:
         new members: asyncio runs every ready task within one yield, trio spreads them over
         scheduler passes in a random order (the leader may come first in the pass that runs
         the others)."""
-        self._gathering = batch = _Batch([first])
+        new_event = self._new_event
+        if new_event is None:
+            new_event = self._new_event = native_events()
+        self._gathering = batch = _Batch([first], new_event())
         try:
             yields = 0
             while True:

@@ -34,13 +34,12 @@ from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_max_payload
 from panqueue._keys import check_prefix, partition_keys, prefixed
 from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
-from panqueue._runtime.attempt import AttemptRunner, Ending
+from panqueue._runtime.attempt import Ending
 from panqueue._runtime.failures import report_failure
 from panqueue._runtime.heartbeat import BEATS_PER_TTL
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import settle_layout
 from panqueue._runtime.locks import Attempts, Tokens
-from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.roles import CLOSE_WAIT, Roles, Shape
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import ops
@@ -140,6 +139,8 @@ class Worker:
         self.metrics = metrics
         self._log = get_logger("panqueue.worker").bind(queue=queue, worker=self.name)
         self._jobs_log = get_logger(JOBS_LOGGER).bind(queue=queue, worker=self.name)
+        # Its logger's own level check (a completed job's line costs one call when off).
+        self._jobs_debug = logging.getLogger(JOBS_LOGGER).isEnabledFor
         self._tokens = Tokens(self.name)
         self._attempts = Attempts(self._log, self.lock_ttl, self._tokens)
         self._shared_transport = transport  # else run() opens its own
@@ -310,23 +311,15 @@ class Worker:
     # A slot's job uses the run's roles (it runs only while they exist): a recorder per
     # partition, the attempt runner, and pausing the other partitions.
 
-    @property
-    def _recorders(self) -> list[Recorder]:
-        assert self._roles is not None
-        return self._roles.recorders
-
-    @property
-    def _runner(self) -> AttemptRunner:
-        assert self._roles is not None
-        return self._roles.runner
-
     async def _pause_other_partitions(self, job: ClaimedJob, ms: int) -> None:
         assert self._roles is not None
         await self._roles.pause_others(job.partition, ms)
 
     async def _process(self, job: ClaimedJob) -> ClaimedJob | None:
         """Run one job and record its outcome; returns the job claimed next for the slot."""
-        recorder = self._recorders[job.partition]
+        roles = self._roles
+        assert roles is not None
+        recorder = roles.recorders[job.partition]
         if self._stopping and self._force.is_set():
             await recorder.release([(job.id, job.token)])
             return None
@@ -337,7 +330,7 @@ class Worker:
             # worker never runs two attempts of a job at once.
             self._attempts.lose(previous, "the job was claimed again")
             await previous.wait_ended()
-        outcome = await self._runner.run(job, self._stopping)
+        outcome = await roles.runner.run(job, self._stopping)
         if outcome.ending == Ending.COMPLETED:
             # The common path binds nothing: a per-job line costs one level check when off.
             recorded, following = await recorder.complete(job.id, job.token, outcome.result,
@@ -346,7 +339,7 @@ class Worker:
                 self._observe(job, "completed" if recorded else "lock_lost", outcome.duration)
             if recorded:
                 self.processed += 1
-                if self._jobs_log.isEnabledFor(logging.DEBUG):
+                if self._jobs_debug(logging.DEBUG):
                     self._jobs_log.debug("job completed", job_id=job.id, attempt=job.attempt,
                                          duration_ms=round(outcome.duration * 1000, 3))
             return following
