@@ -8,6 +8,8 @@ stopping worker gives back what it was handed.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,8 +17,9 @@ import anyio
 import msgpack
 import pytest
 import redis
+import redis.asyncio
 
-from panqueue import Job, JobFailed, JobState, QueueClient, Registry
+from panqueue import Job, JobFailed, JobState, QueueClient, Registry, WorkerPool
 from panqueue._codec import encode
 from panqueue._keys import QueueKeys
 from panqueue._store import transitions
@@ -448,3 +451,63 @@ async def _run_handed_job(*, client_url: str, proxy: FaultProxy, registry: Regis
         check.close()
         release.set()
         assert await handle.result(timeout=10) == 1
+
+
+def test_a_worker_under_asyncio_run_starts_the_first_job_handed_to_it(
+        redis_url: str, queue_name: str) -> None:
+    """An application may run its workers under ``asyncio.run`` (an ASGI server does), not
+    ``anyio.run``: a job handed to a worker that has run none yet (no slot task waits for
+    one) starts, whatever context the wake-up message is read in, and so does the next one,
+    handed to the slot task that ran the first; a cancel request heard the same way stops a
+    running job. It runs in a thread of its own, whose event loop nothing of anyio's has
+    entered."""
+    keys = QueueKeys(queue_name)
+    registry = Registry()
+    started = threading.Event()
+
+    @registry.handler(queue_name, concurrency=4)
+    async def handler(job: Job) -> Any:
+        if job.data == "wait":
+            started.set()
+            await asyncio.sleep(30)
+        return job.data
+
+    outcome: list[Any] = []
+
+    def run() -> None:
+        async def main() -> None:
+            watcher = redis.asyncio.Redis.from_url(redis_url)
+            try:
+                async with QueueClient(redis_url) as client, \
+                        WorkerPool(registry, url=redis_url, queues=[queue_name], grace=2.0):
+                    deadline = asyncio.get_running_loop().time() + 10
+                    while await watcher.zcard(keys.idle) != 1:  # registered idle, handed next
+                        assert asyncio.get_running_loop().time() < deadline, "never idle"
+                        await asyncio.sleep(0.01)
+                    for data in ("first", "second"):
+                        handle = await client.queue(queue_name).add(data)
+                        outcome.append(await handle.result(timeout=10))
+                        while await watcher.zcard(keys.idle) != 1:  # idle again
+                            await asyncio.sleep(0.01)
+                    waiting = await client.queue(queue_name).add("wait")
+                    while not started.is_set():
+                        await asyncio.sleep(0.01)
+                    await client.cancel(queue_name, waiting.id)
+                    try:
+                        await waiting.result(timeout=10)
+                    except JobFailed as exc:
+                        outcome.append((await client.get_job(queue_name, waiting.id)).state)
+                        assert "cancel" in str(exc), exc
+            finally:
+                await watcher.aclose()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported by the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(40)
+    assert not thread.is_alive()
+    assert outcome == ["first", "second", JobState.CANCELLED], outcome

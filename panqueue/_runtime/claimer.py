@@ -451,6 +451,7 @@ class Claimer(ClaimLoop):
                 handed, self._handed = self._handed[:free], self._handed[free:]
                 free -= len(handed)
                 self._start(tg, handed)
+                del handed  # the loop keeps no job while it waits (their data may be large)
                 if free == 0:
                     continue
             # A fresh event before the claim: a wake-up published after the claim ran is
@@ -471,10 +472,12 @@ class Claimer(ClaimLoop):
                 free = len(jobs)
             self._release_slots(free - len(jobs))
             self._start(tg, jobs)
-            if not jobs and not self._handed:
+            took, wake_in_ms = len(jobs), claimed.wake_in_ms
+            del jobs, claimed  # nor the jobs it claimed
+            if not took and not self._handed:
                 timeout = self._poll_interval
-                if claimed.wake_in_ms >= 0:
-                    timeout = min(timeout, claimed.wake_in_ms / 1000)
+                if wake_in_ms >= 0:
+                    timeout = min(timeout, wake_in_ms / 1000)
                 with anyio.move_on_after(timeout):
                     await wake.wait()
 
@@ -491,10 +494,13 @@ class Claimer(ClaimLoop):
                 tg.start_soon(self._run_slot, job)
 
     def _start_handed(self) -> None:
-        # Start them at once where a slot is free (the loop would start them too, one claim
-        # later); the loop then claims for the remaining free slots and registers again.
+        # Start them at once on parked slot tasks, where a slot is free; the loop (woken by
+        # handoff) starts the rest, then claims for the remaining free slots and registers
+        # again. A new slot task is started by the loop only: this may run where the message's
+        # bytes arrive, outside any task (AsyncSubscriber.deliver_to), where anyio cannot tell
+        # which event loop runs unless anyio.run started it.
         if self._group is not None:
-            while self._handed:
+            while self._handed and self._parked:
                 try:
                     self._slots.acquire_nowait()
                 except anyio.WouldBlock:
