@@ -19,6 +19,7 @@ import multiprocessing
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -44,6 +45,16 @@ def _worker(url: str, n: int, backend: str, out: Any) -> None:
             await anyio.sleep_forever()
 
     anyio.run(main, backend=backend)
+
+
+def paced(jobs: int, interval_ms: float) -> Iterator[int]:
+    """0 to ``jobs - 1``, each at its time: one every ``interval_ms`` from the first."""
+    start = time.perf_counter()
+    for i in range(jobs):
+        pause = start + i * interval_ms / 1000 - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        yield i
 
 
 def _percentiles(values: list[float]) -> str:
@@ -73,11 +84,7 @@ def main() -> int:
                 queue.add({"ts": time.time()}).result(timeout=30)  # the worker is up
                 time.sleep(0.5)
                 calls = []
-                start = time.perf_counter()
-                for i in range(args.jobs):
-                    pause = start + i * args.interval_ms / 1000 - time.perf_counter()
-                    if pause > 0:
-                        time.sleep(pause)
+                for _ in paced(args.jobs, args.interval_ms):
                     before = time.perf_counter()
                     queue.add({"ts": time.time()})
                     calls.append((time.perf_counter() - before) * 1000)

@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -28,6 +30,9 @@ import redis.connection
 
 import panqueue
 from panqueue.embedded import RedisServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pickup import paced  # beside this script
 
 QUEUE = "pickup"
 
@@ -96,11 +101,7 @@ def main() -> int:
                 queue.add(None).result(timeout=30)  # the worker is up
                 time.sleep(0.5)
                 calls: list[tuple[float, float]] = []
-                start = time.perf_counter()
-                for i in range(args.jobs):
-                    pause = start + i * args.interval_ms / 1000 - time.perf_counter()
-                    if pause > 0:
-                        time.sleep(pause)
+                for _ in paced(args.jobs, args.interval_ms):
                     before = time.monotonic()
                     queue.add(None)
                     calls.append((before, time.monotonic()))
