@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import redis
 import sniffio
+from anyio.from_thread import BlockingPortal
 
 from panqueue import Job, Registry
 from panqueue._store.loader import SCRIPTS, Script
@@ -260,3 +264,52 @@ def command_calls(client: redis.Redis, *commands: str) -> int:
 def script_calls(client: redis.Redis) -> int:
     """How many script calls (FCALL and EVALSHA) the server has executed."""
     return command_calls(client, "fcall", "evalsha")
+
+
+@contextlib.contextmanager
+def asyncio_run_portal() -> Iterator[BlockingPortal]:
+    """A blocking portal into an event loop that ``asyncio.run`` started in a thread of its
+    own, as an ASGI server starts its loop. Under ``anyio.run`` (anyio's pytest plugin, its
+    ``start_blocking_portal``) a context variable tells anyio which loop runs, even where no
+    task does (an asyncio protocol's callback); in an application's loop only a running task
+    tells it. The portal's own calls set that variable: enter what is to run as an
+    application's would in :func:`as_in_an_application`."""
+    handed: queue.Queue[BlockingPortal | BaseException] = queue.Queue()
+
+    def run() -> None:
+        async def main() -> None:
+            async with BlockingPortal() as portal:
+                handed.put(portal)
+                await portal.sleep_until_stopped()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            handed.put(exc)
+            raise
+
+    thread = threading.Thread(target=run, name="asyncio-run-portal", daemon=True)
+    thread.start()
+    portal = handed.get(timeout=30)
+    if isinstance(portal, BaseException):
+        raise portal
+    try:
+        yield portal
+    finally:
+        with contextlib.suppress(RuntimeError):  # the loop ended already (its error below)
+            portal.call(portal.stop)
+        thread.join(30)
+        if not handed.empty():
+            raise handed.get()  # what ended the loop: a task of the portal's that failed
+
+
+@contextlib.asynccontextmanager
+async def as_in_an_application(manager: contextlib.AbstractAsyncContextManager[Any]
+                               ) -> AsyncIterator[Any]:
+    """``manager`` entered without the context variable by which anyio's runner (and a
+    blocking portal's calls) tell sniffio which event loop runs: what the tasks it starts,
+    and the callbacks of the connections they open, see is what they see under an
+    application's ``asyncio.run``."""
+    sniffio.current_async_library_cvar.set(None)
+    async with manager as value:
+        yield value

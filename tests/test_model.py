@@ -107,6 +107,8 @@ from panqueue.testing import SCRIPT_CALLS, FaultProxy, run_worker
 from tests.helpers import (
     APPS,
     ROOT,
+    as_in_an_application,
+    asyncio_run_portal,
     call_of,
     load_scripts,
     pausing_after_the_zadd,
@@ -303,8 +305,11 @@ class QueueMachine(RuleBasedStateMachine):
         for queue in SERVED:
             self.client.queue(HANDLERS[queue])  # nothing stored yet; pause declares by name
             self.client.pause(queue)
+        # On asyncio, the workers' loop is one that asyncio.run started (as an ASGI server's
+        # is), not anyio.run: anyio finds out which loop runs in other ways there.
         self.portal: BlockingPortal = self.stack.enter_context(
-            start_blocking_portal(backend=self.backend))
+            asyncio_run_portal() if self.backend == "asyncio"
+            else start_blocking_portal(backend=self.backend))
         self.workers: dict[str, contextlib.AbstractContextManager[Any]] = {}
         self.names: dict[str, str] = {}  # each worker's name in the registry
         self._start_workers()
@@ -322,10 +327,12 @@ class QueueMachine(RuleBasedStateMachine):
             # (the next add is handed to the one that registered last), not claim again.
             # model-parted's workers beat often, so that a pause command reaches one within a
             # step or two (and the other takes its share of the partitions).
-            worker = self.portal.wrap_async_context_manager(run_worker(
+            running = run_worker(
                 queues, queue, self.url, grace=2.0, summary_interval=None,
                 poll_interval=60.0 if queue == HANDOFF else 0.5,
-                heartbeat_interval=0.2 if queue == PARTED else 5.0))
+                heartbeat_interval=0.2 if queue == PARTED else 5.0)
+            worker = self.portal.wrap_async_context_manager(
+                as_in_an_application(running) if self.backend == "asyncio" else running)
             self.names[name] = worker.__enter__().name
             self.workers[name] = worker
         self.paused_worker: str | None = None  # the model-parted worker paused by a command
