@@ -3,19 +3,19 @@ and after every step what the real system shows must equal the reference model (
 
 The system under test is real: the session's private server, a ``SyncQueueClient`` for every
 producer and admin call, and one ``Worker`` per queue running for the whole example on the
-test's anyio backend, in a thread of its own (an anyio blocking portal; on asyncio, into a
-loop that ``asyncio.run`` started, as an application's is: ``helpers.asyncio_run_portal``).
-Workers run deterministically because their queues stay paused between steps: the rule
-``work`` resumes a queue, waits until it has nothing waiting or active, and pauses it again. The handler logs
+test's anyio backend, in a thread of its own (an anyio blocking portal; on asyncio, into a loop
+that ``asyncio.run`` started, as an application's is: ``helpers.asyncio_run_portal``). Workers
+run deterministically because their queues stay paused between steps: the rule ``work`` resumes
+a queue, waits until it has nothing waiting or active, and pauses it again. The handler logs
 every start and end, so the model replays the step in the order it happened and checks each
-start: the job was claimable (waiting, its dependencies completed), it was not running
-already, it was its turn (priority, then FIFO, on the one-partition queue served one job at a
-time). Handlers succeed or fail by a count in the job's data (fail the first N attempts).
-A durable job (``durable`` in its data) takes the step ``effect`` first (the step's function
-counts its calls in ``STEPS``, by the job's serial), then sleeps briefly (``nap``: it wakes
-within the step that ran it), sleeps for an hour (``sleep``), or waits for the signal ``go``
-(``wait``); a run that sleeps or waits logs ``suspend``, and the model checks that it had to,
-that the attempt was given back, and that each step ran exactly once per job.
+start: the job was claimable (waiting, its dependencies completed), it was not running already,
+it was its turn (priority, then FIFO, on the one-partition queue served one job at a time).
+Handlers succeed or fail by a count in the job's data (fail the first N attempts). A durable job
+(``durable`` in its data) takes the step ``effect`` first (the step's function counts its calls
+in ``STEPS``, by the job's serial), then sleeps briefly (``nap``: it wakes within the step that
+ran it), sleeps for an hour (``sleep``), or waits for the signal ``go`` (``wait``); a run that
+sleeps or waits logs ``suspend``, and the model checks that it had to, that the attempt was
+given back, and that each step ran exactly once per job.
 
 Queues: ``model-plain`` (one partition, one job at a time, keeps only 3 completed jobs, so
 retention trims under the model), ``model-parted`` (three partitions, two workers of two jobs
