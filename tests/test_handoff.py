@@ -453,14 +453,17 @@ async def _run_handed_job(*, client_url: str, proxy: FaultProxy, registry: Regis
         assert await handle.result(timeout=10) == 1
 
 
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
 def test_a_worker_under_asyncio_run_starts_the_first_job_handed_to_it(
-        redis_url: str, queue_name: str) -> None:
-    """An application may run its workers under ``asyncio.run`` (an ASGI server does), not
-    ``anyio.run``: a job handed to a worker that has run none yet (no slot task waits for
-    one) starts, whatever context the wake-up message is read in, and so does the next one,
-    handed to the slot task that ran the first; a cancel request heard the same way stops a
-    running job. It runs in a thread of its own, whose event loop nothing of anyio's has
+        redis_url: str, queue_name: str, runner: str) -> None:
+    """An application may run its workers under ``asyncio.run`` (an ASGI server does), or
+    uvloop's, not ``anyio.run``: a job handed to a worker that has run none yet (no slot task
+    waits for one) starts, whatever context the wake-up message is read in, and so does the
+    next one, handed to the slot task that ran the first; a cancel request heard the same way
+    stops a running job. Each is heard from the subscription: the worker polls only every
+    minute. It runs in a thread of its own, whose event loop nothing of anyio's has
     entered."""
+    import uvloop  # a dev dependency: uvicorn[standard] runs applications on it
     keys = QueueKeys(queue_name)
     registry = Registry()
     started = threading.Event()
@@ -479,7 +482,8 @@ def test_a_worker_under_asyncio_run_starts_the_first_job_handed_to_it(
             watcher = redis.asyncio.Redis.from_url(redis_url)
             try:
                 async with QueueClient(redis_url) as client, \
-                        WorkerPool(registry, url=redis_url, queues=[queue_name], grace=2.0):
+                        WorkerPool(registry, url=redis_url, queues=[queue_name], grace=2.0,
+                                   poll_interval=60.0):
                     deadline = asyncio.get_running_loop().time() + 10
                     while await watcher.zcard(keys.idle) != 1:  # registered idle, handed next
                         assert asyncio.get_running_loop().time() < deadline, "never idle"
@@ -502,7 +506,7 @@ def test_a_worker_under_asyncio_run_starts_the_first_job_handed_to_it(
                 await watcher.aclose()
 
         try:
-            asyncio.run(main())
+            (uvloop.run if runner == "uvloop" else asyncio.run)(main())
         except BaseException as exc:  # reported by the test's thread
             outcome.append(exc)
 

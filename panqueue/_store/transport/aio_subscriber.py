@@ -21,7 +21,7 @@ import math
 import socket
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import redis.exceptions
@@ -48,8 +48,9 @@ class _Protocol(asyncio.Protocol):
         self.failed: Exception | None = None  # what reading or ``receive`` raised, once
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A transport as asyncio's loop makes it, or another loop's (uvloop's are no subclass
+        # of asyncio.Transport: the class only names the methods used here).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
