@@ -100,21 +100,9 @@ class _ProtocolSubscriber(_ReplySubscriber):
     async def open(cls, url: str, settings: Settings, channels: Sequence[str]
                    ) -> _ProtocolSubscriber:
         """Connected, logged in (what redis-py sends first: :func:`hello_commands`) and
-        subscribed (:meth:`_ReplySubscriber._subscribe`)."""
+        subscribed (:meth:`_ReplySubscriber._open`)."""
         subscriber = cls(url, await _connect(settings))
-        try:
-            commands = hello_commands(settings)
-            await subscriber._send(b"".join(resp.pack(c) for c in commands))
-            for _ in commands:
-                reply = await subscriber._next(settings.timeout)
-                if reply is None:
-                    raise _E.TimeoutError("Timeout reading from socket")
-                if isinstance(reply, Exception):
-                    raise reply
-            await subscriber._subscribe(channels)
-        except BaseException:
-            await subscriber.aclose()
-            raise
+        await subscriber._open(channels, hello_commands(settings), settings.timeout)
         return subscriber
 
     def deliver_to(self, receive: Callable[[bytes], object]) -> bool:

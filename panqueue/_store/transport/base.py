@@ -36,7 +36,8 @@ class AsyncSubscriber(ABC):
         loop and outside any task, instead of returning it from :meth:`get` (which still
         returns the ping's answer and its timeouts, and raises what ``receive`` raised). True
         when this subscriber does so; False (the default) when messages keep coming from
-        :meth:`get`."""
+        :meth:`get`. ``receive`` must need no task: outside one, anyio can neither start a
+        task nor tell which loop runs, unless ``anyio.run`` started it."""
         return False
 
     @abstractmethod
@@ -153,6 +154,25 @@ class _ReplySubscriber(AsyncSubscriber):
     @abstractmethod
     async def _send(self, data: bytes) -> None:
         ...
+
+    async def _open(self, channels: Sequence[str], hello: Sequence[tuple[Any, ...]] = (),
+                    timeout: float | None = None) -> None:
+        """Log in with ``hello`` (what redis-py sends first, :func:`.standalone.hello_commands`:
+        none where the connection did so itself), each answered within ``timeout``, then
+        subscribe (:meth:`_subscribe`). Closed when either fails."""
+        try:
+            if hello:
+                await self._send(b"".join(resp.pack(command) for command in hello))
+                for _ in hello:
+                    reply = await self._next(timeout)
+                    if reply is None:
+                        raise redis.exceptions.TimeoutError("Timeout reading from socket")
+                    if isinstance(reply, Exception):
+                        raise reply
+            await self._subscribe(channels)
+        except BaseException:
+            await self.aclose()
+            raise
 
     async def _subscribe(self, channels: Sequence[str]) -> None:
         """Subscribe and read until the server confirmed every channel: a refusal (ACL: no

@@ -284,13 +284,9 @@ class _NativeSubscriber(_ReplySubscriber):
     @classmethod
     async def open(cls, url: str, settings: Settings, channels: Sequence[str]
                    ) -> _NativeSubscriber:
-        """Connected, logged in and subscribed (:meth:`_ReplySubscriber._subscribe`)."""
-        subscriber = cls(url, await _Connection.open(settings))
-        try:
-            await subscriber._subscribe(channels)
-        except BaseException:
-            await subscriber.aclose()
-            raise
+        """Connected, logged in and subscribed (:meth:`_ReplySubscriber._open`)."""
+        subscriber = cls(url, await _Connection.open(settings))  # logged in already
+        await subscriber._open(channels)
         return subscriber
 
     async def _next(self, timeout: float | None) -> Any:
