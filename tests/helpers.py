@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -267,13 +267,14 @@ def script_calls(client: redis.Redis) -> int:
 
 
 @contextlib.contextmanager
-def asyncio_run_portal() -> Iterator[BlockingPortal]:
-    """A blocking portal into an event loop that ``asyncio.run`` started in a thread of its
-    own, as an ASGI server starts its loop. Under ``anyio.run`` (anyio's pytest plugin, its
-    ``start_blocking_portal``) a context variable tells anyio which loop runs, even where no
-    task does (an asyncio protocol's callback); in an application's loop only a running task
-    tells it. The portal's own calls set that variable: enter what is to run as an
-    application's would in :func:`as_in_an_application`."""
+def asyncio_run_portal(run_loop: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+                       ) -> Iterator[BlockingPortal]:
+    """A blocking portal into an event loop that ``run_loop`` (``asyncio.run``, or ``uvloop.run``)
+    started in a thread of its own, as an ASGI server starts its loop. Under ``anyio.run``
+    (anyio's pytest plugin, its ``start_blocking_portal``) a context variable tells anyio which
+    loop runs, even where no task does (an asyncio protocol's callback); in an application's
+    loop only a running task tells it. The portal's own calls set that variable: enter what is
+    to run as an application's would in :func:`as_in_an_application`."""
     handed: queue.Queue[BlockingPortal | BaseException] = queue.Queue()
 
     def run() -> None:
@@ -283,7 +284,7 @@ def asyncio_run_portal() -> Iterator[BlockingPortal]:
                 await portal.sleep_until_stopped()
 
         try:
-            asyncio.run(main())
+            run_loop(main())
         except BaseException as exc:
             handed.put(exc)
             raise

@@ -9,7 +9,6 @@ stopping worker gives back what it was handed.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +29,14 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import Completion
 from panqueue._store.transport import SyncTransport
 from panqueue.testing import FaultProxy, run_worker
-from tests.helpers import async_wait_until, call_of, capture_panqueue_logs, load_scripts
+from tests.helpers import (
+    as_in_an_application,
+    async_wait_until,
+    asyncio_run_portal,
+    call_of,
+    capture_panqueue_logs,
+    load_scripts,
+)
 
 TTL = 30_000
 
@@ -461,12 +467,11 @@ def test_a_worker_under_asyncio_run_starts_the_first_job_handed_to_it(
     waits for one) starts, whatever context the wake-up message is read in, and so does the
     next one, handed to the slot task that ran the first; a cancel request heard the same way
     stops a running job. Each is heard from the subscription: the worker polls only every
-    minute. It runs in a thread of its own, whose event loop nothing of anyio's has
-    entered."""
+    minute."""
     import uvloop  # a dev dependency: uvicorn[standard] runs applications on it
     keys = QueueKeys(queue_name)
     registry = Registry()
-    started = threading.Event()
+    started = asyncio.Event()
 
     @registry.handler(queue_name, concurrency=4)
     async def handler(job: Job) -> Any:
@@ -475,43 +480,31 @@ def test_a_worker_under_asyncio_run_starts_the_first_job_handed_to_it(
             await asyncio.sleep(30)
         return job.data
 
-    outcome: list[Any] = []
+    async def main() -> list[Any]:
+        outcome: list[Any] = []
+        watcher = redis.asyncio.Redis.from_url(redis_url)
 
-    def run() -> None:
-        async def main() -> None:
-            watcher = redis.asyncio.Redis.from_url(redis_url)
-            try:
-                async with QueueClient(redis_url) as client, \
-                        WorkerPool(registry, url=redis_url, queues=[queue_name], grace=2.0,
-                                   poll_interval=60.0):
-                    deadline = asyncio.get_running_loop().time() + 10
-                    while await watcher.zcard(keys.idle) != 1:  # registered idle, handed next
-                        assert asyncio.get_running_loop().time() < deadline, "never idle"
-                        await asyncio.sleep(0.01)
-                    for data in ("first", "second"):
-                        handle = await client.queue(queue_name).add(data)
-                        outcome.append(await handle.result(timeout=10))
-                        while await watcher.zcard(keys.idle) != 1:  # idle again
-                            await asyncio.sleep(0.01)
-                    waiting = await client.queue(queue_name).add("wait")
-                    while not started.is_set():
-                        await asyncio.sleep(0.01)
-                    await client.cancel(queue_name, waiting.id)
-                    try:
-                        await waiting.result(timeout=10)
-                    except JobFailed as exc:
-                        outcome.append((await client.get_job(queue_name, waiting.id)).state)
-                        assert "cancel" in str(exc), exc
-            finally:
-                await watcher.aclose()
+        async def idle() -> bool:  # registered idle: the next add is handed over
+            return await watcher.zcard(keys.idle) == 1
 
         try:
-            (uvloop.run if runner == "uvloop" else asyncio.run)(main())
-        except BaseException as exc:  # reported by the test's thread
-            outcome.append(exc)
+            async with asyncio.timeout(40), QueueClient(redis_url) as client, \
+                    as_in_an_application(WorkerPool(registry, url=redis_url, queues=[queue_name],
+                                                    grace=2.0, poll_interval=60.0)):
+                await async_wait_until(idle, what="the worker registered idle")
+                for data in ("first", "second"):
+                    handle = await client.queue(queue_name).add(data)
+                    outcome.append(await handle.result(timeout=10))
+                    await async_wait_until(idle, what="the worker registered idle again")
+                waiting = await client.queue(queue_name).add("wait")
+                await asyncio.wait_for(started.wait(), 10)
+                await client.cancel(queue_name, waiting.id)
+                with pytest.raises(JobFailed, match="cancel"):
+                    await waiting.result(timeout=10)
+                outcome.append((await client.get_job(queue_name, waiting.id)).state)
+        finally:
+            await watcher.aclose()
+        return outcome
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(40)
-    assert not thread.is_alive()
-    assert outcome == ["first", "second", JobState.CANCELLED], outcome
+    with asyncio_run_portal(uvloop.run if runner == "uvloop" else asyncio.run) as portal:
+        assert portal.call(main) == ["first", "second", JobState.CANCELLED]
