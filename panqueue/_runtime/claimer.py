@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 
 from panqueue._keys import QueueKeys
-from panqueue._runtime.locks import Event, Tokens, native_events
+from panqueue._runtime.locks import Event, Tokens
 from panqueue._runtime.shares import Shares
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._runtime.wakeups import WakeUps
@@ -415,7 +415,8 @@ class Claimer(ClaimLoop):
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
                  process: Process, log: Any, parts: list[QueueKeys] | None = None,
                  shared_rate: tuple[int, int] | None = None,
-                 batch_job_ended: Callable[[], None] | None = None, name: str = "") -> None:
+                 batch_job_ended: Callable[[], None] | None = None, name: str = "",
+                 new_event: Callable[[], Event]) -> None:
         super().__init__(transport, keys, tokens, wakeups, concurrency=concurrency,
                          lock_ttl=lock_ttl, poll_interval=poll_interval, log=log, parts=parts,
                          shared_rate=shared_rate, name=name)
@@ -424,7 +425,7 @@ class Claimer(ClaimLoop):
         self._batch_job_ended = batch_job_ended
         # Slot tasks whose jobs ran out, waiting for the next job to start on them.
         self._parked: list[_Parked] = []
-        self._new_event: Callable[[], Event] | None = None  # read on the first park
+        self._new_event = new_event  # the loop's own events (locks.native_events)
 
     def stop(self, by: float) -> None:
         super().stop(by)
@@ -534,10 +535,7 @@ class Claimer(ClaimLoop):
         """The next job started on this slot task; None when the loop stops."""
         if self.stopping:
             return None
-        new_event = self._new_event
-        if new_event is None:
-            new_event = self._new_event = native_events()
-        slot = _Parked(new_event())
+        slot = _Parked(self._new_event())
         self._parked.append(slot)
         try:
             await slot.ready.wait()

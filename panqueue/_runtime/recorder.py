@@ -22,7 +22,7 @@ import anyio.lowlevel
 from panqueue._codec import check_json_compatible, encode
 from panqueue._job import ErrorInfo, log_line
 from panqueue._keys import QueueKeys
-from panqueue._runtime.locks import Attempt, Event, Tokens, native_events
+from panqueue._runtime.locks import Attempt, Event, Tokens
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import transitions
 from panqueue._store.status import Status
@@ -88,8 +88,8 @@ def _traceback(error: ErrorInfo) -> dict[str, str]:
 class Recorder:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens, *,
                  lock_ttl: float, keep_completed: int, keep_failed: int, concurrency: int,
-                 stopping: Callable[[], bool], log: Any, max_snoozes: int | None = None
-                 ) -> None:
+                 stopping: Callable[[], bool], log: Any, new_event: Callable[[], Event],
+                 max_snoozes: int | None = None) -> None:
         self._transport = transport
         self._keys = keys
         self._tokens = tokens
@@ -102,7 +102,7 @@ class Recorder:
         self._log = log
         # The batch still gathering (its leader has not sent it yet), if any.
         self._gathering: _Batch | None = None
-        self._new_event: Callable[[], Event] | None = None  # read on the first batch
+        self._new_event = new_event  # the loop's own events (locks.native_events)
         self._max_batch = max(1, (concurrency + 1) // 2)
         self._trouble = Trouble(log, "recording outcomes", episode_of(transport))
         self._report_trouble = Trouble(log, "progress reporting", episode_of(transport))
@@ -137,10 +137,7 @@ class Recorder:
         new members: asyncio runs every ready task within one yield, trio spreads them over
         scheduler passes in a random order (the leader may come first in the pass that runs
         the others)."""
-        new_event = self._new_event
-        if new_event is None:
-            new_event = self._new_event = native_events()
-        self._gathering = batch = _Batch([first], new_event())
+        self._gathering = batch = _Batch([first], self._new_event())
         try:
             yields = 0
             while True:

@@ -30,7 +30,7 @@ from panqueue._runtime.failures import FailureCallback
 from panqueue._runtime.heartbeat import Heartbeat
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import Served
-from panqueue._runtime.locks import Attempt, Attempts, Renewer, Tokens
+from panqueue._runtime.locks import Attempt, Attempts, Renewer, Tokens, native_events
 from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.stats import log_summary
 from panqueue._runtime.trouble import Trouble
@@ -140,11 +140,13 @@ class Roles:
             # window, a partition's slots shared out again).
             return lambda: stopping() or not self.claimer.keeps(index)
 
+        # The roles are built on the run's event loop: its own events, for those made per job.
+        new_event = native_events()
         self.recorders = [Recorder(
             transport, keys, tokens, lock_ttl=worker.lock_ttl,
             keep_completed=options.retention.completed, keep_failed=options.retention.failed,
             concurrency=worker.concurrency,
-            stopping=claims_nothing(index), log=log,
+            stopping=claims_nothing(index), log=log, new_event=new_event,
             max_snoozes=options.max_snoozes) for index, keys in enumerate(parts)]
         self.runner = AttemptRunner(executor, queue, options.job, attempts, self._report,
                                     self._release, durable=self,
@@ -167,7 +169,7 @@ class Roles:
                 transport, parts[0], tokens, self.wakeups, concurrency=worker.concurrency,
                 lock_ttl=worker.lock_ttl, poll_interval=worker.poll_interval,
                 process=process, log=log, parts=parts, shared_rate=shape.shared_rate,
-                batch_job_ended=self._batch_job_ended, name=worker.name)
+                batch_job_ended=self._batch_job_ended, name=worker.name, new_event=new_event)
         self.renewer = Renewer(transport, parts, attempts, log)
         self.upkeep = Upkeep(
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
