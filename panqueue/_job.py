@@ -193,6 +193,10 @@ Sink = Callable[[ReportKind, Any], Awaitable[None]]
 #: returns the result (or raises).
 Bridge = Callable[..., Any]
 
+#: The durable run of a job's attempt (its steps, sleeps and waits), made by the first durable
+#: call: a handler that makes none costs its attempt nothing for it.
+DurableSource = Callable[[], DurableRun]
+
 _DURABLE_OPS = frozenset({"begin_step", "end_step", "sleep", "wait_for"})
 
 
@@ -217,7 +221,7 @@ class Job(Generic[PayloadT]):
     def __init__(self, *, id: str, queue: str, data: PayloadT, attempt: int, options: JobOptions,
                  sink: Sink, should_stop: Callable[[], bool] = _never,
                  enqueued_at: datetime | None = None, enqueued_at_ms: int | None = None,
-                 durable: DurableRun | None = None, bridge: Bridge | None = None) -> None:
+                 durable: DurableSource | None = None, bridge: Bridge | None = None) -> None:
         self.id = id
         self.queue = queue
         self.data = data
@@ -264,7 +268,7 @@ class Job(Generic[PayloadT]):
         if self._durable is None:
             raise ConfigError(f"job.{what}() is for handlers of single jobs on the inline, "
                               "thread and subprocess executors (not chunk handlers)")
-        return self._durable
+        return self._durable()
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` (sync or async) once for this job: its JSON-compatible result is

@@ -123,6 +123,32 @@ async def test_a_handler_that_uses_no_durable_call_reads_no_durable_record(
     assert not redis.Redis.from_url(redis_url).exists("{q:dur-mixed}:job:" + job.id + ":durable")
 
 
+async def test_an_attempt_makes_its_durable_state_only_for_a_durable_call(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's durable state (its steps seen, its record once read) is made by the handler's
+    first durable call: the plain jobs of a handler that can make one cost their attempts
+    nothing for it, and a job that sleeps still resumes."""
+    from panqueue._runtime import attempt
+
+    made: list[str] = []
+
+    class Counted(attempt.DurableRun):
+        def __init__(self, store: Any, run: Any, *args: Any, **kwargs: Any) -> None:
+            made.append(run.job_id)
+            super().__init__(store, run, *args, **kwargs)
+
+    monkeypatch.setattr(attempt, "DurableRun", Counted)
+    async with run_worker(durable_app.queues, "dur-mixed", redis_url), \
+            QueueClient(redis_url) as client:
+        plain = [await client.queue("dur-mixed").add({}) for _ in range(3)]
+        for job in plain:
+            assert await job.result(timeout=20) == "done"
+        sleeper = await client.queue("dur-mixed").add({"sleep": 0.05})
+        assert await sleeper.result(timeout=20) == "slept"
+    # The sleeper's first run made it, and so did the run after its sleep.
+    assert made == [sleeper.id, sleeper.id]
+
+
 @pytest.mark.parametrize("queue", ["dur-count", "dur-count-thread", "dur-count-subprocess"])
 async def test_the_first_step_of_a_job_that_never_ran_is_one_script_call_and_no_read(
         redis_url: str, queue: str) -> None:

@@ -138,8 +138,17 @@ class AttemptRunner:
         outcome: Any = None
         error: BaseException | None = None
         job: Job[Any] | None = None
-        run = None if self._durable is None else DurableRun(
-            self._durable, attempt, self._max_payload_bytes, first_run=claimed.first_run)
+        run: DurableRun | None = None  # made by the handler's first durable call, if any
+        store = self._durable
+
+        def durable() -> DurableRun:
+            nonlocal run
+            if run is None:
+                assert store is not None
+                run = DurableRun(store, attempt, self._max_payload_bytes,
+                                 first_run=claimed.first_run)
+            return run
+
         try:
             if claimed.options or claimed.unreadable:  # most jobs have none of their own
                 options = claimed.job_options(options)
@@ -150,7 +159,8 @@ class AttemptRunner:
             job = Job(id=claimed.id, queue=self._queue, data=decode(claimed.data),
                       attempt=claimed.attempt, options=options,
                       enqueued_at_ms=claimed.enqueued_at_ms, sink=sink,
-                      should_stop=attempt.should_stop, durable=run)
+                      should_stop=attempt.should_stop,
+                      durable=None if store is None else durable)
             if attempt.cancel_requested:  # heard before the attempt started: do not run it
                 raise CancelRequested()
             with attempt.scope:
