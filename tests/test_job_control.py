@@ -173,6 +173,80 @@ async def test_cancelling_an_active_job_in_thread_and_subprocess_executors(
             os.kill(child, 0)
 
 
+async def test_a_slot_goes_on_with_its_next_jobs_after_one_is_cancelled(
+        redis_url: str, queue_name: str) -> None:
+    """A slot task's attempts share one cancel scope until one of them is stopped: the
+    cancelled job's ending is recorded, and the jobs the slot runs next (one claimed with that
+    recording, one after it) run to completion, none of them stopped by that cancel."""
+    registry, started = Registry(), anyio.Event()
+
+    @registry.handler(queue_name, concurrency=1)
+    async def handler(job: Job) -> str:
+        if job.data == "long":
+            started.set()
+            await anyio.sleep(30)
+        await anyio.sleep(0)  # an await inside the slot's new scope
+        return job.data
+
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        queue = client.queue(queue_name)
+        before = await queue.add("before")
+        assert await before.result(timeout=10) == "before"  # the slot's first scope
+        long = await queue.add("long")
+        with anyio.fail_after(10):
+            await started.wait()
+        after = [await queue.add(f"after-{i}") for i in range(3)]
+        assert await client.cancel(queue_name, long.id) is JobState.ACTIVE
+        with pytest.raises(JobFailed, match="cancelled"):
+            await long.result(timeout=10)
+        assert [await job.result(timeout=10) for job in after] == ["after-0", "after-1",
+                                                                 "after-2"]
+        assert (await long.info()).state is JobState.CANCELLED
+
+
+async def test_stopping_an_attempt_that_ended_leaves_its_slots_next_attempt_running() -> None:
+    """The attempts of one slot task share its scope: stopping one that has ended (a cancel
+    request, a lost lock or a forced shutdown that comes late) must not cancel the scope, in
+    which the slot's next attempt runs."""
+    from panqueue._log import get_logger
+    from panqueue._options import JobOptions
+    from panqueue._runtime.attempt import AttemptRunner, Ending
+    from panqueue._runtime.locks import Attempt, Attempts, Tokens
+    from panqueue._store.transitions import ClaimedJob
+    from panqueue.executors.inline import InlineExecutor
+
+    registry = Registry()
+
+    @registry.handler("late-stop")
+    async def handler(job: Job) -> None:
+        await anyio.sleep(0)
+
+    tokens = Tokens("w")
+    attempts = Attempts(get_logger("worker"), 30.0, tokens)
+    started: list[Attempt] = []
+    start = attempts.start
+
+    def recorded_start(*args: Any) -> Attempt:
+        started.append(start(*args))
+        return started[-1]
+
+    attempts.start = recorded_start  # type: ignore[method-assign]
+
+    async def nothing(*args: Any) -> None:
+        pass
+
+    runner = AttemptRunner(InlineExecutor(registry.get("late-stop")), "late-stop",
+                           JobOptions(), attempts, nothing, nothing)
+    with anyio.CancelScope() as scope:
+        first = await runner.run(ClaimedJob("1", b"\xc0", 1, 0, {}, tokens.new()), False, scope)
+        attempts.cancel(started[0])  # late: it has ended
+        attempts.lose(started[0], "late")
+        second = await runner.run(ClaimedJob("2", b"\xc0", 1, 0, {}, tokens.new()), False,
+                                  scope)
+    assert (first.ending, second.ending) == (Ending.COMPLETED, Ending.COMPLETED)
+    assert not scope.cancel_called
+
+
 # ----------------------------------------------------------------------------- retention
 
 
@@ -336,7 +410,7 @@ async def test_a_cancel_heard_before_its_claim_answered_stops_the_attempt_it_sta
     request for another worker's run is not kept at all."""
     from panqueue._log import get_logger
     from panqueue._options import JobOptions
-    from panqueue._runtime.attempt import AttemptRunner, Ending
+    from panqueue._runtime.attempt import AttemptRunner, Ending, Outcome
     from panqueue._runtime.locks import Attempts, Tokens
     from panqueue._store.notify import CancelRequest
     from panqueue._store.transitions import ClaimedJob
@@ -360,9 +434,13 @@ async def test_a_cancel_heard_before_its_claim_answered_stops_the_attempt_it_sta
     def claimed(job_id: str, token: str) -> ClaimedJob:
         return ClaimedJob(job_id, b"\xc0", 1, 0, {}, token)
 
+    async def run(job: ClaimedJob) -> Outcome:
+        with anyio.CancelScope() as scope:  # a slot task's, which stops its attempt
+            return await runner.run(job, False, scope)
+
     in_flight = tokens.new()  # the claim is sent...
     attempts.request_cancel(CancelRequest("7", in_flight))  # ...the cancel overtakes its reply...
-    outcome = await runner.run(claimed("7", in_flight), stopping=False)  # ...which arrives
+    outcome = await run(claimed("7", in_flight))  # ...which arrives
     assert outcome.ending is Ending.FAILED
     assert outcome.failure is not None and outcome.failure.final
     assert outcome.failure.reason == "cancelled"
@@ -371,12 +449,12 @@ async def test_a_cancel_heard_before_its_claim_answered_stops_the_attempt_it_sta
     earlier = tokens.new()
     attempts.request_cancel(CancelRequest("8", earlier))  # for the run that claim locked
     later = tokens.new()
-    outcome = await runner.run(claimed("8", later), stopping=False)
+    outcome = await run(claimed("8", later))
     assert outcome.ending is Ending.COMPLETED
     assert ran == ["8"]
 
     elsewhere = Tokens("w").new()  # another worker's lock: its run is not this worker's
     attempts.request_cancel(CancelRequest("9", elsewhere))
-    outcome = await runner.run(claimed("9", elsewhere), stopping=False)
+    outcome = await run(claimed("9", elsewhere))
     assert outcome.ending is Ending.COMPLETED
     assert ran == ["8", "9"]

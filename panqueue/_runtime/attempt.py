@@ -22,7 +22,7 @@ from panqueue._codec import check_json_compatible, check_size, decode, encode
 from panqueue._durable import DurableRun, DurableStore
 from panqueue._job import ErrorInfo, Fail, Job, Retry
 from panqueue._options import JobOptions
-from panqueue._runtime.locks import Attempt, Attempts
+from panqueue._runtime.locks import Attempt, Attempts, Scope
 from panqueue._store.ops.add import TRACE_OPTION
 from panqueue._store.transitions import (
     ClaimedJob,
@@ -107,19 +107,22 @@ class AttemptRunner:
         self._release = release
         self._durable = durable
 
-    def run(self, claimed: ClaimedJob, stopping: bool) -> Awaitable[Outcome]:
+    def run(self, claimed: ClaimedJob, stopping: bool, scope: Scope) -> Awaitable[Outcome]:
         """The attempt of ``claimed``, to await (untraced: the attempt itself, one coroutine
-        fewer per job)."""
+        fewer per job) inside ``scope``, which the caller entered and which stops the attempt
+        (:attr:`Attempt.scope`). A stopped attempt returns its outcome at once, awaiting
+        nothing more: the caller then leaves ``scope`` before it awaits anything (a cancelled
+        scope cancels every await inside it)."""
         if not _tracing.enabled():
-            return self._run(claimed, stopping)
-        return self._traced(claimed, stopping)
+            return self._run(claimed, stopping, scope)
+        return self._traced(claimed, stopping, scope)
 
-    async def _traced(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
+    async def _traced(self, claimed: ClaimedJob, stopping: bool, scope: Scope) -> Outcome:
         # Unreadable options are _run's to report, as the attempt's failure.
         stored = None if claimed.unreadable else claimed.options
         carrier = stored.get(TRACE_OPTION) if stored is not None else None
         with _tracing.attempt_span(self._queue, claimed.id, claimed.attempt, carrier) as span:
-            outcome = await self._run(claimed, stopping)
+            outcome = await self._run(claimed, stopping, scope)
             failure = outcome.failure
             _tracing.end_attempt(span, outcome.ending.value,
                                  failure.error if failure is not None else None)
@@ -130,9 +133,10 @@ class AttemptRunner:
                     **headers, _tracing.LINK: _tracing.traceparent(span)})
             return outcome
 
-    async def _run(self, claimed: ClaimedJob, stopping: bool) -> Outcome:
+    async def _run(self, claimed: ClaimedJob, stopping: bool, scope: Scope) -> Outcome:
         attempt = self._attempts.start(claimed.id, claimed.token, stopping, claimed.partition,
-                                       claimed.attempt)
+                                       claimed.attempt, scope)
+        stopped = False  # the attempt's scope stopped it (its cancellation ended the handler)
         options = self._options
         started = time.monotonic()
         outcome: Any = None
@@ -163,16 +167,21 @@ class AttemptRunner:
                       durable=None if store is None else durable)
             if attempt.cancel_requested:  # heard before the attempt started: do not run it
                 raise CancelRequested()
-            with attempt.scope:
-                outcome = await self._executor.run(job, options.timeout)
+            outcome = await self._executor.run(job, options.timeout)
         except Exception as exc:
             error = exc
         except anyio.get_cancelled_exc_class():
-            # The whole worker is being cancelled from outside: give the job back at once.
-            self._attempts.end(attempt)
-            with anyio.CancelScope(shield=True):
-                await self._release([(claimed.id, claimed.token)], claimed.partition)
-            raise
+            if not scope.cancel_called:
+                # The whole worker is being cancelled from outside: give the job back at once.
+                self._attempts.end(attempt)
+                with anyio.CancelScope(shield=True):
+                    await self._release([(claimed.id, claimed.token)], claimed.partition)
+                raise
+            stopped = True  # nothing is awaited from here until the caller leaves the scope
+        except BaseExceptionGroup as group:  # the handler's own task group, cancelled with it
+            if not scope.cancel_called or group.subgroup(_not_cancelled) is not None:
+                raise
+            stopped = True
         except SystemExit as exc:  # sys.exit() in an inline handler ends the attempt only
             error = HandlerAborted(exc)
         finally:
@@ -189,7 +198,7 @@ class AttemptRunner:
                 wait.delay_ms, wait.kind, wait.index, wait.at_ms, wait.timeout_ms, wait.name))
         if attempt.forced and not attempt.cancel_requested:
             return Outcome(Ending.RELEASE, duration)
-        if attempt.cancel_requested and attempt.scope.cancelled_caught:
+        if attempt.cancel_requested and stopped:
             error = CancelRequested()
         if error is None:
             if outcome is None:  # most handlers return nothing: no walk, no encoding
@@ -204,6 +213,10 @@ class AttemptRunner:
         ended = ending_of(claimed, options, error, duration)
         ended.job = job
         return ended
+
+
+def _not_cancelled(exc: BaseException) -> bool:
+    return not isinstance(exc, anyio.get_cancelled_exc_class())
 
 
 def ending_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float

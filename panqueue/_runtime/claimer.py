@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 
 from panqueue._keys import QueueKeys
-from panqueue._runtime.locks import Event, Tokens
+from panqueue._runtime.locks import Event, Scope, Tokens
 from panqueue._runtime.shares import Shares
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._runtime.wakeups import WakeUps
@@ -56,8 +56,12 @@ _MAX_CLAIM_BATCH = 100
 # cancellation, but a network that drops every packet must not hold the loop).
 _CLAIM_BOUND = 10.0
 
-# Runs one job on a slot and returns the job claimed next for it, if any.
-Process = Callable[[ClaimedJob], Awaitable[ClaimedJob | None]]
+# Runs one job's attempt on a slot, inside the scope given (which stops the attempt), and
+# returns its outcome (passed on to RecordJob as it is).
+RunAttempt = Callable[[ClaimedJob, Scope], Awaitable[Any]]
+# Records a job's outcome (True: the scope stopped the attempt, and was left before this) and
+# returns the job claimed next for its slot, if any.
+RecordJob = Callable[[ClaimedJob, Any, bool], Awaitable[ClaimedJob | None]]
 
 
 class ClaimLoop:
@@ -413,19 +417,22 @@ class Claimer(ClaimLoop):
 
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens,
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
-                 process: Process, log: Any, parts: list[QueueKeys] | None = None,
+                 attempt: RunAttempt, record: RecordJob, log: Any,
+                 parts: list[QueueKeys] | None = None,
                  shared_rate: tuple[int, int] | None = None,
                  batch_job_ended: Callable[[], None] | None = None, name: str = "",
-                 new_event: Callable[[], Event]) -> None:
+                 new_event: Callable[[], Event], new_scope: Callable[[], Scope]) -> None:
         super().__init__(transport, keys, tokens, wakeups, concurrency=concurrency,
                          lock_ttl=lock_ttl, poll_interval=poll_interval, log=log, parts=parts,
                          shared_rate=shared_rate, name=name)
-        self._process = process
+        self._attempt = attempt
+        self._record = record
         # Called once a job of a batch was processed (the job's ending is relayed to it).
         self._batch_job_ended = batch_job_ended
         # Slot tasks whose jobs ran out, waiting for the next job to start on them.
         self._parked: list[_Parked] = []
         self._new_event = new_event  # the loop's own events (locks.native_events)
+        self._new_scope = new_scope  # and cancel scopes (locks.native_scopes)
 
     def stop(self, by: float) -> None:
         super().stop(by)
@@ -519,15 +526,32 @@ class Claimer(ClaimLoop):
             job = await self._park()
 
     async def _run_chain(self, job: ClaimedJob) -> None:
-        """Run ``job`` and the jobs claimed next for its slot (all of its partition)."""
+        """Run ``job`` and the jobs claimed next for its slot (all of its partition).
+
+        The attempts run inside one cancel scope, which a stopped attempt (a cancel request, a
+        lost lock, a forced shutdown: :meth:`Attempt.stop`) cancels, and the next attempts get
+        a new one: a scope entered and left per job was a tenth of a no-op job's CPU. Only a
+        running attempt is stopped, and while one runs this task awaits only inside it, so a
+        cancellation reaches that attempt alone; its outcome is recorded once the scope is
+        left, since a cancelled scope cancels every await inside it."""
         partition = job.partition
         try:
             following: ClaimedJob | None = job
             while following is not None:
-                job = following
-                following = await self._process(job)
-                if job.batch and self._batch_job_ended is not None:
-                    self._batch_job_ended()
+                scope = self._new_scope()
+                with scope:
+                    while following is not None:
+                        job = following
+                        outcome = await self._attempt(job, scope)
+                        if scope.cancel_called:
+                            break
+                        following = await self._record(job, outcome, False)
+                        if job.batch and self._batch_job_ended is not None:
+                            self._batch_job_ended()
+                if scope.cancel_called:
+                    following = await self._record(job, outcome, True)
+                    if job.batch and self._batch_job_ended is not None:
+                        self._batch_job_ended()
         finally:
             self._slot_ended(partition)
 

@@ -62,6 +62,9 @@ class Scope(Protocol):
     def cancel(self) -> None: ...
 
     @property
+    def cancel_called(self) -> bool: ...
+
+    @property
     def cancelled_caught(self) -> bool: ...
 
     def __enter__(self) -> Any: ...
@@ -121,7 +124,9 @@ class Attempt:
     job_id: str
     token: str
     deadline: float  # local (monotonic) time by which the lock is surely expired unless renewed
-    scope: Scope  # stops the attempt (a lost lock, a cancel request, a forced shutdown)
+    # Stops the attempt (a lost lock, a cancel request, a forced shutdown): the scope of its
+    # slot task's run of attempts, which no attempt that has ended stops (:meth:`stop`).
+    scope: Scope
     done: bool = False  # the executor has returned
     _ended: anyio.Event | None = None  # made only when someone waits for the end (rare)
     lost: bool = False  # lock lost: another attempt may own the job now; do not finish it
@@ -133,6 +138,12 @@ class Attempt:
 
     def should_stop(self) -> bool:
         return self.stopping or self.cancel_requested or self.lost
+
+    def stop(self) -> None:
+        """Cancel the attempt's scope, if the attempt still runs: the scope outlives it (a
+        slot task's attempts share one until one of them is stopped)."""
+        if not self.done:
+            self.scope.cancel()
 
     async def wait_ended(self) -> None:
         """Until the executor has returned."""
@@ -166,12 +177,16 @@ class Attempts:
         return len(self.by_lock)
 
     def start(self, job_id: str, token: str, stopping: bool, partition: int = 0,
-              number: int = 0) -> Attempt:
+              number: int = 0, scope: Scope | None = None) -> Attempt:
+        """An attempt that ``scope`` stops (the caller's, entered around the attempt), or a
+        scope of its own when none is given."""
         now = time.monotonic()
-        new_scope = self._new_scope
-        if new_scope is None:
-            new_scope = self._new_scope = native_scopes()
-        attempt = Attempt(job_id, token, now + self.lock_ttl, new_scope(), stopping=stopping,
+        if scope is None:
+            new_scope = self._new_scope
+            if new_scope is None:
+                new_scope = self._new_scope = native_scopes()
+            scope = new_scope()
+        attempt = Attempt(job_id, token, now + self.lock_ttl, scope, stopping=stopping,
                           partition=partition, number=number)
         self.by_lock[(job_id, token)] = attempt
         self._by_job[job_id] = attempt
@@ -187,7 +202,7 @@ class Attempts:
     def cancel(self, attempt: Attempt) -> None:
         """Stop ``attempt``: ``cancel(queue, id)`` was called for its run."""
         attempt.cancel_requested = True
-        attempt.scope.cancel()
+        attempt.stop()
 
     def request_cancel(self, request: CancelRequest) -> None:
         """``cancel(queue, id)`` was called for an active job (every worker of the queue
@@ -231,7 +246,7 @@ class Attempts:
                 self.on_lost()
             self._log.warning("lock lost; stopping the attempt", job_id=attempt.job_id, why=why)
             attempt.lost = True
-            attempt.scope.cancel()
+            attempt.stop()
 
     def partition_of(self, lock: tuple[str, str]) -> int:
         attempt = self.by_lock.get(lock)

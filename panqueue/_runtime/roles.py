@@ -25,12 +25,19 @@ from panqueue._registry import Handler, HandlerOptions
 from panqueue._runtime.attempt import AttemptRunner
 from panqueue._runtime.chunk_runner import ChunkRunner, Count
 from panqueue._runtime.chunks import ChunkClaimer
-from panqueue._runtime.claimer import Claimer, Process
+from panqueue._runtime.claimer import Claimer, RecordJob, RunAttempt
 from panqueue._runtime.failures import FailureCallback
 from panqueue._runtime.heartbeat import Heartbeat
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import Served
-from panqueue._runtime.locks import Attempt, Attempts, Renewer, Tokens, native_events
+from panqueue._runtime.locks import (
+    Attempt,
+    Attempts,
+    Renewer,
+    Tokens,
+    native_events,
+    native_scopes,
+)
 from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.stats import log_summary
 from panqueue._runtime.trouble import Trouble
@@ -116,13 +123,15 @@ class Roles:
     """Every role of one run, built by the constructor: then :meth:`start`, the :meth:`loops`
     beside the claim loop, and at the end :meth:`withdraw`, :meth:`drain` and :meth:`close`.
 
-    From the worker: ``process`` runs one job on a slot (a plain claim loop's), ``counted``
-    counts a chunk's job that ended, ``stopping`` and ``forced`` say whether the worker is
+    From the worker: ``attempt`` runs one job's attempt on a slot and ``record`` records its
+    outcome (a plain claim loop's, :class:`Claimer`), ``counted`` counts a chunk's job that
+    ended, ``stopping`` and ``forced`` say whether the worker is
     stopping and whether its grace period is over."""
 
     def __init__(self, worker: Settings, shape: Shape, transport: AsyncTransport,
                  parts: list[QueueKeys], *, tokens: Tokens, attempts: Attempts, log: Any,
-                 process: Process, counted: Count, stopping: Callable[[], bool],
+                 attempt: RunAttempt, record: RecordJob, counted: Count,
+                 stopping: Callable[[], bool],
                  forced: Callable[[], bool],
                  on_failure: Callable[[], Sequence[FailureCallback]] = tuple,
                  stop: Callable[[], None] | None = None) -> None:
@@ -168,8 +177,9 @@ class Roles:
             self.claimer = Claimer(
                 transport, parts[0], tokens, self.wakeups, concurrency=worker.concurrency,
                 lock_ttl=worker.lock_ttl, poll_interval=worker.poll_interval,
-                process=process, log=log, parts=parts, shared_rate=shape.shared_rate,
-                batch_job_ended=self._batch_job_ended, name=worker.name, new_event=new_event)
+                attempt=attempt, record=record, log=log, parts=parts,
+                shared_rate=shape.shared_rate, batch_job_ended=self._batch_job_ended,
+                name=worker.name, new_event=new_event, new_scope=native_scopes())
         self.renewer = Renewer(transport, parts, attempts, log)
         self.upkeep = Upkeep(
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
@@ -278,7 +288,7 @@ class Roles:
                               running=len(attempts))
             for attempt in list(attempts.by_lock.values()):
                 attempt.forced = True
-                attempt.scope.cancel()
+                attempt.stop()
             with anyio.move_on_after(FORCE_WAIT):
                 await claimer.wait_idle()
 

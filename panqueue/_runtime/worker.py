@@ -34,12 +34,12 @@ from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_max_payload
 from panqueue._keys import check_prefix, partition_keys, prefixed
 from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
-from panqueue._runtime.attempt import Ending
+from panqueue._runtime.attempt import Ending, Outcome
 from panqueue._runtime.failures import report_failure
 from panqueue._runtime.heartbeat import BEATS_PER_TTL
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import settle_layout
-from panqueue._runtime.locks import Attempts, Tokens
+from panqueue._runtime.locks import Attempts, Scope, Tokens
 from panqueue._runtime.roles import CLOSE_WAIT, Roles, Shape
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import ops
@@ -233,7 +233,7 @@ class Worker:
             await self._when_served(starting, lambda: transport.run(ops.pause_like_home(parts)))
         self._roles = roles = Roles(
             self, self._shape, transport, parts, tokens=self._tokens, attempts=self._attempts,
-            log=self._log, process=self._process, counted=self._counted,
+            log=self._log, attempt=self._attempt, record=self._record, counted=self._counted,
             on_failure=lambda: self._registry.failure_callbacks,
             stopping=lambda: self._stopping, forced=self._force.is_set, stop=self._begin_stop)
         if self._stopping:  # since before the roles were built
@@ -315,13 +315,13 @@ class Worker:
         assert self._roles is not None
         await self._roles.pause_others(job.partition, ms)
 
-    async def _process(self, job: ClaimedJob) -> ClaimedJob | None:
-        """Run one job and record its outcome; returns the job claimed next for the slot."""
+    async def _attempt(self, job: ClaimedJob, scope: Scope) -> Outcome | None:
+        """Run one job's attempt inside ``scope``, which stops it (the slot task's: see
+        :meth:`AttemptRunner.run`); None when the job was released before it ran."""
         roles = self._roles
         assert roles is not None
-        recorder = roles.recorders[job.partition]
         if self._stopping and self._force.is_set():
-            await recorder.release([(job.id, job.token)])
+            await roles.recorders[job.partition].release([(job.id, job.token)])
             return None
         previous = self._attempts.of_job(job.id)
         if previous is not None:
@@ -330,7 +330,29 @@ class Worker:
             # worker never runs two attempts of a job at once.
             self._attempts.lose(previous, "the job was claimed again")
             await previous.wait_ended()
-        outcome = await roles.runner.run(job, self._stopping)
+        return await roles.runner.run(job, self._stopping, scope)
+
+    async def _record(self, job: ClaimedJob, outcome: Outcome | None, stopped: bool
+                      ) -> ClaimedJob | None:
+        """Record the outcome of ``job``'s attempt; returns the job claimed next for the
+        slot. ``stopped``: its scope stopped the attempt, and was left before this: if the
+        whole worker is cancelled meanwhile, the job is given back."""
+        if outcome is None:
+            return None
+        if not stopped:
+            return await self._recorded(job, outcome)
+        try:
+            return await self._recorded(job, outcome)
+        except anyio.get_cancelled_exc_class():
+            assert self._roles is not None
+            with anyio.CancelScope(shield=True):
+                await self._roles.recorders[job.partition].release([(job.id, job.token)])
+            raise
+
+    async def _recorded(self, job: ClaimedJob, outcome: Outcome) -> ClaimedJob | None:
+        roles = self._roles
+        assert roles is not None
+        recorder = roles.recorders[job.partition]
         if outcome.ending == Ending.COMPLETED:
             # The common path binds nothing: a per-job line costs one level check when off.
             recorded, following = await recorder.complete(job.id, job.token, outcome.result,
