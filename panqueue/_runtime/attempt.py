@@ -143,14 +143,13 @@ class AttemptRunner:
         error: BaseException | None = None
         job: Job[Any] | None = None
         run: DurableRun | None = None  # made by the handler's first durable call, if any
-        store = self._durable
+        store, first_run = self._durable, claimed.first_run
 
-        def durable() -> DurableRun:
+        def durable() -> DurableRun:  # kept by the job: it keeps no claimed data
             nonlocal run
             if run is None:
                 assert store is not None
-                run = DurableRun(store, attempt, self._max_payload_bytes,
-                                 first_run=claimed.first_run)
+                run = DurableRun(store, attempt, self._max_payload_bytes, first_run=first_run)
             return run
 
         try:
