@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -16,6 +17,14 @@ from tests.helpers import WorkerProcess, wait_until
 
 def _calls(redis_client: redis.Redis, key: str) -> list[list[object]]:
     return [json.loads(item) for item in redis_client.lrange(key, 0, -1)]
+
+
+def _logged(worker: WorkerProcess) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in worker.stderr.splitlines() if line.startswith("{")]
+
+
+def _raised(logged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logged if e["event"].startswith("on_failure callback raised")]
 
 
 def test_each_failed_attempt_reaches_every_callback_and_one_that_raises_is_only_logged(
@@ -32,6 +41,10 @@ def test_each_failed_attempt_reaches_every_callback_and_one_that_raises_is_only_
                     handle.result(timeout=20)
             wait_until(lambda: len(_calls(redis_client, "hooks:async")) == 3, 10,
                        "the async callback's three calls")
+            # The raising callback comes after the async one: its third line may still be on
+            # its way.
+            wait_until(lambda: len(_raised(_logged(worker))) >= 3, 10,
+                       "the raising callback's three log lines")
             # The callback that raises changed nothing: retried, then failed, as without it.
             assert client.get_job("hooks-flaky", flaky.id).state == JobState.FAILED
             assert client.get_job("hooks-flaky", flaky.id).attempts == 2
@@ -46,8 +59,8 @@ def test_each_failed_attempt_reaches_every_callback_and_one_that_raises_is_only_
     ]), sync
     assert sorted(map(tuple, _calls(redis_client, "hooks:async"))) == sorted([
         (flaky.id, 1, False), (flaky.id, 2, True), (threaded.id, 1, True)])
-    logged = [json.loads(line) for line in worker.stderr.splitlines() if line.startswith("{")]
-    raised = [e for e in logged if e["event"].startswith("on_failure callback raised")]
+    logged = _logged(worker)
+    raised = _raised(logged)
     assert len(raised) == 3, logged
     assert {e["callback"] for e in raised} == {"broken"}
     assert all("ValueError: the error tracker is down" in e["error"] for e in raised), raised

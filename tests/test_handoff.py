@@ -330,7 +330,8 @@ async def test_a_parked_slot_task_keeps_no_job(redis_url: str, queue_name: str) 
         return watcher.zcard(keys.idle) == 1
 
     try:
-        async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        async with QueueClient(redis_url) as client, \
+                run_worker(registry, queue_name, redis_url) as worker:
             await async_wait_until(registered)
             ids = set()
             for _ in range(3):
@@ -343,12 +344,44 @@ async def test_a_parked_slot_task_keeps_no_job(redis_url: str, queue_name: str) 
                 # type(), not isinstance(): that would ask lazy objects of other tests
                 # (Django's) for their __class__, which sets them up.
                 gc.collect()
-                return not any(type(o) is ClaimedJob and o.id in ids for o in gc.get_objects())
+                # Its ids name other tests' jobs too: these are the ones this worker claimed.
+                return not any(type(o) is ClaimedJob and o.id in ids
+                               and o.token.startswith(worker.name + ":")
+                               for o in gc.get_objects())
 
             # The last job's recording may still be on its way out: none is kept for good.
             await async_wait_until(none_kept, timeout=5, what="no job kept", interval=0.1)
     finally:
         watcher.close()
+
+
+async def test_a_job_the_handler_keeps_keeps_no_claim_of_it(redis_url: str,
+                                                           queue_name: str) -> None:
+    """A handler may keep its ``Job`` (an error tracker holds it with the failure): the job
+    keeps its decoded data, not the claim's stored form of it as well."""
+    import gc
+
+    from panqueue._store.transitions import ClaimedJob
+
+    registry, kept = Registry(), []
+
+    @registry.handler(queue_name)
+    async def handler(job: Job) -> None:
+        kept.append(job)
+
+    async with QueueClient(redis_url) as client, \
+            run_worker(registry, queue_name, redis_url) as worker:
+        handle = await client.queue(queue_name).add("x")
+        await handle.result(timeout=10)
+
+        async def none_kept() -> bool:
+            gc.collect()
+            return not any(type(o) is ClaimedJob and o.id == handle.id
+                           and o.token.startswith(worker.name + ":") for o in gc.get_objects())
+
+        # The recording may still be on its way out: none is kept for good.
+        await async_wait_until(none_kept, timeout=5, what="no claim kept", interval=0.1)
+    assert [job.id for job in kept] == [handle.id]
 
 
 async def test_jobs_added_one_at_a_time_to_idle_workers_run_once_each(
