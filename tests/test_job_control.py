@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -201,6 +202,42 @@ async def test_a_slot_goes_on_with_its_next_jobs_after_one_is_cancelled(
             await long.result(timeout=10)
         assert [await job.result(timeout=10) for job in after] == ["after-0", "after-1",
                                                                  "after-2"]
+        assert (await long.info()).state is JobState.CANCELLED
+
+
+async def test_a_cancelled_handler_whose_own_task_group_was_running_is_cancelled(
+        anyio_backend: str, redis_url: str, queue_name: str) -> None:
+    """A handler that waits in a task group of the event loop's own (its children cancelled
+    with it) ends as cancelled, whatever form the cancellation leaves the group in (a trio
+    nursery raises it in an exception group), and the slot goes on with its next job."""
+    registry, started = Registry(), anyio.Event()
+
+    @registry.handler(queue_name, concurrency=1)
+    async def handler(job: Job) -> str:
+        if job.data == "long":
+            if anyio_backend == "trio":
+                import trio
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(trio.sleep_forever)
+                    started.set()
+                    await trio.sleep_forever()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(asyncio.sleep(60))
+                started.set()
+                await asyncio.sleep(60)
+        return job.data
+
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        queue = client.queue(queue_name)
+        long = await queue.add("long")
+        with anyio.fail_after(10):
+            await started.wait()
+        after = await queue.add("after")
+        assert await client.cancel(queue_name, long.id) is JobState.ACTIVE
+        with pytest.raises(JobFailed, match="cancelled"):
+            await long.result(timeout=10)
+        assert await after.result(timeout=10) == "after"
         assert (await long.info()).state is JobState.CANCELLED
 
 

@@ -178,9 +178,9 @@ class AttemptRunner:
                 raise
             stopped = True  # nothing is awaited from here until the caller leaves the scope
         except BaseExceptionGroup as group:  # the handler's own task group, cancelled with it
-            if not scope.cancel_called or group.subgroup(_not_cancelled) is not None:
+            if not scope.cancel_called or group.split(anyio.get_cancelled_exc_class())[1]:
                 raise
-            stopped = True
+            stopped = True  # only cancellations (a trio nursery raises them in a group)
         except SystemExit as exc:  # sys.exit() in an inline handler ends the attempt only
             error = HandlerAborted(exc)
         finally:
@@ -212,10 +212,6 @@ class AttemptRunner:
         ended = ending_of(claimed, options, error, duration)
         ended.job = job
         return ended
-
-
-def _not_cancelled(exc: BaseException) -> bool:
-    return not isinstance(exc, anyio.get_cancelled_exc_class())
 
 
 def ending_of(claimed: ClaimedJob, options: JobOptions, error: BaseException, duration: float
