@@ -549,6 +549,31 @@ async def test_forced_shutdown_releases_jobs_back_to_waiting(redis_url: str,
         assert (await client.counts(queue_name))[JobState.ACTIVE] == 0
 
 
+async def test_a_worker_cancelled_from_outside_gives_its_running_job_back(
+        redis_url: str, queue_name: str) -> None:
+    """The application cancels the task group its worker runs in (no shutdown asked for): the
+    running job goes back to waiting at once, not after its lock's 60 s."""
+    registry = Registry()
+    started = anyio.Event()
+
+    @registry.handler(queue_name, lock_ttl=60)
+    async def stuck(job: Job) -> None:
+        started.set()
+        await anyio.sleep(60)
+
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(queue_name).add({})
+        worker = Worker(registry, queue_name, url=redis_url)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                await started.wait()
+                tg.cancel_scope.cancel()
+        info = await handle.info()
+        assert info.state is JobState.WAITING
+        assert (await client.counts(queue_name))[JobState.ACTIVE] == 0
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_worker_made_outside_any_event_loop_runs_and_is_forced_to_stop(
         redis_url: str, queue_name: str, backend: str) -> None:

@@ -88,7 +88,8 @@ class CancelRequested(Fail):
 
 
 Report = Callable[[Attempt, str, Any], Awaitable[None]]
-# Gives locks back to waiting: (job id, token) pairs of one partition (the second argument).
+# Gives locks back to waiting while the worker is being cancelled (shielded): (job id, token)
+# pairs of one partition (the second argument).
 Release = Callable[[list[tuple[str, str]], int], Awaitable[None]]
 
 
@@ -96,7 +97,7 @@ class AttemptRunner:
     """Runs attempts of one handler's jobs on its executor."""
 
     def __init__(self, executor: Executor, queue: str, options: JobOptions, attempts: Attempts,
-                 report: Report, release: Release, durable: DurableStore | None = None, *,
+                 report: Report, give_back: Release, durable: DurableStore | None = None, *,
                  max_payload_bytes: int | None = None) -> None:
         self._executor = executor
         self._max_payload_bytes = max_payload_bytes
@@ -104,7 +105,7 @@ class AttemptRunner:
         self._options = options
         self._attempts = attempts
         self._report = report
-        self._release = release
+        self._give_back = give_back  # shielded: see Roles.give_back
         self._durable = durable
 
     def run(self, claimed: ClaimedJob, stopping: bool, scope: Scope) -> Awaitable[Outcome]:
@@ -173,8 +174,7 @@ class AttemptRunner:
             if not scope.cancel_called:
                 # The whole worker is being cancelled from outside: give the job back at once.
                 self._attempts.end(attempt)
-                with anyio.CancelScope(shield=True):
-                    await self._release([(claimed.id, claimed.token)], claimed.partition)
+                await self._give_back([(claimed.id, claimed.token)], claimed.partition)
                 raise
             stopped = True  # nothing is awaited from here until the caller leaves the scope
         except BaseExceptionGroup as group:  # the handler's own task group, cancelled with it

@@ -158,7 +158,7 @@ class Roles:
             stopping=claims_nothing(index), log=log, new_event=new_event,
             max_snoozes=options.max_snoozes) for index, keys in enumerate(parts)]
         self.runner = AttemptRunner(executor, queue, options.job, attempts, self._report,
-                                    self._release, durable=self,
+                                    self.give_back, durable=self,
                                     max_payload_bytes=worker.max_payload_bytes)
         self.wakeups = WakeUps(transport, parts, health_interval=worker.health_interval,
                                on_cancel=attempts.request_cancel, on_handoff=self._handed_over,
@@ -370,5 +370,8 @@ class Roles:
             raise LockLost(keys.name, attempt.job_id)
         return code, payload
 
-    async def _release(self, locks: list[tuple[str, str]], partition: int) -> None:
-        await self.recorders[partition].release(locks)
+    async def give_back(self, locks: list[tuple[str, str]], partition: int) -> None:
+        """Release ``locks`` (jobs back to waiting) while the whole worker is being
+        cancelled: shielded, so the cancellation does not stop the release itself."""
+        with anyio.CancelScope(shield=True):
+            await self.recorders[partition].release(locks)

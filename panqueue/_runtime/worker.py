@@ -345,8 +345,7 @@ class Worker:
             return await self._recorded(job, outcome)
         except anyio.get_cancelled_exc_class():
             assert self._roles is not None
-            with anyio.CancelScope(shield=True):
-                await self._roles.recorders[job.partition].release([(job.id, job.token)])
+            await self._roles.give_back([(job.id, job.token)], job.partition)
             raise
 
     async def _recorded(self, job: ClaimedJob, outcome: Outcome) -> ClaimedJob | None:
