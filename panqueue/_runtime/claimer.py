@@ -419,16 +419,13 @@ class Claimer(ClaimLoop):
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
                  attempt: RunAttempt, record: RecordJob, log: Any,
                  parts: list[QueueKeys] | None = None,
-                 shared_rate: tuple[int, int] | None = None,
-                 batch_job_ended: Callable[[], None] | None = None, name: str = "",
+                 shared_rate: tuple[int, int] | None = None, name: str = "",
                  new_event: Callable[[], Event], new_scope: Callable[[], Scope]) -> None:
         super().__init__(transport, keys, tokens, wakeups, concurrency=concurrency,
                          lock_ttl=lock_ttl, poll_interval=poll_interval, log=log, parts=parts,
                          shared_rate=shared_rate, name=name)
         self._attempt = attempt
         self._record = record
-        # Called once a job of a batch was processed (the job's ending is relayed to it).
-        self._batch_job_ended = batch_job_ended
         # Slot tasks whose jobs ran out, waiting for the next job to start on them.
         self._parked: list[_Parked] = []
         self._new_event = new_event  # the loop's own events (locks.native_events)
@@ -540,18 +537,13 @@ class Claimer(ClaimLoop):
             while following is not None:
                 scope = self._new_scope()
                 with scope:
-                    while following is not None:
+                    while following is not None and not scope.cancel_called:
                         job = following
                         outcome = await self._attempt(job, scope)
-                        if scope.cancel_called:
-                            break
-                        following = await self._record(job, outcome, False)
-                        if job.batch and self._batch_job_ended is not None:
-                            self._batch_job_ended()
+                        if not scope.cancel_called:
+                            following = await self._record(job, outcome, False)
                 if scope.cancel_called:
                     following = await self._record(job, outcome, True)
-                    if job.batch and self._batch_job_ended is not None:
-                        self._batch_job_ended()
         finally:
             self._slot_ended(partition)
 

@@ -178,8 +178,8 @@ class Roles:
                 transport, parts[0], tokens, self.wakeups, concurrency=worker.concurrency,
                 lock_ttl=worker.lock_ttl, poll_interval=worker.poll_interval,
                 attempt=attempt, record=record, log=log, parts=parts,
-                shared_rate=shape.shared_rate, batch_job_ended=self._batch_job_ended,
-                name=worker.name, new_event=new_event, new_scope=native_scopes())
+                shared_rate=shape.shared_rate, name=worker.name, new_event=new_event,
+                new_scope=native_scopes())
         self.renewer = Renewer(transport, parts, attempts, log)
         self.upkeep = Upkeep(
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
@@ -326,10 +326,6 @@ class Roles:
         while True:
             self.watchdog.beat()
             await anyio.sleep(BEAT_INTERVAL)
-
-    def _batch_job_ended(self) -> None:
-        """A job of a batch was processed: its ending is relayed to the batch."""
-        self.upkeep.batch_job_ended()
 
     def _relayed_count(self, counted: Count) -> Count:
         """``counted``; then, as for a plain job, a batch's job's ending is relayed."""

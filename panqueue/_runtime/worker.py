@@ -337,16 +337,20 @@ class Worker:
         """Record the outcome of ``job``'s attempt; returns the job claimed next for the
         slot. ``stopped``: its scope stopped the attempt, and was left before this: if the
         whole worker is cancelled meanwhile, the job is given back."""
-        if outcome is None:
-            return None
-        if not stopped:
-            return await self._recorded(job, outcome)
-        try:
-            return await self._recorded(job, outcome)
-        except anyio.get_cancelled_exc_class():
+        following = None
+        if outcome is not None and not stopped:
+            following = await self._recorded(job, outcome)
+        elif outcome is not None:
+            try:
+                following = await self._recorded(job, outcome)
+            except anyio.get_cancelled_exc_class():
+                assert self._roles is not None
+                await self._roles.give_back([(job.id, job.token)], job.partition)
+                raise
+        if job.batch:  # its ending is relayed to its batch
             assert self._roles is not None
-            await self._roles.give_back([(job.id, job.token)], job.partition)
-            raise
+            self._roles.upkeep.batch_job_ended()
+        return following
 
     async def _recorded(self, job: ClaimedJob, outcome: Outcome) -> ClaimedJob | None:
         roles = self._roles
