@@ -309,14 +309,27 @@ async def test_a_slot_task_whose_attempt_was_stopped_runs_the_next_job_handed_to
         watcher.close()
 
 
-async def test_a_parked_slot_task_keeps_no_job(redis_url: str, queue_name: str) -> None:
-    """A slot task whose jobs ran out waits for the next one (``Claimer._park``) without
-    holding the jobs it ran (their data may be large), nor does the wake-up channel keep the
-    last hand-over: once the worker is idle again, no ``ClaimedJob`` of them is left."""
+async def _none_kept(worker: str, ids: set[str]) -> None:
+    """Until no ``ClaimedJob`` of ``ids`` that ``worker`` claimed is left (ids repeat across
+    tests: the worker's name in the lock token tells its claims apart)."""
     import gc
 
     from panqueue._store.transitions import ClaimedJob
 
+    async def none_kept() -> bool:
+        gc.collect()
+        # type(), not isinstance(): that would ask lazy objects of other tests (Django's) for
+        # their __class__, which sets them up.
+        return not any(type(o) is ClaimedJob and o.id in ids
+                       and o.token.startswith(worker + ":") for o in gc.get_objects())
+
+    await async_wait_until(none_kept, timeout=5, what="no claimed job kept", interval=0.1)
+
+
+async def test_a_parked_slot_task_keeps_no_job(redis_url: str, queue_name: str) -> None:
+    """A slot task whose jobs ran out waits for the next one (``Claimer._park``) without
+    holding the jobs it ran (their data may be large), nor does the wake-up channel keep the
+    last hand-over: once the worker is idle again, no ``ClaimedJob`` of them is left."""
     keys = QueueKeys(queue_name)
     registry = Registry()
 
@@ -340,17 +353,8 @@ async def test_a_parked_slot_task_keeps_no_job(redis_url: str, queue_name: str) 
                 ids.add(handle.id)
                 await async_wait_until(registered)
 
-            async def none_kept() -> bool:
-                # type(), not isinstance(): that would ask lazy objects of other tests
-                # (Django's) for their __class__, which sets them up.
-                gc.collect()
-                # Its ids name other tests' jobs too: these are the ones this worker claimed.
-                return not any(type(o) is ClaimedJob and o.id in ids
-                               and o.token.startswith(worker.name + ":")
-                               for o in gc.get_objects())
-
             # The last job's recording may still be on its way out: none is kept for good.
-            await async_wait_until(none_kept, timeout=5, what="no job kept", interval=0.1)
+            await _none_kept(worker.name, ids)
     finally:
         watcher.close()
 
@@ -359,10 +363,6 @@ async def test_a_job_the_handler_keeps_keeps_no_claim_of_it(redis_url: str,
                                                            queue_name: str) -> None:
     """A handler may keep its ``Job`` (an error tracker holds it with the failure): the job
     keeps its decoded data, not the claim's stored form of it as well."""
-    import gc
-
-    from panqueue._store.transitions import ClaimedJob
-
     registry, kept = Registry(), []
 
     @registry.handler(queue_name)
@@ -374,13 +374,8 @@ async def test_a_job_the_handler_keeps_keeps_no_claim_of_it(redis_url: str,
         handle = await client.queue(queue_name).add("x")
         await handle.result(timeout=10)
 
-        async def none_kept() -> bool:
-            gc.collect()
-            return not any(type(o) is ClaimedJob and o.id == handle.id
-                           and o.token.startswith(worker.name + ":") for o in gc.get_objects())
-
         # The recording may still be on its way out: none is kept for good.
-        await async_wait_until(none_kept, timeout=5, what="no claim kept", interval=0.1)
+        await _none_kept(worker.name, {handle.id})
     assert [job.id for job in kept] == [handle.id]
 
 
