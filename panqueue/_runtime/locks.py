@@ -64,9 +64,6 @@ class Scope(Protocol):
     @property
     def cancel_called(self) -> bool: ...
 
-    @property
-    def cancelled_caught(self) -> bool: ...
-
     def __enter__(self) -> Any: ...
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
