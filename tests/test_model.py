@@ -65,6 +65,7 @@ examples Hypothesis runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -81,6 +82,7 @@ import anyio
 import hypothesis
 import pytest
 import redis
+import sniffio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -185,6 +187,21 @@ def effect(serial: object) -> str:
 queues = Registry()
 
 
+async def hold_forever() -> None:
+    """Wait until cancelled, in a task group of the event loop's own whose child waits too,
+    as a handler that runs work beside it does: a stopped attempt ends the group as well
+    (a trio nursery raises its children's cancellations in an exception group)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            await trio.sleep_forever()
+    async with asyncio.TaskGroup() as group:
+        group.create_task(asyncio.sleep(3600))
+        await asyncio.sleep(3600)
+
+
 async def run_job(job: Job) -> None:
     running = (job.queue, job.id)
     RUNS.append(("start", job.queue, job.id, job.attempt, True))
@@ -197,7 +214,7 @@ async def run_job(job: Job) -> None:
     durable = job.data.get("durable")
     try:
         if job.data.get("hold"):
-            await anyio.sleep_forever()  # until cancel() stops it
+            await hold_forever()  # until cancel() stops it
         if durable is not None:
             result = await job.step("effect", effect, job.data["n"])
             if result != f"done-{job.data['n']}":
@@ -216,6 +233,10 @@ async def run_job(job: Job) -> None:
         raise
     except anyio.get_cancelled_exc_class():
         RUNS.append(("stopped", job.queue, job.id, job.attempt, False))
+        raise
+    except BaseExceptionGroup as group:  # hold_forever's trio nursery, cancelled
+        if not group.split(anyio.get_cancelled_exc_class())[1]:
+            RUNS.append(("stopped", job.queue, job.id, job.attempt, False))
         raise
     finally:
         RUNNING.discard(running)
