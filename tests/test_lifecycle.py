@@ -523,8 +523,12 @@ async def test_graceful_shutdown_lets_running_jobs_finish(redis_url: str,
         assert (await handle.info()).state is JobState.COMPLETED
 
 
-async def test_forced_shutdown_releases_jobs_back_to_waiting(redis_url: str,
-                                                             queue_name: str) -> None:
+@pytest.mark.parametrize("stop", ["forced shutdown", "cancelled from outside"])
+async def test_a_stopped_worker_gives_its_running_job_back_to_waiting(
+        redis_url: str, queue_name: str, stop: str) -> None:
+    """A forced shutdown (grace over), or the application cancelling the task group its worker
+    runs in (no shutdown asked for): the running job goes back to waiting at once, not after
+    its lock's 60 s, and the interrupted attempt does not count."""
     registry = Registry()
     started = anyio.Event()
 
@@ -541,36 +545,13 @@ async def test_forced_shutdown_releases_jobs_back_to_waiting(redis_url: str,
             with anyio.fail_after(10):
                 await started.wait()
             with anyio.fail_after(5):
-                await worker.shutdown(grace=0.2)
-        # Back at once (not after the 60 s lock), and the interrupted attempt does not count.
+                if stop == "forced shutdown":
+                    await worker.shutdown(grace=0.2)
+                else:
+                    tg.cancel_scope.cancel()
         info = await handle.info()
         assert info.state is JobState.WAITING
         assert info.attempts == 0
-        assert (await client.counts(queue_name))[JobState.ACTIVE] == 0
-
-
-async def test_a_worker_cancelled_from_outside_gives_its_running_job_back(
-        redis_url: str, queue_name: str) -> None:
-    """The application cancels the task group its worker runs in (no shutdown asked for): the
-    running job goes back to waiting at once, not after its lock's 60 s."""
-    registry = Registry()
-    started = anyio.Event()
-
-    @registry.handler(queue_name, lock_ttl=60)
-    async def stuck(job: Job) -> None:
-        started.set()
-        await anyio.sleep(60)
-
-    async with QueueClient(redis_url) as client:
-        handle = await client.queue(queue_name).add({})
-        worker = Worker(registry, queue_name, url=redis_url)
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                await tg.start(worker.run)
-                await started.wait()
-                tg.cancel_scope.cancel()
-        info = await handle.info()
-        assert info.state is JobState.WAITING
         assert (await client.counts(queue_name))[JobState.ACTIVE] == 0
 
 
