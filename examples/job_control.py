@@ -42,8 +42,8 @@ async def build_report(job: Job) -> dict[str, Any]:
     return {"report": job.data["name"], "pages": pages}
 
 
-# A queue whose events nobody reads: only the ends of its jobs are written (result() waits on
-# them), two stream writes fewer per job.
+# A queue that keeps only the ends of its jobs (result() waits on them), even while somebody
+# reads its events: two stream writes fewer per job.
 @queues.handler("thumbnails", concurrency=4, retention=Retention(events=0))
 async def thumbnail(job: Job) -> str:
     return f"thumb-{job.data}"
@@ -70,6 +70,9 @@ async def main(url: str) -> None:
     worker = Worker(queues, "reports", url=url)
     async with anyio.create_task_group() as tg, QueueClient(url) as client:
         reports = client.queue("reports")
+        # A read asks the queue to write every event for the next hour (a queue whose events
+        # nobody reads writes only the ends of jobs), and gives the stream's end to read from.
+        _, start = await client.read_events("reports")
         report = await reports.add({"name": "quarterly", "pages": 4})
         archive = await reports.add({"name": "archive", "pages": 100, "seconds_per_page": 0.2})
         watched: dict[str, list[str]] = {report.id: [], archive.id: []}
@@ -77,10 +80,10 @@ async def main(url: str) -> None:
         listener_done = anyio.Event()
 
         async def listen() -> None:
-            # after="0-0" reads the stream from its start (it keeps about the last 10,000
-            # events), so the two "added" events written above are not missed; without after=
-            # the iterator yields only events newer than its first read.
-            async for event in client.events("reports", after="0-0"):
+            # after=start reads on from where the read above ended, so the two "added" events
+            # written since are not missed; without after= the iterator yields only events
+            # newer than its own first read.
+            async for event in client.events("reports", after=start):
                 if event.job_id not in watched:
                     continue
                 print(f"  {describe(event)}")

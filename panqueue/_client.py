@@ -293,19 +293,25 @@ class QueueClient:
         job hashes: nothing is written for them on a job's path."""
         return await self._run(self.producer.on_all(queue, ops.recent_timings, window))
 
-    async def read_events(self, queue: str, after: str | None = None, *, limit: int = 500
-                          ) -> tuple[list[Event], str]:
+    async def read_events(self, queue: str, after: str | None = None, *, limit: int = 500,
+                          watch: bool = True) -> tuple[list[Event], str]:
         """The events of ``queue`` after stream id ``after`` that are there now (at most
         ``limit``), without waiting, and the id to pass as ``after`` next time. With ``after``
-        None: no events, and the id of the stream's end (start watching from now)."""
-        return await self._run(self.producer.on_all(queue, parted.all_events, after, limit))
+        None: no events, and the id of the stream's end (start watching from now).
+
+        A read asks the queue to write every event for the next hour: while nobody reads them,
+        only the events of a job's end are written (:class:`~panqueue.Retention`).
+        ``watch=False`` reads without asking (a reader that counts only ends of jobs)."""
+        return await self._run(self.producer.on_all(queue, parted.all_events, after, limit,
+                                                    watch))
 
     async def events(self, queue: str, *, after: str | None = None) -> AsyncIterator[Event]:
         """Lifecycle events of a queue, as they happen, forever.
 
         ``after``: a stream id to resume from (an :attr:`Event.id`, or a position
         :meth:`read_events` returned); default: only new events. On a partitioned queue the
-        partitions' events arrive merged by time, each within 0.2 s.
+        partitions' events arrive merged by time, each within 0.2 s. While it reads, the
+        queue writes every event (see :meth:`read_events`).
         A broken connection is re-established and reading resumes where it stopped, so no
         event is skipped (unless the capped stream dropped it meanwhile).
         """
@@ -472,10 +478,10 @@ class SyncQueueClient:
         """Blocking :meth:`QueueClient.timings`."""
         return self._run(self.producer.on_all(queue, ops.recent_timings, window))
 
-    def read_events(self, queue: str, after: str | None = None, *, limit: int = 500
-                    ) -> tuple[list[Event], str]:
+    def read_events(self, queue: str, after: str | None = None, *, limit: int = 500,
+                    watch: bool = True) -> tuple[list[Event], str]:
         """See :meth:`QueueClient.read_events`."""
-        return self._run(self.producer.on_all(queue, parted.all_events, after, limit))
+        return self._run(self.producer.on_all(queue, parted.all_events, after, limit, watch))
 
     def events(self, queue: str, *, after: str | None = None) -> Iterator[Event]:
         """Blocking :meth:`QueueClient.events`."""

@@ -273,8 +273,8 @@ class QueueKeys:
     """Names of the keys and the notify channel of one queue (of one partition of it)."""
 
     __slots__ = ("active", "batch_outbox", "batches", "blocked", "cancelled", "completed",
-                 "delayed", "events", "expires", "failed", "history", "id_outbox", "idle",
-                 "key_active",
+                 "delayed", "events", "events_read", "expires", "failed", "history",
+                 "id_outbox", "idle", "key_active",
                  "limited", "meta", "name", "notify", "partition", "partitions", "prefix", "rate",
                  "ready", "relayout", "schedules", "shared_rate", "version", "wait",
                  "wait_list", "worker_info", "workers")
@@ -302,6 +302,8 @@ class QueueKeys:
         self.failed = self.prefix + "failed"
         self.cancelled = self.prefix + "cancelled"
         self.events = self.prefix + "events"
+        # Set, with an expiry, while somebody reads the event stream (ops/events.py watch).
+        self.events_read = self.prefix + "events:read"
         self.notify = self.prefix + "notify"
         self.schedules = self.prefix + "schedules"
         # Keyed mode: keys with waiting jobs and free capacity (round-robin order), running

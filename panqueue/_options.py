@@ -187,10 +187,13 @@ class Retention:
     ``completed_for`` / ``failed_for``: also delete them this many seconds after they finished.
     ``history``: the queue's history stream (one record per finished job, for
     ``panqueue.spark.export_history``) keeps about this many records; ``0`` writes none.
-    ``events``: the queue's event stream (``client.events``) keeps about this many events;
-    ``0`` writes only the events of a job's end (``completed``, ``failed``, ``cancelled``,
-    which ``result()`` waits on), about 1,000 of them: a queue whose events nobody reads
-    saves two stream writes per job.
+    ``events``: the queue's event stream (``client.events``) keeps about this many events.
+    The events of a job's end (``completed``, ``failed``, ``cancelled``, which ``result()``
+    waits on) are always written; the others (``added``, ``active``, ``progress``, ...) while
+    somebody reads the stream (``client.events()``, ``read_events()``, the dashboard's events
+    page: each read asks for them for the next hour), so a queue whose events nobody reads
+    saves two stream writes per job. ``events_always=True`` writes them even then; ``events=0``
+    never writes them, and keeps about 1,000 ends of jobs.
     The defaults bound Redis memory under any stream of jobs.
     """
 
@@ -200,6 +203,7 @@ class Retention:
     failed_for: float | None = 7 * 24 * 3600.0
     history: int = 100_000
     events: int = 10_000
+    events_always: bool = False
 
     def __post_init__(self) -> None:
         for name in ("completed", "failed"):
@@ -207,6 +211,10 @@ class Retention:
         check_int(self.history, "Retention.history", low=0, note=" (0 keeps no history)")
         check_int(self.events, "Retention.events", low=0,
                   note=" (0 keeps only the events of a job's end)")
+        check_flag(self.events_always, "Retention.events_always")
+        if self.events_always and self.events == 0:
+            raise ConfigError("Retention.events_always=True writes every event, but events=0 "
+                              "keeps only the events of a job's end: choose one")
         for name in ("completed_for", "failed_for"):
             value = getattr(self, name)
             if value is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from panqueue._store import (
     ops,
 )
 from panqueue._store.ops import partitions as parted
+from panqueue._store.ops.events import WATCH_MS
+from panqueue._store.ops.events import watch as watch_events
 from panqueue.errors import ConfigError, PayloadError
 
 __all__ = ["DURABLE_TIMEOUT_MS", "EVENTS_BLOCK_MS", "Dependency", "EventTail", "FlowJob",
@@ -68,6 +71,8 @@ DURABLE_TIMEOUT_MS = 10_000
 EVENTS_BLOCK_MS = 1000
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 5.0
+# How often ``client.events`` asks again for every event: a sixth of what one ask lasts.
+_WATCH_AGAIN_S = WATCH_MS / 1000 / 6
 
 
 # --------------------------------------------------------------------------- what to add
@@ -356,18 +361,36 @@ class EventTail:
         self._positions: list[str] | None = None  # one stream id per partition
         self._turn = 0
         self._delay = RECONNECT_MIN
+        self._streams: list[str] = []  # the partitions' event streams, as positions has them
+        self._asked_at = 0.0  # when it last asked for every event (monotonic)
 
     def next(self) -> Op[list[Event]]:
         """The events that arrive within :data:`EVENTS_BLOCK_MS` (merged by time across the
         partitions)."""
-        if self._positions is None:
-            self._positions = yield from self._producer.on_all(
-                self._queue, parted.event_positions, self._after)
-        batch, self._positions = yield from self._producer.on_all(
-            self._queue, parted.next_events, self._positions, EVENTS_BLOCK_MS, self._turn)
+        batch: list[Event]
+        batch, self._positions = yield from self._producer.on_all(self._queue, self._read)
         self._delay = RECONNECT_MIN
         self._turn += 1
         return batch
+
+    def _read(self, parts: Sequence[QueueKeys]) -> Op[tuple[list[Event], list[str]]]:
+        streams = [keys.events for keys in parts]
+        now = time.monotonic()
+        if streams != self._streams or now - self._asked_at > _WATCH_AGAIN_S:
+            # Before its first read, again well before that ask ends, and on partitions it
+            # has not asked: ask the queue to write every event (ops/events.py watch).
+            yield from watch_events(parts)
+            self._asked_at = now
+        if self._positions is None:
+            self._positions = yield from parted.event_positions(parts, self._after)
+        elif streams != self._streams:
+            # The queue's layout changed under it (declared after the reading began, or laid
+            # out again): a partition it follows keeps its place, a new one is read whole.
+            known = dict(zip(self._streams, self._positions, strict=True))
+            self._positions = [known.get(stream, "0-0") for stream in streams]
+        self._streams = streams
+        return (yield from parted.next_events(parts, self._positions, EVENTS_BLOCK_MS,
+                                              self._turn))
 
     def backoff(self) -> float:
         """Seconds to wait after a failed read: doubling from 0.05 s, at most 5 s."""

@@ -135,13 +135,14 @@ class Sampler:
         rates = self._rates.get(queue)
         now = time.monotonic()
         if rates is None:
-            _, position = self.client.read_events(queue)
+            # Counting ends of jobs, which are always written: no need to ask for more.
+            _, position = self.client.read_events(queue, watch=False)
             self._rates[queue] = _Rates(position, now)
             return 0.0, 0.0
         completed = failed = 0
         for _ in range(_EVENT_READS):
             events, rates.position = self.client.read_events(queue, rates.position,
-                                                             limit=_EVENT_BATCH)
+                                                             limit=_EVENT_BATCH, watch=False)
             for event in events:
                 if event.type == "completed":
                     completed += 1

@@ -345,6 +345,36 @@ async def test_acl_missing_credentials_is_a_connection_error(
 
 
 @pytest.mark.anyio
+async def test_a_user_that_may_only_read_reads_events_without_asking_for_more(
+        anyio_backend: str, acl_server: RedisServer, queue_name: str) -> None:
+    """The ask for every event is a write (ops/events.py watch): refused to a user that may
+    only read, whose reads go on, and find the ends of jobs, which are always written."""
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def echo(job: Job) -> int:
+        return int(job.data)
+
+    url = _acl_url(acl_server, "worker", ACL_PASSWORD)
+    reader_url = _acl_url(acl_server, "reader", READER_PASSWORD)
+    async with QueueClient(url) as client, QueueClient(reader_url) as reader:
+        _, start = await reader.read_events(queue_name)
+        async with run_worker(registry, queue_name, url):
+            handle = await client.queue(queue_name).add(3)
+            assert await handle.result(timeout=10) == 3
+        events, _ = await reader.read_events(queue_name, start)
+        with anyio.fail_after(10):
+            first = await reader.events(queue_name, after=start).__anext__()
+    assert [(e.type, e.job_id) for e in events] == [("completed", handle.id)]
+    assert (first.type, first.job_id) == ("completed", handle.id)
+    admin = redis.Redis.from_url(url)
+    try:
+        assert not admin.exists(f"{{q:{queue_name}}}:events:read")
+    finally:
+        admin.close()
+
+
+@pytest.mark.anyio
 async def test_acl_user_without_script_permission_gets_a_panqueue_error(
         anyio_backend: str, acl_server: RedisServer, queue_name: str) -> None:
     url = _acl_url(acl_server, "reader", READER_PASSWORD)

@@ -19,6 +19,7 @@ from typing import Any
 import anyio.from_thread
 import httpx
 import pytest
+import redis
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -176,6 +177,7 @@ def test_a_closed_queue_list_starts_no_more_scans(client: SyncQueueClient) -> No
 def test_job_data_is_shown_as_text_everywhere(redis_url: str, client: SyncQueueClient,
                                               queue_name: str) -> None:
     """A payload holding markup comes back escaped on every page that shows it."""
+    client.read_events(queue_name)  # asks for every event: the add's shows on the events page
     job = client.queue(queue_name).add({"html": PAYLOAD}, job_id=f"id-{PAYLOAD}")
     with browser(create_app(redis_url)) as web:
         pages = [web.get("/job", params={"q": queue_name, "id": job.id}),
@@ -403,10 +405,17 @@ def test_the_app_mounts_under_a_prefix(redis_url: str, client: SyncQueueClient,
 
 def test_events_page_and_its_live_endpoint(redis_url: str, client: SyncQueueClient,
                                            queue_name: str) -> None:
-    job = client.queue(queue_name).add({"n": 1})
+    unread = client.queue(queue_name).add({"n": 0})
     with browser(create_app(redis_url)) as web:
+        # Nobody read the queue's events: its add wrote none, and the page says why.
+        page = web.get("/events", params={"q": queue_name})
+        assert page.status_code == 200 and 'id="unread-until-now"' in page.text
+        assert ">added<" not in page.text and unread.id
+        # The page asked for every event: the next add writes its own.
+        job = client.queue(queue_name).add({"n": 1})
         page = web.get("/events", params={"q": queue_name})
         assert page.status_code == 200 and ">added<" in page.text
+        assert 'id="unread-until-now"' not in page.text
         position = re.search(r'data-position="([0-9-]+)"', page.text)
         assert position
         client.cancel(queue_name, job.id)
@@ -426,6 +435,7 @@ def test_the_events_page_says_when_its_queue_keeps_only_the_ends_of_jobs(
         client.cancel(queue_name, job.id)
         page = web.get("/events", params={"q": queue_name})
         assert 'id="endings-only"' in page.text and ">cancelled<" in page.text
+        assert 'id="unread-until-now"' not in page.text
 
 
 def test_times_and_progress_are_written_as_the_pages_show_them() -> None:
@@ -446,7 +456,8 @@ def test_times_and_progress_are_written_as_the_pages_show_them() -> None:
 
 
 def test_rates_workers_and_schedules_come_from_a_real_worker(
-        redis_url: str, client: SyncQueueClient, tmp_path: Path) -> None:
+        redis_url: str, client: SyncQueueClient, tmp_path: Path,
+        redis_client: redis.Redis) -> None:
     worker = subprocess.Popen(panqueue_command("worker", "dashboard_app:queues", "-q",
                                                "dash-echo", "--url", redis_url),
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -462,6 +473,8 @@ def test_rates_workers_and_schedules_come_from_a_real_worker(
             client.queue("dash-echo").add_bulk([{"n": n} for n in range(20)])
             wait_until(lambda: (rate() or 0) > 0, 15, "a completion rate above zero",
                        interval=0.2)
+            # Counting ends of jobs, which are always written, asks for no other event.
+            assert not redis_client.exists(QueueKeys("dash-echo").events_read)
             workers = web.get("/workers")
             assert re.search(rf"<td class=\"num\">{worker.pid}</td>", workers.text)
             schedules = web.get("/schedules")

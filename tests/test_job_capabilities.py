@@ -254,9 +254,15 @@ def test_a_bad_expires_is_one_clear_error_and_nothing_is_written(
 
 
 async def pause_ends(client: QueueClient, queue: str) -> list[int]:
-    """The ends (ms) of the pauses RateLimited asked for, from the queue's events."""
+    """The ends (ms) of the pauses RateLimited asked for, from the queue's events (which a
+    test asks for, with :func:`watch_events`, before its jobs run)."""
     events, _ = await client.read_events(queue, "0-0")
     return [int(e.fields["until"]) for e in events if e.type == "rate_limited"]
+
+
+async def watch_events(client: QueueClient, queue: str) -> None:
+    """Ask the queue to write every event (``rate_limited`` is not a job's end)."""
+    await client.read_events(queue)
 
 
 def ms(when: datetime | None) -> int:
@@ -270,6 +276,7 @@ async def test_rate_limited_pauses_the_whole_queue_and_uses_no_attempt(
     queue = f"cap-throttle-{executor}"
     async with run_worker(capabilities_app.queues, queue, redis_url, concurrency=1), \
             QueueClient(redis_url) as client:
+        await watch_events(client, queue)
         refused = await client.queue(queue).add(
             {"url": redis_url, "limited": 1, "retry_after": 0.4})
         behind = await client.queue(queue).add({"url": redis_url})
@@ -289,6 +296,7 @@ async def test_rate_limited_in_a_keyed_queue_pauses_only_that_key(redis_url: str
     queue = "cap-throttle-keyed"
     async with run_worker(capabilities_app.queues, queue, redis_url), \
             QueueClient(redis_url) as client:
+        await watch_events(client, queue)
         handle = client.queue(queue)
         refused = await handle.add({"url": redis_url, "limited": 1, "retry_after": 0.5},
                                    key="api-a")
@@ -312,6 +320,7 @@ async def test_explain_names_a_handlers_pause_and_resume_ends_it(redis_url: str)
     queue = "cap-throttle-inline"
     async with run_worker(capabilities_app.queues, queue, redis_url), \
             QueueClient(redis_url) as client:
+        await watch_events(client, queue)
         refused = await client.queue(queue).add(
             {"url": redis_url, "limited": 1, "retry_after": 600})
         await async_wait_until(lambda: _has_pause(client, queue), what="the queue's pause")
@@ -329,6 +338,7 @@ async def test_an_unusable_retry_after_fails_the_attempt(redis_url: str, executo
     queue = f"cap-throttle-{executor}"
     async with run_worker(capabilities_app.queues, queue, redis_url), \
             QueueClient(redis_url) as client:
+        await watch_events(client, queue)
         job = await client.queue(queue).add({"bad": "nan"})
         with pytest.raises(JobFailed) as failed:
             await job.result(timeout=20)

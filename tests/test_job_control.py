@@ -349,6 +349,7 @@ async def test_events_iterator_resumes_after_a_disconnect_without_loss(
 
     seen: list[Any] = []
     async with QueueClient(redis_url) as client, QueueClient(redis_url) as reader:
+        await reader.read_events(queue_name)  # asks for every event before the first add
         first = await client.queue(queue_name).add(-1)
         start = await reader.events(queue_name, after="0-0").__anext__()
         assert (start.type, start.job_id) == ("added", first.id)

@@ -337,6 +337,10 @@ class QueueMachine(RuleBasedStateMachine):
         self._start_workers()
         # Its pause above came before a worker set it up to keep no events: it is written.
         self.parted_events_from = self.client.read_events(PARTED)[1]
+        # model-plain's events are read (this read asks for every one of them); model-handoff's
+        # are not (a read with watch=False asks for none): it writes only the ends of jobs.
+        self.plain_events_from = self.client.read_events(PLAIN)[1]
+        self.handoff_events_from = self.client.read_events(HANDOFF, watch=False)[1]
         self.batches: dict[str, Any] = {}
         self.proxy: FaultProxy | None = None
         self.proxied: SyncQueueClient | None = None
@@ -1260,11 +1264,23 @@ class QueueMachine(RuleBasedStateMachine):
         self._check_events()
 
     def _check_events(self) -> None:
-        """model-parted, which keeps no events, shows only the ends of jobs."""
-        events, _ = self.client.read_events(PARTED, self.parted_events_from, limit=100_000)
-        others = sorted({e.type for e in events} - {"completed", "failed", "cancelled"})
-        if others:
-            raise mismatch(f"event types of {PARTED}, which keeps no events", others, [])
+        """model-parted, which keeps no events, and model-handoff, whose events nobody reads,
+        show only the ends of jobs; model-plain, whose events are read, shows each completed
+        job's start (active) before its end."""
+        for queue, start, why in ((PARTED, self.parted_events_from, "which keeps no events"),
+                                  (HANDOFF, self.handoff_events_from, "which nobody reads")):
+            events, _ = self.client.read_events(queue, start, limit=100_000, watch=False)
+            others = sorted({e.type for e in events} - {"completed", "failed", "cancelled"})
+            if others:
+                raise mismatch(f"event types of {queue}, {why}", others, [])
+        events, _ = self.client.read_events(PLAIN, self.plain_events_from, limit=100_000)
+        started: set[str] = set()
+        for event in events:
+            if event.type == "active":
+                started.add(event.job_id)
+            elif event.type == "completed" and event.job_id not in started:
+                raise mismatch(f"{PLAIN}/{event.job_id}: events before its {event.type}",
+                               "no active", "its active event")
 
     def _check_steps(self) -> None:
         """Each durable job's step ran once if a run of it started, else never."""

@@ -148,6 +148,7 @@ def test_every_sync_operation_reads_resp3_replies(redis_url: str) -> None:
 
     async def serve_two_jobs() -> dict[str, str]:
         with SyncQueueClient(url) as client:
+            client.read_events(WORK)  # asks for every event: the adds' are read back below
             work = client.queue(WORK)
             done, failed = work.add(21), work.add("fail")
             idle = client.queue(IDLE).add("later")

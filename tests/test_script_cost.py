@@ -15,6 +15,7 @@ import redis
 from panqueue._codec import encode
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops import NewJob, add_jobs, setup_queue
+from panqueue._store.ops.events import watch
 from panqueue.embedded import RedisServer
 from tests.store_fixtures import ScriptStore, open_store
 
@@ -86,7 +87,11 @@ def test_a_batch_with_a_dedup_key_numbers_its_jobs_in_item_order(own: ScriptStor
     assert own.add(1) == ["4"]
 
 
-def test_a_claim_makes_three_commands_per_job(own: ScriptStore) -> None:
+@pytest.mark.parametrize("read", [False, True], ids=["unread", "read"])
+def test_a_claim_makes_two_commands_per_job_and_its_event_while_read(
+        own: ScriptStore, read: bool) -> None:
+    if read:
+        own.t.run(watch([own.keys]))
     made = []
     for n in (1, 10, 20):  # the first loads the script
         ids = own.add(n)
@@ -96,7 +101,7 @@ def test_a_claim_makes_three_commands_per_job(own: ScriptStore) -> None:
     assert per_job(made[1], made[2]) == {
         "hmget": 1,    # what the worker is handed: data, options, attempts, enqueued at
         "hset": 1,     # state, start time, lock token, attempt, place in the wait order
-        "xadd": 1,     # the active event
+        **({"xadd": 1} if read else {}),  # the active event, while somebody reads them
     }                  # (the active set: one ZADD for the whole claim)
 
 
@@ -124,19 +129,37 @@ def test_a_completion_makes_six_commands_per_job_its_retention_included(
     assert own.redis.zcard(own.keys.active) == 0
 
 
-def test_a_queue_that_keeps_no_events_writes_two_stream_entries_per_job(own: ScriptStore) -> None:
-    own.t.run(setup_queue(own.keys, "global", 1, 0, 0, False, keep_events=0))
+@pytest.mark.parametrize("keep_events", [10_000, 0])
+def test_a_queue_whose_events_nobody_reads_writes_two_stream_entries_per_job(
+        own: ScriptStore, keep_events: int) -> None:
+    own.t.run(setup_queue(own.keys, "global", 1, 0, 0, False, keep_events=keep_events))
+    if keep_events == 0:
+        own.t.run(watch([own.keys]))  # a queue that keeps no events writes no more when read
     writes = []
     for n in (10, 20):
         before = counts(own.redis)
         own.call(SCRIPTS.complete, -1, "", 1000, *claimed(own, own.add(n)))
         writes.append(counts(own.redis) - before)
     # Its history record and its completed event (which result() waits on); no added or active
-    # event (a queue that keeps its events: four entries per job).
+    # event (a queue whose events somebody reads: four entries per job).
     assert per_job(*writes)["xadd"] == 2
     kinds = {fields[b"ev"] for _, fields in own.redis.xrange(own.keys.events)}
     assert (own.redis.xlen(own.keys.events), kinds) == (30, {b"completed"})
     assert own.redis.xlen(own.keys.history) == 30
+
+
+def test_a_queue_whose_events_are_read_writes_four_stream_entries_per_job(
+        own: ScriptStore) -> None:
+    own.t.run(watch([own.keys]))
+    writes = []
+    for n in (10, 20):
+        before = counts(own.redis)
+        own.call(SCRIPTS.complete, -1, "", 1000, *claimed(own, own.add(n)))
+        writes.append(counts(own.redis) - before)
+    # added, active, completed and the history record; the add and the claim each ask once
+    # per call whether the events are read.
+    assert per_job(*writes)["xadd"] == 4
+    assert per_job(*writes).get("exists", 0) == 0
 
 
 def test_a_clients_single_add_reads_the_queues_meta_once(private_redis: RedisServer,

@@ -90,6 +90,7 @@ from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._store.loader import SCRIPTS, Script
 from panqueue._store.ops import NewJob, add_call, encode_error, parse_added
+from panqueue._store.ops.events import WATCH_MS
 from panqueue._store.status import Status
 from panqueue._store.transport import ScriptCall, SyncTransport
 from tests.bounds import examples
@@ -229,6 +230,8 @@ class ScriptMachine(RuleBasedStateMachine):
         reply = self.call("setup", SCRIPTS.setup, self.mode, kc, 0, 0, 0, 1, self.keep,
                           record=False)
         assert reply == [b"ok"], reply
+        # Somebody reads the queue's events: the scripts write every one (checked below).
+        self.client.set(self.keys.events_read, 1, px=WATCH_MS)
         self.last = self.snapshot()
 
     def token(self) -> str:

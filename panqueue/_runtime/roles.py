@@ -95,7 +95,8 @@ class Shape:
             keys, options.mode, options.key_concurrency, 0 if rate is None else rate.max,
             0 if rate is None else int(rate.per * 1000), rate is not None and rate.per_key,
             options.retention.failed, options.retention.history,
-            0 if rate is None else rate.recover_every_ms, options.retention.events)
+            0 if rate is None else rate.recover_every_ms, options.retention.events,
+            options.retention.events_always)
 
 
 class Settings(Protocol):

@@ -45,8 +45,9 @@ from panqueue import (
     SyncQueueClient,
 )
 from panqueue._listing import columns
-from panqueue._store.ops import Flow, keeps_events, read_flow
+from panqueue._store.ops import Flow, events_written, read_flow
 from panqueue._store.ops import partitions as parted
+from panqueue._store.ops.events import watch as watch_events
 from panqueue._store.transport import redact_url
 from panqueue.dashboard._flow import NODE_HEIGHT, NODE_WIDTH, draw
 from panqueue.dashboard._reads import (
@@ -242,10 +243,13 @@ class Dashboard:
 
     def events(self, request: Request) -> Response:
         name = _required(request.query_params, "q")
+        producer = self.client.producer
+        # Asked before the read: whether the queue wrote every event up to now.
+        watched = producer.run(producer.on_all(name, watch_events))
         events, position = recent_events(self.client, name, None)
-        every = self.client.producer.run(self.client.producer.on_all(name, keeps_events))
+        written = producer.run(producer.on_all(name, events_written))
         return self.render(request, "events.html", queue=name, events=list(reversed(events)),
-                           position=position, every=every)
+                           position=position, written=written, watched=watched)
 
     def bulk_form(self, request: Request) -> Response:
         """The confirmation of a bulk action over a list: how many jobs it will touch, read

@@ -173,14 +173,15 @@ class Rates:
             now = time.monotonic()
             window = self._windows.get(queue)
             if window is None:
-                _, position = self.client.read_events(queue)
+                # Counting ends of jobs, which are always written: no need to ask for more.
+                _, position = self.client.read_events(queue, watch=False)
                 self._windows[queue] = _Window(position, now, deque([(now, 0, 0)]))
                 return None, None
             if now - window.last_read >= _RATE_MIN_INTERVAL:
                 completed = failed = 0
                 for _ in range(_EVENT_READS):
                     events, window.position = self.client.read_events(
-                        queue, window.position, limit=_EVENT_BATCH)
+                        queue, window.position, limit=_EVENT_BATCH, watch=False)
                     completed += sum(1 for e in events if e.type == "completed")
                     failed += sum(1 for e in events if e.type == "failed")
                     if len(events) < _EVENT_BATCH:

@@ -10,6 +10,8 @@
 --          partition_problem: a partition in no layout yet joins the declared one)
 -- ARGV[11] how many events the queue's event stream keeps (0: only those of a job's end,
 --          lib/settings.lua emit; absent: left as stored)
+-- ARGV[12] '1': the queue writes every event even while nobody reads them (lib/settings.lua
+--          watched; absent: left as stored)
 -- Returns  {'ok'} or {'!', message} when the queue's stored mode differs, or its layout (a
 --          change of the layout is relayout.lua's, done before; nothing changed).
 -- Invariants: a stored mode never changes (a keyed queue holds only keyed jobs, a global one only
@@ -42,6 +44,11 @@ if ARGV[8] then
 end
 if ARGV[11] then
   redis.call('HSET', K_META, 'ke', ARGV[11])
+end
+if ARGV[12] == '1' then
+  redis.call('HSET', K_META, 'ka', '1')
+elseif ARGV[12] then
+  redis.call('HDEL', K_META, 'ka')
 end
 if tonumber(ARGV[3]) > 0 then
   redis.call('HSET', K_META, 'rlm', ARGV[3], 'rlp', ARGV[4], 'rlk', ARGV[5])

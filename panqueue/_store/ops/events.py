@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,8 +10,14 @@ from panqueue._codec import decode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
 from panqueue._store.transport import Command, Op
+from panqueue.errors import PanqueueError
 
-__all__ = ["Event", "last_event_id", "read_events", "stream_entries"]
+__all__ = ["WATCH_MS", "Event", "last_event_id", "read_events", "stream_entries", "watch"]
+
+# How long one read asks a queue to write every event (lua/lib/settings.lua watched). Until
+# then, and always with Retention(events_always=True), every event is written; else only the
+# events of a job's end.
+WATCH_MS = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,21 @@ def stream_entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
         return list(entries)
     [(_stream, entries)] = reply
     return list(entries)
+
+
+def watch(parts: Sequence[QueueKeys]) -> Op[bool]:
+    """Ask each partition of a queue to write every event for the next :data:`WATCH_MS`; True
+    if each already did (somebody read them within that time). A reader the server refuses
+    this write (an ACL user that may only read, a server over ``maxmemory``) reads on all the
+    same: False, and it sees the events written anyway."""
+    watched = True
+    for keys in parts:
+        try:
+            before = yield Command(("SET", keys.events_read, "1", "PX", WATCH_MS, "GET"))
+        except PanqueueError:
+            return False
+        watched = watched and before is not None
+    return watched
 
 
 def last_event_id(keys: QueueKeys) -> Op[str]:

@@ -290,11 +290,14 @@ def _cursor(parts: Sequence[QueueKeys], after: str | None) -> list[str | None]:
     return positions
 
 
-def all_events(parts: Sequence[QueueKeys], after: str | None, count: int
+def all_events(parts: Sequence[QueueKeys], after: str | None, count: int, watch: bool = True
                ) -> Op[tuple[list[Event], str]]:
     """The events of every partition after ``after`` (the position an earlier call returned:
     one stream id per partition, comma-separated; or one stream id for all), merged in time
-    order, without waiting; with ``after`` None, none and the end of every stream."""
+    order, without waiting; with ``after`` None, none and the end of every stream. ``watch``:
+    first ask the queue to write every event for the next hour (events.py watch)."""
+    if watch:
+        yield from _events.watch(parts)
     if len(parts) == 1:
         return (yield from _events.events_now(parts[0], after, count))
     positions = yield from event_positions(parts, after)

@@ -58,22 +58,28 @@ def setup_queue(keys: QueueKeys, mode: str, key_concurrency: int, rate_max: int,
                 rate_per_ms: int, rate_per_key: bool,
                 keep_failed: int = DEFAULT_KEEP_FAILED,
                 keep_history: int = DEFAULT_KEEP_HISTORY, rate_recover_ms: int = 0,
-                keep_events: int = DEFAULT_KEEP_EVENTS) -> Op[None]:
+                keep_events: int = DEFAULT_KEEP_EVENTS, events_always: bool = False
+                ) -> Op[None]:
     """Store a worker's settings of the queue, one partition of it (:class:`ConfigError` if
     they contradict the stored mode, or the stored partition count while jobs are stored).
     ``rate_recover_ms`` > 0 makes the rate limit adaptive (lua/lib/rate.lua)."""
     reply = yield script_call(SCRIPTS.setup, keys, mode, key_concurrency, rate_max, rate_per_ms,
                               1 if rate_per_key else 0, SCHEMA_VERSION, keep_failed,
-                              keep_history, rate_recover_ms, keys.declared, keep_events)
+                              keep_history, rate_recover_ms, keys.declared, keep_events,
+                              1 if events_always else 0)
     check_refusal(keys, reply)
 
 
-def keeps_events(parts: Sequence[QueueKeys]) -> Op[bool]:
-    """Whether the queue writes every event, as its workers set it up (False:
-    ``Retention(events=0)``, only the events of a job's end; the first partition's setting,
-    which every partition's workers set alike)."""
-    kept = yield Command(("HGET", parts[0].meta, "ke"))
-    return bool(kept != b"0")
+def events_written(parts: Sequence[QueueKeys]) -> Op[str]:
+    """Which events the queue writes, as its workers set it up (the first partition's
+    settings, which every partition's workers set alike): ``"ends"`` only those of a job's end
+    (``Retention(events=0)``), ``"always"`` every event (``Retention(events_always=True)``),
+    ``"read"`` every event while somebody reads them, else those of a job's end (the
+    default: lua/lib/settings.lua watched)."""
+    kept, always = yield Command(("HMGET", parts[0].meta, "ke", "ka"))
+    if kept == b"0":
+        return "ends"
+    return "always" if always == b"1" else "read"
 
 
 def is_paused(keys: QueueKeys) -> Op[bool]:

@@ -6,6 +6,7 @@
 -- paused, kw (waiting jobs in keyed lists), rlm / rlp / rlk (rate limit: max, per ms, per key),
 -- rls (rate-limit entry counter), kh (history records kept: Retention.history; 0 = none),
 -- ke (events kept: Retention.events; 0 = only the events of a job's end, see emit),
+-- ka (Retention.events_always: '1' writes every event even while nobody reads them, see emit),
 -- pu (global mode: no job starts before this time, ms: a handler raised RateLimited,
 -- rate_limited.lua), np / pi / lv (partitioned queues: the partition count, this partition's
 -- index and the version of the layout they belong to; absent: 1, 0 and 0; np 0: a partition
@@ -26,7 +27,7 @@ local META = nil
 local function meta()
   if not META then
     local m = redis.call('HMGET', K_META, 'mode', 'kc', 'paused', 'rlm', 'rlp', 'rlk', 'kh',
-      'pu', 'np', 'pi', 'ke', 'lv')
+      'pu', 'np', 'pi', 'ke', 'lv', 'ka')
     META = {mode = m[1] or 'global', kc = tonumber(m[2] or KEY_CONCURRENCY), paused = m[3],
             rate_max = tonumber(m[4] or '0'), rate_per = tonumber(m[5] or '0'),
             rate_per_key = m[6] == '1', history = tonumber(m[7] or HISTORY_MAXLEN),
@@ -35,7 +36,7 @@ local function meta()
             -- the mode as stored, false when absent (lib/new_job_checks.lua resolve_mode);
             -- whether a layout is stored, and its version (lib/partition.lua)
             stored_mode = m[1], layout_stored = m[9] ~= false,
-            layout_version = tonumber(m[12] or '0')}
+            layout_version = tonumber(m[12] or '0'), events_always = m[13] == '1'}
   end
   return META
 end
@@ -50,19 +51,32 @@ local function cancelled_keep()
 end
 
 -- The events of a job's end, which result() waits on (panqueue/_store/ops/jobs.py wait_result):
--- the only ones a queue that keeps no events (Retention(events=0), ke 0) writes, about
--- ENDINGS_KEPT of them.
+-- always written, even by a queue that keeps no other events (Retention(events=0), ke 0), which
+-- keeps about ENDINGS_KEPT of them.
 local ENDINGS = {completed = true, failed = true, cancelled = true}
 local ENDINGS_KEPT = 1000
 
+-- Whether the queue's other events are written now: while somebody reads the stream (a reader
+-- sets K_EVENTS_READ with an expiry: panqueue/_store/ops/events.py watch), or always
+-- (Retention(events_always=True)). Asked once per script.
+local WATCHED = nil
+local function watched()
+  if WATCHED == nil then
+    WATCHED = meta().events_always or redis.call('EXISTS', K_EVENTS_READ) == 1
+  end
+  return WATCHED
+end
+
 -- Event `ev` of job `id` (or of the queue: id ''), with its fields, into the event stream
--- (docs/job-control.md#the-event-stream), which keeps about meta().events entries.
+-- (docs/job-control.md#the-event-stream), which keeps about meta().events entries. An event
+-- that is not a job's end is written only while the stream is watched().
 local function emit(ev, id, ...)
   local kept = meta().events
-  if kept == 0 then
-    if not ENDINGS[ev] then
+  if not ENDINGS[ev] then
+    if kept == 0 or not watched() then
       return
     end
+  elseif kept == 0 then
     kept = ENDINGS_KEPT
   end
   append_capped(K_EVENTS, kept, 'ev', ev, 'id', id, ...)

@@ -1,0 +1,258 @@
+"""Events written while somebody reads them: a queue whose events nobody has read within the
+hour writes only the events of a job's end (which ``result()`` waits on); a read asks it for
+every event (lua/lib/settings.lua watched, panqueue/_store/ops/events.py watch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from panqueue import (
+    Backoff,
+    ConfigError,
+    Event,
+    Job,
+    JobFailed,
+    QueueClient,
+    Registry,
+    Retention,
+    SyncQueueClient,
+)
+from panqueue._keys import QueueKeys, partition_keys
+from panqueue._store.ops.events import WATCH_MS
+from panqueue.testing import run_worker
+from tests.helpers import async_wait_until
+
+pytestmark = pytest.mark.anyio
+
+ENDS = {"completed", "failed", "cancelled"}
+
+
+def _registry(queue: str, partitions: int, mode: str, retention: Retention) -> Registry:
+    registry = Registry()
+
+    @registry.handler(queue, concurrency=5, attempts=2, backoff=Backoff.fixed(0.0),
+                      partitions=partitions, mode=mode, retention=retention)
+    async def work(job: Job) -> int:
+        await job.progress(50)
+        if job.data == "fail":
+            raise ValueError("no")
+        return int(job.data)
+
+    return registry
+
+
+def _parts(queue: str, partitions: int) -> list[QueueKeys]:
+    return list(partition_keys(queue, partitions)) if partitions > 1 else [QueueKeys(queue)]
+
+
+def _stream(r: redis.Redis, queue: str, partitions: int) -> list[tuple[str, str]]:
+    """(event, job id) of every entry in the queue's streams, read as they are stored."""
+    found = []
+    for keys in _parts(queue, partitions):
+        for _, fields in r.xrange(keys.events):
+            found.append((fields[b"ev"].decode(), fields.get(b"id", b"").decode()))
+    return found
+
+
+async def _run_jobs(client: QueueClient, queue: str, mode: str) -> dict[str, list[str]]:
+    """Six jobs that complete, one that fails after a retry, one delayed then cancelled, and a
+    pause: the ids of each kind."""
+    handles = client.queue(queue)
+    key: dict[str, Any] = {"key": "k"} if mode == "keyed" else {}
+    done = [await handles.add(n, **key) for n in range(6)]
+    failing = await handles.add("fail", **key)
+    later = await handles.add(9, delay=3600, **key)
+    assert [await handle.result(timeout=10) for handle in done] == list(range(6))
+    with pytest.raises(JobFailed):
+        await failing.result(timeout=10)
+    await client.cancel(queue, later.id)
+    with pytest.raises(JobFailed):
+        await later.result(timeout=10)
+    await client.pause(queue)
+    return {"completed": [h.id for h in done], "failed": [failing.id],
+            "cancelled": [later.id]}
+
+
+@pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
+async def test_a_queue_whose_events_nobody_reads_writes_only_the_ends_of_jobs(
+        redis_url: str, queue_name: str, redis_client: redis.Redis, partitions: int,
+        mode: str) -> None:
+    registry = _registry(queue_name, partitions, mode, Retention())
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        ends = await _run_jobs(client, queue_name, mode)
+    # No added, active, progress, retried, paused: one event per job, its end.
+    assert sorted(_stream(redis_client, queue_name, partitions)) == sorted(
+        (kind, job_id) for kind, ids in ends.items() for job_id in ids)
+    for keys in _parts(queue_name, partitions):
+        assert not redis_client.exists(keys.events_read)
+
+
+@pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
+async def test_a_read_makes_the_queue_write_every_event(
+        redis_url: str, queue_name: str, redis_client: redis.Redis, partitions: int,
+        mode: str) -> None:
+    registry = _registry(queue_name, partitions, mode, Retention())
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        assert await client.read_events(queue_name) == ([], await _end(client, queue_name))
+        ends = await _run_jobs(client, queue_name, mode)
+    written = _stream(redis_client, queue_name, partitions)
+    for job_id in ends["completed"]:
+        assert [kind for kind, of in written if of == job_id] == [
+            "added", "active", "progress", "completed"]
+    assert [kind for kind, of in written if of == ends["failed"][0]] == [
+        "added", "active", "progress", "retried", "active", "progress", "failed"]
+    assert [kind for kind, of in written if of == ends["cancelled"][0]] == [
+        "added", "cancelled"]
+    assert ("paused", "") in written
+    for keys in _parts(queue_name, partitions):
+        assert 0 < redis_client.pttl(keys.events_read) <= WATCH_MS
+
+
+async def _end(client: QueueClient, queue: str) -> str:
+    return (await client.read_events(queue))[1]
+
+
+async def test_the_events_iterator_asks_for_every_event_before_its_first_read(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = _registry(queue_name, 1, "global", Retention())
+    keys = QueueKeys(queue_name)
+    seen: list[Event] = []
+    async with QueueClient(redis_url) as client, QueueClient(redis_url) as reader:
+        async with run_worker(registry, queue_name, redis_url), anyio.create_task_group() as tg:
+
+            async def follow() -> None:
+                async for event in reader.events(queue_name):
+                    seen.append(event)
+                    if event.type == "completed":
+                        return
+
+            tg.start_soon(follow)
+            async def asked() -> bool:
+                return bool(redis_client.exists(keys.events_read))
+
+            async def reading() -> bool:
+                """Whether some connection is blocked in XREAD: the iterator's read."""
+                return any(entry.get("cmd") == "xread" for entry in redis_client.client_list())
+
+            await async_wait_until(asked, timeout=10, what="the reader's ask")
+            # The iterator starts at the stream's end as it was at its first read: a job added
+            # once it reads is in what it yields.
+            await async_wait_until(reading, timeout=10, what="the reader's blocking read")
+            handle = await client.queue(queue_name).add(7)
+            assert await handle.result(timeout=10) == 7
+    assert [(e.type, e.job_id) for e in seen] == [
+        ("added", handle.id), ("active", handle.id), ("progress", handle.id),
+        ("completed", handle.id)]
+
+
+async def test_once_nobody_has_read_for_the_hour_only_ends_are_written_until_a_read(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = _registry(queue_name, 1, "global", Retention())
+    keys = QueueKeys(queue_name)
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        queue = client.queue(queue_name)
+        await client.read_events(queue_name)
+        read = await queue.add(1)
+        await read.result(timeout=10)
+        redis_client.delete(keys.events_read)  # what the ask's expiry does an hour later
+        unread = await queue.add(2)
+        await unread.result(timeout=10)
+        await client.read_events(queue_name, watch=False)  # counts ends: asks for nothing
+        still = await queue.add(3)
+        await still.result(timeout=10)
+        await client.read_events(queue_name)
+        again = await queue.add(4)
+        await again.result(timeout=10)
+    kinds = {job: [k for k, of in _stream(redis_client, queue_name, 1) if of == job]
+             for job in (read.id, unread.id, still.id, again.id)}
+    every = ["added", "active", "progress", "completed"]
+    assert kinds == {read.id: every, unread.id: ["completed"], still.id: ["completed"],
+                     again.id: every}
+
+
+async def test_events_always_writes_every_event_without_a_reader(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    registry = _registry(queue_name, 1, "global", Retention(events_always=True))
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        handle = await client.queue(queue_name).add(5)
+        assert await handle.result(timeout=10) == 5
+        assert not redis_client.exists(QueueKeys(queue_name).events_read)
+    assert [k for k, of in _stream(redis_client, queue_name, 1) if of == handle.id] == [
+        "added", "active", "progress", "completed"]
+    # A worker of the queue without it lets the queue go back to writing only while read.
+    plain = _registry(queue_name, 1, "global", Retention())
+    async with QueueClient(redis_url) as client, run_worker(plain, queue_name, redis_url):
+        other = await client.queue(queue_name).add(6)
+        assert await other.result(timeout=10) == 6
+    assert [k for k, of in _stream(redis_client, queue_name, 1) if of == other.id] == [
+        "completed"]
+
+
+def test_events_always_contradicts_keeping_no_events() -> None:
+    with pytest.raises(ConfigError, match="events_always=True writes every event, but "
+                                          "events=0 keeps only the events of a job's end"):
+        Retention(events=0, events_always=True)
+    with pytest.raises(ConfigError, match=r"Retention\.events_always must be a bool, got 1"):
+        Retention(events_always=1)  # type: ignore[arg-type]
+
+
+def test_a_sync_read_asks_for_every_event_and_one_that_only_counts_does_not(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    keys = QueueKeys(queue_name)
+    with SyncQueueClient(redis_url) as client:
+        _, start = client.read_events(queue_name, watch=False)
+        client.queue(queue_name).add(1)
+        assert not redis_client.exists(keys.events_read)
+        assert client.read_events(queue_name, start) == ([], start)
+        assert redis_client.exists(keys.events_read)
+        handle = client.queue(queue_name).add(2)
+        events, _ = client.read_events(queue_name, start)
+    assert [(e.type, e.job_id) for e in events] == [("added", handle.id)]
+
+
+async def test_an_iterator_begun_before_a_partitioned_queue_was_laid_out_follows_every_partition(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """The iterator's first read finds one partition (no layout stored yet); the first add lays
+    the queue out over three. Its next read follows all three from where each stands, and asks
+    the new ones for every event."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=3)
+    async def work(job: Job) -> None: ...
+
+    parts = list(partition_keys(queue_name, 3))
+    seen: list[Event] = []
+    async with QueueClient(redis_url) as client, QueueClient(redis_url) as reader:
+
+        async def asked(count: int) -> bool:
+            return sum(redis_client.exists(keys.events_read) for keys in parts) == count
+
+        async def reading() -> bool:
+            return any(entry.get("cmd") == "xread" for entry in redis_client.client_list())
+
+        async with anyio.create_task_group() as tg:
+
+            async def follow() -> None:
+                async for event in reader.events(queue_name):
+                    seen.append(event)
+
+            tg.start_soon(follow)
+            await async_wait_until(lambda: asked(1), what="the home partition's ask")
+            await async_wait_until(reading, what="the iterator's first read")
+            early = await client.queue(work).add_bulk(list(range(6)))
+            await async_wait_until(lambda: asked(3), what="every partition's ask")
+            late = await client.queue(work).add_bulk(list(range(6)))
+
+            async def all_late() -> bool:
+                return {h.id for h in late} <= {e.job_id for e in seen if e.type == "added"}
+
+            await async_wait_until(all_late, what="the later adds' events")
+            tg.cancel_scope.cancel()
+    # Of the adds before the other partitions were asked, only the home partition's wrote
+    # their event.
+    home = {h.id for h in early if int(h.id) % 3 == 0}
+    assert {e.job_id for e in seen if e.type == "added"} == home | {h.id for h in late}
