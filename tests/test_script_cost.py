@@ -49,6 +49,16 @@ def claimed(own: ScriptStore, ids: list[str]) -> list[object]:
     return args
 
 
+def whole_jobs(own: ScriptStore) -> dict[str, float]:
+    """The commands per job of adding, claiming and completing batches of 10 and 20 jobs."""
+    writes = []
+    for n in (10, 20):
+        before = counts(own.redis)
+        own.call(SCRIPTS.complete, -1, "", 1000, *claimed(own, own.add(n)))
+        writes.append(counts(own.redis) - before)
+    return per_job(*writes)
+
+
 def test_a_bulk_add_reserves_its_generated_ids_with_one_write(own: ScriptStore) -> None:
     own.add(1)
     made = []
@@ -135,14 +145,9 @@ def test_a_queue_whose_events_nobody_reads_writes_two_stream_entries_per_job(
     own.t.run(setup_queue(own.keys, "global", 1, 0, 0, False, keep_events=keep_events))
     if keep_events == 0:
         own.t.run(watch([own.keys]))  # a queue that keeps no events writes no more when read
-    writes = []
-    for n in (10, 20):
-        before = counts(own.redis)
-        own.call(SCRIPTS.complete, -1, "", 1000, *claimed(own, own.add(n)))
-        writes.append(counts(own.redis) - before)
     # Its history record and its completed event (which result() waits on); no added or active
     # event (a queue whose events somebody reads: four entries per job).
-    assert per_job(*writes)["xadd"] == 2
+    assert whole_jobs(own)["xadd"] == 2
     kinds = {fields[b"ev"] for _, fields in own.redis.xrange(own.keys.events)}
     assert (own.redis.xlen(own.keys.events), kinds) == (30, {b"completed"})
     assert own.redis.xlen(own.keys.history) == 30
@@ -151,15 +156,11 @@ def test_a_queue_whose_events_nobody_reads_writes_two_stream_entries_per_job(
 def test_a_queue_whose_events_are_read_writes_four_stream_entries_per_job(
         own: ScriptStore) -> None:
     own.t.run(watch([own.keys]))
-    writes = []
-    for n in (10, 20):
-        before = counts(own.redis)
-        own.call(SCRIPTS.complete, -1, "", 1000, *claimed(own, own.add(n)))
-        writes.append(counts(own.redis) - before)
+    made = whole_jobs(own)
     # added, active, completed and the history record; the add and the claim each ask once
     # per call whether the events are read.
-    assert per_job(*writes)["xadd"] == 4
-    assert per_job(*writes).get("exists", 0) == 0
+    assert made["xadd"] == 4
+    assert made.get("exists", 0) == 0
 
 
 def test_a_clients_single_add_reads_the_queues_meta_once(private_redis: RedisServer,
