@@ -579,6 +579,43 @@ async def test_a_partitioned_queue_spreads_over_every_master(cluster: Cluster) -
     assert all(abs(cpu - mean) <= 0.2 * mean for cpu in per_job), per_job
 
 
+async def test_a_read_of_a_partitioned_queues_events_asks_each_master(
+        cluster: Cluster) -> None:
+    """One read asks every partition, each on its own master, for every event (one pipelined
+    request per master); before it, the queue wrote only the ends of its jobs."""
+    name = _partitioned_queue(cluster, MASTERS)
+    registry = Registry()
+
+    @registry.handler(name, partitions=MASTERS)
+    async def work(job: Job[int]) -> int:
+        return job.data
+
+    async with QueueClient(cluster.url) as client, run_worker(registry, name, cluster.url):
+        queue = client.queue(work)
+        unread = await queue.add_bulk(range(6))
+        for handle in unread:
+            await handle.result(timeout=10)
+        _, start = await client.read_events(name)
+        read = await queue.add_bulk(range(6))
+        for handle in read:
+            await handle.result(timeout=10)
+        events, _ = await client.read_events(name, start, limit=1000)
+        written: set[tuple[str, str]] = set()
+        for keys in partition_keys(name, MASTERS):
+            node = cluster.node_client(cluster.owner_port(keys.prefix))
+            try:
+                assert node.pttl(keys.events_read) > 0
+                written |= {(f[b"ev"].decode(), f[b"id"].decode())
+                            for _, f in node.xrange(keys.events)}
+            finally:
+                node.close()
+    assert {job_id for kind, job_id in written if kind == "active"} == {h.id for h in read}
+    assert {h.id for h in read} <= {e.job_id for e in events if e.type == "added"}
+    assert {job_id for kind, job_id in written if kind == "completed"} == {
+        h.id for h in [*unread, *read]}
+    assert len({route for h in read for route in [int(h.id) % MASTERS]}) == MASTERS
+
+
 async def test_a_script_call_goes_to_its_node_without_a_question_about_its_keys(
         cluster: Cluster) -> None:
     """redis-py asks a node for the keys of a command it cannot read them from (COMMAND

@@ -9,7 +9,7 @@ from typing import Any
 from panqueue._codec import decode
 from panqueue._job import ErrorInfo
 from panqueue._keys import QueueKeys
-from panqueue._store.transport import Command, Op
+from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import PanqueueError
 
 __all__ = ["WATCH_MS", "Event", "last_event_id", "read_events", "stream_entries", "watch"]
@@ -81,14 +81,12 @@ def watch(parts: Sequence[QueueKeys]) -> Op[bool]:
     if each already did (somebody read them within that time). A reader the server refuses
     this write (an ACL user that may only read, a server over ``maxmemory``) reads on all the
     same: False, and it sees the events written anyway."""
-    watched = True
-    for keys in parts:
-        try:
-            before = yield Command(("SET", keys.events_read, "1", "PX", WATCH_MS, "GET"))
-        except PanqueueError:
-            return False
-        watched = watched and before is not None
-    return watched
+    try:
+        before = yield Batch(tuple(Command(("SET", keys.events_read, "1", "PX", WATCH_MS, "GET"))
+                                   for keys in parts))
+    except PanqueueError:
+        return False
+    return all(reply is not None for reply in before)
 
 
 def last_event_id(keys: QueueKeys) -> Op[str]:
