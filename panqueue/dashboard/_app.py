@@ -47,7 +47,6 @@ from panqueue import (
 from panqueue._listing import columns
 from panqueue._store.ops import Flow, events_written, read_flow
 from panqueue._store.ops import partitions as parted
-from panqueue._store.ops.events import watch as watch_events
 from panqueue._store.transport import redact_url
 from panqueue.dashboard._flow import NODE_HEIGHT, NODE_WIDTH, draw
 from panqueue.dashboard._reads import (
@@ -243,10 +242,8 @@ class Dashboard:
 
     def events(self, request: Request) -> Response:
         name = _required(request.query_params, "q")
+        events, position, watched = recent_events(self.client, name, None)
         producer = self.client.producer
-        # Asked before the read: whether the queue wrote every event up to now.
-        watched = producer.run(producer.on_all(name, watch_events))
-        events, position = recent_events(self.client, name, None)
         written = producer.run(producer.on_all(name, events_written))
         return self.render(request, "events.html", queue=name, events=list(reversed(events)),
                            position=position, written=written, watched=watched)
@@ -304,7 +301,7 @@ class Dashboard:
         after = request.query_params.get("after")
         if after is not None and not _STREAM_ID.fullmatch(after):
             raise BadRequest(f"after must be a stream id such as 1700000000000-0, got {after!r}")
-        events, position = recent_events(self.client, name, after)
+        events, position, _ = recent_events(self.client, name, after)
         return JSONResponse({"events": events, "position": position,
                              "updated": timestamp(datetime.now(UTC))})
 

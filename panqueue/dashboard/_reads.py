@@ -30,6 +30,7 @@ from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient,
 from panqueue._lag import lag_seconds
 from panqueue._listing import age, timestamp
 from panqueue._store.ops import worker_processes
+from panqueue._store.ops.events import watch as watch_events
 
 __all__ = ["PREVIEW_CHARS", "QUEUE_LIST_TTL", "RATE_WINDOW", "Bounded", "Overview", "Progress",
            "QueueNames", "QueueRow", "Rates", "age", "bounded", "bounded_json", "bounded_steps",
@@ -281,17 +282,21 @@ def event_dict(event: Event) -> dict[str, Any]:
 
 
 def recent_events(client: SyncQueueClient, queue: str, after: str | None
-                  ) -> tuple[list[dict[str, Any]], str]:
+                  ) -> tuple[list[dict[str, Any]], str, bool]:
     """The events after stream id ``after`` (None: those of the minute before the stream's
-    last event), at most the newest :data:`EVENTS_SHOWN`, and the position to read on from."""
+    last event), at most the newest :data:`EVENTS_SHOWN`, the position to read on from, and
+    whether the queue wrote every event until now. Asks the queue, once, to write every event
+    for the next hour (ops/events.py watch), before it reads."""
+    producer = client.producer
+    watched = producer.run(producer.on_all(queue, watch_events))
     if after is None:
-        _, end = client.read_events(queue)
+        _, end = client.read_events(queue, watch=False)
         millis = int(end.split("-", 1)[0])
         after = "0-0" if end == "0-0" else f"{max(0, millis - _EVENTS_LOOKBACK_MS)}-0"
     found: deque[Event] = deque(maxlen=EVENTS_SHOWN)
     for _ in range(_EVENT_READS):
-        events, after = client.read_events(queue, after, limit=_EVENT_BATCH)
+        events, after = client.read_events(queue, after, limit=_EVENT_BATCH, watch=False)
         found.extend(events)
         if len(events) < _EVENT_BATCH:
             break
-    return [event_dict(e) for e in found], after
+    return [event_dict(e) for e in found], after, watched
