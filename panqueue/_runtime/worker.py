@@ -338,14 +338,13 @@ class Worker:
         slot. ``stopped``: its scope stopped the attempt, and was left before this: if the
         whole worker is cancelled meanwhile, the job is given back."""
         following = None
-        if outcome is not None and not stopped:
-            following = await self._recorded(job, outcome)
-        elif outcome is not None:
+        if outcome is not None:
             try:
                 following = await self._recorded(job, outcome)
             except anyio.get_cancelled_exc_class():
-                assert self._roles is not None
-                await self._roles.give_back([(job.id, job.token)], job.partition)
+                if stopped:
+                    assert self._roles is not None
+                    await self._roles.give_back([(job.id, job.token)], job.partition)
                 raise
         if job.batch:  # its ending is relayed to its batch
             assert self._roles is not None
