@@ -375,15 +375,16 @@ class EventTail:
 
     def _read(self, parts: Sequence[QueueKeys]) -> Op[tuple[list[Event], list[str]]]:
         streams = [keys.events for keys in parts]
+        moved = streams != self._streams  # the first read too
         now = time.monotonic()
-        if streams != self._streams or now - self._asked_at > _WATCH_AGAIN_S:
+        if moved or now - self._asked_at > _WATCH_AGAIN_S:
             # Before its first read, again well before that ask ends, and on partitions it
             # has not asked: ask the queue to write every event (ops/events.py watch).
             yield from watch_events(parts)
             self._asked_at = now
         if self._positions is None:
             self._positions = yield from parted.event_positions(parts, self._after)
-        elif streams != self._streams:
+        elif moved:
             # The queue's layout changed under it (declared after the reading began, or laid
             # out again): a partition it follows keeps its place, a new one is read whole.
             known = dict(zip(self._streams, self._positions, strict=True))
