@@ -12,6 +12,7 @@ import redis
 
 from panqueue import (
     Backoff,
+    Chunk,
     ConfigError,
     Event,
     Job,
@@ -190,6 +191,27 @@ async def test_events_always_writes_every_event_without_a_reader(
         assert await other.result(timeout=10) == 6
     assert [k for k, of in _stream(redis_client, queue_name, 1) if of == other.id] == [
         "completed"]
+
+
+@pytest.mark.parametrize("read", [False, True], ids=["unread", "read"])
+async def test_a_chunk_handlers_queue_writes_its_events_as_any_other(
+        redis_url: str, queue_name: str, redis_client: redis.Redis, read: bool) -> None:
+    """Chunk claims and their completions go through the same scripts' events."""
+    registry = Registry()
+
+    @registry.handler(queue_name, chunk=Chunk(size=3, wait=0.05))
+    async def rows(jobs: list[Job]) -> list[int]:
+        return [int(job.data) for job in jobs]
+
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        if read:
+            await client.read_events(queue_name)
+        handles = await client.queue(queue_name).add_bulk(list(range(3)))
+        assert [await handle.result(timeout=10) for handle in handles] == [0, 1, 2]
+    every = ["added", "active", "completed"] if read else ["completed"]
+    written = _stream(redis_client, queue_name, 1)
+    assert {h.id: [k for k, of in written if of == h.id] for h in handles} == {
+        h.id: every for h in handles}
 
 
 def test_events_always_contradicts_keeping_no_events() -> None:
