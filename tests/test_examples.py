@@ -225,7 +225,7 @@ EXPECTED: dict[str, list[str]] = {
     "fault_proxy.py": [
         "cut: add raised panqueue.ConnectionError",
         "restored: waiting jobs 2",
-        "blackhole: PING timed out after 0.5 s",
+        "blackhole: PING timed out after its 0.5 s socket timeout",
         "restored: PING -> True",
         "lost reply: INCR raised ConnectionError",
         "yet the server ran it: example:visits = 1",
