@@ -533,20 +533,28 @@ async def test_a_count_change_on_the_cluster_reroutes_a_producer_that_learned_th
             node.close()
 
 
-def _cpu_seconds(port: int) -> float:
-    """The CPU time the node's process has used (INFO cpu: user + system; unlike the time
-    commands took, not inflated when the machine is busy and the process waits for a core)."""
+# What a node is asked besides a queue's work: the cluster client's and this test's own
+# questions (the slot map, INFO itself, connection setup).
+_NOT_WORK = {"cluster", "info", "ping", "hello", "client", "command", "readonly", "select"}
+
+
+def _commands(port: int) -> int:
+    """The commands the node has run for queues, its scripts' own included (INFO
+    commandstats counts each command a script makes)."""
     stats = redis.Redis(host="127.0.0.1", port=port)
     try:
-        cpu = stats.info("cpu")
-        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+        made = stats.info("commandstats")
     finally:
         stats.close()
+    return sum(int(stat["calls"]) for name, stat in made.items()
+               if name.removeprefix("cmdstat_").split("|")[0] not in _NOT_WORK)
 
 
 async def test_a_partitioned_queue_spreads_over_every_master(cluster: Cluster) -> None:
     """partitions=3 on three masters: each master holds a third of the jobs, two workers run
-    each job once, and each master spends about the same time per job (within 20 %)."""
+    each job once, and each master does the same work per job: its commands, its scripts' own
+    included, within 10 % (they differ by 1-2 % run to run: a worker's claims and polls split
+    unevenly). Not its CPU time, which on a shared host moves by a fifth with what else runs."""
     name = _partitioned_queue(cluster, MASTERS)
     parts = partition_keys(name, MASTERS)
     registry = Registry()
@@ -559,7 +567,7 @@ async def test_a_partitioned_queue_spreads_over_every_master(cluster: Cluster) -
     total = 12_000
     async with QueueClient(cluster.url) as client:
         queue = client.queue(work)
-        before = {port: _cpu_seconds(port) for port in cluster.ports}
+        before = {port: _commands(port) for port in cluster.ports}
         handles = []
         for start in range(0, total, 2000):
             handles += await queue.add_bulk(range(start, start + 2000))
@@ -572,11 +580,11 @@ async def test_a_partitioned_queue_spreads_over_every_master(cluster: Cluster) -
         async with run_worker(registry, name, cluster.url), \
                 run_worker(registry, name, cluster.url):
             await drain(cluster.url, name, timeout=60)
-        after = {port: _cpu_seconds(port) for port in cluster.ports}
+        after = {port: _commands(port) for port in cluster.ports}
     assert sorted(ran) == sorted(h.id for h in handles) and set(ran.values()) == {1}
     per_job = [(after[port] - before[port]) / (total / MASTERS) for port in cluster.ports]
     mean = sum(per_job) / len(per_job)
-    assert all(abs(cpu - mean) <= 0.2 * mean for cpu in per_job), per_job
+    assert all(abs(made - mean) <= 0.1 * mean for made in per_job), per_job
 
 
 async def test_a_read_of_a_partitioned_queues_events_asks_each_master(
