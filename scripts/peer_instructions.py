@@ -19,13 +19,11 @@ import argparse
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import redis
-
-from panqueue.embedded import free_port
+from redis_cost import CallgrindServer  # beside this script
 
 PEERS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "peers"
 COMMANDS = {
@@ -34,63 +32,33 @@ COMMANDS = {
 }
 
 
-def counted(server: subprocess.Popen[bytes], out: Path) -> int:
-    """The instructions the server executed since it was last zeroed (callgrind_control -z)."""
-    subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True, capture_output=True)
-    dump = max(out.parent.glob(out.name + ".*"), key=os.path.getmtime)
-    for line in dump.read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
-    raise RuntimeError("no totals in the callgrind dump")
-
-
 def run(peer: str, n: int) -> tuple[int, int]:
     """(enqueue, drain) instructions of ``n`` jobs of ``peer``."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server",
-             "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with CallgrindServer() as server:
+        client = redis.Redis(port=server.port)
+        env = dict(os.environ, BENCH_REDIS_HOST="127.0.0.1", BENCH_REDIS_PORT=str(server.port),
+                   BENCH_REDIS_URL=f"{server.url}/0")
+        command = COMMANDS[peer]
+        server.zero()
+        subprocess.run([*command, "enqueue", "--n", str(n)], cwd=PEERS, env=env, check=True,
+                       capture_output=True)
+        enqueue = server.counted()
+        server.zero()
+        worker = subprocess.Popen([*command, "worker", "--c", "50", "--profile", "default"],
+                                  cwd=PEERS, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            client = redis.Redis(port=port)
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline or server.poll() is not None:
-                        raise RuntimeError("redis-server under valgrind did not start") from None
-                    time.sleep(0.2)
-            env = dict(os.environ, BENCH_REDIS_HOST="127.0.0.1", BENCH_REDIS_PORT=str(port),
-                       BENCH_REDIS_URL=f"redis://127.0.0.1:{port}/0")
-            command = COMMANDS[peer]
-            subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
-                           capture_output=True)
-            subprocess.run([*command, "enqueue", "--n", str(n)], cwd=PEERS, env=env, check=True,
-                           capture_output=True)
-            enqueue = counted(server, out)
-            subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
-                           capture_output=True)
-            worker = subprocess.Popen([*command, "worker", "--c", "50", "--profile", "default"],
-                                      cwd=PEERS, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True)
-            try:
-                deadline = time.monotonic() + 600
-                while int(client.get("bench:done") or 0) < n:
-                    if time.monotonic() > deadline or worker.poll() is not None:
-                        raise RuntimeError(f"{peer}'s worker did not finish {n} jobs")
-                    time.sleep(0.5)
-                drain = counted(server, out)
-            finally:
-                os.killpg(worker.pid, signal.SIGTERM)
-                worker.wait(30)
-            return enqueue, drain
+            deadline = time.monotonic() + 600
+            while int(client.get("bench:done") or 0) < n:
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise RuntimeError(f"{peer}'s worker did not finish {n} jobs")
+                time.sleep(0.5)
+            drain = server.counted()
         finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(60)
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(30)
+            client.close()
+        return enqueue, drain
 
 
 def main() -> None:

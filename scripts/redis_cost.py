@@ -233,46 +233,78 @@ def run_direct(n: int, rounds: int = 6, k: int = 25, functions: bool = True,
             steady.transport.close()
 
 
-def run_instructions(n: int, k: int = 25, functions: bool = True,
-                     kind: str = "complete") -> float:
-    """Instructions the server executes per job (valgrind's callgrind: the same figure on every
-    run and host load, so that two versions of the scripts compare to the last percent)."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server",
-             "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+class CallgrindServer:
+    """A redis-server of its own under valgrind's callgrind, on a free loopback port: it counts
+    the instructions the server executes (the same figure on every run and host load, so that
+    two versions of the scripts compare to the last percent). Use with ``with``."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self._tmp = tempfile.TemporaryDirectory()
+        self._out = Path(self._tmp.name) / "callgrind.out"
+        self._server: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> CallgrindServer:
+        self._server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self._out}",
+             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self._tmp.name],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
         try:
-            client = redis.Redis(port=port)
             deadline = time.monotonic() + 60
             while True:
                 try:
                     client.ping()
-                    break
+                    return self
                 except redis.ConnectionError:
-                    if time.monotonic() > deadline or server.poll() is not None:
+                    if time.monotonic() > deadline or self._server.poll() is not None:
+                        self.__exit__()
                         raise RuntimeError("redis-server under valgrind did not start") from None
                     time.sleep(0.2)
-            steady = SteadyCalls(f"redis://127.0.0.1:{port}", n, k, functions)
-            steady.driver(kind)(k)  # the library or the script loaded
-            try:  # callgrind_control returns once the server has done what it asks
-                subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
-                               capture_output=True)
-                done = steady.driver(kind)(n)
-                subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True,
-                               capture_output=True)
-            finally:
-                steady.transport.close()
-            [dump] = Path(tmp).glob("callgrind.out.*")
-            for line in dump.read_text().splitlines():
-                if line.startswith(("summary:", "totals:")):
-                    return int(line.split()[1]) / done
-            raise RuntimeError("no totals in the callgrind dump")
         finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(60)
+            client.close()
+
+    def __exit__(self, *_: object) -> None:
+        if self._server is not None:
+            self._server.send_signal(signal.SIGTERM)
+            self._server.wait(60)
+            self._server = None
+        self._tmp.cleanup()
+
+    def _control(self, option: str) -> None:
+        # callgrind_control returns once the server has done what it asks.
+        assert self._server is not None
+        subprocess.run(["callgrind_control", option, str(self._server.pid)], check=True,
+                       capture_output=True)
+
+    def zero(self) -> None:
+        """Count from now."""
+        self._control("-z")
+
+    def counted(self) -> int:
+        """The instructions executed since the last :meth:`zero`."""
+        self._control("-d")
+        dump = max(self._out.parent.glob(self._out.name + ".*"), key=lambda p: p.stat().st_mtime)
+        for line in dump.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+        raise RuntimeError("no totals in the callgrind dump")
+
+
+def run_instructions(n: int, k: int = 25, functions: bool = True,
+                     kind: str = "complete") -> float:
+    """Instructions the server executes per job (:class:`CallgrindServer`)."""
+    with CallgrindServer() as server:
+        steady = SteadyCalls(server.url, n, k, functions)
+        try:
+            steady.driver(kind)(k)  # the library or the script loaded
+            server.zero()
+            done = steady.driver(kind)(n)
+            return server.counted() / done
+        finally:
+            steady.transport.close()
 
 
 def show(result: dict[str, Any]) -> None:
