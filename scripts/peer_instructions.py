@@ -16,6 +16,7 @@ does once (loading scripts, a worker's start):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -34,10 +35,9 @@ COMMANDS = {
 
 def run(peer: str, n: int) -> tuple[int, int]:
     """(enqueue, drain) instructions of ``n`` jobs of ``peer``."""
-    with CallgrindServer() as server:
-        client = redis.Redis(port=server.port)
+    with CallgrindServer() as server, contextlib.closing(redis.Redis(port=server.port)) as client:
         env = dict(os.environ, BENCH_REDIS_HOST="127.0.0.1", BENCH_REDIS_PORT=str(server.port),
-                   BENCH_REDIS_URL=f"{server.url}/0")
+                   BENCH_REDIS_URL=server.url)
         command = COMMANDS[peer]
         server.zero()
         subprocess.run([*command, "enqueue", "--n", str(n)], cwd=PEERS, env=env, check=True,
@@ -57,7 +57,6 @@ def run(peer: str, n: int) -> tuple[int, int]:
         finally:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(30)
-            client.close()
         return enqueue, drain
 
 

@@ -56,7 +56,7 @@ from panqueue._runtime.shares import PEERS_EVERY
 from panqueue._store.loader import SCRIPTS as LUA
 from panqueue._store.ops import NewJob, add_jobs
 from panqueue._store.transport import ScriptCall, SyncTransport
-from panqueue.embedded import RedisServer, free_port
+from panqueue.embedded import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent
 PANQUEUE_ROOT = Path(panqueue.__file__).resolve().parent.parent
@@ -234,49 +234,46 @@ def run_direct(n: int, rounds: int = 6, k: int = 25, functions: bool = True,
 
 
 class CallgrindServer:
-    """A redis-server of its own under valgrind's callgrind, on a free loopback port: it counts
-    the instructions the server executes (the same figure on every run and host load, so that
-    two versions of the scripts compare to the last percent). Use with ``with``."""
+    """Debian's redis-server (the one on ``PATH``) as a private server (``RedisServer``), run
+    under valgrind's callgrind, which counts the instructions it executes: the same figure on
+    every run and host load, so that two versions of the scripts compare to the last percent.
+    Use with ``with``."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}"
         self._tmp = tempfile.TemporaryDirectory()
         self._out = Path(self._tmp.name) / "callgrind.out"
-        self._server: subprocess.Popen[bytes] | None = None
+        wrapper = Path(self._tmp.name) / "redis-server-under-callgrind"
+        wrapper.write_text(f"#!/bin/sh\nexec valgrind --tool=callgrind "
+                           f"--callgrind-out-file={self._out} redis-server \"$@\"\n")
+        wrapper.chmod(0o755)
+        self.server = RedisServer(directory=self._tmp.name, binary=str(wrapper),
+                                  appendonly=False)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return self.server.url
 
     def __enter__(self) -> CallgrindServer:
-        self._server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self._out}",
-             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._tmp.name],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    client.ping()
-                    return self
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline or self._server.poll() is not None:
-                        self.__exit__()
-                        raise RuntimeError("redis-server under valgrind did not start") from None
-                    time.sleep(0.2)
-        finally:
-            client.close()
+            self.server.start(timeout=60)  # valgrind takes seconds to start it
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+        return self
 
     def __exit__(self, *_: object) -> None:
-        if self._server is not None:
-            self._server.send_signal(signal.SIGTERM)
-            self._server.wait(60)
-            self._server = None
-        self._tmp.cleanup()
+        try:
+            self.server.stop(timeout=60)
+        finally:
+            self._tmp.cleanup()
 
     def _control(self, option: str) -> None:
         # callgrind_control returns once the server has done what it asks.
-        assert self._server is not None
-        subprocess.run(["callgrind_control", option, str(self._server.pid)], check=True,
+        subprocess.run(["callgrind_control", option, str(self.server.pid)], check=True,
                        capture_output=True)
 
     def zero(self) -> None:
