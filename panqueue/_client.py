@@ -300,8 +300,9 @@ class QueueClient:
         None: no events, and the id of the stream's end (start watching from now).
 
         A read asks the queue to write every event for the next hour: while nobody reads them,
-        only the events of a job's end are written (:class:`~panqueue.Retention`).
-        ``watch=False`` reads without asking (a reader that counts only ends of jobs)."""
+        only the events of a job's end are written, and those only while somebody waits on a
+        result or counts them (:class:`~panqueue.Retention`). ``watch=False`` asks for the
+        ends of jobs alone (a reader that counts them)."""
         return await self._run(self.producer.on_all(queue, parted.all_events, after, limit,
                                                     watch))
 

@@ -273,7 +273,7 @@ class QueueKeys:
     """Names of the keys and the notify channel of one queue (of one partition of it)."""
 
     __slots__ = ("active", "batch_outbox", "batches", "blocked", "cancelled", "completed",
-                 "delayed", "events", "events_read", "expires", "failed", "history",
+                 "delayed", "ends_read", "events", "events_read", "expires", "failed", "history",
                  "id_outbox", "idle", "key_active",
                  "limited", "meta", "name", "notify", "partition", "partitions", "prefix", "rate",
                  "ready", "relayout", "schedules", "shared_rate", "version", "wait",
@@ -302,8 +302,10 @@ class QueueKeys:
         self.failed = self.prefix + "failed"
         self.cancelled = self.prefix + "cancelled"
         self.events = self.prefix + "events"
-        # Set, with an expiry, while somebody reads the event stream (ops/events.py watch).
+        # Set, with an expiry, while somebody reads the event stream; and ends_read while
+        # somebody waits on a result or counts the ends of jobs (ops/events.py watch).
         self.events_read = self.prefix + "events:read"
+        self.ends_read = self.prefix + "ends:read"
         self.notify = self.prefix + "notify"
         self.schedules = self.prefix + "schedules"
         # Keyed mode: keys with waiting jobs and free capacity (round-robin order), running

@@ -188,12 +188,14 @@ class Retention:
     ``history``: the queue's history stream (one record per finished job, for
     ``panqueue.spark.export_history``) keeps about this many records; ``0`` writes none.
     ``events``: the queue's event stream (``client.events``) keeps about this many events.
-    The events of a job's end (``completed``, ``failed``, ``cancelled``, which ``result()``
-    waits on) are always written; the others (``added``, ``active``, ``progress``, ...) while
-    somebody reads the stream (``client.events()``, ``read_events()``, the dashboard's events
-    page: each read asks for them for the next hour), so a queue whose events nobody reads
-    saves two stream writes per job. ``events_always=True`` writes them even then; ``events=0``
-    never writes them, and keeps about 1,000 ends of jobs.
+    Events are written while somebody reads the stream (``client.events()``,
+    ``read_events()``, the dashboard's events page: each read asks for them for the next hour);
+    the events of a job's end (``completed``, ``failed``, ``cancelled``) also while somebody
+    waits on a result or counts them (``result()``, ``read_events(..., watch=False)``: the same
+    ask, for the ends alone), and always where the job's finished set keeps none. So a queue
+    nobody reads nor waits on writes no event: three stream writes per job fewer.
+    ``events_always=True`` writes every event even then; ``events=0`` never writes the events
+    other than the ends, and keeps about 1,000 ends of jobs.
     The defaults bound Redis memory under any stream of jobs.
     """
 

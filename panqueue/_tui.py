@@ -7,7 +7,8 @@ it finished in the last minute; and the live workers.
 
 Rates: the completed and failed sets are trimmed by retention, so their sizes cannot give
 rates. The view counts the ``completed`` and ``failed`` events appended to each queue's event
-stream since its last read instead (the stream is itself trimmed to about 10,000 entries, so a
+stream since its last read instead (each read asks the queue to write those for the next hour,
+as a queue nobody waits on does not; the stream is itself trimmed to about 10,000 entries, so a
 queue that finishes more than that between two refreshes is undercounted).
 
 Wait and run times: read back from the job hashes of the newest jobs (up to 1,000) that
@@ -135,7 +136,7 @@ class Sampler:
         rates = self._rates.get(queue)
         now = time.monotonic()
         if rates is None:
-            # Counting ends of jobs, which are always written: no need to ask for more.
+            # Counting ends of jobs: a read that asks for them alone (ops/events.py watch).
             _, position = self.client.read_events(queue, watch=False)
             self._rates[queue] = _Rates(position, now)
             return 0.0, 0.0

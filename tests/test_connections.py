@@ -30,6 +30,7 @@ from panqueue import (
     ConfigError,
     ConnectionError,
     Job,
+    JobFailed,
     JobState,
     PanqueueError,
     QueueClient,
@@ -40,6 +41,7 @@ from panqueue import (
 from panqueue._store.transport import Command, open_async_transport
 from panqueue.embedded import RedisServer, free_port
 from panqueue.testing import run_worker
+from tests.helpers import async_wait_until
 
 ACL_PASSWORD = "s3cret"
 READER_PASSWORD = "r3ader-pw"  # distinctive enough to look for in messages
@@ -348,7 +350,8 @@ async def test_acl_missing_credentials_is_a_connection_error(
 async def test_a_user_that_may_only_read_reads_events_without_asking_for_more(
         anyio_backend: str, acl_server: RedisServer, queue_name: str) -> None:
     """The ask for every event is a write (ops/events.py watch): refused to a user that may
-    only read, whose reads go on, and find the ends of jobs, which are always written."""
+    only read, whose reads go on, and find the ends of jobs, which the waiter on the result
+    asked for."""
     registry = Registry()
 
     @registry.handler(queue_name)
@@ -370,6 +373,57 @@ async def test_a_user_that_may_only_read_reads_events_without_asking_for_more(
     admin = redis.Redis.from_url(url)
     try:
         assert not admin.exists(f"{{q:{queue_name}}}:events:read")
+    finally:
+        admin.close()
+
+
+@pytest.mark.anyio
+async def test_a_user_that_may_only_read_waits_on_a_result_without_asking_for_its_end(
+        anyio_backend: str, acl_server: RedisServer, queue_name: str) -> None:
+    """A wait on a result asks for the ends of jobs, a write: refused to a user that may only
+    read, who waits all the same and finds the outcome in the job's state."""
+    registry = Registry()
+
+    @registry.handler(queue_name)
+    async def echo(job: Job) -> int:
+        if job.data == "fail":
+            raise ValueError("no")
+        return int(job.data)
+
+    url = _acl_url(acl_server, "worker", ACL_PASSWORD)
+    reader_url = _acl_url(acl_server, "reader", READER_PASSWORD)
+    async with QueueClient(url) as client, QueueClient(reader_url) as reader:
+        await client.pause(queue_name)
+        done = await client.queue(queue_name).add(4)
+        failing = await client.queue(queue_name).add("fail")
+        outcomes: list[object] = []
+        async with run_worker(registry, queue_name, url), anyio.create_task_group() as tg:
+
+            async def wait(job_id: str) -> None:
+                try:
+                    outcomes.append(await reader.queue(queue_name).job(job_id).result(
+                        timeout=10))
+                except JobFailed as exc:
+                    outcomes.append(type(exc))
+
+            tg.start_soon(wait, done.id)
+            tg.start_soon(wait, failing.id)
+            admin = redis.Redis.from_url(url)
+            try:
+
+                async def waiting() -> bool:  # both blocked in the event stream's XREAD
+                    return sum(c.get("cmd") == "xread" and c.get("user") == "reader"
+                               for c in admin.client_list()) == 2
+
+                await async_wait_until(waiting, what="the reader's two waits")
+            finally:
+                admin.close()
+            await client.resume(queue_name)
+    assert sorted(outcomes, key=repr) == sorted([4, JobFailed], key=repr)
+    admin = redis.Redis.from_url(url)
+    try:
+        assert not admin.exists(f"{{q:{queue_name}}}:ends:read")
+        assert admin.xlen(f"{{q:{queue_name}}}:events") == 0
     finally:
         admin.close()
 

@@ -1,6 +1,7 @@
 """Events written while somebody reads them: a queue whose events nobody has read within the
-hour writes only the events of a job's end (which ``result()`` waits on); a read asks it for
-every event (lua/lib/settings.lua watched, panqueue/_store/ops/events.py watch)."""
+hour writes only the events of a job's end, and those only while somebody waits on a result or
+counts them, or where the job's finished set keeps none; a read asks it for every event
+(lua/lib/settings.lua watched and ends_watched, panqueue/_store/ops/events.py watch)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from panqueue import (
     Event,
     Job,
     JobFailed,
+    JobState,
     QueueClient,
     Registry,
     Retention,
@@ -59,37 +61,113 @@ def _stream(r: redis.Redis, queue: str, partitions: int) -> list[tuple[str, str]
     return found
 
 
-async def _run_jobs(client: QueueClient, queue: str, mode: str) -> dict[str, list[str]]:
+async def _run_jobs(client: QueueClient, queue: str, mode: str,
+                   wait: bool = True) -> dict[str, list[str]]:
     """Six jobs that complete, one that fails after a retry, one delayed then cancelled, and a
-    pause: the ids of each kind."""
+    pause: the ids of each kind. ``wait``: wait on their results; else on their states, read
+    back (which asks for no event)."""
     handles = client.queue(queue)
     key: dict[str, Any] = {"key": "k"} if mode == "keyed" else {}
     done = [await handles.add(n, **key) for n in range(6)]
     failing = await handles.add("fail", **key)
     later = await handles.add(9, delay=3600, **key)
-    assert [await handle.result(timeout=10) for handle in done] == list(range(6))
-    with pytest.raises(JobFailed):
-        await failing.result(timeout=10)
+    if wait:
+        assert [await handle.result(timeout=10) for handle in done] == list(range(6))
+        with pytest.raises(JobFailed):
+            await failing.result(timeout=10)
+    else:
+        await _until_in(client, queue, [h.id for h in done], JobState.COMPLETED)
+        await _until_in(client, queue, [failing.id], JobState.FAILED)
     await client.cancel(queue, later.id)
-    with pytest.raises(JobFailed):
-        await later.result(timeout=10)
+    if wait:
+        with pytest.raises(JobFailed):
+            await later.result(timeout=10)
     await client.pause(queue)
     return {"completed": [h.id for h in done], "failed": [failing.id],
             "cancelled": [later.id]}
 
 
+async def _until_in(client: QueueClient, queue: str, ids: list[str], state: JobState) -> None:
+    async def there() -> bool:
+        return [(await client.get_job(queue, job_id)).state for job_id in ids] == [state] * len(ids)
+
+    await async_wait_until(there, what=f"jobs {ids} {state.value}")
+
+
 @pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
-async def test_a_queue_whose_events_nobody_reads_writes_only_the_ends_of_jobs(
+async def test_a_queue_nobody_reads_nor_waits_on_writes_no_events(
         redis_url: str, queue_name: str, redis_client: redis.Redis, partitions: int,
         mode: str) -> None:
     registry = _registry(queue_name, partitions, mode, Retention())
     async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
-        ends = await _run_jobs(client, queue_name, mode)
+        await _run_jobs(client, queue_name, mode, wait=False)
+    assert _stream(redis_client, queue_name, partitions) == []
+    for keys in _parts(queue_name, partitions):
+        assert not redis_client.exists(keys.events_read, keys.ends_read)
+
+
+@pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
+async def test_a_read_that_counts_ends_makes_every_partition_write_them_alone(
+        redis_url: str, queue_name: str, redis_client: redis.Redis, partitions: int,
+        mode: str) -> None:
+    registry = _registry(queue_name, partitions, mode, Retention())
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        await client.read_events(queue_name, watch=False)
+        ends = await _run_jobs(client, queue_name, mode, wait=False)
     # No added, active, progress, retried, paused: one event per job, its end.
     assert sorted(_stream(redis_client, queue_name, partitions)) == sorted(
         (kind, job_id) for kind, ids in ends.items() for job_id in ids)
     for keys in _parts(queue_name, partitions):
         assert not redis_client.exists(keys.events_read)
+        assert 0 < redis_client.pttl(keys.ends_read) <= WATCH_MS
+
+
+async def test_a_wait_on_a_result_asks_its_partition_for_the_ends_of_jobs(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """The job runs only once its waiter has asked: its end is in the stream with its result,
+    and nothing else is."""
+    registry = _registry(queue_name, 3, "global", Retention())
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        await client.pause(queue_name)
+        handle = await client.queue(queue_name).add(8)
+        keys = next(k for k in _parts(queue_name, 3) if int(handle.id) % 3 == k.partition)
+        results: list[int] = []
+        async with anyio.create_task_group() as tg:
+
+            async def wait() -> None:
+                results.append(await handle.result(timeout=10))
+
+            tg.start_soon(wait)
+
+            async def asked() -> bool:
+                return bool(redis_client.exists(keys.ends_read))
+
+            await async_wait_until(asked, what="the waiter's ask")
+            await client.resume(queue_name)
+    assert results == [8]
+    entries = [fields for k in _parts(queue_name, 3) for _, fields in redis_client.xrange(k.events)]
+    assert [(f[b"ev"], f[b"id"], f[b"r"]) for f in entries] == [
+        (b"completed", handle.id.encode(), b"\x08")]
+    assert 0 < redis_client.pttl(keys.ends_read) <= WATCH_MS
+    assert [k.partition for k in _parts(queue_name, 3) if redis_client.exists(k.ends_read)] == [
+        keys.partition]
+
+
+@pytest.mark.parametrize("state", ["completed", "failed"])
+async def test_a_queue_that_keeps_none_of_its_finished_jobs_writes_their_ends_unasked(
+        redis_url: str, queue_name: str, redis_client: redis.Redis, state: str) -> None:
+    """Where the finished set keeps none, the end event is the only place the outcome is
+    left: a waiter of an earlier version, which asks for nothing, still finds it there."""
+    registry = _registry(queue_name, 1, "global", Retention(completed=0, failed=0))
+    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
+        handle = await client.queue(queue_name).add("fail" if state == "failed" else 3)
+
+        async def ended() -> bool:
+            return any(of == handle.id for _, of in _stream(redis_client, queue_name, 1))
+
+        await async_wait_until(ended, what="the job's end event")
+    assert _stream(redis_client, queue_name, 1) == [(state, handle.id)]
+    assert not redis_client.exists(QueueKeys(queue_name).ends_read)
 
 
 @pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
@@ -204,8 +282,7 @@ async def test_a_chunk_handlers_queue_writes_its_events_as_any_other(
         return [int(job.data) for job in jobs]
 
     async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
-        if read:
-            await client.read_events(queue_name)
+        await client.read_events(queue_name, watch=read)
         handles = await client.queue(queue_name).add_bulk(list(range(3)))
         assert [await handle.result(timeout=10) for handle in handles] == [0, 1, 2]
     every = ["added", "active", "completed"] if read else ["completed"]
@@ -222,13 +299,14 @@ def test_events_always_contradicts_keeping_no_events() -> None:
         Retention(events_always=1)  # type: ignore[arg-type]
 
 
-def test_a_sync_read_asks_for_every_event_and_one_that_only_counts_does_not(
+def test_a_sync_read_asks_for_every_event_and_one_that_only_counts_for_the_ends(
         redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
     keys = QueueKeys(queue_name)
     with SyncQueueClient(redis_url) as client:
         _, start = client.read_events(queue_name, watch=False)
         client.queue(queue_name).add(1)
         assert not redis_client.exists(keys.events_read)
+        assert 0 < redis_client.pttl(keys.ends_read) <= WATCH_MS
         assert client.read_events(queue_name, start) == ([], start)
         assert redis_client.exists(keys.events_read)
         handle = client.queue(queue_name).add(2)

@@ -154,11 +154,12 @@ async def test_flows_pause_cancel_and_events_cover_every_partition(
 
     async with QueueClient(redis_url) as client:
         queue = client.queue(work)
-        _, position = await client.read_events(queue_name)
         await client.pause(queue_name)
         assert await client.is_paused(queue_name)
         chain = await queue.add_chain([1, 2, 3])
         spread = await queue.add_bulk([10, 11, 12])
+        # Read once the queue is laid out: the read asks every partition for its events.
+        _, position = await client.read_events(queue_name)
         doomed = await queue.add(99)
         assert await client.cancel(queue_name, doomed.id) == JobState.WAITING
         assert (await doomed.info()).state == JobState.CANCELLED

@@ -115,7 +115,7 @@ def test_a_claim_makes_two_commands_per_job_and_its_event_while_read(
     }                  # (the active set: one ZADD for the whole claim)
 
 
-def test_a_completion_makes_six_commands_per_job_its_retention_included(
+def test_a_completion_makes_five_commands_per_job_its_retention_included(
         own: ScriptStore) -> None:
     keep = 5
     made = []
@@ -129,10 +129,10 @@ def test_a_completion_makes_six_commands_per_job_its_retention_included(
                        # job: its id's pointer and its tags
         "hdel": 1,     # the lock token
         "hset": 1,     # state, finish time, result
-        "xadd": 2,     # the history record and the completed event
+        "xadd": 1,     # the history record (no completed event: nobody waits or reads)
     }   # and one command for the whole call each: out of the active set (ZREM), into the
         # completed set (ZADD), dependents to release (EXISTS), retention's DEL
-    assert made[2] - made[1] == Counter({"hmget": 20, "hdel": 10, "hset": 10, "xadd": 20})
+    assert made[2] - made[1] == Counter({"hmget": 20, "hdel": 10, "hset": 10, "xadd": 10})
     # Retention kept the newest `keep` of the 35 and deleted the others.
     assert own.redis.zcard(own.keys.completed) == keep
     assert len(own.redis.keys(own.keys.prefix + "job:*")) == keep
@@ -140,13 +140,26 @@ def test_a_completion_makes_six_commands_per_job_its_retention_included(
 
 
 @pytest.mark.parametrize("keep_events", [10_000, 0])
-def test_a_queue_whose_events_nobody_reads_writes_two_stream_entries_per_job(
+def test_a_queue_nobody_reads_nor_waits_on_writes_one_stream_entry_per_job(
         own: ScriptStore, keep_events: int) -> None:
     own.t.run(setup_queue(own.keys, "global", 1, 0, 0, False, keep_events=keep_events))
-    if keep_events == 0:
-        own.t.run(watch([own.keys]))  # a queue that keeps no events writes no more when read
+    # Its history record alone; no event (while somebody waits on a result: two entries per
+    # job, and four while somebody reads the events).
+    assert whole_jobs(own)["xadd"] == 1
+    assert own.redis.xlen(own.keys.events) == 0
+    assert own.redis.xlen(own.keys.history) == 30
+
+
+@pytest.mark.parametrize(("keep_events", "every"), [(10_000, False), (0, False), (0, True)],
+                         ids=["ends", "no-events-ends", "no-events-every"])
+def test_a_queue_whose_results_are_awaited_writes_two_stream_entries_per_job(
+        own: ScriptStore, keep_events: int, every: bool) -> None:
+    own.t.run(setup_queue(own.keys, "global", 1, 0, 0, False, keep_events=keep_events))
+    # Asked for the ends of jobs (what result() and a reader that counts them ask), or for every
+    # event of a queue that keeps no events (which writes no more than the ends).
+    own.t.run(watch([own.keys], every=every))
     # Its history record and its completed event (which result() waits on); no added or active
-    # event (a queue whose events somebody reads: four entries per job).
+    # event.
     assert whole_jobs(own)["xadd"] == 2
     kinds = {fields[b"ev"] for _, fields in own.redis.xrange(own.keys.events)}
     assert (own.redis.xlen(own.keys.events), kinds) == (30, {b"completed"})

@@ -174,7 +174,7 @@ class Rates:
             now = time.monotonic()
             window = self._windows.get(queue)
             if window is None:
-                # Counting ends of jobs, which are always written: no need to ask for more.
+                # Counting ends of jobs: a read that asks for them alone (ops/events.py watch).
                 _, position = self.client.read_events(queue, watch=False)
                 self._windows[queue] = _Window(position, now, deque([(now, 0, 0)]))
                 return None, None

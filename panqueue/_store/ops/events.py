@@ -14,9 +14,11 @@ from panqueue.errors import PanqueueError
 
 __all__ = ["WATCH_MS", "Event", "last_event_id", "read_events", "stream_entries", "watch"]
 
-# How long one read asks a queue to write every event (lua/lib/settings.lua watched). Until
-# then, and always with Retention(events_always=True), every event is written; else only the
-# events of a job's end.
+# How long one read asks a queue to write its events (lua/lib/settings.lua watched,
+# ends_watched). Until then, and always with Retention(events_always=True), every event is
+# written; a read that only counts ends of jobs, and a wait for a result, ask for those alone.
+# A queue nobody has asked writes no event but the end of a job that its finished set keeps
+# none of.
 WATCH_MS = 3_600_000
 
 
@@ -76,14 +78,17 @@ def stream_entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
     return list(entries)
 
 
-def watch(parts: Sequence[QueueKeys]) -> Op[bool]:
-    """Ask each partition of a queue to write every event for the next :data:`WATCH_MS`; True
-    if each already did (somebody read them within that time). A reader the server refuses
-    this write (an ACL user that may only read, a server over ``maxmemory``) reads on all the
-    same: False, and it sees the events written anyway."""
+def watch(parts: Sequence[QueueKeys], every: bool = True) -> Op[bool]:
+    """Ask each partition of a queue to write every event (``every``), or only the events of a
+    job's end (``completed``, ``failed``, ``cancelled``), for the next :data:`WATCH_MS`; True if
+    each already did (somebody asked within that time). A reader the server refuses this write
+    (an ACL user that may only read, a server over ``maxmemory``) reads on all the same: False,
+    and it sees the events written anyway."""
     try:
-        before = yield Batch(tuple(Command(("SET", keys.events_read, "1", "PX", WATCH_MS, "GET"))
-                                   for keys in parts))
+        before = yield Batch(tuple(
+            Command(("SET", keys.events_read if every else keys.ends_read, "1", "PX", WATCH_MS,
+                     "GET"))
+            for keys in parts))
     except PanqueueError:
         return False
     return all(reply is not None for reply in before)

@@ -10,6 +10,7 @@ record, lock holder) is read and parsed here, for one job and for lists, in one 
 
 from __future__ import annotations
 
+import math
 import time
 from bisect import bisect_left
 from collections.abc import Collection, Sequence
@@ -23,11 +24,18 @@ from panqueue._codec import decode
 from panqueue._durable import FOREVER_MS, steps_of
 from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms, parse_log_line
 from panqueue._keys import QueueKeys
-from panqueue._store.ops.events import stream_entries
+from panqueue._store.ops.events import WATCH_MS, stream_entries
 from panqueue._store.ops.workers import WorkerInfo, workers
 from panqueue._store.tokens import parse_lock_token
 from panqueue._store.transport import Batch, Command, Op, redact_url
-from panqueue.errors import ConfigError, JobFailed, JobNotFound, TimeoutError
+from panqueue.errors import (
+    ConfigError,
+    ConnectionError,
+    JobFailed,
+    JobNotFound,
+    PanqueueError,
+    TimeoutError,
+)
 
 __all__ = ["STATE_SETS", "counts", "due_delayed", "get_job", "list_ids", "list_jobs",
            "parse_job", "read_jobs", "state_set", "wait_result"]
@@ -393,15 +401,20 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = 
     state, the server (``url``, password redacted) and the queue's live workers.
 
     Reads the queue's event stream with blocking XREAD, so it wakes on the completion event
-    rather than polling the job. The stream position is taken *before* the job's state is read:
-    a completion after that read is then always in the part of the stream still to be read,
-    unless the stream's cap trimmed it first (a waiter that fell more than ~10,000 events
-    behind). So each read of the stream also re-reads the job's state, in the same round trip:
-    a completion whose event was trimmed is seen one read later.
+    rather than polling the job. It first asks the queue to write the events of a job's end
+    for the next hour (a queue writes them only while somebody waits or reads, see
+    ops/events.py watch), in the same round trip, and again before that ask ends. The stream
+    position is taken *before* the job's state is read: a completion after that read is then
+    always in the part of the stream still to be read, unless the stream's cap trimmed it first
+    (a waiter that fell more than ~10,000 events behind). So each read of the stream also
+    re-reads the job's state, in the same round trip: a completion whose event was trimmed is
+    seen one read later. A waiter the server refuses the ask (an ACL user that may only read,
+    a server over ``maxmemory``) reads all the same, and sees a completion in the job's state
+    within a read unless retention deleted the job first.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     jkey = keys.job(job_id)
-    last, fields = yield Batch((
+    last, fields, asked = yield from _ask_for_ends(keys, (
         Command(("XREVRANGE", keys.events, "+", "-", "COUNT", 1)),
         Command(("HMGET", jkey, "s", "r", "e")),
     ))
@@ -421,11 +434,15 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = 
             result = yield from _timed_out(keys, job_id, timeout, url)
             return result
         block = _RESULT_POLL_CHUNK if remaining is None else min(remaining, _RESULT_POLL_CHUNK)
-        fields, reply = yield Batch((
+        reads = (
             Command(("HMGET", jkey, "s", "r", "e")),
             Command(("XREAD", "COUNT", _RESULT_READ_COUNT, "BLOCK", max(1, int(block * 1000)),
                      "STREAMS", keys.events, position)),
-        ))
+        )
+        if time.monotonic() - asked > _ASK_AGAIN_S:
+            fields, reply, asked = yield from _ask_for_ends(keys, reads)
+        else:
+            fields, reply = yield Batch(reads)
         entries = stream_entries(reply)
         caught_up = len(entries) < _RESULT_READ_COUNT
         for entry_id, entry_fields in entries:
@@ -439,6 +456,29 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = 
                 outcome = _final_outcome(keys, job_id, state, entry.get(b"r"), entry.get(b"e"))
                 if outcome is not None:
                     return outcome[0]
+
+
+# A waiter asks again for the ends of jobs once half of its last ask's hour has gone.
+_ASK_AGAIN_S = WATCH_MS / 2000
+
+
+def _ask_for_ends(keys: QueueKeys, reads: tuple[Command, ...]) -> Op[tuple[Any, Any, float]]:
+    """The replies of the two ``reads``, sent after an ask for the events of a job's end (see
+    :func:`wait_result`) in one round trip, and when that ask was made (``time.monotonic``). An
+    ask the server refused is left out and the reads are sent again without it: one refused
+    for now (a server over ``maxmemory``, a replica, a lost connection) is made again at the
+    next read, one refused for good (an ACL user that may only read) once the ask's time is
+    up, as if it had been made."""
+    asked = time.monotonic()
+    try:
+        _, first, second = yield Batch((
+            Command(("SET", keys.ends_read, "1", "PX", WATCH_MS)), *reads))
+    except ConnectionError:
+        first, second = yield Batch(reads)
+        asked = -math.inf
+    except PanqueueError:
+        first, second = yield Batch(reads)
+    return first, second, asked
 
 
 def _timed_out(keys: QueueKeys, job_id: str, timeout: float | None, url: str) -> Op[Any]:

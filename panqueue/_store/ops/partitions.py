@@ -294,10 +294,10 @@ def all_events(parts: Sequence[QueueKeys], after: str | None, count: int, watch:
                ) -> Op[tuple[list[Event], str]]:
     """The events of every partition after ``after`` (the position an earlier call returned:
     one stream id per partition, comma-separated; or one stream id for all), merged in time
-    order, without waiting; with ``after`` None, none and the end of every stream. ``watch``:
-    first ask the queue to write every event for the next hour (events.py watch)."""
-    if watch:
-        yield from _events.watch(parts)
+    order, without waiting; with ``after`` None, none and the end of every stream. First ask
+    the queue to write every event for the next hour (``watch``), or else the ends of jobs
+    (events.py watch)."""
+    yield from _events.watch(parts, every=watch)
     if len(parts) == 1:
         return (yield from _events.events_now(parts[0], after, count))
     positions = yield from event_positions(parts, after)

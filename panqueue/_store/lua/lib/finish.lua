@@ -13,8 +13,10 @@
 -- taken it out of the set it was in (leave_active, detach); then, in this order:
 --   1. s state, ft finish time and the fields of the ending, in one write: r result
 --      (completed); e error and fr reason (failed); fr 'cancelled' (cancelled);
---   2. the event named after the state, with those fields (a cancelled event carries none);
---      how.event replaces it ({name, field, value, ...}: an add announces a job born failed);
+--   2. the event named after the state, with those fields (a cancelled event carries none),
+--      while somebody waits on results or reads events, or when `keep` is 0 (lib/settings.lua
+--      emit_event); how.event replaces it ({name, field, value, ...}: an add announces a job
+--      born failed);
 --   3. its dependents: a completed job releases them; a failed or cancelled one fails every
 --      job blocked on it, transitively (fail_dependents), recorded before any retention;
 --   4. the finished set of the state;
@@ -22,12 +24,12 @@
 --   6. retention trims that set to `keep` jobs (-1 keeps all).
 -- Between 1 and 2, its record goes to the history stream (record_history), and the ending of a
 -- batch job to the batch outbox (note_batch_ending): lib/records.lua.
--- `how` (optional): {result=, error=, reason=, event=, cascaded=, listed=, seen=, token=,
--- batch=}. cascaded: the job is a dependent failed by fail_dependents, which handles its
--- dependents and retention for the whole cascade. listed (completed only): the caller
--- completes several jobs; the id is appended to this list, and steps 3, 4 and 6 are
--- complete_listed's, once for all of them. seen, token: see record_history; batch: see
--- note_batch_ending.
+-- `how` (optional): {result=, error=, reason=, event=, cascaded=, always=, listed=, seen=,
+-- token=, batch=}. cascaded: the job is a dependent failed by fail_dependents, which handles
+-- its dependents and retention for the whole cascade (always: that retention keeps none).
+-- listed (completed only): the caller completes several jobs; the id is appended to this
+-- list, and steps 3, 4 and 6 are complete_listed's, once for all of them. seen, token: see
+-- record_history; batch: see note_batch_ending.
 local function end_job(jkey, id, state, now, keep, how)
   how = how or {}
   local set = FINAL_SETS[state]
@@ -47,18 +49,21 @@ local function end_job(jkey, id, state, now, keep, how)
   end
   record_history(jkey, id, state, now, how)
   note_batch_ending(jkey, id, state, now, how.batch)
+  -- Its outcome is left nowhere else when its set keeps none (lib/settings.lua emit_event); a
+  -- cascaded dependent's set is trimmed to the keep of the cascade (how.always).
+  local always = keep == 0 or how.always
   if how.event then
-    emit(how.event[1], id, unpack(how.event, 2))
+    emit_event(always, how.event[1], id, unpack(how.event, 2))
   elseif state == 'cancelled' then
     if how.reason then
-      emit('cancelled', id, 'fr', how.reason)
+      emit_event(always, 'cancelled', id, 'fr', how.reason)
     else
-      emit('cancelled', id)
+      emit_event(always, 'cancelled', id)
     end
   elseif f2 then
-    emit(state, id, f1, v1, f2, v2)
+    emit_event(always, state, id, f1, v1, f2, v2)
   else
-    emit(state, id, f1, v1)
+    emit_event(always, state, id, f1, v1)
   end
   if how.listed then
     how.listed[#how.listed + 1] = id
@@ -111,7 +116,7 @@ fail_dependents = function(id, now, keep)
     local err = cmsgpack.pack({type = 'DependencyFailed',
       message = 'dependency ' .. dependent.via .. ' did not complete'})
     end_job(job_key(dependent.id), dependent.id, 'failed', now, -1,
-      {error = err, reason = 'dependency_failed', cascaded = true})
+      {error = err, reason = 'dependency_failed', cascaded = true, always = keep == 0})
   end
   if #blocked > 0 then
     trim_finished(K_FAILED, keep, now)

@@ -51,8 +51,10 @@ local K_COMPLETED = P .. 'completed'
 local K_FAILED = P .. 'failed'
 local K_CANCELLED = P .. 'cancelled'
 local K_EVENTS = P .. 'events'
--- Set (with an expiry) while somebody reads the event stream (lib/settings.lua emit).
+-- Set (with an expiry) while somebody reads the event stream, and while somebody waits on a
+-- job's result or counts the ends of jobs (lib/settings.lua emit).
 local K_EVENTS_READ = P .. 'events:read'
+local K_ENDS_READ = P .. 'ends:read'
 local K_NOTIFY = P .. 'notify'
 local K_SCHEDULES = P .. 'schedules'
 local K_READY = P .. 'k:ready'

@@ -50,9 +50,10 @@ local function cancelled_keep()
   return tonumber(redis.call('HGET', K_META, 'kf') or KEEP_FAILED)
 end
 
--- The events of a job's end, which result() waits on (panqueue/_store/ops/jobs.py wait_result):
--- always written, even by a queue that keeps no other events (Retention(events=0), ke 0), which
--- keeps about ENDINGS_KEPT of them.
+-- The events of a job's end (completed, failed, cancelled): what result() waits on
+-- (panqueue/_store/ops/jobs.py wait_result) and what the rates of `panqueue top` and the
+-- dashboard count. A queue that keeps no other events (Retention(events=0), ke 0) keeps about
+-- ENDINGS_KEPT of them.
 local ENDINGS = {completed = true, failed = true, cancelled = true}
 local ENDINGS_KEPT = 1000
 
@@ -67,17 +68,41 @@ local function watched()
   return WATCHED
 end
 
+-- Whether the events of a job's end are written now: while somebody waits on a result or
+-- counts ends (K_ENDS_READ, set with an expiry by result() and by readers that only count),
+-- or reads every event (K_EVENTS_READ), or always. Asked once per script.
+local ENDS_WATCHED = nil
+local function ends_watched()
+  if ENDS_WATCHED == nil then
+    ENDS_WATCHED = WATCHED or meta().events_always
+      or redis.call('EXISTS', K_ENDS_READ, K_EVENTS_READ) > 0
+  end
+  return ENDS_WATCHED
+end
+
 -- Event `ev` of job `id` (or of the queue: id ''), with its fields, into the event stream
 -- (docs/job-control.md#the-event-stream), which keeps about meta().events entries. An event
--- that is not a job's end is written only while the stream is watched().
-local function emit(ev, id, ...)
+-- that is not a job's end is written only while the stream is watched(), a job's end while
+-- ends_watched() or when `always` (lib/finish.lua end_job: a job whose finished set keeps none
+-- has its outcome left only in this event, for a result() of an earlier version, which does
+-- not ask for the ends).
+local function emit_event(always, ev, id, ...)
   local kept = meta().events
   if not ENDINGS[ev] then
     if kept == 0 or not watched() then
       return
     end
-  elseif kept == 0 then
-    kept = ENDINGS_KEPT
+  else
+    if not (always or ends_watched()) then
+      return
+    end
+    if kept == 0 then
+      kept = ENDINGS_KEPT
+    end
   end
   append_capped(K_EVENTS, kept, 'ev', ev, 'id', id, ...)
+end
+
+local function emit(ev, id, ...)
+  emit_event(false, ev, id, ...)
 end
