@@ -94,32 +94,27 @@ async def _until_in(client: QueueClient, queue: str, ids: list[str], state: JobS
     await async_wait_until(there, what=f"jobs {ids} {state.value}")
 
 
+@pytest.mark.parametrize("counted", [False, True], ids=["unasked", "counted"])
 @pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
-async def test_a_queue_nobody_reads_nor_waits_on_writes_no_events(
+async def test_a_queue_writes_no_event_unasked_and_the_ends_alone_for_a_read_that_counts(
         redis_url: str, queue_name: str, redis_client: redis.Redis, partitions: int,
-        mode: str) -> None:
+        mode: str, counted: bool) -> None:
+    """Nobody reads the events nor waits on a result: no event. A read that counts ends of
+    jobs (watch=False) asks every partition for those alone."""
     registry = _registry(queue_name, partitions, mode, Retention())
     async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
-        await _run_jobs(client, queue_name, mode, wait=False)
-    assert _stream(redis_client, queue_name, partitions) == []
-    for keys in _parts(queue_name, partitions):
-        assert not redis_client.exists(keys.events_read, keys.ends_read)
-
-
-@pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
-async def test_a_read_that_counts_ends_makes_every_partition_write_them_alone(
-        redis_url: str, queue_name: str, redis_client: redis.Redis, partitions: int,
-        mode: str) -> None:
-    registry = _registry(queue_name, partitions, mode, Retention())
-    async with QueueClient(redis_url) as client, run_worker(registry, queue_name, redis_url):
-        await client.read_events(queue_name, watch=False)
+        if counted:
+            await client.read_events(queue_name, watch=False)
         ends = await _run_jobs(client, queue_name, mode, wait=False)
-    # No added, active, progress, retried, paused: one event per job, its end.
-    assert sorted(_stream(redis_client, queue_name, partitions)) == sorted(
-        (kind, job_id) for kind, ids in ends.items() for job_id in ids)
+    # No added, active, progress, retried, paused: at most one event per job, its end.
+    expected = [(kind, job_id) for kind, ids in ends.items() for job_id in ids] if counted else []
+    assert sorted(_stream(redis_client, queue_name, partitions)) == sorted(expected)
     for keys in _parts(queue_name, partitions):
         assert not redis_client.exists(keys.events_read)
-        assert 0 < redis_client.pttl(keys.ends_read) <= WATCH_MS
+        if counted:
+            assert 0 < redis_client.pttl(keys.ends_read) <= WATCH_MS
+        else:
+            assert not redis_client.exists(keys.ends_read)
 
 
 async def test_a_wait_on_a_result_asks_its_partition_for_the_ends_of_jobs(
