@@ -10,6 +10,7 @@ import contextlib
 import http.server
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -337,17 +338,17 @@ def test_burst_worker_exits_0_once_the_queues_are_empty(redis_url: str) -> None:
 
 
 @contextlib.contextmanager
-def _reloading(app_dir: Path, url: str
+def _reloading(app_dir: Path, url: str, grace: float = 1.0
                ) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes], SyncQueueClient]]:
-    """``panqueue worker reloadapp:queues --reload`` in ``app_dir`` serving ``reloadapp.py``
-    (answering 1, checked), its stderr in ``worker.err``; yields the app's file, that log, the
-    process and a client, and stops the worker at the end."""
+    """``panqueue worker reloadapp:queues --reload --grace GRACE`` in ``app_dir`` serving
+    ``reloadapp.py`` (answering 1, checked), its stderr in ``worker.err``; yields the app's
+    file, that log, the process and a client, and stops the worker at the end."""
     app = app_dir / "reloadapp.py"
     app.write_text(_RELOAD_APP.format(answer=1))
     err = app_dir / "worker.err"
     with err.open("wb") as stderr:
         worker = subprocess.Popen(
-            panqueue_command("worker", "reloadapp:queues", "--reload", "--grace", "1",
+            panqueue_command("worker", "reloadapp:queues", "--reload", "--grace", str(grace),
                              "--poll-interval", "0.1", "--url", url),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             env=subprocess_env(), cwd=app_dir)
@@ -369,9 +370,31 @@ def test_reload_restarts_the_worker_when_a_python_file_changes(tmp_path: Path,
         before = app.stat()
         app.write_text(_RELOAD_APP.format(answer=2))
         os.utime(app, ns=(before.st_atime_ns, before.st_mtime_ns))
-        wait_until(lambda: "changed; restarting" in err.read_text(), 20, "the restart")
+        # Until the old process has stopped, it may still take a job (and run the old code).
+        wait_until(lambda: err.read_text().count("worker started") == 2, 20, "the restart")
+        assert "changed; restarting" in err.read_text()
         assert client.queue("reload").add(None).result(timeout=20) == 2, err.read_text()
     assert "Traceback" not in err.read_text()
+
+
+def test_a_signal_while_a_reload_drains_its_jobs_stops_the_worker(tmp_path: Path,
+                                                                   redis_url: str) -> None:
+    """SIGTERM that comes while the restart for changed code waits for a running job ends
+    the command once that job is done: the new code is not started. (The grace outlasts the
+    test: the held job alone keeps the restart draining until the signal has come.)"""
+    hold = tmp_path / "hold"
+    hold.touch()
+    with _reloading(tmp_path, redis_url, grace=60) as (app, err, worker, client):
+        held = client.queue("reload").add("hold")
+        wait_until(lambda: held.info().state is JobState.ACTIVE, 20, "the held job's start")
+        app.write_text(_RELOAD_APP.format(answer=2))
+        wait_until(lambda: "changed; restarting" in err.read_text(), 20, "the restart")
+        worker.send_signal(signal.SIGTERM)
+        wait_until(lambda: "SIGTERM received" in err.read_text(), 20, "the signal's notice")
+        hold.unlink()
+        assert worker.wait(20) == 0, err.read_text()
+        assert held.result(timeout=20) == 1
+    assert err.read_text().count("worker started") == 1, err.read_text()
 
 
 def test_reload_waits_for_the_next_save_after_a_syntax_error(tmp_path: Path,
@@ -472,6 +495,10 @@ def test_reload_without_watchfiles_is_one_line_naming_the_extra(tmp_path: Path,
 
 
 _RELOAD_APP = """
+from pathlib import Path
+
+import anyio
+
 from panqueue import Registry
 
 queues = Registry()
@@ -479,6 +506,8 @@ queues = Registry()
 
 @queues.handler("reload")
 async def answer(job):
+    while job.data == "hold" and Path("hold").exists():  # until the test lets it go
+        await anyio.sleep(0.02)
     return {answer}
 """
 

@@ -261,8 +261,9 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
                  poll_interval: float, burst: bool, reload: bool,
                  health: HealthState | None) -> bool:
     """Run the pool; the first SIGTERM/SIGINT starts the two-phase shutdown, a second one
-    skips to the forced phase. Returns True when the code changed and we should restart."""
-    restart = False
+    skips to the forced phase. Returns True when the code changed and we should restart: never
+    after a signal, even one that came while the restart drained the running jobs."""
+    restart = signalled = False
 
     async def shutdown(why: str) -> None:
         if health is not None:
@@ -273,9 +274,11 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
     async with anyio.create_task_group() as tg:
 
         async def handle_signals() -> None:
+            nonlocal signalled
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 stopping = False
                 async for signum in signals:
+                    signalled = True
                     if not stopping:
                         stopping = True
                         name = signal.Signals(signum).name
@@ -314,7 +317,7 @@ async def _serve(pool: WorkerPool, url: str, queues: list[str], grace: float,
             tg.start_soon(health.keep_pinging, url)
             await _run_reporting(pool, health)
         tg.cancel_scope.cancel()
-    return restart
+    return restart and not signalled
 
 
 async def _run_reporting(pool: WorkerPool, health: HealthState) -> None:
