@@ -26,6 +26,7 @@ from panqueue import (
 )
 from panqueue._keys import QueueKeys, partition_keys
 from panqueue._store.ops.events import WATCH_MS
+from panqueue.embedded import RedisServer
 from panqueue.testing import run_worker
 from tests.helpers import async_wait_until
 
@@ -357,3 +358,43 @@ async def test_an_iterator_begun_before_a_partitioned_queue_was_laid_out_follows
                                    if kind == "added")
     home = {h.id for h in early if int(h.id) % 3 == 0}
     assert home | {h.id for h in late} <= set(added)
+
+
+async def test_a_wait_on_a_result_that_the_server_refuses_the_ask_for_now_asks_again(
+        private_redis: RedisServer) -> None:
+    """Over ``maxmemory`` the ask (a write) is refused for now: the waiter reads without it and
+    asks again at its next read, once the server takes writes again; the job's end, after
+    that, is in the stream."""
+    url, queue = private_redis.url, "refused-ask"
+    registry = _registry(queue, 1, "global", Retention())
+    admin = redis.Redis.from_url(url)
+    try:
+        async with QueueClient(url) as client, run_worker(registry, queue, url):
+            await client.pause(queue)
+            handle = await client.queue(queue).add(6)
+            admin.config_set("maxmemory", "1")
+            results: list[int] = []
+            async with anyio.create_task_group() as tg:
+
+                async def wait() -> None:
+                    results.append(await handle.result(timeout=20))
+
+                tg.start_soon(wait)
+
+                async def reading() -> bool:  # the wait's blocking read: its ask was refused
+                    return any(c.get("cmd") == "xread" for c in admin.client_list())
+
+                await async_wait_until(reading, what="the waiter's read")
+                assert not admin.exists(QueueKeys(queue).ends_read)
+                admin.config_set("maxmemory", "0")
+
+                async def asked() -> bool:
+                    return bool(admin.exists(QueueKeys(queue).ends_read))
+
+                await async_wait_until(asked, what="the waiter's second ask")
+                await client.resume(queue)
+        assert results == [6]
+        assert [kind for kind, of in _stream(admin, queue, 1) if of == handle.id] == [
+            "completed"]
+    finally:
+        admin.close()
