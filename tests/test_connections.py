@@ -350,8 +350,8 @@ async def test_acl_missing_credentials_is_a_connection_error(
 async def test_a_user_that_may_only_read_reads_events_without_asking_for_more(
         anyio_backend: str, acl_server: RedisServer, queue_name: str) -> None:
     """The ask for every event is a write (ops/events.py watch): refused to a user that may
-    only read, whose reads go on, and find the ends of jobs, which the waiter on the result
-    asked for."""
+    only read, whose reads go on, and find the ends of jobs, which a user that may write asked
+    for."""
     registry = Registry()
 
     @registry.handler(queue_name)
@@ -362,6 +362,7 @@ async def test_a_user_that_may_only_read_reads_events_without_asking_for_more(
     reader_url = _acl_url(acl_server, "reader", READER_PASSWORD)
     async with QueueClient(url) as client, QueueClient(reader_url) as reader:
         _, start = await reader.read_events(queue_name)
+        await client.read_events(queue_name, watch=False)  # a user that may write asks for ends
         async with run_worker(registry, queue_name, url):
             handle = await client.queue(queue_name).add(3)
             assert await handle.result(timeout=10) == 3

@@ -299,6 +299,7 @@ async def test_retention_bounds_a_stream_of_10000_jobs(redis_url: str, queue_nam
     async with QueueClient(redis_url) as client:
         queue = client.queue(queue_name)
         async with run_worker(registry, queue_name, redis_url):
+            await client.read_events(queue_name)  # every job's events are written
             for start in range(0, 10_000, 1000):
                 handles = await queue.add_bulk(list(range(start, start + 1000)))
             await handles[-1].result(timeout=60)

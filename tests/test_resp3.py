@@ -103,6 +103,8 @@ async def test_every_async_operation_reads_resp3_replies(
     url = _resp3(redis_url)
     async with QueueClient(url) as client:
         async with run_worker(registry, WORK, url):
+            # Asks for every event first: the jobs may end before their result() asks for that.
+            await client.read_events(WORK)
             work = client.queue(WORK)
             done, failed = await work.add(21), await work.add("fail")
             assert await done.result(timeout=10) == 42

@@ -270,6 +270,7 @@ async def test_worker_follows_a_promotion_after_the_master_is_killed(
                            app="failover_app:queues", path=APPS)
     try:
         async with QueueClient(group.url) as client, anyio.create_task_group() as tg:
+            await client.read_events(queue)  # every event is written from now: the tail counts
             tg.start_soon(tail_completions, group.url, queue, completed)
             deadline = time.monotonic() + 60
             for n in range(300):
