@@ -12,7 +12,8 @@ from panqueue._keys import QueueKeys
 from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import PanqueueError
 
-__all__ = ["WATCH_MS", "Event", "last_event_id", "read_events", "stream_entries", "watch"]
+__all__ = ["WATCH_MS", "Event", "ask", "last_event_id", "read_events", "stream_entries",
+           "watch"]
 
 # How long one read asks a queue to write its events (lua/lib/settings.lua watched,
 # ends_watched). Until then, and always with Retention(events_always=True), every event is
@@ -78,6 +79,13 @@ def stream_entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
     return list(entries)
 
 
+def ask(keys: QueueKeys, every: bool, *options: str) -> Command:
+    """The write that asks one partition for every event (``every``) or for the ends of jobs
+    alone, for the next :data:`WATCH_MS` (lua/lib/settings.lua watched, ends_watched)."""
+    return Command(("SET", keys.events_read if every else keys.ends_read, "1", "PX", WATCH_MS,
+                    *options))
+
+
 def watch(parts: Sequence[QueueKeys], every: bool = True) -> Op[bool]:
     """Ask each partition of a queue to write every event (``every``), or only the events of a
     job's end (``completed``, ``failed``, ``cancelled``), for the next :data:`WATCH_MS`; True if
@@ -85,10 +93,7 @@ def watch(parts: Sequence[QueueKeys], every: bool = True) -> Op[bool]:
     (an ACL user that may only read, a server over ``maxmemory``) reads on all the same: False,
     and it sees the events written anyway."""
     try:
-        before = yield Batch(tuple(
-            Command(("SET", keys.events_read if every else keys.ends_read, "1", "PX", WATCH_MS,
-                     "GET"))
-            for keys in parts))
+        before = yield Batch(tuple(ask(keys, every, "GET") for keys in parts))
     except PanqueueError:
         return False
     return all(reply is not None for reply in before)

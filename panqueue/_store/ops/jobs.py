@@ -24,7 +24,7 @@ from panqueue._codec import decode
 from panqueue._durable import FOREVER_MS, steps_of
 from panqueue._job import ErrorInfo, JobInfo, JobState, from_ms, parse_log_line
 from panqueue._keys import QueueKeys
-from panqueue._store.ops.events import WATCH_MS, stream_entries
+from panqueue._store.ops.events import WATCH_MS, ask, stream_entries
 from panqueue._store.ops.workers import WorkerInfo, workers
 from panqueue._store.tokens import parse_lock_token
 from panqueue._store.transport import Batch, Command, Op, redact_url
@@ -471,13 +471,11 @@ def _ask_for_ends(keys: QueueKeys, reads: tuple[Command, ...]) -> Op[tuple[Any, 
     up, as if it had been made."""
     asked = time.monotonic()
     try:
-        _, first, second = yield Batch((
-            Command(("SET", keys.ends_read, "1", "PX", WATCH_MS)), *reads))
-    except ConnectionError:
+        _, first, second = yield Batch((ask(keys, False), *reads))
+    except PanqueueError as refused:
         first, second = yield Batch(reads)
-        asked = -math.inf
-    except PanqueueError:
-        first, second = yield Batch(reads)
+        if isinstance(refused, ConnectionError):
+            asked = -math.inf
     return first, second, asked
 
 
