@@ -6,7 +6,8 @@ a script's ARGV, read its reply or know a job hash's field letters. By concern:
 
 - ``add``: validating a producer's arguments into a :class:`NewJob`, and adding jobs.
 - ``queue``: which queues exist, a queue's settings, pausing, changes to one job, purging.
-- ``jobs``: reading jobs back (one, many, a state's listing, counts) and waiting for results.
+- ``jobs``: reading jobs back (one, many, a state's listing, counts); ``results``: waiting
+  for a job's result.
 - ``events``: the event stream.
 - ``schedules``: repeatable jobs' schedules and the server's clock.
 - ``workers``: the worker registry; ``explain``: why a job is where it is.
@@ -55,7 +56,6 @@ from panqueue._store.ops.jobs import (
     parse_job,
     read_jobs,
     state_set,
-    wait_result,
 )
 from panqueue._store.ops.queue import (
     cancel,
@@ -73,6 +73,7 @@ from panqueue._store.ops.queue import (
     setup_queue,
     signal,
 )
+from panqueue._store.ops.results import wait_result
 from panqueue._store.ops.schedules import (
     ScheduleInfo,
     list_schedules,
