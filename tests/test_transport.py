@@ -358,7 +358,7 @@ async def test_the_url_may_set_the_socket_timeout(anyio_backend: str,
 
 def test_the_socket_timeout_outlasts_every_server_side_wait() -> None:
     from panqueue._producer import DURABLE_TIMEOUT_MS, EVENTS_BLOCK_MS
-    from panqueue._store.ops.jobs import _RESULT_POLL_CHUNK
+    from panqueue._store.ops.results import _RESULT_POLL_CHUNK
 
     longest = max(DURABLE_TIMEOUT_MS / 1000, EVENTS_BLOCK_MS / 1000, _RESULT_POLL_CHUNK)
     assert longest + 2 <= transport.SOCKET_TIMEOUT
