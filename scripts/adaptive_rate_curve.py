@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,9 +59,10 @@ class FakeApi:
         self.accepted: dict[str, list[float]] = {t: [] for t in rates}
         self.refused: dict[str, list[float]] = {t: [] for t in rates}
 
-    def call(self, tenant: str) -> float | None:
-        """None when accepted, else the retry-after in seconds."""
-        now = time.monotonic()
+    def call(self, tenant: str, now: float | None = None) -> float | None:
+        """None when accepted, else the retry-after in seconds. ``now``: the time the call is
+        judged at (``time.monotonic``'s clock), by default when it arrives."""
+        now = time.monotonic() if now is None else now
         window = WINDOW - SLACK
         recent = [t for t in self.accepted[tenant] if t > now - window]
         if len(recent) < self.rates[tenant]:
@@ -84,13 +86,17 @@ class Run:
 
 
 def build_registry(api: FakeApi, queue: str, rate: RateLimit, calls: list[tuple[str, int]],
-                   completions: Counter[str]) -> Registry:
+                   completions: Counter[str],
+                   started: Callable[[Job], Awaitable[float]] | None = None) -> Registry:
+    """The queue's handler: each job calls the API for its tenant, judged when the call
+    arrives, or with ``started`` at the time that returns for the job (see run_scenario)."""
     queues = Registry()
 
     @queues.handler(queue, mode="keyed", key_concurrency=8, concurrency=8, rate_limit=rate)
     async def call_api(job: Job) -> None:
         calls.append((job.id, job.attempt))
-        retry_after = api.call(job.data["tenant"])
+        at = None if started is None else await started(job)
+        retry_after = api.call(job.data["tenant"], at)
         if retry_after is not None:
             raise RateLimited(retry_after=retry_after)
         completions[job.id] += 1
@@ -115,19 +121,34 @@ async def sample_limits(url: str, queue: str, started: float,
 
 async def run_scenario(url: str, queue: str = "adaptive-demo", *, maximum: int = 30,
                        recover_every: float = 1.0, workers: int = 2, adaptive: bool = True,
-                       jobs: dict[str, int] | None = None, timeout: float = 60.0) -> Run:
+                       jobs: dict[str, int] | None = None, timeout: float = 60.0,
+                       by_start: bool = False) -> Run:
     """Add every tenant's jobs, run ``workers`` workers until all are completed, and return what
-    the API and the handlers saw. ``adaptive=False``: the same with a fixed limit, to compare."""
+    the API and the handlers saw. ``adaptive=False``: the same with a fixed limit, to compare.
+
+    ``by_start``: the API judges each call at the time its job started (the server's clock, as
+    the rate limit counts starts) rather than when the call arrives, so that how late the
+    workers' event loops run a started job (which a loaded host stretches past the API's
+    slack) plays no part: what is left is the limit's own dynamics."""
     jobs = JOBS if jobs is None else jobs
     api = FakeApi(HIDDEN)
     calls: list[tuple[str, int]] = []
     completions: Counter[str] = Counter()
     rate = RateLimit(maximum, per=WINDOW, per_key=True, adaptive=adaptive,
                      recover_every=recover_every)
-    registry = build_registry(api, queue, rate, calls, completions)
+    client = QueueClient(url)
+
+    async def started_at(job: Job) -> float:
+        info = await client.queue(queue).job(job.id).info()
+        assert info.started_at is not None
+        # The server's clock is this host's: moved onto time.monotonic's.
+        return info.started_at.timestamp() - (time.time() - time.monotonic())
+
+    registry = build_registry(api, queue, rate, calls, completions,
+                              started_at if by_start else None)
     limits: dict[str, list[tuple[float, int]]] = {t: [] for t in jobs}
     run_workers = [Worker(registry, queue, url=url, grace=5.0) for _ in range(workers)]
-    async with QueueClient(url) as client, anyio.create_task_group() as tg:
+    async with client, anyio.create_task_group() as tg:
         for worker in run_workers:
             await tg.start(worker.run)
         started = time.monotonic()
