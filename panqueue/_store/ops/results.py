@@ -27,7 +27,10 @@ __all__ = ["wait_result"]
 # How long one blocking read of the event stream may take before re-checking.
 _RESULT_POLL_CHUNK = 1.0
 _RESULT_READ_COUNT = 1000
+# The events of a job's end, each named after the state it ends in.
 _FINAL_EVENTS = frozenset({b"completed", b"failed", b"cancelled"})
+# A waiter asks again for the ends of jobs once half of its last ask's hour has gone.
+_ASK_AGAIN_S = WATCH_MS / 2000
 
 
 def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = "") -> Op[Any]:
@@ -49,10 +52,10 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = 
     within a read unless retention deleted the job first.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    jkey = keys.job(job_id)
+    jkey, wanted = keys.job(job_id), job_id.encode()
     last, fields, asked = yield from _ask_for_ends(keys, (
         Command(("XREVRANGE", keys.events, "+", "-", "COUNT", 1)),
-        Command(("HMGET", jkey, "s", "r", "e")),
+        _read_outcome(jkey),
     ))
     position = last[0][0] if last else b"0-0"
     caught_up = True  # whether the last read reached the end of the stream
@@ -71,7 +74,7 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = 
             return result
         block = _RESULT_POLL_CHUNK if remaining is None else min(remaining, _RESULT_POLL_CHUNK)
         reads = (
-            Command(("HMGET", jkey, "s", "r", "e")),
+            _read_outcome(jkey),
             Command(("XREAD", "COUNT", _RESULT_READ_COUNT, "BLOCK", max(1, int(block * 1000)),
                      "STREAMS", keys.events, position)),
         )
@@ -85,17 +88,16 @@ def wait_result(keys: QueueKeys, job_id: str, timeout: float | None, url: str = 
             position = entry_id
             entry = entry_fields or {}
             event = entry.get(b"ev")
-            if entry.get(b"id") == job_id.encode() and event in _FINAL_EVENTS:
+            if entry.get(b"id") == wanted and event in _FINAL_EVENTS:
                 # The event carries the outcome: retention may already have deleted the job.
-                state = {b"completed": b"completed", b"failed": b"failed"}.get(
-                    event, b"cancelled")
-                outcome = _final_outcome(keys, job_id, state, entry.get(b"r"), entry.get(b"e"))
+                outcome = _final_outcome(keys, job_id, event, entry.get(b"r"), entry.get(b"e"))
                 if outcome is not None:
                     return outcome[0]
 
 
-# A waiter asks again for the ends of jobs once half of its last ask's hour has gone.
-_ASK_AGAIN_S = WATCH_MS / 2000
+def _read_outcome(jkey: str) -> Command:
+    """The read of a job's state, result and error."""
+    return Command(("HMGET", jkey, "s", "r", "e"))
 
 
 def _ask_for_ends(keys: QueueKeys, reads: tuple[Command, ...]) -> Op[tuple[Any, Any, float]]:
@@ -118,7 +120,7 @@ def _ask_for_ends(keys: QueueKeys, reads: tuple[Command, ...]) -> Op[tuple[Any, 
 def _timed_out(keys: QueueKeys, job_id: str, timeout: float | None, url: str) -> Op[Any]:
     """The end of a wait that ran out of time: the job's result if it finished just now,
     else a :class:`TimeoutError` with the job's state, the server and the live workers."""
-    state, result, error = yield Command(("HMGET", keys.job(job_id), "s", "r", "e"))
+    state, result, error = yield _read_outcome(keys.job(job_id))
     if state is not None:
         outcome = _final_outcome(keys, job_id, state, result, error)
         if outcome is not None:
