@@ -20,6 +20,10 @@ The layout (count, placement) is stored in the queue's home meta with a version
 (:class:`Layout`); every add and every worker's setup names the version it routes by, so a
 client that learned an older layout is refused and refreshes instead of writing where nobody
 serves (``_store/ops/layout.py``, ``_store/ops/partitions.py``).
+
+Longer than 400 lines: every key name of a queue and a batch (one property each, saying what
+the key holds), the checks of the names that go into them, and the placement of partitions,
+in one room, so that the one layout the Lua scripts mirror is read in one place.
 """
 
 from __future__ import annotations
