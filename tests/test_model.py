@@ -95,12 +95,14 @@ from panqueue import (
     Dedup,
     FlowJob,
     Job,
+    JobFailed,
     JobNotFound,
     JobState,
     Registry,
     Retention,
     SyncBatch,
     SyncQueueClient,
+    TimeoutError,
 )
 from panqueue._durable import Suspend
 from panqueue._keys import QueueKeys, route
@@ -574,6 +576,38 @@ class QueueMachine(RuleBasedStateMachine):
             raise mismatch(f"remove({queue}, {job_id})", removed, job is not None)
         if job is not None:
             self.model.delete(job, lost=True)
+
+    @rule(queue=serving, index=st.integers(0, 40))
+    def wait_on_a_result(self, queue: str, index: int) -> None:
+        """``result()`` of a job says what the model holds, on any partition: a completed job's
+        result (None), JobFailed with the state and the last error's type of a failed or
+        cancelled one, JobNotFound of one never added or deleted (retention, removal), and for
+        one not finished a timeout that names its state. (Only the queues whose ends are read
+        anyway: a wait asks its partition to write them, which model-handoff must not.)"""
+        # The queue's jobs in the order they were added, then those it deleted, then ids never
+        # used: most picks are of a job that is there.
+        ids = [j.id for j in sorted(self.model.in_queue(queue), key=lambda j: j.born)]
+        ids += [*sorted(i for q, i in self.model.gone if q == queue), "never-added"]
+        job_id = ids[index % len(ids)]
+        job = self.model.job(queue, job_id)
+        hypothesis.event(f"result() of a {'gone' if job is None else job.state} job")
+        handle = self.client.queue(queue).job(job_id)
+        if job is None:
+            with pytest.raises(JobNotFound):
+                handle.result(timeout=STEP_TIMEOUT)
+        elif job.state == COMPLETED:
+            if (got := handle.result(timeout=STEP_TIMEOUT)) is not None:
+                raise mismatch(f"result() of {queue}/{job_id}", got, None)
+        elif job.state in FINAL:
+            with pytest.raises(JobFailed) as failed:
+                handle.result(timeout=STEP_TIMEOUT)
+            seen = (failed.value.state, failed.value.error and failed.value.error.type)
+            if seen[0] != job.state or (job.state == FAILED and seen[1] != job.error):
+                raise mismatch(f"result() of {queue}/{job_id} raised", seen,
+                               (job.state, job.error))
+        else:
+            with pytest.raises(TimeoutError, match=f"it is {job.state} at "):
+                handle.result(timeout=0.05)
 
     @rule(queue=serving, every=st.booleans(), picks=st.lists(st.integers(0, 40), max_size=3))
     def retry_failed(self, queue: str, every: bool, picks: list[int]) -> None:
