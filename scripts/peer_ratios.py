@@ -14,6 +14,7 @@ over its rate.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -42,14 +43,22 @@ def ratios(run: dict[str, Any]) -> tuple[str, list[float]]:
     ]
 
 
-def main(paths: list[str]) -> int:
-    files = [Path(p) for p in paths] or [RESULTS / "latest.json"]
-    try:
-        rows = [ratios(json.loads(path.read_text())) for path in files]
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"peer_ratios: cannot read a run of bullmq_node and panqueue: {exc!r}",
-              file=sys.stderr)
-        return 2
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("runs", nargs="*", metavar="RUN.json",
+                        help="runs of run.sh --only bullmq_node,panqueue (default: "
+                             "results/latest.json)")
+    files = [Path(p) for p in parser.parse_args(argv).runs] or [RESULTS / "latest.json"]
+    rows = []
+    for path in files:
+        try:
+            rows.append(ratios(json.loads(path.read_text())))
+        except OSError as exc:
+            return _refuse(f"{path}: {exc.strerror}")
+        except ValueError as exc:
+            return _refuse(f"{path}: not JSON ({exc})")
+        except KeyError as exc:
+            return _refuse(f"{path}: no run of bullmq_node and panqueue (missing {exc})")
     print("| run | " + " | ".join(COLUMNS) + " |")
     print("|---|" + "---:|" * len(COLUMNS))
     for started, values in rows:
@@ -59,6 +68,11 @@ def main(paths: list[str]) -> int:
         print(f"| median of {len(rows)} | " + " | ".join(f"**{v:.2f}x**" for v in medians)
               + " |")
     return 0
+
+
+def _refuse(problem: str) -> int:
+    print(f"peer_ratios: {problem}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
