@@ -27,8 +27,8 @@ __all__ = ["wait_result"]
 # How long one blocking read of the event stream may take before re-checking.
 _RESULT_POLL_CHUNK = 1.0
 _RESULT_READ_COUNT = 1000
-# The events of a job's end, each named after the state it ends in.
-_FINAL_EVENTS = frozenset({b"completed", b"failed", b"cancelled"})
+# The events of a job's end, each named after the final state it ends in.
+_FINAL_EVENTS = frozenset(state.encode() for state in JobState if state.is_final)
 # A waiter asks again for the ends of jobs once half of its last ask's hour has gone.
 _ASK_AGAIN_S = WATCH_MS / 2000
 
