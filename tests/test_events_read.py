@@ -18,6 +18,7 @@ from panqueue import (
     Event,
     Job,
     JobFailed,
+    JobNotFound,
     JobState,
     QueueClient,
     Registry,
@@ -164,6 +165,68 @@ async def test_a_queue_that_keeps_none_of_its_finished_jobs_writes_their_ends_un
         await async_wait_until(ended, what="the job's end event")
     assert _stream(redis_client, queue_name, 1) == [(state, handle.id)]
     assert not redis_client.exists(QueueKeys(queue_name).ends_read)
+
+
+def _blocks_on_xread(r: redis.Redis) -> bool:
+    return any(entry.get("cmd") == "xread" and "b" in entry.get("flags", "")
+               for entry in r.client_list())
+
+
+@pytest.mark.parametrize("end", sorted(ENDS))
+@pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
+async def test_a_wait_takes_the_outcome_from_the_end_event_of_a_job_deleted_as_it_ends(
+        redis_url: str, queue_name: str, redis_client: redis.Redis, partitions: int,
+        mode: str, end: str) -> None:
+    """Where the finished set keeps none, the job is gone by the time its end is written: a
+    wait that began before it ended reads the outcome from the event alone (each kind of end,
+    on any partition, in keyed mode too)."""
+    registry = Registry()
+
+    @registry.handler(queue_name, concurrency=2, partitions=partitions, mode=mode,
+                      retention=Retention(completed=0, failed=0))
+    async def work(job: Job) -> Any:
+        if job.data == "hold":
+            await anyio.sleep_forever()
+        if job.data == "fail":
+            raise ValueError("no")
+        return job.data
+
+    key: dict[str, Any] = {"key": "k"} if mode == "keyed" else {}
+    data = {"completed": 7, "failed": "fail", "cancelled": "hold"}[end]
+    outcome: list[Any] = []
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(work).add(data, **key)
+
+        async def wait() -> None:
+            try:
+                outcome.append(await handle.result(timeout=15))
+            except JobFailed as failed:
+                outcome.append(failed)
+
+        async def blocking() -> bool:
+            return _blocks_on_xread(redis_client)
+
+        async def ended() -> bool:
+            return bool(outcome)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            # The wait has read the job (waiting: no worker yet) and blocks on the stream.
+            await async_wait_until(blocking, what="the wait blocking on the event stream")
+            async with run_worker(registry, queue_name, redis_url):
+                if end == "cancelled":
+                    await _until_in(client, queue_name, [handle.id], JobState.ACTIVE)
+                    await client.cancel(queue_name, handle.id)
+                await async_wait_until(ended, what="the outcome")
+        with pytest.raises(JobNotFound):  # deleted as it ended
+            await client.queue(work).job(handle.id).info()
+    if end == "completed":
+        assert outcome == [7]
+    else:
+        [failed] = outcome
+        assert isinstance(failed, JobFailed) and failed.state == end
+        if end == "failed":
+            assert failed.error is not None and failed.error.type == "ValueError"
 
 
 @pytest.mark.parametrize(("partitions", "mode"), [(1, "global"), (3, "global"), (1, "keyed")])
