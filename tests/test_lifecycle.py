@@ -377,6 +377,37 @@ async def test_concurrency_bound_is_never_exceeded(redis_url: str, queue_name: s
     assert int(redis_client.get(gauge) or 0) == 0
 
 
+async def test_the_jobs_claimed_by_completions_start_at_once_when_each_handler_awaits(
+        redis_url: str, queue_name: str) -> None:
+    """Round after round, every slot runs a job at the same time: a handler returns only once
+    all six slots hold one. From the second round on, the jobs were claimed by the batched
+    completions of the round before, and wait in the worker for a slot task: each must start
+    while the others await, not only once a job ends. A job that waits 10 s for its round is
+    stuck, and fails the test."""
+    registry = Registry()
+    slots, rounds = 6, 5
+    state: dict[str, Any] = {"arrived": 0, "full": anyio.Event(), "stuck": 0}
+
+    @registry.handler(queue_name, concurrency=slots)
+    async def in_round(job: Job) -> None:
+        full = state["full"]
+        state["arrived"] += 1
+        if state["arrived"] == slots:  # the round is full: the next one starts empty
+            state["arrived"], state["full"] = 0, anyio.Event()
+            full.set()
+        with anyio.move_on_after(10):
+            await full.wait()
+        if not full.is_set():
+            state["stuck"] += 1
+
+    async with QueueClient(redis_url) as client:
+        handles = await client.queue(queue_name).add_bulk(list(range(slots * rounds)))
+        async with run_worker(registry, queue_name, redis_url):
+            for handle in handles:
+                await handle.result(timeout=30)
+    assert state["stuck"] == 0
+
+
 async def test_pause_stops_claiming_and_resume_wakes_workers(redis_url: str,
                                                              queue_name: str) -> None:
     registry = Registry()

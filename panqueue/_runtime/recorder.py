@@ -4,7 +4,10 @@ claimed next for the slot that freed up.
 Completions are batched: jobs that finish in the same event-loop tick share one call, which
 also claims a successor for each freed slot. A batch holds at most half the worker's slots, so a
 busy worker keeps two calls going: Redis runs one while the worker runs the jobs the other
-brought back, instead of each side waiting for the other in turn. Every claim-bearing call
+brought back, instead of each side waiting for the other in turn. Only the task that sends a
+batch waits for its call; a task whose completion joined it goes on with a job that an earlier
+call claimed (``ready``), so a busy worker's no-op jobs run one after another on a few tasks,
+where waking a task per job was a sixth of the worker's CPU per job. Every claim-bearing call
 carries a fresh token that is also its request id, so a call sent again after a lost reply is
 answered from the script's memory instead of running twice (see lua/lib/memo.lua).
 """
@@ -12,6 +15,7 @@ answered from the script's memory instead of running twice (see lua/lib/memo.lua
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +26,7 @@ import anyio.lowlevel
 from panqueue._codec import check_json_compatible, encode
 from panqueue._job import ErrorInfo, log_line
 from panqueue._keys import QueueKeys
-from panqueue._runtime.locks import Attempt, Event, Tokens
+from panqueue._runtime.locks import Attempt, Tokens
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import transitions
 from panqueue._store.status import Status
@@ -39,27 +43,46 @@ from panqueue._store.transitions import (
 from panqueue._store.transport import AsyncTransport, Op
 from panqueue.errors import LockLost, PanqueueError
 
-__all__ = ["Recorder"]
+__all__ = ["HANDED_ON", "HandedOn", "Recorder"]
 
 _MAX_LOG_LINES = 1000
 # How long a release (forced shutdown) may take before it is left to the stalled sweep.
 RELEASE_WAIT = 2.0
 
 
+class HandedOn:
+    """What :meth:`Recorder.complete` returns when the slot task has nothing to run next: its
+    slot went with its completion, to a batch that another task sends (:data:`HANDED_ON`)."""
+
+    __slots__ = ()
+
+
+HANDED_ON = HandedOn()
+
+
+def _unheard(status: Status | None) -> None:
+    """A completion's ``done`` that nobody listens to."""
+
+
+def _nothing() -> None:
+    """A recorder's hooks before the claim loop sets them."""
+
+
 @dataclass(slots=True)
 class _Pending(Completion):
-    """A completion waiting in the batch being gathered."""
+    """A completion waiting in the batch being gathered; ``done`` gets its status."""
 
     status: Status | None = None  # None: not recorded (Redis away)
-    next_job: ClaimedJob | None = None
+    done: Callable[[Status | None], None] = _unheard
 
 
 @dataclass(slots=True)
 class _Batch:
-    """Completions sent in one call; ``done`` is set once it was answered (or given up)."""
+    """Completions sent in one call. ``sending``: a task sends it (it gathers, or its call is
+    out)."""
 
     items: list[_Pending]
-    done: Event
+    sending: bool = False
 
 
 # What the log says when an ending finds its lock lost (the outcome is discarded).
@@ -88,7 +111,7 @@ def _traceback(error: ErrorInfo) -> dict[str, str]:
 class Recorder:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens, *,
                  lock_ttl: float, keep_completed: int, keep_failed: int, concurrency: int,
-                 stopping: Callable[[], bool], log: Any, new_event: Callable[[], Event],
+                 stopping: Callable[[], bool], log: Any,
                  max_snoozes: int | None = None) -> None:
         self._transport = transport
         self._keys = keys
@@ -102,42 +125,90 @@ class Recorder:
         self._log = log
         # The batch still gathering (its leader has not sent it yet), if any.
         self._gathering: _Batch | None = None
-        self._new_event = new_event  # the loop's own events (locks.native_events)
         self._max_batch = max(1, (concurrency + 1) // 2)
+        # Jobs claimed by completions whose slot tasks went on with other jobs: each waits, in
+        # the slot of the completion that claimed it, for a slot task to take it (complete or
+        # take). on_ready asks the claim loop to wake a slot task at its next turn (jobs wait
+        # here, or a batch waits to be sent); on_free frees a slot of this partition.
+        self.ready: deque[ClaimedJob] = deque()
+        self.on_ready: Callable[[], None] = _nothing
+        self.on_free: Callable[[], None] = _nothing
+        self._asked = False  # on_ready was called, and no task it woke has taken work yet
         self._trouble = Trouble(log, "recording outcomes", episode_of(transport))
         self._report_trouble = Trouble(log, "progress reporting", episode_of(transport))
 
-    async def complete(self, job_id: str, token: str, result: bytes, log: Any
-                       ) -> tuple[bool, ClaimedJob | None]:
-        """Record a success; returns (recorded, the job claimed next for the slot).
+    async def complete(self, job: ClaimedJob, result: bytes,
+                       done: Callable[[Status | None], None]) -> ClaimedJob | HandedOn:
+        """Record a success. Its slot goes with it; returns what the slot task runs next.
 
-        The first job to finish becomes the batch's leader: it yields once, so that jobs
-        finishing in the same tick can join (up to half the slots), then sends them all in one
-        call. Whether to claim
+        The completion joins the batch being gathered, and the task goes on at once with a job
+        that waits in :attr:`ready` (it takes that job's slot), if any: a busy worker's jobs
+        then run one after another on a few tasks, not one task each woken per job. The task
+        sends the batch itself when it is full or nothing waits: it yields first so that jobs
+        finishing in the same tick can join (up to half the slots), then returns one of the
+        jobs the call claimed. Otherwise it returns :data:`HANDED_ON`: the batch's sender (or
+        a task the claim loop wakes, :meth:`take`) sends it. ``done`` gets the completion's
+        status once the call is answered (None: not recorded, Redis away). Whether to claim
         successors is decided when the call is sent: a shutdown that began while the batch was
         gathering claims nothing.
         """
-        pending = _Pending(job_id, token, result)
+        pending = _Pending(job.id, job.token, result, done=done)
         batch = self._gathering
-        if batch is not None and len(batch.items) < self._max_batch:
-            batch.items.append(pending)
-            await batch.done.wait()
+        if batch is None:
+            self._gathering = batch = _Batch([pending])
         else:
-            await self._lead_batch(pending)
-        if pending.status == Status.LOCK_LOST:
-            log.warning("lock lost before completion; result discarded", job_id=job_id,
-                        error=str(LockLost(self._keys.name, job_id)))
-        return pending.status == Status.COMPLETED, pending.next_job
+            batch.items.append(pending)
+        full = len(batch.items) >= self._max_batch
+        if full:
+            self._gathering = None  # the next completion opens a new one
+        ready = self.ready
+        if ready and (batch.sending or not full):
+            job = ready.popleft()
+            if ready or not batch.sending:
+                self._ask()  # the jobs left, and a batch that nobody sends yet
+            return job
+        if batch.sending:
+            return HANDED_ON
+        batch.sending = True
+        return await self._send(batch)
 
-    async def _lead_batch(self, first: _Pending) -> None:
-        """Open a batch with ``first``, let the jobs finishing in this tick join it (a full
-        batch makes the next one open its own), then send it.
+    async def take(self) -> ClaimedJob | HandedOn:
+        """For a slot task the claim loop woke (:attr:`on_ready`), which holds no slot: a job
+        that waits in :attr:`ready` (with its slot), or else the batch that nobody sends yet,
+        sent by this task (one of the jobs it claimed), or :data:`HANDED_ON`: nothing to do.
+        A job taken while more work waits asks for another task: where each job's handler
+        awaits, the waiting jobs start one a turn of the loop, each on a task of its own."""
+        self._asked = False
+        ready, batch = self.ready, self._gathering
+        if ready:
+            job = ready.popleft()
+            if ready or (batch is not None and not batch.sending):
+                self._ask()
+            return job
+        if batch is None or batch.sending:
+            return HANDED_ON
+        batch.sending = True
+        return await self._send(batch)
 
-        It yields until the batch is full, or twice and then as long as the last yield brought
-        new members: asyncio runs every ready task within one yield, trio spreads them over
-        scheduler passes in a random order (the leader may come first in the pass that runs
-        the others)."""
-        self._gathering = batch = _Batch([first], self._new_event())
+    def _ask(self) -> None:
+        """Work waits (:attr:`ready`, or a batch that nobody sends): have the claim loop wake a
+        slot task for it, unless one is on its way."""
+        if not self._asked:
+            self._asked = True
+            self.on_ready()
+
+    async def _send(self, batch: _Batch) -> ClaimedJob | HandedOn:
+        """Send ``batch``, once the jobs finishing in this tick could join it, and share out
+        the jobs its call claimed: one for this task, the others to :attr:`ready`, each in the
+        slot of a completion; the slots of completions that claimed nothing are freed
+        (:attr:`on_free`).
+
+        It yields once, then until the batch is full, or twice and then as long as the last
+        yield brought new members: asyncio runs every ready task within one yield, trio
+        spreads them over scheduler passes in a random order (the sender may come first in the
+        pass that runs the others)."""
+        if self.ready:
+            self._ask()  # they run while this task gathers and its call is out
         try:
             yields = 0
             while True:
@@ -156,13 +227,20 @@ class Recorder:
         finished = await self._record(transitions.complete_batch(
             self._keys, items, claim_next=claiming, keep=self._keep_completed, token=token,
             ttl_ms=self._ttl_ms), items[0].job_id)
+        claimed: list[ClaimedJob] = []
         if finished is not None:
-            claimed = iter(finished.claimed.jobs)
+            if claiming:
+                claimed = finished.claimed.jobs
             for pending, status in zip(items, finished.statuses, strict=True):
                 pending.status = status
-                if status == Status.COMPLETED and claiming:
-                    pending.next_job = next(claimed, None)
-        batch.done.set()
+        for _ in range(len(items) - len(claimed)):
+            self.on_free()
+        if len(claimed) > 1:
+            self.ready.extend(claimed[1:])
+            self._ask()
+        for pending in items:
+            pending.done(pending.status)
+        return claimed[0] if claimed else HANDED_ON
 
     async def complete_chunk(self, completions: list[Completion], log: Any
                              ) -> tuple[list[Status | None], list[ClaimedJob]]:
