@@ -4,10 +4,11 @@ claimed next for the slot that freed up.
 Completions are batched: jobs that finish in the same event-loop tick share one call, which
 also claims a successor for each freed slot. A batch holds at most half the worker's slots, so a
 busy worker keeps two calls going: Redis runs one while the worker runs the jobs the other
-brought back, instead of each side waiting for the other in turn. Only the task that sends a
-batch waits for its call; a task whose completion joined it goes on with a job that an earlier
-call claimed (``ready``), so a busy worker's no-op jobs run one after another on a few tasks,
-where waking a task per job was a sixth of the worker's CPU per job. Every claim-bearing call
+brought back, instead of each side waiting for the other in turn. With handlers on the event
+loop, only the task that sends a batch waits for its call; a task whose completion joined it
+goes on with a job that an earlier call claimed (``ready``), so a busy worker's jobs that
+return at once run one after another on a few tasks instead of waking a task per job (see
+docs/performance.md). Every claim-bearing call
 carries a fresh token that is also its request id, so a call sent again after a lost reply is
 answered from the script's memory instead of running twice (see lua/lib/memo.lua).
 """
@@ -26,7 +27,7 @@ import anyio.lowlevel
 from panqueue._codec import check_json_compatible, encode
 from panqueue._job import ErrorInfo, log_line
 from panqueue._keys import QueueKeys
-from panqueue._runtime.locks import Attempt, Tokens
+from panqueue._runtime.locks import Attempt, Event, Tokens
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import transitions
 from panqueue._store.status import Status
@@ -70,19 +71,23 @@ def _nothing() -> None:
 
 @dataclass(slots=True)
 class _Pending(Completion):
-    """A completion waiting in the batch being gathered; ``done`` gets its status."""
+    """A completion waiting in the batch being gathered; ``done`` gets its status. ``waiting``:
+    its slot task waits for the call, and runs ``next_job`` (claimed for its slot) after."""
 
     status: Status | None = None  # None: not recorded (Redis away)
     done: Callable[[Status | None], None] = _unheard
+    waiting: bool = False
+    next_job: ClaimedJob | None = None
 
 
 @dataclass(slots=True)
 class _Batch:
     """Completions sent in one call. ``sending``: a task sends it (it gathers, or its call is
-    out)."""
+    out); ``answered``: set once the call was answered, for the slot tasks that wait."""
 
     items: list[_Pending]
     sending: bool = False
+    answered: Event | None = None
 
 
 # What the log says when an ending finds its lock lost (the outcome is discarded).
@@ -111,8 +116,8 @@ def _traceback(error: ErrorInfo) -> dict[str, str]:
 class Recorder:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens, *,
                  lock_ttl: float, keep_completed: int, keep_failed: int, concurrency: int,
-                 stopping: Callable[[], bool], log: Any,
-                 max_snoozes: int | None = None) -> None:
+                 stopping: Callable[[], bool], log: Any, new_event: Callable[[], Event],
+                 run_on: bool = True, max_snoozes: int | None = None) -> None:
         self._transport = transport
         self._keys = keys
         self._tokens = tokens
@@ -126,6 +131,13 @@ class Recorder:
         # The batch still gathering (its leader has not sent it yet), if any.
         self._gathering: _Batch | None = None
         self._max_batch = max(1, (concurrency + 1) // 2)
+        self._new_event = new_event  # the loop's own events (locks.native_events)
+        # Whether a task whose completion joins a batch that another task sends goes on
+        # without waiting for its call (handlers on the loop, Executor.on_loop), or waits and
+        # runs the job claimed for its slot (handlers that always await their thread or child:
+        # running their jobs on the task that is free gains nothing, and hands them to the
+        # threads one by one rather than together).
+        self._run_on = run_on
         # Jobs claimed by completions whose slot tasks went on with other jobs: each waits, in
         # the slot of the completion that claimed it, for a slot task to take it (complete or
         # take). on_ready asks the claim loop to wake a slot task at its next turn (jobs wait
@@ -133,24 +145,27 @@ class Recorder:
         self.ready: deque[ClaimedJob] = deque()
         self.on_ready: Callable[[], None] = _nothing
         self.on_free: Callable[[], None] = _nothing
-        self._asked = False  # on_ready was called, and no task it woke has taken work yet
+        self._asked = 0  # the tasks on_ready woke that have not looked for work yet (take)
         self._trouble = Trouble(log, "recording outcomes", episode_of(transport))
         self._report_trouble = Trouble(log, "progress reporting", episode_of(transport))
 
     async def complete(self, job: ClaimedJob, result: bytes,
-                       done: Callable[[Status | None], None]) -> ClaimedJob | HandedOn:
+                       done: Callable[[Status | None], None]
+                       ) -> ClaimedJob | HandedOn | None:
         """Record a success. Its slot goes with it; returns what the slot task runs next.
 
         The completion joins the batch being gathered, and the task goes on at once with a job
         that waits in :attr:`ready` (it takes that job's slot), if any: a busy worker's jobs
         then run one after another on a few tasks, not one task each woken per job. The task
         sends the batch itself when it is full or nothing waits: it yields first so that jobs
-        finishing in the same tick can join (up to half the slots), then returns one of the
-        jobs the call claimed. Otherwise it returns :data:`HANDED_ON`: the batch's sender (or
-        a task the claim loop wakes, :meth:`take`) sends it. ``done`` gets the completion's
-        status once the call is answered (None: not recorded, Redis away). Whether to claim
-        successors is decided when the call is sent: a shutdown that began while the batch was
-        gathering claims nothing.
+        finishing in the same tick can join (up to half the slots), then returns the job the
+        call claimed for its slot, or None (the slot is free). A task whose completion joins a
+        batch that another task sends returns :data:`HANDED_ON` (its slot went with the
+        completion; the sender, or a task the claim loop wakes, :meth:`take`, sends it), or,
+        for handlers off the loop (``run_on`` false), waits for the call and returns the job
+        claimed for its slot, or None. ``done`` gets the completion's status once the call is
+        answered (None: not recorded, Redis away). Whether to claim successors is decided when
+        the call is sent: a shutdown that began while the batch was gathering claims nothing.
         """
         pending = _Pending(job.id, job.token, result, done=done)
         batch = self._gathering
@@ -165,50 +180,61 @@ class Recorder:
         if ready and (batch.sending or not full):
             job = ready.popleft()
             if ready or not batch.sending:
-                self._ask()  # the jobs left, and a batch that nobody sends yet
+                self._ask(1)  # the jobs left, and a batch that nobody sends yet
             return job
         if batch.sending:
-            return HANDED_ON
+            if self._run_on:
+                return HANDED_ON
+            pending.waiting = True
+            if batch.answered is None:
+                batch.answered = self._new_event()
+            await batch.answered.wait()
+            return pending.next_job
         batch.sending = True
-        return await self._send(batch)
+        pending.waiting = True
+        await self._send(batch, taking=False)
+        return pending.next_job
 
     async def take(self) -> ClaimedJob | HandedOn:
         """For a slot task the claim loop woke (:attr:`on_ready`), which holds no slot: a job
         that waits in :attr:`ready` (with its slot), or else the batch that nobody sends yet,
         sent by this task (one of the jobs it claimed), or :data:`HANDED_ON`: nothing to do.
-        A job taken while more work waits asks for another task: where each job's handler
-        awaits, the waiting jobs start one a turn of the loop, each on a task of its own."""
-        self._asked = False
+        Work that still waits when such a task runs was left by a task that awaits (in a
+        handler, or for a call): a task is woken for each waiting job, so that where handlers
+        await (on a thread, on the network) the jobs start together, each on a task of its
+        own, as jobs claimed by one call always did."""
+        self._asked = max(0, self._asked - 1)
         ready, batch = self.ready, self._gathering
         if ready:
             job = ready.popleft()
-            if ready or (batch is not None and not batch.sending):
-                self._ask()
+            self._ask(len(ready) + (batch is not None and not batch.sending))
             return job
         if batch is None or batch.sending:
             return HANDED_ON
         batch.sending = True
-        return await self._send(batch)
+        return await self._send(batch, taking=True)
 
-    def _ask(self) -> None:
-        """Work waits (:attr:`ready`, or a batch that nobody sends): have the claim loop wake a
-        slot task for it, unless one is on its way."""
-        if not self._asked:
-            self._asked = True
+    def _ask(self, tasks: int) -> None:
+        """Work waits (:attr:`ready`, or a batch that nobody sends): have the claim loop wake
+        slot tasks for it, up to ``tasks`` on their way. A task that goes on running jobs asks
+        for one: if it awaits before the work is done, that one runs and asks for the rest
+        (:meth:`take`); if not, that one finds nothing and parks again."""
+        while self._asked < tasks:
+            self._asked += 1
             self.on_ready()
 
-    async def _send(self, batch: _Batch) -> ClaimedJob | HandedOn:
+    async def _send(self, batch: _Batch, *, taking: bool) -> ClaimedJob | HandedOn:
         """Send ``batch``, once the jobs finishing in this tick could join it, and share out
-        the jobs its call claimed: one for this task, the others to :attr:`ready`, each in the
-        slot of a completion; the slots of completions that claimed nothing are freed
-        (:attr:`on_free`).
+        the jobs its call claimed, each in the slot of a completion: first to the tasks that
+        wait for it (``next_job``), then one for this task if it is ``taking`` (:meth:`take`:
+        it holds no slot; returned), the others to :attr:`ready`; the slots of completions
+        that claimed nothing are freed (:attr:`on_free`).
 
         It yields once, then until the batch is full, or twice and then as long as the last
         yield brought new members: asyncio runs every ready task within one yield, trio
         spreads them over scheduler passes in a random order (the sender may come first in the
         pass that runs the others)."""
-        if self.ready:
-            self._ask()  # they run while this task gathers and its call is out
+        self._ask(len(self.ready))  # they run while this task gathers and its call is out
         try:
             yields = 0
             while True:
@@ -224,23 +250,37 @@ class Recorder:
         items = batch.items
         claiming = not self._stopping()
         token = self._tokens.new()
-        finished = await self._record(transitions.complete_batch(
-            self._keys, items, claim_next=claiming, keep=self._keep_completed, token=token,
-            ttl_ms=self._ttl_ms), items[0].job_id)
-        claimed: list[ClaimedJob] = []
-        if finished is not None:
-            if claiming:
-                claimed = finished.claimed.jobs
-            for pending, status in zip(items, finished.statuses, strict=True):
-                pending.status = status
-        for _ in range(len(items) - len(claimed)):
-            self.on_free()
-        if len(claimed) > 1:
-            self.ready.extend(claimed[1:])
-            self._ask()
-        for pending in items:
-            pending.done(pending.status)
-        return claimed[0] if claimed else HANDED_ON
+        try:
+            finished = await self._record(transitions.complete_batch(
+                self._keys, items, claim_next=claiming, keep=self._keep_completed, token=token,
+                ttl_ms=self._ttl_ms), items[0].job_id)
+            claimed: list[ClaimedJob] = []
+            if finished is not None:
+                if claiming:
+                    claimed = finished.claimed.jobs
+                for pending, status in zip(items, finished.statuses, strict=True):
+                    pending.status = status
+            # The tasks that wait (this one, if its completion is in the batch) run the first
+            # jobs claimed, in their slots; the others' slots go to the rest, or are freed.
+            jobs = iter(claimed)
+            for pending in items:
+                if pending.waiting:
+                    pending.next_job = next(jobs, None)
+            rest = list(jobs)
+            for _ in range(sum(not pending.waiting for pending in items) - len(rest)):
+                self.on_free()
+            own: ClaimedJob | HandedOn = HANDED_ON
+            if rest and taking:
+                own = rest.pop(0)
+            if rest:
+                self.ready.extend(rest)
+                self._ask(1)
+            for pending in items:
+                pending.done(pending.status)
+        finally:
+            if batch.answered is not None:
+                batch.answered.set()
+        return own
 
     async def complete_chunk(self, completions: list[Completion], log: Any
                              ) -> tuple[list[Status | None], list[ClaimedJob]]:

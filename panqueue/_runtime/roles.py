@@ -156,7 +156,8 @@ class Roles:
             transport, keys, tokens, lock_ttl=worker.lock_ttl,
             keep_completed=options.retention.completed, keep_failed=options.retention.failed,
             concurrency=worker.concurrency,
-            stopping=claims_nothing(index), log=log,
+            stopping=claims_nothing(index), log=log, new_event=new_event,
+            run_on=executor.on_loop,
             max_snoozes=options.max_snoozes) for index, keys in enumerate(parts)]
         self.runner = AttemptRunner(executor, queue, options.job, attempts, self._report,
                                     self.give_back, durable=self,
