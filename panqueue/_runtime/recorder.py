@@ -167,7 +167,7 @@ class Recorder:
         answered (None: not recorded, Redis away). Whether to claim successors is decided when
         the call is sent: a shutdown that began while the batch was gathering claims nothing.
         """
-        pending = _Pending(job.id, job.token, result, done=done)
+        pending = _Pending(job.id, job.token, result, None, done)
         batch = self._gathering
         if batch is None:
             self._gathering = batch = _Batch([pending])
@@ -179,7 +179,7 @@ class Recorder:
         ready = self.ready
         if ready and (batch.sending or not full):
             job = ready.popleft()
-            if ready or not batch.sending:
+            if not self._asked and (ready or not batch.sending):
                 self._ask(1)  # the jobs left, and a batch that nobody sends yet
             return job
         if batch.sending:
