@@ -381,8 +381,9 @@ async def test_the_jobs_claimed_by_completions_start_at_once_when_each_handler_a
         redis_url: str, queue_name: str) -> None:
     """Round after round, every slot runs a job at the same time: a handler returns only once
     all six slots hold one. From the second round on, the jobs were claimed by the batched
-    completions of the round before, and wait in the worker for a slot task: each must start
-    while the others await, not only once a job ends. A job that waits 10 s for its round is
+    completions of the round before: each must start while the others await, not only once a
+    job ends (a worker that ran the jobs one call claimed one after another on one task would
+    hold the rest back behind a handler that awaits). A job that waits 10 s for its round is
     stuck, and fails the test."""
     registry = Registry()
     slots, rounds = 6, 5

@@ -4,10 +4,8 @@ The loop takes a slot (plus any other free ones), claims that many jobs in one c
 each to a slot task. A slot task runs its job, whose recording claims the next job for the same
 slot, so a busy worker claims mostly through its completions. When nothing is claimable the
 slots go back and the loop sleeps until a wake-up, the next delayed job, or the poll interval.
-A job claimed by a recording waits in its recorder only until a slot task takes it: the task
-whose job finished, or one that :meth:`Claimer.spread` wakes for the loop's next turn. A slot
-task whose jobs ran out parks, and the next job is started on it rather than on a new task
-(:meth:`Claimer._park`).
+No claimed job ever waits locally. A slot task whose jobs ran out parks, and the next job is
+started on it rather than on a new task (:meth:`Claimer._park`).
 
 An empty claim also registers the worker as idle (lua/lib/handoff.lua): the next add claims a
 job for it and hands it over in the wake-up message itself, so an idle worker starts a new job
@@ -42,7 +40,6 @@ import anyio.abc
 
 from panqueue._keys import QueueKeys
 from panqueue._runtime.locks import Event, Scope, Tokens
-from panqueue._runtime.recorder import HandedOn
 from panqueue._runtime.shares import Shares
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._runtime.wakeups import WakeUps
@@ -63,11 +60,8 @@ _CLAIM_BOUND = 10.0
 # returns its outcome (passed on to RecordJob as it is).
 RunAttempt = Callable[[ClaimedJob, Scope], Awaitable[Any]]
 # Records a job's outcome (True: the scope stopped the attempt, and was left before this) and
-# returns the job the slot runs next: None when the slot is free, HANDED_ON when its slot went
-# with a completion (recorder.py).
-RecordJob = Callable[[ClaimedJob, Any, bool], Awaitable[ClaimedJob | HandedOn | None]]
-# A slot task woken for a partition's waiting work takes a job, or nothing (Recorder.take).
-TakeJob = Callable[[int], Awaitable[ClaimedJob | HandedOn]]
+# returns the job claimed next for its slot, if any.
+RecordJob = Callable[[ClaimedJob, Any, bool], Awaitable[ClaimedJob | None]]
 
 
 class ClaimLoop:
@@ -402,11 +396,6 @@ class ClaimLoop:
         self.busy += 1
         self._shares.busy[partition] += 1
 
-    def slot_freed(self, partition: int) -> None:
-        """A slot of ``partition`` freed outside its task: by a batch of completions that
-        claimed fewer successors than it had completions (recorder.py)."""
-        self._slot_ended(partition)
-
     def _slot_ended(self, partition: int = 0) -> None:
         self.busy -= 1
         self._shares.busy[partition] -= 1
@@ -428,7 +417,7 @@ class Claimer(ClaimLoop):
 
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens,
                  wakeups: WakeUps, *, concurrency: int, lock_ttl: float, poll_interval: float,
-                 attempt: RunAttempt, record: RecordJob, take: TakeJob, log: Any,
+                 attempt: RunAttempt, record: RecordJob, log: Any,
                  parts: list[QueueKeys] | None = None,
                  shared_rate: tuple[int, int] | None = None, name: str = "",
                  new_event: Callable[[], Event], new_scope: Callable[[], Scope]) -> None:
@@ -437,7 +426,6 @@ class Claimer(ClaimLoop):
                          shared_rate=shared_rate, name=name)
         self._attempt = attempt
         self._record = record
-        self._take = take
         # Slot tasks whose jobs ran out, waiting for the next job to start on them.
         self._parked: list[_Parked] = []
         self._new_event = new_event  # the loop's own events (locks.native_events)
@@ -524,70 +512,43 @@ class Claimer(ClaimLoop):
                     break
                 self._start(self._group, [self._handed.pop(0)])
 
-    def spread(self, partition: int) -> None:
-        """Jobs of ``partition`` wait in its recorder, or a batch of its completions waits to
-        be sent (:class:`~panqueue._runtime.recorder.Recorder`): wake a parked slot task (else
-        start one), which runs at the loop's next turn, when the task that left them awaits.
-        It takes one job, or sends the batch (:meth:`Recorder.take`): where a handler awaits,
-        the next job starts on another task, as if each job had a task of its own."""
-        if self._group is None:  # not running yet: no job has run
-            return
-        if self._parked:
-            slot = self._parked.pop()
-            slot.job = partition
-            slot.ready.set()
-        else:
-            self._group.start_soon(self._run_slot, partition)
-
-    async def _run_slot(self, job: ClaimedJob | int | None) -> None:
-        """Run ``job`` and the jobs its slot runs next; then park until a job (or a
-        partition's waiting work, :meth:`spread`) is started on this task again, or the loop
-        stops. Waking a parked task costs a fraction of starting one (anyio's ``start_soon``),
-        which an idle worker would otherwise pay between a job's hand-over and its start
-        (docs/performance.md)."""
+    async def _run_slot(self, job: ClaimedJob | None) -> None:
+        """Run ``job`` and the jobs claimed next for its slot; then park until a job is started
+        on this task again, or the loop stops. Waking a parked task costs a fraction of
+        starting one (anyio's ``start_soon``), which an idle worker would otherwise pay between
+        a job's hand-over and its start (docs/performance.md)."""
         while job is not None:
-            if isinstance(job, int):
-                taken = await self._take(job)
-                if isinstance(taken, ClaimedJob):
-                    await self._run_chain(taken)  # in the slot it waited in
-                del taken
-            else:
-                await self._run_chain(job)
+            await self._run_chain(job)
             del job  # a parked task holds no job: its data is not kept while it waits
             job = await self._park()
 
     async def _run_chain(self, job: ClaimedJob) -> None:
-        """Run ``job`` and the jobs its slot runs next (all of its partition).
+        """Run ``job`` and the jobs claimed next for its slot (all of its partition).
 
         The attempts run inside one cancel scope, which a stopped attempt (a cancel request, a
         lost lock, a forced shutdown: :meth:`Attempt.stop`) cancels, and the next attempts get
         a new one: a scope entered and left per job was a tenth of a no-op job's CPU. Only a
         running attempt is stopped, and while one runs this task awaits only inside it, so a
         cancellation reaches that attempt alone; its outcome is recorded once the scope is
-        left, since a cancelled scope cancels every await inside it. The slot is freed at the
-        end, unless it went with a completion (HANDED_ON)."""
+        left, since a cancelled scope cancels every await inside it."""
         partition = job.partition
-        held = True
         try:
-            following: ClaimedJob | HandedOn | None = job
-            while isinstance(following, ClaimedJob):
+            following: ClaimedJob | None = job
+            while following is not None:
                 scope = self._new_scope()
                 with scope:
-                    while isinstance(following, ClaimedJob) and not scope.cancel_called:
+                    while following is not None and not scope.cancel_called:
                         job = following
                         outcome = await self._attempt(job, scope)
                         if not scope.cancel_called:
                             following = await self._record(job, outcome, False)
                 if scope.cancel_called:
                     following = await self._record(job, outcome, True)
-            held = following is None
         finally:
-            if held:
-                self._slot_ended(partition)
+            self._slot_ended(partition)
 
-    async def _park(self) -> ClaimedJob | int | None:
-        """The next job (or partition, :meth:`spread`) started on this slot task; None when
-        the loop stops."""
+    async def _park(self) -> ClaimedJob | None:
+        """The next job started on this slot task; None when the loop stops."""
         if self.stopping:
             return None
         slot = _Parked(self._new_event())
@@ -606,5 +567,5 @@ class _Parked:
     __slots__ = ("job", "ready")
 
     def __init__(self, ready: Event) -> None:
-        self.job: ClaimedJob | int | None = None
+        self.job: ClaimedJob | None = None
         self.ready = ready

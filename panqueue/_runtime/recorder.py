@@ -4,11 +4,7 @@ claimed next for the slot that freed up.
 Completions are batched: jobs that finish in the same event-loop tick share one call, which
 also claims a successor for each freed slot. A batch holds at most half the worker's slots, so a
 busy worker keeps two calls going: Redis runs one while the worker runs the jobs the other
-brought back, instead of each side waiting for the other in turn. With handlers on the event
-loop, only the task that sends a batch waits for its call; a task whose completion joined it
-goes on with a job that an earlier call claimed (``ready``), so a busy worker's jobs that
-return at once run one after another on a few tasks instead of waking a task per job (see
-docs/performance.md). Every claim-bearing call
+brought back, instead of each side waiting for the other in turn. Every claim-bearing call
 carries a fresh token that is also its request id, so a call sent again after a lost reply is
 answered from the script's memory instead of running twice (see lua/lib/memo.lua).
 """
@@ -16,7 +12,6 @@ answered from the script's memory instead of running twice (see lua/lib/memo.lua
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,50 +39,27 @@ from panqueue._store.transitions import (
 from panqueue._store.transport import AsyncTransport, Op
 from panqueue.errors import LockLost, PanqueueError
 
-__all__ = ["HANDED_ON", "HandedOn", "Recorder"]
+__all__ = ["Recorder"]
 
 _MAX_LOG_LINES = 1000
 # How long a release (forced shutdown) may take before it is left to the stalled sweep.
 RELEASE_WAIT = 2.0
 
 
-class HandedOn:
-    """What :meth:`Recorder.complete` returns when the slot task has nothing to run next: its
-    slot went with its completion, to a batch that another task sends (:data:`HANDED_ON`)."""
-
-    __slots__ = ()
-
-
-HANDED_ON = HandedOn()
-
-
-def _unheard(status: Status | None) -> None:
-    """A completion's ``done`` that nobody listens to."""
-
-
-def _nothing() -> None:
-    """A recorder's hooks before the claim loop sets them."""
-
-
 @dataclass(slots=True)
 class _Pending(Completion):
-    """A completion waiting in the batch being gathered; ``done`` gets its status. ``waiting``:
-    its slot task waits for the call, and runs ``next_job`` (claimed for its slot) after."""
+    """A completion waiting in the batch being gathered."""
 
     status: Status | None = None  # None: not recorded (Redis away)
-    done: Callable[[Status | None], None] = _unheard
-    waiting: bool = False
     next_job: ClaimedJob | None = None
 
 
 @dataclass(slots=True)
 class _Batch:
-    """Completions sent in one call. ``sending``: a task sends it (it gathers, or its call is
-    out); ``answered``: set once the call was answered, for the slot tasks that wait."""
+    """Completions sent in one call; ``done`` is set once it was answered (or given up)."""
 
     items: list[_Pending]
-    sending: bool = False
-    answered: Event | None = None
+    done: Event
 
 
 # What the log says when an ending finds its lock lost (the outcome is discarded).
@@ -117,7 +89,7 @@ class Recorder:
     def __init__(self, transport: AsyncTransport, keys: QueueKeys, tokens: Tokens, *,
                  lock_ttl: float, keep_completed: int, keep_failed: int, concurrency: int,
                  stopping: Callable[[], bool], log: Any, new_event: Callable[[], Event],
-                 run_on: bool = True, max_snoozes: int | None = None) -> None:
+                 max_snoozes: int | None = None) -> None:
         self._transport = transport
         self._keys = keys
         self._tokens = tokens
@@ -130,111 +102,42 @@ class Recorder:
         self._log = log
         # The batch still gathering (its leader has not sent it yet), if any.
         self._gathering: _Batch | None = None
-        self._max_batch = max(1, (concurrency + 1) // 2)
         self._new_event = new_event  # the loop's own events (locks.native_events)
-        # Whether a task whose completion joins a batch that another task sends goes on
-        # without waiting for its call (handlers on the loop, Executor.on_loop), or waits and
-        # runs the job claimed for its slot (handlers that always await their thread or child:
-        # running their jobs on the task that is free gains nothing, and hands them to the
-        # threads one by one rather than together).
-        self._run_on = run_on
-        # Jobs claimed by completions whose slot tasks went on with other jobs: each waits, in
-        # the slot of the completion that claimed it, for a slot task to take it (complete or
-        # take). on_ready asks the claim loop to wake a slot task at its next turn (jobs wait
-        # here, or a batch waits to be sent); on_free frees a slot of this partition.
-        self.ready: deque[ClaimedJob] = deque()
-        self.on_ready: Callable[[], None] = _nothing
-        self.on_free: Callable[[], None] = _nothing
-        self._asked = 0  # the tasks on_ready woke that have not looked for work yet (take)
+        self._max_batch = max(1, (concurrency + 1) // 2)
         self._trouble = Trouble(log, "recording outcomes", episode_of(transport))
         self._report_trouble = Trouble(log, "progress reporting", episode_of(transport))
 
-    async def complete(self, job: ClaimedJob, result: bytes,
-                       done: Callable[[Status | None], None]
-                       ) -> ClaimedJob | HandedOn | None:
-        """Record a success. Its slot goes with it; returns what the slot task runs next.
+    async def complete(self, job_id: str, token: str, result: bytes, log: Any
+                       ) -> tuple[bool, ClaimedJob | None]:
+        """Record a success; returns (recorded, the job claimed next for the slot).
 
-        The completion joins the batch being gathered, and the task goes on at once with a job
-        that waits in :attr:`ready` (it takes that job's slot), if any: a busy worker's jobs
-        then run one after another on a few tasks, not one task each woken per job. The task
-        sends the batch itself when it is full or nothing waits: it yields first so that jobs
-        finishing in the same tick can join (up to half the slots), then returns the job the
-        call claimed for its slot, or None (the slot is free). A task whose completion joins a
-        batch that another task sends returns :data:`HANDED_ON` (its slot went with the
-        completion; the sender, or a task the claim loop wakes, :meth:`take`, sends it), or,
-        for handlers off the loop (``run_on`` false), waits for the call and returns the job
-        claimed for its slot, or None. ``done`` gets the completion's status once the call is
-        answered (None: not recorded, Redis away). Whether to claim successors is decided when
-        the call is sent: a shutdown that began while the batch was gathering claims nothing.
+        The first job to finish becomes the batch's leader: it yields once, so that jobs
+        finishing in the same tick can join (up to half the slots), then sends them all in one
+        call. Whether to claim
+        successors is decided when the call is sent: a shutdown that began while the batch was
+        gathering claims nothing.
         """
-        pending = _Pending(job.id, job.token, result, None, done)
+        pending = _Pending(job_id, token, result)
         batch = self._gathering
-        if batch is None:
-            self._gathering = batch = _Batch([pending])
-        else:
+        if batch is not None and len(batch.items) < self._max_batch:
             batch.items.append(pending)
-        full = len(batch.items) >= self._max_batch
-        if full:
-            self._gathering = None  # the next completion opens a new one
-        ready = self.ready
-        if ready and (batch.sending or not full):
-            job = ready.popleft()
-            if not self._asked and (ready or not batch.sending):
-                self._ask(1)  # the jobs left, and a batch that nobody sends yet
-            return job
-        if batch.sending:
-            if self._run_on:
-                return HANDED_ON
-            pending.waiting = True
-            if batch.answered is None:
-                batch.answered = self._new_event()
-            await batch.answered.wait()
-            return pending.next_job
-        batch.sending = True
-        pending.waiting = True
-        await self._send(batch, taking=False)
-        return pending.next_job
+            await batch.done.wait()
+        else:
+            await self._lead_batch(pending)
+        if pending.status == Status.LOCK_LOST:
+            log.warning("lock lost before completion; result discarded", job_id=job_id,
+                        error=str(LockLost(self._keys.name, job_id)))
+        return pending.status == Status.COMPLETED, pending.next_job
 
-    async def take(self) -> ClaimedJob | HandedOn:
-        """For a slot task the claim loop woke (:attr:`on_ready`), which holds no slot: a job
-        that waits in :attr:`ready` (with its slot), or else the batch that nobody sends yet,
-        sent by this task (one of the jobs it claimed), or :data:`HANDED_ON`: nothing to do.
-        Work that still waits when such a task runs was left by a task that awaits (in a
-        handler, or for a call): a task is woken for each waiting job, so that where handlers
-        await (on a thread, on the network) the jobs start together, each on a task of its
-        own, as jobs claimed by one call always did."""
-        self._asked = max(0, self._asked - 1)
-        ready, batch = self.ready, self._gathering
-        if ready:
-            job = ready.popleft()
-            self._ask(len(ready) + (batch is not None and not batch.sending))
-            return job
-        if batch is None or batch.sending:
-            return HANDED_ON
-        batch.sending = True
-        return await self._send(batch, taking=True)
+    async def _lead_batch(self, first: _Pending) -> None:
+        """Open a batch with ``first``, let the jobs finishing in this tick join it (a full
+        batch makes the next one open its own), then send it.
 
-    def _ask(self, tasks: int) -> None:
-        """Work waits (:attr:`ready`, or a batch that nobody sends): have the claim loop wake
-        slot tasks for it, up to ``tasks`` on their way. A task that goes on running jobs asks
-        for one: if it awaits before the work is done, that one runs and asks for the rest
-        (:meth:`take`); if not, that one finds nothing and parks again."""
-        while self._asked < tasks:
-            self._asked += 1
-            self.on_ready()
-
-    async def _send(self, batch: _Batch, *, taking: bool) -> ClaimedJob | HandedOn:
-        """Send ``batch``, once the jobs finishing in this tick could join it, and share out
-        the jobs its call claimed, each in the slot of a completion: first to the tasks that
-        wait for it (``next_job``), then one for this task if it is ``taking`` (:meth:`take`:
-        it holds no slot; returned), the others to :attr:`ready`; the slots of completions
-        that claimed nothing are freed (:attr:`on_free`).
-
-        It yields once, then until the batch is full, or twice and then as long as the last
-        yield brought new members: asyncio runs every ready task within one yield, trio
-        spreads them over scheduler passes in a random order (the sender may come first in the
-        pass that runs the others)."""
-        self._ask(len(self.ready))  # they run while this task gathers and its call is out
+        It yields until the batch is full, or twice and then as long as the last yield brought
+        new members: asyncio runs every ready task within one yield, trio spreads them over
+        scheduler passes in a random order (the leader may come first in the pass that runs
+        the others)."""
+        self._gathering = batch = _Batch([first], self._new_event())
         try:
             yields = 0
             while True:
@@ -250,37 +153,16 @@ class Recorder:
         items = batch.items
         claiming = not self._stopping()
         token = self._tokens.new()
-        try:
-            finished = await self._record(transitions.complete_batch(
-                self._keys, items, claim_next=claiming, keep=self._keep_completed, token=token,
-                ttl_ms=self._ttl_ms), items[0].job_id)
-            claimed: list[ClaimedJob] = []
-            if finished is not None:
-                if claiming:
-                    claimed = finished.claimed.jobs
-                for pending, status in zip(items, finished.statuses, strict=True):
-                    pending.status = status
-            # The tasks that wait (this one, if its completion is in the batch) run the first
-            # jobs claimed, in their slots; the others' slots go to the rest, or are freed.
-            jobs = iter(claimed)
-            for pending in items:
-                if pending.waiting:
-                    pending.next_job = next(jobs, None)
-            rest = list(jobs)
-            for _ in range(sum(not pending.waiting for pending in items) - len(rest)):
-                self.on_free()
-            own: ClaimedJob | HandedOn = HANDED_ON
-            if rest and taking:
-                own = rest.pop(0)
-            if rest:
-                self.ready.extend(rest)
-                self._ask(1)
-            for pending in items:
-                pending.done(pending.status)
-        finally:
-            if batch.answered is not None:
-                batch.answered.set()
-        return own
+        finished = await self._record(transitions.complete_batch(
+            self._keys, items, claim_next=claiming, keep=self._keep_completed, token=token,
+            ttl_ms=self._ttl_ms), items[0].job_id)
+        if finished is not None:
+            claimed = iter(finished.claimed.jobs)
+            for pending, status in zip(items, finished.statuses, strict=True):
+                pending.status = status
+                if status == Status.COMPLETED and claiming:
+                    pending.next_job = next(claimed, None)
+        batch.done.set()
 
     async def complete_chunk(self, completions: list[Completion], log: Any
                              ) -> tuple[list[Status | None], list[ClaimedJob]]:

@@ -12,7 +12,7 @@ closes them; the worker decides when (``Worker.run``, ``shutdown``, ``force``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -38,7 +38,7 @@ from panqueue._runtime.locks import (
     native_events,
     native_scopes,
 )
-from panqueue._runtime.recorder import HandedOn, Recorder
+from panqueue._runtime.recorder import Recorder
 from panqueue._runtime.stats import log_summary
 from panqueue._runtime.trouble import Trouble
 from panqueue._runtime.upkeep import Upkeep
@@ -157,7 +157,6 @@ class Roles:
             keep_completed=options.retention.completed, keep_failed=options.retention.failed,
             concurrency=worker.concurrency,
             stopping=claims_nothing(index), log=log, new_event=new_event,
-            run_on=executor.on_loop,
             max_snoozes=options.max_snoozes) for index, keys in enumerate(parts)]
         self.runner = AttemptRunner(executor, queue, options.job, attempts, self._report,
                                     self.give_back, durable=self,
@@ -179,12 +178,9 @@ class Roles:
             self.claimer = Claimer(
                 transport, parts[0], tokens, self.wakeups, concurrency=worker.concurrency,
                 lock_ttl=worker.lock_ttl, poll_interval=worker.poll_interval,
-                attempt=attempt, record=record, take=self._take, log=log, parts=parts,
+                attempt=attempt, record=record, log=log, parts=parts,
                 shared_rate=shape.shared_rate, name=worker.name, new_event=new_event,
                 new_scope=native_scopes())
-            for index, recorder in enumerate(self.recorders):
-                recorder.on_ready = partial(self.claimer.spread, index)
-                recorder.on_free = partial(self.claimer.slot_freed, index)
         self.renewer = Renewer(transport, parts, attempts, log)
         self.upkeep = Upkeep(
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
@@ -202,9 +198,6 @@ class Roles:
             registry=self.beats.writes, registry_every=self.beats.interval)
         if worker.metrics is not None:
             self._report_to(worker.metrics, queue, attempts)
-
-    def _take(self, partition: int) -> Awaitable[ClaimedJob | HandedOn]:
-        return self.recorders[partition].take()
 
     def _report_to(self, metrics: MetricsHook, queue: str, attempts: Attempts) -> None:
         """Every metrics hook of the run (without metrics, each is one ``is None`` check)."""

@@ -25,7 +25,6 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import TypeVar
 
 import anyio
@@ -41,7 +40,6 @@ from panqueue._runtime.heartbeat import BEATS_PER_TTL
 from panqueue._runtime.hooks import MetricsHook
 from panqueue._runtime.layout import settle_layout
 from panqueue._runtime.locks import Attempts, Scope, Tokens
-from panqueue._runtime.recorder import HandedOn
 from panqueue._runtime.roles import CLOSE_WAIT, Roles, Shape
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import ops
@@ -49,7 +47,7 @@ from panqueue._store.status import Status
 from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncSubscriber, AsyncTransport, open_async_transport
 from panqueue._url import resolve_url
-from panqueue.errors import ConfigError, ConnectionError, LockLost, ServerUnavailable
+from panqueue.errors import ConfigError, ConnectionError, ServerUnavailable
 
 __all__ = ["Worker"]
 
@@ -335,12 +333,11 @@ class Worker:
         return await roles.runner.run(job, self._stopping, scope)
 
     async def _record(self, job: ClaimedJob, outcome: Outcome | None, stopped: bool
-                      ) -> ClaimedJob | HandedOn | None:
-        """Record the outcome of ``job``'s attempt; returns the job the slot runs next (None:
-        the slot is free; HANDED_ON: it went with the completion). ``stopped``: its scope
-        stopped the attempt, and was left before this: if the whole worker is cancelled
-        meanwhile, the job is given back."""
-        following: ClaimedJob | HandedOn | None = None
+                      ) -> ClaimedJob | None:
+        """Record the outcome of ``job``'s attempt; returns the job claimed next for the
+        slot. ``stopped``: its scope stopped the attempt, and was left before this: if the
+        whole worker is cancelled meanwhile, the job is given back."""
+        following = None
         if outcome is not None:
             try:
                 following = await self._recorded(job, outcome)
@@ -349,38 +346,27 @@ class Worker:
                     assert self._roles is not None
                     await self._roles.give_back([(job.id, job.token)], job.partition)
                 raise
-            if outcome.ending == Ending.COMPLETED:
-                return following  # _completed relays it to its batch, once it is recorded
         if job.batch:  # its ending is relayed to its batch
             assert self._roles is not None
             self._roles.upkeep.batch_job_ended()
         return following
 
-    def _completed(self, job: ClaimedJob, duration: float, status: Status | None) -> None:
-        """A completion's call was answered (``status`` None: not recorded, Redis away)."""
-        recorded = status == Status.COMPLETED
-        if status == Status.LOCK_LOST:
-            self._log.warning("lock lost before completion; result discarded", job_id=job.id,
-                              error=str(LockLost(self.keys.name, job.id)))
-        if self.metrics is not None:
-            self._observe(job, "completed" if recorded else "lock_lost", duration)
-        if recorded:
-            self.processed += 1
-            if self._jobs_debug(logging.DEBUG):
-                # The common path binds nothing: a per-job line costs one level check when off.
-                self._jobs_log.debug("job completed", job_id=job.id, attempt=job.attempt,
-                                     duration_ms=round(duration * 1000, 3))
-        if job.batch:  # its ending is relayed to its batch
-            assert self._roles is not None
-            self._roles.upkeep.batch_job_ended()
-
-    async def _recorded(self, job: ClaimedJob, outcome: Outcome) -> ClaimedJob | HandedOn | None:
+    async def _recorded(self, job: ClaimedJob, outcome: Outcome) -> ClaimedJob | None:
         roles = self._roles
         assert roles is not None
         recorder = roles.recorders[job.partition]
         if outcome.ending == Ending.COMPLETED:
-            return await recorder.complete(job, outcome.result,
-                                           partial(self._completed, job, outcome.duration))
+            # The common path binds nothing: a per-job line costs one level check when off.
+            recorded, following = await recorder.complete(job.id, job.token, outcome.result,
+                                                          self._log)
+            if self.metrics is not None:
+                self._observe(job, "completed" if recorded else "lock_lost", outcome.duration)
+            if recorded:
+                self.processed += 1
+                if self._jobs_debug(logging.DEBUG):
+                    self._jobs_log.debug("job completed", job_id=job.id, attempt=job.attempt,
+                                         duration_ms=round(outcome.duration * 1000, 3))
+            return following
         log = self._log.bind(job_id=job.id, attempt=job.attempt,
                              duration_ms=round(outcome.duration * 1000, 3))
         if outcome.ending == Ending.LOST:

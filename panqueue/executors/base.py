@@ -45,10 +45,6 @@ class Executor(ABC):
     isolates: ClassVar[bool] = False
     #: Whether the executor can run chunk handlers (:meth:`run_chunk`).
     runs_chunks: ClassVar[bool] = False
-    #: Whether handlers run on the event loop itself, where one may return without awaiting:
-    #: the worker then runs the jobs its completions claimed one after another on the task
-    #: that is free (recorder.py). Handlers off the loop always await their thread or child.
-    on_loop: ClassVar[bool] = False
     #: Told why, each time the executor replaces what runs handlers because an attempt went
     #: wrong: ``"crashed"`` (a child died), ``"timeout"`` or ``"stopped"`` (a child killed, or
     #: a thread left running, when its attempt timed out or was stopped). The worker sets it

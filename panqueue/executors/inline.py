@@ -19,7 +19,6 @@ class InlineExecutor(Executor):
 
     name = "inline"
     runs_chunks = True
-    on_loop = True
 
     @classmethod
     def check_handler(cls, fn: Any, queue: str) -> None:
