@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import io
 import logging
 import os
 import queue
+import random
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -28,6 +32,40 @@ from panqueue._store.loader import SCRIPTS, Script
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ROOT / "tests" / "apps"
+
+
+
+# The ports free_port hands out: below the kernel's ephemeral range (32768-60999 here), from
+# which every bind to port 0 and every outgoing connection takes its port, and low enough that
+# a cluster node's bus (port + 10000) stays below it too.
+_PORTS = range(10_000, 20_000)
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "panqueue-test-ports"
+_held_ports: list[int] = []  # the lock files' descriptors, held while this process lives
+_next_port = [random.randrange(len(_PORTS))]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 for a test's own listener (a worker's health or metrics
+    endpoint, a server, a port where nothing listens), that no other test process is handed:
+    each port's lock file is held by the process it was handed to for as long as it lives,
+    whichever run or leg of the suite that process belongs to. A port from the kernel's
+    ephemeral range could be taken, between the pick and the bind, by another test's listener
+    or by any outgoing connection."""
+    _PORT_LOCKS.mkdir(exist_ok=True)
+    for _ in range(len(_PORTS)):
+        port = _PORTS[_next_port[0] % len(_PORTS)]
+        _next_port[0] += 1
+        lock = os.open(_PORT_LOCKS / str(port), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind(("127.0.0.1", port))  # nothing else on the machine holds it
+        except OSError:
+            os.close(lock)
+            continue
+        _held_ports.append(lock)
+        return port
+    raise RuntimeError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
 def panqueue_command(*args: str) -> list[str]:

@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from panqueue import JobFailed, JobState, SyncQueueClient
-from panqueue.embedded import free_port
 from tests.helpers import (
     ROOT,
     WorkerProcess,
+    free_port,
     panqueue_command,
     run_cli,
     script_calls,

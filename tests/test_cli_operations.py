@@ -23,9 +23,8 @@ import pytest
 import redis
 
 from panqueue import JobState, SyncQueueClient
-from panqueue.embedded import free_port
 from panqueue.testing import FaultProxy
-from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
+from tests.helpers import ROOT, free_port, panqueue_command, run_cli, subprocess_env, wait_until
 from tests.test_cli import ECHO, FAIL, assert_user_error, counts
 
 

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from panqueue import JobState, SyncQueueClient
-from panqueue.embedded import RedisServer, free_port
-from tests.helpers import WorkerProcess, run_cli, wait_until
+from panqueue.embedded import RedisServer
+from tests.helpers import WorkerProcess, free_port, run_cli, wait_until
 from tests.test_cli import ECHO, FAIL, counts
 
 

@@ -31,9 +31,9 @@ from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Work
 from panqueue._keys import QueueKeys, partition_keys
 from panqueue._store import SyncTransport, ops
 from panqueue._store.loader import SCRIPTS
-from panqueue.embedded import find_server_binary, free_port
+from panqueue.embedded import find_server_binary
 from panqueue.testing import drain, run_worker
-from tests.helpers import load_scripts, run_cli, wait_until
+from tests.helpers import free_port, load_scripts, run_cli, wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -52,10 +52,10 @@ from panqueue import (
 from panqueue._keys import QueueKeys
 from panqueue._store.transport import translate_error
 from panqueue._store.transport.errors import _translated
-from panqueue.embedded import find_server_binary, free_port
+from panqueue.embedded import find_server_binary
 from tests.apps.failover_app import CLUSTER_QUEUES
 from tests.failover import journal_runs, tail_completions
-from tests.helpers import APPS, WorkerProcess, ask_node, wait_until
+from tests.helpers import APPS, WorkerProcess, ask_node, free_port, wait_until
 
 pytestmark = pytest.mark.anyio
 

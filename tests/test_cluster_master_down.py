@@ -29,10 +29,10 @@ from panqueue import ConnectionError, ServerUnavailable, SyncQueueClient, Timeou
 from panqueue._keys import QueueKeys, partition_keys
 from panqueue._store import ops
 from panqueue._store.transport import open_async_transport, translate_error
-from panqueue.embedded import find_server_binary, free_port
+from panqueue.embedded import find_server_binary
 from panqueue.testing import FaultProxy
 from tests.apps.outage_app import PARTITIONED
-from tests.helpers import APPS, WorkerProcess, ask_node, wait_until
+from tests.helpers import APPS, WorkerProcess, ask_node, free_port, wait_until
 from tests.test_cli import ECHO
 
 pytestmark = pytest.mark.anyio

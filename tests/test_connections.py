@@ -39,9 +39,9 @@ from panqueue import (
     Worker,
 )
 from panqueue._store.transport import Command, open_async_transport
-from panqueue.embedded import RedisServer, free_port
+from panqueue.embedded import RedisServer
 from panqueue.testing import run_worker
-from tests.helpers import async_wait_until
+from tests.helpers import async_wait_until, free_port
 
 ACL_PASSWORD = "s3cret"
 READER_PASSWORD = "r3ader-pw"  # distinctive enough to look for in messages

@@ -29,7 +29,7 @@ from panqueue._store.ops import setup_queue
 from panqueue.dashboard import create_app
 from panqueue.dashboard._reads import QueueNames, event_dict, progress
 from panqueue.embedded import RedisServer
-from tests.helpers import ROOT, panqueue_command, run_cli, subprocess_env, wait_until
+from tests.helpers import ROOT, free_port, panqueue_command, run_cli, subprocess_env, wait_until
 
 PAYLOAD = "<script>window.__pwned = 1</script>"
 DASH = "\u2013"  # the en dash of "jobs 1-50 of 120"
@@ -546,9 +546,7 @@ def _listening_addresses(port: int) -> set[str]:
 
 def test_dashboard_command_listens_on_loopback_and_exits_0_on_sigterm(
         redis_url: str, tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     err = tmp_path / "dashboard.err"
     with err.open("wb") as log:
         process = subprocess.Popen(panqueue_command("dashboard", "--url", redis_url, "--port",
@@ -577,9 +575,7 @@ def served(panqueue_server: RedisServer, tmp_path_factory: pytest.TempPathFactor
            ) -> Iterator[str]:
     """``panqueue dashboard`` on a loopback port, also answering to the name ``dash.example``
     (``--allowed-host``, as behind a reverse proxy); yields its port, as text."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = tmp_path_factory.mktemp("dashboard") / "err"
     with log.open("wb") as err:
         process = subprocess.Popen(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Worker
-from tests.helpers import ROOT, panqueue_command, subprocess_env, wait_until
+from tests.helpers import ROOT, free_port, panqueue_command, subprocess_env, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 TIMEOUT_MS = 20_000
@@ -45,19 +44,13 @@ def page(chromium: Browser) -> Iterator[Page]:
     context.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def dashboard(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start ``panqueue dashboard ARGS`` on a free loopback port; returns its base URL."""
     started: list[subprocess.Popen[bytes]] = []
 
     def start(*args: str) -> str:
-        port = _free_port()
+        port = free_port()
         log = (tmp_path / f"dashboard-{len(started)}.err").open("wb")
         process = subprocess.Popen(
             panqueue_command("dashboard", "--url", redis_url, "--port", str(port), *args),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from panqueue import JobState, QueueClient, SyncQueueClient
-from tests.helpers import ROOT, async_wait_until, subprocess_env, wait_until
+from tests.helpers import ROOT, async_wait_until, free_port, subprocess_env, wait_until
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -106,18 +105,11 @@ async def test_service_without_embedded_workers_leaves_jobs_waiting(example: Mod
                 assert await client.workers("thumbnails") == []
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def uvicorn_server(redis_url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes],
                                                                       str]]:
     pytest.importorskip("uvicorn")
-    port = _free_port()
+    port = free_port()
     with (tmp_path / "uvicorn.err").open("wb") as err:
         process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--app-dir", "examples",

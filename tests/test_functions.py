@@ -27,8 +27,8 @@ from panqueue._store.transport import (
     SyncTransport,
     open_async_transport,
 )
-from panqueue.embedded import RedisServer, free_port
-from tests.helpers import command_calls
+from panqueue.embedded import RedisServer
+from tests.helpers import command_calls, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -35,7 +35,7 @@ from panqueue._durable import sleep_spec
 from panqueue._keys import QueueKeys
 from panqueue.embedded import RedisServer
 from panqueue.testing import run_worker
-from tests.helpers import async_wait_until
+from tests.helpers import async_wait_until, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -668,7 +668,6 @@ async def test_registry_and_option_errors_are_clear() -> None:
 
 async def test_unreachable_redis_raises_connection_error(queue_name: str) -> None:
     from panqueue import ConnectionError as PQConnectionError
-    from panqueue.embedded import free_port
 
     async with QueueClient(f"redis://127.0.0.1:{free_port()}/0") as client:
         with pytest.raises(PQConnectionError, match="cannot reach Redis"):

@@ -28,9 +28,9 @@ import redis
 from panqueue import SyncQueueClient
 from panqueue._log import get_logger
 from panqueue._runtime.trouble import RETRY_CAP, Trouble
-from panqueue.embedded import RedisServer, free_port
+from panqueue.embedded import RedisServer
 from tests.apps.outage_app import QUEUES
-from tests.helpers import APPS, WorkerProcess, wait_until
+from tests.helpers import APPS, WorkerProcess, free_port, wait_until
 from tests.test_cli_worker_health import get
 
 BACKENDS = ("asyncio", "trio")

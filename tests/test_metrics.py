@@ -16,8 +16,15 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from panqueue import JobState, SyncQueueClient
-from panqueue.embedded import RedisServer, free_port
-from tests.helpers import ROOT, WorkerProcess, panqueue_command, subprocess_env, wait_until
+from panqueue.embedded import RedisServer
+from tests.helpers import (
+    ROOT,
+    WorkerProcess,
+    free_port,
+    panqueue_command,
+    subprocess_env,
+    wait_until,
+)
 from tests.test_cli import ECHO, FAIL, counts
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

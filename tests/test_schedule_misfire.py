@@ -21,9 +21,9 @@ import redis
 
 from panqueue import ConfigError, Job, QueueClient, Registry, Retention
 from panqueue._keys import QueueKeys
-from panqueue.embedded import RedisServer, free_port
+from panqueue.embedded import RedisServer
 from panqueue.testing import run_worker
-from tests.helpers import async_wait_until
+from tests.helpers import async_wait_until, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -40,9 +40,9 @@ from panqueue import (
 )
 from panqueue._keys import QueueKeys
 from panqueue._store.transport import SyncTransport, translate_error
-from panqueue.embedded import RedisServer, free_port
+from panqueue.embedded import RedisServer
 from tests.failover import journal_runs, tail_completions
-from tests.helpers import APPS, WorkerProcess, ask_node, run_cli, wait_until
+from tests.helpers import APPS, WorkerProcess, ask_node, free_port, run_cli, wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -42,9 +42,9 @@ from panqueue._store.transport import (
     open_async_transport,
     translate_error,
 )
-from panqueue.embedded import RedisServer, free_port
+from panqueue.embedded import RedisServer
 from panqueue.testing import SCRIPT_CALLS, FaultProxy, run_worker
-from tests.helpers import async_wait_until, echo_registry
+from tests.helpers import async_wait_until, echo_registry, free_port
 
 pytestmark = pytest.mark.anyio
 

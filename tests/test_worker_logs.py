@@ -16,9 +16,9 @@ import pytest
 
 from panqueue import JobFailed, SyncQueueClient
 from panqueue._runtime.trouble import Episode, Trouble
-from panqueue.embedded import RedisServer, free_port
+from panqueue.embedded import RedisServer
 from tests.apps.outage_app import PARTITIONED, QUEUES
-from tests.helpers import APPS, ROOT, WorkerProcess, subprocess_env, wait_until
+from tests.helpers import APPS, ROOT, WorkerProcess, free_port, subprocess_env, wait_until
 from tests.test_cli_worker_health import get
 
 
