@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import fcntl
 import io
+import itertools
 import logging
 import os
 import queue
@@ -34,14 +35,14 @@ ROOT = Path(__file__).resolve().parent.parent
 APPS = ROOT / "tests" / "apps"
 
 
-
 # The ports free_port hands out: below the kernel's ephemeral range (32768-60999 here), from
 # which every bind to port 0 and every outgoing connection takes its port, and low enough that
-# a cluster node's bus (port + 10000) stays below it too.
+# a cluster node's bus (port + 10000) stays below it too. Each process starts at a port of its
+# own and goes round from there.
 _PORTS = range(10_000, 20_000)
 _PORT_LOCKS = Path(tempfile.gettempdir()) / "panqueue-test-ports"
+_port_turn = itertools.count(random.randrange(len(_PORTS)))
 _held_ports: list[int] = []  # the lock files' descriptors, held while this process lives
-_next_port = [random.randrange(len(_PORTS))]
 
 
 def free_port() -> int:
@@ -52,9 +53,8 @@ def free_port() -> int:
     ephemeral range could be taken, between the pick and the bind, by another test's listener
     or by any outgoing connection."""
     _PORT_LOCKS.mkdir(exist_ok=True)
-    for _ in range(len(_PORTS)):
-        port = _PORTS[_next_port[0] % len(_PORTS)]
-        _next_port[0] += 1
+    for _ in _PORTS:
+        port = _PORTS[next(_port_turn) % len(_PORTS)]
         lock = os.open(_PORT_LOCKS / str(port), os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -34,7 +34,7 @@ import pytest
 from panqueue import JobInfo, JobState, SyncQueueClient
 from panqueue.embedded import RedisServer
 from panqueue.errors import JobFailed
-from tests.helpers import APPS, ROOT, panqueue_command, subprocess_env, wait_until
+from tests.helpers import APPS, ROOT, free_port, panqueue_command, subprocess_env, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
                                 reason="the hostile handler is written for x86_64 Linux")
@@ -64,12 +64,6 @@ def _listener_pair() -> tuple[int, socket.socket, socket.socket, socket.socket]:
             sock.setblocking(False)
         return port, sockets[0], sockets[1], sockets[2]
     raise AssertionError("no port free on both 127.0.0.1 and 127.0.0.2")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _drain(listener: socket.socket) -> list[bytes]:
@@ -762,7 +756,7 @@ def test_a_host_grant_holds_by_address_not_by_port(sandbox: Sandbox) -> None:
 
 
 def test_listening_on_a_port_is_denied(sandbox: Sandbox) -> None:
-    port = _free_port()
+    port = free_port()
     assert_denied(sandbox.attempt("listen", port=port))
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
         pass
