@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -74,6 +75,12 @@ def parse_log_line(stored: str) -> LogLine:
         if sep and ms.isdigit() and attempt.isdigit():
             return LogLine(from_ms(int(ms)), int(attempt), message)
     return LogLine(None, None, stored)
+
+
+def _async_step(name: str) -> ConfigError:
+    return ConfigError(f"job.step({name!r}, fn): fn is async, and a handler that runs in a "
+                       "thread or a subprocess calls its steps plainly; pass a plain "
+                       "function, or make the handler async")
 
 
 def from_ms(value: bytes | str | int | None) -> datetime | None:
@@ -271,17 +278,24 @@ class Job(Generic[PayloadT]):
         return self._durable()
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` (sync or async) once for this job: its JSON-compatible result is
-        stored with the job, and every later run of the job (a retry, a resume after a sleep
-        or a signal, a recovery after a crash) returns it without calling ``fn``. A step that
-        raises stores nothing. Names are unique within a job. Async handlers ``await`` it;
-        thread and subprocess handlers call it plainly (it returns the result)."""
+        """Run ``fn(*args)`` once for this job: its JSON-compatible result is stored with the
+        job, and every later run of the job (a retry, a resume after a sleep or a signal, a
+        recovery after a crash) returns it without calling ``fn``. A step that raises stores
+        nothing. Names are unique within a job. Async handlers ``await`` it, and their ``fn``
+        may be sync or async; thread and subprocess handlers call it plainly (it returns the
+        result), and their ``fn`` is a plain function."""
         if self._bridge is None:
             return self._run("step").step(name, fn, args)
         found, value = self._bridge("begin_step", name)
         if found:
             return value
+        if inspect.iscoroutinefunction(fn):
+            raise _async_step(name)
         value = fn(*args)
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited: closed, so Python does not warn of it
+            raise _async_step(name)
         self._bridge("end_step", name, value)
         return value
 

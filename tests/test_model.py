@@ -35,7 +35,9 @@ remove, retry_failed (by ids or all), by_tag (cancel_jobs by tag and state, remo
 and state, retry_failed by tag and / or error type, each predicted job by job in the order of
 adds with the count it returns, then run again to change nothing; list_jobs by tag in every
 state, page by page), signal (to a job waiting for it, kept by an unfinished one, refused by a
-finished one), work (its durable jobs that wait signalled first, or not), a running job
+finished one; and one whose reply is lost, which the client sends again: the system keeps the
+model's count of signals each time), work (its durable jobs that wait signalled first, or not),
+a running job
 cancelled (by cancel, or by cancel_jobs of a tag only it carries; and, on model-handoff,
 removed and added again under its id), batches (open, add, close, members tagged), a restart of
 the workers, a pause command to one of model-parted's workers (and its resume), a dead worker's
@@ -80,6 +82,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import hypothesis
+import msgpack
 import pytest
 import redis
 import sniffio
@@ -105,7 +108,7 @@ from panqueue import (
     TimeoutError,
 )
 from panqueue._durable import Suspend
-from panqueue._keys import QueueKeys, route
+from panqueue._keys import QueueKeys, partition_keys, route
 from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.batches import callback_id, open_batch, sweep_batches
 from panqueue.testing import SCRIPT_CALLS, FaultProxy, run_worker
@@ -715,6 +718,38 @@ class QueueMachine(RuleBasedStateMachine):
         kept = self.client.signal(queue, job_id, SIGNAL, {"to": job_id})
         if kept != expected:
             raise mismatch(f"signal({queue}, {job_id})", kept, expected)
+        self._check_kept_signals(job)
+
+    @rule(queue=serving, index=st.integers(0, 40))
+    def signal_reply_lost(self, queue: str, index: int) -> None:
+        """The reply to client.signal is lost once and the client sends it again: the
+        signal is kept once."""
+        durable = [j for j in self.model.in_queue(queue) if j.durable is not None]
+        if not durable:
+            return
+        job = durable[index % len(durable)]
+        hypothesis.event("a signal's reply lost")
+        proxy, proxied = self._through_proxy()
+        self._scripts_loaded()
+        expected = self.model.signal(job)
+        proxy.drop_next_reply(match=SCRIPT_CALLS)
+        try:
+            kept = proxied.signal(queue, job.id, SIGNAL, {"to": job.id})
+        finally:
+            proxy.clear_drops()
+        if kept != expected:
+            raise mismatch(f"resent signal({queue}, {job.id})", kept, expected)
+        self._check_kept_signals(job)
+
+    def _check_kept_signals(self, job: ModelJob) -> None:
+        """The signals kept for ``job`` (in whichever partition holds it) are the model's."""
+        count = PARTED_COUNT if job.queue == PARTED else 1
+        kept = 0
+        for keys in partition_keys(job.queue, count):
+            packed = self.raw.hget(keys.durable(job.id), f"q:{SIGNAL}")
+            kept += len(msgpack.unpackb(packed, raw=True)) if packed else 0
+        if kept != job.signals:
+            raise mismatch(f"{job.queue}/{job.id}: signals kept", kept, job.signals)
 
     # ------------------------------------------------------------------ workers
 

@@ -81,6 +81,21 @@ def sandboxed(job: Job) -> dict[str, Any]:
     return {"doubled": doubled, "got": job.wait_for("approved")}
 
 
+async def _double_later(n: int) -> int:
+    return 2 * n
+
+
+@queues.handler("dur-async-step-thread", attempts=1, executor="thread")
+def async_step_thread(job: Job) -> int:
+    """A thread handler calls its steps plainly: an async step function is refused."""
+    return int(job.step("double", _double_later, 21))
+
+
+@queues.handler("dur-async-step-subprocess", attempts=1, executor="subprocess")
+def async_step_subprocess(job: Job) -> int:
+    return int(job.step("double", _double_later, 21))
+
+
 @queues.handler("dur-misuse", attempts=1)
 async def misuse(job: Job) -> None:
     if job.data["how"] == "twice":

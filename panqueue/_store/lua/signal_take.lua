@@ -9,7 +9,8 @@
 --          (the worker then ends the attempt with suspend.lua); {-1}: the lock is lost
 --          (nothing written).
 -- Invariants: only the holder of the lock takes a signal; a signal is taken once, oldest
---          first, and the others of its name stay kept.
+--          first, and the others of its name stay kept; a resent call (its reply was lost)
+--          answers what the first one recorded and takes nothing more.
 --!include layout.lua
 
 local id = ARGV[1]
@@ -19,6 +20,15 @@ end
 local dkey = durable_key(id)
 local k = ARGV[3]
 local name = ARGV[4]
+-- The run asks only for a wait its record did not answer when it read it, and no other run
+-- holds the lock: an answer recorded now is this call's own, sent again.
+local recorded = redis.call('HGET', dkey, 'w:' .. k)
+if recorded then
+  if string.sub(recorded, 1, 1) == '1' then
+    return {1, string.sub(recorded, 2)}
+  end
+  return {2}
+end
 local kept = redis.call('HGET', dkey, 'q:' .. name)
 if kept then
   local list = cmsgpack.unpack(kept)

@@ -64,11 +64,13 @@ else
       redis.call('HSET', dkey, 'wd:' .. k, wake)
     end
     wake = wake or FOREVER_MS
-    if wake > at.now then
-      redis.call('HSET', dkey, 'ws', name)
-    end
   end
 end
 run_again(at, 'suspended', attempts, redis.call('HGET', at.jkey, 'x'),
   math.max(0, wake - at.now))
+if ARGV[8] ~= 'sleep' and wake > at.now then
+  -- The mark signal.lua wakes it by, for this DELAYED stint only (run_again cleared any older
+  -- one): every later ending that runs the job again clears it.
+  redis.call('HSET', dkey, 'ws', ARGV[12])
+end
 return ending_reply(at, SUSPENDED)

@@ -92,25 +92,27 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         max_attempts=int(allowed) if isinstance(allowed, int) else None,
         log_lines=lines,
         tags=fields[b"tg"].decode().split("\n") if fields.get(b"tg") else [],
-        **_durable_fields(state, durable or {}),
+        **_durable_fields(job_state, durable or {}, last, due),
     )
 
 
-def _durable_fields(state: str, record: dict[bytes, bytes]) -> dict[str, Any]:
+def _durable_fields(state: JobState, record: dict[bytes, bytes], last: dict[str, Any],
+                    due: bytes | float | None) -> dict[str, Any]:
     """JobInfo's view of a durable record: the steps (in the order they were stored, and
-    when), the signal it waits for and the time it sleeps until (while it is DELAYED)."""
+    when), and while the job is DELAYED by a suspension (its ``last`` history entry is the
+    suspension's), the signal it waits for or the time it sleeps until (``due``, its score in
+    the delayed set). A job DELAYED otherwise (a retry's backoff, a snooze) neither waits nor
+    sleeps, whatever sleeps and waits its record holds from earlier runs."""
     if not record:
         return {}
     steps, stored_at = steps_of(record)
     waiting_for = sleeping_until = None
-    if state == JobState.DELAYED.value:
+    if state is JobState.DELAYED and last.get("type") == "Suspended":
         raw = record.get(b"ws")
-        waiting_for = None if raw is None else raw.decode(errors="replace")
-        if waiting_for is None:
-            sleeps = [(int(field[2:]), int(value)) for field, value in record.items()
-                      if field.startswith(b"z:")]
-            if sleeps:
-                sleeping_until = from_ms(max(sleeps)[1])
+        if raw is not None:
+            waiting_for = raw.decode(errors="replace")
+        elif due is not None:
+            sleeping_until = from_ms(int(float(due)))
     return {"steps": steps, "steps_at": {name: from_ms(at) for name, at in stored_at.items()},
             "waiting_for": waiting_for, "sleeping_until": sleeping_until}
 

@@ -3,6 +3,7 @@ operator makes to one job (cancel, remove, retry failed jobs, clean old ones).""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Sequence
 
 from panqueue._job import JobState
@@ -110,8 +111,9 @@ def cancel(keys: QueueKeys, job_id: str) -> Op[JobState]:
 def signal(keys: QueueKeys, job_id: str, name: str, payload: bytes) -> Op[bool]:
     """Send a durable job the signal ``name`` with ``payload`` (msgpack): kept until a
     ``wait_for(name)`` takes it, and a job waiting for it now is woken. False when the job is
-    final (nothing written)."""
-    reply = yield script_call(SCRIPTS.signal, keys, job_id, name, payload)
+    final (nothing written). The call carries a request id of its own, so that a resend after
+    a lost reply keeps the signal once."""
+    reply = yield script_call(SCRIPTS.signal, keys, job_id, name, payload, os.urandom(12).hex())
     if reply is None:
         raise JobNotFound(keys.name, job_id)
     return bool(reply)

@@ -71,9 +71,13 @@ end
 -- The job runs again (`attempts`: its attempt count now): its deadline to start by (`x`, nil
 -- for none) applies again; it is DELAYED for `delay` ms, or at 0 WAITING behind the others of
 -- its priority, and `event` says which. Idle workers sleep until the earliest delayed job:
--- they are woken when this one is now the earliest.
+-- they are woken when this one is now the earliest. A durable job's mark of the signal it
+-- waits for (ws, suspend.lua) goes: it held for the suspension that set it, which this run
+-- left (by the wait's timeout, or by a promotion), and this wait is not one for a signal
+-- unless suspend.lua marks it so after this call.
 local function run_again(at, event, attempts, x, delay)
   rearm_expiry(at.id, x)
+  redis.call('HDEL', durable_key(at.id), 'ws')
   if delay > 0 then
     redis.call('HSET', at.jkey, 's', 'delayed')
     redis.call('ZADD', K_DELAYED, at.now + delay, at.id)

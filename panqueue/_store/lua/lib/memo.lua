@@ -1,4 +1,5 @@
--- lib/memo.lua: resend safety for the calls that claim jobs (claim, complete, fail).
+-- lib/memo.lua: resend safety for the calls that claim jobs (claim, complete, fail); its key
+-- (req_key) also holds the request ids of the signals sent (signal.lua).
 -- Needs: layout.lua, status.lua, job_data.lua.
 --
 -- A reply can be lost after its script ran (the connection broke on the way back); the caller
