@@ -280,7 +280,8 @@ class QueueKeys:
                  "delayed", "ends_read", "events", "events_read", "expires", "failed", "history",
                  "id_outbox", "idle", "key_active",
                  "limited", "meta", "name", "notify", "partition", "partitions", "prefix", "rate",
-                 "ready", "relayout", "schedules", "shared_rate", "version", "wait",
+                 "ready", "relayout", "schedules", "schedules_pending", "shared_rate", "version",
+                 "wait",
                  "wait_list", "worker_info", "workers")
 
     def __init__(self, name: str, partition: int = 0, partitions: int | None = None, *,
@@ -312,6 +313,8 @@ class QueueKeys:
         self.ends_read = self.prefix + "ends:read"
         self.notify = self.prefix + "notify"
         self.schedules = self.prefix + "schedules"
+        # Schedules whose taken ticks still have jobs to add in other partitions (ZSET).
+        self.schedules_pending = self.prefix + "schedules:pending"
         # Keyed mode: keys with waiting jobs and free capacity (round-robin order), running
         # jobs per key, and keys paused by their per-key rate limit.
         self.ready = self.prefix + "k:ready"

@@ -28,7 +28,7 @@ import redis
 from redis.crc import key_slot
 
 from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Worker, WorkerPool
-from panqueue._keys import QueueKeys, partition_keys
+from panqueue._keys import QueueKeys, partition_keys, route
 from panqueue._store import SyncTransport, ops
 from panqueue._store.loader import SCRIPTS
 from panqueue.embedded import find_server_binary
@@ -585,6 +585,38 @@ async def test_a_partitioned_queue_spreads_over_every_master(cluster: Cluster) -
     per_job = [(after[port] - before[port]) / (total / MASTERS) for port in cluster.ports]
     mean = sum(per_job) / len(per_job)
     assert all(abs(made - mean) <= 0.1 * mean for made in per_job), per_job
+
+
+async def test_a_partitioned_queues_schedule_puts_each_ticks_job_on_its_homes_master(
+        cluster: Cluster) -> None:
+    """The schedule lives with the first partition; each tick's job goes to the partition its
+    id routes to, on whichever master holds it (the worker adds the ones the tick script
+    cannot reach), runs once, and adding its id again makes no second job."""
+    name = _partitioned_queue(cluster, MASTERS)
+    parts = partition_keys(name, MASTERS)
+    registry = Registry()
+    ran: Counter[str] = Counter()
+
+    @registry.handler(name, partitions=MASTERS, concurrency=4)
+    async def work(job: Job[Any]) -> None:
+        ran[job.id] += 1
+
+    registry.schedule("tick", name, every=0.1)
+    async with QueueClient(cluster.url) as client, run_worker(registry, name, cluster.url):
+        with anyio.fail_after(20):
+            while len({route(MASTERS, job_id) for job_id in ran}) < MASTERS:
+                await anyio.sleep(0.05)
+        again = [await client.queue(work).add({}, job_id=job_id) for job_id in list(ran)]
+        ticks = list(ran)
+    assert not any(handle.created for handle in again)
+    assert set(ran.values()) == {1}
+    for job_id in ticks:
+        keys = parts[route(MASTERS, job_id) or 0]
+        node = cluster.node_client(cluster.owner_port(keys.prefix))
+        try:
+            assert node.exists(keys.job(job_id)), job_id
+        finally:
+            node.close()
 
 
 async def test_a_read_of_a_partitioned_queues_events_asks_each_master(

@@ -232,7 +232,8 @@ CASES = [
     Case("purge", "states", lambda: queue.purge(K, ["waiting", "failed"]), units=2),
     Case("schedule_set", "set", lambda: schedules.schedule_set(K, "n", b"\x80", 1)),
     Case("schedule_tick", "one tick", lambda: schedules.schedule_tick(
-        K, "n", [1], 1, 2, "skip", 0, b"\x80", 0, b""), units=1),
+        K, "n", [1], [False], 1, 2, "skip", 0, b"\x80", 0, b""), units=1),
+    Case("schedule_done", "ticks", lambda: schedules.schedule_done(K, "n", [1, 2]), units=2),
     Case("schedule_remove", "remove", lambda: schedules.remove_schedule(K, "n")),
     Case("declare", "count", lambda: layout.declare("q", 2)),
     Case("relayout", "step", lambda: layout._relayout(K, 1, "2:0", "tok")),

@@ -184,7 +184,8 @@ class Roles:
         self.renewer = Renewer(transport, parts, attempts, log)
         self.upkeep = Upkeep(
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
-            retention=options.retention, schedules=worker.schedules, log=log)
+            retention=options.retention, schedules=worker.schedules, mode=options.mode,
+            log=log)
         self.beats = Heartbeat(
             transport, parts, name=worker.name, concurrency=lambda: self.claimer.declared,
             running=lambda: [job_id for job_id, _ in attempts.locks()],

@@ -12,13 +12,21 @@ from typing import Any
 import anyio
 
 from panqueue._codec import encode
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, route
 from panqueue._options import Retention
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._schedule import Schedule
 from panqueue._store import ops, transitions
+from panqueue._store.ops.add import NewJob
 from panqueue._store.ops.batches import relay, sweep_batches
 from panqueue._store.ops.identity import forget_deleted
+from panqueue._store.ops.routing import add_routed
+from panqueue._store.ops.schedules import (
+    schedule_done,
+    schedule_pending,
+    tick_job_id,
+    tick_key,
+)
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
@@ -28,10 +36,11 @@ __all__ = ["Upkeep"]
 class Upkeep:
     def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *, interval: float,
                  max_stalls: int, retention: Retention, schedules: dict[str, Schedule],
-                 log: Any) -> None:
+                 mode: str, log: Any) -> None:
         self._transport = transport
         self._parts = parts
         self._keys = parts[0]  # a partitioned queue's schedules live in its first partition
+        self._mode = mode
         self._interval = interval
         self._max_stalls = max_stalls
         self._retention = retention
@@ -123,6 +132,15 @@ class Upkeep:
             sleep_for = 1.0
             try:
                 now, entries = await transport.run(ops.schedule_times(keys))
+                if len(self._parts) > 1:
+                    # Ticks taken whose jobs a worker did not get to add (it died, or its add
+                    # failed): added here, under their ids (no second job if it did).
+                    pending = await transport.run(schedule_pending(keys))
+                    for name, ticks in pending.items():
+                        if name in self.schedules and ticks:
+                            for job_id in await self._add_elsewhere(self.schedules[name], ticks):
+                                self._log.info("schedule enqueued a job", schedule=name,
+                                               job_id=job_id, pending=True)
                 for name, run_ms in entries:
                     schedule = self.schedules.get(name)
                     if schedule is None:
@@ -134,10 +152,13 @@ class Upkeep:
                     # server's clock; the next run is the first tick after now.
                     ticks, following = schedule.due_ticks(run_ms, now)
                     grace_ms = round(schedule.grace * 1000)
-                    taken, job_ids = await transport.run(ops.schedule_tick(
-                        keys, name, ticks, now, following, schedule.misfire, grace_ms,
-                        encode(schedule.data), schedule.priority,
+                    taken, job_ids, left = await transport.run(ops.schedule_tick(
+                        keys, name, ticks, [self._elsewhere(name, tick) for tick in ticks], now,
+                        following, schedule.misfire, grace_ms, encode(schedule.data),
+                        schedule.priority,
                         encode(schedule.options) if schedule.options else b""))
+                    if left:
+                        job_ids += await self._add_elsewhere(schedule, left)
                     if taken and now - run_ms > grace_ms:
                         self._log.warning("schedule missed ticks", schedule=name,
                                           misfire=schedule.misfire, since_ms=run_ms,
@@ -150,3 +171,27 @@ class Upkeep:
             else:
                 trouble.ok()
             await anyio.sleep(max(0.005, sleep_for))
+
+    def _elsewhere(self, name: str, tick_ms: int) -> bool:
+        """Whether the job of a tick belongs in another partition than the schedules': the one
+        its key (a keyed queue's ticks share one) or else its id routes it to, as a producer's
+        add of it would."""
+        n = len(self._parts)
+        if self._mode == "keyed":
+            home = route(n, key=tick_key(name))
+        else:
+            home = route(n, tick_job_id(name, tick_ms))
+        return home != self._keys.partition
+
+    async def _add_elsewhere(self, schedule: Schedule, ticks: list[int]) -> list[str]:
+        """Add the jobs of ``ticks`` the tick script left pending, each where it routes (under
+        its id: adding one again makes no second job), then mark them added. Returns the ids
+        of the jobs made."""
+        jobs = [NewJob(tick_job_id(schedule.name, tick), encode(schedule.data),
+                       priority=schedule.priority,
+                       options=encode(schedule.options) if schedule.options else b"",
+                       key=tick_key(schedule.name) if self._mode == "keyed" else "")
+                for tick in ticks]
+        added = await self._transport.run(add_routed(self._parts, jobs, self._mode, 0))
+        await self._transport.run(schedule_done(self._keys, schedule.name, ticks))
+        return [job_id for job_id, created in added if created]

@@ -127,7 +127,7 @@ def _load(name: str) -> Script:
 
 class _Scripts:
     """Every script, by operation name (the name of its file in ``lua/``), assembled on first
-    use: a process loads the scripts it calls (the CLI's commands a few of the 46).
+    use: a process loads the scripts it calls (the CLI's commands a few of the 47).
     ``tests/test_lua_contract.py`` assembles every one."""
 
     add: Script
@@ -159,6 +159,7 @@ class _Scripts:
     progress: Script
     schedule_set: Script
     schedule_tick: Script
+    schedule_done: Script
     schedule_remove: Script
     clean: Script
     setup: Script

@@ -14,8 +14,9 @@ from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.base import script_call
 from panqueue._store.transport import Batch, Command, Op
 
-__all__ = ["ScheduleInfo", "list_schedules", "remove_schedule", "schedule_set", "schedule_tick",
-           "schedule_times", "server_time_ms"]
+__all__ = ["ScheduleInfo", "list_schedules", "remove_schedule", "schedule_done",
+           "schedule_pending", "schedule_set", "schedule_tick", "schedule_times",
+           "server_time_ms", "tick_job_id", "tick_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,16 +41,48 @@ def schedule_set(keys: QueueKeys, name: str, definition: bytes, first_run_ms: in
     return bool(reply)
 
 
-def schedule_tick(keys: QueueKeys, name: str, ticks: list[int], seen_ms: int, next_ms: int,
-                  misfire: str, grace_ms: int, data: bytes, priority: int, options: bytes
-                  ) -> Op[tuple[bool, list[str]]]:
+def schedule_tick(keys: QueueKeys, name: str, ticks: list[int], far: list[bool], seen_ms: int,
+                  next_ms: int, misfire: str, grace_ms: int, data: bytes, priority: int,
+                  options: bytes) -> Op[tuple[bool, list[str], list[int]]]:
     """Take a schedule's due ``ticks`` (listed at the server time ``seen_ms``, the first being
     its next run as read), enqueue the jobs of those that run by the ``misfire`` policy, and
-    move it to ``next_ms``. Whether this call took them (False: another worker did, or the
-    server's clock stepped back since ``seen_ms``), and the ids of the jobs it enqueued."""
+    move it to ``next_ms``. ``far``: per tick, whether its job belongs in another partition;
+    such a tick that runs is left pending for the caller (:func:`schedule_done`). Whether this
+    call took them (False: another worker did, or the server's clock stepped back since
+    ``seen_ms``), the ids of the jobs it enqueued, and the ticks left to the caller."""
     reply = yield script_call(SCRIPTS.schedule_tick, keys, name, seen_ms, next_ms, misfire,
-                              grace_ms, data, priority, options, *ticks)
-    return bool(reply[0]), [job_id.decode() for job_id in reply[1:]]
+                              grace_ms, data, priority, options,
+                              "".join("1" if f else "0" for f in far), *ticks)
+    if not reply[0]:
+        return False, [], []
+    return True, [job_id.decode() for job_id in reply[1]], [int(tick) for tick in reply[2]]
+
+
+def schedule_pending(keys: QueueKeys) -> Op[dict[str, list[int]]]:
+    """The ticks whose jobs the schedules left to add in other partitions, by schedule."""
+    names = yield Command(("ZRANGE", keys.schedules_pending, 0, -1))
+    if not names:
+        return {}
+    pending = yield Batch(tuple(Command(("HGET", keys.schedule(name.decode()), "pending"))
+                                for name in names))
+    return {name.decode(): [int(tick) for tick in (ticks or b"").split()]
+            for name, ticks in zip(names, pending, strict=True)}
+
+
+def schedule_done(keys: QueueKeys, name: str, ticks: list[int]) -> Op[int]:
+    """The jobs of these pending ``ticks`` were added: they are pending no more. Returns how
+    many of the schedule's ticks still are."""
+    return int((yield script_call(SCRIPTS.schedule_done, keys, name, *ticks)))
+
+
+def tick_job_id(name: str, tick_ms: int) -> str:
+    """The id of the job a schedule's tick enqueues (lua/schedule_tick.lua makes the same)."""
+    return f"schedule:{name}:{tick_ms}"
+
+
+def tick_key(name: str) -> str:
+    """The key of a keyed queue's tick jobs (lua/schedule_tick.lua gives them the same)."""
+    return f"schedule:{name}"
 
 
 def schedule_times(keys: QueueKeys) -> Op[tuple[int, list[tuple[str, int]]]]:

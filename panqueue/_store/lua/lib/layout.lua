@@ -57,6 +57,9 @@ local K_EVENTS_READ = P .. 'events:read'
 local K_ENDS_READ = P .. 'ends:read'
 local K_NOTIFY = P .. 'notify'
 local K_SCHEDULES = P .. 'schedules'
+-- The schedules with ticks taken whose jobs belong in other partitions (ZSET: name -> when
+-- taken, ms), each tick listed in its schedule's hash (schedule_tick.lua, schedule_done.lua).
+local K_SCHEDULES_PENDING = P .. 'schedules:pending'
 local K_READY = P .. 'k:ready'
 local K_KEY_ACTIVE = P .. 'k:active'
 local K_LIMITED = P .. 'k:limited'
