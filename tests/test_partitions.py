@@ -22,6 +22,7 @@ from panqueue import (
     Dedup,
     Event,
     Job,
+    JobFailed,
     JobState,
     QueueClient,
     RateLimit,
@@ -34,7 +35,7 @@ from panqueue._keys import partition_keys
 from panqueue._runtime.claimer import ClaimLoop
 from panqueue._store import transitions
 from panqueue.testing import drain, run_worker
-from tests.helpers import run_cli
+from tests.helpers import async_wait_until, run_cli
 
 pytestmark = pytest.mark.anyio
 
@@ -557,6 +558,33 @@ async def test_a_handlers_rate_limited_pauses_every_partition(redis_url: str,
                     await handle.result(timeout=15)
     assert len(starts) == 10
     assert min(starts[1:]) - starts[0] >= 0.9
+
+
+async def test_a_rate_limited_job_cancelled_meanwhile_still_pauses_every_partition(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """The handler's job is cancelled while it runs, and the handler then raises RateLimited:
+    the job ends CANCELLED, and the service's refusal pauses the whole queue all the same, as
+    it does on a queue of one partition."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[int]) -> None:
+        with SyncQueueClient(redis_url) as client:  # no await: the cancel is heard after
+            client.cancel(queue_name, job.id)
+        raise RateLimited(retry_after=60.0)
+
+    async with QueueClient(redis_url) as client, \
+            run_worker(registry, queue_name, redis_url):
+        handle = await client.queue(work).add(1)
+        with pytest.raises(JobFailed):
+            await handle.result(timeout=10)
+        assert (await handle.info()).state is JobState.CANCELLED
+
+        async def all_paused() -> bool:  # the worker pauses the others after the script
+            return all(redis_client.hget(keys.meta, "pu") is not None
+                       for keys in partition_keys(queue_name, N))
+
+        await async_wait_until(all_paused, what="every partition paused")
 
 
 async def test_delayed_and_retried_jobs_on_every_partition(redis_url: str,

@@ -385,7 +385,10 @@ class Worker:
         if status is not None and (status == Status.FAILED or status.retried):
             await report_failure(self._registry.failure_callbacks, outcome.job, outcome.error,
                                  status == Status.FAILED, log)
-        if status == Status.RATE_LIMITED:
+        if outcome.ending == Ending.RATE_LIMITED and status in (Status.RATE_LIMITED,
+                                                                Status.CANCELLED):
+            # The script paused the job's partition whether or not the job was cancelled
+            # meanwhile: the outside service's refusal holds for the whole queue either way.
             await self._pause_other_partitions(job, outcome.unfinished.delay_ms)
         if status == Status.FAILED:
             self.failed += 1
