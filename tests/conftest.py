@@ -23,11 +23,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 
 import tests.bounds
+from panqueue._faultproxy import FaultProxy
 from panqueue.embedded import RedisServer
 from tests.helpers import ROOT, WorkerProcess
 
@@ -183,6 +185,14 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[FaultProxy]:
+    """A fault proxy (panqueue.testing.FaultProxy) in front of the session's server: connect
+    through ``proxy.url`` to lose, hold or cut what goes through it."""
+    with FaultProxy(urlsplit(redis_url).port or 6379) as fault_proxy:
+        yield fault_proxy
 
 
 @pytest.fixture

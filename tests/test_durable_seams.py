@@ -5,7 +5,6 @@ trio, with real workers on a real server."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -35,13 +34,6 @@ import durable_app
 pytestmark = pytest.mark.anyio
 
 LONG = 60.0  # a backoff or snooze no test waits out
-
-
-@pytest.fixture
-def proxy(redis_url: str) -> Iterator[FaultProxy]:
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    with FaultProxy(port) as p:
-        yield p
 
 
 async def delayed_after(client: QueueClient, queue: str, job_id: str, runs: list[Any],

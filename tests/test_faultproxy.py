@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -16,12 +15,6 @@ from panqueue import JobState, QueueClient
 from panqueue.errors import TimeoutError as PanqueueTimeoutError
 from panqueue.testing import FaultProxy
 from tests.helpers import wait_until
-
-
-@pytest.fixture
-def proxy(redis_url: str) -> Iterator[FaultProxy]:
-    with FaultProxy(urlsplit(redis_url).port or 6379) as proxy:
-        yield proxy
 
 
 def plain_client(url: str, *, socket_timeout: float = 5.0) -> redis.Redis:

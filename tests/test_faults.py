@@ -28,13 +28,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def proxy(redis_url: str) -> Iterator[FaultProxy]:
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    with FaultProxy(port) as p:
-        yield p
-
-
-@pytest.fixture
 def own_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A server of this test's own, for faults that would disturb other tests' server."""
     server = RedisServer(appendonly=False, directory=tmp_path / "own")

@@ -428,13 +428,6 @@ def test_the_hand_off_message_is_msgpack_of_token_and_claim(
 # --------------------------------------------------------------------------- lost replies
 
 
-@pytest.fixture
-def proxy(redis_url: str) -> Iterator[FaultProxy]:
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    with FaultProxy(port) as p:
-        yield p
-
-
 async def test_a_job_handed_to_a_claim_whose_reply_was_lost_runs_once(
         proxy: FaultProxy, redis_url: str, queue_name: str) -> None:
     """The worker's first claim finds nothing and registers, but its reply is lost; before the
