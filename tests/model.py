@@ -52,6 +52,7 @@ class ModelJob:
     seq: int = 0  # its turn among the waiting jobs of its priority (ties: released together)
     batch: str | None = None
     tags: tuple[str, ...] = ()
+    dedup: str | None = None  # the dedup key it was added with
     born: int = 0  # the order of adds: a tag's jobs are listed (and picked in bulk) in it
     error: str | None = None  # the type of a FAILED job's last error
     # Durable jobs (data["durable"]: "nap" sleeps briefly, "sleep" for an hour, "wait" for the
@@ -131,17 +132,20 @@ class Model:
                 return f"dependency {dep!r} is not a job of the queue"
         return None
 
-    def resolve_add(self, queue: str, job_id: str | None, dedup: tuple[str, str] | None
-                    ) -> Added | None:
+    def resolve_add(self, queue: str, job_id: str | None, dedup: tuple[str, str] | None,
+                    far_key: bool = False) -> Added | None:
         """The existing job an add returns (the id first, then the dedup key), or None when the
-        add creates a job. A dedup ``replace`` of a job that has not started deletes it here."""
+        add creates a job. A dedup ``replace`` of a job that has not started deletes it here.
+        The key names the job it was added with, not a later job that took that job's id once
+        it was deleted. ``far_key``: the key's record is a pointer to another partition, which
+        names the id's job whichever it is (a gap not closed yet)."""
         if job_id is not None and (queue, job_id) in self.jobs:
             return Added(job_id, False)
         if dedup is not None:
             key, strategy = dedup
             holder = self.dedup.get((queue, key))
             existing = None if holder is None else self.job(queue, holder)
-            if existing is not None:
+            if existing is not None and (existing.dedup == key or far_key):
                 if strategy != "replace":
                     return Added(existing.id, False)
                 if existing.state in NOT_STARTED:
@@ -154,7 +158,7 @@ class Model:
                batch: str | None = None, tags: tuple[str, ...] = (),
                run_at: datetime | None = None) -> ModelJob:
         job = ModelJob(queue, job_id, WAITING, data, priority, attempts, fail_first, delayed,
-                       run_at, deps, batch=batch, tags=tags, born=next(self._born))
+                       run_at, deps, batch=batch, tags=tags, dedup=dedup, born=next(self._born))
         self.jobs[(queue, job_id)] = job
         self.gone.discard((queue, job_id))
         if dedup is not None:

@@ -27,7 +27,7 @@ from panqueue import (
     SyncQueueClient,
     Worker,
 )
-from panqueue._keys import QueueKeys
+from panqueue._keys import QueueKeys, route
 from panqueue.embedded import RedisServer
 from panqueue.testing import run_worker
 from tests.helpers import APPS, panqueue_command, subprocess_env, wait_until
@@ -438,6 +438,44 @@ async def test_dedup_replace_with_an_existing_job_id_keeps_both_jobs(
         again = await queue.add("new", job_id="other", dedup=Dedup("dk", strategy="replace"))
         assert (again.id, again.created) == (other.id, False)
         assert (await original.info()).data == "orig"  # not lost
+
+
+def _routed_away(prefix: str, partitions: int, home: int) -> str:
+    """A name ``prefix-i`` whose CRC-32 routes it to partition ``home`` of ``partitions``."""
+    return next(f"{prefix}-{i}" for i in range(10_000)
+                if route(partitions, key=f"{prefix}-{i}") == home)
+
+
+@pytest.mark.parametrize("strategy", ["keep", "extend", "replace"])
+@pytest.mark.parametrize("partitions", [1, 4])
+async def test_a_dedup_key_whose_job_was_removed_is_free_though_its_id_was_taken_again(
+        redis_url: str, queue_name: str, strategy: str, partitions: int) -> None:
+    """The dedup key's job is removed, and an unrelated job (no dedup key) is added under the
+    same custom id. The key is free: an add with it makes a job of its own, and the unrelated
+    job is neither returned in its place nor replaced. On 4 partitions the key and the id have
+    the same home, which holds the key's record as on a queue of one partition."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=partitions)
+    async def work(job: Job) -> None: ...
+
+    job_id = _routed_away("j", partitions, 1 % partitions)
+    key = next(f"d-{i}" for i in range(10_000)
+               if route(partitions, key=f"dd:d-{i}") == 1 % partitions)
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first = await queue.add("A", job_id=job_id, dedup=Dedup(key, ttl=60))
+        assert first.created
+        assert await client.remove(queue_name, job_id)
+        unrelated = await queue.add("B", job_id=job_id)
+        assert unrelated.created
+        again = await queue.add("C", dedup=Dedup(key, ttl=60, strategy=strategy))
+        assert again.created and again.id != job_id
+        assert (await again.info()).data == "C"
+        assert (await client.get_job(queue_name, job_id)).data == "B"
+        # The key now names the new job.
+        third = await queue.add("D", dedup=Dedup(key, ttl=60, strategy="keep"))
+        assert (third.id, third.created) == (again.id, False)
 
 
 async def test_delay_of_a_blocked_job_applies_once_it_is_released(

@@ -31,9 +31,12 @@ end
 -- The dedup decision for `f` (as add_job takes it) when its key's record is here and plain:
 -- the live job the add returns instead of creating one (keep, extend), or nil: the key is free
 -- (no record, its job is gone, or replace took a job that had not started out of the way).
+-- The job is the key's only while it carries the key (dd): a job that took the id of the
+-- key's job after that one was deleted is another job, and the key is free.
 local function dedup_existing(dkey, f, now)
   local existing = redis.call('GET', dkey)
-  if not existing or is_pointer(existing) or redis.call('EXISTS', job_key(existing)) == 0 then
+  if not existing or is_pointer(existing)
+      or redis.call('HGET', job_key(existing), 'dd') ~= f.dedup then
     return nil
   end
   if f.strategy == 'keep' then
