@@ -8,9 +8,10 @@ The storage side (how endings reach the batch, why each callback is added once) 
 from __future__ import annotations
 
 import itertools
+import secrets
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from panqueue._codec import encode_checked
 from panqueue._handler import HandlerBase
@@ -105,13 +106,21 @@ class _Jobs:
 
     def __init__(self, batch_id: str) -> None:
         self.id = batch_id
+        # A batch job needs its id before the add (it is registered first): generated ones are
+        # "<batch id>-<n>" from the handle that opened the batch (_opened), and
+        # "<batch id>-<handle>-<n>" from any other handle on it, so that two handles never
+        # name the same job. Never all digits.
+        self._stem = f"{batch_id}-{secrets.token_hex(4)}"
         self._numbers = itertools.count()
         self._plain_options = batch_options(batch_id)
 
+    def _opened(self) -> Self:
+        """This handle opened the batch: its generated ids are the batch id and a count."""
+        self._stem = self.id
+        return self
+
     def _member(self, job: NewJob) -> NewJob:
-        # A batch job needs its id before the add (it is registered first): generated ones
-        # are the batch id and a counter, never all digits.
-        job_id = job.job_id or f"{self.id}-{next(self._numbers)}"
+        job_id = job.job_id or f"{self._stem}-{next(self._numbers)}"
         return batch_member(job, self.id, job_id, self._plain_options)
 
     def _one(self, to: Target, data: Any, options: dict[str, Any]) -> list[NewJob]:
@@ -222,7 +231,7 @@ async def new_batch(client: _Client, on_complete: object, on_success: object,
     """Open a batch: ``client.batch``'s arguments, checked before anything is written."""
     batch_id, opening = _opening(on_complete, on_success, parent)
     await client.producer.run(opening)
-    return Batch(client, batch_id)
+    return Batch(client, batch_id)._opened()
 
 
 def new_sync_batch(client: _SyncClient, on_complete: object, on_success: object,
@@ -230,4 +239,4 @@ def new_sync_batch(client: _SyncClient, on_complete: object, on_success: object,
     """Blocking :func:`new_batch`."""
     batch_id, opening = _opening(on_complete, on_success, parent)
     client.producer.run(opening)
-    return SyncBatch(client, batch_id)
+    return SyncBatch(client, batch_id)._opened()

@@ -146,8 +146,9 @@ async def test_a_batch_is_taken_up_by_its_id_from_another_client(redis_url: str)
         await opened.add(WORK, {"n": 1})
     async with QueueClient(redis_url) as client:
         batch = Batch(client, opened.id)
-        # An id of its own: this handle's generated ids would count from 0 again.
-        job = await batch.add(WORK, {"n": 2}, job_id=f"{opened.id}-second")
+        # Its generated ids are its own: never one the opener's handle gave.
+        job = await batch.add(WORK, {"n": 2})
+        assert job.created and job.id != f"{opened.id}-0" and job.id.startswith(opened.id)
         assert (await job.info()).options["batch"] == opened.id
         child = await batch.batch(on_complete=(DONE, None))
         assert await child.close() == info(child.id, 0, 0, 0, 0, True)
@@ -156,6 +157,22 @@ async def test_a_batch_is_taken_up_by_its_id_from_another_client(redis_url: str)
         assert await batch.close() == info(opened.id, 3, 3, 0, 0, True)
     with SyncQueueClient(redis_url) as sync_client:
         assert SyncBatch(sync_client, opened.id).info() == info(opened.id, 3, 3, 0, 0, True)
+
+
+def test_handles_on_one_batch_never_give_the_same_generated_id(redis_url: str) -> None:
+    """The opener and two more handles (async and blocking) each add to the same queue: every
+    add makes a job of its own, and the batch counts them all."""
+    with SyncQueueClient(redis_url) as opener:
+        opened = opener.batch(on_complete=(DONE, None))
+        ids = [opened.add(WORK, {"n": 0}).id, *(h.id for h in opened.add_bulk(WORK, [1, 2]))]
+        assert ids == [f"{opened.id}-{n}" for n in range(3)]
+        for _ in range(2):
+            handles = SyncBatch(opener, opened.id).add_bulk(WORK, [3, 4])
+            assert all(h.created for h in handles)
+            ids += [h.id for h in handles]
+    assert len(set(ids)) == 7
+    with SyncQueueClient(redis_url) as client:
+        assert SyncBatch(client, opened.id).info() == info(opened.id, 7, 7, 0, 0, False)
 
 
 @pytest.mark.anyio
