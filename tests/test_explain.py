@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from panqueue import Job, JobState, QueueClient, RateLimit, Registry
+from panqueue import Job, JobState, QueueClient, RateLimit, Registry, SyncQueueClient
 from panqueue._keys import QueueKeys, partition_keys
+from panqueue._listing import delayed_because
 from panqueue._store import ops, transitions
 from panqueue._store.transport import SyncTransport
 from tests.store_fixtures import LOCK_TTL_MS, ScriptStore, open_store
@@ -141,6 +142,30 @@ def past_its_deadline(s: ScriptStore) -> tuple[str, str]:
     return job, "expired"
 
 
+def delayed_past_its_deadline(s: ScriptStore) -> tuple[str, str]:
+    """Due in a minute, its deadline to start passed: the expiry sweep ends it before it is
+    due (was: "delayed")."""
+    job = s.add_one(delay_ms=MINUTE_MS, expires_in_ms=MINUTE_MS)
+    s.redis.hset(s.keys.job(job), "x", 1)
+    return job, "expired"
+
+
+def waiting_for_a_signal_past_its_deadline(s: ScriptStore) -> tuple[str, str]:
+    """A durable job that waits for a signal, past its deadline to start: a signal would not
+    run it (was: "signal")."""
+    job = s.add_one(delay_ms=MINUTE_MS, expires_in_ms=MINUTE_MS)
+    s.redis.hset(s.keys.durable(job), "ws", "go")
+    s.redis.hset(s.keys.job(job), "x", 1)
+    return job, "expired"
+
+
+def blocked_past_its_deadline(s: ScriptStore) -> tuple[str, str]:
+    first = s.add_one()
+    job = s.add_one(depends_on=(first,), expires_in_ms=MINUTE_MS)
+    s.redis.hset(s.keys.job(job), "x", 1)
+    return job, "expired"
+
+
 def dependency_waiting(s: ScriptStore) -> tuple[str, str]:
     first = s.add_one()
     return s.add_one(depends_on=(first,)), "blocked"
@@ -224,7 +249,9 @@ def key_pause_over(s: ScriptStore) -> tuple[str, str]:
 ARRANGEMENTS: list[Callable[[ScriptStore], tuple[str, str]]] = [
     waiting, priorities, behind_a_higher_priority, paused, paused_when_due, delayed, due,
     handler_paused_the_queue, rate_window_used_up, rate_window_room_for_fewer,
-    rate_window_room_for_it, past_its_deadline, dependency_waiting, running, cancelled, expired,
+    rate_window_room_for_it, past_its_deadline, delayed_past_its_deadline,
+    waiting_for_a_signal_past_its_deadline, blocked_past_its_deadline, dependency_waiting,
+    running, cancelled, expired,
     key_busy, behind_in_its_key, behind_in_its_key_with_room, another_key, key_rate_used_up,
     key_paused_by_its_handler, key_pause_over,
 ]
@@ -385,3 +412,31 @@ async def test_the_shared_rate_window_of_a_partitioned_queue(redis_url: str,
         finally:
             transport.close()
 
+
+
+async def test_a_blocked_job_added_with_a_delay_is_said_to_be_delayed_once_released(
+        redis_url: str, store: ScriptStore) -> None:
+    first = store.add_one()
+    job = store.add_one(depends_on=(first,), delay_ms=MINUTE_MS)
+    async with QueueClient(redis_url) as client:
+        said = await client.explain(store.keys.name, job)
+    assert said.reason == "blocked" and "it is delayed until" in said.detail, said
+
+
+def test_a_stalled_attempt_after_a_failed_one_is_no_retry_after_that_error(
+        redis_url: str, store: ScriptStore) -> None:
+    """Attempt 1 fails (retried at once), attempt 2 stalls (its worker died): the job waits for
+    its attempt 2, and is not "a retry after ValueError"."""
+    job = store.add_one()
+    first = uuid.uuid4().hex
+    assert store.claim(first) == [job]
+    store.fail(job, first, max_attempts=3)
+    second = uuid.uuid4().hex
+    assert store.claim(second) == [job]
+    store.expire_locks()
+    assert store.sweep(max_stalls=5) == (1, 0)
+    with SyncQueueClient(redis_url) as client:
+        info = client.get_job(store.keys.name, job)
+        [listed] = client.list_jobs(store.keys.name, JobState.WAITING)
+    assert (info.attempts, info.retry_of) == (1, None)
+    assert delayed_because(listed) == ""

@@ -47,6 +47,10 @@ if state ~= 'waiting' and state ~= 'delayed' then
 end
 if state == 'delayed' then
   local due = redis.call('ZSCORE', K_DELAYED, id)
+  local x = redis.call('HGET', jkey, 'x')
+  if x and tonumber(x) <= now then
+    return {'expired', tonumber(x)}  -- the expiry sweep ends it before it is due
+  end
   if due and tonumber(due) > now then
     local waits = redis.call('HGET', durable_key(id), 'ws')
     if waits then

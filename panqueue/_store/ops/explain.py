@@ -139,14 +139,14 @@ def explain(keys: QueueKeys, job_id: str, tool: Tool = "python") -> Op[Explanati
 def _why(keys: QueueKeys, job_id: str, words: _Words, again: bool = True
          ) -> Op[Explanation]:
     jkey = keys.job(job_id)
-    fields = yield Command(("HMGET", jkey, "s", "ft", "fr", "k", "dx", "tk"))
+    fields = yield Command(("HMGET", jkey, "s", "ft", "fr", "k", "dx", "tk", "x", "ra"))
     if fields[0] is None:
         raise JobNotFound(keys.name, job_id)
     state = JobState(fields[0].decode())
     if state.is_final:
         return _finished(state, fields[1], fields[2], words)
     if state is JobState.BLOCKED:
-        return (yield from _blocked(keys, job_id, fields[4]))
+        return (yield from _blocked(keys, job_id, fields[4], fields[6], fields[7]))
     live = yield from workers(keys)
     if state is JobState.ACTIVE:
         deadline = yield Command(("ZSCORE", keys.active, job_id))
@@ -249,9 +249,7 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
         return Explanation(state, "rate_limited", "the queue's rate limit "
                            f"({_limit(*args[1:4])}) is used up until {_at(args[0])}")
     if kind == "expired":
-        return Explanation(state, "expired", f"its deadline to start passed at "
-                           f"{_at(args[0])} (add(..., expires=)): it will never run; the "
-                           "next claim or the expiry sweep ends it cancelled (expired)")
+        return _expired(state, args[0])
     if kind == "key_limited":
         return Explanation(state, "rate_limited", f"key {args[0].decode()!r} is rate limited "
                            f"until {_at(args[1])} (its rate limit is used up, or a handler "
@@ -349,8 +347,22 @@ def _finished(state: JobState, finished_ms: bytes | None, reason: bytes | None,
     return Explanation(state, "finished", how)
 
 
-def _blocked(keys: QueueKeys, job_id: str, dead: bytes | None) -> Op[Explanation]:
+def _expired(state: JobState, deadline_ms: Any) -> Explanation:
+    return Explanation(state, "expired", f"its deadline to start passed at "
+                       f"{_at(deadline_ms)} (add(..., expires=)): it will never run; the "
+                       "next claim or the expiry sweep ends it cancelled (expired)")
+
+
+def _blocked(keys: QueueKeys, job_id: str, dead: bytes | None, deadline: bytes | None,
+             run_at: bytes | None) -> Op[Explanation]:
+    """A blocked job: past its deadline to start (``deadline``, ms), on a dependency that will
+    never complete (``dead``), or on the dependencies it still needs, after which it waits, or
+    is delayed until ``run_at`` (ms) if that is still ahead."""
     state = JobState.BLOCKED
+    seconds, micros = yield Command(("TIME",))
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    if deadline is not None and int(float(deadline)) <= now_ms:
+        return _expired(state, int(float(deadline)))
     if dead is not None:
         return Explanation(state, "blocked", f"blocked on job {dead.decode()}, which was "
                            "cancelled or deleted: it can never run; cancel or remove it")
@@ -361,8 +373,10 @@ def _blocked(keys: QueueKeys, job_id: str, dead: bytes | None) -> Op[Explanation
     dep_states = yield Batch(tuple(Command(("HGET", keys.job(d), "s")) for d in deps))
     parts = [f"job {d} ({s.decode() if s else 'gone'})" for d, s in zip(deps, dep_states,
                                                                          strict=True)]
-    return Explanation(state, "blocked", f"blocked on {', '.join(parts)}: it moves to waiting "
-                       "once every dependency has completed")
+    then = (f"is delayed until {_at(run_at)}" if run_at is not None
+            and int(float(run_at)) > now_ms else "moves to waiting")
+    return Explanation(state, "blocked", f"blocked on {', '.join(parts)}: it {then} once every "
+                       "dependency has completed")
 
 
 def _slot_holders(keys: QueueKeys, ids: list[str], live: list[WorkerInfo]

@@ -31,9 +31,11 @@ __all__ = ["STATE_SETS", "counts", "due_delayed", "get_job", "list_ids", "list_j
 
 
 def failed_attempt(entry: dict[Any, Any]) -> bool:
-    """Whether a history entry is a failed attempt's (a snooze, a handler's RateLimited and a
-    durable job's suspension used none, and a stalled attempt's entry has no error type)."""
-    return bool(entry) and entry.get("type") not in (None, "Snoozed", "RateLimited", "Suspended")
+    """Whether a history entry is a failed attempt's: a snooze, a handler's RateLimited, a
+    durable job's suspension and a stalled attempt (lua/stalled.lua, given back and counted
+    as a stall) used none."""
+    return bool(entry) and entry.get("type") not in (None, "Snoozed", "RateLimited", "Suspended",
+                                                     "Stalled")
 
 
 def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[bytes],
