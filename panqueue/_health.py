@@ -50,19 +50,23 @@ class HealthState:
     ``blocked_by``: called from the HTTP thread while the loop is blocked, the handler whose
     code the loop is executing (``module:function at file:line``), or None if no handler is
     (see :meth:`panqueue._runtime.watchdog.LoopWatchdog.blocking`). ``prefix``: the key
-    prefix of the worker's queues, under which :meth:`keep_pinging` reads which are paused."""
+    prefix of the worker's queues, under which :meth:`keep_pinging` reads which are paused.
+    ``held``: called from the HTTP thread, the served queues whose worker an operator paused
+    (``client.control(name, "pause")``)."""
 
     def __init__(self, queues: Sequence[str], counts: Callable[[], tuple[int, int]],
                  stale_after: float = STALE_AFTER,
                  claims_failing: Callable[[], BaseException | None] = lambda: None,
                  blocked_by: Callable[[], str | None] = lambda: None,
-                 loop_stale: float = LOOP_STALE, prefix: str | None = None) -> None:
+                 loop_stale: float = LOOP_STALE, prefix: str | None = None,
+                 held: Callable[[], list[str]] = list) -> None:
         self.queues = list(queues)
         self.prefix = prefix
         # After an outage the PING may answer before the claim loop's next try (up to a second
         # later): ready means the claims work again, not only that Redis answers.
         self._claims_failing = claims_failing
         self._blocked_by = blocked_by
+        self._held = held
         self.claiming = False  # every worker started, the pool still running
         self.stopping = False  # a shutdown has begun
         self.stop_reason = ""  # what started it (a signal, --burst, --reload)
@@ -133,6 +137,10 @@ class HealthState:
                       else f"panqueue resume --prefix {self.prefix}")
             hint = "; ".join(f"{resume} {queue}" for queue in self.paused)
             return f"every queue it serves is paused: {', '.join(self.paused)} ({hint})"
+        held = self._held()
+        if held and set(held) | set(self.paused) >= set(self.queues):
+            return (f"an operator paused this worker on {', '.join(held)} (panqueue workers "
+                    "--resume NAME): it claims nothing there until resumed")
         return None
 
     async def keep_turning(self, interval: float = TURN_INTERVAL) -> None:

@@ -228,6 +228,24 @@ def test_readyz_says_every_served_queue_is_paused_with_the_command_that_resumes_
     wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "/readyz to answer 200 again")
 
 
+def test_readyz_is_503_while_an_operator_has_the_worker_paused(
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
+    port = free_port()
+    start_worker("--url", redis_url, "-q", ECHO, "--name", "held-worker",
+                 "--health-port", str(port))
+    wait_until(lambda: get(port, "/readyz")[0] == 200, 20, "/readyz to answer 200")
+    with SyncQueueClient(redis_url) as client:
+        wait_until(lambda: bool(client.workers(ECHO)), 20, "the worker's entry")
+        client.control("held-worker", "pause")
+        # Applied at its next heartbeat (every 5 s).
+        wait_until(lambda: get(port, "/readyz")[0] == 503, 15, "/readyz to answer 503")
+        body = get(port, "/readyz")[1]
+        assert body["reason"].startswith(f"an operator paused this worker on {ECHO}"), body
+        assert get(port, "/livez")[0] == 200
+        client.control("held-worker", "resume")
+    wait_until(lambda: get(port, "/readyz")[0] == 200, 15, "/readyz to answer 200 again")
+
+
 def test_readyz_reads_the_paused_queues_under_the_workers_prefix(
         redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
     """Under --prefix, /readyz reads that application's queues: its own paused queue makes it

@@ -127,6 +127,32 @@ def test_a_worker_applies_concurrency_pause_resume_and_stop_within_a_heartbeat(
             client.control(name, "resume")
 
 
+def test_a_queue_whose_only_worker_is_paused_is_not_served_says_explain_and_check(
+        redis_url: str, queue_name: str,
+        worker_process: tuple[subprocess.Popen[str], str]) -> None:
+    """A worker an operator paused claims nothing: explain says so (not "queued" behind its
+    free slots), and `panqueue check` fails for its queue until it is resumed."""
+    _, name = worker_process
+    with SyncQueueClient(redis_url) as client:
+        client.control(name, "pause")
+        _within(lambda: [w.paused for w in client.workers(queue_name)] == [True], WITHIN,
+                "the entry to say paused")
+        job = client.queue(queue_name).add(0.0)
+        why = client.explain(queue_name, job.id)
+        assert why.reason == "no_worker" and "paused by an operator" in why.detail, why
+        assert name in why.detail
+        held = run_cli("check", queue_name, "--url", redis_url)
+        assert_user_error(held, "paused by an operator", queue_name)
+        assert held.returncode == 1
+        client.control(name, "resume")
+        _within(lambda: client.counts(queue_name)[JobState.COMPLETED] == 1, WITHIN,
+                "the resumed worker to run the job")
+        _within(lambda: [w.paused for w in client.workers(queue_name)] == [False], WITHIN,
+                "the entry to say resumed")
+        served = run_cli("check", queue_name, "--url", redis_url)
+        assert served.returncode == 0 and served.stdout.strip() == "ok", served.stderr
+
+
 def test_control_refuses_bad_commands_before_writing(redis_url: str) -> None:
     with SyncQueueClient(redis_url) as client:
         with pytest.raises(ConfigError, match="unknown control command 'halt'"):

@@ -417,6 +417,12 @@ class Worker:
         that cannot claim is not serving its queue, whatever else answers): the error, or None."""
         return None if self._roles is None else self._roles.claimer.failing
 
+    @property
+    def paused_by_command(self) -> bool:
+        """An operator paused this worker (``client.control(name, "pause")``): it claims
+        nothing until resumed (readiness: it does not serve its queue meanwhile)."""
+        return self._roles is not None and self._roles.claimer.paused
+
     def blocking(self) -> str | None:
         """The handler of this worker whose code the event loop is executing right now, as
         ``module:function at file:line``, or None (called from another thread while the loop

@@ -235,10 +235,16 @@ def purge(queue: str, states: tuple[str, ...], yes: bool, url: str) -> None:
 def check(queues: tuple[str, ...], url: str) -> None:
     """Exit 0 when Redis answers and a live worker serves each QUEUE, else 1 with one line.
 
-    For health checks and deploy scripts: prints `ok` on success.
+    For health checks and deploy scripts: prints `ok` on success. A worker an operator paused
+    (`panqueue workers --pause NAME`) serves nothing until resumed.
     """
     with client_for(url) as client:
-        unserved = [q for q in queues if not client.workers(q)]
+        live = {q: client.workers(q) for q in queues}
+    unserved = [q for q, workers in live.items() if not workers]
     if unserved:
         raise RuntimeFailure(f"no live worker serves {', '.join(repr(q) for q in unserved)}")
+    held = [q for q, workers in live.items() if all(w.paused for w in workers)]
+    if held:
+        raise RuntimeFailure(f"every live worker of {', '.join(repr(q) for q in held)} is paused "
+                             "by an operator (panqueue workers --resume NAME)")
     click.echo("ok")

@@ -170,7 +170,9 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
                                              sum(w.failed for w in pool.workers)),
                             claims_failing=lambda: _first(w.claims_failing for w in pool.workers),
                             blocked_by=lambda: _first(w.blocking() for w in pool.workers),
-                            prefix=pool.prefix)
+                            prefix=pool.prefix,
+                            held=lambda: [w.keys.name for w in pool.workers
+                                          if w.paused_by_command])
         try:
             health = HealthServer(health_host, health_port, state)
         except OSError as exc:

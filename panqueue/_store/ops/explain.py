@@ -276,6 +276,15 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
         return Explanation(state, "no_worker", f"no live worker serves queue {keys.name!r}; "
                            f"start one ({words('start_worker')}) to run the job",
                            action="start_worker")
+    # A worker an operator paused (client.control(name, "pause")) claims nothing.
+    claiming = [w for w in live if not w.paused]
+    if not claiming:
+        names = ", ".join(sorted({w.name for w in live}))
+        return Explanation(state, "no_worker", f"every live worker of queue {keys.name!r} is "
+                           f"paused by an operator ({names}): none claims; resume one "
+                           "(panqueue workers --resume NAME) or start another "
+                           f"({words('start_worker')})", action="start_worker")
+    live = claiming
     if key:
         return Explanation(state, "queued", f"waiting behind {ahead} job{'s' * (ahead != 1)} "
                            f"of key {key!r}")
