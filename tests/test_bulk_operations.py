@@ -22,7 +22,9 @@ from panqueue import (
     SyncQueueClient,
 )
 from panqueue._job import ErrorInfo
-from panqueue._store.ops import encode_error
+from panqueue._store import transitions
+from panqueue._store.ops import encode_error, select
+from panqueue._store.transport import Batch
 from panqueue.testing import drain, run_worker
 from tests.helpers import run_cli
 from tests.store_fixtures import ScriptStore
@@ -332,3 +334,27 @@ def test_cli_bulk_misuse_is_one_line_exit_2(store: ScriptStore, args: tuple[str,
     assert proc.returncode == 2
     with SyncQueueClient(store.t.url) as client:
         assert client.counts(queue)[JobState.WAITING] == 1
+
+
+@pytest.mark.parametrize("moved_to", ["waiting", "active"])
+def test_cancel_jobs_leaves_a_job_that_left_the_state_it_was_picked_in(
+        store: ScriptStore, moved_to: str) -> None:
+    """cancel_jobs(state="delayed") picks the delayed jobs, then cancels them: one that came
+    due (or even started) between the two is left as it is, and not counted."""
+    job = store.add_one(delay_ms=60_000, tags=("t",))
+    op = select.cancel_jobs(store.keys, "t", JobState.DELAYED)
+    request = op.send(None)
+    while True:
+        if isinstance(request, Batch):  # the cancels: the job moves on first
+            store.redis.zadd(store.keys.delayed, {job: 0})
+            store.t.run(transitions.promote(store.keys))
+            if moved_to == "active":
+                assert store.claim(uuid.uuid4().hex) == [job]
+        try:
+            request = op.send(store.t.execute(request))
+        except StopIteration as done:
+            cancelled = done.value
+            break
+    assert cancelled == 0
+    assert store.state(job) == moved_to
+    assert not store.redis.hexists(store.keys.job(job), "cx")  # no cancel asked of its worker

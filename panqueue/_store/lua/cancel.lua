@@ -9,8 +9,10 @@
 -- ARGV[1]  job id   ARGV[2] how many cancelled jobs the queue keeps (-1 = all) when no worker
 --          has set its retention (meta kf, which wins: a producer cannot know a worker's
 --          Retention.failed; panqueue/_store/ops/queue.py sends Retention's default)
--- Returns  the state the job was in (a final state is left unchanged), or false when there is
---          no such job.
+-- ARGV[3]  the state the job must be in ('' or absent: any), for a bulk cancel that picked it
+--          in that state (panqueue/_store/ops/select.py cancel_jobs)
+-- Returns  the state the job was in (a final state, or one other than ARGV[3], is left
+--          unchanged), or false when there is no such job.
 -- Invariants: a job in a final state is never changed. A job that waits, is delayed or is blocked
 --          ends CANCELLED in this step, and its dependents fail with it (end_job), so none waits
 --          for it. An ACTIVE job is never ended here, only marked and told: the run that holds its
@@ -25,6 +27,9 @@ local jkey = job_key(id)
 local state = redis.call('HGET', jkey, 's')
 if not state then
   return false
+end
+if (ARGV[3] or '') ~= '' and state ~= ARGV[3] then
+  return state  -- it moved on since it was picked: left as it is
 end
 if state == 'waiting' or state == 'delayed' or state == 'blocked' then
   local keep = tonumber(redis.call('HGET', K_META, 'kf') or ARGV[2])

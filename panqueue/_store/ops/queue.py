@@ -102,7 +102,7 @@ def pause_like_home(parts: Sequence[QueueKeys]) -> Op[None]:
 
 def cancel(keys: QueueKeys, job_id: str) -> Op[JobState]:
     """Cancel a job; returns the state it was in (an active job is cancelled by its worker)."""
-    reply = yield script_call(SCRIPTS.cancel, keys, job_id, DEFAULT_KEEP_FAILED)
+    reply = yield script_call(SCRIPTS.cancel, keys, job_id, DEFAULT_KEEP_FAILED, "")
     if not reply:
         raise JobNotFound(keys.name, job_id)
     return JobState(reply.decode())

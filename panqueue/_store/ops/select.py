@@ -151,12 +151,17 @@ def cancel_jobs(keys: QueueKeys, tag: str | None, state: JobState | str | None) 
     states = _states_of("cancel_jobs", tag, state, _UNFINISHED,
                         "a {state} job is finished: there is nothing to cancel")
     ids = yield from _pick(keys, states, tag, None)
+    # Each job must still be in the state it was picked in (a delayed one may have come due, a
+    # waiting one started, since): the script leaves one that moved on.
+    wanted = "" if state is None else states[0].value
     changed = 0
     for chunk in _chunks(ids):
         replies: Any = yield Batch(tuple(
-            script_call(SCRIPTS.cancel, keys, job_id, DEFAULT_KEEP_FAILED) for job_id in chunk))
+            script_call(SCRIPTS.cancel, keys, job_id, DEFAULT_KEEP_FAILED, wanted)
+            for job_id in chunk))
         changed += sum(1 for before in replies
-                       if before and JobState(before.decode()) in _UNFINISHED)
+                       if before and JobState(before.decode()) in _UNFINISHED
+                       and (not wanted or before.decode() == wanted))
     return changed
 
 
