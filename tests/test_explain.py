@@ -225,6 +225,15 @@ def key_rate_used_up(s: ScriptStore) -> tuple[str, str]:
     return second, "rate_limited"
 
 
+def key_rate_room_for_fewer(s: ScriptStore) -> tuple[str, str]:
+    """Two at a time per key, one start per minute per key, two jobs of the key and none
+    started: the first takes the window's one start, and the claim then pauses the key (was:
+    "queued")."""
+    set_up(s, "keyed", kc=2, rate=(1, True))
+    s.add_one(key=KEY)
+    return s.add_one(key=KEY), "rate_limited"
+
+
 def _key_paused_by_its_handler(s: ScriptStore) -> str:
     set_up(s, "keyed", kc=1)
     first, _ = s.add(2, key=KEY)
@@ -253,6 +262,7 @@ ARRANGEMENTS: list[Callable[[ScriptStore], tuple[str, str]]] = [
     waiting_for_a_signal_past_its_deadline, blocked_past_its_deadline, dependency_waiting,
     running, cancelled, expired,
     key_busy, behind_in_its_key, behind_in_its_key_with_room, another_key, key_rate_used_up,
+    key_rate_room_for_fewer,
     key_paused_by_its_handler, key_pause_over,
 ]
 
@@ -412,6 +422,35 @@ async def test_the_shared_rate_window_of_a_partitioned_queue(redis_url: str,
         finally:
             transport.close()
 
+
+
+async def test_the_shared_rate_window_with_room_for_fewer_starts_than_the_jobs_ahead(
+        redis_url: str, queue_name: str) -> None:
+    """Two starts a minute for the whole queue, one taken by a job of partition 1: the window
+    has room for one more, so of partition 0's two jobs only the first starts (was: "queued"
+    for the second)."""
+    handler = _partitioned(queue_name, RateLimit(max=2, per=60))
+    async with QueueClient(redis_url) as client:
+        transport = SyncTransport(redis_url)
+        try:
+            by_partition: dict[int, list[str]] = {0: [], 1: []}
+            while len(by_partition[0]) < 2 or not by_partition[1]:
+                handle = await client.queue(handler).add(1)
+                by_partition[_partition_of(transport, queue_name, handle.id).partition].append(
+                    handle.id)
+            parts = partition_keys(queue_name, PARTITIONS)
+            for keys in parts:
+                register_worker(transport, keys)
+            stores = [ScriptStore(transport, keys) for keys in parts]
+            assert _claim_through_window(stores[1], 1, 2, MINUTE_MS) == by_partition[1][:1]
+            second = by_partition[0][1]
+            said = await client.explain(queue_name, second)
+            assert "has room for 1 more start now, and 1 job of its partition" in said.detail, \
+                said
+            await agree(client, queue_name, second, "rate_limited",
+                        lambda n: _claim_through_window(stores[0], n, 2, MINUTE_MS))
+        finally:
+            transport.close()
 
 
 async def test_a_blocked_job_added_with_a_delay_is_said_to_be_delayed_once_released(

@@ -423,8 +423,8 @@ def take_starts(keys: QueueKeys, wanted: int, limit: int, per_ms: int, name: str
     """A partitioned queue's global rate limit: take up to ``wanted`` starts from its shared
     window (named ``name:1`` ...); (taken, ms until one is free when none was, the deadline
     by which the claim that uses them must run: :func:`claim`'s ``start_by_ms``)."""
-    taken, wake_in, start_by = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
-                                                (wanted, limit, per_ms, name))
+    taken, wake_in, start_by, _ = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
+                                                   (wanted, limit, per_ms, name))
     return int(taken), int(wake_in), int(start_by)
 
 

@@ -22,6 +22,8 @@
 --   {'key_busy', key, running, ahead, kc}  its key runs kc jobs at a time and `running` run,
 --                                    `ahead` wait before it
 --   {'key_unready', key}             its key is not among the ready keys, though nothing holds it
+--   {'key_rate_room', key, ahead, room, limit, per, max}  its key's rate window has room for
+--                                    `room` starts and `ahead` jobs of the key come first
 --   {'rate_room', ahead, room, limit, per, max}  the rate window has room for `room` starts
 --                                    and `ahead` starts come first
 --   {'ready', ahead, partitions, key}  a claim with ahead + 1 free slots takes it now (keyed
@@ -90,6 +92,16 @@ if keyed() then
   local running = tonumber(redis.call('HGET', K_KEY_ACTIVE, key) or '0')
   if running + ahead >= meta().kc then
     return {'key_busy', key, running, ahead, meta().kc}
+  end
+  if meta().rate_max > 0 and meta().rate_per_key then
+    -- The claim pauses the key once its window is used up: the jobs ahead of this one in the
+    -- key take the starts the window has room for first.
+    local rkey = K_RATE .. ':' .. key
+    local key_room = rate_allowance(rkey, now)
+    if ahead >= key_room then
+      return {'key_rate_room', key, ahead, key_room, effective_limit(rkey, now),
+              meta().rate_per, meta().rate_max}
+    end
   end
   -- The claim pops the ready keys in turn: the keys before this one start a job first.
   local turn = redis.call('ZRANK', K_READY, key)

@@ -22,9 +22,10 @@
 -- KEYS[1]  the queue's shared rate window (ZSET: start -> its deadline, ms)
 -- ARGV[1]  starts wanted   ARGV[2] the limit (max)   ARGV[3] the window (ms)
 -- ARGV[4]  a prefix unique to this call: the starts are "<prefix>:<i>"
--- Returns  {taken, wake_in, start_by}: how many starts were taken (named prefix:1 ..
---          prefix:taken); when none were, ms until the oldest start leaves the window; and the
---          deadline (ms, this server's clock) by which the claim using them must run.
+-- Returns  {taken, wake_in, start_by, room}: how many starts were taken (named prefix:1 ..
+--          prefix:taken); when none were, ms until the oldest start leaves the window; the
+--          deadline (ms, this server's clock) by which the claim using them must run; and how
+--          many starts the window had room for before this call took any.
 -- Invariants: the window holds at most `max` starts; a start's score is its deadline.
 
 -- The grace: GRACE_PERCENT of the window, at least GRACE_MIN_MS (docs/scaling.md says the same;
@@ -43,11 +44,11 @@ redis.call('SET', key .. ':limit', max .. ':' .. per, 'PX', per + grace + 1000)
 local room = max - redis.call('ZCARD', key)
 if room <= 0 then
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  return {0, math.max(1, tonumber(oldest[2]) + per - now), 0}
+  return {0, math.max(1, tonumber(oldest[2]) + per - now), 0, 0}
 end
 local taken = math.min(wanted, room)
 for i = 1, taken do
   redis.call('ZADD', key, now + grace, ARGV[4] .. ':' .. i)
 end
 redis.call('PEXPIRE', key, per + grace + 1000)
-return {taken, -1, now + grace}
+return {taken, -1, now + grace, room}

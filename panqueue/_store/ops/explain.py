@@ -267,9 +267,15 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
                            f"({_limit(*args[2:5])}) has room for {room} more "
                            f"start{'s' * (room != 1)} now, and {ahead} "
                            f"job{'s' * (ahead != 1)} start before it")
+    if kind == "key_rate_room":
+        key, ahead, room = args[0].decode(), int(args[1]), int(args[2])
+        return Explanation(state, "rate_limited", f"key {key!r}'s rate limit "
+                           f"({_limit(*args[3:6])}) has room for {room} more "
+                           f"start{'s' * (room != 1)} now, and {ahead} "
+                           f"job{'s' * (ahead != 1)} of the key start before it")
     ahead, partitions, key = int(args[0]), int(args[1]), args[2].decode()
     if partitions > 1:
-        shared = yield from _shared_window(keys, state, partitions)
+        shared = yield from _shared_window(keys, state, partitions, ahead)
         if shared is not None:
             return shared
     if not live:
@@ -291,24 +297,29 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
     return (yield from _queued(keys, state, ahead, live))
 
 
-def _shared_window(keys: QueueKeys, state: JobState, partitions: int
+def _shared_window(keys: QueueKeys, state: JobState, partitions: int, ahead: int
                    ) -> Op[Explanation | None]:
     """A partitioned queue's global rate limit: one window outside every partition, which the
     workers take starts from before they claim (lua/rate_take.lua). Asked with the same script,
-    wanting no start: None when it has room (or the queue has no such limit)."""
+    wanting no start: None when it has room for the job and the ``ahead`` jobs before it in its
+    partition (or the queue has no such limit)."""
     saved = yield Command(("GET", keys.shared_rate + ":limit"))  # rate_take.lua keeps it there
     if saved is None:
         return None
     limit, per = (int(part) for part in saved.split(b":", 1))
-    _, wake_in, _ = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
-                                     (0, limit, per, "explain"))
+    _, wake_in, _, room = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
+                                           (0, limit, per, "explain"))
+    window = f"({limit} starts per {per / 1000:g} s, one window for its {partitions} partitions)"
     if int(wake_in) < 0:
-        return None
+        if int(room) > ahead:
+            return None
+        return Explanation(state, "rate_limited", f"the queue's rate limit {window} has room "
+                           f"for {int(room)} more start{'s' * (int(room) != 1)} now, and "
+                           f"{ahead} job{'s' * (ahead != 1)} of its partition start before it")
     seconds, micros = yield Command(("TIME",))
     free_at = int(seconds) * 1000 + int(micros) // 1000 + int(wake_in)
-    return Explanation(state, "rate_limited", f"the queue's rate limit ({limit} starts per "
-                       f"{per / 1000:g} s, one window for its {partitions} partitions) is used "
-                       f"up until {_at(free_at)}")
+    return Explanation(state, "rate_limited", f"the queue's rate limit {window} is used up "
+                       f"until {_at(free_at)}")
 
 
 def _last_entry(history: bytes | None) -> dict[Any, Any]:
