@@ -67,8 +67,8 @@ end
 -- A refusal when the batch does not exist, else nil.
 local function missing()
   if redis.call('EXISTS', K_STATE) == 0 then
-    return {'!', 'no such batch (it was never opened, or it expired ' ..
-      'after 7 days without activity)'}
+    return {'!', 'no such batch (it was never opened, or it expired: 7 days after its ' ..
+      'last change while open, a day after its callbacks were added)'}
   end
   return nil
 end
