@@ -11,7 +11,7 @@ import itertools
 import secrets
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol
 
 from panqueue._codec import encode_checked
 from panqueue._handler import HandlerBase
@@ -101,23 +101,24 @@ def _opening(on_complete: object, on_success: object, parent: object
     return batch_id, open_batch(batch_id, complete, success, parent or "")
 
 
+class _Opened(str):
+    """The id of a batch this handle opened (new_batch): its generated job ids count from 0
+    under the batch id itself."""
+
+
 class _Jobs:
     """What both batch classes share: turning ``add`` arguments into jobs with ids."""
 
     def __init__(self, batch_id: str) -> None:
-        self.id = batch_id
+        self.id = str(batch_id)
         # A batch job needs its id before the add (it is registered first): generated ones are
-        # "<batch id>-<n>" from the handle that opened the batch (_opened), and
-        # "<batch id>-<handle>-<n>" from any other handle on it, so that two handles never
+        # "<batch id>-<n>" from the handle that opened the batch (given its id as _Opened),
+        # and "<batch id>-<handle>-<n>" from any other handle on it, so that two handles never
         # name the same job. Never all digits.
-        self._stem = f"{batch_id}-{secrets.token_hex(4)}"
+        self._stem = (self.id if isinstance(batch_id, _Opened)
+                      else f"{self.id}-{secrets.token_hex(4)}")
         self._numbers = itertools.count()
-        self._plain_options = batch_options(batch_id)
-
-    def _opened(self) -> Self:
-        """This handle opened the batch: its generated ids are the batch id and a count."""
-        self._stem = self.id
-        return self
+        self._plain_options = batch_options(self.id)
 
     def _member(self, job: NewJob) -> NewJob:
         job_id = job.job_id or f"{self._stem}-{next(self._numbers)}"
@@ -231,7 +232,7 @@ async def new_batch(client: _Client, on_complete: object, on_success: object,
     """Open a batch: ``client.batch``'s arguments, checked before anything is written."""
     batch_id, opening = _opening(on_complete, on_success, parent)
     await client.producer.run(opening)
-    return Batch(client, batch_id)._opened()
+    return Batch(client, _Opened(batch_id))
 
 
 def new_sync_batch(client: _SyncClient, on_complete: object, on_success: object,
@@ -239,4 +240,4 @@ def new_sync_batch(client: _SyncClient, on_complete: object, on_success: object,
     """Blocking :func:`new_batch`."""
     batch_id, opening = _opening(on_complete, on_success, parent)
     client.producer.run(opening)
-    return SyncBatch(client, batch_id)._opened()
+    return SyncBatch(client, _Opened(batch_id))
