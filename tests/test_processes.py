@@ -295,11 +295,13 @@ def test_a_worker_whose_handler_blocks_its_loop_stays_listed_and_explained(
             wait_until(lambda: redis_client.get("blocking"), timeout=20,
                        what="the handler to block the loop")
             blocked_at = time.monotonic()
+            waiting = client.queue(queue_name).add(0)  # no claim takes it while blocked
             samples_past_the_ttl = 0
             while True:
                 sampled_at = time.monotonic()
                 listed = client.workers(queue_name)
                 why = client.explain(queue_name, handle.id)
+                why_waiting = client.explain(queue_name, waiting.id)
                 if redis_client.get("unblocked"):
                     break  # these samples may be from after the loop came back
                 assert [w.name for w in listed] == ["blocker"], why.detail
@@ -309,9 +311,13 @@ def test_a_worker_whose_handler_blocks_its_loop_stays_listed_and_explained(
                     assert listed[0].running == [handle.id]
                     assert listed[0].loop_blocked_since is not None
                     assert "event loop has been blocked since" in why.detail, why.detail
+                    assert why_waiting.reason == "queued", why_waiting
+                    assert "event loop of its worker has been blocked since" in \
+                        why_waiting.detail, why_waiting.detail
                 time.sleep(0.05)  # the sampling period
             assert samples_past_the_ttl > 10
             assert handle.result(timeout=10) == "done"
+            assert waiting.result(timeout=10) == "done"
     finally:
         proc.kill()
         proc.wait(10)

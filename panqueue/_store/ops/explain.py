@@ -473,6 +473,13 @@ def _queued(keys: QueueKeys, state: JobState, ahead: int, live: list[WorkerInfo]
     served = (f"{len(live)} live worker{'s' * (len(live) != 1)} with {capacity} "
               f"slot{'s' * (capacity != 1)} in all serve{'s' * (len(live) == 1)} the queue")
     behind = f"waiting behind {ahead} job{'s' * (ahead != 1)}"
+    blocked = [w for w in live if w.loop_blocked_since is not None]
+    if blocked and len(blocked) == len(live):
+        # Each one's event loop is blocked: none claims until its loop turns again.
+        since = min(w.loop_blocked_since for w in blocked if w.loop_blocked_since is not None)
+        served += (f", but the event loop of {'each' if len(live) > 1 else 'its worker'} has "
+                   f"been blocked since {_fmt(since)} (a handler running blocking code on it: "
+                   "use executor='thread' for such code): nothing is claimed until it turns")
     if len(running) < capacity:
         return Explanation(state, "queued", f"{behind}; {served}")
     holders = yield from _slot_holders(keys, running, live)
