@@ -139,8 +139,10 @@ class HealthState:
             return f"every queue it serves is paused: {', '.join(self.paused)} ({hint})"
         held = self._held()
         if held and set(held) | set(self.paused) >= set(self.queues):
-            return (f"an operator paused this worker on {', '.join(held)} (panqueue workers "
-                    "--resume NAME): it claims nothing there until resumed")
+            resume = ("panqueue workers --resume NAME" if self.prefix is None
+                      else f"panqueue workers --prefix {self.prefix} --resume NAME")
+            return (f"an operator paused this worker on {', '.join(held)} ({resume}): it "
+                    "claims nothing there until resumed")
         return None
 
     async def keep_turning(self, interval: float = TURN_INTERVAL) -> None:

@@ -479,3 +479,13 @@ def test_a_stalled_attempt_after_a_failed_one_is_no_retry_after_that_error(
         [listed] = client.list_jobs(store.keys.name, JobState.WAITING)
     assert (info.attempts, info.retry_of) == (1, None)
     assert delayed_because(listed) == ""
+
+
+async def test_a_delayed_job_past_its_deadline_is_explained_as_delayed_and_left_to_the_sweep(
+        redis_url: str, store: ScriptStore) -> None:
+    job = store.add_one(delay_ms=MINUTE_MS, expires_in_ms=MINUTE_MS)
+    store.redis.hset(store.keys.job(job), "x", 1)
+    async with QueueClient(redis_url) as client:
+        said = await client.explain(store.keys.name, job)
+    assert (said.state, said.reason) == (JobState.DELAYED, "expired"), said
+    assert "the expiry sweep ends it" in said.detail and "claim" not in said.detail, said

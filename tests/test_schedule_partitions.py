@@ -155,6 +155,8 @@ async def test_a_tick_taken_whose_job_was_not_added_is_added_by_the_next_worker(
     assert redis_client.hget(keys.schedule(NAME), "pending") == str(tick).encode()
     assert redis_client.zrange(keys.schedules_pending, 0, -1) == [NAME.encode()]
     assert stored_in(redis_client, queue_name, N, tick_id) == []
+    # Taken a minute ago: other workers leave a pending tick to its taker for a few seconds.
+    redis_client.zadd(keys.schedules_pending, {NAME: now - 60_000}, xx=True)
     async with run_worker(registry, queue_name, redis_url):
         async def ran_once() -> bool:
             return ran[tick_id] == 1

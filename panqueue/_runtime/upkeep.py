@@ -32,6 +32,10 @@ from panqueue.errors import PanqueueError
 
 __all__ = ["Upkeep"]
 
+# How long a tick whose job belongs in another partition may stay pending before any worker adds
+# its job: the worker that took it adds it at once, and the others leave it that long.
+PENDING_GRACE_MS = 5_000
+
 
 class Upkeep:
     def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], *, interval: float,
@@ -133,14 +137,7 @@ class Upkeep:
             try:
                 now, entries = await transport.run(ops.schedule_times(keys))
                 if len(self._parts) > 1:
-                    # Ticks taken whose jobs a worker did not get to add (it died, or its add
-                    # failed): added here, under their ids (no second job if it did).
-                    pending = await transport.run(schedule_pending(keys))
-                    for name, ticks in pending.items():
-                        if name in self.schedules and ticks:
-                            for job_id in await self._add_elsewhere(self.schedules[name], ticks):
-                                self._log.info("schedule enqueued a job", schedule=name,
-                                               job_id=job_id, pending=True)
+                    await self._add_left_pending(now)
                 for name, run_ms in entries:
                     schedule = self.schedules.get(name)
                     if schedule is None:
@@ -171,6 +168,26 @@ class Upkeep:
             else:
                 trouble.ok()
             await anyio.sleep(max(0.005, sleep_for))
+
+    async def _add_left_pending(self, now: int) -> None:
+        """Ticks taken whose jobs the worker that took them did not add (it died, or its add
+        failed) within PENDING_GRACE_MS: added here, under their ids (no second job while the
+        first exists). A schedule whose jobs cannot be added now is logged and left for the next
+        pass; the others' ticks go on."""
+        pending = await self._transport.run(schedule_pending(self._keys,
+                                                             now - PENDING_GRACE_MS))
+        for name, ticks in pending.items():
+            if name not in self.schedules or not ticks:
+                continue  # another deployment's schedule: its workers add them
+            try:
+                added = await self._add_elsewhere(self.schedules[name], ticks)
+            except PanqueueError as exc:
+                self._log.warning("schedule could not add a pending tick's job", schedule=name,
+                                  error=str(exc))
+                continue
+            for job_id in added:
+                self._log.info("schedule enqueued a job", schedule=name, job_id=job_id,
+                               pending=True)
 
     def _elsewhere(self, name: str, tick_ms: int) -> bool:
         """Whether the job of a tick belongs in another partition than the schedules': the one

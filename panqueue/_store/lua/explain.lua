@@ -16,8 +16,9 @@
 --   {'rate', free_at, limit, per, max}  the queue's rate window (`limit` starts per `per` ms:
 --                                    the effective limit, at most `max`) is used up until
 --                                    `free_at` (ms)
---   {'expired', x}                   its deadline to start passed at `x` (ms): a claim or the
+--   {'expired', x[, 'delayed']}      its deadline to start passed at `x` (ms): a claim or the
 --                                    expiry sweep ends it CANCELLED "expired"; it never runs
+--                                    ('delayed': it is not due, so only the sweep ends it)
 --   {'key_limited', key, until}      its key's rate limit pauses the key until `until` (ms)
 --   {'key_busy', key, running, ahead, kc}  its key runs kc jobs at a time and `running` run,
 --                                    `ahead` wait before it
@@ -26,11 +27,13 @@
 --                                    `room` starts and `ahead` jobs of the key come first
 --   {'rate_room', ahead, room, limit, per, max}  the rate window has room for `room` starts
 --                                    and `ahead` starts come first
---   {'ready', ahead, partitions, key}  a claim with ahead + 1 free slots takes it now (keyed
---                                    mode: ahead is its place in its key's list, key its key;
---                                    global mode: key ''); partitions: the queue's partition
---                                    count (a partitioned queue's global window is outside this
---                                    slot, rate_take.lua)
+--   {'ready', ahead, partitions, key, before}  a claim with ahead + 1 free slots takes it now
+--                                    (keyed mode: ahead is its place in its key's list, key its
+--                                    key; global mode: key ''); partitions: the queue's
+--                                    partition count (a partitioned queue's global window is
+--                                    outside this slot, rate_take.lua); before: the starts a
+--                                    claim makes before this job's (keyed: the ready keys
+--                                    before its key too)
 -- Invariants: changes nothing that a claim at the same moment would not change first: due
 --          delayed jobs move to waiting, keys whose rate-limit pause is over become ready, starts
 --          that have left the rate window are dropped. It claims nothing and locks nothing.
@@ -51,7 +54,7 @@ if state == 'delayed' then
   local due = redis.call('ZSCORE', K_DELAYED, id)
   local x = redis.call('HGET', jkey, 'x')
   if x and tonumber(x) <= now then
-    return {'expired', tonumber(x)}  -- the expiry sweep ends it before it is due
+    return {'expired', tonumber(x), 'delayed'}  -- the expiry sweep ends it before it is due
   end
   if due and tonumber(due) > now then
     local waits = redis.call('HGET', durable_key(id), 'ws')
@@ -117,4 +120,4 @@ if room and before >= room then
   return {'rate_room', before, room, effective_limit(K_RATE, now), meta().rate_per,
           meta().rate_max}
 end
-return {'ready', ahead, meta().partitions, key or ''}
+return {'ready', ahead, meta().partitions, key or '', before}

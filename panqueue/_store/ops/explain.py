@@ -176,7 +176,8 @@ def _why(keys: QueueKeys, job_id: str, words: _Words, again: bool = True
     kind = verdict[0].decode()
     if kind == "state":
         return (yield from _moved(keys, job_id, verdict[1].decode(), words, again))
-    if kind not in ("delayed", "signal", "paused", "paused_until"):
+    if kind not in ("delayed", "signal", "paused", "paused_until") and \
+            verdict[-1] != b"delayed":
         state = JobState.WAITING  # a due delayed job: the script moved it, as a claim would
     return (yield from _held(keys, job_id, state, kind, verdict[1:], live, words))
 
@@ -249,7 +250,7 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
         return Explanation(state, "rate_limited", "the queue's rate limit "
                            f"({_limit(*args[1:4])}) is used up until {_at(args[0])}")
     if kind == "expired":
-        return _expired(state, args[0])
+        return _expired(state, args[0], claimable=len(args) == 1)
     if kind == "key_limited":
         return Explanation(state, "rate_limited", f"key {args[0].decode()!r} is rate limited "
                            f"until {_at(args[1])} (its rate limit is used up, or a handler "
@@ -274,8 +275,9 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
                            f"start{'s' * (room != 1)} now, and {ahead} "
                            f"job{'s' * (ahead != 1)} of the key start before it")
     ahead, partitions, key = int(args[0]), int(args[1]), args[2].decode()
+    before = int(args[3]) if len(args) > 3 else ahead
     if partitions > 1:
-        shared = yield from _shared_window(keys, state, partitions, ahead)
+        shared = yield from _shared_window(keys, state, partitions, before)
         if shared is not None:
             return shared
     if not live:
@@ -367,10 +369,13 @@ def _finished(state: JobState, finished_ms: bytes | None, reason: bytes | None,
     return Explanation(state, "finished", how)
 
 
-def _expired(state: JobState, deadline_ms: Any) -> Explanation:
+def _expired(state: JobState, deadline_ms: Any, claimable: bool = False) -> Explanation:
+    """A job past its deadline to start; ``claimable``: it waits, so a claim ends it as well
+    as the expiry sweep."""
+    who = "the next claim or the expiry sweep" if claimable else "the expiry sweep"
     return Explanation(state, "expired", f"its deadline to start passed at "
-                       f"{_at(deadline_ms)} (add(..., expires=)): it will never run; the "
-                       "next claim or the expiry sweep ends it cancelled (expired)")
+                       f"{_at(deadline_ms)} (add(..., expires=)): it will never run; {who} "
+                       "ends it cancelled (expired)")
 
 
 def _blocked(keys: QueueKeys, job_id: str, dead: bytes | None, deadline: bytes | None,

@@ -58,9 +58,12 @@ def schedule_tick(keys: QueueKeys, name: str, ticks: list[int], far: list[bool],
     return True, [job_id.decode() for job_id in reply[1]], [int(tick) for tick in reply[2]]
 
 
-def schedule_pending(keys: QueueKeys) -> Op[dict[str, list[int]]]:
-    """The ticks whose jobs the schedules left to add in other partitions, by schedule."""
-    names = yield Command(("ZRANGE", keys.schedules_pending, 0, -1))
+def schedule_pending(keys: QueueKeys, taken_before_ms: int) -> Op[dict[str, list[int]]]:
+    """The ticks whose jobs the schedules left to add in other partitions, by schedule: those
+    of the schedules whose first pending tick was taken before ``taken_before_ms`` (server
+    clock), which the worker that took it has had time to add."""
+    names = yield Command(("ZRANGE", keys.schedules_pending, "-inf", f"({taken_before_ms}",
+                           "BYSCORE"))
     if not names:
         return {}
     pending = yield Batch(tuple(Command(("HGET", keys.schedule(name.decode()), "pending"))
