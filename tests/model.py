@@ -132,20 +132,19 @@ class Model:
                 return f"dependency {dep!r} is not a job of the queue"
         return None
 
-    def resolve_add(self, queue: str, job_id: str | None, dedup: tuple[str, str] | None,
-                    far_key: bool = False) -> Added | None:
+    def resolve_add(self, queue: str, job_id: str | None, dedup: tuple[str, str] | None
+                    ) -> Added | None:
         """The existing job an add returns (the id first, then the dedup key), or None when the
         add creates a job. A dedup ``replace`` of a job that has not started deletes it here.
         The key names the job it was added with, not a later job that took that job's id once
-        it was deleted. ``far_key``: the key's record is a pointer to another partition, which
-        names the id's job whichever it is (a gap not closed yet)."""
+        it was deleted."""
         if job_id is not None and (queue, job_id) in self.jobs:
             return Added(job_id, False)
         if dedup is not None:
             key, strategy = dedup
             holder = self.dedup.get((queue, key))
             existing = None if holder is None else self.job(queue, holder)
-            if existing is not None and (existing.dedup == key or far_key):
+            if existing is not None and existing.dedup == key:
                 if strategy != "replace":
                     return Added(existing.id, False)
                 if existing.state in NOT_STARTED:

@@ -420,16 +420,6 @@ class QueueMachine(RuleBasedStateMachine):
         if handle.created != created:
             raise mismatch(f"{what} {handle.id}: created", handle.created, created)
 
-    def _dedup_key_held_far(self, queue: str, dedup: tuple[str, str] | None) -> bool:
-        """Whether the dedup key's record, in its home, is a pointer to a job in another
-        partition (model-parted; tests/model.py resolve_add says what that changes)."""
-        if dedup is None or queue != PARTED:
-            return False
-        home = partition_keys(PARTED, PARTED_COUNT)[route(PARTED_COUNT, key="dd:" + dedup[0])
-                                                     or 0]
-        record = self.raw.get(home.prefix + "dd:" + dedup[0])
-        return record is not None and b"\t" in record
-
     def _add_one(self, queue: str, client: SyncQueueClient, *, job_id: str | None,
                  priority: int, delayed: bool, fail: int, attempts: int,
                  dedup: tuple[str, str] | None, deps: tuple[str, ...], resend: bool = False,
@@ -457,8 +447,7 @@ class QueueMachine(RuleBasedStateMachine):
             with pytest.raises(ConfigError):
                 target.add(data, **options)
             return
-        existing = self.model.resolve_add(queue, job_id, dedup,
-                                          far_key=self._dedup_key_held_far(queue, dedup))
+        existing = self.model.resolve_add(queue, job_id, dedup)
         if resend:
             try:
                 handle = target.add(data, **options)

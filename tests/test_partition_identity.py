@@ -433,3 +433,29 @@ async def test_a_flow_item_naming_a_job_of_another_partition_says_so(
                                   FlowJob("after", depends_on=[1])])
         assert await _where(client, queue_name, head_id) == []
         assert (await client.get_job(queue_name, taken)).data == "child"
+
+
+@pytest.mark.parametrize("token", ["0123abcd", f"{identity.HELD_TOKEN_MARK}0123abcd"])
+async def test_a_dedup_pointer_of_an_earlier_version_still_names_the_job_under_its_id(
+        redis_url: str, queue_name: str, redis_client: redis.Redis, token: str) -> None:
+    """A dedup key whose pointer (in the key's home) names a job that does not carry the key.
+    An earlier version wrote such pointers for every job it placed away from the key's home
+    (hex tokens): the job is taken as the key's, as it was then, so a rolling deploy makes no
+    duplicate. This version's pointers (a marked token) name a job that carries its key: a job
+    that does not is another one, and the key is free."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[Any]) -> None: ...
+
+    job_id, key = _name_in(1, "j"), _dedup_in(2, "d")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        job = await queue.add("placed without its key", job_id=job_id)
+        parts = await client._run(client.producer.layouts.parts(queue_name))
+        redis_client.set(parts[2].prefix + "dd:" + key, f"{job_id}\t1\t{token}\t0", px=60_000)
+        again = await queue.add("dup", dedup=Dedup(key, ttl=60))
+    if token.startswith(identity.HELD_TOKEN_MARK):
+        assert again.created and again.id != job.id
+    else:
+        assert (again.id, again.created) == (job.id, False)

@@ -105,6 +105,9 @@ local function checked_item(i, b, own)
   if token ~= '' and redis.call('EXISTS', fence_key(token)) == 1 then
     return nil, {'\t~', i}
   end
+  if f.strategy == 'held' and token == '' then
+    return nil, {'!', 'item ' .. i .. ': a dedup key held elsewhere needs its identity token'}
+  end
   -- Dependencies first: an unknown one refuses the add whatever its id or dedup key names.
   -- An item with a token had its dependencies checked by its producer before its identities
   -- were decided in their homes (ops/identity.py add_placed), as here: a dedup replace decided
@@ -126,7 +129,7 @@ local function checked_item(i, b, own)
       return nil, {'\t?', i, 'id', f.id, pointer}
     end
   end
-  if f.dedup ~= '' and not id_here then
+  if f.dedup ~= '' and f.strategy ~= 'held' and not id_here then
     local record = redis.call('GET', dedup_key(f.dedup))
     if record and is_pointer(record) then
       return nil, {'\t?', i, 'dd', f.dedup, record}

@@ -6,6 +6,10 @@
 -- ARGV[4]  the grace (ms): a pointer younger than this whose job is missing is an add on its way
 -- ARGV[5]  '1': the pointer is a dedup key's and the add replaces: a job that has not started
 --          yet is deleted (dependents fail; 'removed' with why 'replaced'), as add does
+-- ARGV[6]  a dedup key's pointer: the key ('' for a custom id's). When the pointer's token
+--          says its job carries the key (a leading 'k', panqueue/_store/ops/identity.py
+--          HELD_TOKEN_MARK), a job under the id that does not is another job, which took the
+--          id after the pointer's was deleted: the pointer's job counts as missing
 -- Returns  {'job', state}: the job exists; {'wait', ms}: missing, the add may still come;
 --          {'gone'}: missing (or replaced now) and its token fenced here, so no add of it can
 --          come any more: the pointer may be cleared (identity_reserve.lua 'clear').
@@ -20,7 +24,11 @@
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 local jkey = job_key(id)
-local state = redis.call('HGET', jkey, 's')
+local held = redis.call('HMGET', jkey, 's', 'dd')
+local state = held[1]
+if state and (ARGV[6] or '') ~= '' and string.sub(token, 1, 1) == 'k' and held[2] ~= ARGV[6] then
+  state = nil
+end
 if state then
   if ARGV[5] == '1' and (state == 'waiting' or state == 'delayed' or state == 'blocked') then
     detach(jkey, id, state)

@@ -43,6 +43,10 @@ _FORGET_BATCH = 100
 # How long a pointer whose job is missing counts as an add on its way (ms): far longer than the
 # two steps of a live producer take, short enough that a dead one delays the next add little.
 GRACE_MS = 1000
+# The first character of the identity token of an add that decided an identity in its home:
+# its job carries its dedup key (field dd) wherever it is placed. Tokens of earlier versions
+# are hex only, so a pointer with one names a job that may not carry it (identity_check.lua).
+HELD_TOKEN_MARK = "k"
 # How long a producer waits on the server before it looks at a pointer's job again (s).
 _LOOK_AGAIN_S = 0.02
 # Rounds of deciding identities before an add gives up: each round that fails saw another add
@@ -119,7 +123,8 @@ def _look(parts: Sequence[QueueKeys], pointer: _Pointer, replace_waiting: bool =
     where = parts[partition]
     while True:
         reply = yield script_call(SCRIPTS.identity_check, where, job_id, token, since, GRACE_MS,
-                                  "1" if replace_waiting else "")
+                                  "1" if replace_waiting else "",
+                                  pointer.name if pointer.kind == "dd" else "")
         if reply[0] == b"job":
             return job_id
         if reply[0] == b"gone":
@@ -186,7 +191,9 @@ def _decide(parts: Sequence[QueueKeys], placed: QueueKeys, job: NewJob, token: s
             answer = yield from _settle_dedup(parts, pointer, job)
             return None if answer is None else _Decided(job, [], answer)
         written.append(pointer)
-        job = replace(job, job_id=job_id, dedup_key="", dedup_ttl_ms=0, dedup_strategy="")
+        # Decided here: the job carries its key (dd, so that the pointer's check can tell it
+        # from a later job under its id), and its partition keeps no record of it.
+        job = replace(job, job_id=job_id, dedup_ttl_ms=0, dedup_strategy="held")
     return _Decided(job, written)
 
 
@@ -262,7 +269,7 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
                 continue
             token = ""
             if is_far(parts, placed, job):
-                token = uuid.uuid4().hex
+                token = HELD_TOKEN_MARK + uuid.uuid4().hex
                 decided = yield from _decide(parts, placed, job, token)
                 if decided is None:
                     settled = False

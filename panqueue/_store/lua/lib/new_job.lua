@@ -23,7 +23,7 @@ local function add_job(now, f)
     return f.id, 0  -- idempotent custom id: checked first, so a dedup replace cannot lose it
   end
   local dkey = nil
-  if f.dedup ~= '' then
+  if f.dedup ~= '' and f.strategy ~= 'held' then  -- held: decided in its home, no record here
     dkey = dedup_key(f.dedup)
     local existing = dedup_existing(dkey, f, now)
     if existing then
@@ -43,7 +43,8 @@ local function add_job(now, f)
   local deadline = start_deadline(now, f.expires_in, f.expires_at)
   local waits = #f.deps == 0 and not deadline and run_at <= now
   -- Its fields in one write, before any ending below (end_job reports b).
-  write_new_job(jkey, now, f, flow_named(f.deps), dkey and f.dedup, deadline, waits)
+  write_new_job(jkey, now, f, flow_named(f.deps), f.dedup ~= '' and f.dedup or nil, deadline,
+    waits)
   if f.tags and f.tags ~= '' then
     -- Scored by the partition's count of tagged adds: a tag's index is in the order of adds.
     local order = redis.call('HINCRBY', K_META, 'tgn', '1')

@@ -40,10 +40,10 @@ local function new_job_problem(f)
     return 'expires must be a whole number of ms between 0 and 2^52'
   elseif f.expires_at and not whole_in(f.expires_at, -MAX_TIME_MS, MAX_TIME_MS) then
     return 'expires_at must be a whole number of ms since the epoch, at most 2^52 either way'
-  elseif f.dedup ~= '' and not whole_in(f.ttl, 1, MAX_TIME_MS) then
+  elseif f.dedup ~= '' and f.strategy ~= 'held' and not whole_in(f.ttl, 1, MAX_TIME_MS) then
     return 'dedup ttl must be a whole number of ms between 1 and 2^52'
   elseif f.dedup ~= '' and f.strategy ~= 'keep' and f.strategy ~= 'replace'
-      and f.strategy ~= 'extend' then
+      and f.strategy ~= 'extend' and f.strategy ~= 'held' then
     return 'dedup strategy must be keep, replace or extend'
   end
   return nil
