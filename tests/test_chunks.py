@@ -26,6 +26,7 @@ from panqueue import (
     JobNotFound,
     JobState,
     QueueClient,
+    RateLimited,
     Registry,
     Snooze,
     SyncQueueClient,
@@ -597,3 +598,33 @@ def test_a_chunk_of_a_killed_worker_is_recovered_and_each_job_completed_once(
     for info in infos:
         assert info.state is JobState.COMPLETED and info.attempts == 1
         assert [entry["type"] for entry in info.history] == ["Stalled"]
+
+
+async def test_a_keyed_chunk_that_raises_rate_limited_claims_no_job_of_a_key_it_paused(
+        redis_url: str, queue_name: str) -> None:
+    """A chunk of two jobs of two keys raises RateLimited: both keys are paused. No recording
+    of the chunk's endings may claim the third job, of the second key, before that key's pause
+    is written (each ending used to claim a next job as soon as its own key was paused)."""
+    registry = Registry()
+    calls: list[list[str]] = []
+
+    @registry.handler(queue_name, chunk=Chunk(size=2, wait=0.2), mode="keyed",
+                      key_concurrency=2, concurrency=1)
+    async def work(jobs: list[Job[str]]) -> list[None]:
+        calls.append([job.data for job in jobs])
+        if len(calls) == 1:
+            raise RateLimited(retry_after=60)
+        return [None] * len(jobs)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        first, second = await queue.add("a", key="k1"), await queue.add("b", key="k2")
+        third = await queue.add("d", key="k2")
+        async with run_worker(registry, queue_name, redis_url, poll_interval=0.1):
+            async def both_back() -> bool:
+                history = [(await h.info()).history for h in (first, second)]
+                return all(h and h[-1].get("type") == "RateLimited" for h in history)
+
+            await async_wait_until(both_back, what="both jobs of the chunk rate limited")
+            assert (await third.info()).state is JobState.WAITING
+        assert calls == [["a", "b"]]

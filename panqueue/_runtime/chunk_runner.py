@@ -162,7 +162,12 @@ class ChunkRunner:
             self._log.warning("jobs of a stopped chunk released to waiting",
                               job_ids=[held.job.id for held in released])
         completed: list[tuple[ClaimedJob, Outcome]] = []
-        for held, outcome in zip(chunk, outcomes, strict=True):
+        # A handler's RateLimited pauses its job's key (keyed mode): every such pause is
+        # recorded before any recording claims a next job, which must not be a job of a key
+        # this same call paused. Their slots are refilled by the claim loop.
+        order = sorted(zip(chunk, outcomes, strict=True),
+                       key=lambda pair: pair[1].ending != Ending.RATE_LIMITED)
+        for held, outcome in order:
             claimed = held.job
             if outcome.ending == Ending.COMPLETED:
                 completed.append((claimed, outcome))
@@ -178,7 +183,8 @@ class ChunkRunner:
             assert outcome.unfinished is not None  # failed, snoozed or rate limited
             log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt,
                                  duration_ms=round(outcome.duration * 1000, 3))
-            status, next_job = await self._recorder.end_attempt(outcome.unfinished, log)
+            status, next_job = await self._recorder.end_attempt(
+                outcome.unfinished, log, claim_next=outcome.ending != Ending.RATE_LIMITED)
             self._count(claimed, status, outcome.duration)
             if status is not None and (status == Status.FAILED or status.retried):
                 await report_failure(self._on_failure(), outcome.job, outcome.error,

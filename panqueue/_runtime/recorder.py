@@ -181,12 +181,12 @@ class Recorder:
                             error=str(LockLost(self._keys.name, item.job_id)))
         return list(finished.statuses), finished.claimed.jobs
 
-    async def end_attempt(self, ending: Unfinished, log: Any
+    async def end_attempt(self, ending: Unfinished, log: Any, claim_next: bool = True
                           ) -> tuple[Status | None, ClaimedJob | None]:
         """Record an attempt that ended without completing its job (failed, snoozed, rate
         limited: :func:`transitions.end_attempt`); returns (status, the job claimed next for
-        the slot; None, None when Redis could not record it)."""
-        claiming = not self._stopping()
+        the slot, unless ``claim_next`` is false; None, None when Redis could not record it)."""
+        claiming = claim_next and not self._stopping()
         finished = await self._record(transitions.end_attempt(
             self._keys, ending, max_snoozes=self._max_snoozes, claim_next=claiming,
             keep=self._keep_failed, token=self._tokens.new(), ttl_ms=self._ttl_ms),
