@@ -21,6 +21,7 @@ from panqueue import (
     ConfigError,
     Dedup,
     Event,
+    FlowJob,
     Job,
     JobFailed,
     JobState,
@@ -664,3 +665,30 @@ async def test_the_rate_limit_holds_when_a_claim_comes_late_after_its_take(
     crowded = [(first, eleventh) for first, eleventh in zip(starts, starts[10:], strict=False)
                if (eleventh - first).total_seconds() < 1.0]
     assert not crowded, f"11 starts within one second: {crowded[0]}"
+
+
+async def test_a_flow_whose_keys_route_to_two_partitions_is_refused(redis_url: str,
+                                                                   queue_name: str) -> None:
+    """A flow lives in one partition, and a key in the partition it routes to (so that its
+    limits hold): a keyed flow whose keys route apart is refused, with nothing written; one
+    whose keys share a partition is added."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N, mode="keyed", key_concurrency=1)
+    async def work(job: Job[str]) -> None: ...
+
+    def key_in(partition: int, prefix: str) -> str:
+        return next(f"{prefix}-{i}" for i in range(1000)
+                    if zlib.crc32(f"{prefix}-{i}".encode()) % N == partition)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        apart = [FlowJob("x", options={"key": key_in(0, "a")}),
+                 FlowJob("y", options={"key": key_in(1, "b")})]
+        with pytest.raises(ConfigError, match="its keys must route to the same partition"):
+            await queue.add_flow(apart)
+        assert sum((await client.counts(queue_name)).values()) == 0
+        together = [FlowJob("x", options={"key": key_in(1, "a")}),
+                    FlowJob("y", options={"key": key_in(1, "b")})]
+        added = await queue.add_flow(together)
+        assert len(added) == 2 and all(h.created for h in added)

@@ -76,6 +76,8 @@ def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, sp
     add."""
     if len(parts) == 1 or (together and len(jobs) > 0):
         home = yield from home_partition(parts, jobs[0], spread)
+        if together:
+            _check_keys_of_a_flow(parts, home, jobs)
         return (yield from _identity.add_placed(parts, home, jobs, mode, durable_timeout_ms))
     groups: dict[int, list[int]] = {}
     for index, job in enumerate(jobs):
@@ -124,6 +126,21 @@ def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, sp
     if stale is not None:
         raise PartlyAdded(str(stale), added)
     return [item for item in added if item is not None]
+
+
+def _check_keys_of_a_flow(parts: Sequence[QueueKeys], home: QueueKeys,
+                          jobs: Sequence[NewJob]) -> None:
+    """A flow lives in one partition, and a key in the one it routes to (so that its limits
+    hold): refuse (:class:`ConfigError`, nothing written) a flow whose keys route elsewhere."""
+    n = len(parts)
+    for index, job in enumerate(jobs):
+        where = route(n, key=job.key) if job.key else None
+        if where is not None and where != home.partition:
+            raise ConfigError(
+                f"queue {home.name!r}: item {index}'s key {job.key!r} lives in partition "
+                f"{where}, and this flow in partition {home.partition} (where its first item "
+                "goes): a flow's jobs live in one partition, so on a partitioned keyed queue "
+                "its keys must route to the same partition (see docs/scaling.md)")
 
 
 class PartlyAdded(LayoutChanged):
