@@ -35,6 +35,7 @@ from panqueue._job import JobInfo, JobState
 from panqueue._lag import lag_seconds
 from panqueue._store.ops.timings import DEFAULT_SAMPLE, Timings
 from panqueue._store.transport import redact_url
+from panqueue.errors import ConfigError
 
 __all__ = ["QueueRow", "Snapshot", "TopApp", "sparkline"]
 
@@ -142,8 +143,15 @@ class Sampler:
             return 0.0, 0.0
         completed = failed = 0
         for _ in range(_EVENT_READS):
-            events, rates.position = self.client.read_events(queue, rates.position,
-                                                             limit=_EVENT_BATCH, watch=False)
+            try:
+                events, rates.position = self.client.read_events(
+                    queue, rates.position, limit=_EVENT_BATCH, watch=False)
+            except ConfigError:
+                # The queue's partition count changed since the position was taken (drained,
+                # purged and deployed anew): count from now on.
+                _, position = self.client.read_events(queue, watch=False)
+                self._rates[queue] = _Rates(position, now)
+                return 0.0, 0.0
             for event in events:
                 if event.type == "completed":
                     completed += 1

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import anyio.from_thread
 import httpx
 import pytest
@@ -23,12 +24,13 @@ import redis
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from panqueue import ConfigError, Event, JobNotFound, JobState, SyncQueueClient
+from panqueue import ConfigError, Event, Job, JobNotFound, JobState, Registry, SyncQueueClient
 from panqueue._keys import QueueKeys
 from panqueue._store.ops import setup_queue
-from panqueue.dashboard import create_app
+from panqueue.dashboard import _reads, create_app
 from panqueue.dashboard._reads import QueueNames, event_dict, progress
 from panqueue.embedded import RedisServer
+from panqueue.testing import run_worker
 from tests.helpers import ROOT, free_port, panqueue_command, run_cli, subprocess_env, wait_until
 
 PAYLOAD = "<script>window.__pwned = 1</script>"
@@ -422,7 +424,28 @@ def test_events_page_and_its_live_endpoint(redis_url: str, client: SyncQueueClie
         live = web.get("/api/events", params={"q": queue_name, "after": position.group(1)})
         assert [e["type"] for e in live.json()["events"]] == ["cancelled"]
         bad = web.get("/api/events", params={"q": queue_name, "after": "x; DROP"})
-        assert bad.status_code == 400 and "stream id" in bad.json()["error"]
+        assert bad.status_code == 400 and "event position" in bad.json()["error"]
+
+
+def test_the_live_events_of_a_partitioned_queue_follow_every_partition(
+        redis_url: str, client: SyncQueueClient, queue_name: str) -> None:
+    """A partitioned queue's position is one stream id per partition, comma-separated: the
+    page hands it to the live endpoint, which takes it."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=3)
+    def work(job: Job[int]) -> None: ...
+
+    queue = client.queue(work)
+    queue.add(0)
+    with browser(create_app(redis_url)) as web:
+        page = web.get("/events", params={"q": queue_name})
+        position = re.search(r'data-position="([0-9,-]+)"', page.text)
+        assert position and position.group(1).count(",") == 2, page.text
+        added = [queue.add(n) for n in range(1, 7)]
+        live = web.get("/api/events", params={"q": queue_name, "after": position.group(1)})
+        assert live.status_code == 200, live.text
+        assert sorted(e["job_id"] for e in live.json()["events"]) == sorted(h.id for h in added)
 
 
 def test_the_events_page_says_when_its_queue_keeps_only_the_ends_of_jobs(
@@ -680,3 +703,34 @@ def test_a_dashboard_with_a_prefix_shows_that_applications_queues_only(
         assert page.status_code == 200 and '"n": 2' in html.unescape(page.text)
     with browser(create_app(redis_url)) as web:
         assert re.findall(r'<tr data-queue="([^"]+)">', web.get("/").text) == ["bare-mail"]
+
+
+def test_the_overviews_rates_start_again_after_the_queues_partition_count_changed(
+        redis_url: str, client: SyncQueueClient, queue_name: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented change of a partition count (drain, purge, deploy the new count) while a
+    dashboard runs: its rates held the old count's event position, which the queue refuses
+    now; they count again from the change, and the overview keeps serving."""
+    monkeypatch.setattr(_reads, "_RATE_MIN_INTERVAL", 0.0)
+    before, after = Registry(), Registry()
+
+    @before.handler(queue_name, partitions=3)
+    def work(job: Job[int]) -> None: ...
+
+    @after.handler(queue_name, partitions=2)
+    def work_again(job: Job[int]) -> None: ...
+
+    client.queue(work).add(1)
+    with browser(create_app(redis_url)) as web:
+        assert web.get("/").status_code == 200  # the rates' first read: 3 partitions' position
+        client.purge(queue_name)
+
+        async def redeploy() -> None:
+            async with run_worker(after, queue_name, redis_url):
+                pass  # the worker lays the queue out again, in 2 partitions
+
+        anyio.run(redeploy)
+        client.queue(work_again).add(2)
+        assert web.get("/").status_code == 200
+        assert web.get("/api/overview").status_code == 200
+        assert web.get("/").status_code == 200  # and the rates count on from there

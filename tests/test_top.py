@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import anyio
 import pytest
 
 from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient
@@ -346,3 +347,35 @@ def test_top_quits_on_ctrl_c(server: RedisServer, tmp_path: Path) -> None:
         subprocess.run(_tmux(session, "kill-session", "-t", session), capture_output=True,
                        timeout=10)
     assert status.read_text().strip() == "0"
+
+
+def test_the_samplers_rates_start_again_after_the_queues_partition_count_changed(
+        redis_url: str, queue_name: str) -> None:
+    """As the dashboard's: a partition count changed while `panqueue top` ran (drained,
+    purged, deployed anew) leaves its rates' old position behind; they count on from the
+    change."""
+    from panqueue._tui import Sampler
+
+    before, after = Registry(), Registry()
+
+    @before.handler(queue_name, partitions=3)
+    def work(job: Job[int]) -> None: ...
+
+    @after.handler(queue_name, partitions=2)
+    def work_again(job: Job[int]) -> None: ...
+
+    with SyncQueueClient(redis_url) as client:
+        client.queue(work).add(1)
+        sampler = Sampler(client)
+        sampler.snapshot()
+        client.purge(queue_name)
+
+        async def redeploy() -> None:
+            async with run_worker(after, queue_name, redis_url):
+                pass
+
+        anyio.run(redeploy)
+        client.queue(work_again).add(2)
+        sampler.snapshot()
+        rows = {row.name: row for row in sampler.snapshot().queues}
+    assert rows[queue_name].counts[JobState.WAITING] == 1

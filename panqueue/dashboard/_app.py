@@ -80,7 +80,9 @@ HERE = Path(__file__).resolve().parent
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_OFFSET = 2**53  # past any real queue, and still an integer Redis takes
-_STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
+# A position in a queue's events: one stream id, or on a partitioned queue one per partition,
+# joined by commas (read_events; at most 1,024 partitions).
+_STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}(?:,\d{1,20}-\d{1,20}){0,1023}")
 # What a finished action says on the page it returns to ("done" query parameter).
 _DONE = {
     "pause": "Queue paused.",
@@ -300,7 +302,8 @@ class Dashboard:
         name = _required(request.query_params, "q")
         after = request.query_params.get("after")
         if after is not None and not _STREAM_ID.fullmatch(after):
-            raise BadRequest(f"after must be a stream id such as 1700000000000-0, got {after!r}")
+            raise BadRequest(f"after must be an event position such as 1700000000000-0 (one "
+                             f"per partition, comma-separated), got {after!r}")
         events, position, _ = recent_events(self.client, name, after)
         return JSONResponse({"events": events, "position": position,
                              "updated": timestamp(datetime.now(UTC))})

@@ -26,7 +26,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient, WorkerProcess
+from panqueue import (
+    ConfigError,
+    ErrorInfo,
+    Event,
+    JobState,
+    PanqueueError,
+    SyncQueueClient,
+    WorkerProcess,
+)
 from panqueue._lag import lag_seconds
 from panqueue._listing import age, timestamp
 from panqueue._store.ops import worker_processes
@@ -181,8 +189,14 @@ class Rates:
             if now - window.last_read >= _RATE_MIN_INTERVAL:
                 completed = failed = 0
                 for _ in range(_EVENT_READS):
-                    events, window.position = self.client.read_events(
-                        queue, window.position, limit=_EVENT_BATCH, watch=False)
+                    try:
+                        events, window.position = self.client.read_events(
+                            queue, window.position, limit=_EVENT_BATCH, watch=False)
+                    except ConfigError:
+                        # The queue's partition count changed since the position was taken
+                        # (drained, purged and deployed anew): count from now on.
+                        del self._windows[queue]
+                        return None, None
                     completed += sum(1 for e in events if e.type == "completed")
                     failed += sum(1 for e in events if e.type == "failed")
                     if len(events) < _EVENT_BATCH:
