@@ -268,7 +268,8 @@ class QueueClient:
 
         ``tool``: whose words a hint uses: ``"python"`` (the client's calls), ``"cli"`` (the
         ``panqueue`` command to type) or ``"dashboard"`` (its buttons)."""
-        return await self._run(self.producer.on_job(queue, job_id, ops.explain, tool))
+        return await self._run(self.producer.on_job(queue, job_id, ops.explain, tool,
+                                                    self.prefix))
 
     async def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Delete the jobs of ``queue`` in ``states`` and return how many were deleted.
@@ -463,7 +464,7 @@ class SyncQueueClient:
 
     def explain(self, queue: str, job_id: str, *, tool: Tool = "python") -> Explanation:
         """Blocking :meth:`QueueClient.explain`."""
-        return self._run(self.producer.on_job(queue, job_id, ops.explain, tool))
+        return self._run(self.producer.on_job(queue, job_id, ops.explain, tool, self.prefix))
 
     def purge(self, queue: str, states: Iterable[JobState | str] | None = None) -> int:
         """Blocking :meth:`QueueClient.purge`."""

@@ -489,3 +489,15 @@ async def test_a_delayed_job_past_its_deadline_is_explained_as_delayed_and_left_
         said = await client.explain(store.keys.name, job)
     assert (said.state, said.reason) == (JobState.DELAYED, "expired"), said
     assert "the expiry sweep ends it" in said.detail and "claim" not in said.detail, said
+
+
+def test_a_hint_names_a_command_quoted_for_a_shell_and_under_the_clients_prefix() -> None:
+    from panqueue._store.ops.explain import _Words
+
+    for tool in ("cli", "dashboard"):
+        words = _Words(tool, "sign ups", "1", "billing")  # type: ignore[arg-type]
+        assert words("signal", name="go") == \
+            "panqueue signal --prefix billing 'sign ups' 1 go [JSON]"
+    assert _Words("cli", "q", "7")("retry") == "panqueue dlq q --retry 7"
+    assert _Words("cli", "q", "7")("start_worker") == "panqueue worker"
+    assert _Words("python", "q", "7", "billing")("resume") == "client.resume"

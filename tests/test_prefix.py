@@ -10,6 +10,7 @@ line.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -361,3 +362,25 @@ def test_the_exporter_reads_only_its_prefixs_queues(redis_url: str) -> None:
         finally:
             collector.close()
         assert waiting == expected
+
+
+def test_explains_hints_under_a_prefix_name_the_commands_that_act_on_its_queues(
+        redis_url: str) -> None:
+    """A job of a prefixed application's paused queue: the command the hint names resumes that
+    queue, not the unprefixed queue of the same name; the dashboard's and the terminal's
+    commands are quoted for a shell."""
+    name = "sign ups"
+    with SyncQueueClient(redis_url, prefix="billing") as mine, SyncQueueClient(redis_url) as bare:
+        bare.queue(name).add(0)
+        job = mine.queue(name).add(1)
+        mine.pause(name)
+        bare.pause(name)
+        said = mine.explain(name, job.id, tool="cli")
+        assert said.reason == "paused" and "panqueue resume --prefix billing 'sign ups'" in \
+            said.detail, said
+        shown = mine.explain(name, job.id, tool="dashboard")
+        assert shown.reason == "paused"
+        hint = said.detail.split("(", 1)[1].split(")", 1)[0]
+        done = run_cli(*shlex.split(hint)[1:], "--url", redis_url)
+        assert done.returncode == 0, done.stderr
+        assert not mine.is_paused(name) and bare.is_paused(name)

@@ -51,17 +51,20 @@ _NAMED_HOLDERS = 5
 
 # The one place a hint's words are written, for each tool: {queue} and {job} are filled in
 # (quoted for a shell in the terminal's commands).
+# {prefix} is "--prefix P " under a key prefix P (the commands act on that application's
+# queues), else empty.
 _HINTS: dict[str, dict[Tool, str]] = {
-    "resume": {"python": "client.resume", "cli": "panqueue resume {queue}",
+    "resume": {"python": "client.resume", "cli": "panqueue resume {prefix}{queue}",
                "dashboard": "the Resume button below"},
-    "retry": {"python": "client.retry_failed", "cli": "panqueue dlq {queue} --retry {job}",
+    "retry": {"python": "client.retry_failed",
+              "cli": "panqueue dlq {prefix}{queue} --retry {job}",
               "dashboard": "the Retry button below"},
-    "start_worker": {"python": "panqueue worker", "cli": "panqueue worker",
-                     "dashboard": "panqueue worker"},
+    "start_worker": {"python": "panqueue worker", "cli": "panqueue worker {prefix}",
+                     "dashboard": "panqueue worker {prefix}"},
     "batch": {"python": ": client.batch", "cli": "", "dashboard": ""},
     "signal": {"python": "client.signal({queue!r}, {job!r}, {name!r}, ...)",
-               "cli": "panqueue signal {queue} {job} {name} [JSON]",
-               "dashboard": "panqueue signal {queue} {job} {name} [JSON]"},
+               "cli": "panqueue signal {prefix}{queue} {job} {name} [JSON]",
+               "dashboard": "panqueue signal {prefix}{queue} {job} {name} [JSON]"},
 }
 
 
@@ -103,16 +106,18 @@ class Explanation:
 class _Words:
     """The hints for one tool and one job."""
 
-    def __init__(self, tool: Tool, queue: str, job_id: str) -> None:
+    def __init__(self, tool: Tool, queue: str, job_id: str, prefix: str | None = None) -> None:
         if tool not in ("python", "cli", "dashboard"):
             raise ConfigError(f"tool must be 'python', 'cli' or 'dashboard', got {tool!r}")
         self.tool = tool
-        self._quote = shlex.quote if tool == "cli" else str
-        self._fill = {"queue": self._quote(queue), "job": self._quote(job_id)}
+        # The terminal's commands, and those the dashboard names, are typed into a shell.
+        self._quote = str if tool == "python" else shlex.quote
+        self._fill = {"queue": self._quote(queue), "job": self._quote(job_id),
+                      "prefix": f"--prefix {self._quote(prefix)} " if prefix else ""}
 
     def __call__(self, action: str, **more: str) -> str:
         return _HINTS[action][self.tool].format(
-            **self._fill, **{name: self._quote(value) for name, value in more.items()})
+            **self._fill, **{name: self._quote(value) for name, value in more.items()}).strip()
 
 
 def _at(ms: bytes | int | float | None) -> str:
@@ -124,10 +129,12 @@ def _fmt(when: datetime) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-def explain(keys: QueueKeys, job_id: str, tool: Tool = "python") -> Op[Explanation]:
+def explain(keys: QueueKeys, job_id: str, tool: Tool = "python", prefix: str | None = None
+            ) -> Op[Explanation]:
     """Read the job and what holds it, and say why it is where it is (:class:`JobNotFound` if
-    there is no such job); a job of a batch says which. ``tool``: whose words the hints use."""
-    words = _Words(tool, keys.name, job_id)
+    there is no such job); a job of a batch says which. ``tool``: whose words the hints use;
+    ``prefix``: the client's key prefix, which the commands a hint names must be given."""
+    words = _Words(tool, keys.name, job_id, prefix)
     explanation = yield from _why(keys, job_id, words)
     batch = yield Command(("HGET", keys.job(job_id), "b"))
     if batch is None:
