@@ -692,3 +692,33 @@ async def test_a_flow_whose_keys_route_to_two_partitions_is_refused(redis_url: s
                     FlowJob("y", options={"key": key_in(1, "b")})]
         added = await queue.add_flow(together)
         assert len(added) == 2 and all(h.created for h in added)
+
+
+async def test_a_refused_flow_replaces_no_job_by_its_dedup_key(redis_url: str,
+                                                               queue_name: str) -> None:
+    """A flow one of whose items waits for an item whose custom id names a job of another
+    partition is refused, and nothing is written: not even the dedup replace of another item,
+    decided in its key's home partition, deletes the job it would replace."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[str]) -> None: ...
+
+    def name_in(partition: int, prefix: str, salt: str = "") -> str:
+        return next(f"{prefix}-{i}" for i in range(1000)
+                    if zlib.crc32(f"{salt}{prefix}-{i}".encode()) % N == partition)
+
+    first, named, key = name_in(0, "x"), name_in(1, "y"), name_in(1, "d", "dd:")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        old = await queue.add("old", dedup=Dedup(key, ttl=600))
+        await queue.add("y", job_id=named)
+        with pytest.raises(ConfigError, match="nothing was added"):
+            await queue.add_flow([
+                FlowJob("first", job_id=first),
+                FlowJob("new", options={"dedup": Dedup(key, ttl=600, strategy="replace")}),
+                FlowJob("y", job_id=named),
+                FlowJob("dep", depends_on=[2]),
+            ])
+        assert (await old.info()).state is JobState.WAITING
+        assert sum((await client.counts(queue_name)).values()) == 2

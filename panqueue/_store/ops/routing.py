@@ -76,8 +76,9 @@ def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, sp
     add."""
     if len(parts) == 1 or (together and len(jobs) > 0):
         home = yield from home_partition(parts, jobs[0], spread)
-        if together:
+        if together and len(parts) > 1:
             _check_keys_of_a_flow(parts, home, jobs)
+            yield from _check_ids_a_flow_waits_for(parts, home, jobs)
         return (yield from _identity.add_placed(parts, home, jobs, mode, durable_timeout_ms))
     groups: dict[int, list[int]] = {}
     for index, job in enumerate(jobs):
@@ -141,6 +142,27 @@ def _check_keys_of_a_flow(parts: Sequence[QueueKeys], home: QueueKeys,
                 f"{where}, and this flow in partition {home.partition} (where its first item "
                 "goes): a flow's jobs live in one partition, so on a partitioned keyed queue "
                 "its keys must route to the same partition (see docs/scaling.md)")
+
+
+def _check_ids_a_flow_waits_for(parts: Sequence[QueueKeys], home: QueueKeys,
+                                jobs: Sequence[NewJob]) -> Op[None]:
+    """Refuse (:class:`ConfigError`) a flow of which a later item waits for an item whose
+    custom id names a job of another partition, before any identity is decided: deciding one
+    can change what exists (a dedup replace deletes the job it replaces), and a refused add
+    writes nothing. (Identity decisions check the same again, for what changes meanwhile.)"""
+    for index, job in enumerate(jobs):
+        if not job.job_id or not any(job.job_id in later.depends_on
+                                     for later in jobs[index + 1:]):
+            continue
+        where = yield from job_partition(parts, job.job_id)
+        if where.partition == home.partition or not (
+                yield Command(("EXISTS", where.job(job.job_id)))):
+            continue
+        raise ConfigError(
+            f"queue {home.name!r}: item {index}: job_id {job.job_id!r} names a job of "
+            f"partition {where.partition}, not of this flow's partition {home.partition}, so "
+            "the items that depend on it cannot wait for it (a job waits only for jobs of its "
+            "own partition; see docs/scaling.md); nothing was added")
 
 
 class PartlyAdded(LayoutChanged):
