@@ -722,3 +722,30 @@ async def test_a_refused_flow_replaces_no_job_by_its_dedup_key(redis_url: str,
             ])
         assert (await old.info()).state is JobState.WAITING
         assert sum((await client.counts(queue_name)).values()) == 2
+
+
+async def test_a_flow_of_ids_nobody_chose_is_not_looked_up_item_by_item(
+        redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ids a flow waits for are looked up before anything is decided, but only custom
+    ones: a chain of generated ids looks none up."""
+    from panqueue._store.ops import routing
+
+    looked_up: list[str] = []
+    real = routing.job_partition
+
+    def counting(parts: Any, job_id: str) -> Any:
+        looked_up.append(job_id)
+        return (yield from real(parts, job_id))
+
+    monkeypatch.setattr(routing, "job_partition", counting)
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[int]) -> None: ...
+
+    async with QueueClient(redis_url) as client:
+        added = await client.queue(work).add_chain([FlowJob(i) for i in range(50)])
+        assert len(added) == 50 and looked_up == []
+        await client.queue(work).add_flow([FlowJob(0, job_id="mine"),
+                                           FlowJob(1, depends_on=[0])])
+    assert looked_up == ["mine"]

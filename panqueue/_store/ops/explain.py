@@ -59,7 +59,7 @@ _HINTS: dict[str, dict[Tool, str]] = {
     "retry": {"python": "client.retry_failed",
               "cli": "panqueue dlq {prefix}{queue} --retry {job}",
               "dashboard": "the Retry button below"},
-    "start_worker": {"python": "panqueue worker", "cli": "panqueue worker {prefix}",
+    "start_worker": {"python": "panqueue worker {prefix}", "cli": "panqueue worker {prefix}",
                      "dashboard": "panqueue worker {prefix}"},
     "batch": {"python": ": client.batch", "cli": "", "dashboard": ""},
     "signal": {"python": "client.signal({queue!r}, {job!r}, {name!r}, ...)",

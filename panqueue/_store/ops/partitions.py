@@ -299,7 +299,9 @@ def all_events(parts: Sequence[QueueKeys], after: str | None, count: int, watch:
     (events.py watch)."""
     yield from _events.watch(parts, every=watch)
     if len(parts) == 1:
-        return (yield from _events.events_now(parts[0], after, count))
+        # A position of several partitions (taken before the queue was laid out in one) is
+        # refused here, as one of another count is below, not by the stream read.
+        return (yield from _events.events_now(parts[0], _cursor(parts, after)[0], count))
     positions = yield from event_positions(parts, after)
     if after is None:
         return [], ",".join(positions)

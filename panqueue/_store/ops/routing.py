@@ -140,8 +140,8 @@ def _check_keys_of_a_flow(parts: Sequence[QueueKeys], home: QueueKeys,
             raise ConfigError(
                 f"queue {home.name!r}: item {index}'s key {job.key!r} lives in partition "
                 f"{where}, and this flow in partition {home.partition} (where its first item "
-                "goes): a flow's jobs live in one partition, so on a partitioned keyed queue "
-                "its keys must route to the same partition (see docs/scaling.md)")
+                "goes): a flow's jobs live in one partition, so its keys must route to the "
+                "same partition (see docs/scaling.md)")
 
 
 def _check_ids_a_flow_waits_for(parts: Sequence[QueueKeys], home: QueueKeys,
@@ -150,9 +150,10 @@ def _check_ids_a_flow_waits_for(parts: Sequence[QueueKeys], home: QueueKeys,
     custom id names a job of another partition, before any identity is decided: deciding one
     can change what exists (a dedup replace deletes the job it replaces), and a refused add
     writes nothing. (Identity decisions check the same again, for what changes meanwhile.)"""
+    awaited = {dep for job in jobs for dep in job.depends_on}
     for index, job in enumerate(jobs):
-        if not job.job_id or not any(job.job_id in later.depends_on
-                                     for later in jobs[index + 1:]):
+        # An id the client made unique (a flow item given none) names no job yet.
+        if not job.job_id or job.unique_id or job.job_id not in awaited:
             continue
         where = yield from job_partition(parts, job.job_id)
         if where.partition == home.partition or not (
