@@ -252,6 +252,28 @@ def test_backend_without_enqueue_on_commit_adds_at_once_inside_a_transaction(
         assert client.get_job("direct", result.id).state is JobState.WAITING
 
 
+def test_enqueue_returns_when_the_task_ran_and_was_deleted_before_its_read_back(
+        client: SyncQueueClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """enqueue() reads enqueued_at back after the add. A fast worker can run the task, and the
+    backend's retention delete it, in between: the task was enqueued, so enqueue() returns
+    (with this process's clock), and does not raise JobNotFound for a task that ran."""
+    from django.utils import timezone
+
+    from panqueue._producer import SyncJobHandle
+    from tests.django_project.shop.tasks import add
+
+    real_info = SyncJobHandle.info
+
+    def deleted_first(handle: SyncJobHandle) -> Any:
+        client.remove("direct", handle.id)  # as retention deletes a finished job
+        return real_info(handle)
+
+    monkeypatch.setattr(SyncJobHandle, "info", deleted_first)
+    before = timezone.now()
+    result = add.using(backend="direct", queue_name="direct").enqueue(1, 2)
+    assert result.enqueued_at is not None and result.enqueued_at >= before
+
+
 def test_results_are_kept_as_the_backends_retention_says(
         django_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     from tests.django_project.shop.tasks import add

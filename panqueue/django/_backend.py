@@ -246,8 +246,14 @@ class PanqueueBackend(BaseTaskBackend):
         # Django and panqueue agree on priorities: higher runs first, 0 by default.
         job = self.client.queue(task.queue_name).add(data, job_id=result.id,
                                                      priority=task.priority, run_at=run_at)
-        # The server's time of the add, as get_result() reads it back (not this clock).
-        object.__setattr__(result, "enqueued_at", _django_time(job.info().enqueued_at))
+        # The server's time of the add, as get_result() reads it back (not this clock); but a
+        # worker may have run the task and retention deleted it already: the add is done all
+        # the same, and this clock says when.
+        try:
+            enqueued_at = job.info().enqueued_at
+        except panqueue.errors.JobNotFound:
+            enqueued_at = timezone.now()
+        object.__setattr__(result, "enqueued_at", _django_time(enqueued_at))
         task_enqueued.send(type(self), task_result=result)
 
     # -- reading back ------------------------------------------------------------------------
