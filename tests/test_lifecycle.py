@@ -698,3 +698,34 @@ async def test_worker_carries_on_after_redis_restarts(tmp_path: Path) -> None:
             assert await waiting.result(timeout=15) == "kept"  # survived the restart
     finally:
         server.cleanup()
+
+
+async def test_a_shorter_grace_given_to_a_stop_under_way_bounds_it(redis_url: str,
+                                                                  queue_name: str) -> None:
+    """A stop begun with a long grace (a signal, a "stop" command, shutdown(60)), then
+    shutdown(grace=0.2): it returns within that grace plus the bounded forced phase, as
+    documented, and the job still running is released to waiting."""
+    registry = Registry()
+    started = anyio.Event()
+
+    @registry.handler(queue_name)
+    async def stuck(job: Job[Any]) -> None:
+        started.set()
+        await anyio.sleep(60)
+
+    async with QueueClient(redis_url) as client:
+        handle = await client.queue(queue_name).add({})
+        worker = Worker(registry, queue_name, url=redis_url)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            with anyio.fail_after(10):
+                await started.wait()
+            tg.start_soon(worker.shutdown, 60.0)
+
+            async def stopping() -> bool:
+                return worker._stopping
+
+            await async_wait_until(stopping, what="the first stop to begin")
+            with anyio.fail_after(0.2 + 9):
+                await worker.shutdown(grace=0.2)
+        assert (await handle.info()).state is JobState.WAITING

@@ -275,9 +275,20 @@ class Worker:
         bounded)."""
         if grace is not None:
             self.grace = grace
+        stopping = self._stopping
         self._begin_stop()
         if self._done is None:
             return  # never ran
+        if stopping and grace is not None and anyio.current_time() + grace < self._drain_until:
+            # A stop begun before (a "stop" command, a signal) drains under its own grace: this
+            # shorter one holds from now.
+            self._drain_until = anyio.current_time() + grace
+            if self._roles is not None:
+                self._roles.claimer.stop(by=self._drain_until)
+            with anyio.move_on_after(grace):
+                await self._done.wait()
+                return
+            self.force()
         await self._done.wait()
 
     def force(self) -> None:
