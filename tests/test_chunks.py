@@ -628,3 +628,40 @@ async def test_a_keyed_chunk_that_raises_rate_limited_claims_no_job_of_a_key_it_
             await async_wait_until(both_back, what="both jobs of the chunk rate limited")
             assert (await third.info()).state is JobState.WAITING
         assert calls == [["a", "b"]]
+
+
+async def test_a_job_handed_over_while_a_chunk_outlasts_its_lock_is_renewed_and_runs_once(
+        redis_url: str, queue_name: str) -> None:
+    """The only slot runs a chunk longer than the lock TTL; the chunk's gathering ended at its
+    wait after a claim that registered the worker as idle, so a job added meanwhile is handed
+    to it and waits for the slot. Its lock is renewed while it waits: no stall is charged, it
+    is not claimed a second time, and it runs once when the slot frees."""
+    registry = Registry()
+    calls: list[list[str]] = []
+    first_started = anyio.Event()
+
+    @registry.handler(queue_name, chunk=Chunk(size=2, wait=0.3), concurrency=1, lock_ttl=1.0)
+    async def rows(jobs: list[Job[int]]) -> list[None]:
+        calls.append([job.id for job in jobs])
+        if len(calls) == 1:
+            first_started.set()
+            await anyio.sleep(3.0)  # three lock TTLs
+        return [None] * len(jobs)
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(rows)
+        async with run_worker(registry, queue_name, redis_url, poll_interval=10.0,
+                              stalled_interval=0.2) as worker:
+            async def idle() -> bool:
+                return worker._roles is not None and worker._roles.claimer.registered
+
+            await async_wait_until(idle, what="the worker to wait as idle")
+            first = await queue.add(1)
+            with anyio.fail_after(10):
+                await first_started.wait()
+            second = await queue.add(2)
+            assert await second.result(timeout=15) is None
+            assert (await first.info()).state is JobState.COMPLETED
+        info = await second.info()
+    assert info.history == [] and info.attempts == 1, info.history  # no stall charged
+    assert calls.count([second.id]) == 1 and len(calls) == 2, calls

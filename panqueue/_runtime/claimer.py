@@ -223,6 +223,16 @@ class ClaimLoop:
         self._start_handed()
         self._wakeups.wake()
 
+    def waiting(self) -> list[ClaimedJob]:
+        """The jobs claimed for this worker that wait for a slot (their locks are renewed with
+        the running attempts')."""
+        return list(self._handed)
+
+    def give_up(self, lost: set[tuple[str, str]]) -> None:
+        """Waiting jobs whose locks were taken away (their renewal found them lost): they
+        are another worker's now, and never start here."""
+        self._handed = [job for job in self._handed if (job.id, job.token) not in lost]
+
     async def withdraw(self) -> list[ClaimedJob]:
         """On stopping: end this worker's idle registrations; returns the jobs it was handed
         and did not start (to be released)."""

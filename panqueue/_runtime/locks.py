@@ -23,6 +23,7 @@ from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._store import transitions
 from panqueue._store.notify import CancelRequest
 from panqueue._store.tokens import lock_token, parse_lock_token
+from panqueue._store.transitions import ClaimedJob
 from panqueue._store.transport import AsyncTransport
 from panqueue.errors import PanqueueError
 
@@ -272,13 +273,19 @@ def by_partition(running: list[Attempt]) -> dict[int, list[tuple[str, str]]]:
 class Renewer:
     """Renews the locks of every running attempt in one call every ``lock_ttl / 3``, and stops
     the attempts whose lock is lost, or surely expired because renewals kept failing (the job
-    may already run elsewhere: finishing it here would be a double run)."""
+    may already run elsewhere: finishing it here would be a double run). The jobs claimed for
+    this worker that wait for a slot (``waiting``: handed over, or claimed by a recording, while
+    every slot is taken) are renewed too; one whose lock was taken away is given up
+    (``give_up``)."""
 
     def __init__(self, transport: AsyncTransport, parts: list[QueueKeys], attempts: Attempts,
-                 log: Any) -> None:
+                 log: Any, waiting: Callable[[], list[ClaimedJob]] = list,
+                 give_up: Callable[[set[tuple[str, str]]], None] = lambda lost: None) -> None:
         self._transport = transport
         self._parts = parts
         self._attempts = attempts
+        self._waiting = waiting
+        self._give_up = give_up
         self._ttl_ms = max(1, int(attempts.lock_ttl * 1000))
         self._trouble = Trouble(log, "lock renewal", episode_of(transport))
         self.on_renewed: Callable[[int], None] | None = None  # metrics: locks renewed
@@ -290,18 +297,25 @@ class Renewer:
 
     async def renew(self) -> None:
         running = list(self._attempts.by_lock.values())
-        if not running:
+        waiting = self._waiting()
+        if not running and not waiting:
             return
         sent = time.monotonic()
+        locks_of = by_partition(running)
+        for job in waiting:
+            locks_of.setdefault(job.partition, []).append((job.id, job.token))
         try:
             lost: set[tuple[str, str]] = set()
-            for partition, locks in by_partition(running).items():
+            for partition, locks in locks_of.items():
                 lost |= set(await self._transport.run(transitions.extend(
                     self._parts[partition], self._ttl_ms, locks)))
         except PanqueueError as exc:
             self._trouble.failed(exc)
         else:
             self._trouble.ok()
+            gone = {(job.id, job.token) for job in waiting} & lost
+            if gone:
+                self._give_up(gone)
             if self.on_renewed is not None:
                 self.on_renewed(sum(a.lock not in lost for a in running))
             for attempt in running:

@@ -181,7 +181,8 @@ class Roles:
                 attempt=attempt, record=record, log=log, parts=parts,
                 shared_rate=shape.shared_rate, name=worker.name, new_event=new_event,
                 new_scope=native_scopes())
-        self.renewer = Renewer(transport, parts, attempts, log)
+        self.renewer = Renewer(transport, parts, attempts, log, waiting=self.claimer.waiting,
+                               give_up=self.claimer.give_up)
         self.upkeep = Upkeep(
             transport, parts, interval=worker.stalled_interval, max_stalls=options.max_stalls,
             retention=options.retention, schedules=worker.schedules, mode=options.mode,
