@@ -555,12 +555,15 @@ async def test_graceful_shutdown_lets_running_jobs_finish(redis_url: str,
         assert (await handle.info()).state is JobState.COMPLETED
 
 
-@pytest.mark.parametrize("stop", ["forced shutdown", "cancelled from outside"])
+@pytest.mark.parametrize("stop", ["forced shutdown", "cancelled from outside",
+                                  "shorter grace during a stop"])
 async def test_a_stopped_worker_gives_its_running_job_back_to_waiting(
         redis_url: str, queue_name: str, stop: str) -> None:
-    """A forced shutdown (grace over), or the application cancelling the task group its worker
-    runs in (no shutdown asked for): the running job goes back to waiting at once, not after
-    its lock's 60 s, and the interrupted attempt does not count."""
+    """A forced shutdown (grace over), the application cancelling the task group its worker
+    runs in (no shutdown asked for), or a shutdown with a short grace while a stop with a long
+    one is under way (a signal, a "stop" command): the running job goes back to waiting at
+    once, not after its lock's 60 s or the first stop's grace, and the interrupted attempt does
+    not count."""
     registry = Registry()
     started = anyio.Event()
 
@@ -576,11 +579,18 @@ async def test_a_stopped_worker_gives_its_running_job_back_to_waiting(
             await tg.start(worker.run)
             with anyio.fail_after(10):
                 await started.wait()
+            if stop == "shorter grace during a stop":
+                tg.start_soon(worker.shutdown, 60.0)
+
+                async def stopping() -> bool:
+                    return worker._stopping
+
+                await async_wait_until(stopping, what="the first stop to begin")
             with anyio.fail_after(5):
-                if stop == "forced shutdown":
-                    await worker.shutdown(grace=0.2)
-                else:
+                if stop == "cancelled from outside":
                     tg.cancel_scope.cancel()
+                else:
+                    await worker.shutdown(grace=0.2)
         info = await handle.info()
         assert info.state is JobState.WAITING
         assert info.attempts == 0
@@ -699,33 +709,3 @@ async def test_worker_carries_on_after_redis_restarts(tmp_path: Path) -> None:
     finally:
         server.cleanup()
 
-
-async def test_a_shorter_grace_given_to_a_stop_under_way_bounds_it(redis_url: str,
-                                                                  queue_name: str) -> None:
-    """A stop begun with a long grace (a signal, a "stop" command, shutdown(60)), then
-    shutdown(grace=0.2): it returns within that grace plus the bounded forced phase, as
-    documented, and the job still running is released to waiting."""
-    registry = Registry()
-    started = anyio.Event()
-
-    @registry.handler(queue_name)
-    async def stuck(job: Job[Any]) -> None:
-        started.set()
-        await anyio.sleep(60)
-
-    async with QueueClient(redis_url) as client:
-        handle = await client.queue(queue_name).add({})
-        worker = Worker(registry, queue_name, url=redis_url)
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.run)
-            with anyio.fail_after(10):
-                await started.wait()
-            tg.start_soon(worker.shutdown, 60.0)
-
-            async def stopping() -> bool:
-                return worker._stopping
-
-            await async_wait_until(stopping, what="the first stop to begin")
-            with anyio.fail_after(0.2 + 9):
-                await worker.shutdown(grace=0.2)
-        assert (await handle.info()).state is JobState.WAITING
