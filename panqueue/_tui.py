@@ -31,19 +31,17 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Footer, Static
 
 from panqueue._client import SyncQueueClient
+from panqueue._ends import ends_since, events_end
 from panqueue._job import JobInfo, JobState
 from panqueue._lag import lag_seconds
 from panqueue._store.ops.timings import DEFAULT_SAMPLE, Timings
 from panqueue._store.transport import redact_url
-from panqueue.errors import ConfigError
 
 __all__ = ["QueueRow", "Snapshot", "TopApp", "sparkline"]
 
 HISTORY = 180  # samples kept per queue (3 minutes at one a second)
 _SPARK_WIDTH = 24  # samples shown in the queue table
 _BARS = "▁▂▃▄▅▆▇█"
-_EVENT_BATCH = 1000
-_EVENT_READS = 20  # at most this many batches per queue per refresh
 _FAILED_SHOWN = 50
 TIMINGS_WINDOW = 60.0  # seconds of finished jobs behind the wait and run percentiles
 
@@ -137,28 +135,9 @@ class Sampler:
         rates = self._rates.get(queue)
         now = time.monotonic()
         if rates is None:
-            # Counting ends of jobs: a read that asks for them alone (ops/events.py watch).
-            _, position = self.client.read_events(queue, watch=False)
-            self._rates[queue] = _Rates(position, now)
+            self._rates[queue] = _Rates(events_end(self.client, queue), now)
             return 0.0, 0.0
-        completed = failed = 0
-        for _ in range(_EVENT_READS):
-            try:
-                events, rates.position = self.client.read_events(
-                    queue, rates.position, limit=_EVENT_BATCH, watch=False)
-            except ConfigError:
-                # The queue's partition count changed since the position was taken (drained,
-                # purged and deployed anew): count from now on.
-                _, position = self.client.read_events(queue, watch=False)
-                self._rates[queue] = _Rates(position, now)
-                return 0.0, 0.0
-            for event in events:
-                if event.type == "completed":
-                    completed += 1
-                elif event.type == "failed":
-                    failed += 1
-            if len(events) < _EVENT_BATCH:
-                break
+        completed, failed, rates.position = ends_since(self.client, queue, rates.position)
         elapsed = max(now - rates.last, 1e-3)
         rates.last = now
         rates.completed.append(completed / elapsed)

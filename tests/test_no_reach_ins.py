@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "panqueue"
 
 # The clients, what they hand out, and the edges that produce or read through them.
 CHECKED = ["_client.py", "_queue.py", "_batch.py", "_producer.py", "spark.py", "spark_sources.py",
-           "_tui.py", "_lag.py", "_listing.py", "_demo.py", "_health.py", "metrics.py",
+           "_tui.py", "_lag.py", "_ends.py", "_listing.py", "_demo.py", "_health.py", "metrics.py",
            "testing.py", "cli", "dashboard", "django"]
 
 

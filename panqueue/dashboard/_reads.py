@@ -26,15 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from panqueue import (
-    ConfigError,
-    ErrorInfo,
-    Event,
-    JobState,
-    PanqueueError,
-    SyncQueueClient,
-    WorkerProcess,
-)
+from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient, WorkerProcess
+from panqueue._ends import EVENT_BATCH, EVENT_READS, ends_since, events_end
 from panqueue._lag import lag_seconds
 from panqueue._listing import age, timestamp
 from panqueue._store.ops import worker_processes
@@ -48,8 +41,6 @@ __all__ = ["PREVIEW_CHARS", "QUEUE_LIST_TTL", "RATE_WINDOW", "Bounded", "Overvie
 QUEUE_LIST_TTL = 10.0
 RATE_WINDOW = 10.0
 _RATE_MIN_INTERVAL = 0.5  # reads closer together than this reuse the last figure
-_EVENT_BATCH = 1000
-_EVENT_READS = 20  # at most this many batches per queue per read
 EVENTS_SHOWN = 200
 _EVENTS_LOOKBACK_MS = 60_000
 
@@ -182,25 +173,12 @@ class Rates:
             now = time.monotonic()
             window = self._windows.get(queue)
             if window is None:
-                # Counting ends of jobs: a read that asks for them alone (ops/events.py watch).
-                _, position = self.client.read_events(queue, watch=False)
-                self._windows[queue] = _Window(position, now, deque([(now, 0, 0)]))
+                self._windows[queue] = _Window(events_end(self.client, queue), now,
+                                               deque([(now, 0, 0)]))
                 return None, None
             if now - window.last_read >= _RATE_MIN_INTERVAL:
-                completed = failed = 0
-                for _ in range(_EVENT_READS):
-                    try:
-                        events, window.position = self.client.read_events(
-                            queue, window.position, limit=_EVENT_BATCH, watch=False)
-                    except ConfigError:
-                        # The queue's partition count changed since the position was taken
-                        # (drained, purged and deployed anew): count from now on.
-                        del self._windows[queue]
-                        return None, None
-                    completed += sum(1 for e in events if e.type == "completed")
-                    failed += sum(1 for e in events if e.type == "failed")
-                    if len(events) < _EVENT_BATCH:
-                        break
+                completed, failed, window.position = ends_since(self.client, queue,
+                                                                window.position)
                 window.samples.append((now, completed, failed))
                 window.last_read = now
                 while len(window.samples) > 2 and window.samples[1][0] <= now - RATE_WINDOW:
@@ -308,9 +286,9 @@ def recent_events(client: SyncQueueClient, queue: str, after: str | None
         millis = int(end.split("-", 1)[0])
         after = "0-0" if end == "0-0" else f"{max(0, millis - _EVENTS_LOOKBACK_MS)}-0"
     found: deque[Event] = deque(maxlen=EVENTS_SHOWN)
-    for _ in range(_EVENT_READS):
-        events, after = client.read_events(queue, after, limit=_EVENT_BATCH, watch=False)
+    for _ in range(EVENT_READS):
+        events, after = client.read_events(queue, after, limit=EVENT_BATCH, watch=False)
         found.extend(events)
-        if len(events) < _EVENT_BATCH:
+        if len(events) < EVENT_BATCH:
             break
     return [event_dict(e) for e in found], after, watched
