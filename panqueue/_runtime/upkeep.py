@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 
 from panqueue._codec import encode
-from panqueue._keys import QueueKeys, route
+from panqueue._keys import QueueKeys
 from panqueue._options import Retention
 from panqueue._runtime.trouble import Trouble, episode_of
 from panqueue._schedule import Schedule
@@ -20,7 +20,7 @@ from panqueue._store import ops, transitions
 from panqueue._store.ops.add import NewJob
 from panqueue._store.ops.batches import relay, sweep_batches
 from panqueue._store.ops.identity import forget_deleted
-from panqueue._store.ops.routing import add_routed
+from panqueue._store.ops.routing import add_routed, identity_home
 from panqueue._store.ops.schedules import (
     schedule_done,
     schedule_pending,
@@ -150,7 +150,8 @@ class Upkeep:
                     ticks, following = schedule.due_ticks(run_ms, now)
                     grace_ms = round(schedule.grace * 1000)
                     taken, job_ids, left = await transport.run(ops.schedule_tick(
-                        keys, name, ticks, [self._elsewhere(name, tick) for tick in ticks], now,
+                        keys, name, ticks, [self._elsewhere(schedule, tick) for tick in ticks],
+                        now,
                         following, schedule.misfire, grace_ms, encode(schedule.data),
                         schedule.priority,
                         encode(schedule.options) if schedule.options else b""))
@@ -189,26 +190,25 @@ class Upkeep:
                 self._log.info("schedule enqueued a job", schedule=name, job_id=job_id,
                                pending=True)
 
-    def _elsewhere(self, name: str, tick_ms: int) -> bool:
-        """Whether the job of a tick belongs in another partition than the schedules': the one
-        its key (a keyed queue's ticks share one) or else its id routes it to, as a producer's
-        add of it would."""
-        n = len(self._parts)
-        if self._mode == "keyed":
-            home = route(n, key=tick_key(name))
-        else:
-            home = route(n, tick_job_id(name, tick_ms))
+    def _tick_job(self, schedule: Schedule, tick_ms: int) -> NewJob:
+        """The job of a tick, as the tick script makes it (lua/schedule_tick.lua)."""
+        return NewJob(tick_job_id(schedule.name, tick_ms), encode(schedule.data),
+                      priority=schedule.priority,
+                      options=encode(schedule.options) if schedule.options else b"",
+                      key=tick_key(schedule.name) if self._mode == "keyed" else "")
+
+    def _elsewhere(self, schedule: Schedule, tick_ms: int) -> bool:
+        """Whether the job of a tick belongs in another partition than the schedules': where a
+        producer's add of it would go (its key's, a keyed queue's ticks share one, or its
+        id's)."""
+        home = identity_home(len(self._parts), self._tick_job(schedule, tick_ms))
         return home != self._keys.partition
 
     async def _add_elsewhere(self, schedule: Schedule, ticks: list[int]) -> list[str]:
         """Add the jobs of ``ticks`` the tick script left pending, each where it routes (under
         its id: adding one again makes no second job), then mark them added. Returns the ids
         of the jobs made."""
-        jobs = [NewJob(tick_job_id(schedule.name, tick), encode(schedule.data),
-                       priority=schedule.priority,
-                       options=encode(schedule.options) if schedule.options else b"",
-                       key=tick_key(schedule.name) if self._mode == "keyed" else "")
-                for tick in ticks]
+        jobs = [self._tick_job(schedule, tick) for tick in ticks]
         added = await self._transport.run(add_routed(self._parts, jobs, self._mode, 0))
         await self._transport.run(schedule_done(self._keys, schedule.name, ticks))
         return [job_id for job_id, created in added if created]

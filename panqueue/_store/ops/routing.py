@@ -16,7 +16,7 @@ from panqueue._store.ops.base import LayoutChanged
 from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import ConfigError
 
-__all__ = ["PartlyAdded", "add_routed", "home_partition", "job_partition"]
+__all__ = ["PartlyAdded", "add_routed", "home_partition", "identity_home", "job_partition"]
 
 
 def job_partition(parts: Sequence[QueueKeys], job_id: str) -> Op[QueueKeys]:
@@ -46,9 +46,7 @@ def home_partition(parts: Sequence[QueueKeys], job: NewJob, spread: int) -> Op[Q
     n = len(parts)
     if n == 1:
         return parts[0]
-    if job.key:
-        return parts[route(n, key=job.key) or 0]
-    if job.depends_on:
+    if job.depends_on and not job.key:
         home = yield from job_partition(parts, job.depends_on[0])
         for dep in job.depends_on[1:]:
             other = yield from job_partition(parts, dep)
@@ -59,11 +57,21 @@ def home_partition(parts: Sequence[QueueKeys], job: NewJob, spread: int) -> Op[Q
                     f"{other.partition}); a job of a partitioned queue can wait only for jobs "
                     "of one partition (see docs/scaling.md)")
         return home
+    routed = identity_home(n, job)
+    return parts[spread % n if routed is None else routed]
+
+
+def identity_home(n: int, job: NewJob) -> int | None:
+    """The partition (of ``n``) a new job's key routes it to, else its custom id, else its
+    dedup key; None when it has none of them. (A job with dependencies and no key goes where
+    they are instead: :func:`home_partition`.)"""
+    if job.key:
+        return route(n, key=job.key)
     if job.job_id:
-        return parts[route(n, job.job_id) or 0]
+        return route(n, job.job_id)
     if job.dedup_key:
-        return parts[route(n, key="dd:" + job.dedup_key) or 0]
-    return parts[spread % n]
+        return route(n, key="dd:" + job.dedup_key)
+    return None
 
 
 def add_routed(parts: Sequence[QueueKeys], jobs: Sequence[NewJob], mode: str, spread: int,
