@@ -270,17 +270,11 @@ def _held(keys: QueueKeys, job_id: str, state: JobState, kind: str, args: list[A
                            "keys ready to start a job, though neither its limit nor its rate "
                            "holds it: no claim takes it until a job of the key changes")
     if kind == "rate_room":
-        ahead, room = int(args[0]), int(args[1])
-        return Explanation(state, "rate_limited", "the queue's rate limit "
-                           f"({_limit(*args[2:5])}) has room for {room} more "
-                           f"start{'s' * (room != 1)} now, and {ahead} "
-                           f"job{'s' * (ahead != 1)} start before it")
+        return _room(state, f"the queue's rate limit ({_limit(*args[2:5])})", int(args[1]),
+                     int(args[0]), "")
     if kind == "key_rate_room":
-        key, ahead, room = args[0].decode(), int(args[1]), int(args[2])
-        return Explanation(state, "rate_limited", f"key {key!r}'s rate limit "
-                           f"({_limit(*args[3:6])}) has room for {room} more "
-                           f"start{'s' * (room != 1)} now, and {ahead} "
-                           f"job{'s' * (ahead != 1)} of the key start before it")
+        return _room(state, f"key {args[0].decode()!r}'s rate limit ({_limit(*args[3:6])})",
+                     int(args[2]), int(args[1]), " of the key")
     ahead, partitions, key = int(args[0]), int(args[1]), args[2].decode()
     before = int(args[3]) if len(args) > 3 else ahead
     if partitions > 1:
@@ -318,17 +312,22 @@ def _shared_window(keys: QueueKeys, state: JobState, partitions: int, ahead: int
     limit, per = (int(part) for part in saved.split(b":", 1))
     _, wake_in, _, room = yield ScriptCall(SCRIPTS.rate_take, (keys.shared_rate,),
                                            (0, limit, per, "explain"))
-    window = f"({limit} starts per {per / 1000:g} s, one window for its {partitions} partitions)"
+    window = (f"the queue's rate limit ({limit} starts per {per / 1000:g} s, one window for "
+              f"its {partitions} partitions)")
     if int(wake_in) < 0:
-        if int(room) > ahead:
-            return None
-        return Explanation(state, "rate_limited", f"the queue's rate limit {window} has room "
-                           f"for {int(room)} more start{'s' * (int(room) != 1)} now, and "
-                           f"{ahead} job{'s' * (ahead != 1)} of its partition start before it")
+        return None if int(room) > ahead else _room(state, window, int(room), ahead,
+                                                     " of its partition")
     seconds, micros = yield Command(("TIME",))
     free_at = int(seconds) * 1000 + int(micros) // 1000 + int(wake_in)
-    return Explanation(state, "rate_limited", f"the queue's rate limit {window} is used up "
-                       f"until {_at(free_at)}")
+    return Explanation(state, "rate_limited", f"{window} is used up until {_at(free_at)}")
+
+
+def _room(state: JobState, window: str, room: int, ahead: int, of: str) -> Explanation:
+    """A rate ``window`` (in words) with room for fewer starts than the ``ahead`` jobs (``of``
+    which: its key, its partition) that start before the job."""
+    return Explanation(state, "rate_limited", f"{window} has room for {room} more "
+                       f"start{'s' * (room != 1)} now, and {ahead} job{'s' * (ahead != 1)}"
+                       f"{of} start before it")
 
 
 def _last_entry(history: bytes | None) -> dict[Any, Any]:
