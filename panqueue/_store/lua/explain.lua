@@ -46,15 +46,15 @@
 local id = ARGV[1]
 local jkey = job_key(id)
 local now = now_ms()
-local state = redis.call('HGET', jkey, 's')
+local job = redis.call('HMGET', jkey, 's', 'x')
+local state, x = job[1], tonumber(job[2])  -- x: its deadline to start by (nil: none)
 if state ~= 'waiting' and state ~= 'delayed' then
   return {'state', state or ''}
 end
 if state == 'delayed' then
   local due = redis.call('ZSCORE', K_DELAYED, id)
-  local x = redis.call('HGET', jkey, 'x')
-  if x and tonumber(x) <= now then
-    return {'expired', tonumber(x), 'delayed'}  -- the expiry sweep ends it before it is due
+  if x and x <= now then
+    return {'expired', x, 'delayed'}  -- the expiry sweep ends it before it is due
   end
   if due and tonumber(due) > now then
     local waits = redis.call('HGET', durable_key(id), 'ws')
@@ -79,9 +79,8 @@ state = redis.call('HGET', jkey, 's')
 if state ~= 'waiting' then
   return {'state', state or ''}
 end
-local x = redis.call('HGET', jkey, 'x')
-if x and tonumber(x) <= now then
-  return {'expired', tonumber(x)}
+if x and x <= now then
+  return {'expired', x}
 end
 local ahead, before, key
 if keyed() then
