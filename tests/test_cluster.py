@@ -596,16 +596,18 @@ async def test_a_partitioned_queues_schedule_puts_each_ticks_job_on_its_homes_ma
     parts = partition_keys(name, MASTERS)
     registry = Registry()
     ran: Counter[str] = Counter()
+    every_master = anyio.Event()  # a tick's job has run in each partition
 
     @registry.handler(name, partitions=MASTERS, concurrency=4)
     async def work(job: Job[Any]) -> None:
         ran[job.id] += 1
+        if len({route(MASTERS, job_id) for job_id in ran}) == MASTERS:
+            every_master.set()
 
     registry.schedule("tick", name, every=0.1)
     async with QueueClient(cluster.url) as client, run_worker(registry, name, cluster.url):
         with anyio.fail_after(20):
-            while len({route(MASTERS, job_id) for job_id in ran}) < MASTERS:
-                await anyio.sleep(0.05)
+            await every_master.wait()
         again = [await client.queue(work).add({}, job_id=job_id) for job_id in list(ran)]
         ticks = list(ran)
     assert not any(handle.created for handle in again)
