@@ -8,8 +8,9 @@ put it, which may be another partition, and no script can touch two. Such an add
 1. In the identity's home, ``identity_reserve.lua`` decides the identity as an add would (the id
    names a job, a live dedup key names one: the add returns it), and otherwise writes a pointer
    to the partition the job goes to, with a token naming this add.
-2. In that partition, the add script adds the job, carrying the token. It refuses a token that
-   was fenced there.
+2. In that partition, the add script adds the job, carrying the token (and its dedup key, so
+   that the key's pointer can tell its job from a later one under the same id: tokens so
+   written start with :data:`HELD_TOKEN_MARK`). It refuses a token that was fenced there.
 
 A producer that meets a pointer whose job is missing asks that partition
 (``identity_check.lua``): while the pointer is younger than :data:`GRACE_MS` the add it stands
@@ -18,6 +19,9 @@ longer arrive, and the pointer is cleared and decided again. A producer that die
 steps therefore delays the next add of the same identity by the grace at most, a removed or
 trimmed job leaves a pointer that the next add finds stale, and two racing producers never both
 create a job: whichever pointer stands, the other add finds it.
+
+Longer than 400 lines: the two steps, the look at another add's pointer and the clearing of
+stale ones are one protocol, whose functions call each other and share its pointers' format.
 """
 
 from __future__ import annotations
