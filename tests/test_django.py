@@ -66,11 +66,11 @@ def _env(django_db: Path, url: str, **extra: str) -> dict[str, str]:
 def django_worker(django_db: Path, client: SyncQueueClient, tmp_path: Path
                   ) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start ``panqueue worker panqueue.django:registry`` (or ``app``; killed at the end);
-    returns once it serves the queue ``serves``."""
+    returns once it serves the queue ``serves`` (under the key prefix ``prefix``)."""
     started: list[subprocess.Popen[bytes]] = []
 
     def start(app: str = "panqueue.django:registry", serves: str = "default",
-              **extra_env: str) -> subprocess.Popen[bytes]:
+              prefix: str | None = None, **extra_env: str) -> subprocess.Popen[bytes]:
         with (tmp_path / "worker.err").open("wb") as err:
             process = subprocess.Popen(
                 panqueue_command("worker", app, "--url", client.url),
@@ -81,7 +81,8 @@ def django_worker(django_db: Path, client: SyncQueueClient, tmp_path: Path
         def serving() -> bool:
             if process.poll() is not None:
                 raise AssertionError((tmp_path / "worker.err").read_text())
-            return bool(client.workers(serves))
+            with SyncQueueClient(client.url, prefix=prefix) as serving_client:
+                return bool(serving_client.workers(serves))
 
         wait_until(serving, timeout=20, what="the Django worker to start")
         return process
@@ -412,6 +413,8 @@ def test_example_project_enqueues_on_commit_and_a_burst_worker_runs_its_tasks(
     ({"QUEUES": ["a{b}"]}, "TASKS['bad']['QUEUES']: queue name 'a{b}'"),
     ({"ENQUEUE_ON_COMMIT": "yes"}, "['ENQUEUE_ON_COMMIT'] must be True or False"),
     ({"OPTIONS": {"retention": 10}}, "['retention'] must be a panqueue.Retention"),
+    ({"OPTIONS": {"prefix": "a:b"}}, "TASKS['bad']['OPTIONS']['prefix']: prefix 'a:b' may"),
+    ({"OPTIONS": {"prefix": 5}}, "['prefix']: prefix must be a non-empty str"),
 ])
 def test_bad_backend_settings_raise_one_config_error_naming_the_entry(
         django_db: Path, params: dict[str, Any], problem: str) -> None:
@@ -547,6 +550,40 @@ def test_queues_empty_takes_any_queue_name_as_django_means_and_its_workers_serve
                   PQ_DJANGO_ANY_QUEUE="1")
     wait_until(_finished(result), what="the any-queue task to finish")
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
+
+
+def test_a_backend_with_a_key_prefix_stores_its_tasks_under_it_and_its_workers_serve_it(
+        client: SyncQueueClient, redis_url: str,
+        django_worker: Callable[..., subprocess.Popen[bytes]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from panqueue import ConfigError
+    from panqueue.django import PanqueueBackend, registry_for
+    from tests.django_project.shop.tasks import add
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    billed = add.using(backend="billing", queue_name="billed")
+    result = billed.enqueue(4, 5)
+    # Under the prefix, as QueueClient(prefix="billing") names it, and nowhere else.
+    with SyncQueueClient(redis_url, prefix="billing") as prefixed:
+        assert prefixed.get_job("billed", result.id).data["task"] == add.module_path
+    with pytest.raises(JobNotFound):
+        client.get_job("billed", result.id)
+    assert billed.get_result(result.id).status == TaskResultStatus.READY
+
+    # Its registry carries the prefix (and the URL), so a worker given neither serves it.
+    assert (registry_for("billing").prefix, registry_for("billing").url) == ("billing", redis_url)
+    django_worker("tests.django_project.prefixed:registry", serves="billed", prefix="billing",
+                  PQ_DJANGO_ANY_QUEUE="1")
+    wait_until(_finished(result), what="the prefixed task to finish")
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 9)
+
+    # One worker serves one prefix: a registry of backends with different ones is refused.
+    with pytest.raises(ConfigError, match="different key prefixes"):
+        registry_for("default", "billing")
+    # The default is PANQUEUE_PREFIX, as the CLI's.
+    monkeypatch.setenv("PANQUEUE_PREFIX", "ops")
+    assert PanqueueBackend("x", {}).prefix == "ops"
+    assert PanqueueBackend("x", {"OPTIONS": {"prefix": None}}).prefix is None
 
 
 # -- retries -------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import os
 import threading
 from collections.abc import Sequence
 from datetime import datetime
@@ -23,7 +24,7 @@ from panqueue._check import check_flag
 from panqueue._client import SyncQueueClient
 from panqueue._codec import check_json_compatible
 from panqueue._job import JobInfo, JobState
-from panqueue._keys import check_queue_name
+from panqueue._keys import check_prefix, check_queue_name
 from panqueue._options import Retention, check_attempts, check_positive
 from panqueue.django._compat import (
     BaseTaskBackend,
@@ -48,7 +49,8 @@ _ID_LENGTH = 32
 # The job log line each attempt starts with; TaskResult.worker_ids is read back from these.
 WORKER_LINE = "django task running on worker "
 
-_OPTIONS = frozenset({"url", "task_modules", "attempts", "backoff", "timeout", "retention"})
+_OPTIONS = frozenset({"url", "prefix", "task_modules", "attempts", "backoff", "timeout",
+                      "retention"})
 
 # panqueue job states as Django sees them. Django has no cancelled state: a cancelled (or
 # expired) job did not run to success, so it reads as FAILED.
@@ -66,16 +68,18 @@ _STATUS = {
     JobState.CANCELLED: FAILED,
 }
 
-# One client per Redis URL for the whole process: Django makes a backend object per thread,
-# and they all share the client's (thread-safe) connection pool.
-_clients: dict[str, SyncQueueClient] = {}
+# One client per Redis URL and key prefix for the whole process: Django makes a backend object
+# per thread, and they all share the client's (thread-safe) connection pool.
+_clients: dict[tuple[str, str | None], SyncQueueClient] = {}
 _clients_lock = threading.Lock()
 
 
-def _client(url: str | None) -> SyncQueueClient:
-    client = SyncQueueClient(url)  # resolves and checks the URL; connects on first use
+def _client(url: str, prefix: str | None) -> SyncQueueClient:
     with _clients_lock:
-        return _clients.setdefault(client.url, client)
+        client = _clients.get((url, prefix))
+        if client is None:  # connects on first use
+            client = _clients[url, prefix] = SyncQueueClient(url, prefix=prefix)
+        return client
 
 
 class TaskRefused(Exception):
@@ -102,7 +106,9 @@ class PanqueueBackend(BaseTaskBackend):
     "OPTIONS": {"url": "redis://..."}}}``. ``ENQUEUE_ON_COMMIT`` (default False, as Django's
     own backends enqueue at once): True adds the job when the ``default`` database's
     transaction commits. ``OPTIONS``:
-    ``url`` (default ``PANQUEUE_URL``, else ``redis://localhost:6379/0``), ``task_modules``
+    ``url`` (default ``PANQUEUE_URL``, else ``redis://localhost:6379/0``), ``prefix`` (the key
+    prefix of the queues, as ``QueueClient(prefix=...)``; default ``PANQUEUE_PREFIX``, else
+    none), ``task_modules``
     (modules outside the installed apps whose tasks workers may run), and for the workers'
     handlers ``attempts`` (default 1), ``backoff`` (default panqueue's: see :func:`check_backoff`),
     ``timeout`` (seconds, default none) and ``retention`` (a :class:`panqueue.Retention`: how
@@ -146,6 +152,11 @@ class PanqueueBackend(BaseTaskBackend):
         if url is not None and not isinstance(url, str):
             raise ConfigError(f"{where}['OPTIONS']['url'] must be a str, got {url!r}")
         self.url = SyncQueueClient(url).url
+        try:
+            self.prefix = check_prefix(
+                options.get("prefix", os.environ.get("PANQUEUE_PREFIX") or None))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}['OPTIONS']['prefix']: {exc}") from None
         modules = options.get("task_modules", ())
         if isinstance(modules, str) or not isinstance(modules, Sequence) \
                 or not all(isinstance(m, str) and m for m in modules):
@@ -173,8 +184,8 @@ class PanqueueBackend(BaseTaskBackend):
 
     @property
     def client(self) -> SyncQueueClient:
-        """The process's client for this backend's URL."""
-        return _client(self.url)
+        """The process's client for this backend's URL and key prefix."""
+        return _client(self.url, self.prefix)
 
     # -- checks ------------------------------------------------------------------------------
 

@@ -69,7 +69,8 @@ def registry_for(*aliases: str, queues: Sequence[str] | None = None) -> Registry
     """A registry that runs the tasks of the ``TASKS`` backends ``aliases`` (default: every
     backend that is a :class:`PanqueueBackend`): one handler per queue of each, on the thread
     executor, with the backend's ``attempts``, ``timeout`` and ``retention``. Sets Django up
-    first.
+    first. The registry's ``url`` is the backends' (when they share one) and its ``prefix``
+    theirs: backends with different prefixes are refused, as a worker serves one.
 
     A backend with ``QUEUES: []`` takes any queue name, so its workers cannot list them:
     ``queues`` names the ones they serve (it applies to such backends only)."""
@@ -94,7 +95,16 @@ def registry_for(*aliases: str, queues: Sequence[str] | None = None) -> Registry
             isinstance(q, str) and q for q in queues)):
         raise ConfigError(f"registry_for(queues=...) must be a list of queue names, "
                           f"got {queues!r}")
-    registry = Registry()
+    prefixes = {backend.prefix for backend in backends}
+    if len(prefixes) > 1:
+        raise ConfigError(
+            "the backends " + ", ".join(f"TASKS[{b.alias!r}]" for b in backends)
+            + " have different key prefixes (OPTIONS['prefix']), and a worker serves one: "
+            "make a registry for each (registry_for(alias)) and run a worker for each")
+    # The backends' URL and prefix are the worker's defaults (its --url, --prefix and
+    # PANQUEUE_URL, PANQUEUE_PREFIX still come first).
+    urls = {backend.url for backend in backends}
+    registry = Registry(urls.pop() if len(urls) == 1 else None, prefix=prefixes.pop())
     for backend in backends:
         runner = _TaskRunner(backend)
         served = sorted(backend.queues or queues or ())
@@ -141,9 +151,10 @@ class _TaskRunner:
                 # Read through the backend, as Django would: RUNNING, with the attempts so far.
                 info = backend.client.get_job(job.queue, job.id)
             except JobNotFound:
+                where = redact_url(backend.url) + (
+                    f", prefix {backend.prefix!r}" if backend.prefix else "")
                 raise Fail(f"job {job.id} is not in the Redis of TASKS[{backend.alias!r}] "
-                           f"({redact_url(backend.url)}): run the worker with that URL"
-                           ) from None
+                           f"({where}): run the worker with that URL and prefix") from None
             try:
                 result = backend.result_from_job(info)
             except TaskResultDoesNotExist as exc:

@@ -56,6 +56,13 @@ if os.environ.get("PQ_DJANGO_ANY_QUEUE"):
         "QUEUES": [],
         "OPTIONS": {"url": os.environ["PANQUEUE_URL"]},
     }
+    # A second application's tasks, under the key prefix "billing" (its workers:
+    # tests.django_project.prefixed, which serves this backend only).
+    TASKS["billing"] = {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": ["billed"],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "prefix": "billing"},
+    }
     # The backend the ported suites of tests/django_port run against: any queue name, and
     # workers (tests.django_port.worker) serving the queue "port" only.
     TASKS["port"] = {
