@@ -1,9 +1,9 @@
-"""What panqueue.spark's functions and panqueue.spark_sources' data sources share: the
-checks and conversions from a DataFrame's rows to job payloads, :class:`EnqueuePlan` (the
-per-partition enqueueing of ``enqueue_dataframe`` and of ``df.write.format("panqueue")``), and
-the schemas of the job records (``JOB_SCHEMA``, ``job_record``) and of the history
-(``HISTORY_SCHEMA``). Both modules import it; neither imports the other (``panqueue.spark``
-re-exports the public names).
+"""What panqueue.spark's functions and panqueue.spark_sources' data sources share:
+:class:`Server` (where a queue's keys are), the checks and conversions from a DataFrame's rows
+to job payloads, :class:`EnqueuePlan` (the per-partition enqueueing of ``enqueue_dataframe``
+and of ``df.write.format("panqueue")``), and the schemas of the job records (``JOB_SCHEMA``,
+``job_record``) and of the history (``HISTORY_SCHEMA``). Both modules import it; neither
+imports the other (``panqueue.spark`` re-exports the public names).
 
 Needs the ``spark`` extra.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,14 +24,34 @@ from pyspark.sql import types as T
 
 from panqueue._check import check_int
 from panqueue._job import JobInfo
+from panqueue._keys import check_prefix
 from panqueue._options import Backoff
 from panqueue._producer import SyncProducer, Target, target
 from panqueue._store import check_url, ops
 from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
 
-__all__ = ["HISTORY_SCHEMA", "JOB_SCHEMA", "Converter", "EnqueuePlan", "converter",
+__all__ = ["HISTORY_SCHEMA", "JOB_SCHEMA", "Converter", "EnqueuePlan", "Server", "converter",
            "job_record", "plan_enqueue"]
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """Where a queue's keys are: the Redis URL and the key prefix, resolved and checked on the
+    driver (``url`` default ``$PANQUEUE_URL``, ``prefix`` default ``$PANQUEUE_PREFIX``, as the
+    CLI's) and carried to the executors, whose environment may differ."""
+
+    url: str
+    prefix: str | None
+
+    @classmethod
+    def resolve(cls, url: str | None, prefix: str | None) -> Server:
+        if prefix is None:
+            prefix = os.environ.get("PANQUEUE_PREFIX") or None
+        return cls(check_url(resolve_url(url)), check_prefix(prefix))
+
+    def producer(self, spread: int = 0) -> SyncProducer:
+        return SyncProducer(self.url, spread, prefix=self.prefix)
 
 # --------------------------------------------------------------------------- rows to payloads
 
@@ -105,7 +126,7 @@ class EnqueuePlan:
     (:func:`plan_enqueue`); :meth:`add_rows` runs in the executors. Shared by
     ``enqueue_dataframe`` and the ``panqueue`` data source's writer."""
 
-    url: str
+    server: Server
     to: Target
     to_data: Converter
     batch_size: int
@@ -121,7 +142,7 @@ class EnqueuePlan:
         added = existing = 0
         batch = []
         # Where this task's rows without id or key start: tasks spread over the partitions.
-        with SyncProducer(self.url, spread=random.randrange(1 << 16)) as producer:
+        with self.server.producer(spread=random.randrange(1 << 16)) as producer:
             # A partitioned queue: each batch goes out as one script call per partition,
             # pipelined (one round trip per node of a cluster), routed by the queue's layout
             # (read again if it changes meanwhile).
@@ -155,8 +176,9 @@ class EnqueuePlan:
 
 
 def plan_enqueue(schema: T.StructType, queue: str, *, url: str | None = None,
-                 id_column: str | None = None, data_column: str | None = None,
-                 batch_size: int = 1000, priority: int | None = None,
+                 prefix: str | None = None, id_column: str | None = None,
+                 data_column: str | None = None, batch_size: int = 1000,
+                 priority: int | None = None,
                  delay: float | None = None, attempts: int | None = None,
                  backoff: Backoff | None = None, timeout: float | None = None,
                  key_column: str | None = None, priority_column: str | None = None,
@@ -165,8 +187,9 @@ def plan_enqueue(schema: T.StructType, queue: str, *, url: str | None = None,
     ConfigError here means nothing was written."""
     defaults = {k: v for k, v in dict(priority=priority, delay=delay, attempts=attempts,
                                       backoff=backoff, timeout=timeout).items() if v is not None}
-    to = target(queue, {**defaults, "mode": mode})  # checks the mode and the queue's name
-    url = check_url(resolve_url(url))
+    server = Server.resolve(url, prefix)
+    # Checks the mode and the queue's name.
+    to = target(queue, {**defaults, "mode": mode}, server.prefix)
     check_int(batch_size, "batch_size", low=1)
     columns = schema.fieldNames()
     for name, column in (("id_column", id_column), ("data_column", data_column),
@@ -184,7 +207,7 @@ def plan_enqueue(schema: T.StructType, queue: str, *, url: str | None = None,
                               "integers, decimals or dates")
     data_type = schema if data_column is None else schema[data_column].dataType
     ops.new_job(to.defaults, None, {})  # validates the options on the driver
-    return EnqueuePlan(url, to, converter(data_type), batch_size, id_column, data_column,
+    return EnqueuePlan(server, to, converter(data_type), batch_size, id_column, data_column,
                        key_column, priority_column, delay_column)
 
 

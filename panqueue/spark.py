@@ -42,12 +42,12 @@ from panqueue._spark_rows import (
     HISTORY_SCHEMA,
     JOB_SCHEMA,
     EnqueuePlan,
+    Server,
     converter,
     job_record,
     plan_enqueue,
 )
-from panqueue._store import check_url, ops
-from panqueue._url import resolve_url
+from panqueue._store import ops
 from panqueue.errors import ConfigError
 
 __all__ = ["HISTORY_SCHEMA", "JOB_SCHEMA", "EnqueuePlan", "EnqueueStats", "HistoryExport",
@@ -71,6 +71,7 @@ def enqueue_dataframe(
     queue: str,
     *,
     url: str | None = None,
+    prefix: str | None = None,
     id_column: str | None = None,
     data_column: str | None = None,
     batch_size: int = 1000,
@@ -90,10 +91,12 @@ def enqueue_dataframe(
     job id is ``"<id_column>:<value>"``: re-running, or Spark retrying a task, reports those
     rows as ``existing`` instead of adding them again. ``priority``/``delay``/``attempts``/...
     apply to every row; ``key_column``, ``priority_column`` and ``delay_column`` set them per
-    row. ``mode`` ('global' or 'keyed') refuses a queue stored with the other mode. Raises
-    ConfigError before writing anything if a column has no JSON form.
+    row. ``mode`` ('global' or 'keyed') refuses a queue stored with the other mode. ``url``
+    defaults to ``$PANQUEUE_URL``, ``prefix`` (the key prefix, as ``QueueClient(prefix=...)``)
+    to ``$PANQUEUE_PREFIX``, both read on the driver. Raises ConfigError before writing
+    anything if a column has no JSON form.
     """
-    plan = plan_enqueue(df.schema, queue, url=url, id_column=id_column,
+    plan = plan_enqueue(df.schema, queue, url=url, prefix=prefix, id_column=id_column,
                         data_column=data_column, batch_size=batch_size, priority=priority,
                         delay=delay, attempts=attempts, backoff=backoff, timeout=timeout,
                         key_column=key_column, priority_column=priority_column,
@@ -116,16 +119,17 @@ _READ_BATCH = 500
 
 
 def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
-              states: Iterable[JobState | str] | None = None,
+              prefix: str | None = None, states: Iterable[JobState | str] | None = None,
               partitions: int | None = None) -> DataFrame:
     """A DataFrame with one row per job of ``queue`` (schema: ``JOB_SCHEMA``).
 
     The ids are listed once on the driver; the records are read by the executors in pipelined
-    batches. Jobs removed between listing and reading are skipped.
+    batches. Jobs removed between listing and reading are skipped. ``url`` and ``prefix`` as
+    for :func:`enqueue_dataframe`.
     """
-    url = check_url(resolve_url(url))
+    server = Server.resolve(url, prefix)
     wanted = list(JobState) if states is None else [JobState(s) for s in states]
-    with SyncProducer(url) as producer:
+    with server.producer() as producer:
         parts = producer.run(producer.partitions(queue))
         # A job moving between states while the states are listed can be listed twice.
         ids = list(dict.fromkeys((keys.partition, job_id) for keys in parts
@@ -137,7 +141,7 @@ def read_jobs(spark: SparkSession, queue: str, *, url: str | None = None,
 
     def read_partition(part: Iterable[tuple[int, str]]) -> Iterator[tuple[Any, ...]]:
         chunks: dict[int, list[str]] = {}  # by the queue partition that holds the jobs
-        with SyncProducer(url) as producer:
+        with server.producer() as producer:
             for partition, job_id in part:
                 chunk = chunks.setdefault(partition, [])
                 chunk.append(job_id)
@@ -224,8 +228,8 @@ def _write_batch(spark: SparkSession, queue: str, batch: str, rows: list[tuple[A
 
 
 def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
-                   path: str | os.PathLike[str], batch_size: int = _EXPORT_BATCH
-                   ) -> HistoryExport:
+                   prefix: str | None = None, path: str | os.PathLike[str],
+                   batch_size: int = _EXPORT_BATCH) -> HistoryExport:
     """Append the records of ``queue``'s history stream that no export has written yet to the
     Parquet dataset at ``path`` (``HISTORY_SCHEMA``, partitioned by ``date`` of ``finished_at``
     in UTC, then by ``batch``), and acknowledge them.
@@ -234,12 +238,12 @@ def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
     consumer group. A batch is acknowledged only after its write committed; an export that
     failed leaves its batch pending, and the next export writes that same batch again first,
     over the same directories: each record lands in the dataset once. Run one export of a queue
-    at a time.
+    at a time. ``url`` and ``prefix`` as for :func:`enqueue_dataframe`.
     """
     if not isinstance(spark, SparkSession):
         raise ConfigError(f"spark must be a SparkSession, got {spark!r}")
     check_queue_name(queue)
-    url = check_url(resolve_url(url))
+    server = Server.resolve(url, prefix)
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
     if not isinstance(path, str) or not path.strip():
@@ -247,7 +251,7 @@ def export_history(spark: SparkSession, queue: str, *, url: str | None = None,
                           f"goes), got {path!r}")
     check_int(batch_size, "batch_size", low=1)
     exported = batches = lost = 0
-    with SyncProducer(url) as producer:
+    with server.producer() as producer:
         # A partitioned queue has a stream per partition; stream ids of different partitions
         # may be equal, so their batches are named after the partition too.
         parts = producer.run(producer.partitions(queue))

@@ -37,13 +37,18 @@ from pyspark.sql.datasource import (
 
 from panqueue._job import JobState
 from panqueue._keys import QueueKeys, check_queue_name
-from panqueue._producer import SyncProducer
-from panqueue._spark_rows import HISTORY_SCHEMA, JOB_SCHEMA, EnqueuePlan, job_record, plan_enqueue
-from panqueue._store import check_url, ops
+from panqueue._spark_rows import (
+    HISTORY_SCHEMA,
+    JOB_SCHEMA,
+    EnqueuePlan,
+    Server,
+    job_record,
+    plan_enqueue,
+)
+from panqueue._store import ops
 from panqueue._store.ops.history import parse_record
 from panqueue._store.ops.jobs import state_set
 from panqueue._store.transport import Command, Op
-from panqueue._url import resolve_url
 from panqueue.errors import ConfigError
 
 __all__ = ["HistoryDataSource", "JobsDataSource"]
@@ -53,13 +58,14 @@ _STREAM_BATCH = 1000
 _FINAL = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
 
-def _connection(options: Any) -> tuple[str, str]:
-    """The checked ``url`` (default ``$PANQUEUE_URL``) and ``queue`` options."""
+def _connection(options: Any) -> tuple[Server, str]:
+    """The checked ``url`` (default ``$PANQUEUE_URL``), ``prefix`` (default
+    ``$PANQUEUE_PREFIX``) and ``queue`` options."""
     queue = options.get("queue")
     if not queue:
         raise ConfigError("option 'queue' is required: .option('queue', '<queue name>')")
     check_queue_name(queue)
-    return check_url(resolve_url(options.get("url"))), queue
+    return Server.resolve(options.get("url"), options.get("prefix")), queue
 
 
 def _int_option(options: Any, name: str, low: int = 1) -> int | None:
@@ -97,7 +103,8 @@ def _ms(value: Any) -> float | None:
 class JobsDataSource(DataSource):
     """``format("panqueue")``: read a queue's job records, or enqueue a DataFrame's rows.
 
-    Options: ``url`` (default ``$PANQUEUE_URL``), ``queue`` (required); reading: ``states``
+    Options: ``url`` (default ``$PANQUEUE_URL``), ``prefix`` (the key prefix, default
+    ``$PANQUEUE_PREFIX``), ``queue`` (required); reading: ``states``
     (comma-separated, default all) and ``pushdown`` (``false``: no ``pushFilters``, for a
     session where ``spark.sql.python.filterPushdown.enabled`` stays off); writing: those of
     ``enqueue_dataframe`` (``id_column``, ``data_column``, ``batch_size``, ``priority``,
@@ -113,7 +120,7 @@ class JobsDataSource(DataSource):
         return JOB_SCHEMA
 
     def reader(self, schema: T.StructType) -> DataSourceReader:
-        url, queue = _connection(self.options)
+        server, queue = _connection(self.options)
         states = self.options.get("states")
         try:
             wanted = (list(JobState) if not states else
@@ -125,16 +132,16 @@ class JobsDataSource(DataSource):
         if pushdown not in ("true", "false"):
             raise ConfigError(f"option 'pushdown' must be 'true' or 'false', got {pushdown!r}")
         reader = _PushdownJobsReader if pushdown == "true" else _JobsReader
-        return reader(url, queue, wanted)
+        return reader(server, queue, wanted)
 
     def writer(self, schema: T.StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise ConfigError("format('panqueue') only adds jobs: write with mode('append') "
                               "(overwrite would mean replacing the queue's jobs)")
-        url, queue = _connection(self.options)
+        server, queue = _connection(self.options)
         o = self.options
         plan = plan_enqueue(
-            schema, queue, url=url, id_column=o.get("id_column"),
+            schema, queue, url=server.url, prefix=server.prefix, id_column=o.get("id_column"),
             data_column=o.get("data_column"),
             batch_size=_int_option(o, "batch_size") or 1000,
             priority=_int_option(o, "priority", low=-(1 << 62)),
@@ -149,8 +156,8 @@ class _JobsReader(DataSourceReader):
     """One input partition per (queue partition, state): each task lists its set's ids and
     reads their records in pipelined batches, as ``read_jobs``'s executors do."""
 
-    def __init__(self, url: str, queue: str, states: list[JobState]) -> None:
-        self.url = url
+    def __init__(self, server: Server, queue: str, states: list[JobState]) -> None:
+        self.server = server
         self.queue = queue
         self.states = states
         # finished_at bounds in ms (inclusive), from pushed filters; only final states have it.
@@ -166,14 +173,14 @@ class _JobsReader(DataSourceReader):
             states = []
         if not states:
             return []
-        with SyncProducer(self.url) as producer:
+        with self.server.producer() as producer:
             parts = producer.run(producer.partitions(self.queue))
         return [InputPartition((keys, state.value)) for keys in parts for state in states]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         keys, state_name = partition.value
         state = JobState(state_name)
-        with SyncProducer(self.url) as producer:
+        with self.server.producer() as producer:
             if state in _FINAL and (self.finished_min is not None
                                     or self.finished_max is not None):
                 low = "-inf" if self.finished_min is None else math.floor(self.finished_min)
@@ -292,7 +299,7 @@ def _history_tuple(queue: str, record: ops.HistoryRecord) -> tuple[Any, ...]:
 
 class HistoryDataSource(DataSource):
     """``readStream.format("panqueue-history")``: the history stream's records
-    (``HISTORY_SCHEMA``). Options: ``url``, ``queue`` (required), ``startingOffsets``
+    (``HISTORY_SCHEMA``). Options: ``url``, ``prefix``, ``queue`` (required), ``startingOffsets``
     (``earliest``, the default: every record the stream still holds; ``latest``: only
     records added after the query starts)."""
 
@@ -304,12 +311,12 @@ class HistoryDataSource(DataSource):
         return HISTORY_SCHEMA
 
     def streamReader(self, schema: T.StructType) -> DataSourceStreamReader:
-        url, queue = _connection(self.options)
+        server, queue = _connection(self.options)
         starting = self.options.get("startingOffsets", "earliest").lower()
         if starting not in ("earliest", "latest"):
             raise ConfigError("option 'startingOffsets' must be 'earliest' or 'latest', got "
                               f"{starting!r}")
-        return _HistoryStreamReader(url, queue, starting == "latest")
+        return _HistoryStreamReader(server, queue, starting == "latest")
 
 
 class _HistoryStreamReader(DataSourceStreamReader):
@@ -318,13 +325,13 @@ class _HistoryStreamReader(DataSourceStreamReader):
     start), so a query restarted from its checkpoint reads each entry once. The stream is not
     acknowledged or trimmed by this reader (its retention trims it)."""
 
-    def __init__(self, url: str, queue: str, latest: bool) -> None:
-        self.url = url
+    def __init__(self, server: Server, queue: str, latest: bool) -> None:
+        self.server = server
         self.queue = queue
         self.latest = latest
 
     def _last_ids(self) -> dict[str, str]:
-        with SyncProducer(self.url) as producer:
+        with self.server.producer() as producer:
             parts = producer.run(producer.partitions(self.queue))
             return {str(keys.partition): producer.run(_last_entry(keys)) for keys in parts}
 
@@ -340,7 +347,7 @@ class _HistoryStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict[str, str], end: dict[str, str]
                    ) -> Sequence[InputPartition]:
-        with SyncProducer(self.url) as producer:
+        with self.server.producer() as producer:
             parts = {str(keys.partition): keys
                      for keys in producer.run(producer.partitions(self.queue))}
         return [InputPartition((parts[p].history, start.get(p, "0-0"), last))
@@ -349,7 +356,7 @@ class _HistoryStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         key, after, last = partition.value
-        with SyncProducer(self.url) as producer:
+        with self.server.producer() as producer:
             while True:
                 entries = producer.run(_entries_after(key, after, last, _STREAM_BATCH))
                 for entry, fields in entries:

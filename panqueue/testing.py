@@ -78,8 +78,8 @@ async def run_worker(registry: Registry, queue: str, url: str, *, grace: float =
             await worker.shutdown(grace=grace)
 
 
-async def drain(url: str, queue: str, *, timeout: float = 10.0, interval: float = 0.02
-                ) -> dict[JobState, int]:
+async def drain(url: str, queue: str, *, timeout: float = 10.0, interval: float = 0.02,
+                prefix: str | None = None) -> dict[JobState, int]:
     """Wait until ``queue`` has no waiting, delayed, blocked or active job, and return its
     counts by state (so a test can assert how many completed and failed).
 
@@ -87,9 +87,10 @@ async def drain(url: str, queue: str, *, timeout: float = 10.0, interval: float 
     after ``timeout`` seconds. It is async because the worker of :func:`run_worker` runs on the
     same event loop: a blocking wait there would stop the worker it waits for. Note that a
     job retried with a backoff is ``delayed`` until its next attempt, so drain waits for it.
+    ``prefix``: the queue's key prefix, as its registry's.
     """
     deadline = time.monotonic() + timeout
-    async with QueueClient(url) as client:
+    async with QueueClient(url, prefix=prefix) as client:
         while True:
             counts = await client.counts(queue)
             if not any(counts.get(state, 0) for state in UNFINISHED):

@@ -19,7 +19,14 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from panqueue import Job, JobState, Registry, SyncQueueClient
-from panqueue.spark import HISTORY_SCHEMA, JOB_SCHEMA, read_jobs, register
+from panqueue.spark import (
+    HISTORY_SCHEMA,
+    JOB_SCHEMA,
+    enqueue_dataframe,
+    export_history,
+    read_jobs,
+    register,
+)
 from panqueue.testing import drain, run_worker
 
 
@@ -57,9 +64,9 @@ def until_done(query: StreamingQuery) -> None:
     assert query.exception() is None
 
 
-def finish(url: str, queue: str, numbers: range) -> None:
+def finish(url: str, queue: str, numbers: range, prefix: str | None = None) -> None:
     """Add a job per number and run a worker until all have ended: multiples of 5 fail."""
-    registry = Registry()
+    registry = Registry(prefix=prefix)
 
     @registry.handler(queue, attempts=1)
     async def work(job: Job) -> int:
@@ -67,14 +74,14 @@ def finish(url: str, queue: str, numbers: range) -> None:
             raise ValueError(f"bad {job.data}")
         return int(job.data)
 
-    with SyncQueueClient(url) as client:
+    with SyncQueueClient(url, prefix=prefix) as client:
         q = client.queue(work)
         for n in numbers:
             q.add(n, job_id=f"n{n}")
 
     async def main() -> None:
         async with run_worker(registry, queue, url, concurrency=4):
-            await drain(url, queue)
+            await drain(url, queue, prefix=prefix)
 
     anyio.run(main)
 
@@ -279,3 +286,48 @@ def test_a_partitioned_queue_is_read_and_streamed_partition_by_partition(
 
     run_query(start, until_done)
     assert sorted(seen) == [(job_id, "completed") for job_id in ids]
+
+
+def test_a_key_prefix_reaches_every_function_and_source(
+        sources: SparkSession, redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    finish(redis_url, queue_name, range(6), prefix="tenant")
+    ids = [f"n{n}" for n in range(6)]
+    # Read, by the functions and by the source, under the prefix and not beside it.
+    assert read_jobs(sources, queue_name, url=redis_url).count() == 0
+    assert sorted(r.id for r in read_jobs(sources, queue_name, url=redis_url,
+                                          prefix="tenant").collect()) == ids
+    reader = sources.read.format("panqueue").option("url", redis_url).option("queue", queue_name)
+    assert reader.load().count() == 0
+    assert sorted(r.id for r in reader.option("prefix", "tenant").load().collect()) == ids
+
+    # Enqueued under it, by the function and by the source.
+    rows = sources.createDataFrame([(n,) for n in range(10)], ["n"])
+    enqueue_dataframe(rows, f"{queue_name}-f", url=redis_url, prefix="tenant", id_column="n")
+    (rows.write.format("panqueue").mode("append").option("url", redis_url)
+     .option("prefix", "tenant").option("queue", f"{queue_name}-s").option("id_column", "n")
+     .save())
+    with SyncQueueClient(redis_url, prefix="tenant") as tenant, \
+            SyncQueueClient(redis_url) as plain:
+        for queue in (f"{queue_name}-f", f"{queue_name}-s"):
+            assert tenant.counts(queue)[JobState.WAITING] == 10
+            assert plain.counts(queue)[JobState.WAITING] == 0
+
+    # Its history, exported and streamed.
+    assert export_history(sources, queue_name, url=redis_url, path=tmp_path / "history"
+                          ).exported == 0
+    assert export_history(sources, queue_name, url=redis_url, prefix="tenant",
+                          path=tmp_path / "history").exported == 6
+    seen: list[str] = []
+
+    def start() -> StreamingQuery:
+        stream = (sources.readStream.format("panqueue-history").option("url", redis_url)
+                  .option("prefix", "tenant").option("queue", queue_name).load())
+        return (stream.writeStream.foreachBatch(
+            lambda batch, _: seen.extend(r.id for r in batch.collect()))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True).start())
+
+    run_query(start, until_done)
+    assert sorted(seen) == ids
+    with pytest.raises(Exception, match="prefix 'a:b' may contain only"):
+        reader.option("prefix", "a:b").load().collect()
