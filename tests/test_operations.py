@@ -303,6 +303,24 @@ def test_purge_by_state_removes_only_those_jobs_and_their_edges(
         assert sum(client.counts(queue_name).values()) == 0
 
 
+def test_purge_of_a_chain_of_blocked_jobs_leaves_no_failed_entry_without_a_job(
+        redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
+    """Deleting A fails B, blocked on it, into "failed"; B is in the same purge's page and is
+    deleted from there, not left as a failed count with no job behind it."""
+    with SyncQueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        first = queue.add({"n": "x"}, delay=3600)
+        a = queue.add({"n": "a"}, depends_on=[first.id])
+        b = queue.add({"n": "b"}, depends_on=[a.id])
+        assert client.get_job(queue_name, b.id).state is JobState.BLOCKED
+        assert client.purge(queue_name, [JobState.BLOCKED]) == 2
+        counts = client.counts(queue_name)
+        assert (counts[JobState.BLOCKED], counts[JobState.FAILED]) == (0, 0)
+        assert client.list_jobs(queue_name, JobState.FAILED) == []
+        assert redis_client.zcard(QueueKeys(queue_name).failed) == 0
+        assert counts[JobState.DELAYED] == 1
+
+
 def test_purge_of_a_keyed_queue_keeps_its_counters_consistent(
         redis_url: str, queue_name: str, redis_client: redis.Redis) -> None:
     keys = QueueKeys(queue_name)

@@ -11,8 +11,8 @@
 -- mode's per-key lists, the kw count and the ready set stay consistent: unwait/refresh_key); an
 -- active job frees its key's slot (leave_active); delete_job removes the dependency edges on
 -- both sides and fails the jobs still blocked on a deleted job (recorded in "failed", which a
--- purge of 'all' deletes next). States are visited blocked first and finished last, so those
--- cascades land where the same purge still looks.
+-- purge of 'all' deletes next; one of the same page is deleted from there). States are visited
+-- blocked first and finished last, so those cascades land where the same purge still looks.
 --!include layout.lua
 --!include settings.lua
 --!include waiting.lua
@@ -39,6 +39,9 @@ local function delete(id)
   deleted = deleted + 1
   budget = budget - 1
 end
+
+local SETS = {blocked = K_BLOCKED, delayed = K_DELAYED, completed = K_COMPLETED,
+              failed = K_FAILED, cancelled = K_CANCELLED}
 
 -- The ids of up to `budget` members of a sorted set, taken out of it.
 local function take(set)
@@ -103,9 +106,10 @@ for _, state in ipairs({'blocked', 'delayed', 'waiting', 'active', 'completed', 
     elseif state == 'active' then
       purge_active()
     else
-      local set = ({blocked = K_BLOCKED, delayed = K_DELAYED, completed = K_COMPLETED,
-                    failed = K_FAILED, cancelled = K_CANCELLED})[state]
-      for _, id in ipairs(take(set)) do
+      -- One at a time, each out of the set its hash names: deleting a job fails the jobs
+      -- blocked on it, and a later one of this page may be such a job, now in "failed".
+      for _, id in ipairs(redis.call('ZRANGE', SETS[state], 0, budget - 1)) do
+        redis.call('ZREM', SETS[redis.call('HGET', job_key(id), 's')] or SETS[state], id)
         delete(id)
       end
     end
