@@ -17,6 +17,7 @@ import redis
 from panqueue import (
     Backoff,
     ConfigError,
+    Dedup,
     Job,
     JobFailed,
     JobState,
@@ -434,6 +435,34 @@ async def test_cancelled_jobs_follow_the_handlers_retention(redis_url: str,
         for handle in handles:
             assert await client.cancel(queue_name, handle.id) is JobState.WAITING
         assert (await client.counts(queue_name))[JobState.CANCELLED] == 2
+
+
+@pytest.mark.parametrize("how", ["added after it was cancelled", "removed", "replaced"])
+async def test_dependents_failed_by_a_client_follow_the_handlers_retention(
+        redis_url: str, queue_name: str, how: str) -> None:
+    """Jobs failed because a job they depend on will not complete, by an add, a remove() or a
+    dedup replace, are trimmed to Retention(failed=) like any other ending."""
+    registry = Registry()
+
+    @registry.handler(queue_name, retention=Retention(failed=2))
+    async def noop(job: Job) -> None: ...
+
+    async with QueueClient(redis_url) as client:
+        async with run_worker(registry, queue_name, redis_url):
+            await client.pause(queue_name)  # the worker declared the queue's retention
+        queue = client.queue(queue_name)
+        root = await queue.add("root", delay=3600, dedup=Dedup("root"))
+        if how == "added after it was cancelled":
+            await client.cancel(queue_name, root.id)
+        for n in range(5):
+            await queue.add(n, depends_on=[root.id])
+        if how == "removed":
+            assert await client.remove(queue_name, root.id)
+        elif how == "replaced":
+            await queue.add("root 2", delay=3600, dedup=Dedup("root", strategy="replace"))
+        counts = await client.counts(queue_name)
+        assert counts[JobState.FAILED] == 2, counts
+        assert len(await client.list_jobs(queue_name, JobState.FAILED)) == 2
 
 
 # ------------------------------------------------------------- a cancel that overtakes its claim

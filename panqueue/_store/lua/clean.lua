@@ -20,7 +20,7 @@ local function clean(set, age)
   end
   local old = redis.call('ZRANGEBYSCORE', set, '-inf', now - age, 'LIMIT', 0, tonumber(ARGV[3]))
   for _, id in ipairs(old) do
-    delete_job(id, now)
+    delete_job(id, now, false, true)
   end
   if #old > 0 then
     redis.call('ZREM', set, unpack(old))

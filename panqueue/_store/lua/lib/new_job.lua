@@ -81,7 +81,7 @@ local function add_job(now, f)
       end
     end
     local err = cmsgpack.pack({type = 'DependencyFailed', message = message})
-    end_job(jkey, id, 'failed', now, -1, {error = err, reason = 'dependency_failed',
+    end_job(jkey, id, 'failed', now, cancelled_keep(), {error = err, reason = 'dependency_failed',
       event = {'added', 's', 'failed'}})
   elseif waiting then
     redis.call('HSET', jkey, 's', 'blocked')

@@ -3,11 +3,12 @@
 -- Included by lib/finish.lua, which defines fail_dependents (declared here): deleting a job
 -- fails the jobs blocked on it, failing a job ends it, and an ending trims a finished set, so
 -- the two files call each other. Include finish.lua, not this file.
--- Needs: layout.lua, dependencies.lua, flow_record.lua, records.lua.
+-- Needs: layout.lua, settings.lua, dependencies.lua, flow_record.lua, records.lua.
 --
 -- Finished sets: ZSETs "completed", "failed" (the dead-letter set), "cancelled"; score = the
 -- finish time (ft), so the oldest go first.
 --!include layout.lua
+--!include settings.lua
 --!include dependencies.lua
 --!include flow_record.lua
 --!include records.lua
@@ -51,7 +52,8 @@ end
 -- its dependency edges on both sides and its flow's record (forget_flow); the jobs still
 -- blocked on it fail. (Most deleted jobs have no edge left: one EXISTS finds out, on the path
 -- retention takes at every finish; `edgeless`: the caller knows there is none, see
--- trim_finished. `keys`: a list the job's keys are appended to, for the caller to delete.)
+-- trim_finished. `finished`: retention deletes it, a job whose ending was noted. `keys`: a
+-- list the job's keys are appended to, for the caller to delete.)
 delete_job = function(id, now, edgeless, finished, keys)
   local jkey = job_key(id)
   if not finished then  -- retention (`finished`) deletes only jobs whose ending was noted
@@ -61,7 +63,9 @@ delete_job = function(id, now, edgeless, finished, keys)
     end
   end
   if not edgeless and redis.call('EXISTS', deps_key(id), needs_key(id)) > 0 then
-    fail_dependents(id, now or now_ms(), -1)
+    -- Their ending trims the failed set as the queue's workers declared (kf), as any finish
+    -- by a client does; retention's own deletions leave that to the trim under way.
+    fail_dependents(id, now or now_ms(), finished and -1 or cancelled_keep())
     forget_edges(id)
   end
   -- A pointer in another partition names it (lib/identity.lua): a worker clears it there.
