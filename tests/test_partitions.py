@@ -93,6 +93,38 @@ async def test_jobs_spread_over_partitions_and_each_runs_once(
         assert await client.queues() == [queue_name]
 
 
+async def test_a_merged_list_keeps_each_states_order_and_its_pages_add_up(
+        redis_url: str, queue_name: str) -> None:
+    """A partitioned queue's list merges its partitions in the order of one partition's list:
+    waiting jobs by priority then age, delayed ones by when they are due. A priority or a
+    delay in one partition once hid an older job of it behind a newer one, and a page of one
+    left out the job it should have held."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=2)
+    async def work(job: Job[str]) -> None: ...
+
+    async def listed(state: JobState) -> list[str]:
+        whole = [job.id for job in await client.list_jobs(queue_name, state)]
+        pages = [job.id for offset in range(len(whole))
+                 for job in await client.list_jobs(queue_name, state, limit=1, offset=offset)]
+        assert pages == whole
+        return whole
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        # Oldest first, partitions 0, 1, 0; the newest with a priority.
+        a = await queue.add("a", job_id=_custom_id_in(0, "a", 2))
+        b = await queue.add("b", job_id=_custom_id_in(1, "b", 2))
+        c = await queue.add("c", job_id=_custom_id_in(0, "c", 2), priority=10)
+        assert await listed(JobState.WAITING) == [c.id, a.id, b.id]
+        # Due last, in between, first.
+        d = await queue.add("d", job_id=_custom_id_in(0, "d", 2), delay=600)
+        e = await queue.add("e", job_id=_custom_id_in(1, "e", 2), delay=300)
+        f = await queue.add("f", job_id=_custom_id_in(0, "f", 2), delay=60)
+        assert await listed(JobState.DELAYED) == [f.id, e.id, d.id]
+
+
 async def test_the_claim_moves_past_empty_partitions(redis_url: str, queue_name: str) -> None:
     """Jobs only in the last partition: the first claim starts at an empty one and must go on
     (the poll interval is far longer than the test may take)."""

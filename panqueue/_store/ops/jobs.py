@@ -198,6 +198,23 @@ def state_set(keys: QueueKeys, state: JobState) -> str:
     return str(getattr(keys, STATE_SETS[state]))
 
 
+def scored(reply: list[Any]) -> list[tuple[bytes, float]]:
+    """(member, score) of a ZRANGE ... WITHSCORES reply, given as pairs (RESP3) or as a flat
+    list (RESP2)."""
+    if reply and not isinstance(reply[0], list | tuple):
+        reply = [reply[i:i + 2] for i in range(0, len(reply), 2)]
+    return [(member, float(score)) for member, score in reply]
+
+
+def first_scored(keys: QueueKeys, state: JobState, n: int) -> Op[list[tuple[bytes, float]]]:
+    """The first ``n`` jobs in ``state`` (not waiting) in :func:`list_ids`' order, each with
+    its score there: a time on the server's clock (when it is due, blocked since, its lock's
+    deadline, when it finished), which orders the jobs of several partitions as it orders
+    one's."""
+    command = "ZREVRANGE" if state.is_final else "ZRANGE"
+    return scored((yield Command((command, state_set(keys, state), 0, n - 1, "WITHSCORES"))))
+
+
 def counts(keys: QueueKeys) -> Op[dict[JobState, int]]:
     replies = yield Batch((*(Command(("ZCARD", state_set(keys, s))) for s in STATE_SETS),
                            Command(("LLEN", keys.wait_list)),
@@ -247,9 +264,7 @@ def due_delayed(keys: QueueKeys) -> Op[tuple[int, float]]:
                              route=keys.prefix)
     if not int(due) or not first:
         return 0, 0.0
-    # [member, score] (RESP2) or [[member, score]] (RESP3)
-    score = first[0][1] if isinstance(first[0], list | tuple) else first[1]
-    return int(due), max(0.0, (now - float(score)) / 1000)
+    return int(due), max(0.0, (now - scored(first)[0][1]) / 1000)
 
 
 def list_ids(keys: QueueKeys, state: JobState, limit: int | None = 100, offset: int = 0

@@ -158,19 +158,31 @@ def all_counts(parts: Sequence[QueueKeys]) -> Op[dict[JobState, int]]:
 
 
 def _order(state: JobState) -> Any:
-    """How a merged list of jobs in ``state`` is sorted: finished ones newest first, the rest
-    by when they were enqueued (within a partition, each list keeps its own order)."""
-    if state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
+    """How a merged list of jobs in ``state`` is sorted, by what each partition's list is
+    sorted by (:func:`~panqueue._store.ops.jobs.list_ids`): finished jobs newest first, delayed
+    ones by when they are due; waiting ones by priority, then when they were enqueued (a
+    partition's claim order, but for jobs put back in their old place); the others by when they
+    were enqueued, or started."""
+    if state.is_final:
         return lambda job: -(job.finished_at or _EPOCH).timestamp()
+    if state is JobState.DELAYED:
+        return lambda job: (job.run_at or _EPOCH).timestamp()
+    if state is JobState.WAITING:
+        return lambda job: (-job.priority, (job.enqueued_at or _EPOCH).timestamp())
+    if state is JobState.ACTIVE:
+        return lambda job: (job.started_at or _EPOCH).timestamp()
     return lambda job: (job.enqueued_at or _EPOCH).timestamp()
 
 
 def all_list_jobs(parts: Sequence[QueueKeys], state: JobState | str, limit: int, offset: int,
                   tag: str | None = None, error_type: str | None = None
                   ) -> Op[list[JobInfo]]:
-    """One page of the merged list: each partition's first ``offset + limit`` jobs, merged.
-    Exact for the order :func:`_order` names; O(partitions x (offset + limit)). With ``tag``
-    or ``error_type``, each partition filters on the server (its own index of each tag)."""
+    """One page of the merged list. A state kept in a sorted set by time (every one but
+    waiting): each partition's first ``offset + limit`` ids with their scores, merged by score
+    (the order of one partition's list), and only the page's jobs read. Waiting jobs, and
+    lists filtered by ``tag`` or ``error_type`` (on the server, each partition with its own
+    index of each tag): each partition's first ``offset + limit`` jobs, merged by
+    :func:`_order`. O(partitions x (offset + limit))."""
 
     def one(part: QueueKeys, wanted: JobState | str, limit: int, offset: int
             ) -> Op[list[JobInfo]]:
@@ -184,11 +196,32 @@ def all_list_jobs(parts: Sequence[QueueKeys], state: JobState | str, limit: int,
         wanted = JobState(state)
     except ValueError:
         raise ConfigError(f"unknown job state {state!r}") from None
+    if wanted is not JobState.WAITING and tag is None and error_type is None:
+        return (yield from _scored_page(parts, wanted, limit, offset))
     lists = []
     for part in parts:
         lists.append((yield from one(part, wanted, offset + limit, 0)))
     merged = list(heapq.merge(*lists, key=_order(wanted)))
     return merged[offset:offset + limit]
+
+
+def _scored_page(parts: Sequence[QueueKeys], state: JobState, limit: int, offset: int
+                 ) -> Op[list[JobInfo]]:
+    sign = -1 if state.is_final else 1  # finished: newest first
+    lists = []
+    for part in parts:
+        scored = yield from _jobs.first_scored(part, state, offset + limit)
+        lists.append([(sign * score, part.partition, member.decode())
+                      for member, score in scored])
+    page = list(heapq.merge(*lists))[offset:offset + limit]
+    by_part: dict[int, list[str]] = {}
+    for _, partition, job_id in page:
+        by_part.setdefault(partition, []).append(job_id)
+    found: dict[tuple[int, str], JobInfo] = {}
+    for partition, ids in by_part.items():
+        for job in (yield from _jobs.read_jobs(parts[partition], ids, states=(state,))):
+            found[partition, job.id] = job
+    return [found[p, job_id] for _, p, job_id in page if (p, job_id) in found]
 
 
 def all_due_delayed(parts: Sequence[QueueKeys]) -> Op[tuple[int, float]]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from panqueue._keys import QueueKeys
+from panqueue._store.ops.jobs import scored
 from panqueue._store.transport import Batch, Command, Op
 
 __all__ = ["Timings", "percentile", "recent_timings"]
@@ -49,13 +49,6 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     return ordered[min(rank, len(ordered)) - 1]
 
 
-def _pairs(reply: list[Any]) -> list[tuple[bytes, float]]:
-    """(member, score) of a ZRANGE ... WITHSCORES reply, given as pairs or as a flat list."""
-    if reply and not isinstance(reply[0], (list, tuple)):
-        reply = [reply[i:i + 2] for i in range(0, len(reply), 2)]
-    return [(member, float(score)) for member, score in reply]
-
-
 def recent_timings(keys: QueueKeys | Sequence[QueueKeys], window: float = 60.0,
                    sample: int = DEFAULT_SAMPLE) -> Op[Timings]:
     """Percentiles of the wait and run times of the queue's jobs that completed or failed for
@@ -77,7 +70,7 @@ def recent_timings(keys: QueueKeys | Sequence[QueueKeys], window: float = 60.0,
         ), route=part.prefix)
         since = int(now[0]) * 1000 + int(now[1]) // 1000 - window * 1000
         finished += [(score, part, member)
-                     for member, score in (*_pairs(completed), *_pairs(failed))
+                     for member, score in (*scored(completed), *scored(failed))
                      if score >= since]
     finished = sorted(finished, key=lambda item: item[0], reverse=True)[:sample]
     waits: list[float] = []
