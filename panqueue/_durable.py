@@ -79,7 +79,8 @@ class DurableStore(Protocol):
 def _seconds(what: str, value: object) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if not is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_WAIT_S:
+    # The range first: math.isfinite raises on an int past a float's range.
+    if not is_number(value) or not 0 <= value <= MAX_WAIT_S or not math.isfinite(value):
         raise ConfigError(f"{what} must be a number of seconds or a timedelta, >= 0 and at "
                           f"most {MAX_WAIT_S:g} s, got {value!r}")
     return float(value)

@@ -14,7 +14,7 @@ import anyio
 import pytest
 import redis
 
-from panqueue import Backoff, Job, JobState, QueueClient, Registry
+from panqueue import Job, JobState, QueueClient, Registry
 from panqueue._keys import QueueKeys
 from panqueue._store import transitions
 from panqueue._store.loader import SCRIPTS
@@ -191,23 +191,21 @@ async def test_no_exception_from_a_handler_stops_the_worker(
         assert await (await client.queue(queue).add("fine")).result(timeout=20) == "ok"
 
 
-@pytest.mark.parametrize("what", ["retry-inf", "retry-nan"])
+@pytest.mark.parametrize("executor", ["inline", "thread", "subprocess"])
 async def test_an_unusable_retry_delay_is_recorded_and_the_backoff_applies(
-        redis_url: str, what: str) -> None:
-    registry = Registry()
-
-    @registry.handler("f-retry", attempts=2, backoff=Backoff.fixed(0.01))
-    async def handler(job: Job) -> Any:
-        if job.attempt == 1:
-            return fault_app.misbehave(job)
-        return "second"
-
-    async with QueueClient(redis_url) as client, run_worker(registry, "f-retry", redis_url):
-        handle = await client.queue("f-retry").add(what)
-        assert await handle.result(timeout=10) == "second"
-        info = await client.get_job("f-retry", handle.id)
-        assert info.history[0]["type"] == "InvalidRetry"
-        assert "must be finite" in info.history[0]["message"]
+        redis_url: str, executor: str) -> None:
+    """In every executor. A subprocess child sent a delay past msgpack's integers as it was,
+    and died of it: the attempt was recorded as the child's crash."""
+    queue = f"f-retry-{executor}"
+    async with QueueClient(redis_url) as client, \
+            run_worker(fault_app.queues, queue, redis_url):
+        for what, problem in [("retry-inf", "must be finite"), ("retry-nan", "must be finite"),
+                              ("retry-huge", "at most"), ("retry-huger", "Retry(delay=...)")]:
+            handle = await client.queue(queue).add(what)
+            assert await handle.result(timeout=20) == "second"
+            info = await client.get_job(queue, handle.id)
+            assert info.history[0]["type"] == "InvalidRetry", (what, info.history[0])
+            assert problem in info.history[0]["message"], (what, info.history[0])
 
 
 # --------------------------------------------------------------------------- Redis refusing

@@ -293,6 +293,7 @@ def _requested_delay(what: str, delay: object) -> float | str:
     """The delay in seconds a Retry or a Snooze asked for, or why it is unusable."""
     if not is_number(delay):
         return f"{what} must be a number of seconds, got {delay!r}"
-    if not math.isfinite(delay) or delay < 0 or delay > _MAX_RETRY_DELAY:
+    # Compared first: an int past a float's range is too large, and math.isfinite raises on it.
+    if delay < 0 or delay > _MAX_RETRY_DELAY or not math.isfinite(delay):
         return f"{what} must be finite, >= 0 and at most {_MAX_RETRY_DELAY:g} s, got {delay!r}"
     return float(delay)

@@ -168,7 +168,7 @@ def _serve() -> None:
                   attempt=frame["attempt"], options=JobOptions().merged(frame.get("options")),
                   enqueued_at_ms=frame.get("enqueued_at"), sink=sink,
                   should_stop=stop.is_set, bridge=bridge)
-        frames.write(_run_one(fn, job, check_json_compatible))
+        _write_outcome(frames, _run_one(fn, job, check_json_compatible))
 
 
 def _durable_result(answer: dict[str, Any]) -> Any:
@@ -256,9 +256,9 @@ def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
             # `raise Retry(...) from exc`: the worker records the cause, as for its own.
             frame["cause"] = ErrorInfo.from_exception(exc.__cause__).to_wire()
         if isinstance(exc, Retry):
-            frame["retry"] = exc.delay
+            frame["retry"] = _wire_number(exc.delay)
         elif isinstance(exc, Fail):
-            frame["fail"] = exc.reason
+            frame["fail"] = str(exc.reason)
         elif isinstance(exc, Snooze):
             frame["snooze"] = _wire_number(exc.seconds)
         elif isinstance(exc, RateLimited):
@@ -268,12 +268,31 @@ def _run_one(fn: Any, job: Any, check: Any) -> dict[str, Any]:
         return frame
 
 
+def _write_outcome(frames: Any, frame: dict[str, Any]) -> None:
+    """Send an attempt's outcome. One that cannot be packed (a value no check foresaw) fails
+    the attempt with a message naming why, rather than the child and the attempt with it."""
+    try:
+        frames.write(frame)
+    except (TypeError, ValueError, OverflowError) as exc:
+        from panqueue._job import ErrorInfo
+        from panqueue.errors import PayloadError
+
+        problem = PayloadError(f"the attempt's outcome cannot be sent to the worker: {exc}")
+        frames.write({"t": "done", "ok": False,
+                      "e": ErrorInfo.from_exception(problem).to_wire()})
+
+
 def _wire_number(value: Any) -> Any:
     """A signal's number as a frame carries it: a value msgpack cannot carry goes as its repr
     (the worker then records it as unusable, like any bad value)."""
     if value is None or isinstance(value, float | str) or (
             isinstance(value, int) and -(2**63) <= value < 2**64):
         return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)  # out of msgpack's range: the worker names it as too large
+        except OverflowError:
+            pass
     return repr(value)
 
 

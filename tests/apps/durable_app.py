@@ -107,6 +107,8 @@ async def misuse(job: Job) -> None:
         await job.step("big", lambda: "x" * (2 * 1024 * 1024))
     elif job.data["how"] == "raises":
         await job.step("boom", _boom, job)
+    elif job.data["how"] == "sleep-huge":  # past a float's range
+        await job.sleep(10**400)
 
 
 def _boom(job: Job) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from panqueue import Job, Registry, Retry
+from panqueue import Backoff, Job, Registry, Retry
 
 queues = Registry()
 
@@ -34,6 +34,10 @@ def misbehave(job: Job) -> Any:
         raise Retry(delay=float("inf"))
     if what == "retry-nan":
         raise Retry(delay=float("nan"))
+    if what == "retry-huge":  # more than msgpack carries: a child sent it as it was, and died
+        raise Retry(delay=10**30)
+    if what == "retry-huger":  # more than a float holds
+        raise Retry(delay=10**400)
     return "ok"
 
 
@@ -57,3 +61,26 @@ async def inline_retry(job: Job) -> Any:
     if job.attempt == 1:
         return misbehave(job)
     return "ok"
+
+
+def misbehave_once(job: Job) -> Any:
+    """The first attempt misbehaves as the data names; the second returns "second"."""
+    if job.attempt == 1:
+        return misbehave(job)
+    return "second"
+
+
+@queues.handler("f-retry-inline", attempts=2, backoff=Backoff.fixed(0.01))
+async def retry_inline(job: Job) -> Any:
+    return misbehave_once(job)
+
+
+@queues.handler("f-retry-thread", executor="thread", attempts=2, backoff=Backoff.fixed(0.01))
+def retry_in_thread(job: Job) -> Any:
+    return misbehave_once(job)
+
+
+@queues.handler("f-retry-subprocess", executor="subprocess", attempts=2,
+                backoff=Backoff.fixed(0.01))
+def retry_in_child(job: Job) -> Any:
+    return misbehave_once(job)
