@@ -191,6 +191,22 @@ async def test_no_exception_from_a_handler_stops_the_worker(
         assert await (await client.queue(queue).add("fine")).result(timeout=20) == "ok"
 
 
+# asyncio re-raises a SystemExit out of its event loop when a task of its own raises it, so
+# there it ends the worker process (docs/executors.md); a trio nursery raises it in a group.
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_sys_exit_in_a_task_of_an_inline_handlers_task_group_fails_only_the_attempt(
+        redis_url: str) -> None:
+    async with QueueClient(redis_url) as client, \
+            run_worker(fault_app.queues, "f-inline", redis_url):
+        bad = await client.queue("f-inline").add("task-group-exit")
+        with pytest.raises(Exception, match="ended failed"):
+            await bad.result(timeout=20)
+        info = await client.get_job("f-inline", bad.id)
+        assert info.error is not None and info.error.type == "BaseExceptionGroup"
+        assert "SystemExit: 3" in (info.error.traceback or "")
+        assert await (await client.queue("f-inline").add("fine")).result(timeout=20) == "ok"
+
+
 @pytest.mark.parametrize("executor", ["inline", "thread", "subprocess"])
 async def test_an_unusable_retry_delay_is_recorded_and_the_backoff_applies(
         redis_url: str, executor: str) -> None:

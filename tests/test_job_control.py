@@ -152,6 +152,41 @@ def test_cli_lists_and_removes_schedules(redis_url: str, redis_client: redis.Red
 # ----------------------------------------------------------------------------- cancellation
 
 
+async def test_a_cancelled_inline_handler_whose_task_raises_in_its_cleanup_ends_cancelled(
+        redis_url: str, queue_name: str) -> None:
+    """The handler's task group ends with the cancellation and the task's error in one group
+    (on trio): the job ends CANCELLED, as cancel() asked, and the worker goes on. That group
+    once went up through the worker and stopped it."""
+    registry, started = Registry(), anyio.Event()
+
+    @registry.handler(queue_name, attempts=1)
+    async def handler(job: Job[str]) -> str:
+        if job.data == "long":
+            async def child() -> None:
+                try:
+                    await anyio.sleep(60)
+                finally:
+                    raise ValueError("cleanup failed")
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(child)
+                started.set()
+                await anyio.sleep(60)
+        return job.data
+
+    async with QueueClient(redis_url) as client:
+        with anyio.fail_after(30):
+            async with run_worker(registry, queue_name, redis_url):
+                long = await client.queue(queue_name).add("long")
+                await started.wait()
+                assert await client.cancel(queue_name, long.id) is JobState.ACTIVE
+                with pytest.raises(JobFailed):
+                    await long.result(timeout=10)
+                after = await client.queue(queue_name).add("after")
+                assert await after.result(timeout=10) == "after"
+        assert (await long.info()).state is JobState.CANCELLED
+
+
 @pytest.mark.parametrize("queue", ["t-cancel", "s-cancel"])
 async def test_cancelling_an_active_job_in_thread_and_subprocess_executors(
         redis_url: str, redis_client: redis.Redis, queue: str) -> None:

@@ -177,10 +177,19 @@ class AttemptRunner:
                 await self._give_back([(claimed.id, claimed.token)], claimed.partition)
                 raise
             stopped = True  # nothing is awaited from here until the caller leaves the scope
-        except BaseExceptionGroup as group:  # the handler's own task group, cancelled with it
-            if not scope.cancel_called or group.split(anyio.get_cancelled_exc_class())[1]:
+        except BaseExceptionGroup as group:
+            # The handler's own task group: what its tasks raised, cancellations among them (a
+            # trio nursery raises those in a group), is sorted as if raised alone.
+            cancelled, rest = group.split(anyio.get_cancelled_exc_class())
+            if rest is not None and rest.split(KeyboardInterrupt)[0] is not None:
                 raise
-            stopped = True  # only cancellations (a trio nursery raises them in a group)
+            if cancelled is not None and not scope.cancel_called:
+                self._attempts.end(attempt)
+                await self._give_back([(claimed.id, claimed.token)], claimed.partition)
+                raise
+            stopped = cancelled is not None
+            if rest is not None:  # a task's error, or its sys.exit(): the attempt's failure
+                error = rest if isinstance(rest, Exception) else HandlerAborted(rest)
         except SystemExit as exc:  # sys.exit() in an inline handler ends the attempt only
             error = HandlerAborted(exc)
         finally:

@@ -3,7 +3,10 @@ child process imports them by name."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+import anyio
 
 from panqueue import Backoff, Job, Registry, Retry
 
@@ -53,6 +56,12 @@ def in_child(job: Job) -> Any:
 
 @queues.handler("f-inline", attempts=1)
 async def inline(job: Job) -> Any:
+    if job.data == "task-group-exit":  # sys.exit() in a task of the handler's own task group
+        async def exits() -> None:
+            sys.exit(3)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(exits)
     return misbehave(job)
 
 
