@@ -125,6 +125,23 @@ async def test_a_merged_list_keeps_each_states_order_and_its_pages_add_up(
         assert await listed(JobState.DELAYED) == [f.id, e.id, d.id]
 
 
+async def test_a_queue_paused_before_its_layout_was_stored_is_paused_in_every_partition(
+        redis_url: str, queue_name: str) -> None:
+    """A pause by name before the layout was stored pauses the first partition only; the
+    producer that stores the layout pauses the rest, so a job of another partition is
+    explained as paused, not as waiting for a worker."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=3)
+    async def work(job: Job[str]) -> None: ...
+
+    async with QueueClient(redis_url) as client:
+        await client.pause(queue_name)
+        handle = await client.queue(work).add("x", job_id=_custom_id_in(2, "far", 3))
+        explained = await client.explain(queue_name, handle.id)
+        assert explained.reason == "paused", explained
+
+
 async def test_the_claim_moves_past_empty_partitions(redis_url: str, queue_name: str) -> None:
     """Jobs only in the last partition: the first claim starts at an empty one and must go on
     (the poll interval is far longer than the test may take)."""

@@ -80,6 +80,9 @@ class PartitionCounts:
             stored = yield from read_layout(name)
             if stored is None and declared is not None and declared > 1:
                 stored = yield from declare(name, declared)
+                # A pause by name before (the first partition's: its client knew no other)
+                # holds for every partition from here on, workers or none.
+                yield from _queue.pause_like_home(stored.keys(name))
             if stored is not None:
                 self._known[name] = stored
             layout = stored or Layout(declared or 1)

@@ -94,7 +94,8 @@ def pause(keys: QueueKeys, paused: bool) -> Op[None]:
 
 def pause_like_home(parts: Sequence[QueueKeys]) -> Op[None]:
     """A partitioned queue paused by name before it was declared has only its first partition
-    paused (a client could not know the others yet): a worker starting on it pauses the rest."""
+    paused (a client could not know the others yet): the producer that stores the layout, and
+    a worker starting on it, pause the rest."""
     if (yield from is_paused(parts[0])):
         for keys in parts[1:]:
             yield from pause(keys, True)
