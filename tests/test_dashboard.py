@@ -735,3 +735,36 @@ def test_the_overviews_rates_start_again_after_the_queues_partition_count_change
         assert web.get("/").status_code == 200
         assert web.get("/api/overview").status_code == 200
         assert web.get("/").status_code == 200  # and the rates count on from there
+
+
+def test_the_live_events_page_follows_on_after_the_queues_partition_count_changed(
+        redis_url: str, client: SyncQueueClient, queue_name: str) -> None:
+    """A page of live events open across the documented change of a partition count: the
+    position it holds names the old count's streams, which the queue refuses now. The page's
+    updates failed until it was reloaded; they now go on from the end of the new streams."""
+    before, after = Registry(), Registry()
+
+    @before.handler(queue_name, partitions=3)
+    def work(job: Job[int]) -> None: ...
+
+    @after.handler(queue_name, partitions=1)
+    def work_again(job: Job[int]) -> None: ...
+
+    client.queue(work).add(1)
+    with browser(create_app(redis_url)) as web:
+        position = web.get("/api/events", params={"q": queue_name}).json()["position"]
+        assert position.count(",") == 2
+        client.purge(queue_name)
+
+        async def redeploy() -> None:
+            async with run_worker(after, queue_name, redis_url):
+                pass  # the worker lays the queue out again
+
+        anyio.run(redeploy)
+        reply = web.get("/api/events", params={"q": queue_name, "after": position})
+        assert reply.status_code == 200, reply.text
+        position = reply.json()["position"]
+        assert "," not in position
+        added = client.queue(work_again).add(2)
+        reply = web.get("/api/events", params={"q": queue_name, "after": position})
+        assert [(e["type"], e["job_id"]) for e in reply.json()["events"]] == [("added", added.id)]

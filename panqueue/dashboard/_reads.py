@@ -26,7 +26,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from panqueue import ErrorInfo, Event, JobState, PanqueueError, SyncQueueClient, WorkerProcess
+from panqueue import (
+    ConfigError,
+    ErrorInfo,
+    Event,
+    JobState,
+    PanqueueError,
+    SyncQueueClient,
+    WorkerProcess,
+)
 from panqueue._ends import EVENT_BATCH, EVENT_READS, ends_since, events_end
 from panqueue._lag import lag_seconds
 from panqueue._listing import age, timestamp
@@ -278,16 +286,21 @@ def recent_events(client: SyncQueueClient, queue: str, after: str | None
     """The events after stream id ``after`` (None: those of the minute before the stream's
     last event), at most the newest :data:`EVENTS_SHOWN`, the position to read on from, and
     whether the queue wrote every event until now. Asks the queue, once, to write every event
-    for the next hour (ops/events.py watch), before it reads."""
+    for the next hour (ops/events.py watch), before it reads. A position the queue no longer
+    takes (its partition count changed since) goes on from the end of its events, as
+    :func:`~panqueue._ends.ends_since` does: a page open across the change keeps following."""
     producer = client.producer
     watched = producer.run(producer.on_all(queue, watch_events))
     if after is None:
-        _, end = client.read_events(queue, watch=False)
+        end = events_end(client, queue)
         millis = int(end.split("-", 1)[0])
         after = "0-0" if end == "0-0" else f"{max(0, millis - _EVENTS_LOOKBACK_MS)}-0"
     found: deque[Event] = deque(maxlen=EVENTS_SHOWN)
     for _ in range(EVENT_READS):
-        events, after = client.read_events(queue, after, limit=EVENT_BATCH, watch=False)
+        try:
+            events, after = client.read_events(queue, after, limit=EVENT_BATCH, watch=False)
+        except ConfigError:
+            return [event_dict(e) for e in found], events_end(client, queue), watched
         found.extend(events)
         if len(events) < EVENT_BATCH:
             break
