@@ -155,6 +155,7 @@ DEDUP_TTL = 3600.0
 STEP_TIMEOUT = 10.0  # how long a worker step may take to leave nothing waiting or active
 CALLBACK_TIMEOUT = 5.0
 GONE = ("gone", None)
+EPOCH = datetime.min.replace(tzinfo=UTC)  # where a time a list is sorted by is missing
 PARTED_COUNT = 3
 # How long an add of an id may wait for the pointer that a producer killed between the steps of
 # its add left behind (identity.GRACE_MS: 1 s), with a margin for a loaded machine.
@@ -1376,10 +1377,17 @@ class QueueMachine(RuleBasedStateMachine):
         for state in STATES:
             if not expected[state]:
                 continue  # the counts above showed the state empty
-            listed = [info.id for info in self.client.list_jobs(queue, state, limit=1000)]
+            infos = self.client.list_jobs(queue, state, limit=1000)
+            listed = [info.id for info in infos]
             wanted = sorted(j.id for j in self.model.in_queue(queue) if j.state == state)
             if sorted(listed) != wanted:
                 raise mismatch(f"list_jobs({queue}, {state})", sorted(listed), wanted)
+            # In the documented order, over every partition: due first, newest end first.
+            order = {DELAYED: [info.run_at for info in infos],
+                     COMPLETED: [info.finished_at for info in reversed(infos)],
+                     FAILED: [info.finished_at for info in reversed(infos)]}.get(state)
+            if order is not None and order != sorted(order, key=lambda at: at or EPOCH):
+                raise mismatch(f"list_jobs({queue}, {state}) in order", listed, "sorted")
         # Looked up by id: each job whose state the model changed since the last check (the
         # lists above showed every other one where it was), and each id deleted since.
         for job in self.model.in_queue(queue):
