@@ -74,27 +74,21 @@ async def test_a_step_that_raises_stores_nothing(redis_url: str) -> None:
     assert info.steps == {} and runs(redis_url, job.id, "boom") == 1
 
 
-async def test_a_step_name_used_twice_in_one_run_is_a_config_error(redis_url: str) -> None:
+@pytest.mark.parametrize(("how", "problem", "ran"), [
+    ("twice", "step 'x' ran twice", 1),
+    ("sleep-huge", "must be a number of seconds or a timedelta", 0),  # past a float's range
+])
+async def test_a_durable_call_misused_is_a_config_error_naming_it(
+        redis_url: str, how: str, problem: str, ran: int) -> None:
     async with run_worker(durable_app.queues, "dur-misuse", redis_url), \
             QueueClient(redis_url) as client:
-        job = await client.queue("dur-misuse").add({"url": redis_url, "how": "twice"})
-        with pytest.raises(JobFailed) as failed:
-            await job.result(timeout=20)
-    error = failed.value.error
-    assert error is not None and error.type == "ConfigError"
-    assert "step 'x' ran twice" in error.message
-    assert runs(redis_url, job.id, "x") == 1
-
-
-async def test_a_sleep_too_long_for_a_float_is_a_config_error_naming_it(redis_url: str) -> None:
-    async with run_worker(durable_app.queues, "dur-misuse", redis_url), \
-            QueueClient(redis_url) as client:
-        job = await client.queue("dur-misuse").add({"url": redis_url, "how": "sleep-huge"})
+        job = await client.queue("dur-misuse").add({"url": redis_url, "how": how})
         with pytest.raises(JobFailed) as failed:
             await job.result(timeout=20)
     error = failed.value.error
     assert error is not None and error.type == "ConfigError", error
-    assert "must be a number of seconds or a timedelta" in error.message
+    assert problem in error.message
+    assert runs(redis_url, job.id, "x") == ran
 
 
 async def test_a_step_result_that_is_not_json_fails_the_attempt_naming_the_path(

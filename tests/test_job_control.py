@@ -456,27 +456,13 @@ async def test_a_queue_that_keeps_no_events_writes_only_the_endings(
          ("cancelled", later.id)])
 
 
-async def test_cancelled_jobs_follow_the_handlers_retention(redis_url: str,
-                                                            queue_name: str) -> None:
-    registry = Registry()
-
-    @registry.handler(queue_name, retention=Retention(failed=2))
-    async def noop(job: Job) -> None: ...
-
-    async with QueueClient(redis_url) as client:
-        async with run_worker(registry, queue_name, redis_url):
-            await client.pause(queue_name)  # the worker declared the queue's retention
-        handles = await client.queue(queue_name).add_bulk(list(range(5)))
-        for handle in handles:
-            assert await client.cancel(queue_name, handle.id) is JobState.WAITING
-        assert (await client.counts(queue_name))[JobState.CANCELLED] == 2
-
-
-@pytest.mark.parametrize("how", ["added after it was cancelled", "removed", "replaced"])
-async def test_dependents_failed_by_a_client_follow_the_handlers_retention(
+@pytest.mark.parametrize("how", ["cancelled", "added after it was cancelled", "removed",
+                                 "replaced"])
+async def test_jobs_ended_by_a_client_follow_the_handlers_retention(
         redis_url: str, queue_name: str, how: str) -> None:
-    """Jobs failed because a job they depend on will not complete, by an add, a remove() or a
-    dedup replace, are trimmed to Retention(failed=) like any other ending."""
+    """Jobs cancelled by a client, and jobs failed because a job they depend on will not
+    complete (by an add, a remove() or a dedup replace), are trimmed to Retention(failed=)
+    like any other ending."""
     registry = Registry()
 
     @registry.handler(queue_name, retention=Retention(failed=2))
@@ -486,6 +472,11 @@ async def test_dependents_failed_by_a_client_follow_the_handlers_retention(
         async with run_worker(registry, queue_name, redis_url):
             await client.pause(queue_name)  # the worker declared the queue's retention
         queue = client.queue(queue_name)
+        if how == "cancelled":
+            for handle in await queue.add_bulk(list(range(5))):
+                assert await client.cancel(queue_name, handle.id) is JobState.WAITING
+            assert (await client.counts(queue_name))[JobState.CANCELLED] == 2
+            return
         root = await queue.add("root", delay=3600, dedup=Dedup("root"))
         if how == "added after it was cancelled":
             await client.cancel(queue_name, root.id)
