@@ -44,8 +44,11 @@ def queues() -> Op[list[str]]:
     names = set()
     for key in found:
         text = key.decode()
-        # "{q:X#i}:meta" is partition i of queue X (queue names have no '#').
-        names.add(text[start : text.index("}:meta")].partition("#")[0])
+        # "{q:X#i}:meta" is partition i of queue X (queue names have no '#' and no brace). The
+        # pattern matches other keys too: a job's or a tag's whose name ends in "}:meta".
+        tag_end = text.find("}", start)
+        if text[tag_end:] == "}:meta":
+            names.add(text[start:tag_end].partition("#")[0])
     return sorted(names)
 
 
