@@ -4,9 +4,10 @@
 -- picks the jobs of the bulk operations (cancel_jobs, retry_failed, remove_jobs).
 --
 -- KEYS[1]  queue prefix
--- ARGV[1]  what to read: 'tag' (the index of the tag ARGV[2]) or 'set' (the state set ARGV[2]:
+-- ARGV[1]  what to read: 'tag' (the index of the tag ARGV[2]), 'set' (the state set ARGV[2]:
 --          wait, delayed, blocked, active, completed, failed or cancelled; wait is global
---          mode's wait order over its list and sorted set, lib/wait_order.lua)
+--          mode's wait order over its list and sorted set, lib/wait_order.lua), or 'ids' (the
+--          ids ARGV[10..], a page of a listing the caller read: a keyed queue's waiting jobs)
 -- ARGV[2]  the tag, or the state set's name
 -- ARGV[3]  the states a match is in, comma-separated ('' = any)
 -- ARGV[4]  the error type a match's last error has ('' = any)
@@ -27,6 +28,8 @@ local SETS = {wait = K_WAIT, delayed = K_DELAYED, blocked = K_BLOCKED, active = 
 local source
 if ARGV[1] == 'tag' then
   source = tag_key(ARGV[2])
+elseif ARGV[1] == 'ids' then
+  source = 'ids'
 else
   source = SETS[ARGV[2]]
   if not source then
@@ -70,7 +73,10 @@ end
 
 local found = {}
 local members
-if source == K_WAIT then
+if source == 'ids' then
+  members = {unpack(ARGV, 10)}
+  budget = #members + 1  -- read to the end
+elseif source == K_WAIT then
   local total = waiting_count()
   if newest_first then
     members = {}

@@ -21,7 +21,7 @@ from panqueue._store.loader import SCRIPTS
 from panqueue._store.ops.add import check_tag
 from panqueue._store.ops.base import DEFAULT_KEEP_FAILED, script_call
 from panqueue._store.ops.jobs import STATE_SETS, list_ids, read_jobs
-from panqueue._store.transport import Batch, Op
+from panqueue._store.transport import Batch, Command, Op
 from panqueue.errors import ConfigError
 
 __all__ = ["BULK_BATCH", "cancel_jobs", "count_matching", "filtered_list", "remove_jobs",
@@ -64,6 +64,9 @@ def select_ids(keys: QueueKeys, states: Collection[JobState] | None, tag: str | 
             raise ConfigError("a filter without a tag names one state")
         what, source = "set", STATE_SETS[next(iter(states))]
     wanted = "" if states is None else ",".join(sorted(s.value for s in states))
+    if what == "set" and source == STATE_SETS[JobState.WAITING] and (
+            yield Command(("HGET", keys.meta, "mode"))) == b"keyed":
+        return (yield from _keyed_waiting(keys, wanted, error_type, limit, offset))
     rank, skip = 0, offset
     ids: list[str] = []
     while limit is None or len(ids) < limit:
@@ -73,6 +76,27 @@ def select_ids(keys: QueueKeys, states: Collection[JobState] | None, tag: str | 
         rank, skip = int(reply[0]), int(reply[1])
         ids += [member.decode() for member in reply[2:]]
         if rank < 0:
+            break
+    return ids
+
+
+def _keyed_waiting(keys: QueueKeys, wanted: str, error_type: str | None, limit: int | None,
+                   offset: int) -> Op[list[str]]:
+    """:func:`select_ids` of a keyed queue's waiting jobs, which wait in a list per key: the
+    listing's pages (it knows their order, :func:`list_ids`), each filtered on the server."""
+    ids: list[str] = []
+    skip, at = offset, 0
+    while limit is None or len(ids) < limit:
+        page = yield from list_ids(keys, JobState.WAITING, SELECT_BUDGET, at)
+        if not page:
+            break
+        at += len(page)
+        want = SELECT_BUDGET if limit is None else limit - len(ids)
+        reply = yield script_call(SCRIPTS.select, keys, "ids", "", wanted, error_type or "", 0,
+                                  0, skip, want, SELECT_BUDGET, *page)
+        skip = int(reply[1])
+        ids += [member.decode() for member in reply[2:]]
+        if len(page) < SELECT_BUDGET:
             break
     return ids
 
@@ -186,7 +210,7 @@ def remove_jobs(keys: QueueKeys, tag: str | None, state: JobState | str | None) 
 
 def retry_jobs(keys: QueueKeys, tag: str | None, error_type: str | None) -> Op[int]:
     """Move every failed job that carries ``tag`` and whose error is of type ``error_type``
-    (either may be ``None``, not both) back to waiting; returns how many moved."""
+    (``None``: any) back to waiting, a chunk a script call; returns how many moved."""
     if tag is not None:
         check_tag(tag)
     if error_type is not None:
