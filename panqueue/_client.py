@@ -198,8 +198,8 @@ class QueueClient:
                            tag: str | None = None, error_type: str | None = None) -> int:
         """Move failed jobs back to waiting; returns how many moved. ``ids``: those jobs;
         ``tag`` / ``error_type``: every failed job that carries the tag and whose last error
-        is of that type; neither: the oldest 10,000 failed jobs. Safe to run again: a job
-        that is no longer failed is left as it is."""
+        is of that type; neither: every failed job. Each script call moves a bounded chunk.
+        Safe to run again: a job that is no longer failed is left as it is."""
         return await self._run(self.producer.on_all(queue, parted.all_retry_matching, ids, tag,
                                                   error_type))
 

@@ -242,12 +242,9 @@ def all_pause(parts: Sequence[QueueKeys], paused: bool) -> Op[None]:
         yield from _queue.pause(part, paused)
 
 
-def all_retry_failed(parts: Sequence[QueueKeys], ids: Sequence[str] | None) -> Op[int]:
-    if ids is None or len(parts) == 1:
-        done = 0
-        for part in parts:
-            done += yield from _queue.retry_failed(part, ids)
-        return done
+def all_retry_failed(parts: Sequence[QueueKeys], ids: Sequence[str]) -> Op[int]:
+    if len(parts) == 1:
+        return (yield from _queue.retry_failed(parts[0], ids))
     by_part: dict[int, list[str]] = {}
     for job_id in ids:
         part = yield from job_partition(parts, job_id)
@@ -276,11 +273,12 @@ def all_remove_jobs(parts: Sequence[QueueKeys], tag: str | None,
 
 def all_retry_matching(parts: Sequence[QueueKeys], ids: Sequence[str] | None, tag: str | None,
                        error_type: str | None) -> Op[int]:
-    """``retry_failed`` by ids (:func:`all_retry_failed`) or by a filter, never both."""
-    if tag is None and error_type is None:
-        return (yield from all_retry_failed(parts, ids))
+    """``retry_failed`` by ids (:func:`all_retry_failed`), or every failed job that matches a
+    filter (none: every failed job), in bounded script calls; never ids and a filter."""
     if ids is not None:
-        raise ConfigError("retry_failed takes ids or a filter (tag=, error_type=), not both")
+        if tag is not None or error_type is not None:
+            raise ConfigError("retry_failed takes ids or a filter (tag=, error_type=), not both")
+        return (yield from all_retry_failed(parts, ids))
     moved = 0
     for part in parts:
         moved += yield from _select.retry_jobs(part, tag, error_type)
