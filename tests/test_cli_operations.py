@@ -56,6 +56,14 @@ def assert_usage_error(proc: subprocess.CompletedProcess[str], *fragments: str) 
     (("stats", "--url", "redis://127.0.0.1:70000/0"), "port"),
     (("stats", "--no-such-option"), "--no-such-option"),
     (("no-such-command",), "no-such-command"),
+    # An empty name (an unset shell variable) was taken for no option: exit 0, nothing sent.
+    (("workers", "--stop", ""), "--stop needs a worker's NAME"),
+    (("workers", "--pause", " "), "--pause needs a worker's NAME"),
+    (("workers", "--concurrency", "w=\u00b2"), "--concurrency"),  # '²'.isdigit() is True
+    # Python's JSON parser takes these; JSON does not (they were a PayloadError, exit 1).
+    (("enqueue", "q", "NaN"), "invalid JSON for the job data: NaN is not JSON"),
+    (("enqueue", "q", "[1, -Infinity]"), "-Infinity is not JSON"),
+    (("signal", "q", "1", "go", "Infinity"), "invalid JSON for the signal's payload"),
 ])
 def test_a_bad_option_is_one_line_and_exit_2_before_anything_is_written(
         redis_client: redis.Redis, args: tuple[str, ...], fragment: str) -> None:

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from panqueue import (
+    Backoff,
     Explanation,
     Job,
     JobNotFound,
@@ -24,12 +25,13 @@ from panqueue import (
     QueueClient,
     RateLimit,
     Registry,
+    Retention,
     SyncQueueClient,
     WorkerInfo,
 )
 from panqueue._keys import QueueKeys
-from panqueue.testing import run_worker
-from tests.helpers import async_wait_until, subprocess_env, wait_until
+from panqueue.testing import drain, run_worker
+from tests.helpers import async_wait_until, run_cli, subprocess_env, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -430,3 +432,75 @@ def test_purge_of_everything_removes_the_jobs_and_the_settings(
         keys = QueueKeys(queue_name)
         assert _keys_of(redis_client, queue_name) - {keys.events, keys.history} == set()
         assert client.purge(queue_name) == 0
+
+
+# ------------------------------------------------------------------------ across the queues
+
+
+@pytest.mark.parametrize("how", ["job_id", "tag"])
+def test_a_job_or_tag_named_like_a_queues_settings_makes_no_queue(
+        redis_url: str, queue_name: str, how: str) -> None:
+    """The queues are found by their settings' keys, "{q:X}:meta": a job id or a tag ending in
+    "}:meta" makes a key of that shape too. It was listed as a queue "X}:job:...", whose name
+    every command that lists the queues then refused: stats, info, workers, schedules, and a
+    worker's stop exited 2 for the whole server."""
+    with SyncQueueClient(redis_url) as client:
+        if how == "job_id":
+            client.queue(queue_name).add({"a": 1}, job_id="x}:meta")
+        else:
+            client.queue(queue_name).add({"a": 1}, tags=["a}:meta"])
+        assert client.queues() == [queue_name]
+    for command in ("stats", "info", "workers", "schedules"):
+        done = run_cli(command, "--url", redis_url)
+        assert done.returncode == 0, (command, done.stderr)
+
+
+@pytest.mark.parametrize("mode", ["global", "keyed"])
+async def test_waiting_jobs_filtered_by_their_error_in_either_mode(
+        redis_url: str, queue_name: str, mode: str) -> None:
+    """A retried job waits with its last error. A keyed queue's waiting jobs wait in a list per
+    key, which the filter did not read: it found none."""
+    registry = Registry()
+    options: dict[str, Any] = {"mode": "keyed"} if mode == "keyed" else {}
+
+    @registry.handler(queue_name, attempts=3, backoff=Backoff.fixed(0), **options)
+    async def handler(job: Job) -> None:
+        await client.pause(queue_name)  # its retry waits, unclaimed
+        raise ValueError("boom")
+
+    async with QueueClient(redis_url) as client:
+        other = await client.queue(handler).add(2, **({"key": "k2"} if options else {}))
+        await client.cancel(queue_name, other.id)  # no error: it must not match
+        waiting = await client.queue(handler).add(1, **({"key": "k1"} if options else {}))
+        async with run_worker(registry, queue_name, redis_url):
+            async def retried() -> bool:
+                return (await waiting.info()).error is not None
+
+            await async_wait_until(retried, what="the job's retry to wait")
+        found = await client.list_jobs(queue_name, "waiting", error_type="ValueError")
+        assert [j.id for j in found] == [waiting.id]
+    done = run_cli("jobs", queue_name, "--error-type", "ValueError", "--url", redis_url)
+    assert done.returncode == 0 and waiting.id in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the server's work: one loop is enough
+async def test_retrying_the_failed_jobs_with_no_ids_retries_every_one(
+        redis_url: str, queue_name: str) -> None:
+    """retry_failed(queue) (panqueue dlq --retry, the dashboard's "retry all") moved the
+    oldest 10,000 and said nothing of the rest."""
+    registry = Registry()
+
+    @registry.handler(queue_name, attempts=1, concurrency=50, retention=Retention(failed=-1))
+    async def handler(job: Job) -> None:
+        raise ValueError("boom")
+
+    total = 10_050
+    async with QueueClient(redis_url) as client:
+        await client.queue(handler).add_bulk(list(range(total)))
+        async with run_worker(registry, queue_name, redis_url):
+            assert (await drain(redis_url, queue_name, timeout=120))[JobState.FAILED] == total
+    done = run_cli("dlq", queue_name, "--retry", "--url", redis_url)
+    assert done.stdout.strip() == f"{total} job(s) moved back to waiting", done.stderr
+    with SyncQueueClient(redis_url) as client:
+        counts = client.counts(queue_name)
+    assert (counts[JobState.FAILED], counts[JobState.WAITING]) == (0, total)

@@ -64,6 +64,19 @@ class RuntimeFailure(Exception):
     """The command was right but could not be done (a port taken, a job that failed): exit 1."""
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def parse_json(text: str, what: str) -> Any:
+    """The JSON value ``text`` (``what`` names it in the one line a bad one gets, exit 2).
+    Python's parser takes NaN and Infinity too: they are not JSON, and refused here."""
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise UsageFailure(f"invalid JSON for {what}: {exc}") from None
+
+
 # --------------------------------------------------------------------------- option types
 
 

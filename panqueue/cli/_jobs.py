@@ -23,6 +23,7 @@ from panqueue.cli._common import (
     RuntimeFailure,
     UsageFailure,
     client_for,
+    parse_json,
     print_error,
     print_json,
     require_queue,
@@ -60,10 +61,7 @@ def enqueue(queue: str, data: str, url: str, delay: float | None, priority: int 
     $ panqueue enqueue emails '{"to": "ada@example.com"}' --priority 5
     2
     """
-    try:
-        value = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise UsageFailure(f"invalid JSON for the job data: {exc}") from None
+    value = parse_json(data, "the job data")
     with client_for(url) as client:
         handle = client.queue(queue).add(value, delay=delay, priority=priority, job_id=job_id,
                                          tags=list(tags) or None)
@@ -287,10 +285,7 @@ def signal(queue: str, job_id: str, name: str, payload: str | None, url: str) ->
     """
     value: Any = None
     if payload is not None:
-        try:
-            value = json.loads(payload)
-        except json.JSONDecodeError as exc:
-            raise UsageFailure(f"invalid JSON for the signal's payload: {exc}") from None
+        value = parse_json(payload, "the signal's payload")
     with client_for(url) as client:
         if not client.signal(queue, job_id, name, value):
             raise RuntimeFailure(f"job {job_id!r} in queue {queue!r} already finished: the "

@@ -137,11 +137,17 @@ def workers(queue: str | None, url: str, as_json: bool, stop_name: str | None,
     queue it serves gets the command (--concurrency sets each one's). A NAME with no live
     worker exits 1.
     """
-    commands = [(name, command) for name, command in (
-        (stop_name, "stop"), (pause_name, "pause"), (resume_name, "resume")) if name]
+    commands = []
+    for name, command in ((stop_name, "stop"), (pause_name, "pause"),
+                          (resume_name, "resume")):
+        if name is not None:
+            if not name.strip():
+                raise UsageFailure(f"--{command} needs a worker's NAME, got {name!r}")
+            commands.append((name, command))
     if concurrency is not None:
         name, _, value = concurrency.rpartition("=")
-        if not name or not value.isdigit() or int(value) < 1:
+        # isdigit() takes digits int() refuses ('²'): ASCII ones only.
+        if not name.strip() or not (value.isascii() and value.isdigit()) or int(value) < 1:
             raise UsageFailure(f"--concurrency takes NAME=N with N a whole number >= 1, got "
                                f"{concurrency!r}")
         commands.append((name, f"concurrency={value}"))
