@@ -386,6 +386,26 @@ async def test_durable_add_returns_once_the_write_is_persisted(valkey_aof: str) 
     client.close()
 
 
+async def test_a_durable_add_needs_no_more_than_the_documented_acl(valkey_aof: str) -> None:
+    """docs/connections.md's ACL user (here confined to a prefix): what the server can do was
+    read from INFO, which that user may not run, so a durable add was refused."""
+    admin = redis.Redis.from_url(valkey_aof)
+    admin.execute_command(
+        "ACL", "SETUSER", "durable-app", "on", ">pw", "resetkeys", "~{dur:*", "resetchannels",
+        "&{dur:*", "-@all", "+@read", "+@write", "+@scripting", "+@pubsub", "+@connection",
+        "+time", "+scan")
+    admin.execute_command("ACL", "LOG", "RESET")
+    url = valkey_aof.replace("redis://", "redis://durable-app:pw@")
+    try:
+        async with QueueClient(url, prefix="dur") as client:
+            handle = await client.queue("durable").add({"n": 1}, durable=True)
+            assert (await handle.info()).data == {"n": 1}
+        assert admin.execute_command("ACL", "LOG") == []
+    finally:
+        admin.execute_command("ACL", "DELUSER", "durable-app")
+        admin.close()
+
+
 # ----------------------------------------------------------------------------- dead letters
 
 
