@@ -12,10 +12,16 @@ jobs to their own queues without a client opened by hand, the way Celery's ``del
 
 ``registry.close()`` closes the blocking one; ``await registry.aclose()`` the current loop's.
 Both may be called more than once, and a later ``enqueue`` opens a fresh one.
+
+Where they add: in a handler that a worker runs, where that worker serves (its URL and key
+prefix, :data:`SERVED`, which the worker sets for its tasks and the thread executor carries
+into its threads); elsewhere the registry's ``url``/``prefix``, else ``PANQUEUE_URL`` and
+``PANQUEUE_PREFIX``. A producer is kept for each place.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -33,7 +39,12 @@ if TYPE_CHECKING:
     from panqueue._producer import Dependency, JobHandle, Producer, SyncJobHandle, SyncProducer
     from panqueue._queue import Queue, SyncQueue
 
-__all__ = ["Handler", "RegistryClients", "check_registry_url"]
+__all__ = ["SERVED", "Handler", "RegistryClients", "check_registry_url"]
+
+#: The URL and key prefix of the worker whose task this is (set by the worker for everything it
+#: runs): a handler's ``enqueue`` adds where the handler is served from.
+SERVED: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
+    "panqueue_served", default=None)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -97,7 +108,8 @@ def check_registry_url(url: str | None) -> str | None:
 
 
 class RegistryClients:
-    """The producers of one registry: a blocking one, and one per running event loop.
+    """The producers of one registry: blocking ones, and ones per running event loop, each for
+    one place (a URL and a key prefix: see the module's docstring).
 
     The producer side (the client, the store, redis-py) is imported on the first enqueue: a
     process that imports an application's handlers to run them (a subprocess executor's
@@ -107,65 +119,68 @@ class RegistryClients:
         self.url = url
         self.prefix = prefix
         self._lock = threading.Lock()
-        self._sync: SyncProducer | None = None
-        # Keyed by the loop object (an asyncio loop, trio's token), held alongside it so the
-        # key's id is not reused while the entry lives.
-        self._async: dict[int, tuple[Any, Producer]] = {}
+        self._sync: dict[tuple[str, str | None], SyncProducer] = {}
+        # Keyed by the loop object (an asyncio loop, trio's token) and the place, the loop held
+        # alongside so the key's id is not reused while the entry lives.
+        self._async: dict[tuple[int, str, str | None], tuple[Any, Producer]] = {}
 
-    def resolve(self) -> str:
-        """The URL to connect to: the registry's, else ``PANQUEUE_URL``."""
+    def resolve(self) -> tuple[str, str | None]:
+        """Where to add: the serving worker's URL and prefix, else the registry's, else
+        ``PANQUEUE_URL`` and ``PANQUEUE_PREFIX``."""
+        served = SERVED.get()
+        if served is not None:
+            return served
         url = self.url or os.environ.get("PANQUEUE_URL")
         if not url:
             raise ConfigError("handler.enqueue() needs a Redis URL: make the registry with "
                               "Registry(url='redis://...') or set PANQUEUE_URL")
+        from panqueue._keys import check_prefix
         from panqueue._store import check_url
 
-        return check_url(url)
+        return check_url(url), check_prefix(
+            self.prefix or os.environ.get("PANQUEUE_PREFIX") or None)
 
     def sync_queue(self, handler: Handler[Any, Any, PayloadT]) -> SyncQueue[PayloadT]:
-        """``handler``'s queue through the blocking producer."""
+        """``handler``'s queue through the blocking producer of its place."""
         from panqueue._producer import SyncProducer, target
         from panqueue._queue import SyncQueue
 
-        producer = self._sync
-        if producer is None:
-            with self._lock:
-                producer = self._sync
-                if producer is None:
-                    producer = self._sync = SyncProducer(self.resolve(), prefix=self.prefix)
-        return SyncQueue(producer, target(handler, {}, self.prefix))
+        url, prefix = self.resolve()
+        with self._lock:
+            producer = self._sync.get((url, prefix))
+            if producer is None:
+                producer = self._sync[url, prefix] = SyncProducer(url, prefix=prefix)
+        return SyncQueue(producer, target(handler, {}, prefix))
 
     def queue(self, handler: Handler[Any, Any, PayloadT]) -> Queue[PayloadT]:
-        """``handler``'s queue through the running event loop's producer."""
+        """``handler``'s queue through the running event loop's producer of its place."""
         from panqueue._producer import Producer, target
         from panqueue._queue import Queue
 
+        url, prefix = self.resolve()
         loop = _current_loop()
+        key = (id(loop), url, prefix)
         with self._lock:
-            entry = self._async.get(id(loop))
+            entry = self._async.get(key)
             if entry is None or entry[0] is not loop:
                 self._forget_closed_loops()
-                entry = (loop, Producer(self.resolve(), prefix=self.prefix))
-                self._async[id(loop)] = entry
-        return Queue(entry[1], target(handler, {}, self.prefix))
+                entry = self._async[key] = (loop, Producer(url, prefix=prefix))
+        return Queue(entry[1], target(handler, {}, prefix))
 
     def close(self) -> None:
         with self._lock:
-            producer, self._sync = self._sync, None
+            producers, self._sync = list(self._sync.values()), {}
             self._forget_closed_loops()
-        if producer is not None:
+        for producer in producers:
             producer.close()
 
     async def aclose(self) -> None:
         loop = _current_loop()
         with self._lock:
-            entry = self._async.get(id(loop))
-            if entry is not None and entry[0] is loop:
-                del self._async[id(loop)]
-            else:
-                entry = None
-        if entry is not None:
-            await entry[1].aclose()
+            mine = [key for key, (held, _) in self._async.items() if held is loop]
+            entries = [self._async.pop(key) for key in mine]
+        for _, producer in entries:
+            await producer.aclose()
 
     def _forget_closed_loops(self) -> None:
         """Drop the entries of asyncio loops that are closed: nothing can run on them any

@@ -238,3 +238,46 @@ async def test_aenqueue_from_inside_a_handler_adds_to_another_queue(redis_url: s
         assert counts[JobState.COMPLETED] == 1
     finally:
         await queues.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("executor", ["inline", "thread"])
+async def test_a_handler_enqueues_where_its_worker_serves(
+        redis_url: str, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry with no URL nor prefix of its own, served by a worker given both (as
+    ``panqueue worker --url ... --prefix ...`` gives them): its handlers' enqueues add under
+    the worker's prefix, on its server. They went to the unprefixed keys, where no worker of
+    the application looks (or were refused, by an ACL confined to the prefix)."""
+    monkeypatch.delenv("PANQUEUE_URL", raising=False)
+    monkeypatch.delenv("PANQUEUE_PREFIX", raising=False)
+    queues = Registry()
+
+    @queues.handler("receipts")
+    async def receipt(job: Job[dict[str, Any]]) -> None: ...
+
+    if executor == "inline":
+        @queues.handler("orders")
+        async def order(job: Job[dict[str, Any]]) -> str:
+            return (await receipt.aenqueue({"order": job.data["id"]})).id
+    else:
+        @queues.handler("orders", executor="thread")
+        def order(job: Job[dict[str, Any]]) -> str:
+            return receipt.enqueue({"order": job.data["id"]}).id
+
+    try:
+        async with QueueClient(redis_url, prefix="shop") as shop, \
+                QueueClient(redis_url) as plain:
+            job = await shop.queue("orders").add({"id": 7})
+            async with run_worker(queues, "orders", redis_url, prefix="shop"):
+                added = await job.result(timeout=10.0)
+            assert (await shop.get_job("receipts", added)).data == {"order": 7}
+            assert sum((await plain.counts("receipts")).values()) == 0
+        # Outside a worker: the registry's, else PANQUEUE_URL and PANQUEUE_PREFIX.
+        monkeypatch.setenv("PANQUEUE_URL", redis_url)
+        monkeypatch.setenv("PANQUEUE_PREFIX", "shop")
+        outside = await receipt.aenqueue({"order": 8})
+        async with QueueClient(redis_url, prefix="shop") as shop:
+            assert (await shop.get_job("receipts", outside.id)).data == {"order": 8}
+    finally:
+        await anyio.to_thread.run_sync(queues.close)
+        await queues.aclose()

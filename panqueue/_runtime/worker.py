@@ -31,6 +31,7 @@ import anyio
 import anyio.abc
 
 from panqueue._codec import DEFAULT_MAX_PAYLOAD, check_max_payload
+from panqueue._home import SERVED
 from panqueue._keys import check_prefix, partition_keys, prefixed
 from panqueue._log import JOBS_LOGGER, get_logger
 from panqueue._registry import Registry
@@ -165,9 +166,13 @@ class Worker:
         unreachable for :data:`START_GRACE` seconds at start. With
         ``task_group.start(worker.run)`` it returns once the worker listens for work."""
         # Every key the worker's roles build (in this task and in the tasks it starts, which
-        # copy its context) is the prefix's.
-        with prefixed(self.prefix):
-            await self._run(task_status)
+        # copy its context) is the prefix's; a handler's enqueue adds where it is served.
+        served = SERVED.set((self.url, self.prefix))
+        try:
+            with prefixed(self.prefix):
+                await self._run(task_status)
+        finally:
+            SERVED.reset(served)
 
     async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         self._claim_scope = claim_scope = anyio.CancelScope()

@@ -14,6 +14,7 @@ and :mod:`._loops`.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,7 +40,7 @@ class _Call(Task):
     """One call of the handler: made on the event loop, run in a thread, delivered back. For a
     single job it is also the job's way to report from the thread (see :class:`_Reports`)."""
 
-    __slots__ = ("chunk", "delivered", "fn", "job")
+    __slots__ = ("chunk", "context", "delivered", "fn", "job")
 
     def __init__(self, fn: Callable[[Any], Any], loop: _Loop, job: Job | None,
                  chunk: list[Job] | None = None) -> None:
@@ -48,6 +49,9 @@ class _Call(Task):
         self.job = job  # a single job's call
         self.chunk = chunk  # a chunk's call
         self.delivered = False  # its end reached the waiting attempt
+        # The attempt's context variables, as an inline handler sees them: where its worker
+        # serves (a handler's enqueue adds there), a trace's span...
+        self.context = contextvars.copy_context()
 
     def run(self) -> None:
         """In a pool thread. The jobs' views for the thread are made here, off the loop."""
@@ -60,7 +64,7 @@ class _Call(Task):
                 argument = self.job.rebind(self.sink, self.should_stop, self.bridge)
             else:
                 argument = [_Reports(self, job).view() for job in self.chunk or ()]
-            self.value = self.fn(argument)
+            self.value = self.context.run(self.fn, argument)
             self.ok = True
         except BaseException as exc:  # handed to the event loop, which re-raises it
             self.value = exc
