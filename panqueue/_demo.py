@@ -55,12 +55,12 @@ def _newly_finished(client: SyncQueueClient, pending: set[str],
             finished[job_id] = info
 
 
-def _remove_jobs(url: str, ids: list[str], *, purge: bool) -> None:
+def _remove_jobs(url: str, prefix: str | None, ids: list[str], *, purge: bool) -> None:
     """Remove the demo's jobs from a server that is not its own (cancelling any still
     running after an early stop), and with ``purge`` the queue's settings too; say how many
     could not be removed."""
     left = 0
-    with SyncQueueClient(url) as client:
+    with SyncQueueClient(url, prefix=prefix) as client:
         for job_id in ids:
             try:
                 client.remove(QUEUE, job_id)
@@ -81,9 +81,10 @@ def _bar(done: int, total: int, width: int = 30) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def run_demo(url: str | None, jobs: int, workers: int) -> int:
-    """Run the demo on ``url`` (else on a private server it starts and stops). On the user's
-    server every job it added is removed at the end, and the queue too if the demo made it."""
+def run_demo(url: str | None, jobs: int, workers: int, prefix: str | None = None) -> int:
+    """Run the demo on ``url`` (else on a private server it starts and stops), under the key
+    prefix ``prefix``. On the user's server every job it added is removed at the end, and the
+    queue too if the demo made it."""
     server = None
     if url is not None:
         print(f"using the server at {redact_url(url)} (jobs added there are removed at the end)")
@@ -99,7 +100,7 @@ def run_demo(url: str | None, jobs: int, workers: int) -> int:
     handles: list[SyncJobHandle] = []
     created_queue = False
     try:
-        with SyncQueueClient(url) as client:
+        with SyncQueueClient(url, prefix=prefix) as client:
             queue = client.queue(QUEUE)
             # On a server of the user's, a queue the demo made is purged at the end (jobs and
             # settings); one that was there before keeps everything but the demo's own jobs.
@@ -113,7 +114,8 @@ def run_demo(url: str | None, jobs: int, workers: int) -> int:
             for name in sorted(names):
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "panqueue", "worker", "panqueue._demo:queues",
-                     "--url", url, "--log-level", "error", "--grace", "5", "--name", name]))
+                     "--url", url, *(("--prefix", prefix) if prefix else ()),
+                     "--log-level", "error", "--grace", "5", "--name", name]))
             while not names <= {w.name for w in client.workers(QUEUE)}:
                 if any(p.poll() is not None for p in procs):
                     print("a worker exited early", file=sys.stderr)
@@ -185,7 +187,7 @@ def run_demo(url: str | None, jobs: int, workers: int) -> int:
             p.kill()
             p.wait()
         if server is None and handles:
-            _remove_jobs(url, [h.id for h in handles], purge=created_queue)
+            _remove_jobs(url, prefix, [h.id for h in handles], purge=created_queue)
         if server is not None:
             server.stop()
             print("stopped the private server")

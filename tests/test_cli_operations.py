@@ -261,19 +261,24 @@ def test_server_prints_a_ready_to_paste_export_line(tmp_path: Path) -> None:
     assert proc.returncode == 0
 
 
-def test_demo_on_panqueue_url_says_so_and_removes_its_jobs(redis_url: str,
-                                                           redis_client: redis.Redis) -> None:
-    proc = run_cli("demo", "--jobs", "20", "--workers", "1", PANQUEUE_URL=redis_url)
+@pytest.mark.parametrize("prefix", [None, "billing"])
+def test_demo_on_panqueue_url_says_so_and_removes_its_jobs(
+        redis_url: str, redis_client: redis.Redis, prefix: str | None) -> None:
+    """Under PANQUEUE_PREFIX too: the demo's workers served the prefix (they inherit the
+    environment) while the demo added and watched without it, and waited for them in vain."""
+    env = {"PANQUEUE_URL": redis_url, **({"PANQUEUE_PREFIX": prefix} if prefix else {})}
+    proc = run_cli("demo", "--jobs", "20", "--workers", "1", timeout=90, **env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"using the server at {redis_url}" in proc.stdout
     assert "started a private" not in proc.stdout
-    assert sum(counts(redis_url, "demo").values()) == 0
     # The queue was the demo's: nothing of it is left but records that expire on their own
     # (the workers' dedup records of finished calls) and the bounded events and history
     # streams, which client.purge keeps for whoever reads them.
+    tag = f"{prefix}:q:demo" if prefix else "q:demo"
     lasting = [key for key in redis_client.keys("*") if redis_client.ttl(key) < 0]
-    assert set(lasting) <= {b"{q:demo}:events", b"{q:demo}:history"}
-    with SyncQueueClient(redis_url) as client:
+    assert set(lasting) <= {f"{{{tag}}}:events".encode(), f"{{{tag}}}:history".encode()}
+    with SyncQueueClient(redis_url, prefix=prefix) as client:
+        assert sum(client.counts("demo").values()) == 0
         assert not client.queue_exists("demo")
 
 

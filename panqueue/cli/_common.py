@@ -158,14 +158,19 @@ def cli_prefix() -> str | None:
     return value
 
 
-def url_option(func: F) -> F:
-    """``--url URL``: where Redis is; ``--prefix PREFIX``: the key namespace of the queues
-    (:func:`cli_prefix`)."""
-    func = click.option(
+def prefix_option(func: F) -> F:
+    """``--prefix PREFIX``: the key namespace of the queues (:func:`cli_prefix`)."""
+    return click.option(
         "--prefix", default=None, envvar="PANQUEUE_PREFIX", callback=_check_prefix,
         expose_value=False, metavar="PREFIX",
         help="Key prefix of the application's queues, as its clients and workers name it "
              "(default: $PANQUEUE_PREFIX, else none).")(func)
+
+
+def url_option(func: F) -> F:
+    """``--url URL``: where Redis is; ``--prefix PREFIX``: the key namespace of the queues
+    (:func:`cli_prefix`)."""
+    func = prefix_option(func)
     return click.option(
         "--url", default=None, callback=check_url, metavar="URL",
         help="Redis URL (default: $PANQUEUE_URL, else redis://localhost:6379/0).")(func)

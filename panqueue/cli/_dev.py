@@ -11,7 +11,15 @@ import anyio
 import click
 
 from panqueue._log import configure_logging, notice
-from panqueue.cli._common import PORT, POSITIVE_INT, RuntimeFailure, check_url, writable_directory
+from panqueue.cli._common import (
+    PORT,
+    POSITIVE_INT,
+    RuntimeFailure,
+    check_url,
+    cli_prefix,
+    prefix_option,
+    writable_directory,
+)
 
 __all__ = ["demo", "server"]
 
@@ -95,6 +103,7 @@ def _demo_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="How many jobs to add.")
 @click.option("--workers", type=POSITIVE_INT, default=2, show_default=True, metavar="N",
               help="How many worker processes to start (concurrency 20 each).")
+@prefix_option
 def demo(url: str | None, jobs: int, workers: int) -> int:
     """Run jobs through worker processes and print a summary.
 
@@ -110,4 +119,4 @@ def demo(url: str | None, jobs: int, workers: int) -> int:
     """
     from panqueue._demo import run_demo
 
-    return run_demo(url=url, jobs=jobs, workers=workers)
+    return run_demo(url=url, jobs=jobs, workers=workers, prefix=cli_prefix())
