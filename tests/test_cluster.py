@@ -27,7 +27,17 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from panqueue import Job, JobState, QueueClient, Registry, SyncQueueClient, Worker, WorkerPool
+from panqueue import ConnectionError as PanqueueConnectionError
+from panqueue import (
+    Job,
+    JobState,
+    PanqueueError,
+    QueueClient,
+    Registry,
+    SyncQueueClient,
+    Worker,
+    WorkerPool,
+)
 from panqueue._keys import QueueKeys, partition_keys, route
 from panqueue._store import SyncTransport, ops
 from panqueue._store.loader import SCRIPTS
@@ -762,3 +772,38 @@ async def test_identities_and_the_rate_limit_of_a_partitioned_queue_span_the_mas
     assert len(starts) == 25 and None not in starts
     for first_start, eleventh in zip(starts, starts[10:], strict=False):
         assert (eleventh - first_start).total_seconds() >= 1.0
+
+
+def test_the_documented_acl_with_the_slot_map_serves_a_cluster(cluster: Cluster) -> None:
+    """docs/connections.md's ACL user, confined to a prefix, on every master. A cluster client
+    asks for the slot map (CLUSTER SLOTS, in no category that user has): without it the add
+    failed as "cannot reach" the cluster, which sent the operator after the network. It is now
+    a refusal naming the permission; with +cluster|slots, as the page says, it works."""
+    user = ["resetkeys", "~{acl-app:*", "resetchannels", "&{acl-app:*", "-@all", "+@read",
+            "+@write", "+@scripting", "+@pubsub", "+@connection", "+time", "+scan"]
+
+    def on_every_master(*command: str) -> None:
+        for port in cluster.ports:
+            node = cluster.node_client(port)
+            try:
+                node.execute_command(*command)
+            finally:
+                node.close()
+
+    url = f"redis+cluster://acl-app:pw@127.0.0.1:{cluster.ports[0]}"
+    on_every_master("ACL", "SETUSER", "acl-app", "on", ">pw", *user)
+    try:
+        with pytest.raises(PanqueueError) as refused:
+            with SyncQueueClient(url, prefix="acl-app") as client:
+                client.queue("acl").add({"n": 1})
+        assert not isinstance(refused.value, PanqueueConnectionError)
+        assert "+cluster|slots" in str(refused.value) and "\n" not in str(refused.value)
+        on_every_master("ACL", "SETUSER", "acl-app", "+cluster|slots")
+        on_every_master("ACL", "LOG", "RESET")
+        with SyncQueueClient(url, prefix="acl-app") as client:
+            handle = client.queue("acl").add({"n": 1})
+            assert client.get_job("acl", handle.id).state is JobState.WAITING
+        for port in cluster.ports:
+            assert _answers(port, "ACL", "LOG") == [], port
+    finally:
+        on_every_master("ACL", "DELUSER", "acl-app")

@@ -101,6 +101,20 @@ def _cluster_cannot_serve(url: str, exc: BaseException) -> str | None:
     return None
 
 
+def _refused_under(exc: BaseException) -> str | None:
+    """The ACL refusal under a cluster client's failure to connect, if that is what it was."""
+    if not isinstance(exc, redis.exceptions.RedisClusterException):
+        return None
+    seen: set[int] = set()
+    cause: BaseException | None = exc.__cause__ or exc.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, redis.exceptions.NoPermissionError):
+            return str(cause)
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def translate_error(url: str, exc: BaseException) -> PanqueueError:
     """The panqueue error for an error of redis-py or of the socket under it.
 
@@ -113,6 +127,12 @@ def translate_error(url: str, exc: BaseException) -> PanqueueError:
     if isinstance(exc, PanqueueError):
         return exc
     where = redact_url(url)
+    refused = _refused_under(exc)
+    if refused is not None:
+        # A cluster client that could not learn the slot map because the user may not ask
+        # for it: a refusal (a missing ACL permission), not a server out of reach.
+        return PanqueueError(f"Redis at {where} refused a command: {refused} (a cluster "
+                             "client asks each node for the slot map: grant +cluster|slots)")
     detail = str(exc) or type(exc).__name__
     if isinstance(exc, _NO_MASTER) and " : " in detail:
         # redis-py appends the repr of every sentinel client it could not reach: keep one line.
