@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import shlex
 import socket
 import threading
 import time
@@ -135,7 +136,7 @@ class HealthState:
         if self.paused and set(self.paused) >= set(self.queues):
             resume = ("panqueue resume" if self.prefix is None
                       else f"panqueue resume --prefix {self.prefix}")
-            hint = "; ".join(f"{resume} {queue}" for queue in self.paused)
+            hint = "; ".join(f"{resume} {shlex.quote(queue)}" for queue in self.paused)
             return f"every queue it serves is paused: {', '.join(self.paused)} ({hint})"
         held = self._held()
         if held and set(held) | set(self.paused) >= set(self.queues):

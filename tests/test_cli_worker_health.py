@@ -268,3 +268,18 @@ def test_readyz_reads_the_paused_queues_under_the_workers_prefix(
         wait_until(lambda: get(port, "/readyz")[0] == 200, 10, "/readyz to answer 200 again")
         assert "paused" not in get(port, "/readyz")[1]
         bare.resume(ECHO)
+
+
+def test_the_resume_hint_of_a_paused_queue_is_a_command_a_shell_runs_as_written() -> None:
+    """A queue's name may hold spaces and shell characters: the hint quotes it, as explain's
+    do (it was pasted as words of its own, and ran whatever followed a ';')."""
+    import time
+
+    from panqueue._health import HealthState
+
+    state = HealthState(["bulk mail; rm -x"], lambda: (0, 0), prefix="shop")
+    state.claiming, state.last_pong = True, time.monotonic()
+    state.paused = ["bulk mail; rm -x"]
+    status, body = state.report()
+    assert status == 503
+    assert body["reason"].endswith("(panqueue resume --prefix shop 'bulk mail; rm -x')"), body
