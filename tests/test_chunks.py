@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -665,3 +666,74 @@ async def test_a_job_handed_over_while_a_chunk_outlasts_its_lock_is_renewed_and_
         info = await second.info()
     assert info.history == [] and info.attempts == 1, info.history  # no stall charged
     assert calls.count([second.id]) == 1 and len(calls) == 2, calls
+
+
+# ----------------------------------------------------------------- a handler's own task group
+
+
+# asyncio raises a SystemExit of its own tasks out of its event loop (docs/executors.md).
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_sys_exit_in_a_task_of_a_chunk_handlers_task_group_fails_only_the_chunk(
+        redis_url: str, queue_name: str) -> None:
+    """As for a plain handler: the group (a nursery's, holding the SystemExit) fails the
+    chunk's jobs. It went up through the worker and stopped it."""
+    registry = Registry()
+
+    @registry.handler(queue_name, chunk=Chunk(size=2, wait=0), attempts=1)
+    async def rows(jobs: list[Job[str]]) -> list[str]:
+        if jobs[0].data == "exit":
+            async def exits() -> None:
+                sys.exit(3)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(exits)
+        return [job.data for job in jobs]
+
+    async with QueueClient(redis_url) as client:
+        with anyio.fail_after(30):
+            async with run_worker(registry, queue_name, redis_url):
+                bad = await client.queue(queue_name).add("exit")
+                with pytest.raises(JobFailed):
+                    await bad.result(timeout=10)
+                fine = await client.queue(queue_name).add("fine")
+                assert await fine.result(timeout=10) == "fine"
+        info = await bad.info()
+    assert info.error is not None and "SystemExit: 3" in (info.error.traceback or "")
+
+
+async def test_a_cancelled_member_of_a_chunk_whose_task_raises_in_its_cleanup(
+        redis_url: str, queue_name: str) -> None:
+    """cancel() of one job of a running chunk whose handler's task raises in its cleanup: the
+    cancellation comes out as that error (asyncio) or with it in a group (trio). The job asked
+    for is cancelled, the other goes back without using an attempt and runs again; the error
+    was charged to the other (FAILED), or went up through the worker and stopped it."""
+    registry, started = Registry(), anyio.Event()
+    calls: list[list[str]] = []
+
+    @registry.handler(queue_name, chunk=Chunk(size=2, wait=5.0), attempts=1)
+    async def rows(jobs: list[Job[str]]) -> list[str]:
+        calls.append([job.data for job in jobs])
+        if len(calls) == 1:
+            async def child() -> None:
+                try:
+                    await anyio.sleep(60)
+                finally:
+                    raise ValueError("cleanup failed")
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(child)
+                started.set()
+                await anyio.sleep(60)
+        return [job.data for job in jobs]
+
+    async with QueueClient(redis_url) as client:
+        with anyio.fail_after(30):
+            async with run_worker(registry, queue_name, redis_url):
+                a, b = await client.queue(queue_name).add_bulk(["a", "b"])
+                await started.wait()
+                assert await client.cancel(queue_name, b.id) is JobState.ACTIVE
+                assert await a.result(timeout=10) == "a"
+        infos = [await h.info() for h in (a, b)]
+    assert [(i.state, i.attempts) for i in infos] == [
+        (JobState.COMPLETED, 1), (JobState.CANCELLED, 1)]
+    assert calls == [["a", "b"], ["a"]]

@@ -41,7 +41,8 @@ from panqueue.executors.base import (
     RemoteError,
 )
 
-__all__ = ["AttemptRunner", "CancelRequested", "Ending", "Outcome", "ending_of", "failure_of"]
+__all__ = ["AttemptRunner", "CancelRequested", "Ending", "Outcome", "ending_of", "failure_of",
+           "split_raised"]
 
 # The longest a retry delay or a snooze may be (a year); a longer, negative or non-finite one
 # is refused.
@@ -177,19 +178,12 @@ class AttemptRunner:
                 await self._give_back([(claimed.id, claimed.token)], claimed.partition)
                 raise
             stopped = True  # nothing is awaited from here until the caller leaves the scope
-        except BaseExceptionGroup as group:
-            # The handler's own task group: what its tasks raised, cancellations among them (a
-            # trio nursery raises those in a group), is sorted as if raised alone.
-            cancelled, rest = group.split(anyio.get_cancelled_exc_class())
-            if rest is not None and rest.split(KeyboardInterrupt)[0] is not None:
-                raise
-            if cancelled is not None and not scope.cancel_called:
+        except BaseExceptionGroup as group:  # the handler's own task group
+            stopped, error = split_raised(group)
+            if stopped and not scope.cancel_called:  # from outside, as above
                 self._attempts.end(attempt)
                 await self._give_back([(claimed.id, claimed.token)], claimed.partition)
                 raise
-            stopped = cancelled is not None
-            if rest is not None:  # a task's error, or its sys.exit(): the attempt's failure
-                error = rest if isinstance(rest, Exception) else HandlerAborted(rest)
         except SystemExit as exc:  # sys.exit() in an inline handler ends the attempt only
             error = HandlerAborted(exc)
         finally:
@@ -296,6 +290,19 @@ def _error_info(error: BaseException) -> ErrorInfo:
         return ErrorInfo.from_exception(error.original)
     return ErrorInfo.from_exception(error, with_traceback=not isinstance(
         error, (Fail, Retry, Snooze, RateLimited, JobTimeout, ChildCrashed)))
+
+
+def split_raised(group: BaseExceptionGroup) -> tuple[bool, Exception | None]:
+    """What the tasks of a handler's own task group raised together, sorted as if raised
+    alone: whether a cancellation was among it (a trio nursery raises those in a group), and
+    the rest as the attempt's error (a task's ``sys.exit()`` as :class:`HandlerAborted`). A
+    group holding a ``KeyboardInterrupt`` is raised again: the interrupt of the process."""
+    cancelled, rest = group.split(anyio.get_cancelled_exc_class())
+    if rest is not None and rest.split(KeyboardInterrupt)[0] is not None:
+        raise group
+    if rest is None:
+        return cancelled is not None, None
+    return cancelled is not None, rest if isinstance(rest, Exception) else HandlerAborted(rest)
 
 
 def _requested_delay(what: str, delay: object) -> float | str:

@@ -22,7 +22,13 @@ import anyio
 from panqueue._codec import check_json_compatible, check_size, decode, encode
 from panqueue._job import ChunkFailure, Job
 from panqueue._options import JobOptions
-from panqueue._runtime.attempt import CancelRequested, Ending, Outcome, ending_of
+from panqueue._runtime.attempt import (
+    CancelRequested,
+    Ending,
+    Outcome,
+    ending_of,
+    split_raised,
+)
 from panqueue._runtime.chunks import Held
 from panqueue._runtime.failures import FailureCallback, report_failure
 from panqueue._runtime.locks import Attempts
@@ -104,6 +110,7 @@ class ChunkRunner:
                 running.append(i)
         result: Any = None
         error: BaseException | None = None
+        grouped_cancel = False  # a cancellation in a group the handler's task group raised
         try:
             if jobs:
                 with scope:
@@ -111,23 +118,34 @@ class ChunkRunner:
         except Exception as exc:
             error = exc
         except anyio.get_cancelled_exc_class():
-            # The whole worker is being cancelled from outside: give the jobs back at once.
-            for held in chunk:
-                self._attempts.end(held.attempt)
-            with anyio.CancelScope(shield=True):
-                await self._recorder.release([held.attempt.lock for held in chunk])
+            await self._give_back_all(chunk)  # the whole worker is cancelled from outside
             raise
+        except BaseExceptionGroup as group:  # the handler's own task group
+            grouped_cancel, error = split_raised(group)
+            if grouped_cancel and not scope.cancel_called:
+                await self._give_back_all(chunk)
+                raise
         except SystemExit as exc:  # sys.exit() in an inline handler ends the chunk only
             error = HandlerAborted(exc)
         finally:
             for held in chunk:
                 self._attempts.end(held.attempt)
         duration = time.monotonic() - started
+        # The call was stopped (a member's cancel, a forced stop) if its cancellation came
+        # out of it, alone or in a group, or if an error did while it was being stopped: a
+        # task's cleanup that raised turns the cancellation into that error on its way out.
+        # That error is not the other members' doing.
+        call_stopped = scope.cancelled_caught or grouped_cancel or (
+            scope.cancel_called and error is not None)
+        if call_stopped and error is not None:
+            self._log.warning("a stopped chunk's handler raised while it stopped",
+                              job_ids=[chunk[i].job.id for i in running],
+                              error=f"{type(error).__name__}: {error}")
         if error is None and jobs:
             error = _misshapen(result, len(jobs))
         for position, i in enumerate(running):
             held = chunk[i]
-            stopped = _stopped_during(held, scope.cancelled_caught)
+            stopped = _stopped_during(held, call_stopped)
             if stopped is not None:
                 outcomes[i] = stopped(held, options[i], duration)
             elif error is not None:
@@ -139,6 +157,14 @@ class ChunkRunner:
             if ended is not None:
                 ended.job = jobs[position]
         return [outcome for outcome in outcomes if outcome is not None]
+
+    async def _give_back_all(self, chunk: list[Held]) -> None:
+        """The whole worker is being cancelled from outside: give the chunk's jobs back at
+        once."""
+        for held in chunk:
+            self._attempts.end(held.attempt)
+        with anyio.CancelScope(shield=True):
+            await self._recorder.release([held.attempt.lock for held in chunk])
 
     def _job_options(self, claimed: ClaimedJob) -> JobOptions:
         return claimed.job_options(self._options)
