@@ -737,3 +737,48 @@ async def test_a_cancelled_member_of_a_chunk_whose_task_raises_in_its_cleanup(
     assert [(i.state, i.attempts) for i in infos] == [
         (JobState.COMPLETED, 1), (JobState.CANCELLED, 1)]
     assert calls == [["a", "b"], ["a"]]
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+async def test_a_slow_failure_callback_lets_no_job_of_the_slot_stall(
+        redis_url: str, queue_name: str, chunked: bool) -> None:
+    """An async on_failure callback that awaits (an error tracker's HTTP call) longer than the
+    lock TTL. The chunk's completed member waited for it unrecorded, and the jobs claimed next
+    for the slot waited unrenewed: the stalled sweep took them back and they ran twice. Every
+    job here runs once."""
+    registry = Registry()
+    runs: dict[str, int] = {}
+
+    @registry.on_failure
+    async def report(job: Job[Any], exc: BaseException, final: bool) -> None:
+        await anyio.sleep(2.5)  # awaits: the event loop and the lock renewal go on
+
+    def ran(data: str) -> Any:
+        runs[data] = runs.get(data, 0) + 1
+        return "ok"
+
+    if chunked:
+        @registry.handler(queue_name, chunk=Chunk(size=2, wait=5.0), concurrency=1,
+                          lock_ttl=1.0, attempts=1)
+        async def rows(jobs: list[Job[str]]) -> list[Any]:
+            return [ChunkFailure(i, "rejected") if ran(job.data) and job.data == "bad"
+                    else "ok" for i, job in enumerate(jobs)]
+    else:
+        @registry.handler(queue_name, concurrency=1, lock_ttl=1.0, attempts=1)
+        async def one(job: Job[str]) -> str:
+            ran(job.data)
+            if job.data == "bad":
+                raise ValueError("rejected")
+            return "ok"
+
+    async with QueueClient(redis_url) as client:
+        with anyio.fail_after(40):
+            async with run_worker(registry, queue_name, redis_url, stalled_interval=0.2):
+                first = ["bad", "good"] if chunked else ["bad"]
+                handles = await client.queue(queue_name).add_bulk(first)
+                later = await client.queue(queue_name).add_bulk(["next-1", "next-2"])
+                for handle in [*handles[1:], *later]:
+                    assert await handle.result(timeout=20) == "ok"
+        infos = [await h.info() for h in [*handles[1:], *later]]
+    assert runs == dict.fromkeys([*first, "next-1", "next-2"], 1), runs
+    assert all(info.attempts == 1 and info.history == [] for info in infos)

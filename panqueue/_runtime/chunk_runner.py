@@ -188,6 +188,13 @@ class ChunkRunner:
             self._log.warning("jobs of a stopped chunk released to waiting",
                               job_ids=[held.job.id for held in released])
         completed: list[tuple[ClaimedJob, Outcome]] = []
+        # The application's failure callbacks hear of the failures once every ending of the
+        # chunk is recorded: the members' locks are renewed by nobody from the call's end.
+        # While there are some, no recording claims next jobs, which would wait unrenewed for
+        # as long as they take: the claim loop refills the slot.
+        callbacks = self._on_failure()
+        reports: list[tuple[Outcome, bool, Any]] = []
+        claim_next = not (callbacks and any(o.ending == Ending.FAILED for o in outcomes))
         # A handler's RateLimited pauses its job's key (keyed mode): every such pause is
         # recorded before any recording claims a next job, which must not be a job of a key
         # this same call paused. Their slots are refilled by the claim loop.
@@ -210,20 +217,22 @@ class ChunkRunner:
             log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt,
                                  duration_ms=round(outcome.duration * 1000, 3))
             status, next_job = await self._recorder.end_attempt(
-                outcome.unfinished, log, claim_next=outcome.ending != Ending.RATE_LIMITED)
+                outcome.unfinished, log,
+                claim_next=claim_next and outcome.ending != Ending.RATE_LIMITED)
             self._count(claimed, status, outcome.duration)
             if status is not None and (status == Status.FAILED or status.retried):
-                await report_failure(self._on_failure(), outcome.job, outcome.error,
-                                     status == Status.FAILED, log)
+                reports.append((outcome, status == Status.FAILED, log))
             if next_job is not None:
                 following.append(next_job)
         if completed:
             statuses, claimed_next = await self._recorder.complete_chunk(
                 [Completion(job.id, job.token, outcome.result) for job, outcome in completed],
-                self._log)
+                self._log, claim_next=claim_next)
             for (job, outcome), status in zip(completed, statuses, strict=True):
                 self._count(job, status, outcome.duration)
             following += claimed_next
+        for outcome, final, log in reports:
+            await report_failure(callbacks, outcome.job, outcome.error, final, log)
         return following
 
 

@@ -164,12 +164,13 @@ class Recorder:
                     pending.next_job = next(claimed, None)
         batch.done.set()
 
-    async def complete_chunk(self, completions: list[Completion], log: Any
+    async def complete_chunk(self, completions: list[Completion], log: Any,
+                             claim_next: bool = True
                              ) -> tuple[list[Status | None], list[ClaimedJob]]:
         """Record the successes of one chunk in one call, claiming a next job for each (the
-        slot's next chunk) unless the worker stops; returns each one's status (None: not
-        recorded, Redis away) and the jobs claimed."""
-        claiming = not self._stopping()
+        slot's next chunk) unless ``claim_next`` is false or the worker stops; returns each
+        one's status (None: not recorded, Redis away) and the jobs claimed."""
+        claiming = claim_next and not self._stopping()
         finished = await self._record(transitions.complete_batch(
             self._keys, completions, claim_next=claiming, keep=self._keep_completed,
             token=self._tokens.new(), ttl_ms=self._ttl_ms), completions[0].job_id)

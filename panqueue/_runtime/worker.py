@@ -397,9 +397,14 @@ class Worker:
             log.warning("job released at forced shutdown")
             return None
         assert outcome.unfinished is not None  # failed, snoozed or rate limited
-        status, following = await recorder.end_attempt(outcome.unfinished, log)
+        # A failure the application's callbacks hear of claims no next job for the slot: a job
+        # claimed now would wait, its lock renewed by nobody, for as long as they take.
+        callbacks = self._registry.failure_callbacks
+        status, following = await recorder.end_attempt(
+            outcome.unfinished, log,
+            claim_next=not (callbacks and outcome.ending == Ending.FAILED))
         if status is not None and (status == Status.FAILED or status.retried):
-            await report_failure(self._registry.failure_callbacks, outcome.job, outcome.error,
+            await report_failure(callbacks, outcome.job, outcome.error,
                                  status == Status.FAILED, log)
         if outcome.ending == Ending.RATE_LIMITED and status in (Status.RATE_LIMITED,
                                                                 Status.CANCELLED):
