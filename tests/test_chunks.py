@@ -782,3 +782,48 @@ async def test_a_slow_failure_callback_lets_no_job_of_the_slot_stall(
         infos = [await h.info() for h in [*handles[1:], *later]]
     assert runs == dict.fromkeys([*first, "next-1", "next-2"], 1), runs
     assert all(info.attempts == 1 and info.history == [] for info in infos)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_job_cancelled_while_handed_over_and_waiting_for_the_slot_never_runs(
+        redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The only slot runs a long chunk [x], its gathering having left the worker waiting as
+    idle: y, added meanwhile, is handed to it and waits for the slot, ACTIVE under its lock.
+    cancel(y) is heard while y has no attempt. The request was kept for 30 s only (shortened
+    here, with the chunk's run): y then started with z, and ran though cancelled before it
+    began. It is kept until y's attempt starts."""
+    from panqueue._runtime import locks
+
+    monkeypatch.setattr(locks, "_EARLY_CANCEL_SECONDS", 0.2)
+    registry = Registry()
+    calls: list[list[str]] = []
+    first_started = anyio.Event()
+
+    @registry.handler(queue_name, chunk=Chunk(size=2, wait=0.3), concurrency=1)
+    async def rows(jobs: list[Job[str]]) -> list[str]:
+        calls.append([job.data for job in jobs])
+        if len(calls) == 1:
+            first_started.set()
+            await anyio.sleep(1.0)  # past the window above
+        return [job.data for job in jobs]
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(rows)
+        with anyio.fail_after(30):
+            async with run_worker(registry, queue_name, redis_url, poll_interval=10.0):
+                x = await queue.add("x")
+                await first_started.wait()
+                y = await queue.add("y")
+
+                async def handed() -> bool:
+                    return (await y.info()).state is JobState.ACTIVE
+
+                await async_wait_until(handed, what="y handed over")
+                assert await client.cancel(queue_name, y.id) is JobState.ACTIVE
+                z = await queue.add("z")
+                assert await x.result(timeout=10) == "x"
+                assert await z.result(timeout=10) == "z"
+                with pytest.raises(JobFailed):
+                    await y.result(timeout=10)
+        assert (await y.info()).state is JobState.CANCELLED
+    assert all("y" not in call for call in calls), calls

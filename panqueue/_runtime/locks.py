@@ -29,8 +29,10 @@ from panqueue.errors import PanqueueError
 
 __all__ = ["Attempt", "Attempts", "Renewer", "Tokens"]
 
-# A cancel request heard before the attempt of the run it is for started is kept this long (a
-# claim's reply takes at most the socket timeout to arrive), and at most this many of them.
+# A cancel request heard before the attempt of the run it is for started is kept until that
+# attempt starts, however long the job waits for a slot (its lock names one run only). At most
+# this many are kept: past that, those older than _EARLY_CANCEL_SECONDS go first (a claim's
+# reply takes at most the socket timeout to arrive), then the oldest.
 _EARLY_CANCEL_SECONDS = 30.0
 _EARLY_CANCELS_KEPT = 10_000
 
@@ -188,13 +190,11 @@ class Attempts:
                           partition=partition, number=number)
         self.by_lock[(job_id, token)] = attempt
         self._by_job[job_id] = attempt
-        if self._early_cancels:
-            # The request names the run by its lock, so it applies only to the attempt of the
-            # claim that made that run active; the same id claimed under another lock (the
-            # job added again, or retried) is another run.
-            heard = self._early_cancels.pop(attempt.lock, None)
-            if heard is not None and heard > now - _EARLY_CANCEL_SECONDS:
-                self.cancel(attempt)
+        # The request names the run by its lock, so it applies only to the attempt of the
+        # claim that made that run active; the same id claimed under another lock (the job
+        # added again, or retried) is another run.
+        if self._early_cancels and self._early_cancels.pop(attempt.lock, None) is not None:
+            self.cancel(attempt)
         return attempt
 
     def cancel(self, attempt: Attempt) -> None:
@@ -205,9 +205,10 @@ class Attempts:
     def request_cancel(self, request: CancelRequest) -> None:
         """``cancel(queue, id)`` was called for an active job (every worker of the queue
         hears it). The attempt of the run it names is stopped. If that run is locked by this
-        worker and has no attempt yet, the request is kept for a while: the reply of the
-        claim that made the job active may not have arrived, and the attempt that claim
-        starts must begin cancelled. A request for another worker's run is not kept."""
+        worker and has no attempt yet, the request is kept until that attempt starts, which
+        then begins cancelled: the reply of the claim that made the job active may not have
+        arrived, or the job waits for a slot. A request for another worker's run is not
+        kept."""
         if not request.token:  # it does not say which run: the one running here, if any
             attempt = self._by_job.get(request.job_id)
         else:
