@@ -743,6 +743,37 @@ async def test_a_flow_whose_keys_route_to_two_partitions_is_refused(redis_url: s
         assert len(added) == 2 and all(h.created for h in added)
 
 
+async def test_a_flow_refused_for_a_dedup_key_replaces_no_job_by_another(
+        redis_url: str, queue_name: str) -> None:
+    """As below, with the refusal coming from an item whose dedup key (keep) names a job of
+    another partition that a later item waits for: the replace decided before it deleted the
+    job it replaces, and the flow was then refused."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=N)
+    async def work(job: Job[str]) -> None: ...
+
+    def name_in(partition: int, prefix: str, salt: str = "") -> str:
+        return next(f"{prefix}-{i}" for i in range(1000)
+                    if zlib.crc32(f"{salt}{prefix}-{i}".encode()) % N == partition)
+
+    first, kept, replaced = name_in(0, "x"), name_in(1, "k", "dd:"), name_in(1, "d", "dd:")
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        old = await queue.add("old", dedup=Dedup(replaced, ttl=600))
+        other = await queue.add("other", job_id=name_in(1, "y"), dedup=Dedup(kept, ttl=600))
+        with pytest.raises(ConfigError, match="nothing was added"):
+            await queue.add_flow([
+                FlowJob("first", job_id=first),
+                FlowJob("new", options={"dedup": Dedup(replaced, ttl=600, strategy="replace")}),
+                FlowJob("kept", options={"dedup": Dedup(kept, ttl=600)}),
+                FlowJob("dep", depends_on=[2]),
+            ])
+        assert (await old.info()).state is JobState.WAITING
+        assert (await other.info()).state is JobState.WAITING
+        assert sum((await client.counts(queue_name)).values()) == 2
+
+
 async def test_a_refused_flow_replaces_no_job_by_its_dedup_key(redis_url: str,
                                                                queue_name: str) -> None:
     """A flow one of whose items waits for an item whose custom id names a job of another

@@ -263,41 +263,50 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
         yield from _check_dependencies(placed, jobs)
     answered: dict[int, tuple[str, bool]] = {}
     for _ in range(_ROUNDS):
-        sending: list[int] = []
-        items: list[NewJob] = []
-        tokens: list[str] = []
+        chosen: dict[int, tuple[NewJob, str]] = {}  # each job to send, and its token
         written: dict[int, list[_Pointer]] = {}
         settled = True
-        for index, job in enumerate(jobs):
-            if index in answered:
-                continue
-            token = ""
-            if is_far(parts, placed, job):
-                token = HELD_TOKEN_MARK + uuid.uuid4().hex
-                decided = yield from _decide(parts, placed, job, token)
-                if decided is None:
-                    settled = False
-                    break
-                if decided.answer is not None:
-                    answered[index] = decided.answer
+        # A dedup replace deletes the job it replaces when it is decided: the far ones are
+        # decided last, once what the others answered is known to be no refusal (an item
+        # waiting for an answered job of another partition), so that a refused add deletes
+        # nothing. A replace itself answers with no existing job.
+        for replacing in (False, True):
+            for index, job in enumerate(jobs):
+                if index in answered or index in chosen:
                     continue
-                job, written[index] = decided.job, decided.written
-                # The job keeps where its id's pointer is, to have it cleared when deleted.
-                token += "".join(f"\t{p.home.partition}" for p in decided.written
-                                 if p.kind == "id")
-            sending.append(index)
-            items.append(job)
-            tokens.append(token)
+                token = ""
+                if is_far(parts, placed, job):
+                    if (job.dedup_strategy == "replace") != replacing:
+                        continue
+                    token = HELD_TOKEN_MARK + uuid.uuid4().hex
+                    decided = yield from _decide(parts, placed, job, token)
+                    if decided is None:
+                        settled = False
+                        break
+                    if decided.answer is not None:
+                        answered[index] = decided.answer
+                        continue
+                    job, written[index] = decided.job, decided.written
+                    # The job keeps where its id's pointer is, to have it cleared when deleted.
+                    token += "".join(f"\t{p.home.partition}" for p in decided.written
+                                     if p.kind == "id")
+                chosen[index] = (job, token)
+            if not settled:
+                break
+            try:
+                sending = [i for i in range(len(jobs)) if i not in answered]
+                items = yield from _resolve_answered(
+                    parts, placed, jobs, answered, sending,
+                    [chosen[i][0] if i in chosen else jobs[i] for i in sending])
+            except ConfigError:
+                for pointers in written.values():
+                    yield from _clear_all(pointers)
+                raise
         if not settled:
             for pointers in written.values():
                 yield from _clear_all(pointers)
             continue
-        try:
-            items = yield from _resolve_answered(parts, placed, jobs, answered, sending, items)
-        except ConfigError:
-            for pointers in written.values():
-                yield from _clear_all(pointers)
-            raise
+        tokens = [chosen[i][1] for i in sending]
         if not items:
             return [answered[i] for i in range(len(jobs))]
         try:
