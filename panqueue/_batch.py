@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from panqueue._codec import encode_checked
+from panqueue._codec import check_size, encode_checked
 from panqueue._handler import HandlerBase
 from panqueue._keys import check_queue_name
 from panqueue._producer import (
@@ -64,8 +64,10 @@ class _SyncClient(Protocol):
     def producer(self) -> SyncProducer: ...
 
 
-def _callback(value: object, what: str) -> Callback:
-    """A callback as ``("queue", data)``: data a dict (or None), which gets ``"batch"``."""
+def _callback(value: object, what: str, limit: int | None) -> Callback:
+    """A callback as ``("queue", data)``: data a dict (or None), which gets ``"batch"``; its
+    encoding within ``limit`` bytes (the client's ``max_payload_bytes``) with room for that
+    key's counts."""
     if not isinstance(value, tuple) or len(value) != 2:
         raise ConfigError(f"{what} must be a (queue, data) tuple, got {value!r}")
     queue, data = value
@@ -81,18 +83,24 @@ def _callback(value: object, what: str) -> Callback:
         raise ConfigError(f"{what}: the callback's data may not have the key 'batch' (the "
                           "batch's counts go there)")
     try:
-        encode_checked(data, f"{what} data")
+        encoded = encode_checked(data, f"{what} data")
     except PayloadError as exc:
         raise ConfigError(str(exc)) from None
+    if limit is not None:  # the counts it gets: a batch id and four numbers, at most 200 bytes
+        check_size(len(encoded) + _CALLBACK_COUNTS, limit, f"{what}'s data")
     return queue, data
 
 
-def _opening(on_complete: object, on_success: object, parent: object
-                  ) -> tuple[str, Op[BatchInfo]]:
+# What the "batch" key adds to a callback's data (its id, total, completed, failed, pending).
+_CALLBACK_COUNTS = 200
+
+
+def _opening(on_complete: object, on_success: object, parent: object, limit: int | None
+             ) -> tuple[str, Op[BatchInfo]]:
     """Validate ``client.batch``'s arguments: the new batch's id and the operation that
     opens it."""
-    complete = _callback(on_complete, "on_complete")
-    success = None if on_success is None else _callback(on_success, "on_success")
+    complete = _callback(on_complete, "on_complete", limit)
+    success = None if on_success is None else _callback(on_success, "on_success", limit)
     if isinstance(parent, Batch | SyncBatch):
         parent = parent.id
     if parent is not None and (not isinstance(parent, str) or not parent):
@@ -230,7 +238,8 @@ class SyncBatch(_Jobs):
 async def new_batch(client: _Client, on_complete: object, on_success: object,
                     parent: object) -> Batch:
     """Open a batch: ``client.batch``'s arguments, checked before anything is written."""
-    batch_id, opening = _opening(on_complete, on_success, parent)
+    batch_id, opening = _opening(on_complete, on_success, parent,
+                                 client.producer.max_payload_bytes)
     await client.producer.run(opening)
     return Batch(client, _Opened(batch_id))
 
@@ -238,6 +247,7 @@ async def new_batch(client: _Client, on_complete: object, on_success: object,
 def new_sync_batch(client: _SyncClient, on_complete: object, on_success: object,
                    parent: object) -> SyncBatch:
     """Blocking :func:`new_batch`."""
-    batch_id, opening = _opening(on_complete, on_success, parent)
+    batch_id, opening = _opening(on_complete, on_success, parent,
+                                 client.producer.max_payload_bytes)
     client.producer.run(opening)
     return SyncBatch(client, _Opened(batch_id))

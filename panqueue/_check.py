@@ -15,7 +15,15 @@ from typing import TypeGuard
 
 from panqueue.errors import ConfigError
 
-__all__ = ["check_flag", "check_int", "check_number", "check_one_of", "is_int", "is_number"]
+__all__ = ["MAX_CONCURRENCY", "MAX_COUNT", "check_flag", "check_int", "check_number",
+           "check_one_of", "is_int", "is_number"]
+
+# The largest int check_int takes when the caller names no upper bound: every count and
+# size reaches the server, whose scripts hold numbers as doubles (exact up to 2**53); a larger
+# one failed there, or in the worker, long after it was accepted.
+MAX_COUNT = 2**53
+# The most jobs one worker of a queue runs at once (a handler's concurrency, a control command's).
+MAX_CONCURRENCY = 10_000
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -30,20 +38,23 @@ def is_number(value: object) -> TypeGuard[int | float]:
 
 def check_int(value: object, what: str, *, low: int | None = None, high: int | None = None,
               note: str = "", expected: str | None = None) -> int:
-    """``value`` if it is an int from ``low`` to ``high`` (either bound may be open). The
-    message says ``"an int >= low"`` or ``"an int between low and high"``, then ``note`` (what
-    a special value means, for example ``" (-1 keeps all)"``); ``expected`` replaces both."""
-    if is_int(value) and (low is None or value >= low) and (high is None or value <= high):
+    """``value`` if it is an int from ``low`` to ``high`` (``low`` may be open; ``high`` is
+    :data:`MAX_COUNT` when not given). The message says ``"an int >= low"`` (and ``"(at most
+    2**53)"`` to a larger one) or ``"an int between low and high"``, then ``note`` (what a
+    special value means, for example ``" (-1 keeps all)"``); ``expected`` replaces both."""
+    capped = high is None
+    top = MAX_COUNT if high is None else high
+    if is_int(value) and (low is None or value >= low) and value <= top:
         return value
     if expected is None:
-        if low is not None and high is not None:
-            expected = f"an int between {low} and {high}"
+        if capped:
+            expected = "an int" if low is None else f"an int >= {low}"
+            if is_int(value) and value > top:  # the cap is named when it is what refused
+                expected += " (at most 2**53)"
         elif low is not None:
-            expected = f"an int >= {low}"
-        elif high is not None:
-            expected = f"an int <= {high}"
+            expected = f"an int between {low} and {top}"
         else:
-            expected = "an int"
+            expected = f"an int <= {top}"
     raise ConfigError(f"{what} must be {expected}{note}, got {value!r}")
 
 

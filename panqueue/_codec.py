@@ -49,8 +49,14 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def encode(value: Any) -> bytes:
-    """Encode an already-validated value."""
-    data: bytes = _packer.pack(value)
+    """Encode an already-validated value. (A str that UTF-8 cannot encode, a lone surrogate,
+    which JSON's ``\\ud800`` escapes make, is refused by the checks; here it is a
+    :class:`PayloadError` all the same, never a ``UnicodeEncodeError``.)"""
+    try:
+        data: bytes = _packer.pack(value)
+    except UnicodeEncodeError as exc:
+        raise PayloadError(f"a string is not valid UTF-8 ({exc.reason}: "
+                           f"{exc.object[exc.start:exc.end]!r})") from None
     return data
 
 
@@ -118,10 +124,23 @@ class _Invalid(Exception):
         self.segments: list[str] = []
 
 
+def _check_text(text: str, what: str = "") -> None:
+    """A str that UTF-8 cannot encode (a lone surrogate) is not JSON-compatible."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
+        raise _Invalid(f"{what}{shown} is not valid UTF-8 ({exc.reason})") from None
+
+
 def _check(value: Any, depth: int) -> None:
     # The happy path builds no strings: paths are assembled only when something is wrong.
     kind = type(value)
-    if kind is str or kind is bool or value is None:
+    if kind is str:
+        if not value.isascii():
+            _check_text(value)
+        return
+    if kind is bool or value is None:
         return
     if kind is int:
         if not _INT_MIN <= value <= _INT_MAX:
@@ -139,6 +158,8 @@ def _check(value: Any, depth: int) -> None:
                 raise _Invalid(
                     f"key {key!r} is {type(key).__name__}; only str keys are JSON-compatible"
                 )
+            if not key.isascii():
+                _check_text(key, "key ")
             try:
                 _check(item, depth + 1)
             except _Invalid as bad:

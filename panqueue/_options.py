@@ -159,7 +159,9 @@ class Limits:
         for name in ("memory_mb", "cpu_seconds", "open_files"):
             value = getattr(self, name)
             if value is not None:
-                check_int(value, f"Limits.{name}", low=1)
+                # memory_mb becomes bytes for setrlimit, which takes at most 2**63 - 1.
+                check_int(value, f"Limits.{name}", low=1,
+                          high=(2**63 - 1) >> 20 if name == "memory_mb" else None)
 
 
 # What a subprocess handler's child inherits from the worker's environment when env= is not
@@ -249,6 +251,7 @@ class RateLimit:
         check_positive(self.per, "RateLimit.per")
         if self.per < 0.001:
             raise ConfigError(f"RateLimit.per must be at least 0.001 s, got {self.per!r}")
+        check_flag(self.per_key, "RateLimit.per_key")
         check_flag(self.adaptive, "RateLimit.adaptive")
         check_positive(self.recover_every, "RateLimit.recover_every")
         if self.recover_every < 0.001:

@@ -151,8 +151,9 @@ def new_jobs(defaults: dict[str, Any], items: Iterable[Any]) -> list[NewJob]:
                 jobs.append(ops.job_alike(jobs[0], stored_form(item)))
             else:
                 jobs.append(ops.new_job(defaults, stored_form(item), {}))
-        except PayloadError as exc:
-            raise PayloadError(f"item {index}: {exc}") from None
+        except (PayloadError, ConfigError) as exc:  # the same kind, naming the item
+            kind = PayloadError if isinstance(exc, PayloadError) else ConfigError
+            raise kind(f"item {index}: {exc}") from None
     return jobs
 
 
@@ -184,6 +185,10 @@ def flow_jobs(name: str, defaults: dict[str, Any], flow: Sequence[FlowJob]) -> l
     for index, node in enumerate(flow):
         if not isinstance(node, FlowJob):
             raise ConfigError(f"flow item {index} must be a panqueue.FlowJob, got {node!r}")
+        if not isinstance(node.depends_on, list | tuple) or not isinstance(node.options, dict):
+            raise ConfigError(f"flow item {index}: depends_on must be a list (of earlier items' "
+                              f"indexes, job ids or handles) and options a dict, got "
+                              f"{node.depends_on!r} and {node.options!r}")
         deps = []
         for ref in node.depends_on:
             if isinstance(ref, JobHandle | SyncJobHandle):
@@ -196,15 +201,19 @@ def flow_jobs(name: str, defaults: dict[str, Any], flow: Sequence[FlowJob]) -> l
                     raise ConfigError(f"flow item {index}: depends_on index {ref} must point to "
                                       "an earlier item")
                 deps.append(ids[ref])
+            elif isinstance(ref, str):
+                deps.append(ref)
             else:
-                deps.append(str(ref))
+                raise ConfigError(f"flow item {index}: depends_on {ref!r} is neither an earlier "
+                                  "item's index, a job id nor a job handle")
         job_id = node.job_id or f"{prefix}:{index}"
         try:
             job = ops.new_job(defaults, stored_form(node.data),
                               {**node.options, "job_id": job_id, "depends_on": deps})
             jobs.append(job if node.job_id else dataclasses.replace(job, unique_id=True))
-        except PayloadError as exc:
-            raise PayloadError(f"flow item {index}: {exc}") from None
+        except (PayloadError, ConfigError) as exc:  # the same kind, naming the item
+            kind = PayloadError if isinstance(exc, PayloadError) else ConfigError
+            raise kind(f"flow item {index}: {exc}") from None
         ids.append(job_id)
     return jobs
 

@@ -11,7 +11,7 @@ import typing
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar, overload
 
-from panqueue._check import check_int, check_one_of
+from panqueue._check import MAX_CONCURRENCY, check_int, check_one_of
 from panqueue._handler import HandlerOptions, check_chunk_payload
 from panqueue._home import Handler, RegistryClients, check_registry_url
 from panqueue._job import Job
@@ -222,7 +222,7 @@ class Registry:
         if "delay" in job_defaults:
             check_positive(job_defaults["delay"], "delay", allow_zero=True)
         if concurrency is not None:
-            check_int(concurrency, "concurrency", low=1)
+            check_int(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
         check_int(max_stalls, "max_stalls", low=0)
         if max_snoozes is not None:
             check_int(max_snoozes, "max_snoozes", low=0, note=" or None (no limit)")

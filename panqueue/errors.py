@@ -72,9 +72,21 @@ def exception_message(exc: BaseException) -> str:
     """``str(exc)``, or a placeholder naming the type when that raises (a bad value from a
     handler must never stop a worker; ``HandlerAborted`` and ``ErrorInfo`` use this)."""
     try:
-        return str(exc)
+        return storable_text(str(exc))
     except Exception:
         return f"<{type(exc).__name__}: str() raised an exception>"
+
+
+def storable_text(text: str) -> str:
+    """``text`` as UTF-8 can store it: what it cannot encode (a lone surrogate, which JSON's
+    ``\\ud800`` escapes make) written as its escape instead."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +111,10 @@ class ErrorInfo:
         tb = None
         if with_traceback:
             try:
-                tb = "".join(traceback.format_exception(exc))
+                tb = storable_text("".join(traceback.format_exception(exc)))
             except Exception:  # a broken __repr__ in a frame's locals, and the like
                 tb = None
-        return cls(type(exc).__name__, exception_message(exc), tb)
+        return cls(storable_text(type(exc).__name__), exception_message(exc), tb)
 
     @classmethod
     def from_wire(cls, wire: Any) -> ErrorInfo | None:

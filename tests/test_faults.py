@@ -177,6 +177,11 @@ async def test_a_lost_reply_strands_nothing_and_charges_no_stall(
     ("f-subprocess", "unprintable", "Unprintable"),
     ("f-inline", "system-exit", "SystemExit"),
     ("f-inline", "unprintable", "Unprintable"),
+    ("f-inline", "surrogate-result", "PayloadError"),
+    ("f-thread", "surrogate-result", "PayloadError"),
+    ("f-subprocess", "surrogate-result", "PayloadError"),
+    ("f-inline", "surrogate-error", "ValueError"),
+    ("f-subprocess", "surrogate-error", "ValueError"),
 ])
 async def test_no_exception_from_a_handler_stops_the_worker(
         redis_url: str, queue: str, what: str, error_type: str) -> None:

@@ -18,6 +18,7 @@ from panqueue import (
     Chunk,
     ConfigError,
     Dedup,
+    JobState,
     Limits,
     Permissions,
     RateLimit,
@@ -38,10 +39,12 @@ def listing(**options: Any) -> Callable[[], object]:
     return lambda: next(ops.list_jobs(QueueKeys("q"), "waiting", **options))
 
 
+LONE = "\ud800"  # a lone surrogate: JSON's "\\ud800" makes one, and UTF-8 has none
+
 REFUSED: list[tuple[Callable[[], object], str]] = [
     # Registry.handler
-    (handler(concurrency=0), "concurrency must be an int >= 1, got 0"),
-    (handler(concurrency=True), "concurrency must be an int >= 1, got True"),
+    (handler(concurrency=0), "concurrency must be an int between 1 and 10000, got 0"),
+    (handler(concurrency=True), "concurrency must be an int between 1 and 10000, got True"),
     (handler(max_stalls=-1), "max_stalls must be an int >= 0, got -1"),
     (handler(max_stalls=False), "max_stalls must be an int >= 0, got False"),
     (handler(max_snoozes=1.5), "max_snoozes must be an int >= 0 or None (no limit), got 1.5"),
@@ -67,7 +70,8 @@ REFUSED: list[tuple[Callable[[], object], str]] = [
     (lambda: Backoff("linear", 1.0), "backoff kind must be 'fixed' or 'exponential', got 'linear'"),
     (lambda: Backoff.fixed(1.0, jitter=1),  # type: ignore[arg-type]
      "backoff jitter must be a bool, got 1"),
-    (lambda: Limits(memory_mb=0), "Limits.memory_mb must be an int >= 1, got 0"),
+    (lambda: Limits(memory_mb=0),
+     f"Limits.memory_mb must be an int between 1 and {(2**63 - 1) >> 20}, got 0"),
     (lambda: Limits(open_files=True), "Limits.open_files must be an int >= 1, got True"),
     (lambda: Retention(completed=-2),
      "Retention.completed must be an int >= -1 (-1 keeps all), got -2"),
@@ -110,6 +114,28 @@ REFUSED: list[tuple[Callable[[], object], str]] = [
     (listing(limit=True), "limit must be an int >= 1, got True"),
     (listing(offset=-1), "offset must be an int >= 0, got -1"),
     (listing(offset=False), "offset must be an int >= 0, got False"),
+    # Ints too large for the server's numbers (or the worker's): each failed later, in the
+    # worker or at every job, once accepted.
+    (listing(limit=10**30), f"limit must be an int >= 1 (at most 2**53), got {10**30}"),
+    (lambda: Retention(events=10**30),
+     f"Retention.events must be an int >= 0 (at most 2**53) (0 keeps only the events of a "
+     f"job's end), got {10**30}"),
+    (lambda: Chunk(size=2**53 + 1), f"Chunk.size must be an int >= 1 (at most 2**53), got "
+                                    f"{2**53 + 1}"),
+    (handler(concurrency=10**30), f"concurrency must be an int between 1 and 10000, got "
+                                  f"{10**30}"),
+    (lambda: Limits(memory_mb=2**60),
+     f"Limits.memory_mb must be an int between 1 and {(2**63 - 1) >> 20}, got {2**60}"),
+    (lambda: Permissions(processes=10**30),
+     f"Permissions.processes must be an int >= 0 (at most 2**53), got {10**30}"),
+    # A flag that is not one: a truthy "no" turned per-key limits on.
+    (lambda: RateLimit(5, per_key="no"),  # type: ignore[arg-type]
+     "RateLimit.per_key must be a bool, got 'no'"),
+    # An add's dependencies, and a flow's items.
+    (lambda: ops.new_job({}, None, {"depends_on": 5}),
+     "depends_on must be a list of job ids (printable str), got 5"),
+    (lambda: ops.new_job({}, None, {"depends_on": [LONE]}),
+     f"depends_on must be a list of job ids (printable str), got {[LONE]!r}"),
 ]
 
 
@@ -165,3 +191,43 @@ def test_a_choice_is_one_of_the_names_given() -> None:
     assert check_one_of("b", "c", ("a", "b")) == "b"
     with pytest.raises(ConfigError, match=r"^c must be 'a', got \['a'\]$"):
         check_one_of(["a"], "c", ("a",))
+
+
+# --------------------------------------------------------------------------- through a client
+
+
+def test_bad_input_of_the_client_is_one_error_naming_it_and_writes_nothing(
+        redis_url: str, queue_name: str) -> None:
+    """What each call refused with a TypeError, a UnicodeEncodeError, a ValueError or a
+    command Redis refused, or took when it must not."""
+    from panqueue import FlowJob, PayloadError, SyncQueueClient
+
+    lone = LONE
+    with SyncQueueClient(redis_url, max_payload_bytes=1000) as client:
+        queue = client.queue(queue_name)
+        for data, where in [(lone, "data"), ({"a": [1, "x" + lone]}, 'data["a"][1]'),
+                            ({lone: 1}, "data: key")]:
+            with pytest.raises(PayloadError, match=f"^{re.escape(where)}.*not valid UTF-8"):
+                queue.add(data)
+            with pytest.raises(PayloadError, match=f"^item 1: {re.escape(where)}"):
+                queue.add_bulk([{"ok": 1}, data])
+        target = queue.add(1, job_id="target")
+        with pytest.raises(PayloadError, match="not valid UTF-8"):
+            client.signal(queue_name, target.id, "go", {"x": lone})
+        with pytest.raises(ConfigError, match=r"^flow item 1: depends_on must be a list"):
+            queue.add_flow([FlowJob(1), FlowJob(2, depends_on=0)])  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"^flow item 1: depends_on must be a list"):
+            queue.add_flow([FlowJob(1), FlowJob(2, options=None)])  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"^flow item 1: depends_on 2.5 is neither"):
+            queue.add_flow([FlowJob(1), FlowJob(2, depends_on=[2.5])])  # type: ignore[list-item]
+        with pytest.raises(ConfigError, match=r"^flow item 2: priority must be an int"):
+            queue.add_flow([FlowJob(1), FlowJob(2), FlowJob(3, options={"priority": 1.5})])
+        with pytest.raises(ConfigError, match=r"^window must be > 0, got nan"):
+            client.timings(queue_name, window=float("nan"))
+        # A str is a sequence of its characters: retry_failed(ids="ab") retried job "a".
+        with pytest.raises(ConfigError, match=r"^retry_failed ids must be a list of job ids"):
+            client.retry_failed(queue_name, "ab")  # type: ignore[arg-type]
+        # A batch's callback data counts against max_payload_bytes, as any job's does.
+        with pytest.raises(PayloadError, match=r"^on_complete's data is"):
+            client.batch(on_complete=(queue_name, {"blob": "x" * 2000}))
+        assert client.counts(queue_name)[JobState.WAITING] == 1  # the target alone

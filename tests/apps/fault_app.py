@@ -37,6 +37,10 @@ def misbehave(job: Job) -> Any:
         raise Retry(delay=float("inf"))
     if what == "retry-nan":
         raise Retry(delay=float("nan"))
+    if what == "surrogate-result":  # UTF-8 cannot encode it (JSON's "\\ud800" makes one)
+        return "x\ud800"
+    if what == "surrogate-error":
+        raise ValueError("bad \ud800")
     if what == "retry-huge":  # more than msgpack carries: a child sent it as it was, and died
         raise Retry(delay=10**30)
     if what == "retry-huger":  # more than a float holds

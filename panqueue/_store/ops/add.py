@@ -144,8 +144,10 @@ def new_job(defaults: dict[str, Any], data: Any, options: dict[str, Any]) -> New
         raise ConfigError(f"dedup must be a panqueue.Dedup, got {dedup!r}")
     expires_in_ms, expires_at_ms = _expiry(o.get("expires"))
     depends_on = o.get("depends_on") or ()
-    if isinstance(depends_on, str) or not all(isinstance(d, str) and d for d in depends_on):
-        raise ConfigError(f"depends_on must be a list of job ids, got {depends_on!r}")
+    if not isinstance(depends_on, list | tuple | set | frozenset) or not all(
+            isinstance(d, str) and d and d.isprintable() for d in depends_on):
+        raise ConfigError(f"depends_on must be a list of job ids (printable str), got "
+                          f"{depends_on!r}")
     return NewJob(
         job_id=job_id,
         data=encode_checked(data, "data"),

@@ -278,6 +278,9 @@ def all_retry_matching(parts: Sequence[QueueKeys], ids: Sequence[str] | None, ta
     if ids is not None:
         if tag is not None or error_type is not None:
             raise ConfigError("retry_failed takes ids or a filter (tag=, error_type=), not both")
+        # A str is a sequence of its characters: taken as ids, it retried other jobs.
+        if isinstance(ids, str | bytes) or not all(isinstance(i, str) and i for i in ids):
+            raise ConfigError(f"retry_failed ids must be a list of job ids, got {ids!r}")
         return (yield from all_retry_failed(parts, ids))
     moved = 0
     for part in parts:

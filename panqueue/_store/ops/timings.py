@@ -12,7 +12,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from panqueue._check import check_int
 from panqueue._keys import QueueKeys
+from panqueue._options import check_positive
 from panqueue._store.ops.jobs import scored
 from panqueue._store.transport import Batch, Command, Op
 
@@ -57,10 +59,8 @@ def recent_timings(keys: QueueKeys | Sequence[QueueKeys], window: float = 60.0,
     finished sets' newest members with the server's clock, then the jobs' times. Jobs that
     never started (cancelled before they ran, failed by a dependency) and jobs removed in
     between are left out."""
-    if not window > 0 or not math.isfinite(window):
-        raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
-    if sample < 1:
-        raise ValueError(f"sample must be >= 1, got {sample!r}")
+    check_positive(window, "window")
+    check_int(sample, "sample", low=1)
     finished: list[tuple[float, QueueKeys, bytes]] = []
     for part in [keys] if isinstance(keys, QueueKeys) else keys:
         now, completed, failed = yield Batch((

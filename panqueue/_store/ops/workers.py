@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from panqueue._check import check_int
+from panqueue._check import MAX_CONCURRENCY, check_int
 from panqueue._codec import decode
 from panqueue._job import from_ms
 from panqueue._keys import QueueKeys
@@ -40,7 +40,6 @@ ACTIVE_SCAN = 1000
 # What ``client.control`` can ask of a worker (besides ``concurrency=N``).
 CONTROL_COMMANDS = ("stop", "pause", "resume")
 # The most a command may set a worker's concurrency to.
-MAX_CONCURRENCY = 10_000
 
 
 @dataclass(frozen=True, slots=True)
