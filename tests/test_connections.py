@@ -569,3 +569,55 @@ def test_a_private_server_whose_picked_port_is_taken_starts_on_another(tmp_path:
             assert server.port == port
         finally:
             server.cleanup()
+
+
+# ----------------------------------------------------------------------------- many callers
+
+
+@pytest.mark.anyio
+async def test_more_callers_at_once_than_a_pool_had_wait_for_a_connection(
+        redis_url: str, redis_client: redis.Redis, queue_name: str) -> None:
+    """One client shared by a web app's requests (or a Django process's threads), with more
+    calls in flight than redis-py's default pool of 100 connections: the 101st was refused at
+    once ("Too many connections", reported as Redis out of reach). They now wait for a
+    connection. The server is held for a moment so that every call is in flight together."""
+    import threading
+
+    async with QueueClient(redis_url) as client:
+        redis_client.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        handles = []
+
+        async def add(n: int) -> None:
+            handles.append(await client.queue(queue_name).add(n))
+
+        async with anyio.create_task_group() as group:
+            for n in range(150):
+                group.start_soon(add, n)
+        assert len(handles) == 150
+    with SyncQueueClient(redis_url) as sync_client:
+        failed: list[BaseException] = []
+
+        def add_sync(n: int) -> None:
+            try:
+                sync_client.queue(queue_name).add(n)
+            except BaseException as exc:  # what the thread saw is the finding
+                failed.append(exc)
+
+        redis_client.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        threads = [threading.Thread(target=add_sync, args=(n,)) for n in range(120)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failed == []
+        assert sync_client.counts(queue_name)[JobState.WAITING] == 270
+
+
+def test_a_pool_with_no_connection_free_says_so_not_that_redis_is_out_of_reach() -> None:
+    from panqueue._store.transport.errors import translate_error
+
+    for said in ("No connection available.", "Too many connections"):
+        error = translate_error("redis://127.0.0.1:6379/0",
+                                redis.exceptions.ConnectionError(said))
+        assert str(error).startswith("no connection to Redis at redis://127.0.0.1:6379/0 came "
+                                     "free: every one of the client's pool is in use"), error

@@ -35,9 +35,9 @@ from panqueue._store.transport.options import (
     _SCAN_COUNT,
     _node_url,
     _parse,
+    _pooled_client,
     _sentinel_clients,
     _sentinel_target,
-    _standalone_options,
     _timeouts,
     redact_url,
 )
@@ -91,7 +91,8 @@ _PACKED: dict[type, type] = {
 def _standalone_client(url: str) -> Any:
     """A ``redis.asyncio`` client of a standalone server, its commands packed by hiredis when
     it is installed (the connection class of ``url``'s scheme, with :class:`_Packed`)."""
-    client = redis.asyncio.Redis.from_url(url, **_standalone_options(url, AsyncRetry))
+    client = _pooled_client(redis.asyncio.BlockingConnectionPool, redis.asyncio.Redis, url,
+                                AsyncRetry)
     pool = client.connection_pool  # no connection is made before the first command
     packed = _PACKED.get(pool.connection_class)
     if resp.hiredis is not None and packed is not None:

@@ -101,6 +101,11 @@ def _cluster_cannot_serve(url: str, exc: BaseException) -> str | None:
     return None
 
 
+# What redis-py says when a client's pool has no connection to give: a blocking pool after its
+# timeout, a plain one at once.
+_POOL_FULL = ("No connection available", "Too many connections")
+
+
 def _refused_under(exc: BaseException) -> str | None:
     """The ACL refusal under a cluster client's failure to connect, if that is what it was."""
     if not isinstance(exc, redis.exceptions.RedisClusterException):
@@ -145,6 +150,12 @@ def translate_error(url: str, exc: BaseException) -> PanqueueError:
         if not detail.startswith(code):
             detail = f"{code} {detail}"
         return ServerUnavailable(f"Redis at {where} cannot serve now: {detail}")
+    if isinstance(exc, redis.exceptions.ConnectionError) and detail.startswith(_POOL_FULL):
+        # The server was never asked: every connection of this client was busy.
+        return PanqueueConnectionError(
+            f"no connection to Redis at {where} came free: every one of the client's pool is "
+            f"in use ({detail}); fewer calls at once, or a larger ?max_connections= in the "
+            "URL")
     if isinstance(exc, _CONNECTION_ERRORS):
         return PanqueueConnectionError(f"cannot reach Redis at {where}: {detail}")
     if isinstance(exc, redis.exceptions.ResponseError):

@@ -169,6 +169,23 @@ def _sentinel_target(url: str) -> SentinelTarget | None:
     return SentinelTarget(sentinels, service, connection, sentinel)
 
 
+# The most connections one client opens to a server. Callers past it wait for one to be free,
+# up to the socket timeout: redis-py's own default (100, refusing the next caller at once with
+# "Too many connections") failed a web app's 101st concurrent request. A URL's
+# ``?max_connections=`` sets it. (Redis serves 10,000 clients by default.)
+POOL_SIZE = 1000
+
+
+def _pooled_client(pool_class: Any, client_class: Any, url: str, retry_class: Any) -> Any:
+    """A client of a standalone server on a pool that makes callers wait for a connection
+    rather than refusing them (:data:`POOL_SIZE`); redis-py's own ``from_url`` otherwise."""
+    pool = pool_class.from_url(url, max_connections=POOL_SIZE, timeout=SOCKET_TIMEOUT,
+                               **_standalone_options(url, retry_class))
+    client = client_class(connection_pool=pool)
+    client.auto_close_connection_pool = True  # closing the client closes its pool
+    return client
+
+
 def _timeouts() -> dict[str, Any]:
     return {"socket_connect_timeout": CONNECT_TIMEOUT, "socket_timeout": SOCKET_TIMEOUT}
 
@@ -206,7 +223,8 @@ def _sentinel_clients(target: SentinelTarget, sentinel_class: Any, retry_class: 
     manager = sentinel_class(target.sentinels,
                              sentinel_kwargs={**_timeouts(), "retry": no_retry,
                                               **target.sentinel})
-    options = {**_standalone_options(url, retry_class), **target.connection}
+    options = {**_standalone_options(url, retry_class), "max_connections": POOL_SIZE,
+               **target.connection}
     return manager, manager.master_for(target.service, **options)
 
 

@@ -22,9 +22,9 @@ from panqueue._store.transport.errors import _REDIS_ERRORS, _translated
 from panqueue._store.transport.options import (
     _SCAN_COUNT,
     _parse,
+    _pooled_client,
     _sentinel_clients,
     _sentinel_target,
-    _standalone_options,
     _timeouts,
     redact_url,
 )
@@ -68,8 +68,8 @@ class SyncTransport:
                     self.client = redis.cluster.RedisCluster.from_url(redis_url,
                                                                            **_timeouts())
                 else:
-                    self.client = redis.Redis.from_url(
-                        redis_url, **_standalone_options(redis_url, SyncRetry))
+                    self.client = _pooled_client(redis.BlockingConnectionPool,
+                                                     redis.Redis, redis_url, SyncRetry)
                     self._kept = []
                     _keeping.add(self)
             except ValueError as exc:
