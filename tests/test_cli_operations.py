@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -347,6 +348,32 @@ def test_burst_worker_exits_0_once_the_queues_are_empty(redis_url: str) -> None:
     after = counts(redis_url, FAIL)
     assert after[JobState.WAITING] == 1 and after[JobState.FAILED] == 1
     assert_usage_error(run_cli("dlq", FAIL, failures[1].id, "--url", redis_url), "--retry")
+
+
+def test_a_burst_worker_rides_out_a_short_outage_and_exits_0_once_empty(
+        redis_url: str, proxy: FaultProxy, tmp_path: Path) -> None:
+    """Its check of whether the queues are empty failed with Redis away, and took the worker
+    down with it: exit 1 within a fraction of a second, its running job left ACTIVE until
+    its lock expired. A worker that loses Redis rides the outage out (docs/operations.md)."""
+    from tests.helpers import APPS, WorkerProcess
+
+    with SyncQueueClient(redis_url) as client:
+        job = client.queue("outage-slow").add(3)
+        worker = WorkerProcess(tmp_path, "--url", proxy.url_for(redis_url), "-q", "outage-slow",
+                               "--burst", "--poll-interval", "0.2", app="outage_app:queues",
+                               path=APPS)
+        try:
+            wait_until(lambda: client.get_job("outage-slow", job.id).state is JobState.ACTIVE,
+                       20, "the job to start")
+            proxy.cut()
+            wait_until(lambda: "cannot reach" in worker.stderr or not worker.alive(), 10,
+                       "the worker to notice the outage")
+            time.sleep(1.5)  # the outage lasts several of the burst check's 0.2 s rounds
+            proxy.restore()
+            assert worker.process.wait(40) == 0, worker.stderr[-3000:]
+        finally:
+            worker.kill()
+        assert client.get_job("outage-slow", job.id).state is JobState.COMPLETED
 
 
 @contextlib.contextmanager

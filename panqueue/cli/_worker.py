@@ -33,7 +33,7 @@ from panqueue.cli._common import (
     url_option,
 )
 from panqueue.cli._metrics import import_metrics
-from panqueue.errors import ConfigError, ServerUnavailable
+from panqueue.errors import ConfigError, ConnectionError, ServerUnavailable
 
 __all__ = ["worker"]
 
@@ -344,9 +344,14 @@ async def _wait_until_empty(url: str, prefix: str | None, queues: list[str],
         while empty_checks < 2:
             await anyio.sleep(interval)
             busy = False
-            for queue in queues:
-                counts = await client.counts(queue)
-                if counts[JobState.WAITING] or counts[JobState.ACTIVE]:
-                    busy = True
-                    break
+            try:
+                for queue in queues:
+                    counts = await client.counts(queue)
+                    if counts[JobState.WAITING] or counts[JobState.ACTIVE]:
+                        busy = True
+                        break
+            except ConnectionError:
+                # Redis away: a check not answered is no empty check, and no reason to stop
+                # (the workers ride the outage out; they log it).
+                busy = True
             empty_checks = 0 if busy else empty_checks + 1
