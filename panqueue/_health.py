@@ -60,9 +60,11 @@ class HealthState:
                  claims_failing: Callable[[], BaseException | None] = lambda: None,
                  blocked_by: Callable[[], str | None] = lambda: None,
                  loop_stale: float = LOOP_STALE, prefix: str | None = None,
-                 held: Callable[[], list[str]] = list) -> None:
+                 held: Callable[[], list[str]] = list,
+                 stopped: Callable[[], list[str]] = list) -> None:
         self.queues = list(queues)
         self.prefix = prefix
+        self._stopped = stopped  # the served queues whose worker is stopping (a stop command)
         # After an outage the PING may answer before the claim loop's next try (up to a second
         # later): ready means the claims work again, not only that Redis answers.
         self._claims_failing = claims_failing
@@ -138,6 +140,10 @@ class HealthState:
                       else f"panqueue resume --prefix {self.prefix}")
             hint = "; ".join(f"{resume} {shlex.quote(queue)}" for queue in self.paused)
             return f"every queue it serves is paused: {', '.join(self.paused)} ({hint})"
+        stopped = self._stopped()
+        if stopped and set(stopped) >= set(self.queues):
+            return (f"the worker is stopping ({', '.join(stopped)}: a stop command): it claims "
+                    "no more jobs")
         held = self._held()
         if held and set(held) | set(self.paused) >= set(self.queues):
             resume = ("panqueue workers --resume NAME" if self.prefix is None

@@ -246,6 +246,34 @@ def test_readyz_is_503_while_an_operator_has_the_worker_paused(
     wait_until(lambda: get(port, "/readyz")[0] == 200, 15, "/readyz to answer 200 again")
 
 
+def test_readyz_is_503_while_a_stop_command_drains_the_worker(
+        redis_url: str, tmp_path: Path) -> None:
+    """An operator's stop (client.control, panqueue workers --stop) stops the claims as a
+    SIGTERM does; /readyz answered 200 all through the drain, so a load balancer kept the
+    worker as serving."""
+    from tests.helpers import APPS
+
+    port = free_port()
+    worker = WorkerProcess(tmp_path, "--url", redis_url, "-q", "outage-slow", "--name",
+                           "drained-worker", "--grace", "60", "--health-port", str(port),
+                           app="outage_app:queues", path=APPS)
+    try:
+        with SyncQueueClient(redis_url) as client:
+            job = client.queue("outage-slow").add(60)
+            wait_until(lambda: client.get_job("outage-slow", job.id).state is JobState.ACTIVE,
+                       20, "the job to start")
+            assert get(port, "/readyz")[0] == 200
+            client.control("drained-worker", "stop")
+            # Applied at its next heartbeat (every 5 s); the job runs on meanwhile.
+            wait_until(lambda: get(port, "/readyz")[0] == 503, 15, "/readyz to answer 503")
+            body = get(port, "/readyz")[1]
+            assert body["reason"].startswith("the worker is stopping (outage-slow: a stop "
+                                             "command)"), body
+            assert client.get_job("outage-slow", job.id).state is JobState.ACTIVE
+    finally:
+        worker.kill()
+
+
 def test_readyz_reads_the_paused_queues_under_the_workers_prefix(
         redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
     """Under --prefix, /readyz reads that application's queues: its own paused queue makes it

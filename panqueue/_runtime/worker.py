@@ -433,6 +433,12 @@ class Worker:
         self.metrics.attempt_finished(self.keys.name, outcome, run_s, wait_s)
 
     @property
+    def stopping(self) -> bool:
+        """A stop has begun (shutdown(), a signal, an operator's stop command): the worker
+        claims no more jobs and drains."""
+        return self._stopping
+
+    @property
     def claims_failing(self) -> BaseException | None:
         """The claim loop's last claim failed and none has worked since (readiness: a worker
         that cannot claim is not serving its queue, whatever else answers): the error, or None."""

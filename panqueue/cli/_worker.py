@@ -172,7 +172,8 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
                             blocked_by=lambda: _first(w.blocking() for w in pool.workers),
                             prefix=pool.prefix,
                             held=lambda: [w.keys.name for w in pool.workers
-                                          if w.paused_by_command])
+                                          if w.paused_by_command],
+                            stopped=lambda: [w.keys.name for w in pool.workers if w.stopping])
         try:
             health = HealthServer(health_host, health_port, state)
         except OSError as exc:
