@@ -23,7 +23,8 @@ LIB = LUA / "lib"
 # rate-limited keys, and the rate-limit window.
 LUA_ONLY_KEYS = {"k:ready", "k:active", "k:limited"}
 # Per-job and per-name keys the scripts may build without a QueueKeys method.
-LUA_ONLY_KEY_FUNCTIONS = {"logs_key", "key_list", "deps_key", "dedup_key", "fence_key"}
+LUA_ONLY_KEY_FUNCTIONS = {"logs_key", "key_list", "deps_key", "dedup_key", "fence_key",
+                          "req_key"}
 
 
 def layout_text() -> str:
@@ -104,10 +105,10 @@ def test_per_job_and_per_name_keys_match() -> None:
 
 def test_keys_are_derived_only_in_layout_lua() -> None:
     """No other Lua file spells a key: they use layout.lua's names, a job's keys in
-    job_keys.lua, which layout.lua pastes (memo.lua's request key is its own)."""
+    job_keys.lua, which layout.lua pastes."""
     assert "job_keys.lua" in includes((LIB / "layout.lua").read_text())
     for path in [*LUA.glob("*.lua"), *LIB.glob("*.lua")]:
-        if path.name in ("layout.lua", "job_keys.lua", "memo.lua"):
+        if path.name in ("layout.lua", "job_keys.lua"):
             continue
         assert not re.search(r"\bP \.\.", path.read_text()), f"{path.name} builds a key"
 

@@ -207,7 +207,7 @@ def test_a_command_goes_only_to_the_process_it_was_queued_for(store: ScriptStore
     def beat(pid: int) -> list[str]:
         _, commands = store.t.run(transitions.heartbeat(
             store.keys, "reused-name", 30_000, host="h", pid=pid, queues=[store.keys.name],
-            concurrency=1, running=[], take_commands=True))
+            concurrency=1, running=[], take_commands=uuid.uuid4().hex))
         return commands
 
     store.add_one()  # the queue exists (a worker's setup makes it so)
@@ -219,3 +219,65 @@ def test_a_command_goes_only_to_the_process_it_was_queued_for(store: ScriptStore
         client.control("reused-name", "pause")
         assert beat(pid=2) == ["concurrency:3", "pause"]
         assert beat(pid=2) == []  # each once
+
+
+def test_a_beat_sent_again_gets_the_commands_its_first_send_took(store: ScriptStore) -> None:
+    """The beat that takes a worker's commands may lose its reply, or a later write of the
+    same beat may fail: the worker sends it again under the same request id and gets the
+    same commands; the next beat's new id takes what came since."""
+    def beat(take: str) -> list[str]:
+        _, commands = store.t.run(transitions.heartbeat(
+            store.keys, "w", 30_000, host="h", pid=1, queues=[store.keys.name],
+            concurrency=1, running=[], take_commands=take))
+        return commands
+
+    store.add_one()
+    assert beat("first") == []
+    with SyncQueueClient(store.t.url) as client:
+        client.control("w", "pause")
+        assert beat("second") == ["pause"]
+        assert beat("second") == ["pause"]  # the same call again: its reply was lost
+        client.control("w", "resume")
+        assert beat("third") == ["resume"]
+        assert beat("fourth") == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("lost", ["the reply", "the call"])
+async def test_a_command_is_applied_though_the_beat_that_took_it_failed(
+        redis_url: str, queue_name: str, lost: str) -> None:
+    """The beat that took the command ran on the server, and its reply was lost (the call is
+    sent again at once), or its call failed for good (the next beat tries again): the command
+    was gone with it, and the worker ran on. It is taken again, once."""
+    from panqueue._keys import QueueKeys
+    from panqueue._log import get_logger
+    from panqueue._runtime.heartbeat import Heartbeat
+    from panqueue._store.transport import open_async_transport
+    from panqueue.testing import FaultProxy
+
+    applied: list[list[str]] = []
+
+    async def on_commands(commands: list[str]) -> None:
+        applied.append(commands)
+
+    with FaultProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0])) as proxy, \
+            SyncQueueClient(redis_url) as client:
+        client.queue(queue_name).add(1)  # the queue exists
+        transport = open_async_transport(proxy.url_for(redis_url))
+        try:
+            beats = Heartbeat(transport, [QueueKeys(queue_name)], name="w",
+                              concurrency=lambda: (1, False), running=list, interval=5.0,
+                              log=get_logger("test"), on_commands=on_commands)
+            await beats.beat()
+            client.control("w", "stop")
+            # Its record names its concurrency: no other call does.
+            proxy.drop_next_reply(2 if lost == "the call" else 1, match=b"concurrency")
+            if lost == "the call":  # the send and its one resend: the beat fails
+                with pytest.raises(PanqueueError):
+                    await beats.beat()
+                assert applied == [[]]
+            await beats.beat()
+            await beats.beat()
+        finally:
+            await transport.aclose()
+    assert applied == [[], ["stop"], []]

@@ -49,27 +49,34 @@ class Heartbeat:
         self._host = socket.gethostname()
         self._pid = os.getpid()
         self._trouble = Trouble(log, "worker heartbeat", episode_of(transport))
+        self._take = ""  # the request id of the commands' take not applied yet
 
-    def writes(self, loop_blocked_ms: int = 0, take_commands: bool = False
+    def writes(self, loop_blocked_ms: int = 0, take_commands: str = ""
                ) -> list[Op[tuple[int, list[str]]]]:
         """The writes of one beat, one per partition (also run from the watchdog's thread,
-        with ``loop_blocked_ms`` > 0, while the loop is blocked). ``take_commands``: the home
-        partition's write takes the commands queued for the worker."""
+        with ``loop_blocked_ms`` > 0, while the loop is blocked). ``take_commands`` (a request
+        id): the home partition's write takes the commands queued for the worker."""
         running = self._running()
         concurrency, paused = self._concurrency()
         return [transitions.heartbeat(
             keys, self._name, self._ttl_ms, host=self._host, pid=self._pid,
             queues=[keys.name], concurrency=concurrency, running=running,
             loop_blocked_ms=loop_blocked_ms, paused=paused,
-            take_commands=take_commands and index == 0)
+            take_commands=take_commands if index == 0 else "")
             for index, keys in enumerate(self._parts)]
 
     async def beat(self) -> None:
+        # The request id of the commands' take: kept until a beat has applied what it took,
+        # so that a beat whose reply was lost, or whose later write failed, is tried again
+        # under it and gets the same commands back.
+        if self._on_commands is not None and not self._take:
+            self._take = os.urandom(8).hex()
         commands: list[str] = []
-        for write in self.writes(take_commands=self._on_commands is not None):
+        for write in self.writes(take_commands=self._take):
             _, taken = await self._transport.run(write)
             commands += taken
         if self._on_commands is not None:
+            self._take = ""
             await self._on_commands(commands)  # every beat: none is a beat's check too
 
     async def run(self) -> None:

@@ -385,14 +385,15 @@ def promote(keys: QueueKeys) -> Op[int]:
 
 def heartbeat(keys: QueueKeys, name: str, ttl_ms: int, *, host: str, pid: int,
               queues: Sequence[str], concurrency: int, running: Sequence[str],
-              loop_blocked_ms: int = 0, paused: bool = False, take_commands: bool = False
+              loop_blocked_ms: int = 0, paused: bool = False, take_commands: str = ""
               ) -> Op[tuple[int, list[str]]]:
     """Write this worker's entry in the queue's registry, live for ``ttl_ms`` (the server
     stamps the beat and keeps the first beat's time as the start). ``loop_blocked_ms``: the
     worker's event loop has not run for that long (the watchdog thread writes the entry
     then); the server turns it into the time the blockage began. ``paused``: the worker was
-    paused by a command. Returns the server time and, with ``take_commands``, the commands
-    queued for the worker (``client.control``, lua/control.lua), oldest first."""
+    paused by a command. Returns the server time and, with ``take_commands`` (a request id),
+    the commands queued for the worker (``client.control``, lua/control.lua), oldest first:
+    the same ones again for the same request id (a resend, or a beat tried again)."""
     fields: dict[str, Any] = {"host": host, "pid": pid, "queues": list(queues),
                               "concurrency": concurrency, "running": list(running)}
     if loop_blocked_ms > 0:
@@ -400,8 +401,7 @@ def heartbeat(keys: QueueKeys, name: str, ttl_ms: int, *, host: str, pid: int,
     if paused:
         fields["paused"] = True
     record = encode(fields)
-    reply = yield _call(SCRIPTS.heartbeat, keys,
-                        (name, ttl_ms, record, "1" if take_commands else ""))
+    reply = yield _call(SCRIPTS.heartbeat, keys, (name, ttl_ms, record, take_commands))
     return int(reply[0]), [command.decode() for command in reply[1:]]
 
 

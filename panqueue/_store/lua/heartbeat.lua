@@ -6,8 +6,9 @@
 -- ARGV[3]  the worker's record (msgpack map: host, pid, queues, concurrency, running, and
 --          loop_blocked_ms when the worker's watchdog thread writes it while the event loop is
 --          blocked: how long it has been)
--- ARGV[4]  '1': take the commands queued for the worker (control.lua); absent or '': leave them
---          (a beat of the watchdog's thread, which cannot apply them)
+-- ARGV[4]  a request id: take the commands queued for the worker (control.lua); '1' (a worker
+--          of an earlier version): take them, with no request id; absent or '': leave them (a
+--          beat of the watchdog's thread, which cannot apply them)
 -- Returns  {the server time (ms) of the beat, command...}: the commands taken, oldest first
 --
 -- Invariants: a name is in "workers" exactly when it has a record in "worker_info"; the score
@@ -17,7 +18,10 @@
 -- none, so the mark goes as soon as the loop beats again.
 --          Commands are taken by the loop's own beat only, each once, in order, and only by
 --          the process the live entry describes (same host and pid): a process that starts
---          under the name of one that is gone drops what was queued for that one.
+--          under the name of one that is gone drops what was queued for that one. What a beat
+--          took is kept under its request id for the entry's TTL: the same call sent again (its
+--          reply lost, or a later write of the same beat failed) answers the same commands, so
+--          none is lost with a reply.
 --!include layout.lua
 
 local name = ARGV[1]
@@ -46,7 +50,15 @@ end
 redis.call('ZADD', K_WORKERS, now + ttl, name)
 redis.call('HSET', K_WORKER_INFO, name, cmsgpack.pack(record))
 local reply = {now}
-if ARGV[4] == '1' then
+local request = ARGV[4] or ''
+if request ~= '' then
+  local memo = request ~= '1' and redis.call('GET', req_key(request))
+  if memo then
+    for _, command in ipairs(cmsgpack.unpack(memo)) do
+      reply[#reply + 1] = command
+    end
+    return reply
+  end
   local key = control_key(name)
   if same then
     for _, command in ipairs(redis.call('LRANGE', key, 0, -1)) do
@@ -54,5 +66,8 @@ if ARGV[4] == '1' then
     end
   end
   redis.call('DEL', key)  -- commands for an earlier process under this name are dropped
+  if #reply > 1 and request ~= '1' then
+    redis.call('SET', req_key(request), cmsgpack.pack({unpack(reply, 2)}), 'PX', ttl)
+  end
 end
 return reply

@@ -82,6 +82,12 @@ local function control_key(name)
   return P .. 'control:' .. name
 end
 
+-- What a call that a resend must not repeat did, under its request id (lib/memo.lua, the
+-- signals of signal.lua, the commands a heartbeat took).
+local function req_key(token)
+  return P .. 'req:' .. token
+end
+
 local function tag_key(tag)
   return P .. 'tag:' .. tag
 end

@@ -18,10 +18,6 @@
 --!include status.lua
 --!include job_data.lua
 
-local function req_key(token)
-  return P .. 'req:' .. token
-end
-
 -- Remember a call's reply: `reply` is {statuses..., count, wake_in, jobs...} where the
 -- claim part starts at index `claim_at` (5 fields per job, the id first).
 local function remember(token, reply, claim_at, ttl)
