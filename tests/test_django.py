@@ -316,6 +316,14 @@ def test_priority_and_run_after_map_onto_panqueue_priority_and_delay(
     with pytest.raises(InvalidTask, match="Queue 'nope'"):
         add.using(queue_name="nope")
 
+    # A whole number as a float is a priority Django takes: panqueue's add refused it, at the
+    # commit (the database committed, the task was never added).
+    from django.db import transaction
+
+    with transaction.atomic():
+        whole = add.using(priority=5.0).enqueue(5, 5)
+    assert client.get_job("default", whole.id).priority == 5
+
 
 def test_bad_arguments_fail_enqueue_and_write_nothing(client: SyncQueueClient) -> None:
     from django.db import transaction

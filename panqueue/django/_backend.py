@@ -25,7 +25,7 @@ from panqueue._client import SyncQueueClient
 from panqueue._codec import check_json_compatible
 from panqueue._job import JobInfo, JobState
 from panqueue._keys import check_prefix, check_queue_name
-from panqueue._options import Retention, check_attempts, check_positive
+from panqueue._options import Retention, check_attempts, check_positive, check_priority
 from panqueue.django._compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -226,13 +226,22 @@ class PanqueueBackend(BaseTaskBackend):
             task=task, id=self._new_id(task.queue_name), status=READY, enqueued_at=None,
             started_at=None, finished_at=None, last_attempted_at=None, args=args,
             kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[])
-        # Checked now, so a bad argument fails the enqueue() call, not a later commit.
+        # Checked now, so a bad argument fails the enqueue() call, not a later commit (when the
+        # database has committed already): the data, and the add's options as panqueue takes
+        # them. Django checked the priority is a whole number from -100 to 100 (5.0 too).
         check_json_compatible(result.args, "args")
         check_json_compatible(result.kwargs, "kwargs")
+        priority = check_priority(int(task.priority))
+        run_at = None
+        if task.run_after is not None:
+            run_at = task.run_after
+            if timezone.is_naive(run_at):  # USE_TZ = False: the project's time zone
+                run_at = timezone.make_aware(run_at)
         if self.enqueue_on_commit:
-            transaction.on_commit(partial(self._add, result), using=DEFAULT_DB_ALIAS)
+            transaction.on_commit(partial(self._add, result, priority, run_at),
+                                  using=DEFAULT_DB_ALIAS)
         else:
-            self._add(result)
+            self._add(result, priority, run_at)
         return result
 
     def _new_id(self, queue: str) -> str:
@@ -240,13 +249,8 @@ class PanqueueBackend(BaseTaskBackend):
         :meth:`get_result` has no list to find it in."""
         return _random_id() if self.queues else f"{queue}:{_random_id()}"
 
-    def _add(self, result: TaskResult[Any]) -> None:
+    def _add(self, result: TaskResult[Any], priority: int, run_at: datetime | None) -> None:
         task = result.task
-        run_at = None
-        if task.run_after is not None:
-            run_at = task.run_after
-            if timezone.is_naive(run_at):  # USE_TZ = False: the project's time zone
-                run_at = timezone.make_aware(run_at)
         data = {
             "task": task.module_path,
             "args": result.args,
@@ -256,7 +260,7 @@ class PanqueueBackend(BaseTaskBackend):
         }
         # Django and panqueue agree on priorities: higher runs first, 0 by default.
         job = self.client.queue(task.queue_name).add(data, job_id=result.id,
-                                                     priority=task.priority, run_at=run_at)
+                                                     priority=priority, run_at=run_at)
         # The server's time of the add, as get_result() reads it back (not this clock); but a
         # worker may have run the task and retention deleted it already: the add is done all
         # the same, and this clock says when.
