@@ -594,6 +594,28 @@ def test_a_backend_with_a_key_prefix_stores_its_tasks_under_it_and_its_workers_s
     assert PanqueueBackend("x", {"OPTIONS": {"prefix": None}}).prefix is None
 
 
+def test_an_attempt_that_timed_out_sends_task_finished_with_what_its_result_says(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
+        tmp_path: Path) -> None:
+    """OPTIONS["timeout"]: the attempt fails with JobTimeout, and its abandoned thread runs on.
+    When the task returned, task_finished went out with SUCCESSFUL, while the result read
+    FAILED: Django's receivers, error monitoring among them, saw a success."""
+    from tests.django_project.slow import sleepy
+    from tests.django_project.tasks_compat import TaskResultStatus
+
+    signals = tmp_path / "signals.log"
+    django_worker("tests.django_project.slow:registry", serves="slow",
+                  PQ_DJANGO_ANY_QUEUE="1", PQ_SIGNAL_LOG=str(signals))
+    result = sleepy.enqueue(2)
+    wait_until(lambda: signals.exists() and len(signals.read_text().splitlines()) == 2,
+               timeout=20, what="the attempt's task_finished")
+    assert signals.read_text().splitlines() == [f"started {result.id} RUNNING",
+                                                f"finished {result.id} FAILED"]
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["panqueue.errors.JobTimeout"]
+
+
 # -- retries -------------------------------------------------------------------------------------
 
 

@@ -63,6 +63,13 @@ if os.environ.get("PQ_DJANGO_ANY_QUEUE"):
         "QUEUES": ["billed"],
         "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "prefix": "billing"},
     }
+    # Attempts limited to a second (its workers: tests.django_project.slow).
+    TASKS["slow"] = {
+        "BACKEND": "panqueue.django.PanqueueBackend",
+        "QUEUES": ["slow"],
+        "OPTIONS": {"url": os.environ["PANQUEUE_URL"], "timeout": 1,
+                    "task_modules": ["tests.django_project.slow"]},
+    }
     # The backend the ported suites of tests/django_port run against: any queue name, and
     # workers (tests.django_port.worker) serving the queue "port" only.
     TASKS["port"] = {
