@@ -33,7 +33,7 @@ import contextvars
 import functools
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from panqueue._check import check_int
 from panqueue.errors import ConfigError
@@ -247,11 +247,14 @@ def _partition_tags(namespace: str, name: str, count: int, placement: int
 class Layout:
     """A queue's partitions as stored in its home meta: the count, how the partitions are
     named (``placement``), and the ``version`` that every change of either increments. A
-    queue never declared has none (``None`` where a layout is read)."""
+    queue never declared has none (``None`` where a layout is read). ``mode``: the mode the
+    home stores ('' while it has none), which a producer that names none adds in, so that the
+    partitions of a queue never take different modes; not part of the layout's identity."""
 
     count: int = 1
     placement: int = SPREAD_PLACEMENT
     version: int = 0
+    mode: str = field(default="", compare=False)
 
     def keys(self, name: str) -> list[QueueKeys]:
         """The key layouts of every partition of queue ``name`` under this layout."""

@@ -459,3 +459,45 @@ async def test_a_dedup_pointer_of_an_earlier_version_still_names_the_job_under_i
         assert again.created and again.id != job.id
     else:
         assert (again.id, again.created) == (job.id, False)
+
+
+# -------------------------------------------------------- refusals that must change nothing
+
+
+def _handler(queue: str, mode: str = "global") -> Any:
+    registry = Registry()
+
+    @registry.handler(queue, partitions=N, mode=mode)
+    async def handle(job: Job) -> None: ...
+
+    return handle
+
+
+async def test_a_refused_add_deletes_no_job_by_its_far_dedup_replace(
+        redis_url: str, queue_name: str) -> None:
+    """A dedup replace whose key's home is another partition than the job's (placed by its
+    key): the add is refused (a key on a global queue), and the job it would have replaced
+    was gone, deleted in the key's home before the add script refused."""
+    key = _name_in(1, "k")
+    dedup = next(_dedup_in(p, "d") for p in range(N) if p != 1)
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(_handler(queue_name))
+        old = await queue.add({"n": 1}, dedup=Dedup(dedup))
+        with pytest.raises(ConfigError, match="key= needs a keyed queue"):
+            await queue.add({"n": 2}, key=key, dedup=Dedup(dedup, strategy="replace"))
+        assert (await old.info()).state is JobState.WAITING
+
+
+async def test_a_producer_naming_no_mode_adds_in_the_mode_a_keyed_producer_stored(
+        redis_url: str, queue_name: str) -> None:
+    """A keyed handler's producer stored the layout with its first job; a producer that names
+    no mode (client.queue(name)) then added a bulk over the partitions: those not written yet
+    took 'global' and their jobs, the keyed one refused, a ConfigError after a partial write,
+    and a queue whose partitions disagree on its mode. It now adds in the home's mode: refused
+    everywhere alike, nothing written."""
+    async with QueueClient(redis_url) as client:
+        await client.queue(_handler(queue_name, "keyed")).add({"first": True}, key="k")
+        with pytest.raises(ConfigError, match="queue is keyed"):
+            await client.queue(queue_name).add_bulk([{"n": i} for i in range(8)])
+        assert sum((await client.counts(queue_name)).values()) == 1
+        assert (await client.queue(queue_name).add({"n": 9}, key="k2")).created

@@ -261,6 +261,7 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
     # an unknown one is refused even when its id or dedup key names a job.
     if any(is_far(parts, placed, job) for job in jobs):
         yield from _check_dependencies(placed, jobs)
+        _check_keys(placed, jobs, mode)
     answered: dict[int, tuple[str, bool]] = {}
     for _ in range(_ROUNDS):
         chosen: dict[int, tuple[NewJob, str]] = {}  # each job to send, and its token
@@ -341,6 +342,19 @@ def add_placed(parts: Sequence[QueueKeys], placed: QueueKeys, jobs: Sequence[New
         return [answered[i] for i in range(len(jobs))]
     raise PanqueueError(f"queue {placed.name!r}: the ids or dedup keys of the jobs to add did "
                         f"not settle in {_ROUNDS} rounds (other adds kept taking them over)")
+
+
+def _check_keys(placed: QueueKeys, jobs: Sequence[NewJob], mode: str) -> None:
+    """Refuse, with the add script's words, a key the mode the add names does not take: a far
+    identity's decision can delete a job (a dedup replace), and the add script, which checks
+    the same, runs after it."""
+    for index, job in enumerate(jobs):
+        if mode == "keyed" and not job.key:
+            raise ConfigError(f"queue {placed.name!r}: item {index}: queue is keyed: "
+                              "add(..., key=...) is required")
+        if mode == "global" and job.key:
+            raise ConfigError(f"queue {placed.name!r}: item {index}: key= needs a keyed queue "
+                              "(mode='keyed'); this queue is global")
 
 
 def _check_dependencies(placed: QueueKeys, jobs: Sequence[NewJob]) -> Op[None]:

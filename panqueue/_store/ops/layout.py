@@ -32,11 +32,12 @@ def read_layout(name: str) -> Op[Layout | None]:
     worker has declared it yet, so it may still become anything). A queue stored without a
     placement was declared before partitions were placed by slot: its partitions keep their
     "#i" tags."""
-    count, placement, version = yield Command(("HMGET", QueueKeys(name).meta, "np", "pl", "lv"))
+    count, placement, version, mode = yield Command(("HMGET", QueueKeys(name).meta, "np", "pl",
+                                                     "lv", "mode"))
     if count is None:
         return None
     return Layout(int(count), LEGACY_PLACEMENT if placement is None else int(placement),
-                  int(version or 0))
+                  int(version or 0), (mode or b"").decode())
 
 
 def partition_count(name: str) -> Op[int | None]:
@@ -45,14 +46,15 @@ def partition_count(name: str) -> Op[int | None]:
     return None if layout is None else layout.count
 
 
-def declare(name: str, n: int) -> Op[Layout]:
+def declare(name: str, n: int, mode: str = "") -> Op[Layout]:
     """Store a producer's layout in the queue's home meta, where every client reads it (the
-    add itself may go to another partition); the layout stored first wins."""
+    add itself may go to another partition); the layout stored first wins. ``mode``: the
+    producer's handler's, stored with a layout it stores."""
     home = QueueKeys(name)
-    reply = yield script_call(SCRIPTS.declare, home, n, SPREAD_PLACEMENT)
-    count, placement, version = reply
+    reply = yield script_call(SCRIPTS.declare, home, n, SPREAD_PLACEMENT, mode)
+    count, placement, version, stored_mode = reply
     return Layout(int(count), LEGACY_PLACEMENT if placement is None else int(placement),
-                  int(version or 0))
+                  int(version or 0), (stored_mode or b"").decode())
 
 
 class LayoutBusy(ConfigError):

@@ -69,17 +69,18 @@ class PartitionCounts:
     def forget(self, name: str) -> None:
         self._known.pop(name, None)
 
-    def layout(self, name: str, declared: int | None = None, fresh: bool = False
-               ) -> Op[Layout]:
+    def layout(self, name: str, declared: int | None = None, fresh: bool = False,
+               mode: str = "") -> Op[Layout]:
         """The layout of ``name``; ``declared``: the count the producer's handler says
-        (:class:`ConfigError` when the stored one differs); ``fresh``: read, not remembered."""
+        (:class:`ConfigError` when the stored one differs), and ``mode`` its mode, stored with
+        a layout this stores; ``fresh``: read, not remembered."""
         layout = None if fresh else self._known.get(name)
         if layout is not None and declared is not None and declared != layout.count:
             layout = None  # remembered before a change, perhaps: the stored one decides
         if layout is None:
             stored = yield from read_layout(name)
             if stored is None and declared is not None and declared > 1:
-                stored = yield from declare(name, declared)
+                stored = yield from declare(name, declared, mode)
                 # A pause by name before (the first partition's: its client knew no other)
                 # holds for every partition from here on, workers or none.
                 yield from _queue.pause_like_home(stored.keys(name))
@@ -132,10 +133,14 @@ class PartitionCounts:
         added: list[tuple[str, bool] | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
         for _ in range(_LAYOUT_RETRIES):
-            parts = yield from self.parts(name, declared)
+            layout = yield from self.layout(name, declared, mode=mode)
+            parts = layout.keys(name)
+            # A producer that names no mode adds in the home's: a partition's first add would
+            # otherwise store 'global' beside a partition that a keyed producer made keyed.
+            adding = mode or (layout.mode if len(parts) > 1 else "")
             try:
                 got: Sequence[tuple[str, bool] | None] = (yield from add_routed(
-                    parts, [jobs[i] for i in pending], mode, spread, durable_timeout_ms,
+                    parts, [jobs[i] for i in pending], adding, spread, durable_timeout_ms,
                     together))
             except LayoutChanged as exc:
                 got = exc.added if isinstance(exc, PartlyAdded) else [None] * len(pending)
