@@ -125,6 +125,27 @@ async def test_a_merged_list_keeps_each_states_order_and_its_pages_add_up(
         assert await listed(JobState.DELAYED) == [f.id, e.id, d.id]
 
 
+async def test_a_tags_merged_list_keeps_the_order_of_adds_over_the_partitions(
+        redis_url: str, queue_name: str) -> None:
+    """A tag's jobs are listed in the order they were added (each partition's index is); the
+    merge sorted them by their state's order instead, so a priority in one partition put its
+    list out of that order, and pages disagreed with the whole list."""
+    registry = Registry()
+
+    @registry.handler(queue_name, partitions=2)
+    async def work(job: Job[str]) -> None: ...
+
+    async with QueueClient(redis_url) as client:
+        queue = client.queue(work)
+        a = await queue.add("a", job_id=_custom_id_in(0, "a", 2), tags=["t"])
+        b = await queue.add("b", job_id=_custom_id_in(1, "b", 2), tags=["t"])
+        c = await queue.add("c", job_id=_custom_id_in(0, "c", 2), tags=["t"], priority=10)
+        whole = [j.id for j in await client.list_jobs(queue_name, JobState.WAITING, tag="t")]
+        pages = [j.id for offset in range(3) for j in await client.list_jobs(
+            queue_name, JobState.WAITING, tag="t", limit=1, offset=offset)]
+        assert whole == pages == [a.id, b.id, c.id]
+
+
 async def test_a_queue_paused_before_its_layout_was_stored_is_paused_in_every_partition(
         redis_url: str, queue_name: str) -> None:
     """A pause by name before the layout was stored pauses the first partition only; the

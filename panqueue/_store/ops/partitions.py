@@ -165,12 +165,16 @@ def all_counts(parts: Sequence[QueueKeys]) -> Op[dict[JobState, int]]:
     return total
 
 
-def _order(state: JobState) -> Any:
+def _order(state: JobState, by_tag: bool = False) -> Any:
     """How a merged list of jobs in ``state`` is sorted, by what each partition's list is
     sorted by (:func:`~panqueue._store.ops.jobs.list_ids`): finished jobs newest first, delayed
     ones by when they are due; waiting ones by priority, then when they were enqueued (a
     partition's claim order, but for jobs put back in their old place); the others by when they
-    were enqueued, or started."""
+    were enqueued, or started. ``by_tag``: a tag's jobs, each partition's in the order they were
+    added (:func:`~panqueue._store.ops.select.filtered_list`; finished ones newest first)."""
+    if by_tag:
+        sign = -1 if state.is_final else 1
+        return lambda job: sign * (job.enqueued_at or _EPOCH).timestamp()
     if state.is_final:
         return lambda job: -(job.finished_at or _EPOCH).timestamp()
     if state is JobState.DELAYED:
@@ -209,7 +213,7 @@ def all_list_jobs(parts: Sequence[QueueKeys], state: JobState | str, limit: int,
     lists = []
     for part in parts:
         lists.append((yield from one(part, wanted, offset + limit, 0)))
-    merged = list(heapq.merge(*lists, key=_order(wanted)))
+    merged = list(heapq.merge(*lists, key=_order(wanted, by_tag=tag is not None)))
     return merged[offset:offset + limit]
 
 
