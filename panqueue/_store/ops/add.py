@@ -261,28 +261,31 @@ def add_jobs(keys: QueueKeys, jobs: Sequence[NewJob], mode: str = "",
         reply = yield call
         return parse_added(keys, reply)
     # Every request below goes to the server that holds the queue: on Redis Cluster, commands
-    # without keys (WAITAOF, WAIT) would otherwise reach an arbitrary master. What the server
-    # can do is learnt by trying, in commands of @connection, which a client's ACL grants (INFO
-    # is @dangerous): before this connection writes, WAITAOF and WAIT answer at once. WAITAOF
-    # is unknown before Redis 7.2 and refused for a local fsync while the append-only file is
-    # off; WAIT 0 0 counts the replicas connected.
+    # without keys (INFO, WAITAOF, WAIT) would otherwise reach an arbitrary master.
     try:
-        _, replicas = yield Batch((Command(("WAITAOF", 1, 0, 1)), Command(("WAIT", 0, 0))),
-                                  route=keys.prefix)
+        server, persistence, replication = yield Batch(
+            (Command(("INFO", "server")), Command(("INFO", "persistence")),
+             Command(("INFO", "replication"))), route=keys.prefix)
     except PanqueueError as exc:
-        if "unknown command" in str(exc).lower():
-            raise ConfigError("durable=True needs a server with WAITAOF (Redis >= 7.2 or "
-                              "Valkey >= 8.0); this one has none, so nothing was added"
-                              ) from None
-        if "appendonly" in str(exc).lower():
-            raise ConfigError("durable=True needs the server's append-only file (appendonly "
-                              "yes); it is off, so nothing was added") from None
-        raise
+        if "no permissions" not in str(exc).lower():
+            raise
+        raise ConfigError("durable=True reads the server's INFO (its version, persistence and "
+                          "replicas), which this user may not run: grant it +info (see "
+                          "docs/connections.md); nothing was added") from None
+    version = tuple(int(part) for part in str(server.get("redis_version", "0.0")).split(".")[:2])
+    if version < (7, 2):  # Valkey reports 7.2.x here too, and has WAITAOF
+        raise ConfigError("durable=True needs a server with WAITAOF (Redis >= 7.2 or Valkey >= "
+                          "8.0); this one has none, so nothing was added")
+    if not int(persistence.get("aof_enabled", 0)):
+        raise ConfigError("durable=True needs the server's append-only file (appendonly yes); "
+                          "it is off, so nothing was added")
     # WAITAOF and WAIT wait for the writes of *this connection*: send them with the add in one
     # pipeline (the batch sends the script with EVAL, so a server without it cached cannot fail
     # the pipeline). The server runs them one after the other, so with a replica each gets half
-    # the time, and the whole stays within the socket timeout.
-    replicas = int(replicas)
+    # the time, and the whole stays within the socket timeout. (The replicas are INFO's: a
+    # connection's WAIT 0 0 counts those that acknowledged its own last write, none shortly
+    # after it wrote.)
+    replicas = int(replication.get("connected_slaves", 0))
     wait_ms = durable_timeout_ms // 2 if replicas else durable_timeout_ms
     waits: tuple[Command, ...] = (Command(("WAITAOF", 1, 0, wait_ms)),)
     if replicas:
