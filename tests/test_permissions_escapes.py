@@ -949,13 +949,21 @@ def test_raising_a_limit_the_worker_set_is_denied(sandbox: Sandbox, call: str,
         info.error.message == "not allowed to raise maximum limit", info.error
 
 
-UNDO = ["prctl_seccomp", "prctl_dumpable", "seccomp", "landlock", "unshare", "setns",
-        "init_module", "finit_module", "io_uring"]
+UNDO = ["prctl_seccomp", "prctl_dumpable", "seccomp", "unshare", "setns", "init_module",
+        "finit_module", "io_uring"]
 
 
 @pytest.mark.parametrize("how", UNDO)
 def test_undoing_the_rules_is_denied(sandbox: Sandbox, how: str) -> None:
     assert_denied(sandbox.attempt(how, path=str(sandbox.in_dir / "granted.txt")))
+
+
+def test_a_landlock_layer_of_the_handlers_own_only_narrows(sandbox: Sandbox) -> None:
+    """Landlock's calls go through (the child adds its last layer with them after the
+    handler's module is imported, under the seccomp filter that holds from before): a layer
+    that grants reading everything still reads nothing the rules deny."""
+    assert_denied(sandbox.attempt("landlock_wider", path=str(sandbox.secret_file)),
+                  str(sandbox.secret_file))
 
 
 @pytest.mark.parametrize("name", ["userfaultfd", "bpf", "perf_event_open", "keyctl", "add_key",

@@ -213,26 +213,37 @@ def _import_paths() -> list[str]:
 _prepared = False
 
 
-def prepare(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> None:
+def prepare(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
     """The first layer, before the handler's module is imported: everything of
-    :func:`confine` but the main seccomp filter, with sys.path readable too (the module and
-    what it imports). Code that runs on import is then held by the same file, port and scope
-    rules as the handler, apart from the project's files, which :func:`confine` takes away
-    once the import is done. ConfineError when it cannot be applied."""
+    :func:`confine`, the main seccomp filter included, with sys.path readable too (the module
+    and what it imports). Code that runs on import (a dependency's, too) is then held by the
+    same rules as the handler (files, ports, programs, processes, sessions), apart from the
+    project's files, which :func:`confine` takes away once the import is done. Returns the
+    seccomp listener's descriptor for the worker's supervisor, or -1. ConfineError when it
+    cannot be applied."""
     global _prepared
     if sys.platform != "linux":
         raise ConfineError("not Linux")
+    try:
+        from panqueue._sandbox.seccomp import FilterSpec, install_filter
+    except ImportError as exc:
+        raise ConfineError(f"the seccomp filter is not available ({exc})") from None
     try:
         _close_fds(keep)
         _single_threaded()
         _drop_privileges(_libc())
         _landlock(policy, _import_paths())
         _deny_what_landlock_misses()
+        spec = policy["filter"]
+        listener = install_filter(FilterSpec(
+            run=bool(spec["run"]), processes=int(spec["processes"]), inet=bool(spec["inet"]),
+            listen=bool(spec["listen"]), landlock_after=True))
     except ConfineError:
         raise
     except Exception as exc:
         raise ConfineError(f"{type(exc).__name__}: {exc}") from exc
     _prepared = True
+    return listener
 
 
 def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
@@ -252,11 +263,13 @@ def confine(policy: dict[str, Any], *, keep: Iterable[int] = ()) -> int:
         _close_fds(keep)
         _single_threaded()
         _no_children()
+        if _prepared:  # the filter holds since before the import: the import paths go
+            _landlock(policy)
+            return -1
         libc = _libc()
         _drop_privileges(libc)
         _landlock(policy)
-        if not _prepared:
-            _deny_what_landlock_misses()
+        _deny_what_landlock_misses()
         spec = policy["filter"]
         return install_filter(FilterSpec(run=bool(spec["run"]), processes=int(spec["processes"]),
                                          inet=bool(spec["inet"]), listen=bool(spec["listen"])))

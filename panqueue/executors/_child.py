@@ -207,11 +207,24 @@ def _prepare(policy: dict[str, Any], frames: FrameIO, keep: tuple[int, ...]) -> 
 
     try:
         adopt_orphans()
-        prepare(policy, keep=keep)
+        _attach(prepare(policy, keep=keep), frames)
     except ConfineError as exc:
         frames.write({"t": "refused", "why": str(exc)})
         return False
     return True
+
+
+def _attach(listener: int, frames: FrameIO) -> None:
+    """Hand the seccomp listener (if any) to the worker's supervisor, and close it here."""
+    from panqueue._sandbox.confine import ConfineError
+
+    if listener < 0:
+        return
+    frames.write({"t": "listener", "fd": listener, "pid": os.getpid()})
+    answer = frames.read()
+    os.close(listener)  # a child holding its own listener could approve its own calls
+    if answer is None or answer.get("t") != "attached":
+        raise ConfineError(f"the worker did not attach its supervisor ({answer!r})")
 
 
 def _confine(policy: dict[str, Any], frames: FrameIO, keep: tuple[int, ...]) -> bool:
@@ -222,13 +235,7 @@ def _confine(policy: dict[str, Any], frames: FrameIO, keep: tuple[int, ...]) -> 
     from panqueue._sandbox.confine import ConfineError, confine, install_audit_hook
 
     try:
-        listener = confine(policy, keep=keep)
-        if listener >= 0:
-            frames.write({"t": "listener", "fd": listener, "pid": os.getpid()})
-            answer = frames.read()
-            os.close(listener)  # a child holding its own listener could approve its own calls
-            if answer is None or answer.get("t") != "attached":
-                raise ConfineError(f"the worker did not attach its supervisor ({answer!r})")
+        _attach(confine(policy, keep=keep), frames)
         install_audit_hook(policy)
     except ConfineError as exc:
         frames.write({"t": "refused", "why": str(exc)})

@@ -636,6 +636,30 @@ def landlock(data: dict[str, Any]) -> str:
     raise Escaped("created a Landlock ruleset")
 
 
+def landlock_wider(data: dict[str, Any]) -> str:
+    """A Landlock layer of the handler's own that grants reading everything, then a read of
+    ``data["path"]``: a layer only ever narrows, so what the others deny stays denied."""
+    read_file = 1 << 2  # LANDLOCK_ACCESS_FS_READ_FILE
+    attr = ctypes.c_uint64(read_file)
+    ruleset = _syscall("landlock_create_ruleset", SYS_LANDLOCK_CREATE_RULESET,
+                       ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    root = os.open("/", os.O_PATH)
+    try:
+
+        class PathBeneath(ctypes.Structure):
+            _pack_ = 1
+            _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+        rule = PathBeneath(read_file, root)
+        _syscall("landlock_add_rule", SYS_LANDLOCK_CREATE_RULESET + 1, ruleset, 1,
+                 ctypes.byref(rule), 0)
+        _syscall("landlock_restrict_self", SYS_LANDLOCK_CREATE_RULESET + 2, ruleset, 0)
+    finally:
+        os.close(root)
+        os.close(ruleset)
+    return read(data)
+
+
 def unshare(data: dict[str, Any]) -> str:
     _check("unshare", _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET))
     raise Escaped("unshared a user and a network namespace")
@@ -1084,7 +1108,8 @@ ATTEMPTS: dict[str, Callable[[dict[str, Any]], Any]] = {
         read, list_dir, write, create, rename, delete, truncate, make_dir, hard_link_then_read,
         symlink_then_read, libc_read, descriptors, steal_fd, read_mem, vm_read, ptrace, kill,
         connect, fastopen, udp, redis_ping, listen, unix, libc_connect, run, execv, posix_spawn,
-        fork, clone3, raise_rlimit, prctl_seccomp, prctl_dumpable, seccomp, landlock, unshare,
+        fork, clone3, raise_rlimit, prctl_seccomp, prctl_dumpable, seccomp, landlock,
+        landlock_wider, unshare,
         setns, chroot, init_module, finit_module, io_uring, raw_syscall, status, environment,
         pidfd_signal, killpg, sigio, mptcp, socket_kind, udp_bind, i386, chmod, utime, setxattr,
         chown, unix_datagram, unix_bind, libc_call, sysv_shm, sysv_msg, sysv_sem, posix_mq,
