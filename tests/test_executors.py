@@ -84,6 +84,25 @@ async def test_thread_handler_reports_progress_and_logs(redis_url: str) -> None:
     assert info.logs == ["from a thread"]
 
 
+async def test_a_thread_handler_may_run_an_event_loop_of_its_own(redis_url: str) -> None:
+    """The handler's thread gets the attempt's context variables, but for the one that says
+    an event loop runs: with it, anyio.run in the handler refused ("Already running asyncio in
+    this thread"), and a client made there picked the transport of the worker's loop."""
+    registry = Registry()
+
+    @registry.handler("t-own-loop", executor="thread")
+    def own_loop(job: Job) -> str:
+        async def inner() -> str:
+            await anyio.sleep(0)
+            return "ran"
+
+        return anyio.run(inner)
+
+    async with QueueClient(redis_url) as client, \
+            run_worker(registry, "t-own-loop", redis_url):
+        assert await (await client.queue("t-own-loop").add(None)).result(timeout=10) == "ran"
+
+
 async def test_thread_timeout_fails_the_attempt(redis_url: str) -> None:
     async with run_worker(exec_app.queues, "t-timeout", redis_url):
         failed, info = await failure_of(redis_url, "t-timeout")

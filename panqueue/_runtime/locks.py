@@ -31,9 +31,8 @@ __all__ = ["Attempt", "Attempts", "Renewer", "Tokens"]
 
 # A cancel request heard before the attempt of the run it is for started is kept until that
 # attempt starts, however long the job waits for a slot (its lock names one run only). At most
-# this many are kept: past that, those older than _EARLY_CANCEL_SECONDS go first (a claim's
-# reply takes at most the socket timeout to arrive), then the oldest.
-_EARLY_CANCEL_SECONDS = 30.0
+# this many are kept, the oldest going first (requests for runs that ended here meanwhile,
+# a cancel that crossed a completion, wait among them until then).
 _EARLY_CANCELS_KEPT = 10_000
 
 
@@ -218,13 +217,9 @@ class Attempts:
             return
         if not self._tokens.made_here(request.token):
             return
-        now = time.monotonic()
-        if len(self._early_cancels) >= _EARLY_CANCELS_KEPT:
-            self._early_cancels = {lock: heard for lock, heard in self._early_cancels.items()
-                                   if heard > now - _EARLY_CANCEL_SECONDS}
-            if len(self._early_cancels) >= _EARLY_CANCELS_KEPT:  # a flood: keep the newest
-                self._early_cancels.pop(next(iter(self._early_cancels)))
-        self._early_cancels[(request.job_id, request.token)] = now
+        if len(self._early_cancels) >= _EARLY_CANCELS_KEPT:  # the oldest goes: O(1)
+            self._early_cancels.pop(next(iter(self._early_cancels)))
+        self._early_cancels[(request.job_id, request.token)] = time.monotonic()
 
     def of_job(self, job_id: str) -> Attempt | None:
         """The newest attempt of ``job_id`` running here, if any."""

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import sniffio
 
 from panqueue._job import DONE, Job, ReportKind
 from panqueue.errors import ConfigError
@@ -50,8 +51,11 @@ class _Call(Task):
         self.chunk = chunk  # a chunk's call
         self.delivered = False  # its end reached the waiting attempt
         # The attempt's context variables, as an inline handler sees them: where its worker
-        # serves (a handler's enqueue adds there), a trace's span...
+        # serves (a handler's enqueue adds there), a trace's span... but for the event loop's
+        # own, as anyio's and trio's to_thread leave it: no loop runs in the handler's thread
+        # (it may run one of its own).
         self.context = contextvars.copy_context()
+        self.context.run(sniffio.current_async_library_cvar.set, None)
 
     def run(self) -> None:
         """In a pool thread. The jobs' views for the thread are made here, off the loop."""
