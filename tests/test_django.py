@@ -616,6 +616,28 @@ def test_an_attempt_that_timed_out_sends_task_finished_with_what_its_result_says
     assert [e.exception_class_path for e in result.errors] == ["panqueue.errors.JobTimeout"]
 
 
+def test_a_task_that_finishes_while_the_worker_drains_sends_task_finished(
+        client: SyncQueueClient, django_worker: Callable[..., subprocess.Popen[bytes]],
+        tmp_path: Path) -> None:
+    """A graceful stop (SIGTERM) lets a running task finish; job.should_stop() is true all
+    through it. That was taken for an attempt the worker gave up: no task_finished at all."""
+    import signal
+
+    from tests.django_project.slow import sleepy
+
+    signals = tmp_path / "signals.log"
+    worker = django_worker("tests.django_project.slow:registry", serves="slow",
+                           PQ_DJANGO_ANY_QUEUE="1", PQ_SIGNAL_LOG=str(signals))
+    result = sleepy.enqueue(0.7)  # within the backend's 1 s timeout
+    wait_until(lambda: signals.exists() and "started" in signals.read_text(), timeout=20,
+               what="the task to start")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(20) == 0
+    assert client.get_job("slow", result.id).state is JobState.COMPLETED
+    assert signals.read_text().splitlines() == [f"started {result.id} RUNNING",
+                                                f"finished {result.id} SUCCESSFUL"]
+
+
 # -- retries -------------------------------------------------------------------------------------
 
 

@@ -182,8 +182,7 @@ class _TaskRunner:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
-            if job.should_stop():
-                self._given_up(job, sender)
+            if job.should_stop() and self._given_up(job, sender):
                 raise
             # Recorded under the exception's full path, so Django's TaskError.exception_class
             # finds the class again; the traceback is the task's own.
@@ -201,26 +200,28 @@ class _TaskRunner:
                 object.__setattr__(result, "status", READY)
             task_finished.send(sender=sender, task_result=result)
             raise ending from ending.__cause__  # Retry or Fail: from the task's error
-        if job.should_stop():
-            self._given_up(job, sender)
+        if job.should_stop() and self._given_up(job, sender):
             return value  # the worker discards it
         _finish(result, SUCCESSFUL)
         object.__setattr__(result, "_return_value", value)
         task_finished.send(sender=sender, task_result=result)
         return value
 
-    def _given_up(self, job: Job, sender: type) -> None:
-        """The worker gave the attempt up while the task ran on in its thread (a timeout that
-        abandoned it, a cancel, a lost lock): what it recorded is the attempt's ending, not
-        what the task returned or raised since. ``task_finished`` carries the result as
-        ``get_result`` reads it now (FAILED with ``JobTimeout``, READY for a retry); none is
-        sent while the worker has not recorded the ending yet, nor for a job gone since."""
+    def _given_up(self, job: Job, sender: type) -> bool:
+        """Whether the worker gave the attempt up while the task ran on in its thread (a
+        timeout that abandoned it, a cancel, a lost lock): what it recorded then is the
+        attempt's ending, not what the task returned or raised since, and ``task_finished``
+        is sent with the result as ``get_result`` reads it (FAILED with ``JobTimeout``, READY
+        for a retry). A job that still reads RUNNING is the attempt's (the worker is draining,
+        which also makes ``should_stop`` true): False, and the task's own ending goes on."""
         try:
             now = self.backend.result_from_job(self.backend.client.get_job(job.queue, job.id))
         except (JobNotFound, TaskResultDoesNotExist):
-            return
-        if now.status != RUNNING:
-            task_finished.send(sender=sender, task_result=now)
+            return True  # gone since: nothing to say of it
+        if now.status == RUNNING:
+            return False
+        task_finished.send(sender=sender, task_result=now)
+        return True
 
     def _ending(self, job: Job, result: TaskResult[Any], exc: BaseException,
                 failed: RemoteError) -> BaseException:
