@@ -350,6 +350,28 @@ def test_burst_worker_exits_0_once_the_queues_are_empty(redis_url: str) -> None:
     assert_usage_error(run_cli("dlq", FAIL, failures[1].id, "--url", redis_url), "--retry")
 
 
+def test_a_worker_given_no_url_serves_its_registrys_before_panqueue_url(
+        redis_url: str, tmp_path: Path) -> None:
+    """Registry(url=...) is the URL its workers use when given none, before $PANQUEUE_URL (as
+    its docstring and the Django page say); the worker's --url option resolved
+    $PANQUEUE_URL, else localhost, first, and served that."""
+    app = tmp_path / "url_app.py"
+    app.write_text(
+        "from panqueue import Registry\n"
+        f"queues = Registry(url={redis_url!r})\n"
+        "@queues.handler('url-app')\n"
+        "async def run(job):\n"
+        "    return 'ran'\n")
+    with SyncQueueClient(redis_url) as client:
+        job = client.queue("url-app").add(None)
+    done = run_cli("worker", "url_app:queues", "--burst", "--poll-interval", "0.1",
+                   PANQUEUE_URL=f"redis://127.0.0.1:{free_port()}/0",
+                   PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", process=True)
+    assert done.returncode == 0, done.stderr
+    with SyncQueueClient(redis_url) as client:
+        assert client.get_job("url-app", job.id).result == "ran"
+
+
 def test_a_burst_worker_rides_out_a_short_outage_and_exits_0_once_empty(
         redis_url: str, proxy: FaultProxy, tmp_path: Path) -> None:
     """Its check of whether the queues are empty failed with Redis away, and took the worker

@@ -112,6 +112,11 @@ def check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     """``--url`` or ``$PANQUEUE_URL`` or the default; an empty or malformed URL is refused
     before anything connects. The scheme is checked by the transport itself, so the CLI
     accepts exactly the URLs a client does (cluster ones included)."""
+    return checked_url(value)
+
+
+def checked_url(value: str | None) -> str:
+    """:func:`check_url` outside an option's callback (``click.BadParameter`` when bad)."""
     if value is not None and not value.strip():
         raise click.BadParameter("is empty (give a URL such as redis://localhost:6379/0)")
     url = resolve_url(value)

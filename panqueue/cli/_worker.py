@@ -25,12 +25,14 @@ from panqueue.cli._common import (
     POSITIVE_INT,
     RuntimeFailure,
     UsageFailure,
+    check_url,
+    checked_url,
     cli_prefix,
     client_for,
     load_registry,
+    prefix_option,
     print_error,
     traceback_option,
-    url_option,
 )
 from panqueue.cli._metrics import import_metrics
 from panqueue.errors import ConfigError, ConnectionError, ServerUnavailable
@@ -40,9 +42,17 @@ __all__ = ["worker"]
 T = TypeVar("T")
 
 
+def _given_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--url``, checked, or None: the registry's URL comes before ``$PANQUEUE_URL``."""
+    return None if value is None else check_url(ctx, param, value)
+
+
 @click.command()
 @click.argument("app", metavar="MODULE:ATTR")
-@url_option
+@prefix_option
+@click.option("--url", default=None, callback=_given_url, metavar="URL",
+              help="Redis URL (default: the registry's, else $PANQUEUE_URL, else "
+                   "redis://localhost:6379/0).")
 @click.option("-q", "--queue", "queues", multiple=True, metavar="QUEUE",
               help="Serve only this queue (repeatable; default: every queue of the registry).")
 @click.option("--concurrency", type=POSITIVE_INT, default=None, metavar="N",
@@ -79,7 +89,7 @@ T = TypeVar("T")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST",
               help="Address the metrics endpoint listens on (0.0.0.0 to expose it).")
 @traceback_option
-def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, backend: str,
+def worker(app: str, url: str | None, queues: Sequence[str], concurrency: int | None, backend: str,
            grace: float, poll_interval: float, log_format: str, log_level: str, log_jobs: bool,
            name: str | None, burst: bool, reload: bool, health_port: int | None,
            health_host: str, metrics_port: int | None, metrics_host: str,
@@ -142,6 +152,11 @@ def worker(app: str, url: str, queues: Sequence[str], concurrency: int | None, b
         print_error(str(exc))
         _wait_for_change(files)
         _restart()
+    if url is None:  # the registry's, else $PANQUEUE_URL, else the default
+        try:
+            url = registry.url or checked_url(None)
+        except click.BadParameter as exc:
+            raise UsageFailure(f"$PANQUEUE_URL {exc.format_message()}") from None
     if backend == "trio":
         try:
             import trio  # noqa: F401
