@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -802,3 +803,41 @@ async def test_thread_a_thread_the_system_refuses_fails_its_job_instead_of_hangi
     with anyio.fail_after(10):
         assert await executor.run(_job("after"), None) == "after"
     await executor.aclose()
+
+
+@pytest.mark.parametrize(("frame", "problem"), [
+    (struct.pack(">I", 256 << 20), "announced a frame of 268,435,456 bytes"),
+    (struct.pack(">I", 3) + b"\xc1\xc1\xc1", "not msgpack"),
+])
+async def test_a_child_that_breaks_the_frame_protocol_is_killed_and_fails_its_job(
+        redis_url: str, tmp_path: Path, frame: bytes, problem: str) -> None:
+    """A handler (hostile code, in a child) writes on the frame pipe itself: a header that
+    announced 256 MiB made the worker buffer them all, whatever its memory; bytes that are
+    not msgpack failed the job with the decoder's words. The child is killed, its job fails
+    naming why, and the worker goes on."""
+    import importlib
+    import uuid
+
+    name = f"frame_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "import gc, time\n"
+        "def handler(job):\n"
+        "    frames = next(o for o in gc.get_objects() if type(o).__name__ == 'FrameIO')\n"
+        "    with frames._write_lock:\n"
+        f"        frames._writer.write({frame!r})\n"
+        "        frames._writer.flush()\n"
+        "    time.sleep(30)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(name)
+        registry = Registry()
+        registry.handler("frames", executor="subprocess", attempts=1)(module.handler)
+        async with QueueClient(redis_url) as client, \
+                run_worker(registry, "frames", redis_url):
+            handle = await client.queue("frames").add(None)
+            with pytest.raises(JobFailed) as failed:
+                await handle.result(timeout=20)
+    finally:
+        sys.path.remove(str(tmp_path))
+    error = failed.value.error
+    assert error is not None and error.type == "ChildCrashed" and problem in error.message

@@ -17,9 +17,20 @@ import anyio.abc
 import msgpack
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-__all__ = ["TERM_GRACE", "Child", "cpu_used", "relay_stderr"]
+__all__ = ["MAX_FRAME", "TERM_GRACE", "Child", "FrameRefused", "cpu_used", "relay_stderr"]
 
 _HEADER = struct.Struct(">I")
+
+# The largest frame the worker takes from a child: a result, a progress report, an error with
+# its traceback, a durable step's value (each bounded by max_payload_bytes, 1 MiB by default)
+# fit in it many times over. A child may run hostile code: what it announces is not buffered
+# past this, and a frame that is not msgpack is refused too.
+MAX_FRAME = 64 * 1024 * 1024
+
+
+class FrameRefused(Exception):
+    """The child broke the protocol (a frame too large, or not msgpack): it is killed, and the
+    attempt fails naming why."""
 # Seconds a child gets between SIGTERM and SIGKILL when it has to go.
 TERM_GRACE = 1.0
 
@@ -73,8 +84,16 @@ class Child:
 
     async def receive(self) -> dict[str, Any]:
         (size,) = _HEADER.unpack(await self._reader.receive_exactly(_HEADER.size))
-        frame: dict[str, Any] = msgpack.unpackb(await self._reader.receive_exactly(size),
-                                                raw=False)
+        if size > MAX_FRAME:
+            raise FrameRefused(f"the child announced a frame of {size:,} bytes, over the "
+                               f"worker's limit of {MAX_FRAME:,}")
+        body = await self._reader.receive_exactly(size)
+        try:
+            frame = msgpack.unpackb(body, raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise FrameRefused(f"the child sent a frame that is not msgpack ({exc})") from None
+        if not isinstance(frame, dict):
+            raise FrameRefused(f"the child sent a frame that is not a map ({type(frame).__name__})")
         return frame
 
     def request_stop(self) -> None:

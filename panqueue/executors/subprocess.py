@@ -31,7 +31,13 @@ from panqueue._job import Job
 from panqueue._log import get_logger
 from panqueue._options import Isolation
 from panqueue.errors import ConfigError, Fail, RateLimited, Retry, Snooze
-from panqueue.executors._process import TERM_GRACE, Child, cpu_used, relay_stderr
+from panqueue.executors._process import (
+    TERM_GRACE,
+    Child,
+    FrameRefused,
+    cpu_used,
+    relay_stderr,
+)
 from panqueue.executors.base import ChildCrashed, Executor, JobTimeout, RemoteError
 
 __all__ = ["ChildCrashed", "RemoteError", "SubprocessExecutor"]
@@ -164,6 +170,10 @@ class SubprocessExecutor(Executor):
             if ready.get("t") == "listener" and self._policy is not None:
                 await self._attach(child, int(ready["fd"]))
                 ready = await child.receive()
+        except FrameRefused as exc:
+            await child.terminate()
+            self.restarted("crashed")
+            raise ChildCrashed(f"child could not start: {exc}") from None
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead):
             with anyio.CancelScope(shield=True), anyio.move_on_after(TERM_GRACE):
                 await process.wait()  # it exited: report how, rather than our own SIGTERM
@@ -258,6 +268,9 @@ class SubprocessExecutor(Executor):
                 returncode = await child.process.wait()
             raise ChildCrashed(describe_exit(returncode, self.isolation)
                                + _denied(child.new_denials())) from None
+        except FrameRefused as exc:  # killed in finally, as an unhealthy child is
+            restart = "crashed"
+            raise ChildCrashed(f"{exc}: the child was killed") from None
         finally:
             self._busy.discard(child)
             limit = self.isolation.max_jobs_per_child
