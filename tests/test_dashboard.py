@@ -380,9 +380,16 @@ def test_a_request_without_the_token_is_refused(redis_url: str) -> None:
                                         "next": "/queue?q=x"})
         assert done.status_code == 303 and done.headers["location"] == "/queue?q=x"
         assert "HttpOnly" in done.headers["set-cookie"]
+        assert "Max-Age=43200" in done.headers["set-cookie"]  # a login lasts 12 hours
         assert web.get("/").status_code == 200
+        # A copy of the cookies taken before the logout (a shared machine, a proxy's log) logs
+        # in no more after it: logging out ends the session here, not only in the browser.
+        copied = "; ".join(f"{name}={web.cookies[name]}"
+                           for name in ("panqueue_session", "panqueue_auth"))
         web.post("/logout", data={"csrf": csrf_of(web.get("/"))})
         assert web.get("/").status_code == 303
+    with browser(app) as other:
+        assert other.get("/", headers={"cookie": copied}).status_code == 303
     with pytest.raises(ConfigError, match="token must be a non-empty string"):
         create_app(redis_url, token=" ")
 

@@ -66,6 +66,7 @@ from panqueue.dashboard._reads import (
 )
 from panqueue.dashboard._security import (
     AUTH_COOKIE,
+    LOGIN_MAX_AGE,
     SESSION_COOKIE,
     Guard,
     Signer,
@@ -362,7 +363,8 @@ class Dashboard:
         response.raw_headers += [
             (b"set-cookie", cookie_header(request.scope, SESSION_COOKIE, session_cookie)),
             (b"set-cookie", cookie_header(request.scope, AUTH_COOKIE,
-                                          self.signer.login_cookie(sid))),
+                                          self.signer.login_cookie(sid),
+                                          max_age=LOGIN_MAX_AGE)),
         ]
         return response
 
@@ -370,9 +372,13 @@ class Dashboard:
         form = await request.form()
         if not self.signer.csrf_ok(request.state.session, _field(form, "csrf")):
             return self.problem(request, 403, "the form's CSRF token is missing or stale")
+        # Ended here, not only in this browser; and the next login gets a session of its own.
+        self.signer.end(request.state.session)
+        _, session_cookie = self.signer.new_session()
         response = RedirectResponse(self.link(request, "/login"), status_code=303)
-        response.raw_headers.append(
-            (b"set-cookie", cookie_header(request.scope, AUTH_COOKIE, "", max_age=0)))
+        response.raw_headers += [
+            (b"set-cookie", cookie_header(request.scope, AUTH_COOKIE, "", max_age=0)),
+            (b"set-cookie", cookie_header(request.scope, SESSION_COOKIE, session_cookie))]
         return response
 
     # ------------------------------------------------------------------ actions

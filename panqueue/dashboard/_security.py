@@ -15,16 +15,20 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+import time
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["AUTH_COOKIE", "SESSION_COOKIE", "Guard", "Signer", "host_names", "route_path"]
+__all__ = ["AUTH_COOKIE", "LOGIN_MAX_AGE", "SESSION_COOKIE", "Guard", "Signer", "host_names",
+           "route_path"]
 
 SESSION_COOKIE = "panqueue_session"
 AUTH_COOKIE = "panqueue_auth"
+# How long a login lasts: its cookie carries when it was issued, under the MAC.
+LOGIN_MAX_AGE = 12 * 3600
 
 # No inline script or style anywhere: the one script and the one stylesheet are static files
 # of the app, so a payload that slipped past escaping still could not run.
@@ -117,6 +121,9 @@ class Signer:
     def __init__(self, token: str | None) -> None:
         self.secret = secrets.token_bytes(32)
         self.token = token
+        # Sessions logged out of, until their logins would have lapsed anyway: a copy of
+        # their cookies, taken before, logs in no more.
+        self._ended: dict[str, float] = {}
 
     def _mac(self, purpose: str, value: str) -> str:
         return hmac.new(self.secret, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
@@ -141,7 +148,24 @@ class Signer:
                                                          self.csrf_token(sid).encode())
 
     def login_cookie(self, sid: str) -> str:
-        return self._mac("auth", sid)
+        """The login of session ``sid``, from now for :data:`LOGIN_MAX_AGE` seconds."""
+        issued = str(int(time.time()))
+        return f"{issued}.{self._mac('auth', f'{sid}:{issued}')}"
+
+    def login_ok(self, sid: str, cookie: str) -> bool:
+        """Whether ``cookie`` is a login of session ``sid`` that has not lapsed nor ended."""
+        issued, _, mac = cookie.partition(".")
+        if not issued.isdigit() or not hmac.compare_digest(
+                mac.encode(), self._mac("auth", f"{sid}:{issued}").encode()):
+            return False
+        now = time.time()
+        return now - int(issued) < LOGIN_MAX_AGE and sid not in self._ended
+
+    def end(self, sid: str) -> None:
+        """Log session ``sid`` out for good (its cookies, wherever they were copied)."""
+        now = time.time()
+        self._ended = {s: t for s, t in self._ended.items() if now - t < LOGIN_MAX_AGE}
+        self._ended[sid] = now
 
     def token_ok(self, given: str | None) -> bool:
         """Whether ``given`` is the access token (always False when none is configured)."""
@@ -275,8 +299,7 @@ class Guard:
         if scheme.lower() == "bearer" and self.signer.token_ok(credentials.strip()):
             return True
         cookie = _cookies(scope).get(AUTH_COOKIE)
-        return cookie is not None and hmac.compare_digest(
-            cookie.encode(), self.signer.login_cookie(sid).encode())
+        return cookie is not None and self.signer.login_ok(sid, cookie)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
