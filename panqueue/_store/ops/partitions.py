@@ -351,7 +351,7 @@ def all_events(parts: Sequence[QueueKeys], after: str | None, count: int, watch:
     positions = yield from event_positions(parts, after)
     if after is None:
         return [], ",".join(positions)
-    events, following = yield from _read_each(parts, positions, count)
+    events, following = yield from _read_each(parts, positions, count, cut=True)
     return events, ",".join(following)
 
 
@@ -373,18 +373,25 @@ def event_positions(parts: Sequence[QueueKeys], after: str | None) -> Op[list[st
     return ends
 
 
-def _read_each(parts: Sequence[QueueKeys], positions: list[str], count: int
-               ) -> Op[tuple[list[Event], list[str]]]:
+def _read_each(parts: Sequence[QueueKeys], positions: list[str], count: int,
+               cut: bool = False) -> Op[tuple[list[Event], list[str]]]:
     """What each partition's stream holds after its position now (up to ``count`` each),
-    merged in time order, and the positions after it."""
-    found: list[list[Event]] = []
+    merged in time order, and the positions after it. ``cut``: the first ``count`` of the
+    merge only, each position moved past its own of them alone: a call returns at most
+    ``count``, and a later call nothing older than what this one returned (a partition read
+    past the others would run ahead of them)."""
+    found: list[list[tuple[tuple[int, int], int, Event]]] = []
     following = list(positions)
     for index, part in enumerate(parts):
         events = yield from _events.read_events(part, positions[index], None, count)
         if events:
-            found.append(events)
-            following[index] = events[-1].id
-    return list(heapq.merge(*found, key=lambda e: _stream_order(e.id))), following
+            found.append([(_stream_order(e.id), index, e) for e in events])
+    merged = list(heapq.merge(*found, key=lambda item: item[:2]))
+    if cut:
+        merged = merged[:count]
+    for _, index, event in merged:  # in order: the last of each partition's stays
+        following[index] = event.id
+    return [event for _, _, event in merged], following
 
 
 def next_events(parts: Sequence[QueueKeys], positions: list[str], block_ms: int, turn: int
