@@ -426,3 +426,46 @@ def test_backlog_counts_waiting_and_due_delayed_jobs_on_every_partition(
         assert samples["panqueue_queue_oldest_waiting_seconds"] < 60
     finally:
         collector.close()
+
+
+@pytest.mark.anyio
+async def test_a_failed_attempts_wait_ends_where_it_started_not_after_its_callbacks(
+        redis_url: str, queue_name: str) -> None:
+    """panqueue_job_wait_seconds runs from the enqueue to the attempt's start. It was taken
+    when the outcome was counted, after the failure was written and the on_failure callbacks
+    ran: a slow callback was counted as the job's wait."""
+    from typing import Any
+
+    import anyio
+
+    from panqueue import Job, QueueClient, Registry
+    from panqueue.metrics import WorkerMetrics
+    from panqueue.testing import run_worker
+    from tests.helpers import async_wait_until
+
+    registry = Registry()
+
+    @registry.handler(queue_name, attempts=1)
+    async def work(job: Job[int]) -> None:
+        raise RuntimeError("boom")
+
+    @registry.on_failure
+    async def slow_report(job: Job[Any], exc: BaseException, final: bool) -> None:
+        await anyio.sleep(1.5)
+
+    metrics = WorkerMetrics()
+
+    def sample(name: str) -> float | None:
+        value: float | None = metrics.registry.get_sample_value(name, {"queue": queue_name})
+        return value
+
+    async with run_worker(registry, queue_name, redis_url, metrics=metrics), \
+            QueueClient(redis_url) as client:
+        await client.queue(work).add(1)
+
+        async def observed() -> bool:
+            return bool(sample("panqueue_job_wait_seconds_count"))
+
+        await async_wait_until(observed, what="the attempt to be counted")
+    wait = sample("panqueue_job_wait_seconds_sum")
+    assert wait is not None and wait < 1.0, f"a wait of {wait:.2f} s"

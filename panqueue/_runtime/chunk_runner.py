@@ -51,7 +51,9 @@ class InvalidChunkResult(Exception):
 
 # The worker's counters and metrics: (job, its recorded status, or "released" / "lock_lost",
 # or None when Redis could not record it; seconds the chunk ran).
-Count = Callable[[ClaimedJob, Status | str | None, float], None]
+# A job's ending counted: (job, its status or what happened, its run's seconds, when the call
+# ended (time.time()): its wait is counted to its start, whatever the recording takes after).
+Count = Callable[[ClaimedJob, Status | str | None, float, float], None]
 
 
 class ChunkRunner:
@@ -86,7 +88,7 @@ class ChunkRunner:
             await self._recorder.release([held.attempt.lock for held in chunk])
             return []
         outcomes = await self._execute(chunk)
-        return await self._record(chunk, outcomes)
+        return await self._record(chunk, outcomes, time.time())
 
     async def _execute(self, chunk: list[Held]) -> list[Outcome]:
         """Call the handler once on the jobs that can run; one outcome per job of ``chunk``."""
@@ -177,7 +179,8 @@ class ChunkRunner:
                    sink=functools.partial(self._recorder.report, held.attempt),
                    should_stop=held.attempt.should_stop)
 
-    async def _record(self, chunk: list[Held], outcomes: list[Outcome]) -> list[ClaimedJob]:
+    async def _record(self, chunk: list[Held], outcomes: list[Outcome], ended: float
+                      ) -> list[ClaimedJob]:
         """Record every job's ending; returns the jobs claimed next for the slot."""
         following: list[ClaimedJob] = []
         released = [held for held, o in zip(chunk, outcomes, strict=True)
@@ -206,12 +209,12 @@ class ChunkRunner:
                 completed.append((claimed, outcome))
                 continue
             if outcome.ending == Ending.RELEASE:
-                self._count(claimed, "released", outcome.duration)
+                self._count(claimed, "released", outcome.duration, ended)
                 continue
             if outcome.ending == Ending.LOST:
                 self._log.warning("attempt stopped: its lock was lost; outcome discarded",
                                   job_id=claimed.id, attempt=claimed.attempt)
-                self._count(claimed, "lock_lost", outcome.duration)
+                self._count(claimed, "lock_lost", outcome.duration, ended)
                 continue
             assert outcome.unfinished is not None  # failed, snoozed or rate limited
             log = self._log.bind(job_id=claimed.id, attempt=claimed.attempt,
@@ -219,7 +222,7 @@ class ChunkRunner:
             status, next_job = await self._recorder.end_attempt(
                 outcome.unfinished, log,
                 claim_next=claim_next and outcome.ending != Ending.RATE_LIMITED)
-            self._count(claimed, status, outcome.duration)
+            self._count(claimed, status, outcome.duration, ended)
             if status is not None and (status == Status.FAILED or status.retried):
                 reports.append((outcome, status == Status.FAILED, log))
             if next_job is not None:
@@ -229,7 +232,7 @@ class ChunkRunner:
                 [Completion(job.id, job.token, outcome.result) for job, outcome in completed],
                 self._log, claim_next=claim_next)
             for (job, outcome), status in zip(completed, statuses, strict=True):
-                self._count(job, status, outcome.duration)
+                self._count(job, status, outcome.duration, ended)
             following += claimed_next
         for outcome, final, log in reports:
             await report_failure(callbacks, outcome.job, outcome.error, final, log)

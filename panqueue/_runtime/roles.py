@@ -332,8 +332,9 @@ class Roles:
 
     def _relayed_count(self, counted: Count) -> Count:
         """``counted``; then, as for a plain job, a batch's job's ending is relayed."""
-        def relayed(job: ClaimedJob, outcome: Status | str | None, run_s: float) -> None:
-            counted(job, outcome, run_s)
+        def relayed(job: ClaimedJob, outcome: Status | str | None, run_s: float,
+                    ended: float) -> None:
+            counted(job, outcome, run_s, ended)
             if job.batch:
                 self.upkeep.batch_job_ended()
         return relayed

@@ -370,13 +370,17 @@ class Worker:
     async def _recorded(self, job: ClaimedJob, outcome: Outcome) -> ClaimedJob | None:
         roles = self._roles
         assert roles is not None
+        # When the attempt ended: its wait is counted from the enqueue to its start, whatever
+        # the recording and the failure callbacks take after.
+        ended = time.time() if self.metrics is not None else 0.0
         recorder = roles.recorders[job.partition]
         if outcome.ending == Ending.COMPLETED:
             # The common path binds nothing: a per-job line costs one level check when off.
             recorded, following = await recorder.complete(job.id, job.token, outcome.result,
                                                           self._log)
             if self.metrics is not None:
-                self._observe(job, "completed" if recorded else "lock_lost", outcome.duration)
+                self._observe(job, "completed" if recorded else "lock_lost", outcome.duration,
+                              ended)
             if recorded:
                 self.processed += 1
                 if self._jobs_debug(logging.DEBUG):
@@ -387,13 +391,13 @@ class Worker:
                              duration_ms=round(outcome.duration * 1000, 3))
         if outcome.ending == Ending.LOST:
             if self.metrics is not None:
-                self._observe(job, "lock_lost", outcome.duration)
+                self._observe(job, "lock_lost", outcome.duration, ended)
             log.warning("attempt stopped: its lock was lost; outcome discarded")
             return None
         if outcome.ending == Ending.RELEASE:
             await recorder.release([(job.id, job.token)])
             if self.metrics is not None:
-                self._observe(job, "released", outcome.duration)
+                self._observe(job, "released", outcome.duration, ended)
             log.warning("job released at forced shutdown")
             return None
         assert outcome.unfinished is not None  # failed, snoozed or rate limited
@@ -414,22 +418,24 @@ class Worker:
         if status == Status.FAILED:
             self.failed += 1
         if self.metrics is not None and status is not None:
-            self._observe(job, _OUTCOME_NAMES[status], outcome.duration)
+            self._observe(job, _OUTCOME_NAMES[status], outcome.duration, ended)
         return following
 
-    def _counted(self, job: ClaimedJob, outcome: Status | str | None, run_s: float) -> None:
-        """A chunk's job ended (``outcome``: its recorded status, or what happened instead)."""
+    def _counted(self, job: ClaimedJob, outcome: Status | str | None, run_s: float,
+                 ended: float) -> None:
+        """A chunk's job ended (``outcome``: its recorded status, or what happened instead)
+        with its chunk's call, at ``ended`` (time.time())."""
         if outcome == Status.COMPLETED:
             self.processed += 1
         elif outcome == Status.FAILED:
             self.failed += 1
         if self.metrics is not None and outcome is not None:
             self._observe(job, outcome if isinstance(outcome, str) else _OUTCOME_NAMES[outcome],
-                          run_s)
+                          run_s, ended)
 
-    def _observe(self, job: ClaimedJob, outcome: str, run_s: float) -> None:
+    def _observe(self, job: ClaimedJob, outcome: str, run_s: float, ended: float) -> None:
         assert self.metrics is not None
-        wait_s = time.time() - run_s - job.enqueued_at_ms / 1000
+        wait_s = ended - run_s - job.enqueued_at_ms / 1000
         self.metrics.attempt_finished(self.keys.name, outcome, run_s, wait_s)
 
     @property
