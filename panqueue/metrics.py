@@ -39,7 +39,7 @@ __all__ = ["OUTCOMES", "QueueCollector", "WorkerMetrics", "serve"]
 
 #: The ``outcome`` an attempt ends with, as passed to :meth:`WorkerMetrics.attempt_finished`.
 OUTCOMES = ("completed", "failed", "retried", "cancelled", "lock_lost", "released",
-            "snoozed", "rate_limited", "suspended")
+            "snoozed", "rate_limited", "suspended", "unrecorded")
 
 # Seconds: from a millisecond job to a long batch.
 _RUN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

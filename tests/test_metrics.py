@@ -469,3 +469,51 @@ async def test_a_failed_attempts_wait_ends_where_it_started_not_after_its_callba
         await async_wait_until(observed, what="the attempt to be counted")
     wait = sample("panqueue_job_wait_seconds_sum")
     assert wait is not None and wait < 1.0, f"a wait of {wait:.2f} s"
+
+
+@pytest.mark.anyio
+async def test_an_attempt_whose_ending_redis_did_not_take_is_counted_once(
+        proxy: object, redis_url: str, queue_name: str) -> None:
+    """Each attempt ends in exactly one outcome counter. A failure that could not be written
+    (Redis away past half the lock TTL: dropped, and the stalled sweep runs the job again)
+    was counted in none; it is `unrecorded` now."""
+    import anyio
+
+    from panqueue import Job, QueueClient, Registry
+    from panqueue.metrics import OUTCOMES, WorkerMetrics
+    from panqueue.testing import FaultProxy, drain, run_worker
+    from tests.helpers import async_wait_until
+
+    assert isinstance(proxy, FaultProxy)
+    registry = Registry()
+    started, gate = anyio.Event(), anyio.Event()
+    ran: list[int] = []
+
+    @registry.handler(queue_name, attempts=1, lock_ttl=2.0)
+    async def work(job: Job[int]) -> None:
+        ran.append(job.attempt)
+        started.set()
+        await gate.wait()
+        raise RuntimeError("boom")
+
+    metrics = WorkerMetrics()
+    async with QueueClient(redis_url) as client:
+        await client.queue(work).add(1)
+        async with run_worker(registry, queue_name, proxy.url_for(redis_url), metrics=metrics,
+                              stalled_interval=0.5):
+            await started.wait()
+            proxy.cut()
+            gate.set()  # the attempt fails now; Redis is away for longer than the recorder waits
+
+            async def dropped() -> bool:
+                value = metrics.registry.get_sample_value("panqueue_jobs_unrecorded_total",
+                                                          {"queue": queue_name})
+                return bool(value)
+
+            await async_wait_until(dropped, timeout=20, what="the failure to be dropped")
+            proxy.restore()
+            assert (await drain(redis_url, queue_name, timeout=20))[JobState.FAILED] == 1
+    counted = {o: metrics.registry.get_sample_value(f"panqueue_jobs_{o}_total",
+                                                    {"queue": queue_name}) or 0
+               for o in OUTCOMES}
+    assert len(ran) == 2 and sum(counted.values()) == 2, counted

@@ -108,8 +108,9 @@ class Recorder:
         self._report_trouble = Trouble(log, "progress reporting", episode_of(transport))
 
     async def complete(self, job_id: str, token: str, result: bytes, log: Any
-                       ) -> tuple[bool, ClaimedJob | None]:
-        """Record a success; returns (recorded, the job claimed next for the slot).
+                       ) -> tuple[Status | None, ClaimedJob | None]:
+        """Record a success; returns (its status: COMPLETED, LOCK_LOST, or None when Redis did
+        not take it, the job claimed next for the slot).
 
         The first job to finish becomes the batch's leader: it yields once, so that jobs
         finishing in the same tick can join (up to half the slots), then sends them all in one
@@ -127,7 +128,7 @@ class Recorder:
         if pending.status == Status.LOCK_LOST:
             log.warning("lock lost before completion; result discarded", job_id=job_id,
                         error=str(LockLost(self._keys.name, job_id)))
-        return pending.status == Status.COMPLETED, pending.next_job
+        return pending.status, pending.next_job
 
     async def _lead_batch(self, first: _Pending) -> None:
         """Open a batch with ``first``, let the jobs finishing in this tick join it (a full

@@ -376,12 +376,12 @@ class Worker:
         recorder = roles.recorders[job.partition]
         if outcome.ending == Ending.COMPLETED:
             # The common path binds nothing: a per-job line costs one level check when off.
-            recorded, following = await recorder.complete(job.id, job.token, outcome.result,
-                                                          self._log)
+            status, following = await recorder.complete(job.id, job.token, outcome.result,
+                                                        self._log)
             if self.metrics is not None:
-                self._observe(job, "completed" if recorded else "lock_lost", outcome.duration,
-                              ended)
-            if recorded:
+                self._observe(job, "unrecorded" if status is None else _OUTCOME_NAMES[status],
+                              outcome.duration, ended)
+            if status == Status.COMPLETED:
                 self.processed += 1
                 if self._jobs_debug(logging.DEBUG):
                     self._jobs_log.debug("job completed", job_id=job.id, attempt=job.attempt,
@@ -417,8 +417,9 @@ class Worker:
             await self._pause_other_partitions(job, outcome.unfinished.delay_ms)
         if status == Status.FAILED:
             self.failed += 1
-        if self.metrics is not None and status is not None:
-            self._observe(job, _OUTCOME_NAMES[status], outcome.duration, ended)
+        if self.metrics is not None:  # None: Redis did not take the ending
+            self._observe(job, "unrecorded" if status is None else _OUTCOME_NAMES[status],
+                          outcome.duration, ended)
         return following
 
     def _counted(self, job: ClaimedJob, outcome: Status | str | None, run_s: float,
@@ -429,9 +430,10 @@ class Worker:
             self.processed += 1
         elif outcome == Status.FAILED:
             self.failed += 1
-        if self.metrics is not None and outcome is not None:
-            self._observe(job, outcome if isinstance(outcome, str) else _OUTCOME_NAMES[outcome],
-                          run_s, ended)
+        if self.metrics is not None:  # None: Redis did not take the ending
+            name = ("unrecorded" if outcome is None
+                    else outcome if isinstance(outcome, str) else _OUTCOME_NAMES[outcome])
+            self._observe(job, name, run_s, ended)
 
     def _observe(self, job: ClaimedJob, outcome: str, run_s: float, ended: float) -> None:
         assert self.metrics is not None
