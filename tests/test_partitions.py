@@ -137,8 +137,12 @@ async def test_a_tags_merged_list_keeps_the_order_of_adds_over_the_partitions(
 
     async with QueueClient(redis_url) as client:
         queue = client.queue(work)
+        # Added in three milliseconds (the server's clock orders them; adds of one
+        # millisecond in different partitions have no order of their own).
         a = await queue.add("a", job_id=_custom_id_in(0, "a", 2), tags=["t"])
+        await anyio.sleep(0.002)
         b = await queue.add("b", job_id=_custom_id_in(1, "b", 2), tags=["t"])
+        await anyio.sleep(0.002)
         c = await queue.add("c", job_id=_custom_id_in(0, "c", 2), tags=["t"], priority=10)
         whole = [j.id for j in await client.list_jobs(queue_name, JobState.WAITING, tag="t")]
         pages = [j.id for offset in range(3) for j in await client.list_jobs(

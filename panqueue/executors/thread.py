@@ -21,7 +21,11 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-import sniffio
+
+try:
+    import sniffio
+except ImportError:  # not installed: nothing marks a running event loop in a context
+    sniffio = None  # type: ignore[assignment]
 
 from panqueue._job import DONE, Job, ReportKind
 from panqueue.errors import ConfigError
@@ -55,7 +59,8 @@ class _Call(Task):
         # own, as anyio's and trio's to_thread leave it: no loop runs in the handler's thread
         # (it may run one of its own).
         self.context = contextvars.copy_context()
-        self.context.run(sniffio.current_async_library_cvar.set, None)
+        if sniffio is not None:  # anyio reads it where it is installed
+            self.context.run(sniffio.current_async_library_cvar.set, None)
 
     def run(self) -> None:
         """In a pool thread. The jobs' views for the thread are made here, off the loop."""
