@@ -352,3 +352,19 @@ async def as_in_an_application(manager: contextlib.AbstractAsyncContextManager[A
     sniffio.current_async_library_cvar.set(None)
     async with manager as value:
         yield value
+
+
+async def run_a_task_whose_cleanup_raises(started: anyio.Event) -> None:
+    """What a handler under test does: start a task of its own, in its own task group, whose
+    cleanup raises (``ValueError("cleanup failed")``) when the handler is cancelled; set
+    ``started``; then wait (for a cancel)."""
+    async def child() -> None:
+        try:
+            await anyio.sleep(60)
+        finally:
+            raise ValueError("cleanup failed")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(child)
+        started.set()
+        await anyio.sleep(60)

@@ -34,7 +34,13 @@ from panqueue import (
 )
 from panqueue._store.ops.batches import callback_id
 from panqueue.testing import run_worker
-from tests.helpers import async_wait_until, panqueue_command, subprocess_env, wait_until
+from tests.helpers import (
+    async_wait_until,
+    panqueue_command,
+    run_a_task_whose_cleanup_raises,
+    subprocess_env,
+    wait_until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -714,16 +720,7 @@ async def test_a_cancelled_member_of_a_chunk_whose_task_raises_in_its_cleanup(
     async def rows(jobs: list[Job[str]]) -> list[str]:
         calls.append([job.data for job in jobs])
         if len(calls) == 1:
-            async def child() -> None:
-                try:
-                    await anyio.sleep(60)
-                finally:
-                    raise ValueError("cleanup failed")
-
-            async with anyio.create_task_group() as group:
-                group.start_soon(child)
-                started.set()
-                await anyio.sleep(60)
+            await run_a_task_whose_cleanup_raises(started)
         return [job.data for job in jobs]
 
     async with QueueClient(redis_url) as client:

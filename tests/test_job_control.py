@@ -33,6 +33,7 @@ from tests.helpers import (
     APPS,
     async_wait_until,
     panqueue_command,
+    run_a_task_whose_cleanup_raises,
     run_cli,
     subprocess_env,
     wait_until,
@@ -162,16 +163,7 @@ async def test_a_cancelled_inline_handler_whose_task_raises_in_its_cleanup_ends_
     @registry.handler(queue_name, attempts=1)
     async def handler(job: Job[str]) -> str:
         if job.data == "long":
-            async def child() -> None:
-                try:
-                    await anyio.sleep(60)
-                finally:
-                    raise ValueError("cleanup failed")
-
-            async with anyio.create_task_group() as group:
-                group.start_soon(child)
-                started.set()
-                await anyio.sleep(60)
+            await run_a_task_whose_cleanup_raises(started)
         return job.data
 
     async with QueueClient(redis_url) as client:

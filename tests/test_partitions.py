@@ -49,6 +49,13 @@ def _partition_of(redis_client: redis.Redis, queue: str, job_id: str) -> list[in
             if redis_client.exists(keys.job(job_id))]
 
 
+def _salted_name_in(partition: int, prefix: str, salt: str = "") -> str:
+    """A name ``prefix-i`` that routes to ``partition`` once ``salt`` is put before it (a dedup
+    key routes as ``"dd:" + key``)."""
+    return next(f"{prefix}-{i}" for i in range(1000)
+                if zlib.crc32(f"{salt}{prefix}-{i}".encode()) % N == partition)
+
+
 def _custom_id_in(partition: int, prefix: str, n: int = N) -> str:
     """A custom job id that routes to ``partition`` of ``n`` (by its CRC-32)."""
     for i in range(1000):
@@ -778,15 +785,12 @@ async def test_a_flow_refused_for_a_dedup_key_replaces_no_job_by_another(
     @registry.handler(queue_name, partitions=N)
     async def work(job: Job[str]) -> None: ...
 
-    def name_in(partition: int, prefix: str, salt: str = "") -> str:
-        return next(f"{prefix}-{i}" for i in range(1000)
-                    if zlib.crc32(f"{salt}{prefix}-{i}".encode()) % N == partition)
-
-    first, kept, replaced = name_in(0, "x"), name_in(1, "k", "dd:"), name_in(1, "d", "dd:")
+    first = _salted_name_in(0, "x")
+    kept, replaced = _salted_name_in(1, "k", "dd:"), _salted_name_in(1, "d", "dd:")
     async with QueueClient(redis_url) as client:
         queue = client.queue(work)
         old = await queue.add("old", dedup=Dedup(replaced, ttl=600))
-        other = await queue.add("other", job_id=name_in(1, "y"), dedup=Dedup(kept, ttl=600))
+        other = await queue.add("other", job_id=_salted_name_in(1, "y"), dedup=Dedup(kept, ttl=600))
         with pytest.raises(ConfigError, match="nothing was added"):
             await queue.add_flow([
                 FlowJob("first", job_id=first),
@@ -809,11 +813,8 @@ async def test_a_refused_flow_replaces_no_job_by_its_dedup_key(redis_url: str,
     @registry.handler(queue_name, partitions=N)
     async def work(job: Job[str]) -> None: ...
 
-    def name_in(partition: int, prefix: str, salt: str = "") -> str:
-        return next(f"{prefix}-{i}" for i in range(1000)
-                    if zlib.crc32(f"{salt}{prefix}-{i}".encode()) % N == partition)
-
-    first, named, key = name_in(0, "x"), name_in(1, "y"), name_in(1, "d", "dd:")
+    first, named = _salted_name_in(0, "x"), _salted_name_in(1, "y")
+    key = _salted_name_in(1, "d", "dd:")
     async with QueueClient(redis_url) as client:
         queue = client.queue(work)
         old = await queue.add("old", dedup=Dedup(key, ttl=600))
