@@ -134,6 +134,10 @@ class JobInfo:
     waiting_for: str | None = None
     #: When a DELAYED durable job's sleep (``job.sleep``) ends, or None.
     sleeping_until: datetime | None = None
+    #: When the job last became ready again after its add (out of a delay, a backoff, a
+    #: snooze, a sleep, its dependencies, a retry), or None: a waiting job has waited since
+    #: the later of this and ``enqueued_at``.
+    ready_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the CLI's ``panqueue job`` prints this)."""
@@ -169,6 +173,7 @@ class JobInfo:
                       for name, result in self.steps.items()],
             "waiting_for": self.waiting_for,
             "sleeping_until": iso(self.sleeping_until),
+            "ready_at": iso(self.ready_at),
         }
 
 

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobState
-from panqueue._lag import lag_seconds
+from panqueue._lag import lag_seconds, ready_seconds
 from panqueue._store.ops.partitions import all_due_delayed
 
 __all__ = ["OUTCOMES", "QueueCollector", "WorkerMetrics", "serve"]
@@ -147,18 +147,18 @@ class QueueCollector(Collector):
             up.add_metric([], 0)
             yield up
             return
-        for queue, counts, age, is_paused, live, (due, due_for) in rows:
+        for queue, counts, age, ready, is_paused, live, (due, due_for) in rows:
             for state, n in counts.items():
                 jobs.add_metric([queue, state.value], n)
             lag.add_metric([queue], age)
             paused.add_metric([queue], 1 if is_paused else 0)
             workers.add_metric([queue], live)
             backlog.add_metric([queue], counts[JobState.WAITING] + due)
-            oldest.add_metric([queue], max(age, due_for))
+            oldest.add_metric([queue], max(ready, due_for))
         up.add_metric([], 1)
         yield from (jobs, lag, paused, workers, backlog, oldest, up)
 
-    def _read(self) -> list[tuple[str, dict[JobState, int], float, bool, int,
+    def _read(self) -> list[tuple[str, dict[JobState, int], float, float, bool, int,
                                   tuple[int, float]]]:
         client = self._client
         live: dict[str, int] = {}
@@ -168,8 +168,9 @@ class QueueCollector(Collector):
         rows = []
         for queue in client.queues():
             age = lag_seconds(client, queue) or 0.0
+            ready = ready_seconds(client, queue)
             due = client.producer.run(client.producer.on_all(queue, all_due_delayed))
-            rows.append((queue, client.counts(queue), age, client.is_paused(queue),
+            rows.append((queue, client.counts(queue), age, ready, client.is_paused(queue),
                          live.get(queue, 0), due))
         return rows
 

@@ -517,3 +517,38 @@ async def test_an_attempt_whose_ending_redis_did_not_take_is_counted_once(
                                                     {"queue": queue_name}) or 0
                for o in OUTCOMES}
     assert len(ran) == 2 and sum(counted.values()) == 2, counted
+
+
+def test_the_oldest_waiting_gauge_counts_a_job_from_when_it_became_ready(
+        redis_url: str, queue_name: str) -> None:
+    """panqueue_queue_oldest_waiting_seconds: how long the job ready longest has waited, since
+    it was added or since it came due. Once promoted to waiting, a delayed job was counted
+    from its add, its delay included: a job out of an hour's sleep or backoff read an hour,
+    and an autoscaler on it scaled up."""
+    from panqueue._keys import QueueKeys
+    from panqueue._store import SyncTransport, transitions
+    from panqueue.metrics import QueueCollector
+
+    def oldest(collector: QueueCollector) -> float:
+        return next(sample.value for family in collector.collect()
+                    for sample in family.samples
+                    if sample.name == "panqueue_queue_oldest_waiting_seconds"
+                    and sample.labels.get("queue") == queue_name)
+
+    with SyncQueueClient(redis_url) as client:
+        job = client.queue(queue_name).add(1, delay=1.0)
+        wait_until(lambda: time.time() > job.info().enqueued_at.timestamp() + 1.2, 10,
+                   "the delay to pass")  # type: ignore[union-attr]
+        transport = SyncTransport(redis_url)
+        try:
+            assert transport.run(transitions.promote(QueueKeys(queue_name))) == 1
+        finally:
+            transport.close()
+        info = job.info()
+    assert info.state is JobState.WAITING and info.ready_at is not None
+    assert info.enqueued_at is not None and info.ready_at > info.enqueued_at
+    collector = QueueCollector(redis_url)
+    try:
+        assert oldest(collector) < 1.0  # ready for a moment, added over a second ago
+    finally:
+        collector.close()

@@ -87,7 +87,7 @@ for _, id in ipairs(candidates) do
       redis.call('ZADD', K_BLOCKED, now, id)
       emit('blocked', id, 'why', 'retried')
     else
-      enqueue_waiting(jkey, id)
+      enqueue_waiting(jkey, id, nil, now)
       emit('waiting', id, 'why', 'retried')
     end
     moved = moved + 1

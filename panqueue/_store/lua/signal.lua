@@ -43,7 +43,7 @@ if state == 'delayed' and redis.call('HGET', dkey, 'ws') == name then
   local before = claimable()
   redis.call('HDEL', dkey, 'ws')
   redis.call('ZREM', K_DELAYED, id)
-  enqueue_waiting(jkey, id)
+  enqueue_waiting(jkey, id, nil, now_ms())
   emit('waiting', id, 's', 'waiting')
   wake_if_work_appeared(before)
 end

@@ -82,6 +82,7 @@ def parse_job(queue: str, job_id: str, fields: dict[bytes, bytes], logs: list[by
         enqueued_at=from_ms(fields.get(b"et")),
         started_at=from_ms(fields.get(b"st")),
         finished_at=from_ms(fields.get(b"ft")),
+        ready_at=from_ms(fields.get(b"rt")),
         priority=int(fields.get(b"p") or 0),
         failure_reason=text(b"fr"),
         history=history,

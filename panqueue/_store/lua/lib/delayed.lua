@@ -18,7 +18,7 @@ local function promote_due(now)
   end
   redis.call('ZREM', K_DELAYED, unpack(due))
   for _, id in ipairs(due) do
-    enqueue_waiting(job_key(id), id)
+    enqueue_waiting(job_key(id), id, nil, now)
     emit('waiting', id)
   end
   return #due

@@ -43,7 +43,7 @@ local function release_dependents(id, now)
         redis.call('ZADD', K_DELAYED, run_at, dependent)
         emit('delayed', dependent, 'why', 'dependencies_completed')
       else
-        enqueue_waiting(djkey, dependent)
+        enqueue_waiting(djkey, dependent, nil, now)
         emit('waiting', dependent, 'why', 'dependencies_completed')
       end
     end

@@ -86,7 +86,7 @@ local function run_again(at, event, attempts, x, delay)
       wake_workers()
     end
   else
-    enqueue_waiting(at.jkey, at.id)
+    enqueue_waiting(at.jkey, at.id, nil, at.now)
     emit(event, at.id, 's', 'waiting', 'a', attempts)
   end
 end

@@ -38,8 +38,14 @@ end
 
 -- Put a job into waiting, behind the others (of its priority / of its key). `new`: the fields of
 -- a job add_job (lib/new_job.lua) wrote with its state just now: they are not read back.
-local function enqueue_waiting(jkey, id, new)
-  if not new then redis.call('HSET', jkey, 's', 'waiting') end
+local function enqueue_waiting(jkey, id, new, now)
+  if new then
+    -- a new job: its fields are written with its add
+  elseif now then  -- ready again since `now` (rt): how long it has waited counts from there
+    redis.call('HSET', jkey, 's', 'waiting', 'rt', int_arg(now))
+  else
+    redis.call('HSET', jkey, 's', 'waiting')
+  end
   if keyed() then
     local key = new and new.key ~= '' and new.key or redis.call('HGET', jkey, 'k')
     redis.call('RPUSH', key_list(key), id)
