@@ -105,6 +105,24 @@ def test_dlq_retry_of_a_mix_moves_the_failed_and_names_each_other(
         assert client.get_job(store.keys.name, done).state is JobState.COMPLETED
 
 
+def test_dlq_retry_of_a_job_whose_dependency_cannot_complete_says_why_it_stayed(
+        redis_url: str, queue_name: str) -> None:
+    """A failed job whose dependency was cancelled stays failed when retried (it would wait
+    forever): "0 job(s) moved", exit 0, and nothing said of it. Now its line says why."""
+    with SyncQueueClient(redis_url) as client:
+        queue = client.queue(queue_name)
+        root = queue.add("root", delay=3600)
+        dependent = queue.add("dependent", depends_on=[root.id])
+        client.cancel(queue_name, root.id)
+        assert client.get_job(queue_name, dependent.id).state is JobState.FAILED
+    proc = run_cli("dlq", queue_name, "--retry", dependent.id, "--url", redis_url)
+    assert proc.returncode == 1, proc
+    assert proc.stdout.strip() == "0 job(s) moved back to waiting"
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"panqueue: error: job {dependent.id!r} not retried: ") and \
+        f"dependency {root.id}" in line, line
+
+
 # --------------------------------------------------------------------------- hints
 
 

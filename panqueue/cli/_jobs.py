@@ -378,7 +378,9 @@ def _retry(client: SyncQueueClient, queue: str, ids: tuple[str, ...]) -> None:
     """``dlq --retry``: move the failed jobs back and name each given ID that was not moved.
 
     The retry script only counts what it moved, so the states are read first: an ID that is
-    unknown or not failed is reported instead of being counted silently as "0 moved"."""
+    unknown or not failed is reported instead of being counted silently as "0 moved"; and
+    after, one that stayed failed (a dependency that cannot complete) with the reason the
+    script recorded."""
     if not ids:
         click.echo(f"{client.retry_failed(queue, None)} job(s) moved back to waiting")
         return
@@ -395,7 +397,17 @@ def _retry(client: SyncQueueClient, queue: str, ids: tuple[str, ...]) -> None:
         else:
             refused.append(f"job {job_id!r} not retried: it is {state.value}, not failed")
     if chosen:
-        click.echo(f"{client.retry_failed(queue, chosen)} job(s) moved back to waiting")
+        moved = client.retry_failed(queue, chosen)
+        click.echo(f"{moved} job(s) moved back to waiting")
+        if moved < len(chosen):  # a job whose dependency cannot complete stays failed
+            for job_id in chosen:
+                try:
+                    info = client.get_job(queue, job_id)
+                except JobNotFound:
+                    continue
+                if info.state is JobState.FAILED:
+                    why = info.error.message if info.error is not None else "it stays failed"
+                    refused.append(f"job {job_id!r} not retried: {why}")
     if refused:
         for line in refused:
             print_error(line)
