@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 from panqueue._client import SyncQueueClient
 from panqueue._job import JobState
-from panqueue._lag import lag_seconds, ready_seconds
+from panqueue._lag import waiting_seconds
 from panqueue._store.ops.partitions import all_due_delayed
 
 __all__ = ["OUTCOMES", "QueueCollector", "WorkerMetrics", "serve"]
@@ -167,10 +167,9 @@ class QueueCollector(Collector):
                 live[queue] = live.get(queue, 0) + 1
         rows = []
         for queue in client.queues():
-            age = lag_seconds(client, queue) or 0.0
-            ready = ready_seconds(client, queue)
+            age, ready = waiting_seconds(client, queue)
             due = client.producer.run(client.producer.on_all(queue, all_due_delayed))
-            rows.append((queue, client.counts(queue), age, ready, client.is_paused(queue),
+            rows.append((queue, client.counts(queue), age or 0.0, ready, client.is_paused(queue),
                          live.get(queue, 0), due))
         return rows
 
