@@ -1,5 +1,9 @@
 """``PanqueueBackend``: Django's Tasks framework on panqueue. Enqueueing adds a job to the panqueue
-queue named like the task's ``queue_name``; reading a result reads that job back."""
+queue named like the task's ``queue_name``; reading a result reads that job back.
+
+One module over 400 lines: the backend's settings, its enqueue (inside or after a transaction)
+and its reading back of results share one client per backend and one idea of which queue and
+prefix a task lives in; Django sees them as one class."""
 
 from __future__ import annotations
 

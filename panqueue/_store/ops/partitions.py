@@ -8,6 +8,10 @@ operation here is the plain one.
 A client remembers each queue's layout (``ops/layout.py``) in a :class:`PartitionCounts`, to
 route adds without a read; an add that a partition refuses as routed by a stale layout is routed
 again under the stored one.
+
+It is one module over 400 lines because every whole-queue question has the same shape (ask
+each partition, merge the answers) and shares the layout memory and the merge helpers here;
+split by operation, each piece would import the others.
 """
 
 from __future__ import annotations
