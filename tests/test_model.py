@@ -1342,6 +1342,20 @@ class QueueMachine(RuleBasedStateMachine):
         others = sorted({e.type for e in events} - {"completed", "failed", "cancelled"})
         if others:
             raise mismatch(f"event types of {PARTED}, which keeps no events", others, [])
+        # Read again in small pages, each following on from the last: the same events in the
+        # same order (events written since come after them), at most a page at a time.
+        paged: list[tuple[str, str, str]] = []
+        position = self.parted_events_from
+        while True:
+            page, position = self.client.read_events(PARTED, position, limit=7, watch=False)
+            if len(page) > 7:
+                raise mismatch(f"a page of {PARTED}'s events read 7 at a time", len(page), 7)
+            if not page:
+                break
+            paged.extend((event.id, event.job_id, event.type) for event in page)
+        whole = [(event.id, event.job_id, event.type) for event in events]
+        if paged[:len(whole)] != whole:
+            raise mismatch(f"{PARTED}'s events read 7 at a time", paged, whole)
         written = self.raw.xrange(QueueKeys(HANDOFF).events)
         if written:
             raise mismatch(f"events of {HANDOFF}, which nobody reads nor waits on",
