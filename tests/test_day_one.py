@@ -59,7 +59,7 @@ async def test_result_timeout_names_the_busy_worker(redis_url: str, queue_name: 
         return str(job.data)
 
     async with QueueClient(redis_url) as client, \
-            run_worker(registry, queue_name, redis_url, heartbeat_interval=0.1):
+            run_worker(registry, queue_name, redis_url):
         queue = client.queue(queue_name)
         long = await queue.add("long", job_id="long")
 
